@@ -1,0 +1,38 @@
+"""Guest events as the gateway accepts them over HTTP and hands them to the runtime over JetStream."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+import msgspec
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$")]
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+
+MAX_BODY_BYTES = 16 * 1024
+
+
+class GuestMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of `POST /v1/events`: strict, because a typo must be a 422, not a silently dropped field."""
+
+    event_id: Id
+    session_id: Id
+    guest_id: Id
+    text: Text
+
+
+class InboundEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="inbound.guest_message"):
+    """A guest message accepted by the gateway, bound to its run; published once per idempotency key."""
+
+    key: str
+    run_id: str
+    input_hash: str
+    message: GuestMessage
+    agent: str = "booking"
+    received_at: datetime
+
+
+inbound_encoder = msgspec.json.Encoder()
+inbound_decoder = msgspec.json.Decoder(InboundEvent)
+guest_message_decoder = msgspec.json.Decoder(GuestMessage)

@@ -1,0 +1,37 @@
+"""Deterministic identities: run ids from inbound keys, action keys from steps, input hashes, key partitions."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+def input_hash(value: Any) -> str:
+    """SHA-256 of the canonical JSON (sorted keys) of a value: equal inputs hash equal in any language."""
+    return hashlib.sha256(_canonical.encode(value)).hexdigest()
+
+
+def run_id_for(idempotency_key: str) -> str:
+    """The run a guest event lands on; derived, so a redelivery after any dedup window finds the same run."""
+    return "run_" + hashlib.sha256(b"inbound:" + idempotency_key.encode()).hexdigest()[:24]
+
+
+def action_key(run_id: str, step_no: int) -> str:
+    """The idempotency key of a run's step: the same on every retry, redelivery and restart."""
+    return f"{run_id}:{step_no}"
+
+
+def compensation_key(original_key: str, kind: str) -> str:
+    """The key of a compensating action (release, refund) bound to the action it undoes."""
+    return f"{original_key}:{kind}"
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """First 4 bytes of SHA-256(key), big-endian, modulo the partition count: stable across languages."""
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % partitions

@@ -1,0 +1,120 @@
+"""The run journal: every event a run's state is folded from. Public: analytics teams consume these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from contracts.errors import ErrorInfo
+from contracts.tool_messages import OutcomeStatus
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-run limits; past any of them the run is handed to support with its journal."""
+
+    max_steps: int = 20
+    max_tokens: int = 60_000
+    deadline_s: float = 90.0
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call as the model (or a plan) asked for it, before the runtime checked it."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class RunEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of the run event family. Every event names its run and when the runtime decided it."""
+
+    run_id: str
+    at: datetime
+
+
+class RunStarted(RunEvent, kw_only=True, tag="run.started"):
+    agent: str
+    session_id: str
+    guest_id: str
+    event_id: str
+    idempotency_key: str
+    input_hash: str
+    text: str
+    budget: Budget = Budget()
+    deadline_at: datetime
+
+
+class ModelAnswered(RunEvent, kw_only=True, tag="run.model_answered"):
+    """The model's answer for a step, journaled so a resumed run never asks the model for it again."""
+
+    step_no: int
+    model: str
+    response_id: str
+    tool_calls: list[ToolCall] = []
+    reply: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ActionRequested(RunEvent, kw_only=True, tag="run.action_requested"):
+    """The durable intent to act: journaled before the request is published to the executor."""
+
+    step_no: int
+    call_id: str
+    tool: str
+    family: str
+    args: dict[str, Any]
+    key: str
+    input_hash: str
+    timeout_s: float
+    deadline_at: datetime
+
+
+class ToolRejected(RunEvent, kw_only=True, tag="run.tool_rejected"):
+    """The runtime refused a tool call before any effect (unknown tool, bad arguments, unknown booking)."""
+
+    step_no: int
+    call_id: str
+    tool: str
+    error: ErrorInfo
+
+
+class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):
+    """The executor's receipt for a step, journaled before the outcome message is acknowledged."""
+
+    step_no: int
+    key: str
+    status: OutcomeStatus
+    result: dict[str, Any] = {}
+    error: ErrorInfo | None = None
+    provider_ref: str | None = None
+    via: str = "call"
+    attempts: int = 1
+    deliveries: int = 1
+
+
+class RunResumed(RunEvent, kw_only=True, tag="run.resumed"):
+    """A worker picked up a run it did not have in memory: evidence of where a restart resumed."""
+
+    worker: str
+    next_step: int
+    reason: str
+
+
+class RunCompleted(RunEvent, kw_only=True, tag="run.completed"):
+    reply: str
+
+
+class RunHandedOff(RunEvent, kw_only=True, tag="run.handed_off"):
+    """The run stopped short of completion and is handed to a person, with the reason."""
+
+    reason: str
+    detail: str = ""
+
+
+Event = RunStarted | ModelAnswered | ActionRequested | ToolRejected | ActionCompleted | RunResumed | RunCompleted | RunHandedOff
+
+event_encoder = msgspec.json.Encoder()
+event_decoder = msgspec.json.Decoder(Event)

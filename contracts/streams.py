@@ -1,0 +1,95 @@
+"""Stream and consumer definitions as plain data; the platform adapter turns them into JetStream calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts.subjects import Namespace, StreamKind
+
+DUPLICATE_WINDOW_S = 120.0
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    retention: str = "limits"  # "limits" | "workqueue"
+    max_age_s: float = 0.0  # 0 = keep forever
+    max_msgs_per_subject: int = -1
+    discard_new_per_subject: bool = False
+    duplicate_window_s: float = DUPLICATE_WINDOW_S
+    allow_direct: bool = True
+    replicas: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait_s: float = 30.0
+    max_deliver: int = 20
+    max_ack_pending: int = 1000
+    backoff_s: tuple[float, ...] = field(default=())
+
+
+def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
+    """The streams of a namespace. Production runs RUNS, ACTIONS and OUTCOMES with three replicas."""
+    return [
+        # One message per run subject, kept 7 days: a lasting guard on top of the 2-minute duplicate window.
+        StreamSpec(
+            name=ns.stream(StreamKind.INBOUND),
+            subjects=(ns.inbound_all,),
+            max_age_s=7 * DAY_S,
+            max_msgs_per_subject=1,
+            discard_new_per_subject=True,
+            replicas=replicas,
+        ),
+        StreamSpec(name=ns.stream(StreamKind.RUNS), subjects=(ns.run_events_all,), replicas=replicas),
+        StreamSpec(
+            name=ns.stream(StreamKind.ACTIONS),
+            subjects=(ns.actions_all,),
+            retention="workqueue",
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=ns.stream(StreamKind.OUTCOMES),
+            subjects=(ns.outcomes_all,),
+            retention="workqueue",
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=ns.stream(StreamKind.DEAD_LETTERS),
+            subjects=(ns.dead_letters_all,),
+            max_age_s=30 * DAY_S,
+            replicas=replicas,
+        ),
+    ]
+
+
+def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerSpec]:
+    return [
+        ConsumerSpec(
+            stream=ns.stream(StreamKind.INBOUND),
+            durable=ns.runtime_inbound_consumer,
+            filter_subject=ns.inbound_all,
+            ack_wait_s=ack_wait_s,
+        ),
+        ConsumerSpec(
+            stream=ns.stream(StreamKind.OUTCOMES),
+            durable=ns.runtime_outcomes_consumer,
+            filter_subject=ns.outcomes_all,
+            ack_wait_s=ack_wait_s,
+        ),
+    ]
+
+
+def executor_consumer(ns: Namespace, family: str, partition: int, ack_wait_s: float = 30.0, max_deliver: int = 20) -> ConsumerSpec:
+    return ConsumerSpec(
+        stream=ns.stream(StreamKind.ACTIONS),
+        durable=ns.executor_consumer(family, partition),
+        filter_subject=ns.actions(family, partition),
+        ack_wait_s=ack_wait_s,
+        max_deliver=max_deliver,
+    )

@@ -1,0 +1,105 @@
+"""Every subject, stream, consumer and header name the services speak; nothing else spells them."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+DEFAULT_NAMESPACE = "crashsafe"
+_TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+class Header(StrEnum):
+    """NATS and HTTP header names that carry meaning across services."""
+
+    MSG_ID = "Nats-Msg-Id"
+    EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+    TRACEPARENT = "traceparent"
+    TRACESTATE = "tracestate"
+    IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+class StreamKind(StrEnum):
+    """The streams of one namespace; the stream name is `<NAMESPACE>_<KIND>` upper-cased."""
+
+    INBOUND = "inbound"
+    RUNS = "runs"
+    ACTIONS = "actions"
+    OUTCOMES = "outcomes"
+    DEAD_LETTERS = "dead_letters"
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A set of streams and subjects; tests use a unique one each so they never see each other's messages."""
+
+    name: str = DEFAULT_NAMESPACE
+
+    def __post_init__(self) -> None:
+        if not _TOKEN.match(self.name):
+            raise ValueError(f"namespace {self.name!r} must match {_TOKEN.pattern}")
+
+    @classmethod
+    def from_env(cls) -> Namespace:
+        return cls(os.environ.get("CRASHSAFE_NAMESPACE", DEFAULT_NAMESPACE))
+
+    def stream(self, kind: StreamKind) -> str:
+        return f"{self.name}_{kind.value}".upper()
+
+    # Inbound guest events, one subject per run so the first message for a run is also its lasting guard.
+    def inbound(self, run_id: str) -> str:
+        return f"{self.name}.inbound.{run_id}"
+
+    @property
+    def inbound_all(self) -> str:
+        return f"{self.name}.inbound.*"
+
+    # The run journal: every event of one run on one subject, appended with an expected subject sequence.
+    def run_events(self, run_id: str) -> str:
+        return f"{self.name}.run.{run_id}"
+
+    @property
+    def run_events_all(self) -> str:
+        return f"{self.name}.run.*"
+
+    # Action requests for one tool family, partitioned by idempotency key so one executor owns each key.
+    def actions(self, family: str, partition: int) -> str:
+        return f"{self.name}.action.{family}.{partition}"
+
+    @property
+    def actions_all(self) -> str:
+        return f"{self.name}.action.>"
+
+    # Messages for the runtime about one run: action outcomes and wake-ups.
+    def outcomes(self, run_id: str) -> str:
+        return f"{self.name}.outcome.{run_id}"
+
+    @property
+    def outcomes_all(self) -> str:
+        return f"{self.name}.outcome.*"
+
+    def dead_letters(self, service: str) -> str:
+        return f"{self.name}.dead.{service}"
+
+    @property
+    def dead_letters_all(self) -> str:
+        return f"{self.name}.dead.*"
+
+    # Durable consumer names.
+    @property
+    def runtime_inbound_consumer(self) -> str:
+        return "runtime_inbound"
+
+    @property
+    def runtime_outcomes_consumer(self) -> str:
+        return "runtime_outcomes"
+
+    def executor_consumer(self, family: str, partition: int) -> str:
+        return f"executor_{family}_p{partition}"
+
+
+# How many partitions each tool family's action subjects are split into. Every publisher and executor of a
+# deployment must agree on it; changing it moves keys between partitions, so it is a migration, not a knob.
+DEFAULT_ACTION_PARTITIONS = 4

@@ -1,0 +1,1 @@
+"""The crashsafe services: gateway, runtime, tool executors, reconciler, and the sandbox outside world."""

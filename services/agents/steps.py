@@ -1,0 +1,40 @@
+"""A deterministic workflow agent: N sequential no-op tool steps from a plan in code, no model (the steps5 yardstick)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.errors import ErrorInfo
+from contracts.run_events import ToolCall
+from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from services.runtime.core.agent import ScriptedStep
+from services.runtime.core.state import RunState
+
+NOOP = ToolContract(
+    name="noop",
+    family="noop",
+    effect=Effect.WRITE,
+    timeout_s=5.0,
+    retry=RetryRule.KEYED,
+    max_attempts=1,
+    key_rule=KeyRule.RUN_STEP,
+    description="Does nothing, durably: intent, no-op effect, receipt.",
+)
+
+
+class StepsAgent:
+    instructions = ""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.name = f"steps{steps}"
+        self.tools = {NOOP.name: NOOP}
+
+    def script(self, state: RunState) -> ScriptedStep | None:
+        done = len(state.completed)
+        if done < self.steps:
+            return ScriptedStep(calls=(ToolCall(call_id=f"plan-{done + 1}", name="noop", arguments='{"i":%d}' % (done + 1)),))
+        return ScriptedStep(reply=f"{self.steps} steps done")
+
+    def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
+        return {"i": int(args.get("i", 0))}

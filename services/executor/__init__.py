@@ -1,0 +1,1 @@
+"""Tool executors: one per tool family; the only processes that call providers, each call keyed and receipted."""

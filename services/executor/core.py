@@ -1,0 +1,197 @@
+"""The executor's pure decisions: what to do with a request given its stored record, and what an answer means."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.errors import ErrorCode, ErrorInfo, RetryClass
+from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus
+from contracts.tools import ToolContract
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What the action store holds for one key."""
+
+    key: str
+    input_hash: str
+    status: str  # started | succeeded | failed | unknown
+    attempts: int
+    outcome: ActionOutcome | None
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Never seen: commit the intent, then call the provider."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Already decided: send the stored receipt again; the provider is not called."""
+
+    outcome: ActionOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """The key was used with other input: a typed conflict, and the provider is never reached."""
+
+    outcome: ActionOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """An intent with no receipt (a previous life died, or the answer was lost): ask the provider by key first."""
+
+    attempts: int
+
+
+Plan = Execute | Replay | Conflict | Resolve
+
+
+def classify(record: Record | None, request: ActionRequest, deliveries: int) -> Plan:
+    if record is None:
+        return Execute()
+    if record.input_hash != request.input_hash:
+        error = ErrorInfo(
+            code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
+            message=f"key {request.key} was first used with different input; nothing was sent to the provider",
+            details={"key": request.key, "stored_input_hash": record.input_hash, "input_hash": request.input_hash},
+        )
+        return Conflict(_outcome(request, OutcomeStatus.CONFLICT, error=error, via="conflict", attempts=0, deliveries=deliveries))
+    if record.status in ("succeeded", "failed") and record.outcome is not None:
+        stored = record.outcome
+        return Replay(
+            ActionOutcome(
+                run_id=stored.run_id,
+                step_no=stored.step_no,
+                tool=stored.tool,
+                key=stored.key,
+                status=stored.status,
+                result=stored.result,
+                error=stored.error,
+                provider_ref=stored.provider_ref,
+                via="replay" if stored.via == "call" else stored.via,
+                attempts=stored.attempts,
+                deliveries=deliveries,
+            )
+        )
+    return Resolve(attempts=record.attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderAnswer:
+    """What one provider call or lookup told us. `unknown`: no answer we can trust (timeout, 5xx, garbage)."""
+
+    kind: str  # ok | rejected | unknown  (calls);  found | absent | unknown  (lookups)
+    body: dict[str, Any]
+    ref: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    outcome: ActionOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class LookUp:
+    """The write's outcome is unknown: ask the provider by the same key before anything else."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallAgain:
+    """The provider confirmed it never saw the key: calling again with the same key is safe."""
+
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StillUnknown:
+    """Even the lookup could not answer: keep the intent open and resolve later; never retry blind."""
+
+    detail: str
+
+
+Next = Done | LookUp | CallAgain | StillUnknown
+
+
+def after_call(request: ActionRequest, contract: ToolContract, answer: ProviderAnswer, attempts: int, deliveries: int, via: str = "call") -> Next:
+    if answer.kind == "ok":
+        return Done(_outcome(request, OutcomeStatus.SUCCEEDED, result=answer.body, ref=answer.ref, via=via, attempts=attempts, deliveries=deliveries))
+    if answer.kind == "rejected":
+        error = ErrorInfo(
+            code=str(answer.body.get("code", ErrorCode.PROVIDER_REJECTED.value)),
+            message=str(answer.body.get("message", answer.detail)),
+            details={"provider": answer.body},
+        )
+        return Done(_outcome(request, OutcomeStatus.FAILED, error=error, via=via, attempts=attempts, deliveries=deliveries))
+    if contract.keyed:
+        return LookUp()
+    # A read that failed: retry it while the contract allows, else a definitive failure (reads have no effect).
+    if attempts < contract.max_attempts:
+        return CallAgain(delay_s=_backoff(attempts))
+    return Done(_unavailable(request, answer, attempts, deliveries))
+
+
+def after_lookup(request: ActionRequest, contract: ToolContract, lookup: ProviderAnswer, attempts: int, deliveries: int) -> Next:
+    if lookup.kind == "found":
+        return Done(
+            _outcome(request, OutcomeStatus.SUCCEEDED, result=lookup.body, ref=lookup.ref, via="provider_lookup", attempts=attempts, deliveries=deliveries)
+        )
+    if lookup.kind == "absent":
+        if attempts < contract.max_attempts:
+            return CallAgain(delay_s=_backoff(attempts))
+        # The provider never saw the key and the attempts are spent: a definitive failure, no effect exists.
+        return Done(_unavailable(request, lookup, attempts, deliveries))
+    return StillUnknown(detail=lookup.detail or "provider lookup gave no answer")
+
+
+def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveries: int) -> ActionOutcome:
+    error = ErrorInfo(
+        code=ErrorCode.OUTCOME_UNKNOWN.value,
+        message=f"could not tell whether {request.tool} with key {request.key} took effect: {detail}; reconcile by key",
+        retry=RetryClass.UNKNOWN_OUTCOME.value,
+        details={"key": request.key},
+    )
+    return _outcome(request, OutcomeStatus.UNKNOWN, error=error, via="unresolved", attempts=attempts, deliveries=deliveries)
+
+
+def _backoff(attempts: int) -> float:
+    return min(0.05 * 2 ** (attempts - 1), 1.0)
+
+
+def _unavailable(request: ActionRequest, answer: ProviderAnswer, attempts: int, deliveries: int) -> ActionOutcome:
+    error = ErrorInfo(
+        code=ErrorCode.PROVIDER_UNAVAILABLE.value,
+        message=f"{request.tool} did not succeed after {attempts} attempt(s): {answer.detail}; the provider holds no effect for key {request.key}",
+        details={"key": request.key},
+    )
+    return _outcome(request, OutcomeStatus.FAILED, error=error, via="call", attempts=attempts, deliveries=deliveries)
+
+
+def _outcome(
+    request: ActionRequest,
+    status: OutcomeStatus,
+    *,
+    result: dict[str, Any] | None = None,
+    error: ErrorInfo | None = None,
+    ref: str | None = None,
+    via: str,
+    attempts: int,
+    deliveries: int,
+) -> ActionOutcome:
+    return ActionOutcome(
+        run_id=request.run_id,
+        step_no=request.step_no,
+        tool=request.tool,
+        key=request.key,
+        status=status,
+        result=result or {},
+        error=error,
+        provider_ref=ref,
+        via=via,
+        attempts=attempts,
+        deliveries=deliveries,
+    )

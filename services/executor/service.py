@@ -1,0 +1,262 @@
+"""The executor shell: owns partitions of a tool family's keys, their SQLite stores, and every provider call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from nats.aio.msg import Msg
+from opentelemetry.context import Context
+
+from contracts.errors import CrashsafeError, ErrorCode, PoisonMessage, RetryClass
+from contracts.keys import partition_of
+from contracts.streams import executor_consumer, stream_specs
+from contracts.tool_messages import ActionOutcome, ActionRequest, action_request_decoder, tool_encoder
+from contracts.tools import Effect, ToolContract
+from services.agents import TOOL_CONTRACTS
+from services.executor.core import (
+    CallAgain,
+    Conflict,
+    Done,
+    Execute,
+    LookUp,
+    Replay,
+    Resolve,
+    StillUnknown,
+    after_call,
+    after_lookup,
+    classify,
+    unknown_outcome,
+)
+from services.executor.providers import OPERATIONS, Operation
+from services.executor.store import ActionStore
+from services.platform.consumer import Deliveries
+from services.platform.crashpoints import crash_point
+from services.platform.jetstream import Broker
+from services.platform.logs import log
+from services.platform.settings import Settings
+from services.platform.tracing import context_from, headers_for
+
+MAX_DELIVER = 12
+
+
+class OutcomeStillUnknown(CrashsafeError):
+    """Neither the call nor the lookup could tell what happened; the message comes back later to ask again."""
+
+    code = ErrorCode.OUTCOME_UNKNOWN
+    retry = RetryClass.RETRY_LATER
+
+
+class Executor:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        family: str,
+        partitions: list[int],
+        http: httpx.AsyncClient,
+        logger: logging.Logger,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.ns = settings.namespace
+        self.family = family
+        self.partitions = partitions
+        self.http = http
+        self.logger = logger
+        self.synchronous = synchronous
+        self.stores: dict[int, ActionStore] = {}
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self.deliveries = Deliveries(broker, self.ns, f"executor_{family}", logger, max_deliver=MAX_DELIVER, ack_wait_s=settings.ack_wait_s)
+
+    def store_path(self, partition: int) -> Path:
+        return self.settings.data_dir / f"{self.ns.name}-{self.family}-p{partition}.sqlite3"
+
+    async def start(self) -> None:
+        for spec in stream_specs(self.ns, self.settings.stream_replicas):
+            await self.broker.ensure_stream(spec)
+        for partition in self.partitions:
+            self.stores[partition] = await ActionStore.open(self.store_path(partition), self.synchronous)
+        # Start-up reconciliation: settle what a previous life left open before taking new work.
+        for store in self.stores.values():
+            for request, attempts in await store.open_intents():
+                await self._resolve_leftover(store, request, attempts)
+        for partition in self.partitions:
+            spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, MAX_DELIVER)
+            await self.broker.ensure_consumer(spec)
+            await self.broker.subscribe(spec, self.deliveries.dispatch(self._on_request))
+        log(self.logger, logging.INFO, "executor ready", family=self.family, partitions=self.partitions)
+
+    async def close(self) -> None:
+        await self.deliveries.drain()
+        for store in self.stores.values():
+            await store.close()
+
+    async def _on_request(self, msg: Msg) -> None:
+        request = action_request_decoder.decode(msg.data)
+        ctx = context_from(msg.headers)
+        meta = msg.metadata
+        await self.handle(request, ctx, meta.sequence.stream, meta.num_delivered)
+
+    async def handle(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
+        contract = TOOL_CONTRACTS.get(request.tool)
+        operation = OPERATIONS.get(request.tool)
+        if contract is None or operation is None or contract.family != self.family:
+            raise PoisonMessage(f"executor {self.family} has no tool {request.tool!r}", key=request.key)
+        if contract.effect is Effect.READ:
+            await self._publish(await self._run(request, contract, operation, attempts=1, deliveries=deliveries, look_first=False), ctx)
+            return
+        running = self._inflight.get(request.key)
+        if running is not None:
+            await running  # one key is never executed twice at once; answer from its receipt afterwards
+        store = self._store_for(request.key)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[request.key] = done
+        try:
+            await self._handle_keyed(store, request, contract, operation, ctx, stream_seq, deliveries)
+        finally:
+            self._inflight.pop(request.key, None)
+            done.set_result(None)
+
+    async def _handle_keyed(
+        self,
+        store: ActionStore,
+        request: ActionRequest,
+        contract: ToolContract,
+        operation: Operation,
+        ctx: Context,
+        stream_seq: int,
+        deliveries: int,
+    ) -> None:
+        plan = classify(await store.get(request.key), request, deliveries)
+        match plan:
+            case Replay(outcome=outcome) | Conflict(outcome=outcome):
+                await self._publish(outcome, ctx)
+                return
+            case Execute():
+                if not await store.begin(request, stream_seq):
+                    plan = classify(await store.get(request.key), request, deliveries)
+                    if not isinstance(plan, Resolve):
+                        await self._publish(plan.outcome, ctx)  # type: ignore[union-attr]
+                        return
+                    attempts, look_first = plan.attempts, True
+                else:
+                    crash_point("executor.after_intent")
+                    attempts, look_first = 1, False
+            case Resolve(attempts=attempts):
+                look_first = True
+        try:
+            outcome = await self._run(request, contract, operation, attempts, deliveries, look_first, store)
+        except OutcomeStillUnknown:
+            await store.mark_unknown(request.key)
+            if deliveries >= MAX_DELIVER - 1:
+                # Out of redeliveries: tell the run the outcome is unknown (it hands off); the reconciler goes on asking.
+                outcome = unknown_outcome(request, "provider and lookup unavailable", attempts, deliveries)
+                await self._publish(outcome, ctx)
+                return
+            raise
+        crash_point("executor.after_provider_ack")
+        await store.finish(outcome, stream_seq)
+        crash_point("executor.after_receipt")
+        await self._publish(outcome, ctx)
+        crash_point("executor.after_outcome_published")
+
+    async def _run(
+        self,
+        request: ActionRequest,
+        contract: ToolContract,
+        operation: Operation,
+        attempts: int,
+        deliveries: int,
+        look_first: bool,
+        store: ActionStore | None = None,
+    ) -> ActionOutcome:
+        """Call, and on an unknown answer look up by key; call again only once the provider says it never saw it."""
+        step = LookUp() if look_first else after_call(
+            request, contract, await operation.call(self.http, request, self._timeout(request, contract)), attempts, deliveries
+        )
+        while True:
+            match step:
+                case Done(outcome=outcome):
+                    return outcome
+                case LookUp():
+                    if operation.lookup is None:
+                        raise OutcomeStillUnknown(f"{request.tool} has no lookup; cannot resolve {request.key}", key=request.key)
+                    answer = await operation.lookup(self.http, request.key, self._timeout(request, contract))
+                    step = after_lookup(request, contract, answer, attempts, deliveries)
+                case CallAgain(delay_s=delay):
+                    await asyncio.sleep(delay)
+                    attempts += 1
+                    if store is not None:
+                        await store.attempt(request.key, attempts)
+                    answer = await operation.call(self.http, request, self._timeout(request, contract))
+                    step = after_call(request, contract, answer, attempts, deliveries)
+                case StillUnknown(detail=detail):
+                    raise OutcomeStillUnknown(f"outcome of {request.key} still unknown: {detail}", key=request.key)
+
+    def _timeout(self, request: ActionRequest, contract: ToolContract) -> float:
+        # The deadline passed down: never wait longer than the run has left, nor less than a sliver.
+        remaining = (request.deadline_at - datetime.now(UTC)).total_seconds()
+        return max(min(contract.timeout_s, request.timeout_s, remaining if remaining > 0 else contract.timeout_s), 0.2)
+
+    async def _resolve_leftover(self, store: ActionStore, request: ActionRequest, attempts: int) -> None:
+        contract = TOOL_CONTRACTS.get(request.tool)
+        operation = OPERATIONS.get(request.tool)
+        if contract is None or operation is None:
+            return
+        try:
+            outcome = await self._run(request, contract, operation, attempts, 1, True, store)
+        except OutcomeStillUnknown as exc:
+            log(self.logger, logging.WARNING, "left-over intent still unknown", key=request.key, detail=exc.message)
+            return
+        await store.finish(outcome, None)
+        await self._publish(outcome, context_from(None))
+        log(self.logger, logging.INFO, "resolved left-over intent", key=request.key, via=outcome.via, status=outcome.status)
+
+    def _store_for(self, key: str) -> ActionStore:
+        partition = partition_of(key, self.settings.partitions)
+        store = self.stores.get(partition)
+        if store is None:
+            raise PoisonMessage(f"key {key} is in partition {partition}, not owned here ({self.partitions})", key=key)
+        return store
+
+    async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:
+        await self.broker.publish(
+            self.ns.outcomes(outcome.run_id),
+            tool_encoder.encode(outcome),
+            msg_id=f"outcome:{outcome.key}:{outcome.status}",
+            headers=headers_for(ctx),
+        )
+        log(self.logger, logging.INFO, "outcome", run_id=outcome.run_id, step_no=outcome.step_no, key=outcome.key, status=outcome.status, via=outcome.via)
+
+
+def parse_partitions(spec: str, total: int) -> list[int]:
+    """"all", "0-3", "0,2" -> owned partition numbers."""
+    if spec in ("", "all"):
+        return list(range(total))
+    owned: set[int] = set()
+    for part in spec.split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            owned.update(range(int(lo), int(hi) + 1))
+        else:
+            owned.add(int(part))
+    bad = [p for p in owned if not 0 <= p < total]
+    if bad:
+        raise ValueError(f"partitions {bad} outside 0..{total - 1}")
+    return sorted(owned)
+
+
+async def serve_executor(settings: Settings, family: str, partitions: list[int], logger: logging.Logger, stop: asyncio.Event, synchronous: str = "NORMAL") -> None:
+    broker = await Broker.connect(settings.nats_url, f"executor-{family}-{settings.worker_id}")
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=settings.sandbox_url, limits=limits) as http:
+        executor = Executor(broker, settings, family, partitions, http, logger, synchronous)
+        await executor.start()
+        await stop.wait()
+        await executor.close()
+    await broker.close()

@@ -1,0 +1,1 @@
+"""The gateway: HTTP in, inbound dedup, and read access to run journals."""

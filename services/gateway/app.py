@@ -1,0 +1,154 @@
+"""The gateway's HTTP shell (Litestar on uvicorn): accepts guest events, answers run status and journals."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.datastructures import State
+
+from contracts.errors import CrashsafeError, RunNotFound
+from contracts.inbound import InboundEvent, inbound_decoder, inbound_encoder
+from contracts.run_events import RunStarted
+from contracts.streams import stream_specs
+from contracts.subjects import Header, StreamKind
+from services.gateway.core import admit, conflict, status_for
+from services.platform.crashpoints import crash_point
+from services.platform.jetstream import Broker, SubjectFull
+from services.platform.journal import RunJournal
+from services.platform.logs import log
+from services.platform.settings import Settings
+from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.runtime.core.fold import replay, summarize
+
+logger = logging.getLogger("crashsafe.gateway")
+
+
+def _error(exc: CrashsafeError) -> Response[Any]:
+    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details}}
+    return Response(content=body, status_code=status_for(exc))
+
+
+async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
+    broker: Broker = state.broker
+    settings: Settings = state.settings
+    ns = settings.namespace
+    body = await request.body()
+    admission = admit(body, request.headers.get(Header.IDEMPOTENCY_KEY))
+    agent = request.query_params.get("agent", "booking")
+    ctx = context_from(dict(request.headers))
+    event = InboundEvent(
+        key=admission.key,
+        run_id=admission.run_id,
+        input_hash=admission.input_hash,
+        message=admission.message,
+        agent=agent,
+        received_at=datetime.now(UTC),
+    )
+    subject = ns.inbound(admission.run_id)
+    duplicate = False
+    try:
+        published = await broker.publish(subject, inbound_encoder.encode(event), msg_id=admission.run_id, headers=headers_for(ctx))
+        duplicate = published.duplicate
+    except SubjectFull:
+        duplicate = True  # the per-run subject already holds this run's first message: the lasting guard
+    if duplicate:
+        original = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), subject)
+        if original is not None and inbound_decoder.decode(original.data).input_hash != admission.input_hash:
+            raise conflict(admission.key, admission.run_id)
+    else:
+        # Past the inbound stream's retention the run journal is the guard: its first event holds the input hash.
+        first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(admission.run_id))
+        if first is not None:
+            started = msgspec.json.decode(first.data, type=RunStarted)
+            if started.input_hash != admission.input_hash:
+                raise conflict(admission.key, admission.run_id)
+    crash_point("gateway.after_publish")
+    log(logger, logging.INFO, "accepted", run_id=admission.run_id, key=admission.key, duplicate=duplicate, trace_id=trace_id_of(ctx))
+    return Response(content={"run_id": admission.run_id, "duplicate": duplicate}, status_code=202)
+
+
+@post("/v1/events")
+async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
+    try:
+        return await _accept(state, request)
+    except CrashsafeError as exc:
+        return _error(exc)
+
+
+async def _journal(state: State, run_id: str) -> list[tuple[int, Any]]:
+    journal = RunJournal(state.broker, state.settings.namespace)
+    events = await journal.read_with_seqs(run_id)
+    if not events:
+        raise RunNotFound(f"no run {run_id}; check the id returned by POST /v1/events", run_id=run_id)
+    return events
+
+
+@get("/v1/runs/{run_id:str}")
+async def get_run(state: State, run_id: str) -> Response[Any]:
+    try:
+        events = await _journal(state, run_id)
+    except CrashsafeError as exc:
+        return _error(exc)
+    run = replay(e for _, e in events)
+    assert run is not None
+    return Response(content=msgspec.to_builtins(summarize(run)) | {"last_seq": events[-1][0]})
+
+
+@get("/v1/runs/{run_id:str}/events")
+async def get_run_events(state: State, run_id: str) -> Response[Any]:
+    try:
+        events = await _journal(state, run_id)
+    except CrashsafeError as exc:
+        return _error(exc)
+    return Response(content={"run_id": run_id, "events": [{"seq": seq, **msgspec.to_builtins(e)} for seq, e in events]})
+
+
+@get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/readyz")
+async def readyz(state: State) -> Response[Any]:
+    broker: Broker = state.broker
+    ns = state.settings.namespace
+    missing = [] if broker.connected else ["nats"]
+    if broker.connected:
+        for spec in stream_specs(ns):
+            try:
+                if not await broker.stream_exists(spec.name):
+                    missing.append(spec.name)
+            except CrashsafeError:
+                missing.append(spec.name)
+    return Response(content={"ready": not missing, "missing": missing}, status_code=200 if not missing else 503)
+
+
+def build_app(settings: Settings) -> Litestar:
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        broker = await Broker.connect(settings.nats_url, f"gateway-{settings.worker_id}")
+        for spec in stream_specs(settings.namespace, settings.stream_replicas):
+            await broker.ensure_stream(spec)
+        app.state.broker = broker
+        app.state.settings = settings
+        try:
+            yield
+        finally:
+            await broker.close()
+
+    return Litestar(route_handlers=[post_event, get_run, get_run_events, healthz, readyz], lifespan=[lifespan], debug=False)
+
+
+async def serve_gateway(settings: Settings) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(build_app(settings), host=settings.gateway_host, port=settings.gateway_port, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    print(f"gateway listening on http://{settings.gateway_host}:{settings.gateway_port}", flush=True)
+    await server.serve()

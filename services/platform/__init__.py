@@ -1,0 +1,1 @@
+"""Adapters every service shares: NATS JetStream, the run journal, tracing, logging, settings, crash points."""

@@ -1,0 +1,102 @@
+"""How every service handles one JetStream delivery: ack on success, nak on retryable, dead-letter on poison."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import msgspec
+from nats.aio.msg import Msg
+
+from contracts.dead_letters import DeadLetter, dead_letter_encoder
+from contracts.errors import CrashsafeError, RetryClass
+from contracts.subjects import Namespace
+from services.platform.jetstream import Broker
+from services.platform.logs import log
+
+
+class Deliveries:
+    """Runs handlers for deliveries concurrently (bounded), and settles each message exactly as its outcome says."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        ns: Namespace,
+        service: str,
+        logger: logging.Logger,
+        max_deliver: int,
+        ack_wait_s: float,
+        concurrency: int = 512,
+    ) -> None:
+        self.broker = broker
+        self.ns = ns
+        self.service = service
+        self.logger = logger
+        self.max_deliver = max_deliver
+        self.heartbeat_s = max(ack_wait_s / 3, 0.1)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def dispatch(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        async def on_message(msg: Msg) -> None:
+            await self._slots.acquire()
+            task = asyncio.create_task(self._settle(msg, handler))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+        return on_message
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _settle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]]) -> None:
+        deliveries = msg.metadata.num_delivered
+        # A short ack wait lets a dead worker's messages come back fast; a live worker's long steps say "in progress".
+        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        try:
+            await handler(msg)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self.dead_letter(msg, f"cannot decode: {exc}", "poison_message")
+        except CrashsafeError as exc:
+            if exc.retry is RetryClass.POISON or deliveries >= self.max_deliver:
+                await self.dead_letter(msg, exc.message, exc.code.value)
+            else:
+                log(self.logger, logging.WARNING, "retrying later", error=exc.code.value, detail=exc.message, deliveries=deliveries)
+                await msg.nak(delay=min(0.2 * 2**deliveries, 5.0))
+        except Exception as exc:  # an unexpected bug must not loop forever nor lose the message silently
+            self.logger.exception("handler failed", extra={"fields": {"subject": msg.subject, "deliveries": deliveries}})
+            if deliveries >= self.max_deliver:
+                await self.dead_letter(msg, f"{type(exc).__name__}: {exc}", "handler_failed")
+            else:
+                await msg.nak(delay=min(0.2 * 2**deliveries, 5.0))
+        else:
+            await msg.ack()
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            await msg.in_progress()
+
+    async def dead_letter(self, msg: Msg, reason: str, code: str) -> None:
+        letter = DeadLetter(
+            service=self.service,
+            subject=msg.subject,
+            stream_seq=msg.metadata.sequence.stream,
+            deliveries=msg.metadata.num_delivered,
+            reason=reason,
+            code=code,
+            payload=msg.data.decode("utf-8", "replace")[:8192],
+            at=datetime.now(UTC),
+        )
+        await self.broker.publish(self.ns.dead_letters(self.service), dead_letter_encoder.encode(letter))
+        log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=code)
+        await msg.term()
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,263 @@
+"""The one NATS JetStream adapter: connect, declare streams and consumers, publish, subscribe, read a subject."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from contracts.errors import BrokerUnavailable, RunVersionConflict
+from contracts.streams import ConsumerSpec, StreamSpec
+from contracts.subjects import Header
+
+log = logging.getLogger("crashsafe.jetstream")
+
+# JetStream API error codes we translate into domain errors.
+_WRONG_LAST_SEQUENCE = 10071
+_STREAM_NOT_FOUND = 10059
+_CONSUMER_NOT_FOUND = 10014
+_MAX_MSGS_PER_SUBJECT = 10077
+
+
+class SubjectFull(Exception):
+    """A publish to a subject that accepts one message (discard-new-per-subject) found it taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    seq: int
+    duplicate: bool
+
+
+class Broker:
+    """A connection to NATS with JetStream, and the only place library exceptions are translated."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=10)
+        self._subs: list[object] = []
+
+    @classmethod
+    async def connect(cls, url: str, name: str) -> Broker:
+        try:
+            nc = await nats.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                connect_timeout=5,
+                allow_reconnect=True,
+            )
+        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise BrokerUnavailable(f"cannot reach NATS at {url}: {exc}; is nats-server running?", url=url) from exc
+        return cls(nc)
+
+    async def close(self) -> None:
+        try:
+            await self.nc.drain()
+        except (nats.errors.Error, asyncio.TimeoutError, OSError):
+            await self.nc.close()
+
+    @property
+    def connected(self) -> bool:
+        return self.nc.is_connected
+
+    # Declarations -------------------------------------------------------------------------------------------
+
+    async def ensure_stream(self, spec: StreamSpec) -> None:
+        config = StreamConfig(
+            name=spec.name,
+            subjects=list(spec.subjects),
+            retention=RetentionPolicy.WORK_QUEUE if spec.retention == "workqueue" else RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=spec.max_age_s or None,
+            max_msgs_per_subject=spec.max_msgs_per_subject,
+            discard=DiscardPolicy.NEW if spec.discard_new_per_subject else DiscardPolicy.OLD,
+            discard_new_per_subject=spec.discard_new_per_subject or None,
+            duplicate_window=spec.duplicate_window_s,
+            allow_direct=spec.allow_direct,
+            num_replicas=spec.replicas,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            # Exists with another config: bring it in line (additive changes only; see contracts/README.md).
+            await self.js.update_stream(config)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise BrokerUnavailable(f"JetStream did not answer creating stream {spec.name}: {exc}") from exc
+
+    async def stream_exists(self, name: str) -> bool:
+        try:
+            await self.js.stream_info(name)
+            return True
+        except nats.js.errors.NotFoundError:
+            return False
+
+    async def ensure_consumer(self, spec: ConsumerSpec) -> None:
+        config = ConsumerConfig(
+            durable_name=spec.durable,
+            deliver_subject=f"_deliver.{spec.stream}.{spec.durable}",
+            deliver_group=spec.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=spec.ack_wait_s,
+            max_deliver=spec.max_deliver,
+            max_ack_pending=spec.max_ack_pending,
+            filter_subject=spec.filter_subject,
+            backoff=list(spec.backoff_s) or None,
+        )
+        try:
+            await self.js.add_consumer(spec.stream, config)
+        except nats.js.errors.BadRequestError:
+            await self.js.delete_consumer(spec.stream, spec.durable)
+            await self.js.add_consumer(spec.stream, config)
+
+    async def subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> None:
+        """Deliver the consumer's messages to `handler`; replicas sharing the durable share the work."""
+        sub = await self.js.subscribe(
+            spec.filter_subject,
+            queue=spec.durable,
+            stream=spec.stream,
+            manual_ack=True,
+            cb=handler,
+            pending_msgs_limit=max(spec.max_ack_pending * 2, 1024),
+        )
+        self._subs.append(sub)
+
+    async def follow(self, stream: str, subject: str, handler: Callable[[Msg], Awaitable[None]], since: datetime) -> None:
+        """Read every message on `subject` from `since` on, in order, and keep following (an ordered consumer)."""
+        sub = await self.js.subscribe(
+            subject,
+            stream=stream,
+            cb=handler,
+            ordered_consumer=True,
+            idle_heartbeat=5.0,
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            config=ConsumerConfig(opt_start_time=since.astimezone(UTC)),
+        )
+        self._subs.append(sub)
+
+    # Writes -------------------------------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str | None = None,
+        expected_subject_seq: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Published:
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs[Header.MSG_ID] = msg_id
+        if expected_subject_seq is not None:
+            hdrs[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_subject_seq)
+        try:
+            ack = await self.js.publish(subject, payload, headers=hdrs or None)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                raise RunVersionConflict(
+                    f"{subject} moved past sequence {expected_subject_seq}; re-fold the run and decide again",
+                    subject=subject,
+                    expected_seq=expected_subject_seq,
+                ) from exc
+            if exc.err_code == _MAX_MSGS_PER_SUBJECT:
+                raise SubjectFull(subject) from exc
+            raise BrokerUnavailable(f"JetStream refused a publish to {subject}: {exc}", subject=subject) from exc
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError) as exc:
+            raise BrokerUnavailable(f"JetStream did not acknowledge a publish to {subject}", subject=subject) from exc
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(f"publish to {subject} failed: {exc}", subject=subject) from exc
+        return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    # Reads --------------------------------------------------------------------------------------------------
+
+    async def last_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
+        try:
+            raw = await self.js.get_last_msg(stream, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
+        return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
+
+    async def first_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
+        chunk, _ = await self._direct_batch(stream, subject, 1, 1)
+        return chunk[0] if chunk else None
+
+    async def read_subject(self, stream: str, subject: str, after_seq: int = 0, batch: int = 256) -> list[StoredMessage]:
+        """Every message on one subject, in order, fetched with batched direct gets (one round trip per batch)."""
+        out: list[StoredMessage] = []
+        next_seq = after_seq + 1
+        while True:
+            chunk, more = await self._direct_batch(stream, subject, next_seq, batch)
+            out.extend(chunk)
+            if not more or not chunk:
+                return out
+            next_seq = chunk[-1].seq + 1
+
+    async def _direct_batch(
+        self, stream: str, subject: str, from_seq: int, batch: int
+    ) -> tuple[list[StoredMessage], bool]:
+        inbox = self.nc.new_inbox()
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def collect(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        sub = await self.nc.subscribe(inbox, cb=collect)
+        try:
+            request = b'{"seq":%d,"next_by_subj":"%s","batch":%d}' % (from_seq, subject.encode(), batch)
+            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", request, reply=inbox)
+            messages: list[StoredMessage] = []
+            more = False
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), timeout=5)
+                except asyncio.TimeoutError as exc:
+                    raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
+                headers = dict(msg.headers or {})
+                status = headers.get("Status")
+                if status == "404":  # nothing (more) on this subject
+                    return messages, False
+                if status == "204":  # end of batch
+                    return messages, more
+                if status:
+                    raise BrokerUnavailable(f"direct get on {stream} answered {status}: {headers}")
+                messages.append(
+                    StoredMessage(
+                        seq=int(headers["Nats-Sequence"]),
+                        subject=headers.get("Nats-Subject", subject),
+                        data=msg.data,
+                        headers=headers,
+                    )
+                )
+                more = int(headers.get("Nats-Num-Pending", "0")) > 0
+        finally:
+            await sub.unsubscribe()

@@ -1,0 +1,36 @@
+"""The run journal on JetStream: read a run's events in order, append one with optimistic concurrency."""
+
+from __future__ import annotations
+
+from contracts.run_events import Event, event_decoder, event_encoder
+from contracts.subjects import Namespace, StreamKind
+from services.platform.jetstream import Broker
+
+
+class RunJournal:
+    """Append-only events per run on `<ns>.run.<run_id>`; the subject sequence is the run's version."""
+
+    def __init__(self, broker: Broker, ns: Namespace) -> None:
+        self.broker = broker
+        self.ns = ns
+        self.stream = ns.stream(StreamKind.RUNS)
+
+    async def read(self, run_id: str) -> tuple[list[Event], int]:
+        """The run's events and the stream sequence of the last one (0 for a run that does not exist)."""
+        stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
+        events = [event_decoder.decode(m.data) for m in stored]
+        return events, (stored[-1].seq if stored else 0)
+
+    async def read_with_seqs(self, run_id: str) -> list[tuple[int, Event]]:
+        stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
+        return [(m.seq, event_decoder.decode(m.data)) for m in stored]
+
+    async def append(self, event: Event, expected_seq: int, headers: dict[str, str] | None = None) -> int:
+        """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise."""
+        published = await self.broker.publish(
+            self.ns.run_events(event.run_id),
+            event_encoder.encode(event),
+            expected_subject_seq=expected_seq,
+            headers=headers,
+        )
+        return published.seq

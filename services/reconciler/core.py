@@ -1,0 +1,82 @@
+"""The reconciler's pure core: a projection of open work over all runs' events, and what is overdue in it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Event,
+    RunCompleted,
+    RunHandedOff,
+    RunStarted,
+)
+
+
+@dataclass
+class OpenRun:
+    last_at: datetime
+    pending: dict[int, ActionRequested] = field(default_factory=dict)
+
+
+@dataclass
+class OpenWork:
+    """Non-terminal runs and their actions with no completion; folded from the RUNS stream."""
+
+    runs: dict[str, OpenRun] = field(default_factory=dict)
+    # When each key was last sent for resolution, so a slow provider is asked again only after a pause.
+    asked: dict[str, datetime] = field(default_factory=dict)
+    woken: dict[str, datetime] = field(default_factory=dict)
+
+
+def observe(work: OpenWork, event: Event) -> None:
+    """Fold one journal event into the projection (mutates: this is the reconciler's private read model)."""
+    match event:
+        case RunStarted():
+            work.runs[event.run_id] = OpenRun(last_at=event.at)
+        case RunCompleted() | RunHandedOff():
+            run = work.runs.pop(event.run_id, None)
+            if run is not None:
+                for request in run.pending.values():
+                    work.asked.pop(request.key, None)
+            work.woken.pop(event.run_id, None)
+        case _:
+            run = work.runs.get(event.run_id)
+            if run is None:
+                return  # started before our look-back window; nothing to watch
+            run.last_at = max(run.last_at, event.at)
+            if isinstance(event, ActionRequested):
+                run.pending[event.step_no] = event
+            elif isinstance(event, ActionCompleted):
+                done = run.pending.pop(event.step_no, None)
+                if done is not None:
+                    work.asked.pop(done.key, None)
+
+
+def overdue_actions(work: OpenWork, now: datetime, grace_s: float, reask_s: float) -> list[ActionRequested]:
+    """Actions past their timeout (plus grace) with no completion, not asked about in the last `reask_s`."""
+    due: list[ActionRequested] = []
+    for run in work.runs.values():
+        for request in run.pending.values():
+            if now < request.deadline_at + timedelta(seconds=grace_s):
+                continue
+            asked = work.asked.get(request.key)
+            if asked is not None and now - asked < timedelta(seconds=reask_s):
+                continue
+            due.append(request)
+    return due
+
+
+def stalled_runs(work: OpenWork, now: datetime, quiet_s: float) -> list[str]:
+    """Runs with nothing in flight whose journal has not moved for `quiet_s`: their worker likely died."""
+    out: list[str] = []
+    for run_id, run in work.runs.items():
+        if run.pending or now - run.last_at < timedelta(seconds=quiet_s):
+            continue
+        woken = work.woken.get(run_id)
+        if woken is not None and now - woken < timedelta(seconds=quiet_s):
+            continue
+        out.append(run_id)
+    return out

@@ -1,0 +1,33 @@
+"""What the runtime needs from an agent: its tool contracts and pure rules for turning calls into actions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from contracts.errors import ErrorInfo
+from contracts.run_events import ToolCall
+from contracts.tools import ToolContract
+from services.runtime.core.state import RunState
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedStep:
+    """A decision from code instead of a model: tool calls to make now, or the final reply."""
+
+    calls: tuple[ToolCall, ...] = ()
+    reply: str | None = None
+
+
+class Agent(Protocol):
+    name: str
+    instructions: str
+    tools: dict[str, ToolContract]
+
+    def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
+        """Validate a call's arguments and add what only the server may decide (guest id, amounts)."""
+        ...
+
+    def script(self, state: RunState) -> ScriptedStep | None:
+        """The next step for agents driven by a fixed plan in code; None means: ask the model."""
+        ...

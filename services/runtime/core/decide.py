@@ -1,0 +1,170 @@
+"""`next_move`: given a run's folded state and the time, what the runtime must do next. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from contracts.errors import ErrorCode, ErrorInfo
+from contracts.keys import action_key, input_hash
+from contracts.run_events import (
+    ActionRequested,
+    ModelAnswered,
+    RunCompleted,
+    RunEvent,
+    RunHandedOff,
+    ToolCall,
+    ToolRejected,
+)
+from services.runtime.core.agent import Agent
+from services.runtime.core.state import RunState
+
+
+@dataclass(frozen=True, slots=True)
+class AskModel:
+    step_no: int
+    input: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    events: tuple[RunEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitActions:
+    """Actions are in flight; the shell makes sure each request was published (idempotently) and waits."""
+
+    pending: tuple[ActionRequested, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    pass
+
+
+Move = AskModel | Append | AwaitActions | Idle
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReply:
+    """A model answer as the model adapter parsed it, before it is journaled."""
+
+    model: str
+    response_id: str
+    tool_calls: tuple[ToolCall, ...]
+    reply: str | None
+    input_tokens: int
+    output_tokens: int
+
+
+def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
+    if state.terminal:
+        return Idle()
+    if state.unplanned:
+        return Append(plan_calls(state, agent, state.unplanned, now))
+    if state.pending:
+        return AwaitActions(state.pending)
+    unknown = [req.key for req, done in state.completed if done.status == "unknown"]
+    if unknown:
+        detail = f"outcome of {', '.join(unknown)} is unknown; reconcile by key before anything else"
+        return Append((RunHandedOff(run_id=state.run_id, at=now, reason="outcome_unknown", detail=detail),))
+    if state.final_reply is not None:
+        return Append((RunCompleted(run_id=state.run_id, at=now, reply=state.final_reply),))
+    over = over_budget(state, now)
+    if over:
+        reason, detail = over
+        return Append((RunHandedOff(run_id=state.run_id, at=now, reason=reason, detail=detail),))
+    scripted = agent.script(state)
+    if scripted is not None:
+        if scripted.calls:
+            return Append(plan_calls(state, agent, scripted.calls, now))
+        return Append((RunCompleted(run_id=state.run_id, at=now, reply=scripted.reply or ""),))
+    return AskModel(step_no=state.next_step, input=state.transcript)
+
+
+def over_budget(state: RunState, now: datetime) -> tuple[str, str] | None:
+    budget = state.budget
+    if state.steps_used >= budget.max_steps:
+        return "budget_steps", f"used {state.steps_used} of {budget.max_steps} steps"
+    if state.tokens_used >= budget.max_tokens:
+        return "budget_tokens", f"used {state.tokens_used} of {budget.max_tokens} tokens"
+    if now >= state.deadline_at:
+        return "deadline", f"deadline {state.deadline_at.isoformat()} passed"
+    return None
+
+
+def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAnswered:
+    return ModelAnswered(
+        run_id=state.run_id,
+        at=now,
+        step_no=state.next_step,
+        model=reply.model,
+        response_id=reply.response_id,
+        tool_calls=list(reply.tool_calls),
+        reply=reply.reply if not reply.tool_calls else None,
+        input_tokens=reply.input_tokens,
+        output_tokens=reply.output_tokens,
+    )
+
+
+def plan_calls(state: RunState, agent: Agent, calls: tuple[ToolCall, ...], now: datetime) -> tuple[RunEvent, ...]:
+    """Turn tool calls into durable intents, or typed rejections; each gets its own step number."""
+    events: list[RunEvent] = []
+    step = state.next_step
+    remaining = max((state.deadline_at - now).total_seconds(), 0.0)
+    for call in calls:
+        if step > state.budget.max_steps:
+            events.append(
+                RunHandedOff(
+                    run_id=state.run_id,
+                    at=now,
+                    reason="budget_steps",
+                    detail=f"tool call {call.name} would be step {step} of {state.budget.max_steps}",
+                )
+            )
+            break
+        decided = _plan_one(state, agent, call, step, now, remaining)
+        events.append(decided)
+        step += 1
+    return tuple(events)
+
+
+def _plan_one(
+    state: RunState, agent: Agent, call: ToolCall, step: int, now: datetime, remaining: float
+) -> RunEvent:
+    def reject(code: ErrorCode, message: str) -> ToolRejected:
+        error = ErrorInfo(code=code.value, message=message, details={"tool": call.name})
+        return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=error)
+
+    contract = agent.tools.get(call.name)
+    if contract is None:
+        return reject(ErrorCode.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {sorted(agent.tools)}")
+    try:
+        args = msgspec.json.decode(call.arguments) if call.arguments else {}
+    except msgspec.DecodeError:
+        return reject(ErrorCode.INVALID_TOOL_ARGUMENTS, f"arguments for {call.name} are not JSON")
+    if not isinstance(args, dict):
+        return reject(ErrorCode.INVALID_TOOL_ARGUMENTS, f"arguments for {call.name} must be a JSON object")
+    prepared = agent.prepare(state, contract, args)
+    if isinstance(prepared, ErrorInfo):
+        return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=prepared)
+    # The deadline is passed down: a step gets at most the run's remaining time, not its full timeout.
+    timeout = min(contract.timeout_s, remaining) if remaining > 0 else contract.timeout_s
+    key = action_key(state.run_id, step)
+    return ActionRequested(
+        run_id=state.run_id,
+        at=now,
+        step_no=step,
+        call_id=call.call_id,
+        tool=contract.name,
+        family=contract.family,
+        args=prepared,
+        key=key,
+        input_hash=input_hash({"tool": contract.name, "args": prepared}),
+        timeout_s=timeout,
+        deadline_at=now + timedelta(seconds=timeout),
+    )

@@ -1,0 +1,134 @@
+"""`fold_run`: the only way run state is made. Pure: no clock, no ids, no I/O; replay and runtime share it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from functools import reduce
+from typing import Any
+
+import msgspec
+
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Event,
+    ModelAnswered,
+    RunCompleted,
+    RunHandedOff,
+    RunResumed,
+    RunStarted,
+    ToolRejected,
+)
+from services.runtime.core.state import RunState, Summary
+
+_json = msgspec.json.Encoder(order="sorted")
+
+
+def _output_item(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": _json.encode(payload).decode()}
+
+
+def fold_run(state: RunState | None, event: Event) -> RunState:
+    """Apply one journaled event. Events that cannot apply (a duplicate completion) leave the state as it is."""
+    if state is None:
+        if not isinstance(event, RunStarted):
+            raise ValueError(f"a run's journal must open with run.started, not {type(event).__name__}")
+        return RunState(
+            run_id=event.run_id,
+            agent=event.agent,
+            guest_id=event.guest_id,
+            session_id=event.session_id,
+            started=event,
+            transcript=({"role": "user", "content": event.text},),
+            last_event_at=event.at,
+            events=1,
+        )
+    replace = dataclasses.replace
+    base = {"last_event_at": event.at, "events": state.events + 1}
+    match event:
+        case RunStarted():
+            return replace(state, **base)  # a second start is never appended; tolerate it in old journals
+        case ModelAnswered(step_no=step, tool_calls=calls, reply=reply):
+            items = [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
+            if reply is not None:
+                items.append({"role": "assistant", "content": reply})
+            return replace(
+                state,
+                **base,
+                next_step=max(state.next_step, step + 1),
+                tokens_used=state.tokens_used + event.input_tokens + event.output_tokens,
+                transcript=state.transcript + tuple(items),
+                unplanned=tuple(calls),
+                final_reply=reply if not calls else None,
+                model_steps=state.model_steps + 1,
+            )
+        case ActionRequested(step_no=step, call_id=call_id):
+            if state.pending_step(step) or state.is_completed(step):
+                return replace(state, **base)
+            unplanned = tuple(c for c in state.unplanned if c.call_id != call_id)
+            # A plan-driven action has no model call before it; give the model's view a call item anyway.
+            transcript = state.transcript
+            if len(unplanned) == len(state.unplanned):
+                transcript += (
+                    {"type": "function_call", "call_id": call_id, "name": event.tool, "arguments": _json.encode(event.args).decode()},
+                )
+            return replace(
+                state,
+                **base,
+                next_step=max(state.next_step, step + 1),
+                pending=state.pending + (event,),
+                unplanned=unplanned,
+                transcript=transcript,
+                action_steps=state.action_steps + 1,
+            )
+        case ToolRejected(step_no=step, call_id=call_id, error=error):
+            return replace(
+                state,
+                **base,
+                next_step=max(state.next_step, step + 1),
+                unplanned=tuple(c for c in state.unplanned if c.call_id != call_id),
+                transcript=state.transcript + (_output_item(call_id, {"error": msgspec.to_builtins(error)}),),
+            )
+        case ActionCompleted(step_no=step):
+            request = state.pending_step(step)
+            if request is None:
+                return replace(state, **base)  # duplicate or stray completion: already folded
+            if event.status == "succeeded":
+                payload: dict[str, Any] = dict(event.result)
+            else:
+                error = msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
+                payload = {"error": error, "status": event.status}
+            return replace(
+                state,
+                **base,
+                pending=tuple(p for p in state.pending if p.step_no != step),
+                completed=state.completed + ((request, event),),
+                transcript=state.transcript + (_output_item(request.call_id, payload),),
+            )
+        case RunResumed():
+            return replace(state, **base, resumes=state.resumes + 1)
+        case RunCompleted(reply=reply):
+            return replace(state, **base, status="completed", outcome="completed", final_reply=reply)
+        case RunHandedOff(reason=reason):
+            return replace(state, **base, status="handed_off", outcome="handed_off", handoff_reason=reason)
+    raise TypeError(f"fold_run has no case for {type(event).__name__}")
+
+
+def replay(events: Iterable[Event]) -> RunState | None:
+    """The state a journal folds to: the same function the runtime, the CLI and the tests use."""
+    return reduce(fold_run, events, None)
+
+
+def summarize(state: RunState) -> Summary:
+    return Summary(
+        run_id=state.run_id,
+        status=state.status,
+        agent=state.agent,
+        steps=state.steps_used,
+        tokens_used=state.tokens_used,
+        outcome=state.outcome,
+        reply=state.final_reply,
+        handoff_reason=state.handoff_reason,
+        pending_actions=[p.key for p in state.pending],
+    )

@@ -1,0 +1,75 @@
+"""What a run is at a point in its journal, as plain immutable data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunStarted, ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    run_id: str
+    agent: str
+    guest_id: str
+    session_id: str
+    started: RunStarted
+    status: str = "running"  # running | completed | handed_off
+    next_step: int = 1
+    tokens_used: int = 0
+    # The conversation as the model sees it, in OpenAI Responses API input items.
+    transcript: tuple[dict[str, Any], ...] = ()
+    # Tool calls from the latest model answer that the runtime has not yet requested or rejected.
+    unplanned: tuple[ToolCall, ...] = ()
+    pending: tuple[ActionRequested, ...] = ()
+    completed: tuple[tuple[ActionRequested, ActionCompleted], ...] = ()
+    final_reply: str | None = None
+    outcome: str | None = None
+    handoff_reason: str | None = None
+    last_event_at: datetime | None = None
+    events: int = 0
+    resumes: int = 0
+    model_steps: int = 0
+    action_steps: int = 0
+
+    @property
+    def budget(self) -> Budget:
+        return self.started.budget
+
+    @property
+    def deadline_at(self) -> datetime:
+        return self.started.deadline_at
+
+    @property
+    def terminal(self) -> bool:
+        return self.status != "running"
+
+    @property
+    def steps_used(self) -> int:
+        return self.next_step - 1
+
+    def pending_step(self, step_no: int) -> ActionRequested | None:
+        return next((p for p in self.pending if p.step_no == step_no), None)
+
+    def is_completed(self, step_no: int) -> bool:
+        return any(req.step_no == step_no for req, _ in self.completed)
+
+    def succeeded_results(self, tool: str) -> list[dict[str, Any]]:
+        return [done.result for req, done in self.completed if req.tool == tool and done.status == "succeeded"]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What `GET /v1/runs/{id}` answers: derived from the state, never stored."""
+
+    run_id: str
+    status: str
+    agent: str
+    steps: int
+    tokens_used: int
+    outcome: str | None
+    reply: str | None
+    handoff_reason: str | None
+    pending_actions: list[str] = field(default_factory=list)

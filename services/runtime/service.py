@@ -1,0 +1,275 @@
+"""The runtime shell: takes inbound events and outcomes off JetStream, folds the run, journals decisions, asks tools."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from nats.aio.msg import Msg
+from opentelemetry.context import Context
+
+from contracts.errors import PoisonMessage, RunVersionConflict
+from contracts.inbound import InboundEvent, inbound_decoder
+from contracts.keys import partition_of
+from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunEvent, RunResumed, RunStarted
+from contracts.streams import runtime_consumers, stream_specs
+from contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, runtime_message_decoder, tool_encoder
+from services.agents import AGENTS, agent_named
+from services.platform.consumer import Deliveries
+from services.platform.crashpoints import crash_point
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.logs import log
+from services.platform.settings import Settings
+from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.runtime.core.decide import Append, AskModel, AwaitActions, Idle, model_answered, next_move
+from services.runtime.core.fold import fold_run, replay
+from services.runtime.core.state import RunState
+from services.runtime.model import Model
+
+MAX_CACHED_RUNS = 50_000
+MAX_CONFLICT_RETRIES = 20
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class _Run:
+    """A run this worker holds in memory: its folded state, its journal version, the requests it published."""
+
+    state: RunState
+    seq: int
+    published: set[str] = field(default_factory=set)
+
+
+class Runtime:
+    def __init__(self, broker: Broker, settings: Settings, model: Model, logger: logging.Logger) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.ns = settings.namespace
+        self.model = model
+        self.logger = logger
+        self.journal = RunJournal(broker, self.ns)
+        self.worker = settings.worker_id
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.deliveries = Deliveries(broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s)
+
+    async def start(self) -> None:
+        for spec in stream_specs(self.ns, self.settings.stream_replicas):
+            await self.broker.ensure_stream(spec)
+        inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
+        for spec in (inbound, outcomes):
+            await self.broker.ensure_consumer(spec)
+        await self.broker.subscribe(inbound, self.deliveries.dispatch(self._on_inbound))
+        await self.broker.subscribe(outcomes, self.deliveries.dispatch(self._on_runtime_message))
+        log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
+
+    # Message handlers ---------------------------------------------------------------------------------------
+
+    async def _on_inbound(self, msg: Msg) -> None:
+        event = inbound_decoder.decode(msg.data)
+        ctx = context_from(msg.headers)
+        async with self._lock(event.run_id):
+            await self.accept(event, ctx)
+
+    async def _on_runtime_message(self, msg: Msg) -> None:
+        message = runtime_message_decoder.decode(msg.data)
+        ctx = context_from(msg.headers)
+        async with self._lock(message.run_id):
+            if isinstance(message, ActionOutcome):
+                await self.record_outcome(message, ctx)
+            else:
+                await self.wake(message, ctx)
+
+    # Use cases ----------------------------------------------------------------------------------------------
+
+    async def accept(self, event: InboundEvent, ctx: Context) -> None:
+        run = await self._load(event.run_id, ctx)
+        if run is None:
+            now = utcnow()
+            if event.agent not in AGENTS:
+                raise PoisonMessage(f"inbound event names unknown agent {event.agent!r}", run_id=event.run_id)
+            budget = Budget()
+            started = RunStarted(
+                run_id=event.run_id,
+                at=now,
+                agent=event.agent,
+                session_id=event.message.session_id,
+                guest_id=event.message.guest_id,
+                event_id=event.message.event_id,
+                idempotency_key=event.key,
+                input_hash=event.input_hash,
+                text=event.message.text,
+                budget=budget,
+                deadline_at=now + timedelta(seconds=budget.deadline_s),
+            )
+            try:
+                seq = await self.journal.append(started, 0, headers_for(ctx))
+                run = self._remember(_Run(fold_run(None, started), seq))
+                log(self.logger, logging.INFO, "run started", run_id=event.run_id, trace_id=trace_id_of(ctx))
+            except RunVersionConflict:
+                run = await self._load(event.run_id, ctx, fresh=True)
+        if run is not None:
+            await self._drive(run, ctx)
+
+    async def record_outcome(self, outcome: ActionOutcome, ctx: Context) -> None:
+        run = await self._load(outcome.run_id, ctx)
+        if run is None:
+            log(self.logger, logging.WARNING, "outcome for a run with no journal", run_id=outcome.run_id, key=outcome.key)
+            return
+        for _ in range(MAX_CONFLICT_RETRIES):
+            if run.state.pending_step(outcome.step_no) is None:
+                break  # already journaled (a redelivery) or a stray: nothing to record
+            crash_point("runtime.after_outcome_received")
+            completed = ActionCompleted(
+                run_id=outcome.run_id,
+                at=utcnow(),
+                step_no=outcome.step_no,
+                key=outcome.key,
+                status=outcome.status,
+                result=outcome.result,
+                error=outcome.error,
+                provider_ref=outcome.provider_ref,
+                via=outcome.via,
+                attempts=outcome.attempts,
+                deliveries=outcome.deliveries,
+            )
+            try:
+                self._apply(run, completed, await self.journal.append(completed, run.seq, headers_for(ctx)))
+                break
+            except RunVersionConflict:
+                run = await self._reload(run, ctx)
+        await self._drive(run, ctx)
+
+    async def wake(self, wake: RunWake, ctx: Context) -> None:
+        run = await self._load(wake.run_id, ctx, fresh=True)
+        if run is not None:
+            run.published.clear()  # a wake means something may have been lost: publish pending requests again
+            await self._drive(run, ctx)
+
+    # The loop -----------------------------------------------------------------------------------------------
+
+    async def _drive(self, run: _Run, ctx: Context) -> None:
+        """Advance the run until it waits on an action or ends. Every decision is journaled before it acts."""
+        agent = agent_named(run.state.agent)
+        conflicts = 0
+        while True:
+            move = next_move(run.state, agent, utcnow())
+            try:
+                match move:
+                    case Idle():
+                        self._settle(run)
+                        return
+                    case Append(events=events):
+                        for event in events:
+                            self._apply(run, event, await self.journal.append(event, run.seq, headers_for(ctx)))
+                            if isinstance(event, ActionRequested):
+                                crash_point("runtime.after_action_journaled")
+                    case AskModel(input=items):
+                        reply = await self.model.answer(agent, items)
+                        crash_point("runtime.after_model_answer")
+                        answered = model_answered(run.state, reply, utcnow())
+                        self._apply(run, answered, await self.journal.append(answered, run.seq, headers_for(ctx)))
+                    case AwaitActions(pending=pending):
+                        for request in pending:
+                            if request.key not in run.published:
+                                await self._publish_request(request, ctx)
+                                run.published.add(request.key)
+                        return
+            except RunVersionConflict:
+                conflicts += 1
+                if conflicts > MAX_CONFLICT_RETRIES:
+                    raise
+                run = await self._reload(run, ctx)
+
+    async def _publish_request(self, request: ActionRequested, ctx: Context) -> None:
+        message = ActionRequest(
+            run_id=request.run_id,
+            step_no=request.step_no,
+            tool=request.tool,
+            family=request.family,
+            args=request.args,
+            key=request.key,
+            input_hash=request.input_hash,
+            timeout_s=request.timeout_s,
+            deadline_at=request.deadline_at,
+            requested_at=request.at,
+        )
+        subject = self.ns.actions(request.family, partition_of(request.key, self.settings.partitions))
+        # Nats-Msg-Id dedups a re-publish inside the window; the executor's store dedups it forever.
+        await self.broker.publish(subject, tool_encoder.encode(message), msg_id=f"request:{request.key}", headers=headers_for(ctx))
+
+    # Run cache ----------------------------------------------------------------------------------------------
+
+    def _lock(self, run_id: str) -> asyncio.Lock:
+        lock = self._locks.get(run_id)
+        if lock is None:
+            lock = self._locks[run_id] = asyncio.Lock()
+        return lock
+
+    def _apply(self, run: _Run, event: RunEvent, seq: int) -> None:
+        run.state = fold_run(run.state, event)  # type: ignore[arg-type]
+        run.seq = seq
+
+    def _remember(self, run: _Run) -> _Run:
+        self._runs[run.state.run_id] = run
+        self._runs.move_to_end(run.state.run_id)
+        while len(self._runs) > MAX_CACHED_RUNS:
+            old, _ = self._runs.popitem(last=False)
+            self._locks.pop(old, None)
+        return run
+
+    def _settle(self, run: _Run) -> None:
+        if run.state.terminal:
+            self._runs.pop(run.state.run_id, None)
+            lock = self._locks.get(run.state.run_id)
+            if lock is not None and not lock.locked():
+                self._locks.pop(run.state.run_id, None)
+
+    async def _reload(self, run: _Run, ctx: Context) -> _Run:
+        fresh = await self._load(run.state.run_id, ctx, fresh=True, mark_resume=False)
+        assert fresh is not None
+        fresh.published |= run.published
+        return fresh
+
+    async def _load(self, run_id: str, ctx: Context, fresh: bool = False, mark_resume: bool = True) -> _Run | None:
+        if not fresh and run_id in self._runs:
+            self._runs.move_to_end(run_id)
+            return self._runs[run_id]
+        events, seq = await self.journal.read(run_id)
+        state = replay(events)
+        if state is None:
+            return None
+        run = self._remember(_Run(state, seq))
+        if mark_resume and not state.terminal:
+            await self._mark_resumed(run, ctx)
+        return run
+
+    async def _mark_resumed(self, run: _Run, ctx: Context) -> None:
+        resumed = RunResumed(
+            run_id=run.state.run_id,
+            at=utcnow(),
+            worker=self.worker,
+            next_step=run.state.next_step,
+            reason="worker picked up a run it did not hold in memory",
+        )
+        try:
+            self._apply(run, resumed, await self.journal.append(resumed, run.seq, headers_for(ctx)))
+            log(self.logger, logging.INFO, "run resumed", run_id=run.state.run_id, next_step=run.state.next_step)
+        except RunVersionConflict:
+            pass  # another worker moved it; the caller's next append will re-fold
+
+
+async def serve_runtime(settings: Settings, model: Model, logger: logging.Logger, stop: asyncio.Event) -> None:
+    broker = await Broker.connect(settings.nats_url, f"runtime-{settings.worker_id}")
+    runtime = Runtime(broker, settings, model, logger)
+    await runtime.start()
+    await stop.wait()
+    await runtime.deliveries.drain()
+    await broker.close()
