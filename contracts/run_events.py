@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ErrorInfo
-from contracts.tool_messages import OutcomeStatus
+from contracts.tool_messages import Evidence, OutcomeStatus
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +70,8 @@ class ActionRequested(RunEvent, kw_only=True, tag="run.action_requested"):
     input_hash: str
     timeout_s: float
     deadline_at: datetime
+    # Who asked: "model", "plan" (an agent's code), or "compensation" (the runtime undoing an effect).
+    origin: str = "model"
 
 
 class ToolRejected(RunEvent, kw_only=True, tag="run.tool_rejected"):
@@ -93,6 +95,15 @@ class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):
     via: str = "call"
     attempts: int = 1
     deliveries: int = 1
+    evidence: list[Evidence] = []
+
+
+class RunNudged(RunEvent, kw_only=True, tag="run.nudged"):
+    """Someone (the reconciler, an operator) asked the run to re-check its open actions: evidence of the ask."""
+
+    by: str
+    reason: str
+    keys: list[str] = []
 
 
 class RunResumed(RunEvent, kw_only=True, tag="run.resumed"):
@@ -114,7 +125,17 @@ class RunHandedOff(RunEvent, kw_only=True, tag="run.handed_off"):
     detail: str = ""
 
 
-Event = RunStarted | ModelAnswered | ActionRequested | ToolRejected | ActionCompleted | RunResumed | RunCompleted | RunHandedOff
+Event = (
+    RunStarted
+    | ModelAnswered
+    | ActionRequested
+    | ToolRejected
+    | ActionCompleted
+    | RunNudged
+    | RunResumed
+    | RunCompleted
+    | RunHandedOff
+)
 
 event_encoder = msgspec.json.Encoder()
 event_decoder = msgspec.json.Decoder(Event)

@@ -18,6 +18,16 @@ class OutcomeStatus(StrEnum):
     UNKNOWN = "unknown"  # we could not tell; never reported as failure, never retried blind
 
 
+class Evidence(msgspec.Struct, frozen=True, kw_only=True):
+    """One question asked while settling a key, and the answer: the trail an operator reads after an incident."""
+
+    asked: str  # provider.call | provider.lookup | store.receipt | store.conflict
+    key: str
+    answer: str  # ok | rejected | unknown | found | absent | replayed | conflict
+    detail: str = ""
+    at: datetime
+
+
 class ToolMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the tool message family; every member carries an explicit, stable tag."""
 
@@ -52,6 +62,7 @@ class ActionOutcome(ToolMessage, kw_only=True, tag="action.outcome"):
     via: str = "call"
     attempts: int = 1
     deliveries: int = 1
+    evidence: list[Evidence] = []
 
 
 class RunWake(ToolMessage, kw_only=True, tag="run.wake"):
@@ -60,6 +71,8 @@ class RunWake(ToolMessage, kw_only=True, tag="run.wake"):
     run_id: str
     reason: str
     at: datetime
+    by: str = "reconciler"
+    keys: list[str] = []
 
 
 RuntimeMessage = ActionOutcome | RunWake

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from services.platform.crashpoints import SEAMS
 
@@ -92,6 +94,69 @@ async def _serve(args: argparse.Namespace) -> None:
                 except asyncio.TimeoutError:
                     await reconciler.tick()
             await broker.close()
+
+
+def _settings_for(state_dir: str) -> Any:
+    """Settings from the environment, filled in from a running stack's stack.json where the environment is silent."""
+    from contracts.subjects import Namespace
+    from services.platform.settings import Settings
+
+    stack = _stack_file(Path(state_dir))
+    settings = Settings.from_env()
+    overrides: dict[str, Any] = {}
+    if "CRASHSAFE_NATS_URL" not in os.environ and stack.get("nats_url"):
+        overrides["nats_url"] = str(stack["nats_url"])
+    if "CRASHSAFE_NAMESPACE" not in os.environ and stack.get("namespace"):
+        overrides["namespace"] = Namespace(str(stack["namespace"]))
+    if "CRASHSAFE_SANDBOX_URL" not in os.environ and stack.get("sandbox_url"):
+        overrides["sandbox_url"] = str(stack["sandbox_url"])
+    return dataclasses.replace(settings, **overrides)
+
+
+async def _reconcile(args: argparse.Namespace) -> int:
+    from services.platform.jetstream import Broker
+    from services.platform.journal import RunJournal
+    from services.reconciler.service import reconcile_run
+    from services.runtime.core.fold import replay
+
+    settings = _settings_for(args.state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-reconcile")
+    try:
+        if args.run_id:
+            run_ids = [args.run_id]
+        else:
+            journals = await RunJournal(broker, settings.namespace).read_all()
+            run_ids = [run_id for run_id, events in journals.items() if (s := replay(events)) is not None and not s.terminal]
+        for run_id in run_ids:
+            done = await reconcile_run(broker, settings, run_id, by="operator:cli")
+            asked = ", ".join(done.asked) or "nothing open"
+            print(f"{run_id}: {done.status}; asked to resolve: {asked}")
+        if not run_ids:
+            print("no open runs")
+    finally:
+        await broker.close()
+    return 0
+
+
+async def _audit(args: argparse.Namespace) -> int:
+    import httpx
+
+    from services.platform.jetstream import Broker
+    from services.reconciler.service import audit_all
+
+    settings = _settings_for(args.state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-audit")
+    try:
+        async with httpx.AsyncClient(base_url=settings.sandbox_url, timeout=10) as http:
+            findings, stats = await audit_all(broker, settings, http)
+    finally:
+        await broker.close()
+    print(f"audited {stats['runs']} runs, {stats['keyed_intents']} keyed intents ({stats['looked_up']} looked up), {stats['ledger_entries']} provider effects")
+    for finding in findings:
+        print(f"WRONG {finding.kind}: run {finding.run_id} key {finding.key}: {finding.detail}")
+    if not findings:
+        print("nothing wrong: every effect has one journaled intent and every journaled success has its effect")
+    return 1 if findings else 0
 
 
 def _stack_file(state_dir: Path) -> dict[str, object]:
@@ -182,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     show.add_argument("--json", action="store_true", help="print the events as JSON lines")
 
+    reconcile = sub.add_parser("reconcile", help="resolve open actions by key and wake runs (one run, or every open run)")
+    reconcile.add_argument("run_id", nargs="?")
+    reconcile.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
+    audit = sub.add_parser("audit", help="cross-check every run's journal against the providers; prints disagreements")
+    audit.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
     infra_sub.add_parser("apply", help="create or update every stream (idempotent)")
@@ -221,6 +293,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(asyncio.run(_runs_show(args)))
         case "infra":
             sys.exit(asyncio.run(_infra_apply()))
+        case "reconcile":
+            sys.exit(asyncio.run(_reconcile(args)))
+        case "audit":
+            sys.exit(asyncio.run(_audit(args)))
 
 
 if __name__ == "__main__":

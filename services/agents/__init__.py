@@ -14,7 +14,9 @@ AGENTS: dict[str, Agent] = {
 
 
 # Every tool any agent can ask for, by name: what an executor enforces.
-TOOL_CONTRACTS: dict[str, ToolContract] = {name: tool for agent in AGENTS.values() for name, tool in agent.tools.items()}
+TOOL_CONTRACTS: dict[str, ToolContract] = {
+    name: tool for agent in AGENTS.values() for name, tool in {**agent.tools, **agent.compensation_tools}.items()
+}
 
 
 def agent_named(name: str) -> Agent:

@@ -8,7 +8,8 @@ from typing import Any
 
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.runtime.core.agent import ScriptedStep
+from contracts.run_events import ActionCompleted, ActionRequested
+from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -80,6 +81,31 @@ TOOLS: dict[str, ToolContract] = {
     )
 }
 
+# Only the runtime calls these, to undo an effect; the model never sees them.
+COMPENSATION_TOOLS: dict[str, ToolContract] = {
+    t.name: t
+    for t in (
+        ToolContract(
+            name="release_booking",
+            family="booking",
+            effect=Effect.WRITE,
+            timeout_s=5.0,
+            retry=RetryRule.KEYED,
+            max_attempts=3,
+            description="Release a held room whose payment failed or was abandoned.",
+        ),
+        ToolContract(
+            name="refund_payment",
+            family="payment",
+            effect=Effect.MONEY,
+            timeout_s=10.0,
+            retry=RetryRule.NEVER_BLIND,
+            max_attempts=2,
+            description="Refund a charge whose booking no longer exists.",
+        ),
+    )
+}
+
 INSTRUCTIONS = (
     "You are StayHub's booking assistant. Search hotels, hold a room with create_booking, charge it with "
     "create_payment (pass only the booking_id: the server computes the amount), then send the confirmation "
@@ -114,9 +140,37 @@ class BookingAgent:
     name = "booking"
     instructions = INSTRUCTIONS
     tools = TOOLS
+    compensation_tools = COMPENSATION_TOOLS
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
+
+    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        """Release holds whose payment definitively failed (or, at the end, was never made); refund orphan charges."""
+        actions = [(req, done) for req, done in state.completed] + [(req, None) for req in state.pending]
+
+        def about(tool: str, booking_id: str) -> list[tuple[ActionRequested, ActionCompleted | None]]:
+            return [(r, d) for r, d in actions if r.tool == tool and r.args.get("booking_id") == booking_id]
+
+        undo: list[Compensation] = []
+        for req, done in state.completed:
+            if req.tool != "create_booking" or done.status != "succeeded":
+                continue
+            booking_id = str(done.result.get("booking_id", ""))
+            releases = about("release_booking", booking_id)
+            payments = about("create_payment", booking_id)
+            if not releases:
+                if any(d is None or d.status in ("succeeded", "unknown") for _, d in payments):
+                    continue  # paid, being paid, or maybe paid: never release what might be paid for
+                if any(d is not None and d.status == "failed" for _, d in payments) or ending:
+                    undo.append(Compensation(tool="release_booking", args={"booking_id": booking_id}, undoes=req.key, kind="release"))
+                continue
+            released = any(d is not None and d.status == "succeeded" for _, d in releases)
+            for pay_req, pay_done in payments:
+                if released and pay_done is not None and pay_done.status == "succeeded" and not about_refund(actions, pay_req.key):
+                    args = {"payment_id": pay_done.result.get("payment_id"), "amount_cents": pay_req.args.get("amount_cents"), "booking_id": booking_id}
+                    undo.append(Compensation(tool="refund_payment", args=args, undoes=pay_req.key, kind="refund"))
+        return tuple(undo)
 
     def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
         if "amount" in args or "amount_cents" in args:
@@ -154,6 +208,14 @@ class BookingAgent:
                     "amount_cents": int(booking["total_cents"]),
                     "currency": str(booking.get("currency", "EUR")),
                 }
+            case "release_booking":
+                booking_id = _string(args, "booking_id")
+                return booking_id if isinstance(booking_id, ErrorInfo) else {"booking_id": booking_id}
+            case "refund_payment":
+                payment_id = _string(args, "payment_id")
+                if isinstance(payment_id, ErrorInfo):
+                    return payment_id
+                return {"payment_id": payment_id, "amount_cents": int(args.get("amount_cents") or 0), "booking_id": str(args.get("booking_id", ""))}
             case "send_confirmation_email" | "update_crm":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):
@@ -183,3 +245,7 @@ class BookingAgent:
             for req, done in state.completed
         )
         return in_flight or done
+
+
+def about_refund(actions: list[tuple[ActionRequested, ActionCompleted | None]], payment_key: str) -> bool:
+    return any(r.tool == "refund_payment" and r.key.startswith(payment_key + ":") for r, _ in actions)

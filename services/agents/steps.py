@@ -7,7 +7,7 @@ from typing import Any
 from contracts.errors import ErrorInfo
 from contracts.run_events import ToolCall
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.runtime.core.agent import ScriptedStep
+from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
 
 NOOP = ToolContract(
@@ -29,6 +29,10 @@ class StepsAgent:
         self.steps = steps
         self.name = f"steps{steps}"
         self.tools = {NOOP.name: NOOP}
+        self.compensation_tools: dict[str, ToolContract] = {}
+
+    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        return ()
 
     def script(self, state: RunState) -> ScriptedStep | None:
         done = len(state.completed)

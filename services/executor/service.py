@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
 from contracts.errors import CrashsafeError, ErrorCode, PoisonMessage, RetryClass
 from contracts.keys import partition_of
 from contracts.streams import executor_consumer, stream_specs
-from contracts.tool_messages import ActionOutcome, ActionRequest, action_request_decoder, tool_encoder
+from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence, action_request_decoder, tool_encoder
 from contracts.tools import Effect, ToolContract
 from services.agents import TOOL_CONTRACTS
 from services.executor.core import (
@@ -23,6 +24,8 @@ from services.executor.core import (
     Done,
     Execute,
     LookUp,
+    Next,
+    ProviderAnswer,
     Replay,
     Resolve,
     StillUnknown,
@@ -134,8 +137,11 @@ class Executor:
     ) -> None:
         plan = classify(await store.get(request.key), request, deliveries)
         match plan:
-            case Replay(outcome=outcome) | Conflict(outcome=outcome):
-                await self._publish(outcome, ctx)
+            case Replay(outcome=outcome):
+                await self._publish(self._with_note(outcome, "store.receipt", "replayed"), ctx)
+                return
+            case Conflict(outcome=outcome):
+                await self._publish(self._with_note(outcome, "store.conflict", "conflict"), ctx)
                 return
             case Execute():
                 if not await store.begin(request, stream_seq):
@@ -176,24 +182,33 @@ class Executor:
         store: ActionStore | None = None,
     ) -> ActionOutcome:
         """Call, and on an unknown answer look up by key; call again only once the provider says it never saw it."""
-        step = LookUp() if look_first else after_call(
-            request, contract, await operation.call(self.http, request, self._timeout(request, contract)), attempts, deliveries
-        )
+        trail: list[Evidence] = []
+
+        def note(asked: str, answer: ProviderAnswer) -> ProviderAnswer:
+            trail.append(Evidence(asked=asked, key=request.key, answer=answer.kind, detail=answer.detail, at=datetime.now(UTC)))
+            return answer
+
+        timeout = self._timeout(request, contract)
+        if look_first:
+            step: Next = LookUp()
+        else:
+            answer = note("provider.call", await operation.call(self.http, request, timeout))
+            step = after_call(request, contract, answer, attempts, deliveries)
         while True:
             match step:
                 case Done(outcome=outcome):
-                    return outcome
+                    return msgspec.structs.replace(outcome, evidence=trail)
                 case LookUp():
                     if operation.lookup is None:
                         raise OutcomeStillUnknown(f"{request.tool} has no lookup; cannot resolve {request.key}", key=request.key)
-                    answer = await operation.lookup(self.http, request.key, self._timeout(request, contract))
+                    answer = note("provider.lookup", await operation.lookup(self.http, request.key, self._timeout(request, contract)))
                     step = after_lookup(request, contract, answer, attempts, deliveries)
                 case CallAgain(delay_s=delay):
                     await asyncio.sleep(delay)
                     attempts += 1
                     if store is not None:
                         await store.attempt(request.key, attempts)
-                    answer = await operation.call(self.http, request, self._timeout(request, contract))
+                    answer = note("provider.call", await operation.call(self.http, request, self._timeout(request, contract)))
                     step = after_call(request, contract, answer, attempts, deliveries)
                 case StillUnknown(detail=detail):
                     raise OutcomeStillUnknown(f"outcome of {request.key} still unknown: {detail}", key=request.key)
@@ -216,6 +231,11 @@ class Executor:
         await store.finish(outcome, None)
         await self._publish(outcome, context_from(None))
         log(self.logger, logging.INFO, "resolved left-over intent", key=request.key, via=outcome.via, status=outcome.status)
+
+    @staticmethod
+    def _with_note(outcome: ActionOutcome, asked: str, answer: str) -> ActionOutcome:
+        note = Evidence(asked=asked, key=outcome.key, answer=answer, detail="answered from the action store", at=datetime.now(UTC))
+        return msgspec.structs.replace(outcome, evidence=[*outcome.evidence, note])
 
     def _store_for(self, key: str) -> ActionStore:
         partition = partition_of(key, self.settings.partitions)
@@ -250,13 +270,3 @@ def parse_partitions(spec: str, total: int) -> list[int]:
         raise ValueError(f"partitions {bad} outside 0..{total - 1}")
     return sorted(owned)
 
-
-async def serve_executor(settings: Settings, family: str, partitions: list[int], logger: logging.Logger, stop: asyncio.Event, synchronous: str = "NORMAL") -> None:
-    broker = await Broker.connect(settings.nats_url, f"executor-{family}-{settings.worker_id}")
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
-    async with httpx.AsyncClient(base_url=settings.sandbox_url, limits=limits) as http:
-        executor = Executor(broker, settings, family, partitions, http, logger, synchronous)
-        await executor.start()
-        await stop.wait()
-        await executor.close()
-    await broker.close()

@@ -24,6 +24,7 @@ from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.reconciler.service import reconcile_run
 from services.runtime.core.fold import replay, summarize
 
 logger = logging.getLogger("crashsafe.gateway")
@@ -109,6 +110,16 @@ async def get_run_events(state: State, run_id: str) -> Response[Any]:
     return Response(content={"run_id": run_id, "events": [{"seq": seq, **msgspec.to_builtins(e)} for seq, e in events]})
 
 
+@post("/v1/runs/{run_id:str}/reconcile", status_code=202)
+async def post_reconcile(state: State, run_id: str) -> Response[Any]:
+    """For an operator after an incident: resolve the run's open actions by key, then let it continue."""
+    try:
+        done = await reconcile_run(state.broker, state.settings, run_id, by="operator:http")
+    except CrashsafeError as exc:
+        return _error(exc)
+    return Response(content={"run_id": done.run_id, "status": done.status, "asked": done.asked}, status_code=202)
+
+
 @get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
@@ -142,7 +153,7 @@ def build_app(settings: Settings) -> Litestar:
         finally:
             await broker.close()
 
-    return Litestar(route_handlers=[post_event, get_run, get_run_events, healthz, readyz], lifespan=[lifespan], debug=False)
+    return Litestar(route_handlers=[post_event, get_run, get_run_events, post_reconcile, healthz, readyz], lifespan=[lifespan], debug=False)
 
 
 async def serve_gateway(settings: Settings) -> None:

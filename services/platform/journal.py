@@ -25,6 +25,14 @@ class RunJournal:
         stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
         return [(m.seq, event_decoder.decode(m.data)) for m in stored]
 
+    async def read_all(self) -> dict[str, list[Event]]:
+        """Every run's journal, grouped by run (for audits and manual reconciliation; not for the hot path)."""
+        runs: dict[str, list[Event]] = {}
+        for message in await self.broker.read_subject(self.stream, self.ns.run_events_all, batch=1000):
+            event = event_decoder.decode(message.data)
+            runs.setdefault(event.run_id, []).append(event)
+        return runs
+
     async def append(self, event: Event, expected_seq: int, headers: dict[str, str] | None = None) -> int:
         """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise."""
         published = await self.broker.publish(

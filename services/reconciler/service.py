@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
+import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import httpx
 from nats.aio.msg import Msg
 
 from contracts.keys import partition_of
+from contracts.tools import Effect
+from services.agents import TOOL_CONTRACTS
+from services.executor.providers import OPERATIONS
+from contracts.errors import RunNotFound
 from contracts.run_events import ActionRequested, event_decoder
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
 from contracts.tool_messages import ActionRequest, RunWake, tool_encoder
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for
+from services.reconciler.audit import Finding, Intent, audit, intents
 from services.reconciler.core import OpenWork, observe, overdue_actions, stalled_runs
+from services.runtime.core.fold import replay
+
+logger = logging.getLogger("crashsafe.reconciler")
 
 
 class Reconciler:
@@ -40,6 +53,7 @@ class Reconciler:
         self.grace_s, self.reask_s, self.quiet_s, self.lookback_s = grace_s, reask_s, quiet_s, lookback_s
         self.resolutions = 0
         self.wakes = 0
+        self.worker = f"reconciler:{settings.worker_id}"
 
     async def start(self) -> None:
         for spec in stream_specs(self.ns, self.settings.stream_replicas):
@@ -53,49 +67,90 @@ class Reconciler:
 
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
-        for request in overdue_actions(self.work, now, self.grace_s, self.reask_s):
+        overdue = overdue_actions(self.work, now, self.grace_s, self.reask_s)
+        for request in overdue:
             self.work.asked[request.key] = now
-            await self.resolve(request)
+            crash_point("reconciler.mid_resolution")
+            await ask_to_resolve(self.broker, self.settings, request, self.worker)
+            self.resolutions += 1
+        for run_id in sorted({r.run_id for r in overdue}):
+            keys = [r.key for r in overdue if r.run_id == run_id]
+            await wake_run(self.broker, self.settings, run_id, f"{len(keys)} action(s) past their timeout with no outcome", self.worker, keys)
         for run_id in stalled_runs(self.work, now, self.quiet_s):
             self.work.woken[run_id] = now
-            wake = RunWake(run_id=run_id, reason=f"journal quiet for {self.quiet_s:.0f}s with nothing in flight", at=now)
-            await self.broker.publish(self.ns.outcomes(run_id), tool_encoder.encode(wake))
+            await wake_run(self.broker, self.settings, run_id, f"journal quiet for {self.quiet_s:.0f}s with nothing in flight", self.worker)
             self.wakes += 1
-            log(self.logger, logging.INFO, "woke stalled run", run_id=run_id)
-
-    async def resolve(self, requested: ActionRequested) -> None:
-        """Send the journaled request to the executor that owns its key: it answers from its receipt, or asks the provider by key."""
-        request = ActionRequest(
-            run_id=requested.run_id,
-            step_no=requested.step_no,
-            tool=requested.tool,
-            family=requested.family,
-            args=requested.args,
-            key=requested.key,
-            input_hash=requested.input_hash,
-            timeout_s=requested.timeout_s,
-            deadline_at=requested.deadline_at,
-            requested_at=requested.at,
-        )
-        subject = self.ns.actions(request.family, partition_of(request.key, self.settings.partitions))
-        crash_point("reconciler.mid_resolution")
-        self.resolutions += 1
-        await self.broker.publish(
-            subject,
-            tool_encoder.encode(request),
-            msg_id=f"reconcile:{request.key}:{self.resolutions}",
-            headers=headers_for(context_from(None)),
-        )
-        log(self.logger, logging.INFO, "asked executor to resolve", run_id=request.run_id, key=request.key, step_no=request.step_no)
 
 
-async def serve_reconciler(settings: Settings, logger: logging.Logger, stop: asyncio.Event, interval_s: float = 1.0) -> None:
-    broker = await Broker.connect(settings.nats_url, f"reconciler-{settings.worker_id}")
-    reconciler = Reconciler(broker, settings, logger)
-    await reconciler.start()
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        except asyncio.TimeoutError:
-            await reconciler.tick()
-    await broker.close()
+async def ask_to_resolve(broker: Broker, settings: Settings, requested: ActionRequested, by: str) -> None:
+    """Send the journaled request to the executor that owns its key: it answers from its receipt, or asks the provider by key."""
+    request = ActionRequest(
+        run_id=requested.run_id,
+        step_no=requested.step_no,
+        tool=requested.tool,
+        family=requested.family,
+        args=requested.args,
+        key=requested.key,
+        input_hash=requested.input_hash,
+        timeout_s=requested.timeout_s,
+        deadline_at=requested.deadline_at,
+        requested_at=requested.at,
+    )
+    ns = settings.namespace
+    subject = ns.actions(request.family, partition_of(request.key, settings.partitions))
+    # A fresh message id: this ask must reach the executor even inside the duplicate window of the original.
+    await broker.publish(subject, tool_encoder.encode(request), msg_id=f"resolve:{request.key}:{uuid.uuid4().hex}", headers=headers_for(context_from(None)))
+    log(logger, logging.INFO, "asked executor to resolve", run_id=request.run_id, key=request.key, step_no=request.step_no, by=by)
+
+
+async def wake_run(broker: Broker, settings: Settings, run_id: str, reason: str, by: str, keys: list[str] | None = None) -> None:
+    wake = RunWake(run_id=run_id, reason=reason, at=datetime.now(UTC), by=by, keys=keys or [])
+    await broker.publish(settings.namespace.outcomes(run_id), tool_encoder.encode(wake))
+    log(logger, logging.INFO, "woke run", run_id=run_id, reason=reason, by=by)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    run_id: str
+    status: str
+    asked: list[str]
+
+
+async def reconcile_run(broker: Broker, settings: Settings, run_id: str, by: str) -> Reconciliation:
+    """Manual reconciliation of one run: resolve each open action by key, then wake the run to continue."""
+    events = [e for _, e in await RunJournal(broker, settings.namespace).read_with_seqs(run_id)]
+    state = replay(events)
+    if state is None:
+        raise RunNotFound(f"no run {run_id} to reconcile", run_id=run_id)
+    if state.terminal:
+        return Reconciliation(run_id, state.status, [])
+    for request in state.pending:
+        await ask_to_resolve(broker, settings, request, by)
+    await wake_run(broker, settings, run_id, f"manual reconciliation by {by}", by, [p.key for p in state.pending])
+    return Reconciliation(run_id, state.status, [p.key for p in state.pending])
+
+
+
+async def audit_all(broker: Broker, settings: Settings, http: httpx.AsyncClient) -> tuple[list[Finding], dict[str, int]]:
+    """Every run's journal against the providers' ledger and their by-key lookups."""
+    journals = await RunJournal(broker, settings.namespace).read_all()
+    response = await http.get("/_ledger")
+    response.raise_for_status()
+    ledger: list[dict[str, Any]] = response.json()["entries"]
+    keyed = [i for i in intents(journals).values() if (c := TOOL_CONTRACTS.get(i.request.tool)) and c.effect is not Effect.READ]
+    slots = asyncio.Semaphore(32)
+    found: dict[str, bool] = {}
+
+    async def look(intent: Intent) -> None:
+        operation = OPERATIONS.get(intent.request.tool)
+        if operation is None or operation.lookup is None:
+            return
+        async with slots:
+            answer = await operation.lookup(http, intent.request.key, 5.0)
+        if answer.kind in ("found", "absent"):
+            found[intent.request.key] = answer.kind == "found"
+
+    await asyncio.gather(*(look(i) for i in keyed))
+    findings = audit(journals, ledger, found, TOOL_CONTRACTS)
+    stats = {"runs": len(journals), "keyed_intents": len(keyed), "looked_up": len(found), "ledger_entries": len(ledger)}
+    return findings, stats

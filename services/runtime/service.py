@@ -14,7 +14,7 @@ from opentelemetry.context import Context
 from contracts.errors import PoisonMessage, RunVersionConflict
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.keys import partition_of
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunEvent, RunResumed, RunStarted
+from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunEvent, RunNudged, RunResumed, RunStarted
 from contracts.streams import runtime_consumers, stream_specs
 from contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, runtime_message_decoder, tool_encoder
 from services.agents import AGENTS, agent_named
@@ -139,6 +139,7 @@ class Runtime:
                 via=outcome.via,
                 attempts=outcome.attempts,
                 deliveries=outcome.deliveries,
+                evidence=outcome.evidence,
             )
             try:
                 self._apply(run, completed, await self.journal.append(completed, run.seq, headers_for(ctx)))
@@ -148,10 +149,16 @@ class Runtime:
         await self._drive(run, ctx)
 
     async def wake(self, wake: RunWake, ctx: Context) -> None:
-        run = await self._load(wake.run_id, ctx, fresh=True)
-        if run is not None:
-            run.published.clear()  # a wake means something may have been lost: publish pending requests again
-            await self._drive(run, ctx)
+        run = await self._load(wake.run_id, ctx, fresh=True, mark_resume=False)
+        if run is None or run.state.terminal:
+            return
+        nudged = RunNudged(run_id=wake.run_id, at=utcnow(), by=wake.by, reason=wake.reason, keys=wake.keys)
+        try:
+            self._apply(run, nudged, await self.journal.append(nudged, run.seq, headers_for(ctx)))
+        except RunVersionConflict:
+            run = await self._reload(run, ctx)
+        run.published.clear()  # a wake means something may have been lost: publish pending requests again
+        await self._drive(run, ctx)
 
     # The loop -----------------------------------------------------------------------------------------------
 
@@ -265,11 +272,3 @@ class Runtime:
         except RunVersionConflict:
             pass  # another worker moved it; the caller's next append will re-fold
 
-
-async def serve_runtime(settings: Settings, model: Model, logger: logging.Logger, stop: asyncio.Event) -> None:
-    broker = await Broker.connect(settings.nats_url, f"runtime-{settings.worker_id}")
-    runtime = Runtime(broker, settings, model, logger)
-    await runtime.start()
-    await stop.wait()
-    await runtime.deliveries.drain()
-    await broker.close()

@@ -19,13 +19,28 @@ class ScriptedStep:
     reply: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Compensation:
+    """Undo an effect: keyed from the action it undoes, so deciding it twice names the same effect."""
+
+    tool: str
+    args: dict[str, Any]
+    undoes: str  # the idempotency key of the action being undone
+    kind: str  # release | refund
+
+
 class Agent(Protocol):
     name: str
     instructions: str
-    tools: dict[str, ToolContract]
+    tools: dict[str, ToolContract]  # what the model may call
+    compensation_tools: dict[str, ToolContract]  # what only the runtime may call, to undo effects
 
     def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
         """Validate a call's arguments and add what only the server may decide (guest id, amounts)."""
+        ...
+
+    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        """Effects to undo now; `ending` is true when the run is about to complete or hand off."""
         ...
 
     def script(self, state: RunState) -> ScriptedStep | None:

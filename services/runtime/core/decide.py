@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ErrorCode, ErrorInfo
-from contracts.keys import action_key, input_hash
+from contracts.keys import action_key, compensation_key, input_hash
 from contracts.run_events import (
     ActionRequested,
     ModelAnswered,
@@ -19,7 +19,8 @@ from contracts.run_events import (
     ToolCall,
     ToolRejected,
 )
-from services.runtime.core.agent import Agent
+from contracts.tools import ToolContract
+from services.runtime.core.agent import Agent, Compensation
 from services.runtime.core.state import RunState
 
 
@@ -68,20 +69,31 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
         return Append(plan_calls(state, agent, state.unplanned, now))
     if state.pending:
         return AwaitActions(state.pending)
+    failed = [req.key for req, done in state.completed if req.origin == "compensation" and done.status != "succeeded"]
+    if failed:
+        detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
+        return Append((RunHandedOff(run_id=state.run_id, at=now, reason="compensation_failed", detail=detail),))
+    undo = agent.compensations(state, ending=False)
+    if undo:
+        return Append(plan_compensations(state, agent, undo, now))
     unknown = [req.key for req, done in state.completed if done.status == "unknown"]
+    over = over_budget(state, now)
+    if unknown or state.final_reply is not None or over:
+        undo = agent.compensations(state, ending=True)
+        if undo:
+            return Append(plan_compensations(state, agent, undo, now))
     if unknown:
         detail = f"outcome of {', '.join(unknown)} is unknown; reconcile by key before anything else"
         return Append((RunHandedOff(run_id=state.run_id, at=now, reason="outcome_unknown", detail=detail),))
     if state.final_reply is not None:
         return Append((RunCompleted(run_id=state.run_id, at=now, reply=state.final_reply),))
-    over = over_budget(state, now)
     if over:
         reason, detail = over
         return Append((RunHandedOff(run_id=state.run_id, at=now, reason=reason, detail=detail),))
     scripted = agent.script(state)
     if scripted is not None:
         if scripted.calls:
-            return Append(plan_calls(state, agent, scripted.calls, now))
+            return Append(plan_calls(state, agent, scripted.calls, now, origin="plan"))
         return Append((RunCompleted(run_id=state.run_id, at=now, reply=scripted.reply or ""),))
     return AskModel(step_no=state.next_step, input=state.transcript)
 
@@ -111,11 +123,12 @@ def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAn
     )
 
 
-def plan_calls(state: RunState, agent: Agent, calls: tuple[ToolCall, ...], now: datetime) -> tuple[RunEvent, ...]:
+def plan_calls(
+    state: RunState, agent: Agent, calls: tuple[ToolCall, ...], now: datetime, origin: str = "model"
+) -> tuple[RunEvent, ...]:
     """Turn tool calls into durable intents, or typed rejections; each gets its own step number."""
     events: list[RunEvent] = []
     step = state.next_step
-    remaining = max((state.deadline_at - now).total_seconds(), 0.0)
     for call in calls:
         if step > state.budget.max_steps:
             events.append(
@@ -127,22 +140,41 @@ def plan_calls(state: RunState, agent: Agent, calls: tuple[ToolCall, ...], now: 
                 )
             )
             break
-        decided = _plan_one(state, agent, call, step, now, remaining)
-        events.append(decided)
+        events.append(_plan_one(state, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step)))
         step += 1
     return tuple(events)
 
 
+def plan_compensations(state: RunState, agent: Agent, undo: tuple[Compensation, ...], now: datetime) -> tuple[RunEvent, ...]:
+    """Compensations always run, whatever the budget: an effect left half-done is worse than an extra step."""
+    events: list[RunEvent] = []
+    for offset, comp in enumerate(undo):
+        key = compensation_key(comp.undoes, comp.kind)
+        call = ToolCall(call_id=f"comp:{key}", name=comp.tool, arguments=_json.encode(comp.args).decode())
+        events.append(_plan_one(state, agent, agent.compensation_tools, call, state.next_step + offset, now, "compensation", key))
+    return tuple(events)
+
+
+_json = msgspec.json.Encoder(order="sorted")
+
+
 def _plan_one(
-    state: RunState, agent: Agent, call: ToolCall, step: int, now: datetime, remaining: float
+    state: RunState,
+    agent: Agent,
+    tools: dict[str, ToolContract],
+    call: ToolCall,
+    step: int,
+    now: datetime,
+    origin: str,
+    key: str,
 ) -> RunEvent:
     def reject(code: ErrorCode, message: str) -> ToolRejected:
         error = ErrorInfo(code=code.value, message=message, details={"tool": call.name})
         return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=error)
 
-    contract = agent.tools.get(call.name)
+    contract = tools.get(call.name)
     if contract is None:
-        return reject(ErrorCode.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {sorted(agent.tools)}")
+        return reject(ErrorCode.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {sorted(tools)}")
     try:
         args = msgspec.json.decode(call.arguments) if call.arguments else {}
     except msgspec.DecodeError:
@@ -153,8 +185,9 @@ def _plan_one(
     if isinstance(prepared, ErrorInfo):
         return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=prepared)
     # The deadline is passed down: a step gets at most the run's remaining time, not its full timeout.
-    timeout = min(contract.timeout_s, remaining) if remaining > 0 else contract.timeout_s
-    key = action_key(state.run_id, step)
+    # Compensations are exempt: undoing an effect must not be starved by the deadline that ended the run.
+    remaining = max((state.deadline_at - now).total_seconds(), 0.0)
+    timeout = contract.timeout_s if origin == "compensation" or remaining <= 0 else min(contract.timeout_s, remaining)
     return ActionRequested(
         run_id=state.run_id,
         at=now,
@@ -167,4 +200,5 @@ def _plan_one(
         input_hash=input_hash({"tool": contract.name, "args": prepared}),
         timeout_s=timeout,
         deadline_at=now + timedelta(seconds=timeout),
+        origin=origin,
     )

@@ -16,6 +16,7 @@ from contracts.run_events import (
     ModelAnswered,
     RunCompleted,
     RunHandedOff,
+    RunNudged,
     RunResumed,
     RunStarted,
     ToolRejected,
@@ -68,8 +69,9 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
                 return replace(state, **base)
             unplanned = tuple(c for c in state.unplanned if c.call_id != call_id)
             # A plan-driven action has no model call before it; give the model's view a call item anyway.
+            # Compensations are the runtime's own business and stay out of the model's view.
             transcript = state.transcript
-            if len(unplanned) == len(state.unplanned):
+            if event.origin == "plan":
                 transcript += (
                     {"type": "function_call", "call_id": call_id, "name": event.tool, "arguments": _json.encode(event.args).decode()},
                 )
@@ -99,13 +101,18 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
             else:
                 error = msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
                 payload = {"error": error, "status": event.status}
+            transcript = state.transcript
+            if request.origin != "compensation":
+                transcript += (_output_item(request.call_id, payload),)
             return replace(
                 state,
                 **base,
                 pending=tuple(p for p in state.pending if p.step_no != step),
                 completed=state.completed + ((request, event),),
-                transcript=state.transcript + (_output_item(request.call_id, payload),),
+                transcript=transcript,
             )
+        case RunNudged():
+            return replace(state, **base)
         case RunResumed():
             return replace(state, **base, resumes=state.resumes + 1)
         case RunCompleted(reply=reply):

@@ -1,0 +1,60 @@
+# crashsafe: `just` lists the recipes.
+
+venv := ".venv"
+bin := venv + "/bin"
+
+default:
+    @just --list
+
+# --- setup ---
+
+# create the virtualenv and install the project with its dev tools
+install:
+    python3 -m venv {{venv}}
+    {{bin}}/pip install -e '.[dev]'
+
+# --- run ---
+
+# the booking with a worker killed at the worst moment (SEAM: see docs/failure-modes.md)
+demo seam="executor.after_provider_ack":
+    {{bin}}/crashsafe demo --crash {{seam}}
+
+# start the whole stack and supervise it (state in .crashsafe/)
+up:
+    {{bin}}/crashsafe up
+
+# stop the stack started by `just up`
+down:
+    {{bin}}/crashsafe down
+
+# --- check ---
+
+# the test suite (real nats-server, real processes)
+test *args:
+    {{bin}}/pytest {{args}}
+
+# ruff and mypy, if installed (`pip install ruff mypy`)
+lint:
+    {{bin}}/ruff check contracts services tests bench
+    {{bin}}/ruff format --check contracts services tests bench
+    {{bin}}/mypy contracts services
+
+# format the code
+fmt:
+    {{bin}}/ruff format contracts services tests bench
+
+# --- measure ---
+
+# throughput and latency benchmarks (booking, steps5); figures go to docs/benchmarks.md
+bench *args:
+    {{bin}}/python bench/run.py {{args}}
+
+# chaos soak: random SIGKILLs of every service and nats-server under load
+chaos *args:
+    {{bin}}/python bench/chaos.py {{args}}
+
+# --- docs ---
+
+# print where the docs live
+docs:
+    @ls docs contracts/README.md

@@ -1,0 +1,411 @@
+"""The sandbox's HTTP shell: thin Litestar routes over the pure ledger and script, with switchable faults."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import msgspec
+import uvicorn
+from litestar import Litestar, Request, Response, delete, get, post, put
+from litestar.datastructures import State
+from litestar.enums import ScopeType
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.middleware import ASGIMiddleware
+from litestar.params import FromPath, FromQuery
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.sandbox import scripted_model
+from services.sandbox.errors import ErrorCode, InvalidRequest, SandboxError
+from services.sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
+from services.sandbox.ledger import Outcome, SandboxLedger, check_idempotency_key
+from services.sandbox.records import (
+    BookingRequest,
+    CrmUpdateRequest,
+    EffectKind,
+    EmailRequest,
+    HotelSearch,
+    PaymentRequest,
+    RefundBody,
+    RefundRequest,
+    ReleaseRequest,
+)
+
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+FAULT_TARGET = "fault_target"  # route handler `opt` key naming the endpoint group faults aim at
+
+# One table from error code to HTTP status; nothing else in the sandbox picks a status for an error.
+STATUS_BY_CODE: dict[ErrorCode, int] = {
+    ErrorCode.MISSING_IDEMPOTENCY_KEY: 400,
+    ErrorCode.STREAMING_UNSUPPORTED: 400,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.HOTEL_NOT_FOUND: 404,
+    ErrorCode.BOOKING_NOT_FOUND: 404,
+    ErrorCode.PAYMENT_NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.IDEMPOTENCY_CONFLICT: 409,
+    ErrorCode.HOTEL_UNAVAILABLE: 409,
+    ErrorCode.BOOKING_RELEASED: 409,
+    ErrorCode.INVALID_REQUEST: 422,
+    ErrorCode.INVALID_DATES: 422,
+    ErrorCode.AMOUNT_MISMATCH: 422,
+    ErrorCode.CURRENCY_MISMATCH: 422,
+    ErrorCode.GUEST_MISMATCH: 422,
+    ErrorCode.REFUND_EXCEEDS_PAYMENT: 422,
+    ErrorCode.INJECTED_FAULT: 503,
+}
+
+# A body that starts like JSON and stops: what a proxy cutting a response short looks like.
+MALFORMED_BODY = b'{"status": "ok", "data": {"id": '
+
+_encoder = msgspec.json.Encoder()
+T = TypeVar("T")
+
+
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(
+        _encoder.encode(payload), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def _decode(raw: bytes, body_type: type[T]) -> T:
+    try:
+        return msgspec.json.decode(raw, type=body_type)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(ErrorCode.INVALID_REQUEST, f"Fix the request body: {exc}.") from None
+    except msgspec.DecodeError:
+        raise InvalidRequest(ErrorCode.INVALID_REQUEST, "The request body must be a JSON object.") from None
+
+
+def _written(outcome: Outcome[Any], created: int = 201) -> Response[bytes]:
+    if outcome.replayed:
+        return _json(outcome.record, 200, {REPLAYED_HEADER: "true"})
+    return _json(outcome.record, created)
+
+
+async def _key_and_body(
+    request: Request[Any, Any, Any], body_type: type[T], empty: T | None = None
+) -> tuple[str, T]:
+    # The key is checked before the body so a keyless write is always a 400, whatever it carries.
+    key = check_idempotency_key(request.headers.get(IDEMPOTENCY_KEY_HEADER))
+    raw = await request.body()
+    if not raw.strip() and empty is not None:
+        return key, empty
+    return key, _decode(raw, body_type)
+
+
+def _sandbox_error(_: Request[Any, Any, Any], exc: SandboxError) -> Response[bytes]:
+    return _json(exc.to_body(), STATUS_BY_CODE[exc.code])
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    # Litestar's own refusals (unknown route, bad query) get the same error shape as ours.
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code)
+    status = exc.status_code
+    if code is None or isinstance(exc, ValidationException):
+        code, status = ErrorCode.INVALID_REQUEST, 422
+    return _json({"error": {"code": code.value, "message": str(exc.detail)}}, status)
+
+
+class FaultInjection(ASGIMiddleware):
+    """Applies the armed faults around a handler: latency and 503 before it, drops and bad bodies after."""
+
+    scopes = (ScopeType.HTTP,)
+
+    def __init__(self, board: FaultBoard) -> None:
+        self.board = board
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        target: FaultTarget | None = scope["route_handler"].opt.get(FAULT_TARGET)
+        before = self.board.before(target)
+        if before.latency_ms:
+            await asyncio.sleep(before.latency_ms / 1000)
+        if before.fail_5xx:
+            await _send_now(send, 503, _injected_fault(target))
+            return
+        if target is None or not self.board.armed:
+            await next_app(scope, receive, send)  # the benchmark path: nothing armed, nothing wrapped
+            return
+
+        action = AfterCommit.DELIVER
+
+        async def faulty_send(message: Message) -> None:
+            nonlocal action
+            if message["type"] == "http.response.start":
+                # Only a success has committed anything; refusals are always delivered.
+                if message["status"] < 400:
+                    action = self.board.after_commit(target)
+                if action is AfterCommit.DROP:
+                    await _drop_connection(receive)
+                    return
+                if action is AfterCommit.MALFORMED:
+                    headers = [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", b"%d" % len(MALFORMED_BODY)),
+                    ]
+                    await send({"type": "http.response.start", "status": 200, "headers": headers})
+                    return
+            elif action is AfterCommit.DROP:
+                return
+            elif action is AfterCommit.MALFORMED:
+                if not message.get("more_body", False):
+                    await send({"type": "http.response.body", "body": MALFORMED_BODY, "more_body": False})
+                return
+            await send(message)
+
+        await next_app(scope, receive, faulty_send)
+        if action is AfterCommit.DROP:
+            await _await_disconnect(receive)
+
+
+def _injected_fault(target: FaultTarget | None) -> dict[str, Any]:
+    return {
+        "error": {
+            "code": ErrorCode.INJECTED_FAULT.value,
+            "message": "Injected fault: the sandbox refused this request before doing anything; retrying is safe.",
+            "target": target.value if target else None,
+        }
+    }
+
+
+async def _send_now(send: Send, status: int, payload: Any) -> None:
+    body = _encoder.encode(payload)
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _drop_connection(receive: Receive) -> None:
+    """Lose the response after the effect committed.
+
+    Under uvicorn the ASGI `receive` is a bound method of the request cycle, which holds the TCP
+    transport; aborting it closes the socket with no HTTP response at all, so the client fails at
+    once ("server disconnected") instead of waiting for a timeout. ASGI itself has no way to say
+    "abort", so on any other server we fall back to hanging (cancellable) until the caller gives up.
+    """
+    transport = getattr(getattr(receive, "__self__", None), "transport", None)
+    if transport is not None and hasattr(transport, "abort"):
+        transport.abort()
+        return
+    await asyncio.sleep(3600)
+
+
+async def _await_disconnect(receive: Receive) -> None:
+    # Returning before the server has noticed the abort would make uvicorn log "returned without
+    # starting response" and write a 500 into the dead socket; waiting for the disconnect message
+    # is the server's own signal that it has seen the connection go.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = None) -> Litestar:
+    """The sandbox as an ASGI app; pass a ledger to inspect or pre-seed state in tests."""
+    books = ledger if ledger is not None else SandboxLedger(now=_utc_now)
+    board = faults if faults is not None else FaultBoard()
+
+    def target(name: FaultTarget) -> dict[str, Any]:
+        return {FAULT_TARGET: name}
+
+    # Provider endpoints
+
+    @get("/hotels/search", opt=target(FaultTarget.SEARCH))
+    async def search_hotels(
+        city: FromQuery[str], check_in: FromQuery[str | None] = None, check_out: FromQuery[str | None] = None
+    ) -> Response[bytes]:
+        return _json(HotelSearch(hotels=books.search(city, check_in, check_out)))
+
+    @post("/bookings", opt=target(FaultTarget.BOOKINGS))
+    async def create_booking(request: Request[Any, Any, Any]) -> Response[bytes]:
+        key, body = await _key_and_body(request, BookingRequest)
+        return _written(books.create_booking(key, body))
+
+    @post("/bookings/{booking_id:str}/release", opt=target(FaultTarget.BOOKINGS))
+    async def release_booking(request: Request[Any, Any, Any], booking_id: FromPath[str]) -> Response[bytes]:
+        key = check_idempotency_key(request.headers.get(IDEMPOTENCY_KEY_HEADER))
+        return _written(books.release_booking(key, ReleaseRequest(booking_id=booking_id)), created=200)
+
+    @post("/payments", opt=target(FaultTarget.PAYMENTS))
+    async def create_payment(request: Request[Any, Any, Any]) -> Response[bytes]:
+        key, body = await _key_and_body(request, PaymentRequest)
+        return _written(books.create_payment(key, body))
+
+    @post("/payments/{payment_id:str}/refund", opt=target(FaultTarget.PAYMENTS))
+    async def refund_payment(request: Request[Any, Any, Any], payment_id: FromPath[str]) -> Response[bytes]:
+        key, body = await _key_and_body(request, RefundBody, empty=RefundBody())
+        return _written(books.refund_payment(key, RefundRequest(payment_id, body.amount_cents)))
+
+    @post("/emails", opt=target(FaultTarget.EMAILS))
+    async def send_email(request: Request[Any, Any, Any]) -> Response[bytes]:
+        key, body = await _key_and_body(request, EmailRequest)
+        return _written(books.send_email(key, body))
+
+    @post("/crm/updates", opt=target(FaultTarget.CRM))
+    async def update_crm(request: Request[Any, Any, Any]) -> Response[bytes]:
+        key, body = await _key_and_body(request, CrmUpdateRequest)
+        return _written(books.update_crm(key, body))
+
+    # Reconciliation: "did my write with this key happen?"
+
+    def lookup(path: str, kind: EffectKind) -> Any:
+        @get(path, opt=target(FaultTarget.LOOKUPS), name=f"lookup-{kind.value}")
+        async def by_key(key: FromPath[str]) -> Response[bytes]:
+            return _json(books.lookup(kind, key))
+
+        return by_key
+
+    lookups = [
+        lookup("/bookings/by-key/{key:str}", EffectKind.BOOKING),
+        lookup("/booking-releases/by-key/{key:str}", EffectKind.BOOKING_RELEASE),
+        lookup("/payments/by-key/{key:str}", EffectKind.CHARGE),
+        lookup("/refunds/by-key/{key:str}", EffectKind.REFUND),
+        lookup("/emails/by-key/{key:str}", EffectKind.EMAIL),
+        lookup("/crm/updates/by-key/{key:str}", EffectKind.CRM_UPDATE),
+    ]
+
+    # The model
+
+    @post("/v1/responses", opt=target(FaultTarget.MODEL), status_code=200)
+    async def create_response(request: Request[Any, Any, Any]) -> Response[bytes]:
+        body = _decode(await request.body(), dict[str, Any])
+        if body.get("stream"):
+            raise SandboxError(
+                ErrorCode.STREAMING_UNSUPPORTED, "The scripted model does not stream; omit stream."
+            )
+        raw_input = body.get("input")
+        if not isinstance(raw_input, str | list) or (
+            isinstance(raw_input, list) and not all(isinstance(item, dict) for item in raw_input)
+        ):
+            raise InvalidRequest(
+                ErrorCode.INVALID_REQUEST, "input must be a string or a list of input items."
+            )
+        tools = body.get("tools")
+        return _json(
+            scripted_model.respond(
+                raw_input,
+                tools if isinstance(tools, list) else None,
+                model=str(body.get("model") or scripted_model.MODEL_NAME),
+            )
+        )
+
+    @get("/v1/models", opt=target(FaultTarget.MODEL))
+    async def list_models() -> Response[bytes]:
+        model = {
+            "id": scripted_model.MODEL_NAME,
+            "object": "model",
+            "created": 0,
+            "owned_by": "crashsafe-sandbox",
+        }
+        return _json({"object": "list", "data": [model]})
+
+    # Test controls: never faulted
+
+    @get("/_ledger")
+    async def read_ledger(guest_id: FromQuery[str | None] = None) -> Response[bytes]:
+        return _json(books.view(guest_id))
+
+    @get("/_faults")
+    async def read_faults() -> Response[bytes]:
+        return _json({"faults": board.snapshot()})
+
+    @put("/_faults")
+    async def arm_faults(request: Request[Any, Any, Any]) -> Response[bytes]:
+        board.arm(_decode(await request.body(), FaultSpec))
+        return _json({"faults": board.snapshot()})
+
+    @delete("/_faults", status_code=200)
+    async def clear_faults() -> Response[bytes]:
+        board.clear()
+        return _json({"faults": board.snapshot()})
+
+    @post("/_reset", status_code=200)
+    async def reset() -> Response[bytes]:
+        books.reset()
+        board.clear()
+        return _json({"reset": True})
+
+    return Litestar(
+        route_handlers=[
+            search_hotels,
+            create_booking,
+            release_booking,
+            create_payment,
+            refund_payment,
+            send_email,
+            update_crm,
+            *lookups,
+            create_response,
+            list_models,
+            read_ledger,
+            read_faults,
+            arm_faults,
+            clear_faults,
+            reset,
+        ],
+        exception_handlers={SandboxError: _sandbox_error, HTTPException: _http_error},
+        middleware=[FaultInjection(board)],
+        state=State({"ledger": books, "faults": board}),
+        openapi_config=None,
+        logging_config=None,
+    )
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP explicitly: asyncio only sets TCP_NODELAY on sockets whose proto is
+    # IPPROTO_TCP, and without it every response waits ~40 ms on Nagle and delayed ACKs.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ready: Callable[[int], None] | None = None,
+    *,
+    ledger: SandboxLedger | None = None,
+) -> None:
+    """Run the sandbox until cancelled (or SIGINT/SIGTERM); `port=0` picks a free port, given to `ready`."""
+    # Binding and listening ourselves makes the real port known before uvicorn starts, and
+    # announcing it then is truthful: the kernel queues connections until uvicorn accepts them.
+    config = uvicorn.Config(
+        build_app(ledger),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        # A hung fallback drop must not hold shutdown hostage.
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    sock = _listen(host, port)
+    try:
+        bound = sock.getsockname()[1]
+        print(f"sandbox listening on http://{host}:{bound}", flush=True)
+        if ready is not None:
+            ready(bound)
+    except BaseException:
+        sock.close()
+        raise
+    # uvicorn closes the socket on shutdown.
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        # Cancelling the caller must still close the listener and connections cleanly.
+        server.should_exit = True
+        await serving
+        raise

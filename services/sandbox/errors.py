@@ -1,0 +1,82 @@
+"""Typed provider errors, so the shell maps a stable code to a status and callers branch on codes, not text."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Stable wire codes of the sandbox provider; values are never reused for a different meaning."""
+
+    MISSING_IDEMPOTENCY_KEY = "missing_idempotency_key"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    INVALID_REQUEST = "invalid_request"
+    INVALID_DATES = "invalid_dates"
+    NOT_FOUND = "not_found"
+    HOTEL_NOT_FOUND = "hotel_not_found"
+    BOOKING_NOT_FOUND = "booking_not_found"
+    PAYMENT_NOT_FOUND = "payment_not_found"
+    HOTEL_UNAVAILABLE = "hotel_unavailable"
+    BOOKING_RELEASED = "booking_released"
+    AMOUNT_MISMATCH = "amount_mismatch"
+    CURRENCY_MISMATCH = "currency_mismatch"
+    GUEST_MISMATCH = "guest_mismatch"
+    REFUND_EXCEEDS_PAYMENT = "refund_exceeds_payment"
+    STREAMING_UNSUPPORTED = "streaming_unsupported"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    INJECTED_FAULT = "injected_fault"
+
+
+# Context values stay scalar so every error body is flat, language-neutral JSON.
+Context = str | int | None
+
+
+class SandboxError(Exception):
+    """Root of every refusal the sandbox gives; `code` is the contract, `message` says what to do next."""
+
+    def __init__(self, code: ErrorCode, message: str, **context: Context) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.context = context
+
+    def to_body(self) -> dict[str, dict[str, Context]]:
+        return {"error": {"code": self.code.value, "message": self.message, **self.context}}
+
+
+class MissingIdempotencyKey(SandboxError):
+    """A write arrived without a usable Idempotency-Key, so it could not be made safe to retry."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ErrorCode.MISSING_IDEMPOTENCY_KEY,
+            "Send an Idempotency-Key header (1-255 characters) with every write; "
+            "reuse it only to retry the same request.",
+        )
+
+
+class IdempotencyConflict(SandboxError):
+    """The key was already used with a different body: retrying can never succeed, the caller has a bug."""
+
+    def __init__(self, key: str, kind: str) -> None:
+        super().__init__(
+            ErrorCode.IDEMPOTENCY_CONFLICT,
+            f"Idempotency-Key {key!r} was already used for a different {kind} request. "
+            "Resend the original body to get the original result, or use a new key for a new request.",
+            key=key,
+            kind=kind,
+        )
+        self.key = key
+        self.kind = kind
+
+
+class InvalidRequest(SandboxError):
+    """The body or parameters can never be accepted as sent; nothing was recorded."""
+
+
+class NotFound(SandboxError):
+    """A referenced hotel, booking, payment or idempotency key does not exist here."""
+
+
+class StateConflict(SandboxError):
+    """The request is well formed but the resource's state forbids it (sold out, already released)."""

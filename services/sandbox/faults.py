@@ -1,0 +1,120 @@
+"""Which injected fault the next request meets, decided purely so the shell only sleeps, refuses or drops."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, NamedTuple
+
+import msgspec
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class FaultTarget(StrEnum):
+    """A group of endpoints faults can be aimed at; route handlers name theirs in `opt`."""
+
+    PAYMENTS = "payments"
+    BOOKINGS = "bookings"
+    EMAILS = "emails"
+    CRM = "crm"
+    SEARCH = "search"
+    MODEL = "model"
+    # The by-key lookups are how callers reconcile an unknown outcome; they are only faulted
+    # when aimed at explicitly, never by "*", or every chaos run would also break recovery.
+    LOOKUPS = "lookups"
+    ALL = "*"
+
+
+class FaultSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of PUT /_faults. Counters count down as requests meet them; latency stays until cleared."""
+
+    target: FaultTarget
+    latency_ms: Count = 0
+    # The next N requests answer 503 without committing anything.
+    fail_5xx: Count = 0
+    # The next N successful requests commit, then the caller never gets the response.
+    drop_after_commit: Count = 0
+    # The next N successful requests commit, then answer 200 with a body that is not JSON.
+    malformed: Count = 0
+
+    def is_idle(self) -> bool:
+        return not (self.latency_ms or self.fail_5xx or self.drop_after_commit or self.malformed)
+
+
+class AfterCommit(StrEnum):
+    DELIVER = "deliver"
+    DROP = "drop"
+    MALFORMED = "malformed"
+
+
+class BeforeHandling(NamedTuple):
+    latency_ms: int
+    fail_5xx: bool
+
+
+NO_FAULT = BeforeHandling(0, False)
+
+
+class FaultBoard:
+    """The armed faults. Synchronous methods, so a countdown is consumed by exactly one request."""
+
+    def __init__(self) -> None:
+        self._specs: dict[FaultTarget, FaultSpec] = {}
+
+    def arm(self, spec: FaultSpec) -> None:
+        """Replace the faults for `spec.target`; an all-zero spec disarms it."""
+        if spec.is_idle():
+            self._specs.pop(spec.target, None)
+        else:
+            self._specs[spec.target] = msgspec.structs.replace(spec)
+
+    def clear(self) -> None:
+        self._specs.clear()
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._specs)
+
+    def snapshot(self) -> dict[str, FaultSpec]:
+        return {target.value: spec for target, spec in self._specs.items()}
+
+    def before(self, target: FaultTarget | None) -> BeforeHandling:
+        """Latency to add and whether to refuse with 503; consumes one `fail_5xx`."""
+        if not self._specs or target is None:
+            return NO_FAULT  # the benchmark path: one dict truth test
+        specs = self._applicable(target)
+        latency = next((s.latency_ms for s in specs if s.latency_ms), 0)
+        for spec in specs:
+            if spec.fail_5xx:
+                spec.fail_5xx -= 1
+                self._tidy(spec)
+                return BeforeHandling(latency, True)
+        return BeforeHandling(latency, False)
+
+    def after_commit(self, target: FaultTarget | None) -> AfterCommit:
+        """What happens to a successful response; drops are consumed before malformed bodies."""
+        if not self._specs or target is None:
+            return AfterCommit.DELIVER
+        specs = self._applicable(target)
+        for spec in specs:
+            if spec.drop_after_commit:
+                spec.drop_after_commit -= 1
+                self._tidy(spec)
+                return AfterCommit.DROP
+        for spec in specs:
+            if spec.malformed:
+                spec.malformed -= 1
+                self._tidy(spec)
+                return AfterCommit.MALFORMED
+        return AfterCommit.DELIVER
+
+    def _applicable(self, target: FaultTarget) -> list[FaultSpec]:
+        # The specific target's faults are met before the wildcard's.
+        specs = [self._specs[target]] if target in self._specs else []
+        if target is not FaultTarget.LOOKUPS and FaultTarget.ALL in self._specs:
+            specs.append(self._specs[FaultTarget.ALL])
+        return specs
+
+    def _tidy(self, spec: FaultSpec) -> None:
+        if spec.is_idle():
+            self._specs.pop(spec.target, None)

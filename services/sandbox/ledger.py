@@ -1,0 +1,414 @@
+"""The fake provider's books: Stripe-style idempotent writes over hotels, payments and messages, no I/O."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from typing import Generic, NamedTuple, TypeVar
+
+import msgspec
+
+from services.sandbox.errors import (
+    ErrorCode,
+    IdempotencyConflict,
+    InvalidRequest,
+    MissingIdempotencyKey,
+    NotFound,
+    StateConflict,
+)
+from services.sandbox.records import (
+    Booking,
+    BookingRequest,
+    CrmUpdate,
+    CrmUpdateRequest,
+    EffectKind,
+    Email,
+    EmailRequest,
+    Hotel,
+    LedgerEntry,
+    LedgerView,
+    Payment,
+    PaymentRequest,
+    Record,
+    Refund,
+    RefundRequest,
+    ReleaseRequest,
+)
+
+MAX_KEY_LENGTH = 255  # Stripe's limit; long enough for "<run_id>:<step>:<tool>" keys.
+
+# A fixed catalogue keeps demos and tests reproducible. The third hotel of each city is
+# sold out so the "first available" choice is a real decision, not always index 0.
+HOTELS: tuple[Hotel, ...] = (
+    Hotel("lis-1", "Casa do Alfama", "Lisbon", 12000, "EUR", True),
+    Hotel("lis-2", "Hotel Tejo Azul", "Lisbon", 9500, "EUR", True),
+    Hotel("lis-3", "Palacio Chiado", "Lisbon", 21000, "EUR", False),
+    Hotel("ber-1", "Spree Quarter Hotel", "Berlin", 11000, "EUR", True),
+    Hotel("ber-2", "Kreuzberg Loft", "Berlin", 8900, "EUR", True),
+    Hotel("ber-3", "Tiergarten Grand", "Berlin", 19500, "EUR", False),
+    Hotel("par-1", "Hotel Rive Gauche", "Paris", 16000, "EUR", True),
+    Hotel("par-2", "Le Petit Marais", "Paris", 13500, "EUR", True),
+    Hotel("par-3", "Maison Montmartre", "Paris", 22000, "EUR", False),
+)
+
+R = TypeVar("R", bound=Record)
+
+
+class Outcome(NamedTuple, Generic[R]):
+    """A write's answer; `replayed` tells the shell to say so (Idempotent-Replayed: true)."""
+
+    record: R
+    replayed: bool
+
+
+class _Stored(NamedTuple):
+    fingerprint: bytes
+    ref: str
+    # The response as first given: a replay answers with it even if the resource moved on,
+    # exactly as Stripe replays the saved response.
+    record: Record
+
+
+def check_idempotency_key(key: str | None) -> str:
+    """Return the key if usable; the shell calls this before parsing the body so a keyless write is a 400."""
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise MissingIdempotencyKey()
+    return key
+
+
+def _fingerprint(body: msgspec.Struct) -> bytes:
+    # Deterministic order sorts free-form dicts (CRM fields), so key order in JSON is not a "different body".
+    return hashlib.sha256(msgspec.json.encode(body, order="deterministic")).digest()
+
+
+def _resource_id(prefix: str, kind: EffectKind, key: str) -> str:
+    # Derived from the key, not a counter: stable across /_reset and identical for the same request.
+    return prefix + hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()[:16]
+
+
+def _parse_date(field: str, value: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(
+            ErrorCode.INVALID_DATES,
+            f"{field} must be an ISO date like 2026-12-01, got {value!r}.",
+            field=field,
+        ) from None
+
+
+def stay_nights(check_in: str, check_out: str) -> int:
+    """Nights between two ISO dates; a stay must end after it starts."""
+    nights = (_parse_date("check_out", check_out) - _parse_date("check_in", check_in)).days
+    if nights <= 0:
+        raise InvalidRequest(
+            ErrorCode.INVALID_DATES,
+            f"check_out ({check_out}) must be after check_in ({check_in}).",
+            check_in=check_in,
+            check_out=check_out,
+        )
+    return nights
+
+
+class SandboxLedger:
+    """In-memory provider state. Every method runs to completion without awaiting, so under one event
+    loop each write is atomic and two requests with one key cannot both perform the effect."""
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self._now = now
+        self.reset()
+
+    def reset(self) -> None:
+        self._hotels = {hotel.hotel_id: hotel for hotel in HOTELS}
+        self._bookings: dict[str, Booking] = {}
+        self._payments: dict[str, Payment] = {}
+        self._refunds: dict[str, Refund] = {}
+        self._refunded_cents: dict[str, int] = {}
+        self._emails: dict[str, Email] = {}
+        self._crm_updates: dict[str, CrmUpdate] = {}
+        self._writes: dict[EffectKind, dict[str, _Stored]] = {kind: {} for kind in EffectKind}
+        self._entries: list[LedgerEntry] = []
+        self._replays: dict[EffectKind, int] = dict.fromkeys(EffectKind, 0)
+
+    # Reads
+
+    def search(self, city: str, check_in: str | None = None, check_out: str | None = None) -> list[Hotel]:
+        if check_in is not None or check_out is not None:
+            stay_nights(check_in or "", check_out or "")
+        wanted = city.strip().casefold()
+        return [hotel for hotel in self._hotels.values() if hotel.city.casefold() == wanted]
+
+    def lookup(self, kind: EffectKind, key: str) -> Record:
+        """The current state of whatever `key` created: the reconciliation path after an unknown outcome."""
+        stored = self._writes[kind].get(key)
+        if stored is None:
+            raise NotFound(
+                ErrorCode.NOT_FOUND,
+                f"No {kind} was made with Idempotency-Key {key!r}; the request never took effect here.",
+                key=key,
+                kind=kind.value,
+            )
+        current: dict[str, Record] = {
+            EffectKind.BOOKING: self._bookings,
+            EffectKind.BOOKING_RELEASE: self._bookings,
+            EffectKind.CHARGE: self._payments,
+            EffectKind.REFUND: self._refunds,
+            EffectKind.EMAIL: self._emails,
+            EffectKind.CRM_UPDATE: self._crm_updates,
+        }[kind]  # type: ignore[assignment]
+        return current[stored.ref]
+
+    def view(self, guest_id: str | None = None) -> LedgerView:
+        entries = self._entries if guest_id is None else [e for e in self._entries if e.guest_id == guest_id]
+        counts = dict.fromkeys((kind.value for kind in EffectKind), 0)
+        for entry in entries:
+            counts[entry.kind.value] += 1
+        return LedgerView(
+            entries=list(entries),
+            counts=counts,
+            replays={kind.value: n for kind, n in self._replays.items()},
+        )
+
+    # Writes
+
+    def create_booking(self, key: str, body: BookingRequest) -> Outcome[Booking]:
+        def effect() -> tuple[str, Booking, LedgerEntry]:
+            hotel = self._hotels.get(body.hotel_id)
+            if hotel is None:
+                raise NotFound(
+                    ErrorCode.HOTEL_NOT_FOUND,
+                    f"No hotel {body.hotel_id!r}; search first and use a hotel_id from the results.",
+                    hotel_id=body.hotel_id,
+                )
+            nights = stay_nights(body.check_in, body.check_out)
+            if not hotel.available:
+                raise StateConflict(
+                    ErrorCode.HOTEL_UNAVAILABLE,
+                    f"{hotel.name} is sold out for those dates; pick another hotel.",
+                    hotel_id=hotel.hotel_id,
+                )
+            booking = Booking(
+                booking_id=_resource_id("bk_", EffectKind.BOOKING, key),
+                hotel_id=hotel.hotel_id,
+                hotel_name=hotel.name,
+                city=hotel.city,
+                guest_id=body.guest_id,
+                check_in=body.check_in,
+                check_out=body.check_out,
+                nights=nights,
+                total_cents=nights * hotel.nightly_rate_cents,
+                currency=hotel.currency,
+                status="held",
+                key=key,
+            )
+            self._bookings[booking.booking_id] = booking
+            entry = self._entry(
+                EffectKind.BOOKING,
+                key,
+                booking.guest_id,
+                booking.total_cents,
+                booking.currency,
+                booking.booking_id,
+            )
+            return booking.booking_id, booking, entry
+
+        return self._idempotent(EffectKind.BOOKING, key, body, effect)
+
+    def release_booking(self, key: str, body: ReleaseRequest) -> Outcome[Booking]:
+        def effect() -> tuple[str, Booking, LedgerEntry]:
+            booking = self._held_booking(body.booking_id)
+            released = msgspec.structs.replace(booking, status="released")
+            self._bookings[released.booking_id] = released
+            entry = self._entry(
+                EffectKind.BOOKING_RELEASE,
+                key,
+                released.guest_id,
+                released.total_cents,
+                released.currency,
+                released.booking_id,
+            )
+            return released.booking_id, released, entry
+
+        return self._idempotent(EffectKind.BOOKING_RELEASE, key, body, effect)
+
+    def create_payment(self, key: str, body: PaymentRequest) -> Outcome[Payment]:
+        def effect() -> tuple[str, Payment, LedgerEntry]:
+            booking = self._held_booking(body.booking_id)
+            self._check_guest(body.guest_id, booking)
+            if body.currency is not None and body.currency != booking.currency:
+                raise InvalidRequest(
+                    ErrorCode.CURRENCY_MISMATCH,
+                    f"Booking {booking.booking_id} is priced in {booking.currency}, not {body.currency}.",
+                    expected=booking.currency,
+                    got=body.currency,
+                )
+            if body.amount_cents != booking.total_cents:
+                raise InvalidRequest(
+                    ErrorCode.AMOUNT_MISMATCH,
+                    f"Booking {booking.booking_id} costs {booking.total_cents} cents; "
+                    f"charge exactly that, not {body.amount_cents}.",
+                    expected_cents=booking.total_cents,
+                    got_cents=body.amount_cents,
+                )
+            # A second payment for the same booking under a new key is allowed on purpose: a real
+            # provider cannot tell a retry from a new purchase, which is the double charge we demo.
+            payment = Payment(
+                payment_id=_resource_id("pay_", EffectKind.CHARGE, key),
+                booking_id=booking.booking_id,
+                guest_id=booking.guest_id,
+                amount_cents=body.amount_cents,
+                currency=booking.currency,
+                status="captured",
+                key=key,
+            )
+            self._payments[payment.payment_id] = payment
+            entry = self._entry(
+                EffectKind.CHARGE,
+                key,
+                payment.guest_id,
+                payment.amount_cents,
+                payment.currency,
+                payment.payment_id,
+            )
+            return payment.payment_id, payment, entry
+
+        return self._idempotent(EffectKind.CHARGE, key, body, effect)
+
+    def refund_payment(self, key: str, body: RefundRequest) -> Outcome[Refund]:
+        def effect() -> tuple[str, Refund, LedgerEntry]:
+            payment = self._payments.get(body.payment_id)
+            if payment is None:
+                raise NotFound(
+                    ErrorCode.PAYMENT_NOT_FOUND,
+                    f"No payment {body.payment_id!r}; refund a payment_id returned by POST /payments.",
+                    payment_id=body.payment_id,
+                )
+            already = self._refunded_cents.get(payment.payment_id, 0)
+            remaining = payment.amount_cents - already
+            amount = remaining if body.amount_cents is None else body.amount_cents
+            if amount <= 0 or amount > remaining:
+                raise InvalidRequest(
+                    ErrorCode.REFUND_EXCEEDS_PAYMENT,
+                    f"Payment {payment.payment_id} has {remaining} cents left to refund; asked for {amount}.",
+                    remaining_cents=remaining,
+                    got_cents=amount,
+                )
+            refund = Refund(
+                refund_id=_resource_id("re_", EffectKind.REFUND, key),
+                payment_id=payment.payment_id,
+                booking_id=payment.booking_id,
+                guest_id=payment.guest_id,
+                amount_cents=amount,
+                currency=payment.currency,
+                status="succeeded",
+                key=key,
+            )
+            self._refunds[refund.refund_id] = refund
+            self._refunded_cents[payment.payment_id] = already + amount
+            entry = self._entry(
+                EffectKind.REFUND,
+                key,
+                refund.guest_id,
+                refund.amount_cents,
+                refund.currency,
+                refund.refund_id,
+            )
+            return refund.refund_id, refund, entry
+
+        return self._idempotent(EffectKind.REFUND, key, body, effect)
+
+    def send_email(self, key: str, body: EmailRequest) -> Outcome[Email]:
+        def effect() -> tuple[str, Email, LedgerEntry]:
+            if body.booking_id is not None:
+                self._check_guest(body.guest_id, self._booking(body.booking_id))
+            email = Email(
+                email_id=_resource_id("em_", EffectKind.EMAIL, key),
+                guest_id=body.guest_id,
+                template=body.template,
+                booking_id=body.booking_id,
+                status="sent",
+                key=key,
+            )
+            self._emails[email.email_id] = email
+            entry = self._entry(EffectKind.EMAIL, key, email.guest_id, 0, None, email.email_id)
+            return email.email_id, email, entry
+
+        return self._idempotent(EffectKind.EMAIL, key, body, effect)
+
+    def update_crm(self, key: str, body: CrmUpdateRequest) -> Outcome[CrmUpdate]:
+        def effect() -> tuple[str, CrmUpdate, LedgerEntry]:
+            if body.booking_id is not None:
+                self._check_guest(body.guest_id, self._booking(body.booking_id))
+            update = CrmUpdate(
+                crm_update_id=_resource_id("crm_", EffectKind.CRM_UPDATE, key),
+                guest_id=body.guest_id,
+                booking_id=body.booking_id,
+                fields=dict(body.fields),
+                status="applied",
+                key=key,
+            )
+            self._crm_updates[update.crm_update_id] = update
+            entry = self._entry(EffectKind.CRM_UPDATE, key, update.guest_id, 0, None, update.crm_update_id)
+            return update.crm_update_id, update, entry
+
+        return self._idempotent(EffectKind.CRM_UPDATE, key, body, effect)
+
+    # Internals
+
+    def _idempotent(
+        self,
+        kind: EffectKind,
+        key: str,
+        body: msgspec.Struct,
+        effect: Callable[[], tuple[str, R, LedgerEntry]],
+    ) -> Outcome[R]:
+        check_idempotency_key(key)
+        fingerprint = _fingerprint(body)
+        stored = self._writes[kind].get(key)
+        if stored is not None:
+            if stored.fingerprint != fingerprint:
+                raise IdempotencyConflict(key, kind.value)
+            self._replays[kind] += 1
+            return Outcome(stored.record, replayed=True)  # type: ignore[arg-type]
+        # A refused request stores nothing (like Stripe's validation failures), so the key stays
+        # free for a corrected retry; `effect` raises before touching state when it refuses.
+        ref, record, entry = effect()
+        self._writes[kind][key] = _Stored(fingerprint, ref, record)
+        self._entries.append(entry)
+        return Outcome(record, replayed=False)
+
+    def _entry(
+        self, kind: EffectKind, key: str, guest_id: str, amount_cents: int, currency: str | None, ref: str
+    ) -> LedgerEntry:
+        at = self._now().astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return LedgerEntry(kind, key, guest_id, amount_cents, currency, ref, at)
+
+    def _booking(self, booking_id: str) -> Booking:
+        booking = self._bookings.get(booking_id)
+        if booking is None:
+            raise NotFound(
+                ErrorCode.BOOKING_NOT_FOUND,
+                f"No booking {booking_id!r}; use a booking_id returned by POST /bookings.",
+                booking_id=booking_id,
+            )
+        return booking
+
+    def _held_booking(self, booking_id: str) -> Booking:
+        booking = self._booking(booking_id)
+        if booking.status != "held":
+            raise StateConflict(
+                ErrorCode.BOOKING_RELEASED,
+                f"Booking {booking_id} was released; make a new booking instead.",
+                booking_id=booking_id,
+            )
+        return booking
+
+    @staticmethod
+    def _check_guest(guest_id: str, booking: Booking) -> None:
+        if guest_id != booking.guest_id:
+            raise InvalidRequest(
+                ErrorCode.GUEST_MISMATCH,
+                f"Booking {booking.booking_id} belongs to another guest; act only on the guest's own bookings.",
+                booking_id=booking.booking_id,
+            )

@@ -1,0 +1,159 @@
+"""Wire shapes of the sandbox provider: request bodies, stored records and ledger entries, all msgspec JSON."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import msgspec
+
+Cents = Annotated[int, msgspec.Meta(ge=0)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class EffectKind(StrEnum):
+    """What a ledger entry records; also the namespace an Idempotency-Key lives in."""
+
+    BOOKING = "booking"
+    BOOKING_RELEASE = "booking_release"
+    CHARGE = "charge"
+    REFUND = "refund"
+    EMAIL = "email"
+    CRM_UPDATE = "crm_update"
+
+
+# Request bodies. Unknown fields are ignored rather than refused so that a caller adding
+# tracing fields does not break; the idempotency fingerprint covers only the fields below.
+
+
+class BookingRequest(msgspec.Struct, frozen=True):
+    hotel_id: NonEmpty
+    guest_id: NonEmpty
+    check_in: str
+    check_out: str
+
+
+class ReleaseRequest(msgspec.Struct, frozen=True):
+    booking_id: NonEmpty
+
+
+class PaymentRequest(msgspec.Struct, frozen=True):
+    booking_id: NonEmpty
+    guest_id: NonEmpty
+    amount_cents: Cents
+    # Optional because the booking already fixes the currency; when sent it must match.
+    currency: str | None = None
+
+
+class RefundBody(msgspec.Struct, frozen=True):
+    # None refunds whatever is left of the payment.
+    amount_cents: Cents | None = None
+
+
+class RefundRequest(msgspec.Struct, frozen=True):
+    payment_id: NonEmpty
+    amount_cents: Cents | None = None
+
+
+class EmailRequest(msgspec.Struct, frozen=True):
+    guest_id: NonEmpty
+    template: NonEmpty
+    booking_id: str | None = None
+
+
+class CrmUpdateRequest(msgspec.Struct, frozen=True):
+    guest_id: NonEmpty
+    booking_id: str | None = None
+    fields: dict[str, Any] = {}
+
+
+# Records: what the provider answers and stores. `key` is the Idempotency-Key that created it.
+
+
+class Hotel(msgspec.Struct, frozen=True):
+    hotel_id: str
+    name: str
+    city: str
+    nightly_rate_cents: int
+    currency: str
+    available: bool
+
+
+class HotelSearch(msgspec.Struct, frozen=True):
+    hotels: list[Hotel]
+
+
+class Booking(msgspec.Struct, frozen=True):
+    booking_id: str
+    hotel_id: str
+    hotel_name: str
+    city: str
+    guest_id: str
+    check_in: str
+    check_out: str
+    nights: int
+    total_cents: int
+    currency: str
+    status: str  # "held" | "released"
+    key: str
+
+
+class Payment(msgspec.Struct, frozen=True):
+    payment_id: str
+    booking_id: str
+    guest_id: str
+    amount_cents: int
+    currency: str
+    status: str  # "captured"
+    key: str
+
+
+class Refund(msgspec.Struct, frozen=True):
+    refund_id: str
+    payment_id: str
+    booking_id: str
+    guest_id: str
+    amount_cents: int
+    currency: str
+    status: str  # "succeeded"
+    key: str
+
+
+class Email(msgspec.Struct, frozen=True):
+    email_id: str
+    guest_id: str
+    template: str
+    booking_id: str | None
+    status: str  # "sent"
+    key: str
+
+
+class CrmUpdate(msgspec.Struct, frozen=True):
+    crm_update_id: str
+    guest_id: str
+    booking_id: str | None
+    fields: dict[str, Any]
+    status: str  # "applied"
+    key: str
+
+
+Record = Booking | Payment | Refund | Email | CrmUpdate
+
+
+class LedgerEntry(msgspec.Struct, frozen=True):
+    """One real-world effect; the crash tests count these (one charge per booking, never two)."""
+
+    kind: EffectKind
+    key: str
+    guest_id: str
+    amount_cents: int
+    currency: str | None
+    ref: str
+    at: str
+
+
+class LedgerView(msgspec.Struct, frozen=True):
+    entries: list[LedgerEntry]
+    counts: dict[str, int]
+    # Requests answered from the idempotency store: evidence that retries arrived and were absorbed.
+    replays: dict[str, int]

@@ -1,0 +1,764 @@
+"""The sandbox is the world crash tests measure against, so its idempotency, faults and script must be exact."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import openai
+import pytest
+import pytest_asyncio
+
+from services.sandbox import scripted_model
+from services.sandbox.app import serve
+from services.sandbox.errors import (
+    ErrorCode,
+    IdempotencyConflict,
+    InvalidRequest,
+    MissingIdempotencyKey,
+    NotFound,
+    SandboxError,
+)
+from services.sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
+from services.sandbox.ledger import HOTELS, SandboxLedger
+from services.sandbox.records import (
+    BookingRequest,
+    CrmUpdateRequest,
+    EffectKind,
+    EmailRequest,
+    Payment,
+    PaymentRequest,
+    RefundRequest,
+    ReleaseRequest,
+)
+
+SANDBOX_DIR = Path(__file__).resolve().parents[1] / "services" / "sandbox"
+TOOL_NAMES = ["search_hotels", "create_booking", "create_payment", "send_confirmation_email", "update_crm"]
+TOOLS = [
+    {"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}} for n in TOOL_NAMES
+]
+LISBON = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
+
+
+class Clock:
+    """A clock that advances one second per reading, so ledger timestamps are predictable."""
+
+    def __init__(self) -> None:
+        self.t = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.t += timedelta(seconds=1)
+        return self.t
+
+
+def new_ledger() -> SandboxLedger:
+    return SandboxLedger(now=Clock())
+
+
+def lisbon_booking(guest: str = "g1", hotel: str = "lis-1") -> BookingRequest:
+    return BookingRequest(hotel_id=hotel, guest_id=guest, check_in="2026-12-01", check_out="2026-12-03")
+
+
+# Pure core: ledger
+
+
+def test_catalogue_has_two_or_more_hotels_in_each_demo_city() -> None:
+    for city in ("Lisbon", "Berlin", "Paris"):
+        assert len([h for h in HOTELS if h.city == city and h.available]) >= 2
+
+
+def test_search_is_case_insensitive_and_unknown_city_is_empty() -> None:
+    ledger = new_ledger()
+    assert [h.hotel_id for h in ledger.search("  LISBON ")] == ["lis-1", "lis-2", "lis-3"]
+    assert ledger.search("Atlantis") == []
+    with pytest.raises(InvalidRequest) as bad:
+        ledger.search("Lisbon", "2026-12-03", "2026-12-01")
+    assert bad.value.code is ErrorCode.INVALID_DATES
+
+
+def test_booking_computes_nights_and_total_from_the_nightly_rate() -> None:
+    outcome = new_ledger().create_booking("k1", lisbon_booking())
+    assert not outcome.replayed
+    booking = outcome.record
+    assert (booking.nights, booking.total_cents, booking.currency, booking.status) == (
+        2,
+        24000,
+        "EUR",
+        "held",
+    )
+    assert (booking.hotel_name, booking.city, booking.key) == ("Casa do Alfama", "Lisbon", "k1")
+
+
+@pytest.mark.parametrize(
+    ("check_in", "check_out"),
+    [("2026-12-03", "2026-12-01"), ("2026-12-01", "2026-12-01"), ("soon", "2026-12-01")],
+)
+def test_booking_refuses_stays_that_do_not_end_after_they_start(check_in: str, check_out: str) -> None:
+    ledger = new_ledger()
+    with pytest.raises(InvalidRequest) as refused:
+        ledger.create_booking("k1", BookingRequest("lis-1", "g1", check_in, check_out))
+    assert refused.value.code is ErrorCode.INVALID_DATES
+    assert ledger.view().entries == []
+
+
+def test_replay_with_same_key_and_body_returns_the_record_without_a_second_effect() -> None:
+    ledger = new_ledger()
+    first = ledger.create_booking("k1", lisbon_booking())
+    again = ledger.create_booking("k1", lisbon_booking())
+    assert again.replayed and again.record == first.record
+    view = ledger.view()
+    assert view.counts["booking"] == 1 and view.replays["booking"] == 1
+
+
+def test_same_key_with_a_different_body_is_a_typed_conflict() -> None:
+    ledger = new_ledger()
+    ledger.create_booking("k1", lisbon_booking())
+    with pytest.raises(IdempotencyConflict) as conflict:
+        ledger.create_booking("k1", lisbon_booking(hotel="lis-2"))
+    assert conflict.value.key == "k1"
+    assert conflict.value.to_body()["error"]["code"] == "idempotency_conflict"
+    assert ledger.view().counts["booking"] == 1
+
+
+def test_a_refused_write_stores_nothing_so_the_key_stays_usable() -> None:
+    ledger = new_ledger()
+    with pytest.raises(NotFound):
+        ledger.create_booking("k1", lisbon_booking(hotel="nope-1"))
+    assert ledger.create_booking("k1", lisbon_booking()).replayed is False
+
+
+def test_keys_are_required_and_live_in_one_namespace_per_effect_kind() -> None:
+    ledger = new_ledger()
+    with pytest.raises(MissingIdempotencyKey):
+        ledger.create_booking("", lisbon_booking())
+    booking = ledger.create_booking("same", lisbon_booking()).record
+    payment = ledger.create_payment("same", PaymentRequest(booking.booking_id, "g1", 24000, "EUR")).record
+    assert payment.payment_id.startswith("pay_")
+
+
+def test_payment_must_match_the_booking_total_guest_and_currency() -> None:
+    ledger = new_ledger()
+    booking = ledger.create_booking("b", lisbon_booking()).record
+    cases = [
+        (PaymentRequest(booking.booking_id, "g1", 1), ErrorCode.AMOUNT_MISMATCH),
+        (PaymentRequest(booking.booking_id, "g1", 24000, "USD"), ErrorCode.CURRENCY_MISMATCH),
+        (PaymentRequest(booking.booking_id, "intruder", 24000), ErrorCode.GUEST_MISMATCH),
+        (PaymentRequest("bk_missing", "g1", 24000), ErrorCode.BOOKING_NOT_FOUND),
+    ]
+    for body, code in cases:
+        with pytest.raises(SandboxError) as refused:
+            ledger.create_payment("p", body)
+        assert refused.value.code is code
+    payment = ledger.create_payment("p", PaymentRequest(booking.booking_id, "g1", 24000)).record
+    assert (payment.amount_cents, payment.currency, payment.status) == (24000, "EUR", "captured")
+    assert ledger.view().counts["charge"] == 1
+
+
+def test_released_booking_cannot_be_paid_and_lookup_shows_current_state() -> None:
+    ledger = new_ledger()
+    created = ledger.create_booking("b", lisbon_booking()).record
+    released = ledger.release_booking("r", ReleaseRequest(created.booking_id))
+    assert released.record.status == "released"
+    assert ledger.release_booking("r", ReleaseRequest(created.booking_id)).replayed
+    with pytest.raises(SandboxError) as refused:
+        ledger.create_payment("p", PaymentRequest(created.booking_id, "g1", 24000))
+    assert refused.value.code is ErrorCode.BOOKING_RELEASED
+    # A replay answers with the saved response; a lookup answers with the resource as it is now.
+    assert ledger.create_booking("b", lisbon_booking()).record.status == "held"
+    assert ledger.lookup(EffectKind.BOOKING, "b").status == "released"
+    with pytest.raises(NotFound) as missing:
+        ledger.lookup(EffectKind.BOOKING, "never-sent")
+    assert missing.value.code is ErrorCode.NOT_FOUND
+
+
+def test_refunds_are_bounded_by_what_was_paid() -> None:
+    ledger = new_ledger()
+    booking = ledger.create_booking("b", lisbon_booking()).record
+    payment = ledger.create_payment("p", PaymentRequest(booking.booking_id, "g1", 24000)).record
+    assert ledger.refund_payment("r1", RefundRequest(payment.payment_id, 4000)).record.amount_cents == 4000
+    with pytest.raises(InvalidRequest) as refused:
+        ledger.refund_payment("r2", RefundRequest(payment.payment_id, 30000))
+    assert refused.value.code is ErrorCode.REFUND_EXCEEDS_PAYMENT
+    assert ledger.refund_payment("r3", RefundRequest(payment.payment_id)).record.amount_cents == 20000
+    with pytest.raises(NotFound):
+        ledger.refund_payment("r4", RefundRequest("pay_missing"))
+
+
+def test_ledger_records_every_effect_in_order_with_the_injected_clock() -> None:
+    ledger = new_ledger()
+    booking = ledger.create_booking("b", lisbon_booking()).record
+    ledger.create_payment("p", PaymentRequest(booking.booking_id, "g1", 24000))
+    ledger.send_email("e", EmailRequest("g1", "booking_confirmation", booking.booking_id))
+    ledger.update_crm("c", CrmUpdateRequest("g1", booking.booking_id, {"a": 1, "b": 2}))
+    # CRM fields in another order are the same body, not a conflict.
+    assert ledger.update_crm("c", CrmUpdateRequest("g1", booking.booking_id, {"b": 2, "a": 1})).replayed
+    ledger.create_booking("other", lisbon_booking(guest="g2"))
+
+    view = ledger.view(guest_id="g1")
+    assert [e.kind for e in view.entries] == ["booking", "charge", "email", "crm_update"]
+    assert [e.at for e in view.entries] == [f"2026-01-01T00:00:0{s}.000Z" for s in (1, 2, 3, 4)]
+    assert view.entries[1].amount_cents == 24000 and view.entries[1].ref.startswith("pay_")
+    assert view.counts == {
+        "booking": 1,
+        "booking_release": 0,
+        "charge": 1,
+        "refund": 0,
+        "email": 1,
+        "crm_update": 1,
+    }
+    assert ledger.view().counts["booking"] == 2
+    ledger.reset()
+    assert ledger.view().entries == []
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_cores_import_no_web_or_network_library() -> None:
+    forbidden = {"litestar", "uvicorn", "httpx", "openai", "nats", "aiosqlite", "asyncio", "socket"}
+    for name in ("ledger.py", "scripted_model.py", "faults.py", "records.py", "errors.py"):
+        assert not imported_roots(SANDBOX_DIR / name) & forbidden, name
+
+
+# Pure core: faults
+
+
+def test_fault_countdowns_are_consumed_one_request_at_a_time() -> None:
+    board = FaultBoard()
+    board.arm(
+        FaultSpec(target=FaultTarget.PAYMENTS, latency_ms=20, fail_5xx=1, drop_after_commit=1, malformed=1)
+    )
+    assert board.before(FaultTarget.PAYMENTS) == (20, True)
+    assert board.before(FaultTarget.PAYMENTS) == (20, False)
+    assert board.before(FaultTarget.BOOKINGS) == (0, False)
+    assert board.after_commit(FaultTarget.PAYMENTS) is AfterCommit.DROP
+    assert board.after_commit(FaultTarget.PAYMENTS) is AfterCommit.MALFORMED
+    assert board.after_commit(FaultTarget.PAYMENTS) is AfterCommit.DELIVER
+    assert board.armed  # latency stays until cleared
+    board.arm(FaultSpec(target=FaultTarget.PAYMENTS))
+    assert not board.armed
+
+
+def test_wildcard_faults_spare_the_reconciliation_lookups() -> None:
+    board = FaultBoard()
+    board.arm(FaultSpec(target=FaultTarget.ALL, fail_5xx=2))
+    assert board.before(FaultTarget.LOOKUPS).fail_5xx is False
+    assert board.before(None).fail_5xx is False
+    assert board.before(FaultTarget.MODEL).fail_5xx is True
+    board.arm(FaultSpec(target=FaultTarget.LOOKUPS, fail_5xx=1))
+    assert board.before(FaultTarget.LOOKUPS).fail_5xx is True
+
+
+# Pure core: scripted model
+
+
+def call_output(item: dict[str, Any], output: Any) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": item["call_id"], "output": json.dumps(output)}
+
+
+def run_script(
+    ledger: SandboxLedger, items: list[dict[str, Any]], guest: str = "g1"
+) -> tuple[list[str], str]:
+    """Drive the script with the pure ledger as the tools, the way the runtime and executor would."""
+    called: list[str] = []
+    totals: dict[str, int] = {}
+    for step in range(10):
+        item = scripted_model.respond(items, TOOLS)["output"][0]
+        if item["type"] == "message":
+            return called, item["content"][0]["text"]
+        called.append(item["name"])
+        try:
+            output = tool_result(
+                ledger, item["name"], f"{guest}:{step}", guest, json.loads(item["arguments"]), totals
+            )
+        except SandboxError as exc:
+            output = exc.to_body()
+        items = [*items, item, call_output(item, output)]
+    raise AssertionError(f"script did not finish: {called}")
+
+
+def tool_result(
+    ledger: SandboxLedger, name: str, key: str, guest: str, args: dict[str, Any], totals: dict[str, int]
+) -> Any:
+    record: Any
+    match name:
+        case "search_hotels":
+            return {
+                "hotels": msgspec.to_builtins(
+                    ledger.search(args["city"], args["check_in"], args["check_out"])
+                )
+            }
+        case "create_booking":
+            record = ledger.create_booking(key, BookingRequest(guest_id=guest, **args)).record
+            totals[record.booking_id] = record.total_cents
+        case "create_payment":
+            # The executor, not the model, supplies the amount.
+            record = ledger.create_payment(
+                key, PaymentRequest(args["booking_id"], guest, totals[args["booking_id"]])
+            ).record
+        case "send_confirmation_email":
+            record = ledger.send_email(
+                key, EmailRequest(guest, "booking_confirmation", args["booking_id"])
+            ).record
+        case "update_crm":
+            record = ledger.update_crm(key, CrmUpdateRequest(guest, args["booking_id"])).record
+    return msgspec.to_builtins(record)
+
+
+def test_script_books_pays_emails_updates_crm_then_confirms() -> None:
+    ledger = new_ledger()
+    called, final = run_script(
+        ledger, [{"role": "user", "content": [{"type": "input_text", "text": LISBON}]}]
+    )
+    assert called == TOOL_NAMES
+    booking = ledger.lookup(EffectKind.BOOKING, "g1:1")
+    payment = ledger.lookup(EffectKind.CHARGE, "g1:2")
+    assert isinstance(payment, Payment)
+    assert final == (
+        "Your room at Casa do Alfama in Lisbon from 2026-12-01 to 2026-12-03 is booked and paid (EUR 240.00). "
+        f"Booking {booking.booking_id}, payment {payment.payment_id}."
+    )
+    assert ledger.view().counts == {
+        "booking": 1,
+        "booking_release": 0,
+        "charge": 1,
+        "refund": 0,
+        "email": 1,
+        "crm_update": 1,
+    }
+
+
+def test_script_first_step_searches_with_the_requested_city_and_dates() -> None:
+    response = scripted_model.respond(
+        [{"role": "user", "content": "please book a room in berlin from 2027-01-05 to 2027-01-06"}], TOOLS
+    )
+    item = response["output"][0]
+    assert (
+        item["type"] == "function_call" and item["name"] == "search_hotels" and item["status"] == "completed"
+    )
+    assert json.loads(item["arguments"]) == {
+        "city": "berlin",
+        "check_in": "2027-01-05",
+        "check_out": "2027-01-06",
+    }
+    assert item["call_id"].startswith("call_") and item["id"].startswith("fc_")
+    usage = response["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
+
+
+@pytest.mark.parametrize("user_text", ["hello there", "book something nice", ""])
+def test_script_asks_which_city_and_dates_when_the_request_is_unclear(user_text: str) -> None:
+    item = scripted_model.respond(user_text, TOOLS)["output"][0]
+    assert item["type"] == "message"
+    assert item["content"][0]["text"] == scripted_model.CLARIFYING_QUESTION
+
+
+def test_script_explains_a_failed_tool_and_never_issues_another_call() -> None:
+    first = scripted_model.respond(LISBON, TOOLS)["output"][0]
+    items = [
+        {"role": "user", "content": LISBON},
+        first,
+        call_output(first, {"hotels": [{"hotel_id": "lis-1", "available": True}]}),
+    ]
+    booking_call = scripted_model.respond(items, TOOLS)["output"][0]
+    items += [booking_call, call_output(booking_call, {"booking_id": "bk_1", "total_cents": 24000})]
+    pay_call = scripted_model.respond(items, TOOLS)["output"][0]
+    assert json.loads(pay_call["arguments"]) == {"booking_id": "bk_1"}  # no amount: the server computes it
+    items += [pay_call, call_output(pay_call, {"error": {"code": "amount_mismatch", "message": "wrong"}})]
+    item = scripted_model.respond(items, TOOLS)["output"][0]
+    assert item["type"] == "message"
+    assert "amount_mismatch" in item["content"][0]["text"] and "sorry" in item["content"][0]["text"].lower()
+    malformed = [
+        *items[:-1],
+        {"type": "function_call_output", "call_id": pay_call["call_id"], "output": "<html>"},
+    ]
+    assert (
+        "malformed_tool_output" in scripted_model.respond(malformed, TOOLS)["output"][0]["content"][0]["text"]
+    )
+
+
+def test_script_says_when_no_hotel_is_available() -> None:
+    first = scripted_model.respond(LISBON, None)["output"][0]
+    sold_out = {"hotels": [{"hotel_id": "lis-3", "available": False}]}
+    items = [{"role": "user", "content": LISBON}, first, call_output(first, sold_out)]
+    item = scripted_model.respond(items, None)["output"][0]
+    assert item["type"] == "message" and "no hotels are available in Lisbon" in item["content"][0]["text"]
+
+
+def test_script_is_deterministic_byte_for_byte() -> None:
+    items = [{"role": "developer", "content": "be nice"}, {"role": "user", "content": LISBON}]
+    first = json.dumps(scripted_model.respond(items, TOOLS))
+    assert json.dumps(scripted_model.respond(json.loads(json.dumps(items)), TOOLS)) == first
+    other = scripted_model.respond([*items[:1], {"role": "user", "content": LISBON + " please"}], TOOLS)
+    assert other["output"][0]["call_id"] != json.loads(first)["output"][0]["call_id"]
+    assert json.loads(first)["created_at"] == scripted_model.CREATED_AT
+
+
+def test_script_does_not_call_a_tool_it_was_not_given() -> None:
+    item = scripted_model.respond(LISBON, [{"type": "function", "name": "update_crm"}])["output"][0]
+    assert item["type"] == "message" and "search_hotels" in item["content"][0]["text"]
+
+
+# The HTTP shell, over real HTTP
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def sandbox_url() -> AsyncIterator[str]:
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(serve(port=0, ready=ready.set_result))
+    first: list[asyncio.Future[Any]] = [server, ready]
+    await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+    if server.done():
+        server.result()  # a startup failure surfaces here instead of as a hang
+    yield f"http://127.0.0.1:{ready.result()}"
+    server.cancel()
+    with suppress(asyncio.CancelledError):
+        await server
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http(sandbox_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=sandbox_url, timeout=5) as client:
+        yield client
+        await client.delete("/_faults")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+async def book(http: httpx.AsyncClient, guest: str, key: str | None = None) -> dict[str, Any]:
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    response = await http.post("/bookings", json=body, headers={"Idempotency-Key": key or unique("bk")})
+    assert response.status_code == 201, response.text
+    booking: dict[str, Any] = response.json()
+    return booking
+
+
+async def test_http_search_returns_hotels_with_availability(http: httpx.AsyncClient) -> None:
+    response = await http.get(
+        "/hotels/search", params={"city": "paris", "check_in": "2026-12-01", "check_out": "2026-12-02"}
+    )
+    assert response.status_code == 200
+    hotels = response.json()["hotels"]
+    assert hotels[0] == {
+        "hotel_id": "par-1",
+        "name": "Hotel Rive Gauche",
+        "city": "Paris",
+        "nightly_rate_cents": 16000,
+        "currency": "EUR",
+        "available": True,
+    }
+    assert [h["available"] for h in hotels] == [True, True, False]
+    bad = await http.get(
+        "/hotels/search", params={"city": "Paris", "check_in": "2026-12-02", "check_out": "2026-12-01"}
+    )
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_dates"
+
+
+async def test_http_idempotent_replay_conflict_and_lookup(http: httpx.AsyncClient) -> None:
+    guest, key = unique("guest"), unique("key")
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    created = await http.post("/bookings", json=body, headers={"Idempotency-Key": key})
+    assert created.status_code == 201 and "idempotent-replayed" not in created.headers
+    assert created.json() | {"booking_id": None} == {
+        "booking_id": None,
+        "hotel_id": "lis-1",
+        "hotel_name": "Casa do Alfama",
+        "city": "Lisbon",
+        "guest_id": guest,
+        "check_in": "2026-12-01",
+        "check_out": "2026-12-03",
+        "nights": 2,
+        "total_cents": 24000,
+        "currency": "EUR",
+        "status": "held",
+        "key": key,
+    }
+    replay = await http.post("/bookings", json=dict(reversed(body.items())), headers={"Idempotency-Key": key})
+    assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json() == created.json()
+
+    conflict = await http.post(
+        "/bookings", json=body | {"hotel_id": "lis-2"}, headers={"Idempotency-Key": key}
+    )
+    assert conflict.status_code == 409
+    assert (
+        conflict.json()["error"]["code"] == "idempotency_conflict" and conflict.json()["error"]["key"] == key
+    )
+
+    found = await http.get(f"/bookings/by-key/{key}")
+    assert found.status_code == 200 and found.json() == created.json()
+    missing = await http.get(f"/bookings/by-key/{unique('never')}")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+    ledger = (await http.get("/_ledger", params={"guest_id": guest})).json()
+    assert ledger["counts"]["booking"] == 1 and [e["kind"] for e in ledger["entries"]] == ["booking"]
+
+
+async def test_http_refusals_have_one_error_shape(http: httpx.AsyncClient) -> None:
+    guest = unique("guest")
+    keyless = await http.post("/bookings", json={"hotel_id": "lis-1"})
+    assert keyless.status_code == 400 and keyless.json()["error"]["code"] == "missing_idempotency_key"
+    invalid = await http.post(
+        "/bookings", json={"hotel_id": "lis-1"}, headers={"Idempotency-Key": unique("k")}
+    )
+    assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "invalid_request"
+    unknown = await http.post(
+        "/bookings",
+        json={"hotel_id": "xx-9", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-02"},
+        headers={"Idempotency-Key": unique("k")},
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "hotel_not_found"
+    booking = await book(http, guest)
+    wrong = await http.post(
+        "/payments",
+        json={"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": 100, "currency": "EUR"},
+        headers={"Idempotency-Key": unique("p")},
+    )
+    assert wrong.status_code == 422 and wrong.json()["error"]["code"] == "amount_mismatch"
+
+
+async def test_http_payment_refund_release_email_and_crm(http: httpx.AsyncClient) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    pay_key = unique("p")
+    payment = await http.post(
+        "/payments",
+        json={
+            "booking_id": booking["booking_id"],
+            "guest_id": guest,
+            "amount_cents": 24000,
+            "currency": "EUR",
+        },
+        headers={"Idempotency-Key": pay_key},
+    )
+    assert payment.status_code == 201
+    assert payment.json() | {"payment_id": None} == {
+        "payment_id": None,
+        "booking_id": booking["booking_id"],
+        "guest_id": guest,
+        "amount_cents": 24000,
+        "currency": "EUR",
+        "status": "captured",
+        "key": pay_key,
+    }
+    assert (await http.get(f"/payments/by-key/{pay_key}")).json() == payment.json()
+    refund_key = unique("r")
+    refund = await http.post(
+        f"/payments/{payment.json()['payment_id']}/refund",
+        json={"amount_cents": 24000},
+        headers={"Idempotency-Key": refund_key},
+    )
+    assert refund.status_code == 201 and refund.json()["status"] == "succeeded"
+    assert (await http.get(f"/refunds/by-key/{refund_key}")).json()["refund_id"] == refund.json()["refund_id"]
+    release_key = unique("rel")
+    released = await http.post(
+        f"/bookings/{booking['booking_id']}/release", headers={"Idempotency-Key": release_key}
+    )
+    assert released.status_code == 200 and released.json()["status"] == "released"
+    assert (await http.get(f"/booking-releases/by-key/{release_key}")).json()["status"] == "released"
+    email_key, crm_key = unique("e"), unique("c")
+    email = await http.post(
+        "/emails",
+        json={"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]},
+        headers={"Idempotency-Key": email_key},
+    )
+    assert email.status_code == 201 and email.json()["email_id"].startswith("em_")
+    crm = await http.post(
+        "/crm/updates",
+        json={"guest_id": guest, "booking_id": booking["booking_id"], "fields": {"vip": True}},
+        headers={"Idempotency-Key": crm_key},
+    )
+    assert crm.status_code == 201 and crm.json()["fields"] == {"vip": True}
+    assert (await http.get(f"/emails/by-key/{email_key}")).status_code == 200
+    assert (await http.get(f"/crm/updates/by-key/{crm_key}")).status_code == 200
+    counts = (await http.get("/_ledger", params={"guest_id": guest})).json()["counts"]
+    assert counts == {
+        "booking": 1,
+        "booking_release": 1,
+        "charge": 1,
+        "refund": 1,
+        "email": 1,
+        "crm_update": 1,
+    }
+
+
+async def test_http_fail_5xx_refuses_without_committing(http: httpx.AsyncClient) -> None:
+    guest, key = unique("guest"), unique("k")
+    armed = await http.put("/_faults", json={"target": "bookings", "fail_5xx": 1})
+    assert armed.json()["faults"]["bookings"]["fail_5xx"] == 1
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    failed = await http.post("/bookings", json=body, headers={"Idempotency-Key": key})
+    assert failed.status_code == 503 and failed.json()["error"]["code"] == "injected_fault"
+    assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
+    assert (await http.post("/bookings", json=body, headers={"Idempotency-Key": key})).status_code == 201
+    assert (await http.get("/_faults")).json() == {"faults": {}}
+
+
+async def test_http_drop_after_commit_loses_the_response_but_not_the_charge(http: httpx.AsyncClient) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    await http.put("/_faults", json={"target": "payments", "drop_after_commit": 1})
+    key = unique("p")
+    body = {"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": 24000, "currency": "EUR"}
+    started = time.perf_counter()
+    with pytest.raises(httpx.RemoteProtocolError):  # the connection is aborted, no HTTP response at all
+        await http.post("/payments", json=body, headers={"Idempotency-Key": key}, timeout=1)
+    assert time.perf_counter() - started < 1
+
+    ledger = (await http.get("/_ledger", params={"guest_id": guest})).json()
+    assert ledger["counts"]["charge"] == 1
+    found = await http.get(f"/payments/by-key/{key}")
+    assert found.status_code == 200 and found.json()["amount_cents"] == 24000
+    # The keyed retry a careful caller makes is answered from the store: still one charge.
+    retry = await http.post("/payments", json=body, headers={"Idempotency-Key": key})
+    assert retry.status_code == 200 and retry.headers["Idempotent-Replayed"] == "true"
+    assert (await http.get("/_ledger", params={"guest_id": guest})).json()["counts"]["charge"] == 1
+
+
+async def test_http_malformed_and_latency_faults(http: httpx.AsyncClient) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    await http.put("/_faults", json={"target": "emails", "malformed": 1})
+    key = unique("e")
+    body = {"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]}
+    garbled = await http.post("/emails", json=body, headers={"Idempotency-Key": key})
+    assert garbled.status_code == 200
+    with pytest.raises(ValueError):
+        garbled.json()
+    assert (await http.get(f"/emails/by-key/{key}")).status_code == 200  # committed all the same
+
+    await http.put("/_faults", json={"target": "search", "latency_ms": 150})
+    started = time.perf_counter()
+    assert (await http.get("/hotels/search", params={"city": "Lisbon"})).status_code == 200
+    assert time.perf_counter() - started >= 0.15
+
+    bad = await http.put("/_faults", json={"target": "nowhere", "fail_5xx": 1})
+    assert bad.status_code == 422
+
+
+async def test_http_wildcard_faults_leave_lookups_alone(http: httpx.AsyncClient) -> None:
+    await http.put("/_faults", json={"target": "*", "fail_5xx": 1})
+    assert (await http.get(f"/payments/by-key/{unique('none')}")).status_code == 404
+    assert (await http.get("/hotels/search", params={"city": "Berlin"})).status_code == 503
+    assert (await http.get("/hotels/search", params={"city": "Berlin"})).status_code == 200
+    cleared = await http.delete("/_faults")
+    assert cleared.status_code == 200 and cleared.json() == {"faults": {}}
+
+
+async def test_openai_client_drives_the_scripted_conversation_end_to_end(
+    sandbox_url: str, http: httpx.AsyncClient
+) -> None:
+    guest = unique("guest")
+    client = openai.AsyncOpenAI(base_url=f"{sandbox_url}/v1", api_key="sandbox", max_retries=0)
+    items: list[dict[str, Any]] = [{"role": "user", "content": LISBON}]
+    tools_called: list[str] = []
+    try:
+        first = await client.responses.create(model="scripted-booking", input=items, tools=TOOLS)  # type: ignore[arg-type]
+        assert first.output[0].type == "function_call"
+        assert first.output[0].name == "search_hotels"
+        assert json.loads(first.output[0].arguments) == {
+            "city": "Lisbon",
+            "check_in": "2026-12-01",
+            "check_out": "2026-12-03",
+        }
+        assert first.usage is not None and first.usage.total_tokens > 0 and first.output_text == ""
+        response = first
+        for step in range(8):
+            call = response.output[0]
+            if call.type != "function_call":
+                break
+            tools_called.append(call.name)
+            output = await execute(http, guest, f"{guest}:{step}", call.name, json.loads(call.arguments))
+            items += [
+                call.model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps(output)},
+            ]
+            response = await client.responses.create(model="scripted-booking", input=items, tools=TOOLS)  # type: ignore[arg-type]
+    finally:
+        await client.close()
+
+    assert tools_called == TOOL_NAMES
+    assert response.output[0].type == "message"
+    assert response.output_text.startswith(
+        "Your room at Casa do Alfama in Lisbon from 2026-12-01 to 2026-12-03"
+    )
+    assert "(EUR 240.00)" in response.output_text
+    ledger = (await http.get("/_ledger", params={"guest_id": guest})).json()
+    assert ledger["counts"] == {
+        "booking": 1,
+        "booking_release": 0,
+        "charge": 1,
+        "refund": 0,
+        "email": 1,
+        "crm_update": 1,
+    }
+    models = await http.get("/v1/models")
+    assert models.json()["data"][0]["id"] == "scripted-booking"
+
+
+async def execute(http: httpx.AsyncClient, guest: str, key: str, name: str, args: dict[str, Any]) -> Any:
+    """A minimal executor: the server side fills in guest and amount, never the model."""
+    send: dict[str, Callable[[], Any]] = {
+        "search_hotels": lambda: http.get("/hotels/search", params=args),
+        "create_booking": lambda: http.post(
+            "/bookings", json=args | {"guest_id": guest}, headers={"Idempotency-Key": key}
+        ),
+        "send_confirmation_email": lambda: http.post(
+            "/emails",
+            json={"guest_id": guest, "template": "booking_confirmation", **args},
+            headers={"Idempotency-Key": key},
+        ),
+        "update_crm": lambda: http.post(
+            "/crm/updates", json={"guest_id": guest, **args}, headers={"Idempotency-Key": key}
+        ),
+    }
+    if name == "create_payment":
+        booking = (await http.get(f"/bookings/by-key/{guest}:1")).json()
+        body = {
+            "booking_id": args["booking_id"],
+            "guest_id": guest,
+            "amount_cents": booking["total_cents"],
+            "currency": "EUR",
+        }
+        return (await http.post("/payments", json=body, headers={"Idempotency-Key": key})).json()
+    return (await send[name]()).json()
+
+
+async def test_model_endpoint_refuses_streaming_and_bad_input(http: httpx.AsyncClient) -> None:
+    streaming = await http.post(
+        "/v1/responses", json={"model": "scripted-booking", "input": "hi", "stream": True}
+    )
+    assert streaming.status_code == 400 and streaming.json()["error"]["code"] == "streaming_unsupported"
+    bad = await http.post("/v1/responses", json={"model": "scripted-booking", "input": 42})
+    assert bad.status_code == 422
+    text = await http.post("/v1/responses", json={"model": "m", "input": "hello"})
+    assert text.status_code == 200 and text.json()["model"] == "m"
+
+
+async def test_reset_clears_state_and_faults(http: httpx.AsyncClient) -> None:
+    key = unique("k")
+    await book(http, unique("guest"), key)
+    await http.put("/_faults", json={"target": "model", "latency_ms": 10})
+    assert (await http.post("/_reset")).json() == {"reset": True}
+    assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
+    assert (await http.get("/_faults")).json() == {"faults": {}}
+    assert (await http.get("/_ledger")).json()["entries"] == []
