@@ -88,6 +88,10 @@ class Executor:
         for store in self.stores.values():
             for request, attempts in await store.open_intents():
                 await self._resolve_leftover(store, request, attempts)
+            # A receipt committed just before a crash may never have been published; its request would come
+            # back only after the ack wait. Publishing it again now is harmless: outcomes are deduplicated.
+            for outcome in await store.recent_receipts(since_s=4 * self.settings.ack_wait_s + 10):
+                await self._publish(self._with_note(outcome, "store.receipt", "republished"), context_from(None))
         for partition in self.partitions:
             spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, MAX_DELIVER)
             await self.broker.ensure_consumer(spec)

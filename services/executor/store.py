@@ -91,6 +91,15 @@ class ActionStore:
             rows = await cur.fetchall()
         return [(_request_decoder.decode(row[0]), int(row[1])) for row in rows]
 
+    async def recent_receipts(self, since_s: float) -> list[ActionOutcome]:
+        """Receipts written in the last `since_s`: a previous life may have died before publishing them."""
+        async with self._db.execute(
+            "SELECT outcome FROM actions WHERE status IN ('succeeded', 'failed') AND outcome IS NOT NULL AND updated_at >= ?",
+            (time.time() - since_s,),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [_outcome_decoder.decode(row[0]) for row in rows]
+
     async def count(self) -> int:
         async with self._db.execute("SELECT COUNT(*) FROM actions") as cur:
             row = await cur.fetchone()

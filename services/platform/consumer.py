@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 
 from contracts.dead_letters import DeadLetter, dead_letter_encoder
@@ -35,7 +36,7 @@ class Deliveries:
         self.service = service
         self.logger = logger
         self.max_deliver = max_deliver
-        self.heartbeat_s = max(ack_wait_s / 3, 0.1)
+        self.heartbeat_s = max(ack_wait_s / 4, 0.1)
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -57,6 +58,15 @@ class Deliveries:
         # A short ack wait lets a dead worker's messages come back fast; a live worker's long steps say "in progress".
         heartbeat = asyncio.create_task(self._heartbeat(msg))
         try:
+            await self._handle(msg, handler, deliveries)
+        except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+            # The broker went away mid-settle: the message was not acked, so it comes back after the ack wait.
+            log(self.logger, logging.WARNING, "could not settle message; it will be redelivered", subject=msg.subject, error=str(exc))
+        finally:
+            heartbeat.cancel()
+
+    async def _handle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]], deliveries: int) -> None:
+        try:
             await handler(msg)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self.dead_letter(msg, f"cannot decode: {exc}", "poison_message")
@@ -74,13 +84,14 @@ class Deliveries:
                 await msg.nak(delay=min(0.2 * 2**deliveries, 5.0))
         else:
             await msg.ack()
-        finally:
-            heartbeat.cancel()
 
     async def _heartbeat(self, msg: Msg) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            await msg.in_progress()
+            try:
+                await msg.in_progress()
+            except (nats.errors.Error, OSError):
+                return
 
     async def dead_letter(self, msg: Msg, reason: str, code: str) -> None:
         letter = DeadLetter(
