@@ -65,6 +65,10 @@ class Broker:
 
     @classmethod
     async def connect(cls, url: str, name: str) -> Broker:
+        async def on_error(exc: Exception) -> None:
+            # Reconnects are expected (a broker restart); say so in one line, not a traceback.
+            log.warning("nats connection: %s: %s", type(exc).__name__, exc)
+
         try:
             nc = await nats.connect(
                 url,
@@ -73,6 +77,7 @@ class Broker:
                 reconnect_time_wait=0.25,
                 connect_timeout=5,
                 allow_reconnect=True,
+                error_cb=on_error,
             )
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             raise BrokerUnavailable(f"cannot reach NATS at {url}: {exc}; is nats-server running?", url=url) from exc

@@ -1,0 +1,29 @@
+"""`just chaos`: the chaos soak from the command line; prints the report and exits non-zero if anything broke."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from services.chaos import soak
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of random kills")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-nats-kills", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="crashsafe-chaos-") as tmp:
+        report = asyncio.run(soak(Path(tmp), runs=args.runs, duration_s=args.duration, seed=args.seed, kill_nats=not args.no_nats_kills))
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
