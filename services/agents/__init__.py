@@ -10,6 +10,7 @@ from services.runtime.core.agent import Agent
 AGENTS: dict[str, Agent] = {
     "booking": BookingAgent(),
     "steps5": StepsAgent(steps=5),
+    "steps5x100ms": StepsAgent(steps=5, step_ms=100),  # the recovery-time workload: steps that take 100 ms
 }
 
 

@@ -25,9 +25,10 @@ NOOP = ToolContract(
 class StepsAgent:
     instructions = ""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, step_ms: int = 0) -> None:
         self.steps = steps
-        self.name = f"steps{steps}"
+        self.step_ms = step_ms
+        self.name = f"steps{steps}" + (f"x{step_ms}ms" if step_ms else "")
         self.tools = {NOOP.name: NOOP}
         self.compensation_tools: dict[str, ToolContract] = {}
 
@@ -37,8 +38,9 @@ class StepsAgent:
     def script(self, state: RunState) -> ScriptedStep | None:
         done = len(state.completed)
         if done < self.steps:
-            return ScriptedStep(calls=(ToolCall(call_id=f"plan-{done + 1}", name="noop", arguments='{"i":%d}' % (done + 1)),))
+            args = '{"i":%d,"sleep_ms":%d}' % (done + 1, self.step_ms)
+            return ScriptedStep(calls=(ToolCall(call_id=f"plan-{done + 1}", name="noop", arguments=args),))
         return ScriptedStep(reply=f"{self.steps} steps done")
 
     def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
-        return {"i": int(args.get("i", 0))}
+        return {"i": int(args.get("i", 0)), "sleep_ms": int(args.get("sleep_ms", 0))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,8 @@ async def _search(client: httpx.AsyncClient, request: ActionRequest, timeout: fl
 
 
 async def _noop(client: httpx.AsyncClient, request: ActionRequest, timeout: float) -> ProviderAnswer:
+    if request.args.get("sleep_ms"):
+        await asyncio.sleep(int(request.args["sleep_ms"]) / 1000)
     return ProviderAnswer("ok", {"done": True, **request.args}, ref=request.key)
 
 

@@ -123,9 +123,14 @@ class Runtime:
         if run is None:
             log(self.logger, logging.WARNING, "outcome for a run with no journal", run_id=outcome.run_id, key=outcome.key)
             return
+        if run.state.pending_step(outcome.step_no) is None and not run.state.is_completed(outcome.step_no):
+            # Our copy may be stale (another replica moved the run on): never drop an outcome on a stale view.
+            run = await self._reload(run, ctx)
         for _ in range(MAX_CONFLICT_RETRIES):
             if run.state.pending_step(outcome.step_no) is None:
-                break  # already journaled (a redelivery) or a stray: nothing to record
+                if not run.state.is_completed(outcome.step_no):
+                    log(self.logger, logging.WARNING, "outcome for a step the journal never requested", run_id=outcome.run_id, key=outcome.key)
+                break  # already journaled (a redelivery): nothing to record
             crash_point("runtime.after_outcome_received")
             completed = ActionCompleted(
                 run_id=outcome.run_id,

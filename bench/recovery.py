@@ -1,0 +1,102 @@
+"""Recovery time: 100 runs in flight with 100 ms steps, a worker SIGKILLed; how long until all of them complete."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
+from contracts.subjects import Namespace
+from services.platform.jetstream import Broker
+from services.stack import Stack
+
+AGENT = "steps5x100ms"
+
+
+async def _submit(stack: Stack, n: int) -> set[str]:
+    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as client:
+        async def one(i: int) -> str:
+            body = {"event_id": f"rec-{uuid.uuid4().hex}", "session_id": f"s{i}", "guest_id": f"g{i}", "text": "go"}
+            response = await client.post(f"/v1/events?agent={AGENT}", json=body)
+            response.raise_for_status()
+            return str(response.json()["run_id"])
+
+        return set(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]:
+    """`restart`: the only runtime is killed and restarted. `replica`: one of two runtimes is killed, not restarted.
+    `executor`: the executor is killed and restarted. `none`: no kill (the baseline of inherent remaining work)."""
+    with tempfile.TemporaryDirectory(prefix="crashsafe-recovery-") as tmp:
+        state = Path(os.environ.get("CRASHSAFE_BENCH_DIR") or tmp) / name
+        stack = Stack(state, executors=("noop",), runtimes=2 if name == "replica" else 1, reconciler=False, env={"CRASHSAFE_ACK_WAIT_S": str(ack_wait_s)})
+        await asyncio.to_thread(stack.start)
+        broker = await Broker.connect(stack.nats_url, "bench-recovery")
+        started: set[str] = set()
+        done: set[str] = set()
+        all_started = asyncio.Event()
+        all_done = asyncio.Event()
+
+        async def watch(msg) -> None:  # type: ignore[no-untyped-def]
+            event = event_decoder.decode(msg.data)
+            if isinstance(event, ActionRequested):
+                started.add(event.run_id)
+                if len(started) >= runs:
+                    all_started.set()
+            elif isinstance(event, RunCompleted | RunHandedOff):
+                done.add(event.run_id)
+                if len(done) >= runs:
+                    all_done.set()
+
+        await broker.nc.subscribe(Namespace(stack.namespace).run_events_all, cb=watch)
+        try:
+            await _submit(stack, runs)
+            await asyncio.wait_for(all_started.wait(), 60)
+            t_kill = time.monotonic()
+            victim = {"restart": "runtime", "replica": "runtime-0", "executor": "executor-noop"}.get(name)
+            t_ready = t_kill
+            if victim:
+                stack.kill(victim)
+                if name != "replica":
+                    await asyncio.to_thread(stack.restart, victim)  # returns once the new process says it is ready
+                    t_ready = time.monotonic()
+            in_flight = runs - len(done)
+            await asyncio.wait_for(all_done.wait(), 120)
+            t_end = time.monotonic()
+        finally:
+            await broker.close()
+            await asyncio.to_thread(stack.stop)
+    return {
+        "scenario": name,
+        "runs_in_flight_at_kill": in_flight,
+        "ack_wait_s": ack_wait_s,
+        "kill_to_all_done_s": round(t_end - t_kill, 3),
+        "restart_ready_s": round(t_ready - t_kill, 3),
+        "ready_to_all_done_s": round(t_end - t_ready, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--ack-wait", type=float, default=2.0)
+    parser.add_argument("--scenarios", default="none,restart,replica,executor")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    for name in args.scenarios.split(","):
+        result = asyncio.run(scenario(name, args.runs, args.ack_wait))
+        print(json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

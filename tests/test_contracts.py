@@ -1,0 +1,402 @@
+"""The wire is a public API: golden files pin every message's bytes, and the pure layers import no I/O library.
+
+Regenerate the golden files after a deliberate, additive change with `CRASHSAFE_UPDATE_GOLDEN=1 pytest tests/test_contracts.py`
+and review the diff: a changed or removed line in an existing file is a breaking change (see contracts/README.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import os
+import pkgutil
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import msgspec.inspect
+import pytest
+
+import contracts
+from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
+from contracts.errors import ErrorInfo
+from contracts.inbound import GuestMessage, InboundEvent, inbound_decoder, inbound_encoder
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    Event,
+    ModelAnswered,
+    RunCompleted,
+    RunHandedOff,
+    RunNudged,
+    RunResumed,
+    RunStarted,
+    ToolCall,
+    ToolRejected,
+    event_decoder,
+    event_encoder,
+)
+from contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    Evidence,
+    OutcomeStatus,
+    RunWake,
+    RuntimeMessage,
+    action_request_decoder,
+    runtime_message_decoder,
+    tool_encoder,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("CRASHSAFE_UPDATE_GOLDEN") == "1"
+
+AT = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
+LATER = datetime(2026, 12, 1, 9, 31, 45, 123456, tzinfo=UTC)
+RUN = "run_94cb296d1a30794270b8b64f"
+KEY = f"{RUN}:6"
+ERROR = ErrorInfo(code="amount_mismatch", message="charge exactly 24000", retry="none", details={"expected_cents": 24000})
+
+# One fixed instance of every message that crosses a process boundary, named by its tag.
+SAMPLES: list[msgspec.Struct] = [
+    RunStarted(
+        run_id=RUN,
+        at=AT,
+        agent="booking",
+        session_id="sess-1",
+        guest_id="guest-1",
+        event_id="evt-1",
+        idempotency_key="evt-1",
+        input_hash="f" * 64,
+        text="Book a room in Lisbon from 2026-12-01 to 2026-12-03",
+        budget=Budget(max_steps=20, max_tokens=60_000, deadline_s=90.0),
+        deadline_at=LATER,
+    ),
+    ModelAnswered(
+        run_id=RUN,
+        at=AT,
+        step_no=5,
+        model="scripted-booking",
+        response_id="resp_1",
+        tool_calls=[ToolCall(call_id="call_1", name="create_payment", arguments='{"booking_id":"bk_1"}')],
+        reply=None,
+        input_tokens=120,
+        output_tokens=16,
+    ),
+    ActionRequested(
+        run_id=RUN,
+        at=AT,
+        step_no=6,
+        call_id="call_1",
+        tool="create_payment",
+        family="payment",
+        args={"booking_id": "bk_1", "guest_id": "guest-1", "amount_cents": 24000, "currency": "EUR"},
+        key=KEY,
+        input_hash="a" * 64,
+        timeout_s=10.0,
+        deadline_at=LATER,
+        origin="model",
+    ),
+    ToolRejected(run_id=RUN, at=AT, step_no=7, call_id="call_2", tool="create_payment", error=ERROR),
+    ActionCompleted(
+        run_id=RUN,
+        at=AT,
+        step_no=6,
+        key=KEY,
+        status=OutcomeStatus.SUCCEEDED,
+        result={"payment_id": "pay_1", "amount_cents": 24000},
+        error=None,
+        provider_ref="pay_1",
+        via="provider_lookup",
+        attempts=1,
+        deliveries=2,
+        evidence=[
+            Evidence(asked="provider.call", key=KEY, answer="unknown", detail="RemoteProtocolError", at=AT),
+            Evidence(asked="provider.lookup", key=KEY, answer="found", detail="", at=LATER),
+        ],
+    ),
+    RunNudged(run_id=RUN, at=AT, by="reconciler:r1", reason="1 action(s) past their timeout", keys=[KEY]),
+    RunResumed(run_id=RUN, at=AT, worker="runtime-1", next_step=7, reason="worker picked up a run it did not hold in memory"),
+    RunCompleted(run_id=RUN, at=AT, reply="Booked and paid."),
+    RunHandedOff(run_id=RUN, at=AT, reason="outcome_unknown", detail=f"outcome of {KEY} is unknown"),
+    ActionRequest(
+        run_id=RUN,
+        step_no=6,
+        tool="create_payment",
+        family="payment",
+        args={"booking_id": "bk_1", "guest_id": "guest-1", "amount_cents": 24000, "currency": "EUR"},
+        key=KEY,
+        input_hash="a" * 64,
+        timeout_s=10.0,
+        deadline_at=LATER,
+        requested_at=AT,
+    ),
+    ActionOutcome(
+        run_id=RUN,
+        step_no=6,
+        tool="create_payment",
+        key=KEY,
+        status=OutcomeStatus.FAILED,
+        result={},
+        error=ERROR,
+        provider_ref=None,
+        via="call",
+        attempts=2,
+        deliveries=1,
+        evidence=[Evidence(asked="provider.call", key=KEY, answer="rejected", detail="provider answered 422", at=AT)],
+    ),
+    RunWake(run_id=RUN, reason="journal quiet for 30s with nothing in flight", at=AT, by="reconciler", keys=[KEY]),
+    InboundEvent(
+        key="evt-1",
+        run_id=RUN,
+        input_hash="f" * 64,
+        message=GuestMessage(event_id="evt-1", session_id="sess-1", guest_id="guest-1", text="Book a room in Lisbon"),
+        agent="booking",
+        received_at=AT,
+    ),
+    DeadLetter(
+        service="executor_payment",
+        subject="crashsafe.action.payment.3",
+        stream_seq=42,
+        deliveries=12,
+        reason="executor payment has no tool 'transfer'",
+        code="poison_message",
+        payload='{"type":"action.request"}',
+        at=AT,
+    ),
+]
+
+
+def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.Decoder[Any]]:
+    """The one encoder and decoder of the sample's family, as the services use them."""
+    match sample:
+        case RunStarted() | ModelAnswered() | ActionRequested() | ToolRejected() | ActionCompleted() | RunNudged() | RunResumed() | RunCompleted() | RunHandedOff():
+            return event_encoder, event_decoder
+        case ActionRequest():
+            return tool_encoder, action_request_decoder
+        case ActionOutcome() | RunWake():
+            return tool_encoder, runtime_message_decoder
+        case InboundEvent():
+            return inbound_encoder, inbound_decoder
+        case DeadLetter():
+            return dead_letter_encoder, dead_letter_decoder
+    raise AssertionError(f"no codec for {type(sample).__name__}")
+
+
+def tag_of(cls: type[msgspec.Struct]) -> str:
+    return str(cls.__struct_config__.tag)
+
+
+def golden_path(sample: msgspec.Struct) -> Path:
+    return GOLDEN / f"{tag_of(type(sample))}.json"
+
+
+def check_golden(path: Path, encoded: bytes) -> bytes:
+    """Compare an encoding with its committed file; write the file instead when CRASHSAFE_UPDATE_GOLDEN=1."""
+    pretty = msgspec.json.format(encoded, indent=2) + b"\n"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pretty)
+    assert path.exists(), f"{path.name} is missing; run with CRASHSAFE_UPDATE_GOLDEN=1 to create it, then commit it"
+    assert path.read_bytes() == pretty, (
+        f"{path.name}: the wire format changed. Fields may only be added, with defaults; if this change is deliberate "
+        "and additive, regenerate with CRASHSAFE_UPDATE_GOLDEN=1 and review the diff"
+    )
+    return pretty
+
+
+def ids(sample: msgspec.Struct) -> str:
+    return tag_of(type(sample))
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=ids)
+def test_encoding_matches_the_golden_file(sample: msgspec.Struct) -> None:
+    encoder, _ = codec(sample)
+    check_golden(golden_path(sample), encoder.encode(sample))
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=ids)
+def test_golden_file_decodes_and_round_trips(sample: msgspec.Struct) -> None:
+    encoder, decoder = codec(sample)
+    golden = golden_path(sample).read_bytes()
+    decoded = decoder.decode(golden)
+    assert type(decoded) is type(sample) and decoded == sample
+    assert msgspec.json.format(encoder.encode(decoded), indent=2) + b"\n" == golden
+    assert json.loads(golden)["type"] == tag_of(type(sample))
+
+
+NEW_FIELD = "added_in_a_later_version"
+
+
+def _widen(value: Any, info: msgspec.inspect.Type) -> Any:
+    """The same message as a newer writer might send it: a new field on the message and on every nested struct.
+
+    Free-form objects (args, result, details) are left alone: a new key there is data, not schema.
+    """
+    if isinstance(info, msgspec.inspect.StructType) and isinstance(value, dict):
+        fields = {f.encode_name: f.type for f in info.fields}
+        widened = {k: _widen(v, fields[k]) if k in fields else v for k, v in value.items()}
+        return {**widened, NEW_FIELD: {"nested": [1, 2, 3]}}
+    if isinstance(info, msgspec.inspect.UnionType):
+        structs = [t for t in info.types if isinstance(t, msgspec.inspect.StructType)]
+        if len(structs) == 1:
+            return _widen(value, structs[0])
+    if isinstance(info, msgspec.inspect.ListType) and isinstance(value, list):
+        return [_widen(v, info.item_type) for v in value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        pytest.param(
+            s,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="InboundEvent nests GuestMessage, which forbids unknown fields (right for the HTTP body, wrong on "
+                "the wire): a newer gateway adding an optional guest field makes an older runtime dead-letter the event",
+            ),
+        )
+        if isinstance(s, InboundEvent)
+        else s
+        for s in SAMPLES
+    ],
+    ids=ids,
+)
+def test_old_readers_skip_fields_added_later(sample: msgspec.Struct) -> None:
+    _, decoder = codec(sample)
+    widened = _widen(json.loads(golden_path(sample).read_bytes()), msgspec.inspect.type_info(type(sample)))
+    assert NEW_FIELD in widened
+    assert decoder.decode(json.dumps(widened).encode()) == sample
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=ids)
+def test_messages_from_before_a_defaulted_field_existed_still_decode(sample: msgspec.Struct) -> None:
+    """Fields with defaults are the only kind that may be added; an old message without them must decode."""
+    _, decoder = codec(sample)
+    golden = json.loads(golden_path(sample).read_bytes())
+    defaulted = [f for f in msgspec.structs.fields(type(sample)) if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT]
+    older = {k: v for k, v in golden.items() if k not in {f.name for f in defaulted}}
+    decoded = decoder.decode(json.dumps(older).encode())
+    for f in defaulted:
+        expected = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()  # type: ignore[misc]
+        assert getattr(decoded, f.name) == expected
+
+
+def test_an_unknown_tag_is_refused_not_guessed() -> None:
+    golden = json.loads((GOLDEN / "run.completed.json").read_bytes())
+    with pytest.raises(msgspec.ValidationError, match="Invalid value 'run.reopened'"):
+        event_decoder.decode(json.dumps({**golden, "type": "run.reopened"}).encode())
+
+
+def _contract_structs() -> Iterator[type[msgspec.Struct]]:
+    for info in pkgutil.iter_modules(contracts.__path__):
+        module = importlib.import_module(f"contracts.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, msgspec.Struct) and value.__module__ == module.__name__:
+                yield value
+
+
+def test_every_wire_message_has_an_explicit_unique_tag_and_a_golden() -> None:
+    structs = set(_contract_structs())
+    tagged = {cls for cls in structs if cls.__struct_config__.tag_field is not None}
+    bases = {cls for cls in tagged if any(other is not cls and issubclass(other, cls) for other in tagged)}
+    concrete = tagged - bases
+    for cls in concrete:
+        assert cls.__struct_config__.tag_field == "type", cls
+        assert tag_of(cls) != cls.__name__, f"{cls.__name__} uses its class name as tag: a rename would change the wire"
+        assert tag_of(cls).islower() and " " not in tag_of(cls), cls
+        assert cls.__struct_config__.frozen, f"{cls.__name__} must be frozen"
+    tags = [tag_of(cls) for cls in concrete]
+    assert len(tags) == len(set(tags)), sorted(tags)
+    assert sorted(tags) == sorted(tag_of(type(s)) for s in SAMPLES), "every wire message needs a sample and a golden file"
+    for union in (Event, RuntimeMessage):
+        for member in union.__args__:  # type: ignore[attr-defined]
+            assert member in concrete, member
+    # Every golden file on disk belongs to a sample: a removed message type is a breaking change.
+    on_disk = {p.name for p in GOLDEN.glob("*.json")}
+    assert on_disk == {golden_path(s).name for s in SAMPLES}
+
+
+def test_no_event_forbids_unknown_fields() -> None:
+    """Events never forbid unknown fields; only the HTTP body may (GuestMessage)."""
+    strict = {cls.__name__ for cls in _contract_structs() if cls.__struct_config__.forbid_unknown_fields}
+    assert strict == {"GuestMessage"}
+
+
+# The pure layers import no I/O ------------------------------------------------------------------------------
+
+FORBIDDEN = {"nats", "aiosqlite", "openai", "opentelemetry", "httpx", "litestar", "uvicorn"}
+PROJECT = {"contracts", "services"}
+
+
+def _pure_roots() -> list[Path]:
+    roots = sorted((ROOT / "contracts").glob("*.py"))
+    roots += sorted(p for p in (ROOT / "services").glob("*/core*.py"))
+    roots += sorted((ROOT / "services" / "runtime" / "core").glob("*.py"))
+    return roots
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every module a file imports, anywhere in it (functions and TYPE_CHECKING blocks included)."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def test_the_import_walker_sees_what_it_must() -> None:
+    fake = ROOT / "services" / "runtime" / "core" / "fold.py"
+    seen = set(_imports(fake))
+    assert "contracts.run_events" in seen and "msgspec" in seen
+
+
+def test_contracts_and_cores_import_no_io_library() -> None:
+    roots = _pure_roots()
+    assert ROOT / "services" / "executor" / "core.py" in roots and ROOT / "services" / "runtime" / "core" / "decide.py" in roots
+    # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.
+    seen: dict[Path, list[str]] = {path: [_module_name(path)] for path in roots}
+    queue = list(roots)
+    offenders: list[str] = []
+    while queue:
+        path = queue.pop()
+        chain = seen[path]
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top in FORBIDDEN:
+                offenders.append(" -> ".join([*chain, name]))
+            if top not in PROJECT:
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
+                target = _module_file(".".join(parts[:i]))
+                if target is not None and target not in seen:
+                    seen[target] = [*chain, ".".join(parts[:i])]
+                    queue.append(target)
+    assert not offenders, "pure modules reach I/O libraries:\n" + "\n".join(sorted(set(offenders)))

@@ -1,0 +1,373 @@
+"""The executor's idempotency against real NATS and the real sandbox provider: one key, one effect, whatever happens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from contracts.keys import action_key, input_hash, partition_of
+from contracts.subjects import Namespace
+from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, runtime_message_decoder, tool_encoder
+from services.executor.service import Executor
+from services.executor.store import ActionStore
+from services.platform.jetstream import Broker, Published
+from services.platform.natsd import NatsServer
+from services.platform.settings import Settings
+from services.sandbox.app import serve
+
+PARTITIONS = 4
+DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+
+
+@pytest.fixture
+async def sandbox_url() -> AsyncIterator[str]:
+    """The sandbox provider in this process, on a free port."""
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve(port=0, ready=ready.set_result))
+    port = await asyncio.wait_for(ready, 10)
+    yield f"http://127.0.0.1:{port}"
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+@dataclass
+class Harness:
+    """Executors on real NATS in front of the sandbox; requests published and outcomes read like the runtime does."""
+
+    nats_url: str
+    ns: Namespace
+    broker: Broker
+    sandbox: httpx.AsyncClient
+    data_dir: Path
+    outcomes: list[ActionOutcome] = field(default_factory=list)
+    running: list[tuple[Executor, Broker, httpx.AsyncClient]] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: "run_" + uuid.uuid4().hex[:24])
+    steps: int = 0
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            nats_url=self.nats_url,
+            namespace=self.ns,
+            partitions=PARTITIONS,
+            data_dir=self.data_dir,
+            sandbox_url=str(self.sandbox.base_url).rstrip("/"),
+            worker_id="test-executor",
+        )
+
+    async def start(self, *families: str) -> None:
+        for family in families:
+            broker = await Broker.connect(self.nats_url, f"test-executor-{family}")
+            http = httpx.AsyncClient(base_url=self.settings.sandbox_url)
+            executor = Executor(broker, self.settings, family, list(range(PARTITIONS)), http, logging.getLogger(f"test.executor.{family}"))
+            await executor.start()
+            self.running.append((executor, broker, http))
+
+    async def stop(self) -> None:
+        for executor, broker, http in self.running:
+            await executor.close()
+            await http.aclose()
+            await broker.close()
+
+    def request(self, tool: str, family: str, args: dict[str, Any], key: str | None = None) -> ActionRequest:
+        self.steps += 1
+        now = datetime.now(UTC)
+        return ActionRequest(
+            run_id=self.run_id,
+            step_no=self.steps,
+            tool=tool,
+            family=family,
+            args=args,
+            key=key or action_key(self.run_id, self.steps),
+            input_hash=input_hash({"tool": tool, "args": args}),
+            timeout_s=5.0,
+            deadline_at=now + timedelta(seconds=30),
+            requested_at=now,
+        )
+
+    async def publish(self, request: ActionRequest, msg_id: str | None = None) -> Published:
+        subject = self.ns.actions(request.family, partition_of(request.key, PARTITIONS))
+        return await self.broker.publish(subject, tool_encoder.encode(request), msg_id=msg_id or f"test:{uuid.uuid4().hex}")
+
+    async def outcomes_for(self, key: str, count: int = 1, deadline_s: float = 15.0) -> list[ActionOutcome]:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            got = [o for o in self.outcomes if o.key == key]
+            if len(got) >= count:
+                return got
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{count} outcome(s) for {key} not seen in {deadline_s}s: {[o for o in self.outcomes if o.key == key]}")
+
+    async def ledger(self) -> dict[str, Any]:
+        return dict((await self.sandbox.get("/_ledger")).json())
+
+    async def faults(self, **spec: Any) -> dict[str, Any]:
+        response = await self.sandbox.put("/_faults", json=spec)
+        assert response.status_code == 200, response.text
+        return dict(response.json()["faults"])
+
+    async def armed(self) -> dict[str, Any]:
+        return dict((await self.sandbox.get("/_faults")).json()["faults"])
+
+    async def booking(self, guest: str = "guest-1", hotel: str = "lis-1") -> dict[str, Any]:
+        """A held booking made straight at the provider, to pay for."""
+        response = await self.sandbox.post("/bookings", json={"hotel_id": hotel, "guest_id": guest, **DATES}, headers={"Idempotency-Key": f"setup-{uuid.uuid4().hex}"})
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    def store_path(self, family: str, key: str) -> Path:
+        return self.data_dir / f"{self.ns.name}-{family}-p{partition_of(key, PARTITIONS)}.sqlite3"
+
+
+@pytest.fixture
+async def harness(nats_server: NatsServer, broker: Broker, namespace: Namespace, sandbox_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    async with httpx.AsyncClient(base_url=sandbox_url, timeout=10.0) as sandbox:
+        h = Harness(nats_server.url, namespace, broker, sandbox, tmp_path / "data")
+
+        async def collect(msg: Any) -> None:
+            message = runtime_message_decoder.decode(msg.data)
+            if isinstance(message, ActionOutcome):
+                h.outcomes.append(message)
+
+        # A plain subscription sees every outcome published, including ones JetStream then deduplicates.
+        sub = await broker.nc.subscribe(namespace.outcomes_all, cb=collect)
+        try:
+            yield h
+        finally:
+            await sub.unsubscribe()
+            await h.stop()
+
+
+def book_args(hotel: str = "lis-1", guest: str = "guest-1", **dates: str) -> dict[str, Any]:
+    return {"hotel_id": hotel, "guest_id": guest, **DATES, **dates}
+
+
+def pay_args(booking: dict[str, Any], amount: int | None = None) -> dict[str, Any]:
+    return {"booking_id": booking["booking_id"], "guest_id": booking["guest_id"], "amount_cents": booking["total_cents"] if amount is None else amount, "currency": "EUR"}
+
+
+# One key, one effect -----------------------------------------------------------------------------------------
+
+
+async def test_a_request_sent_again_is_answered_from_the_receipt(harness: Harness) -> None:
+    await harness.start("booking")
+    request = harness.request("create_booking", "booking", book_args())
+    first = await harness.publish(request, msg_id="first")
+    (call,) = await harness.outcomes_for(request.key)
+    assert (call.status, call.via, call.attempts) == (OutcomeStatus.SUCCEEDED, "call", 1)
+    assert call.provider_ref == call.result["booking_id"] and call.result["total_cents"] == 2 * 12000
+
+    # The same msg id inside the window never reaches the executor; a new one (a redelivery after it) does.
+    assert (await harness.publish(request, msg_id="first")).duplicate and not first.duplicate
+    await harness.publish(request, msg_id="second")
+    _, replay = await harness.outcomes_for(request.key, 2)
+    assert (replay.status, replay.via, replay.provider_ref, replay.result) == (OutcomeStatus.SUCCEEDED, "replay", call.provider_ref, call.result)
+    ledger = await harness.ledger()
+    assert ledger["counts"]["booking"] == 1
+    assert ledger["replays"]["booking"] == 0  # the provider was not even asked again
+
+
+async def test_the_exact_message_twice_back_to_back_charges_once(harness: Harness) -> None:
+    await harness.start("payment")
+    booking = await harness.booking()
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    await asyncio.gather(harness.publish(request), harness.publish(request))  # two msg ids, both delivered
+    outcomes = await harness.outcomes_for(request.key, 2)
+    assert [o.status for o in outcomes] == [OutcomeStatus.SUCCEEDED] * 2
+    assert sorted(o.via for o in outcomes) == ["call", "replay"]
+    assert outcomes[0].provider_ref == outcomes[1].provider_ref is not None
+    ledger = await harness.ledger()
+    charges = [e for e in ledger["entries"] if e["kind"] == "charge"]
+    assert len(charges) == 1 and charges[0]["key"] == request.key and charges[0]["amount_cents"] == booking["total_cents"]
+    assert ledger["replays"]["charge"] == 0
+
+
+async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the_provider(harness: Harness) -> None:
+    await harness.start("booking")
+    request = harness.request("create_booking", "booking", book_args())
+    await harness.publish(request)
+    (original,) = await harness.outcomes_for(request.key)
+    assert original.status == OutcomeStatus.SUCCEEDED
+
+    # Arm a refusal on the bookings endpoint: if the executor called the provider, the fault would be used up.
+    await harness.faults(target="bookings", fail_5xx=1)
+    other = msgspec.structs.replace(request, args=book_args(check_out="2026-12-05"))
+    other = msgspec.structs.replace(other, input_hash=input_hash({"tool": other.tool, "args": other.args}))
+    await harness.publish(other)
+    _, conflict = await harness.outcomes_for(request.key, 2)
+    assert (conflict.status, conflict.via, conflict.attempts, conflict.provider_ref) == (OutcomeStatus.CONFLICT, "conflict", 0, None)
+    assert conflict.error is not None and conflict.error.code == "idempotency_conflict"
+    assert conflict.error.details["stored_input_hash"] == request.input_hash and conflict.error.details["input_hash"] == other.input_hash
+    assert (await harness.armed())["bookings"]["fail_5xx"] == 1
+    ledger = await harness.ledger()
+    assert ledger["counts"]["booking"] == 1 and ledger["entries"][0]["key"] == request.key
+
+
+@pytest.mark.parametrize(
+    ("tool", "code"),
+    [("create_booking", "hotel_unavailable"), ("create_payment", "amount_mismatch")],
+    ids=["409-sold-out", "422-wrong-amount"],
+)
+async def test_a_provider_refusal_is_a_definitive_failure(harness: Harness, tool: str, code: str) -> None:
+    await harness.start("booking", "payment")
+    if tool == "create_booking":
+        request = harness.request(tool, "booking", book_args(hotel="lis-3"))  # sold out: 409
+    else:
+        request = harness.request(tool, "payment", pay_args(await harness.booking(), amount=1))  # 422
+    await harness.publish(request)
+    (failed,) = await harness.outcomes_for(request.key)
+    assert (failed.status, failed.via, failed.attempts) == (OutcomeStatus.FAILED, "call", 1)
+    assert failed.error is not None and failed.error.code == code
+    await harness.publish(request)  # a redelivery replays the failure; the provider is not asked again
+    _, again = await harness.outcomes_for(request.key, 2)
+    assert (again.status, again.via, again.error) == (OutcomeStatus.FAILED, "replay", failed.error)
+    ledger = await harness.ledger()
+    assert ledger["counts"]["charge"] == 0 and ledger["counts"]["booking"] == (1 if tool == "create_payment" else 0)
+
+
+# Unknown outcomes: look up by key, never retry blind ---------------------------------------------------------
+
+
+async def test_a_charge_whose_answer_was_lost_is_found_by_key(harness: Harness) -> None:
+    await harness.start("payment")
+    booking = await harness.booking()
+    await harness.faults(target="payments", drop_after_commit=1)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    await harness.publish(request)
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
+    assert outcome.provider_ref == outcome.result["payment_id"] and outcome.result["amount_cents"] == booking["total_cents"]
+    assert await harness.armed() == {}  # the drop really happened
+    charges = [e for e in (await harness.ledger())["entries"] if e["kind"] == "charge"]
+    assert len(charges) == 1 and charges[0]["key"] == request.key and charges[0]["ref"] == outcome.provider_ref
+
+
+async def test_a_refused_write_is_looked_up_then_called_again_with_the_same_key(harness: Harness) -> None:
+    await harness.start("booking")
+    await harness.faults(target="bookings", fail_5xx=1)
+    request = harness.request("create_booking", "booking", book_args())
+    await harness.publish(request)
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via, outcome.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
+    assert await harness.armed() == {}
+    ledger = await harness.ledger()
+    assert ledger["counts"]["booking"] == 1 and ledger["entries"][0]["key"] == request.key
+    assert ledger["replays"]["booking"] == 0  # the second call was the first to arrive
+
+
+# Durable before effect ---------------------------------------------------------------------------------------
+
+
+def _row(path: Path, key: str) -> tuple[str, bytes | None, int | None] | None:
+    """Read the executor's SQLite store from outside, as a crash investigator would."""
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        try:
+            row = db.execute("SELECT status, outcome, stream_seq FROM actions WHERE key = ?", (key,)).fetchone()
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return None
+    return None if row is None else (str(row[0]), row[1], row[2])
+
+
+async def test_the_intent_is_committed_before_the_provider_is_called(harness: Harness) -> None:
+    await harness.start("booking")
+    await harness.faults(target="bookings", latency_ms=1500)
+    request = harness.request("create_booking", "booking", book_args())
+    path = harness.store_path("booking", request.key)
+    await harness.publish(request)
+    deadline = time.monotonic() + 10
+    row = None
+    while time.monotonic() < deadline and row is None:
+        row = _row(path, request.key)
+        await asyncio.sleep(0.01)
+    assert row is not None and row[0] == "started" and row[1] is None
+    assert (await harness.ledger())["counts"]["booking"] == 0  # intent durable, effect not yet made
+
+    (outcome,) = await harness.outcomes_for(request.key)
+    status, stored, stream_seq = _row(path, request.key) or ("", None, None)
+    assert status == "succeeded" and stream_seq is not None and stream_seq >= 1
+    assert stored is not None and msgspec.json.decode(stored, type=ActionOutcome).provider_ref == outcome.provider_ref
+    assert (await harness.ledger())["counts"]["booking"] == 1
+
+
+async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    store = await ActionStore.open(path)
+    now = datetime.now(UTC)
+    request = ActionRequest(
+        run_id="run_a", step_no=2, tool="create_booking", family="booking", args=book_args(), key="run_a:2",
+        input_hash="h1", timeout_s=5.0, deadline_at=now, requested_at=now,
+    )
+    other = msgspec.structs.replace(request, key="run_a:4", step_no=4)
+    try:
+        assert await store.get(request.key) is None
+        assert await store.begin(request, stream_seq=7)
+        assert not await store.begin(msgspec.structs.replace(request, input_hash="h2"), stream_seq=8)  # first writer wins
+        assert await store.begin(other, stream_seq=9)
+        record = await store.get(request.key)
+        assert record is not None and (record.status, record.input_hash, record.attempts, record.outcome) == ("started", "h1", 1, None)
+        assert [(r.key, n) for r, n in await store.open_intents()] == [(request.key, 1), (other.key, 1)]
+        assert (await store.open_intents())[0][0] == request  # the full request survives for start-up reconciliation
+
+        await store.attempt(request.key, 2)
+        outcome = ActionOutcome(run_id="run_a", step_no=2, tool="create_booking", key=request.key, status=OutcomeStatus.SUCCEEDED, result={"booking_id": "bk_1"}, provider_ref="bk_1", attempts=2)
+        await store.finish(outcome, stream_seq=11)
+        await store.mark_unknown(request.key)  # a receipt is final: nothing moves it back
+        await store.mark_unknown(other.key)
+    finally:
+        await store.close()
+
+    reopened = await ActionStore.open(path)  # durable across a restart
+    try:
+        record = await reopened.get(request.key)
+        assert record is not None and (record.status, record.attempts, record.outcome) == ("succeeded", 2, outcome)
+        assert [(r.key, n) for r, n in await reopened.open_intents()] == [(other.key, 1)]
+        assert (await reopened.get(other.key)).status == "unknown"  # type: ignore[union-attr]
+        assert await reopened.count() == 2
+    finally:
+        await reopened.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT stream_seq FROM actions WHERE key = ?", (request.key,)).fetchone() == (11,)
+
+
+async def test_intents_left_by_a_dead_executor_are_settled_at_start(harness: Harness) -> None:
+    """A previous life committed two intents and died: one reached the provider, one never did."""
+    reached = harness.request("create_booking", "booking", book_args(guest="guest-reached"))
+    lost = harness.request("create_booking", "booking", book_args(guest="guest-lost"))
+    for request in (reached, lost):
+        store = await ActionStore.open(harness.store_path("booking", request.key))
+        assert await store.begin(request, stream_seq=1)
+        await store.close()
+    made = await harness.sandbox.post("/bookings", json=reached.args, headers={"Idempotency-Key": reached.key})
+    assert made.status_code == 201
+
+    await harness.start("booking")  # reconciles before it takes new work
+    # A restarting executor may publish a fresh receipt more than once; JetStream keeps one (same msg id).
+    found, *echoes = await harness.outcomes_for(reached.key)
+    called, *echoes_too = await harness.outcomes_for(lost.key)
+
+    def same(a: ActionOutcome, b: ActionOutcome) -> bool:
+        return (a.status, a.via, a.provider_ref, a.result, a.attempts) == (b.status, b.via, b.provider_ref, b.result, b.attempts)
+
+    assert all(same(e, found) for e in echoes) and all(same(e, called) for e in echoes_too)
+    assert (found.status, found.via, found.provider_ref) == (OutcomeStatus.SUCCEEDED, "provider_lookup", made.json()["booking_id"])
+    assert (called.status, called.via, called.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
+    ledger = await harness.ledger()
+    assert sorted(e["key"] for e in ledger["entries"]) == sorted([reached.key, lost.key])
+    for request in (reached, lost):
+        assert (_row(harness.store_path("booking", request.key), request.key) or ("",))[0] == "succeeded"
