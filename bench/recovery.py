@@ -88,7 +88,7 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--ack-wait", type=float, default=2.0)
+    parser.add_argument("--ack-wait", type=float, default=1.0)
     parser.add_argument("--scenarios", default="none,restart,replica,executor")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -466,6 +466,25 @@ def test_failed_payment_releases_the_hold_with_a_key_bound_to_the_booking() -> N
     assert isinstance(next_move(run.state, BOOKING, run.tick()), AskModel)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="decide.next_move/plan_compensations: a compensation that prepare() refuses becomes a ToolRejected, which "
+    "is neither pending nor completed, so compensations() asks for it again on every move, unbounded by any budget: "
+    "a 2xx booking answer without booking_id makes the runtime append ToolRejected events forever",
+)
+def test_a_refused_compensation_ends_the_run_instead_of_looping() -> None:
+    run = Run(started())
+    run.answer(BOOK)
+    (booking,) = run.decide()
+    run.complete(booking.step_no, result={"status": "held"})  # a provider answered 200 without the id
+    run.answer(text="Your room is held.")
+    for _ in range(30):
+        if run.state.terminal:
+            break
+        run.decide()
+    assert run.state.status == "handed_off", [type(e).__name__ for e in run.events[-5:]]
+
+
 # The steps5 plan ---------------------------------------------------------------------------------------------
 
 

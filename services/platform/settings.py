@@ -28,7 +28,7 @@ class Settings:
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     worker_id: str = ""
-    ack_wait_s: float = 2.0
+    ack_wait_s: float = 1.0
     stream_replicas: int = 1
 
     @classmethod
@@ -53,6 +53,6 @@ class Settings:
             openai_base_url=base_url,
             openai_api_key=api_key,
             worker_id=_env("CRASHSAFE_WORKER_ID", f"{socket.gethostname()}-{os.getpid()}"),
-            ack_wait_s=float(_env("CRASHSAFE_ACK_WAIT_S", "2")),
+            ack_wait_s=float(_env("CRASHSAFE_ACK_WAIT_S", "1")),
             stream_replicas=int(_env("CRASHSAFE_STREAM_REPLICAS", "1")),
         )
