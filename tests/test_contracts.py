@@ -45,8 +45,8 @@ from contracts.tool_messages import (
     ActionRequest,
     Evidence,
     OutcomeStatus,
-    RunWake,
     RuntimeMessage,
+    RunWake,
     action_request_decoder,
     runtime_message_decoder,
     tool_encoder,
@@ -60,7 +60,9 @@ AT = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
 LATER = datetime(2026, 12, 1, 9, 31, 45, 123456, tzinfo=UTC)
 RUN = "run_94cb296d1a30794270b8b64f"
 KEY = f"{RUN}:6"
-ERROR = ErrorInfo(code="amount_mismatch", message="charge exactly 24000", retry="none", details={"expected_cents": 24000})
+ERROR = ErrorInfo(
+    code="amount_mismatch", message="charge exactly 24000", retry="none", details={"expected_cents": 24000}
+)
 
 # One fixed instance of every message that crosses a process boundary, named by its tag.
 SAMPLES: list[msgspec.Struct] = [
@@ -121,7 +123,13 @@ SAMPLES: list[msgspec.Struct] = [
         ],
     ),
     RunNudged(run_id=RUN, at=AT, by="reconciler:r1", reason="1 action(s) past their timeout", keys=[KEY]),
-    RunResumed(run_id=RUN, at=AT, worker="runtime-1", next_step=7, reason="worker picked up a run it did not hold in memory"),
+    RunResumed(
+        run_id=RUN,
+        at=AT,
+        worker="runtime-1",
+        next_step=7,
+        reason="worker picked up a run it did not hold in memory",
+    ),
     RunCompleted(run_id=RUN, at=AT, reply="Booked and paid."),
     RunHandedOff(run_id=RUN, at=AT, reason="outcome_unknown", detail=f"outcome of {KEY} is unknown"),
     ActionRequest(
@@ -148,14 +156,20 @@ SAMPLES: list[msgspec.Struct] = [
         via="call",
         attempts=2,
         deliveries=1,
-        evidence=[Evidence(asked="provider.call", key=KEY, answer="rejected", detail="provider answered 422", at=AT)],
+        evidence=[
+            Evidence(asked="provider.call", key=KEY, answer="rejected", detail="provider answered 422", at=AT)
+        ],
     ),
-    RunWake(run_id=RUN, reason="journal quiet for 30s with nothing in flight", at=AT, by="reconciler", keys=[KEY]),
+    RunWake(
+        run_id=RUN, reason="journal quiet for 30s with nothing in flight", at=AT, by="reconciler", keys=[KEY]
+    ),
     InboundEvent(
         key="evt-1",
         run_id=RUN,
         input_hash="f" * 64,
-        message=GuestMessage(event_id="evt-1", session_id="sess-1", guest_id="guest-1", text="Book a room in Lisbon"),
+        message=GuestMessage(
+            event_id="evt-1", session_id="sess-1", guest_id="guest-1", text="Book a room in Lisbon"
+        ),
         agent="booking",
         received_at=AT,
     ),
@@ -175,7 +189,17 @@ SAMPLES: list[msgspec.Struct] = [
 def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.Decoder[Any]]:
     """The one encoder and decoder of the sample's family, as the services use them."""
     match sample:
-        case RunStarted() | ModelAnswered() | ActionRequested() | ToolRejected() | ActionCompleted() | RunNudged() | RunResumed() | RunCompleted() | RunHandedOff():
+        case (
+            RunStarted()
+            | ModelAnswered()
+            | ActionRequested()
+            | ToolRejected()
+            | ActionCompleted()
+            | RunNudged()
+            | RunResumed()
+            | RunCompleted()
+            | RunHandedOff()
+        ):
             return event_encoder, event_decoder
         case ActionRequest():
             return tool_encoder, action_request_decoder
@@ -202,7 +226,9 @@ def check_golden(path: Path, encoded: bytes) -> bytes:
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(pretty)
-    assert path.exists(), f"{path.name} is missing; run with CRASHSAFE_UPDATE_GOLDEN=1 to create it, then commit it"
+    assert path.exists(), (
+        f"{path.name} is missing; run with CRASHSAFE_UPDATE_GOLDEN=1 to create it, then commit it"
+    )
     assert path.read_bytes() == pretty, (
         f"{path.name}: the wire format changed. Fields may only be added, with defaults; if this change is deliberate "
         "and additive, regenerate with CRASHSAFE_UPDATE_GOLDEN=1 and review the diff"
@@ -280,7 +306,11 @@ def test_messages_from_before_a_defaulted_field_existed_still_decode(sample: msg
     """Fields with defaults are the only kind that may be added; an old message without them must decode."""
     _, decoder = codec(sample)
     golden = json.loads(golden_path(sample).read_bytes())
-    defaulted = [f for f in msgspec.structs.fields(type(sample)) if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT]
+    defaulted = [
+        f
+        for f in msgspec.structs.fields(type(sample))
+        if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT
+    ]
     older = {k: v for k, v in golden.items() if k not in {f.name for f in defaulted}}
     decoded = decoder.decode(json.dumps(older).encode())
     for f in defaulted:
@@ -298,7 +328,11 @@ def _contract_structs() -> Iterator[type[msgspec.Struct]]:
     for info in pkgutil.iter_modules(contracts.__path__):
         module = importlib.import_module(f"contracts.{info.name}")
         for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, msgspec.Struct) and value.__module__ == module.__name__:
+            if (
+                isinstance(value, type)
+                and issubclass(value, msgspec.Struct)
+                and value.__module__ == module.__name__
+            ):
                 yield value
 
 
@@ -309,12 +343,16 @@ def test_every_wire_message_has_an_explicit_unique_tag_and_a_golden() -> None:
     concrete = tagged - bases
     for cls in concrete:
         assert cls.__struct_config__.tag_field == "type", cls
-        assert tag_of(cls) != cls.__name__, f"{cls.__name__} uses its class name as tag: a rename would change the wire"
+        assert tag_of(cls) != cls.__name__, (
+            f"{cls.__name__} uses its class name as tag: a rename would change the wire"
+        )
         assert tag_of(cls).islower() and " " not in tag_of(cls), cls
         assert cls.__struct_config__.frozen, f"{cls.__name__} must be frozen"
     tags = [tag_of(cls) for cls in concrete]
     assert len(tags) == len(set(tags)), sorted(tags)
-    assert sorted(tags) == sorted(tag_of(type(s)) for s in SAMPLES), "every wire message needs a sample and a golden file"
+    assert sorted(tags) == sorted(tag_of(type(s)) for s in SAMPLES), (
+        "every wire message needs a sample and a golden file"
+    )
     for union in (Event, RuntimeMessage):
         for member in union.__args__:  # type: ignore[attr-defined]
             assert member in concrete, member
@@ -379,7 +417,10 @@ def test_the_import_walker_sees_what_it_must() -> None:
 
 def test_contracts_and_cores_import_no_io_library() -> None:
     roots = _pure_roots()
-    assert ROOT / "services" / "executor" / "core.py" in roots and ROOT / "services" / "runtime" / "core" / "decide.py" in roots
+    assert (
+        ROOT / "services" / "executor" / "core.py" in roots
+        and ROOT / "services" / "runtime" / "core" / "decide.py" in roots
+    )
     # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.
     seen: dict[Path, list[str]] = {path: [_module_name(path)] for path in roots}
     queue = list(roots)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -263,4 +266,46 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
     assert summary["status"] == "completed", summary
     _, payment = step(events, "create_payment")
     assert payment is not None and payment["status"] == "succeeded"
+    assert await world.counts(guest) == BOOKED_AND_PAID
+
+
+# Manual reconciliation re-sends requests and wakes: the same harmless duplicates -----------------------------
+
+
+async def test_manual_reconcile_of_a_run_in_flight_pays_once(world: StackClient) -> None:
+    await world.arm("payments", latency_ms=3000)  # the payment is at the provider when the operator reconciles
+    run_id, guest = await world.start_run()
+    requested = await eventually(lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested")
+
+    response = await world.reconcile(run_id)
+    summary = await world.wait_terminal(run_id)
+    events = await world.events(run_id)
+
+    assert response.status_code == 202, response.text
+    body = response.json()
+    # The run may have moved on by the time the gateway folded it; if the payment was still open, it was asked about.
+    assert body["status"] in ("running", "completed") and set(body["asked"]) <= {requested["key"]}
+    assert [e for e in of_type(events, "run.nudged") if e["by"] == "operator:http"] or body["status"] == "completed"
+    assert summary["status"] == "completed", summary
+    step(events, "create_payment")  # one request, one completion
+    assert await world.counts(guest) == BOOKED_AND_PAID
+
+
+async def test_cli_reconcile_of_a_completed_run_asks_nothing(world: StackClient, tmp_path: Path) -> None:
+    run_id, guest, events = await _completed_run(world)
+    stack = world.stack
+    env = dict(os.environ) | {
+        "CRASHSAFE_NATS_URL": stack.nats_url,
+        "CRASHSAFE_NAMESPACE": stack.namespace,
+        "CRASHSAFE_SANDBOX_URL": stack.sandbox_url,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "reconcile", run_id, "--state-dir", str(tmp_path),
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+
+    assert process.returncode == 0, out.decode()
+    assert f"{run_id}: completed; asked to resolve: nothing open" in out.decode()
+    assert await world.events(run_id) == events
     assert await world.counts(guest) == BOOKED_AND_PAID

@@ -20,7 +20,13 @@ import pytest
 
 from contracts.keys import action_key, input_hash, partition_of
 from contracts.subjects import Namespace
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, runtime_message_decoder, tool_encoder
+from contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    OutcomeStatus,
+    runtime_message_decoder,
+    tool_encoder,
+)
 from services.executor.service import Executor
 from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
@@ -73,7 +79,14 @@ class Harness:
         for family in families:
             broker = await Broker.connect(self.nats_url, f"test-executor-{family}")
             http = httpx.AsyncClient(base_url=self.settings.sandbox_url)
-            executor = Executor(broker, self.settings, family, list(range(PARTITIONS)), http, logging.getLogger(f"test.executor.{family}"))
+            executor = Executor(
+                broker,
+                self.settings,
+                family,
+                list(range(PARTITIONS)),
+                http,
+                logging.getLogger(f"test.executor.{family}"),
+            )
             await executor.start()
             self.running.append((executor, broker, http))
 
@@ -101,7 +114,9 @@ class Harness:
 
     async def publish(self, request: ActionRequest, msg_id: str | None = None) -> Published:
         subject = self.ns.actions(request.family, partition_of(request.key, PARTITIONS))
-        return await self.broker.publish(subject, tool_encoder.encode(request), msg_id=msg_id or f"test:{uuid.uuid4().hex}")
+        return await self.broker.publish(
+            subject, tool_encoder.encode(request), msg_id=msg_id or f"test:{uuid.uuid4().hex}"
+        )
 
     async def outcomes_for(self, key: str, count: int = 1, deadline_s: float = 15.0) -> list[ActionOutcome]:
         deadline = time.monotonic() + deadline_s
@@ -110,7 +125,9 @@ class Harness:
             if len(got) >= count:
                 return got
             await asyncio.sleep(0.02)
-        raise AssertionError(f"{count} outcome(s) for {key} not seen in {deadline_s}s: {[o for o in self.outcomes if o.key == key]}")
+        raise AssertionError(
+            f"{count} outcome(s) for {key} not seen in {deadline_s}s: {[o for o in self.outcomes if o.key == key]}"
+        )
 
     async def ledger(self) -> dict[str, Any]:
         return dict((await self.sandbox.get("/_ledger")).json())
@@ -125,7 +142,11 @@ class Harness:
 
     async def booking(self, guest: str = "guest-1", hotel: str = "lis-1") -> dict[str, Any]:
         """A held booking made straight at the provider, to pay for."""
-        response = await self.sandbox.post("/bookings", json={"hotel_id": hotel, "guest_id": guest, **DATES}, headers={"Idempotency-Key": f"setup-{uuid.uuid4().hex}"})
+        response = await self.sandbox.post(
+            "/bookings",
+            json={"hotel_id": hotel, "guest_id": guest, **DATES},
+            headers={"Idempotency-Key": f"setup-{uuid.uuid4().hex}"},
+        )
         assert response.status_code == 201, response.text
         return dict(response.json())
 
@@ -134,7 +155,9 @@ class Harness:
 
 
 @pytest.fixture
-async def harness(nats_server: NatsServer, broker: Broker, namespace: Namespace, sandbox_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+async def harness(
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, sandbox_url: str, tmp_path: Path
+) -> AsyncIterator[Harness]:
     async with httpx.AsyncClient(base_url=sandbox_url, timeout=10.0) as sandbox:
         h = Harness(nats_server.url, namespace, broker, sandbox, tmp_path / "data")
 
@@ -157,7 +180,12 @@ def book_args(hotel: str = "lis-1", guest: str = "guest-1", **dates: str) -> dic
 
 
 def pay_args(booking: dict[str, Any], amount: int | None = None) -> dict[str, Any]:
-    return {"booking_id": booking["booking_id"], "guest_id": booking["guest_id"], "amount_cents": booking["total_cents"] if amount is None else amount, "currency": "EUR"}
+    return {
+        "booking_id": booking["booking_id"],
+        "guest_id": booking["guest_id"],
+        "amount_cents": booking["total_cents"] if amount is None else amount,
+        "currency": "EUR",
+    }
 
 
 # One key, one effect -----------------------------------------------------------------------------------------
@@ -175,7 +203,12 @@ async def test_a_request_sent_again_is_answered_from_the_receipt(harness: Harnes
     assert (await harness.publish(request, msg_id="first")).duplicate and not first.duplicate
     await harness.publish(request, msg_id="second")
     _, replay = await harness.outcomes_for(request.key, 2)
-    assert (replay.status, replay.via, replay.provider_ref, replay.result) == (OutcomeStatus.SUCCEEDED, "replay", call.provider_ref, call.result)
+    assert (replay.status, replay.via, replay.provider_ref, replay.result) == (
+        OutcomeStatus.SUCCEEDED,
+        "replay",
+        call.provider_ref,
+        call.result,
+    )
     ledger = await harness.ledger()
     assert ledger["counts"]["booking"] == 1
     assert ledger["replays"]["booking"] == 0  # the provider was not even asked again
@@ -192,11 +225,17 @@ async def test_the_exact_message_twice_back_to_back_charges_once(harness: Harnes
     assert outcomes[0].provider_ref == outcomes[1].provider_ref is not None
     ledger = await harness.ledger()
     charges = [e for e in ledger["entries"] if e["kind"] == "charge"]
-    assert len(charges) == 1 and charges[0]["key"] == request.key and charges[0]["amount_cents"] == booking["total_cents"]
+    assert (
+        len(charges) == 1
+        and charges[0]["key"] == request.key
+        and charges[0]["amount_cents"] == booking["total_cents"]
+    )
     assert ledger["replays"]["charge"] == 0
 
 
-async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the_provider(harness: Harness) -> None:
+async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the_provider(
+    harness: Harness,
+) -> None:
     await harness.start("booking")
     request = harness.request("create_booking", "booking", book_args())
     await harness.publish(request)
@@ -209,9 +248,17 @@ async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the
     other = msgspec.structs.replace(other, input_hash=input_hash({"tool": other.tool, "args": other.args}))
     await harness.publish(other)
     _, conflict = await harness.outcomes_for(request.key, 2)
-    assert (conflict.status, conflict.via, conflict.attempts, conflict.provider_ref) == (OutcomeStatus.CONFLICT, "conflict", 0, None)
+    assert (conflict.status, conflict.via, conflict.attempts, conflict.provider_ref) == (
+        OutcomeStatus.CONFLICT,
+        "conflict",
+        0,
+        None,
+    )
     assert conflict.error is not None and conflict.error.code == "idempotency_conflict"
-    assert conflict.error.details["stored_input_hash"] == request.input_hash and conflict.error.details["input_hash"] == other.input_hash
+    assert (
+        conflict.error.details["stored_input_hash"] == request.input_hash
+        and conflict.error.details["input_hash"] == other.input_hash
+    )
     assert (await harness.armed())["bookings"]["fail_5xx"] == 1
     ledger = await harness.ledger()
     assert ledger["counts"]["booking"] == 1 and ledger["entries"][0]["key"] == request.key
@@ -236,7 +283,9 @@ async def test_a_provider_refusal_is_a_definitive_failure(harness: Harness, tool
     _, again = await harness.outcomes_for(request.key, 2)
     assert (again.status, again.via, again.error) == (OutcomeStatus.FAILED, "replay", failed.error)
     ledger = await harness.ledger()
-    assert ledger["counts"]["charge"] == 0 and ledger["counts"]["booking"] == (1 if tool == "create_payment" else 0)
+    assert ledger["counts"]["charge"] == 0 and ledger["counts"]["booking"] == (
+        1 if tool == "create_payment" else 0
+    )
 
 
 # Unknown outcomes: look up by key, never retry blind ---------------------------------------------------------
@@ -250,10 +299,15 @@ async def test_a_charge_whose_answer_was_lost_is_found_by_key(harness: Harness) 
     await harness.publish(request)
     (outcome,) = await harness.outcomes_for(request.key)
     assert (outcome.status, outcome.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
-    assert outcome.provider_ref == outcome.result["payment_id"] and outcome.result["amount_cents"] == booking["total_cents"]
+    assert (
+        outcome.provider_ref == outcome.result["payment_id"]
+        and outcome.result["amount_cents"] == booking["total_cents"]
+    )
     assert await harness.armed() == {}  # the drop really happened
     charges = [e for e in (await harness.ledger())["entries"] if e["kind"] == "charge"]
-    assert len(charges) == 1 and charges[0]["key"] == request.key and charges[0]["ref"] == outcome.provider_ref
+    assert (
+        len(charges) == 1 and charges[0]["key"] == request.key and charges[0]["ref"] == outcome.provider_ref
+    )
 
 
 async def test_a_refused_write_is_looked_up_then_called_again_with_the_same_key(harness: Harness) -> None:
@@ -278,7 +332,9 @@ def _row(path: Path, key: str) -> tuple[str, bytes | None, int | None] | None:
         return None
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
         try:
-            row = db.execute("SELECT status, outcome, stream_seq FROM actions WHERE key = ?", (key,)).fetchone()
+            row = db.execute(
+                "SELECT status, outcome, stream_seq FROM actions WHERE key = ?", (key,)
+            ).fetchone()
         except sqlite3.OperationalError:  # the schema is not there yet
             return None
     return None if row is None else (str(row[0]), row[1], row[2])
@@ -301,7 +357,10 @@ async def test_the_intent_is_committed_before_the_provider_is_called(harness: Ha
     (outcome,) = await harness.outcomes_for(request.key)
     status, stored, stream_seq = _row(path, request.key) or ("", None, None)
     assert status == "succeeded" and stream_seq is not None and stream_seq >= 1
-    assert stored is not None and msgspec.json.decode(stored, type=ActionOutcome).provider_ref == outcome.provider_ref
+    assert (
+        stored is not None
+        and msgspec.json.decode(stored, type=ActionOutcome).provider_ref == outcome.provider_ref
+    )
     assert (await harness.ledger())["counts"]["booking"] == 1
 
 
@@ -310,22 +369,48 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
     store = await ActionStore.open(path)
     now = datetime.now(UTC)
     request = ActionRequest(
-        run_id="run_a", step_no=2, tool="create_booking", family="booking", args=book_args(), key="run_a:2",
-        input_hash="h1", timeout_s=5.0, deadline_at=now, requested_at=now,
+        run_id="run_a",
+        step_no=2,
+        tool="create_booking",
+        family="booking",
+        args=book_args(),
+        key="run_a:2",
+        input_hash="h1",
+        timeout_s=5.0,
+        deadline_at=now,
+        requested_at=now,
     )
     other = msgspec.structs.replace(request, key="run_a:4", step_no=4)
     try:
         assert await store.get(request.key) is None
         assert await store.begin(request, stream_seq=7)
-        assert not await store.begin(msgspec.structs.replace(request, input_hash="h2"), stream_seq=8)  # first writer wins
+        assert not await store.begin(
+            msgspec.structs.replace(request, input_hash="h2"), stream_seq=8
+        )  # first writer wins
         assert await store.begin(other, stream_seq=9)
         record = await store.get(request.key)
-        assert record is not None and (record.status, record.input_hash, record.attempts, record.outcome) == ("started", "h1", 1, None)
+        assert record is not None and (record.status, record.input_hash, record.attempts, record.outcome) == (
+            "started",
+            "h1",
+            1,
+            None,
+        )
         assert [(r.key, n) for r, n in await store.open_intents()] == [(request.key, 1), (other.key, 1)]
-        assert (await store.open_intents())[0][0] == request  # the full request survives for start-up reconciliation
+        assert (await store.open_intents())[0][
+            0
+        ] == request  # the full request survives for start-up reconciliation
 
         await store.attempt(request.key, 2)
-        outcome = ActionOutcome(run_id="run_a", step_no=2, tool="create_booking", key=request.key, status=OutcomeStatus.SUCCEEDED, result={"booking_id": "bk_1"}, provider_ref="bk_1", attempts=2)
+        outcome = ActionOutcome(
+            run_id="run_a",
+            step_no=2,
+            tool="create_booking",
+            key=request.key,
+            status=OutcomeStatus.SUCCEEDED,
+            result={"booking_id": "bk_1"},
+            provider_ref="bk_1",
+            attempts=2,
+        )
         await store.finish(outcome, stream_seq=11)
         await store.mark_unknown(request.key)  # a receipt is final: nothing moves it back
         await store.mark_unknown(other.key)
@@ -335,7 +420,11 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
     reopened = await ActionStore.open(path)  # durable across a restart
     try:
         record = await reopened.get(request.key)
-        assert record is not None and (record.status, record.attempts, record.outcome) == ("succeeded", 2, outcome)
+        assert record is not None and (record.status, record.attempts, record.outcome) == (
+            "succeeded",
+            2,
+            outcome,
+        )
         assert [(r.key, n) for r, n in await reopened.open_intents()] == [(other.key, 1)]
         assert (await reopened.get(other.key)).status == "unknown"  # type: ignore[union-attr]
         assert await reopened.count() == 2
@@ -353,7 +442,9 @@ async def test_intents_left_by_a_dead_executor_are_settled_at_start(harness: Har
         store = await ActionStore.open(harness.store_path("booking", request.key))
         assert await store.begin(request, stream_seq=1)
         await store.close()
-    made = await harness.sandbox.post("/bookings", json=reached.args, headers={"Idempotency-Key": reached.key})
+    made = await harness.sandbox.post(
+        "/bookings", json=reached.args, headers={"Idempotency-Key": reached.key}
+    )
     assert made.status_code == 201
 
     await harness.start("booking")  # reconciles before it takes new work
@@ -362,10 +453,20 @@ async def test_intents_left_by_a_dead_executor_are_settled_at_start(harness: Har
     called, *echoes_too = await harness.outcomes_for(lost.key)
 
     def same(a: ActionOutcome, b: ActionOutcome) -> bool:
-        return (a.status, a.via, a.provider_ref, a.result, a.attempts) == (b.status, b.via, b.provider_ref, b.result, b.attempts)
+        return (a.status, a.via, a.provider_ref, a.result, a.attempts) == (
+            b.status,
+            b.via,
+            b.provider_ref,
+            b.result,
+            b.attempts,
+        )
 
     assert all(same(e, found) for e in echoes) and all(same(e, called) for e in echoes_too)
-    assert (found.status, found.via, found.provider_ref) == (OutcomeStatus.SUCCEEDED, "provider_lookup", made.json()["booking_id"])
+    assert (found.status, found.via, found.provider_ref) == (
+        OutcomeStatus.SUCCEEDED,
+        "provider_lookup",
+        made.json()["booking_id"],
+    )
     assert (called.status, called.via, called.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
     ledger = await harness.ledger()
     assert sorted(e["key"] for e in ledger["entries"]) == sorted([reached.key, lost.key])

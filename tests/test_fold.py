@@ -55,13 +55,23 @@ NIGHTLY = 12_000
 DECISIONS = (ModelAnswered, ActionRequested, ToolRejected)  # the events that take a step number
 
 # Hypothesis writes no example database into the repository, and a busy 2-core machine must not trip deadlines.
-PROPERTY = settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 # Builders ----------------------------------------------------------------------------------------------------
 
 
-def started(agent: str = "booking", budget: Budget = Budget(), text: str = "Book a room in Lisbon", at: datetime = T0) -> RunStarted:
+DEFAULT_BUDGET = Budget()
+
+
+def started(
+    agent: str = "booking",
+    budget: Budget = DEFAULT_BUDGET,
+    text: str = "Book a room in Lisbon",
+    at: datetime = T0,
+) -> RunStarted:
     return RunStarted(
         run_id=RUN,
         at=at,
@@ -79,11 +89,24 @@ def started(agent: str = "booking", budget: Budget = Budget(), text: str = "Book
 
 def call(name: str, args: dict[str, Any] | str, call_id: str | None = None) -> ToolCall:
     arguments = args if isinstance(args, str) else json.dumps(args)
-    return ToolCall(call_id=call_id or f"call_{name}_{hashlib.sha256(arguments.encode()).hexdigest()[:6]}", name=name, arguments=arguments)
+    return ToolCall(
+        call_id=call_id or f"call_{name}_{hashlib.sha256(arguments.encode()).hexdigest()[:6]}",
+        name=name,
+        arguments=arguments,
+    )
 
 
-def reply_of(calls: tuple[ToolCall, ...] = (), text: str | None = None, tokens: tuple[int, int] = (10, 5)) -> ModelReply:
-    return ModelReply(model="test-model", response_id=f"resp_{len(calls)}_{text!r:.8}", tool_calls=calls, reply=text, input_tokens=tokens[0], output_tokens=tokens[1])
+def reply_of(
+    calls: tuple[ToolCall, ...] = (), text: str | None = None, tokens: tuple[int, int] = (10, 5)
+) -> ModelReply:
+    return ModelReply(
+        model="test-model",
+        response_id=f"resp_{len(calls)}_{text!r:.8}",
+        tool_calls=calls,
+        reply=text,
+        input_tokens=tokens[0],
+        output_tokens=tokens[1],
+    )
 
 
 def reply_from(event: ModelAnswered) -> ModelReply:
@@ -98,7 +121,9 @@ def reply_from(event: ModelAnswered) -> ModelReply:
     )
 
 
-def receipt(request: ActionRequested, at: datetime, status: str = "succeeded", result: dict[str, Any] | None = None) -> ActionCompleted:
+def receipt(
+    request: ActionRequested, at: datetime, status: str = "succeeded", result: dict[str, Any] | None = None
+) -> ActionCompleted:
     error = None if status == "succeeded" else ErrorInfo(code=f"sim_{status}", message=f"simulated {status}")
     return ActionCompleted(
         run_id=request.run_id,
@@ -118,12 +143,39 @@ def provider_result(request: ActionRequested) -> dict[str, Any]:
     args = request.args
     match request.tool:
         case "search_hotels":
-            return {"hotels": [{"hotel_id": "lis-1", "name": "Casa do Alfama", "city": "Lisbon", "nightly_rate_cents": NIGHTLY, "currency": "EUR", "available": True}]}
+            return {
+                "hotels": [
+                    {
+                        "hotel_id": "lis-1",
+                        "name": "Casa do Alfama",
+                        "city": "Lisbon",
+                        "nightly_rate_cents": NIGHTLY,
+                        "currency": "EUR",
+                        "available": True,
+                    }
+                ]
+            }
         case "create_booking":
-            nights = (datetime.fromisoformat(args["check_out"]) - datetime.fromisoformat(args["check_in"])).days
-            return {"booking_id": f"bk_{ref}", "hotel_id": args["hotel_id"], "guest_id": args["guest_id"], "nights": nights, "total_cents": nights * NIGHTLY, "currency": "EUR", "status": "held"}
+            nights = (
+                datetime.fromisoformat(args["check_out"]) - datetime.fromisoformat(args["check_in"])
+            ).days
+            return {
+                "booking_id": f"bk_{ref}",
+                "hotel_id": args["hotel_id"],
+                "guest_id": args["guest_id"],
+                "nights": nights,
+                "total_cents": nights * NIGHTLY,
+                "currency": "EUR",
+                "status": "held",
+            }
         case "create_payment":
-            return {"payment_id": f"pay_{ref}", "booking_id": args["booking_id"], "amount_cents": args["amount_cents"], "currency": "EUR", "status": "captured"}
+            return {
+                "payment_id": f"pay_{ref}",
+                "booking_id": args["booking_id"],
+                "amount_cents": args["amount_cents"],
+                "currency": "EUR",
+                "status": "captured",
+            }
         case "release_booking":
             return {"booking_id": args["booking_id"], "status": "released"}
         case "refund_payment":
@@ -154,7 +206,9 @@ class Run:
             self.state = fold_run(self.state, event)
         return self.state
 
-    def answer(self, *calls: ToolCall, text: str | None = None, tokens: tuple[int, int] = (10, 5)) -> ModelAnswered:
+    def answer(
+        self, *calls: ToolCall, text: str | None = None, tokens: tuple[int, int] = (10, 5)
+    ) -> ModelAnswered:
         move = next_move(self.state, agent_named(self.state.agent), self.tick())
         assert isinstance(move, AskModel), move
         event = model_answered(self.state, reply_of(tuple(calls), text, tokens), self.now)
@@ -167,7 +221,9 @@ class Run:
         self.add(*move.events)
         return move.events
 
-    def complete(self, step_no: int, status: str = "succeeded", result: dict[str, Any] | None = None) -> ActionCompleted:
+    def complete(
+        self, step_no: int, status: str = "succeeded", result: dict[str, Any] | None = None
+    ) -> ActionCompleted:
         request = self.state.pending_step(step_no)
         assert request is not None, f"step {step_no} is not pending"
         done = receipt(request, self.tick(), status, result)
@@ -175,8 +231,12 @@ class Run:
         return done
 
 
-SEARCH = call("search_hotels", {"city": "Lisbon", "check_in": "2026-12-01", "check_out": "2026-12-03"}, "call_search")
-BOOK = call("create_booking", {"hotel_id": "lis-1", "check_in": "2026-12-01", "check_out": "2026-12-03"}, "call_book")
+SEARCH = call(
+    "search_hotels", {"city": "Lisbon", "check_in": "2026-12-01", "check_out": "2026-12-03"}, "call_search"
+)
+BOOK = call(
+    "create_booking", {"hotel_id": "lis-1", "check_in": "2026-12-01", "check_out": "2026-12-03"}, "call_book"
+)
 
 
 def booked_run() -> tuple[Run, str]:
@@ -220,8 +280,17 @@ def test_transcript_follows_the_responses_api_item_shapes() -> None:
 
     assert run.state.transcript == (
         {"role": "user", "content": "Book a room in Lisbon"},
-        {"type": "function_call", "call_id": "call_search", "name": "search_hotels", "arguments": SEARCH.arguments},
-        {"type": "function_call_output", "call_id": "call_search", "output": msgspec.json.encode(done.result, order="sorted").decode()},
+        {
+            "type": "function_call",
+            "call_id": "call_search",
+            "name": "search_hotels",
+            "arguments": SEARCH.arguments,
+        },
+        {
+            "type": "function_call_output",
+            "call_id": "call_search",
+            "output": msgspec.json.encode(done.result, order="sorted").decode(),
+        },
         {"role": "assistant", "content": "All done."},
     )
     assert run.state.final_reply == "All done." and run.state.tokens_used == 175
@@ -235,7 +304,10 @@ def test_a_failed_receipt_reaches_the_model_as_an_error_output() -> None:
     run.complete(2, status="failed")
     last = run.state.transcript[-1]
     assert last["type"] == "function_call_output" and last["call_id"] == "call_search"
-    assert json.loads(last["output"]) == {"error": {"code": "sim_failed", "message": "simulated failed"}, "status": "failed"}
+    assert json.loads(last["output"]) == {
+        "error": {"code": "sim_failed", "message": "simulated failed"},
+        "status": "failed",
+    }
 
 
 def test_duplicate_and_stray_completions_are_ignored() -> None:
@@ -257,7 +329,9 @@ def test_duplicate_action_request_is_ignored() -> None:
     run.answer(SEARCH)
     (requested,) = run.decide()
     again = fold_run(run.state, requested)
-    assert again.pending == (requested,) and again.action_steps == 1 and again.transcript == run.state.transcript
+    assert (
+        again.pending == (requested,) and again.action_steps == 1 and again.transcript == run.state.transcript
+    )
     run.complete(requested.step_no)
     assert fold_run(run.state, requested).pending == ()  # a late duplicate does not reopen a completed step
 
@@ -272,7 +346,11 @@ def test_resumed_and_nudged_only_leave_evidence() -> None:
         RunNudged(run_id=RUN, at=run.tick(), by="reconciler", reason="overdue", keys=[action_key(RUN, 2)]),
     )
     assert after.resumes == 1 and after.events == before.events + 2
-    assert (after.pending, after.transcript, after.next_step) == (before.pending, before.transcript, before.next_step)
+    assert (after.pending, after.transcript, after.next_step) == (
+        before.pending,
+        before.transcript,
+        before.next_step,
+    )
 
 
 def test_step_numbers_are_contiguous_across_model_answers_actions_and_rejections() -> None:
@@ -330,7 +408,11 @@ def test_token_budget_hands_off() -> None:
     run.decide()
     run.complete(2)
     (handed,) = run.decide()
-    assert isinstance(handed, RunHandedOff) and handed.reason == "budget_tokens" and "1000 of 1000" in handed.detail
+    assert (
+        isinstance(handed, RunHandedOff)
+        and handed.reason == "budget_tokens"
+        and "1000 of 1000" in handed.detail
+    )
 
 
 def test_deadline_hands_off_and_caps_each_action_timeout() -> None:
@@ -360,12 +442,28 @@ def test_deadline_hands_off_and_caps_each_action_timeout() -> None:
         ("transfer_money", "{}", ErrorCode.UNKNOWN_TOOL),
         ("create_booking", "{not json", ErrorCode.INVALID_TOOL_ARGUMENTS),
         ("create_booking", "[1, 2]", ErrorCode.INVALID_TOOL_ARGUMENTS),
-        ("create_booking", '{"hotel_id": "lis-1", "check_in": "2026-12-03", "check_out": "2026-12-01"}', ErrorCode.INVALID_TOOL_ARGUMENTS),
-        ("create_booking", '{"hotel_id": "lis-1", "check_in": "2026-02-30", "check_out": "2026-03-02"}', ErrorCode.INVALID_TOOL_ARGUMENTS),
-        ("search_hotels", '{"check_in": "2026-12-01", "check_out": "2026-12-03"}', ErrorCode.INVALID_TOOL_ARGUMENTS),
+        (
+            "create_booking",
+            '{"hotel_id": "lis-1", "check_in": "2026-12-03", "check_out": "2026-12-01"}',
+            ErrorCode.INVALID_TOOL_ARGUMENTS,
+        ),
+        (
+            "create_booking",
+            '{"hotel_id": "lis-1", "check_in": "2026-02-30", "check_out": "2026-03-02"}',
+            ErrorCode.INVALID_TOOL_ARGUMENTS,
+        ),
+        (
+            "search_hotels",
+            '{"check_in": "2026-12-01", "check_out": "2026-12-03"}',
+            ErrorCode.INVALID_TOOL_ARGUMENTS,
+        ),
         ("create_payment", '{"booking_id": "bk_never_made"}', ErrorCode.UNKNOWN_BOOKING),
         ("send_confirmation_email", '{"booking_id": "bk_never_made"}', ErrorCode.UNKNOWN_BOOKING),
-        ("release_booking", '{"booking_id": "bk_1"}', ErrorCode.UNKNOWN_TOOL),  # the model never sees compensations
+        (
+            "release_booking",
+            '{"booking_id": "bk_1"}',
+            ErrorCode.UNKNOWN_TOOL,
+        ),  # the model never sees compensations
     ],
 )
 def test_bad_calls_become_typed_rejections(tool: str, arguments: str, code: ErrorCode) -> None:
@@ -374,11 +472,18 @@ def test_bad_calls_become_typed_rejections(tool: str, arguments: str, code: Erro
     run.answer(bad)
     (rejected,) = run.decide()
     assert isinstance(rejected, ToolRejected)
-    assert (rejected.step_no, rejected.call_id, rejected.tool, rejected.error.code) == (2, "call_bad", tool, code.value)
+    assert (rejected.step_no, rejected.call_id, rejected.tool, rejected.error.code) == (
+        2,
+        "call_bad",
+        tool,
+        code.value,
+    )
     assert run.state.pending == () and run.state.unplanned == () and run.state.next_step == 3
     output = run.state.transcript[-1]
     assert output["call_id"] == "call_bad" and json.loads(output["output"])["error"]["code"] == code.value
-    assert isinstance(next_move(run.state, BOOKING, run.tick()), AskModel)  # the model hears why and decides again
+    assert isinstance(
+        next_move(run.state, BOOKING, run.tick()), AskModel
+    )  # the model hears why and decides again
 
 
 @pytest.mark.parametrize("field", ["amount", "amount_cents"])
@@ -386,7 +491,9 @@ def test_the_model_may_not_name_an_amount(field: str) -> None:
     run, booking_id = booked_run()
     run.answer(call("create_payment", {"booking_id": booking_id, field: 1}))
     (rejected,) = run.decide()
-    assert isinstance(rejected, ToolRejected) and rejected.error.code == ErrorCode.INVALID_TOOL_ARGUMENTS.value
+    assert (
+        isinstance(rejected, ToolRejected) and rejected.error.code == ErrorCode.INVALID_TOOL_ARGUMENTS.value
+    )
     assert "server" in rejected.error.message
 
 
@@ -396,7 +503,12 @@ def test_payment_amount_comes_from_the_journaled_booking() -> None:
     run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
     (payment,) = run.decide()
     assert isinstance(payment, ActionRequested)
-    assert payment.args == {"booking_id": booking_id, "guest_id": "guest-1", "amount_cents": booking["total_cents"], "currency": "EUR"}
+    assert payment.args == {
+        "booking_id": booking_id,
+        "guest_id": "guest-1",
+        "amount_cents": booking["total_cents"],
+        "currency": "EUR",
+    }
     assert booking["total_cents"] == 2 * NIGHTLY
     assert (payment.family, payment.key) == ("payment", action_key(RUN, payment.step_no))
     assert payment.input_hash == input_hash({"tool": "create_payment", "args": payment.args})
@@ -415,10 +527,17 @@ def test_payment_amount_comes_from_the_journaled_booking() -> None:
 )
 def test_two_payments_in_one_model_answer_request_one_charge() -> None:
     run, booking_id = booked_run()
-    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"), call("create_payment", {"booking_id": booking_id}, "call_pay2"))
+    run.answer(
+        call("create_payment", {"booking_id": booking_id}, "call_pay"),
+        call("create_payment", {"booking_id": booking_id}, "call_pay2"),
+    )
     payment, twice = run.decide()
     assert isinstance(payment, ActionRequested)
-    assert isinstance(twice, ToolRejected) and twice.step_no == payment.step_no + 1 and "already paid" in twice.error.message
+    assert (
+        isinstance(twice, ToolRejected)
+        and twice.step_no == payment.step_no + 1
+        and "already paid" in twice.error.message
+    )
 
 
 def test_a_failed_booking_cannot_be_paid() -> None:
@@ -433,7 +552,17 @@ def test_a_failed_booking_cannot_be_paid() -> None:
 
 def test_server_fields_override_what_the_model_sends() -> None:
     run = Run(started())
-    run.answer(call("create_booking", {"hotel_id": "lis-1", "check_in": "2026-12-01", "check_out": "2026-12-03", "guest_id": "someone-else"}))
+    run.answer(
+        call(
+            "create_booking",
+            {
+                "hotel_id": "lis-1",
+                "check_in": "2026-12-01",
+                "check_out": "2026-12-03",
+                "guest_id": "someone-else",
+            },
+        )
+    )
     (booking,) = run.decide()
     assert isinstance(booking, ActionRequested) and booking.args["guest_id"] == "guest-1"
 
@@ -446,7 +575,9 @@ def test_unknown_outcome_hands_off_instead_of_guessing() -> None:
     events = run.decide()
     assert [type(e) for e in events] == [RunHandedOff]
     assert events[0].reason == "outcome_unknown" and payment.key in events[0].detail  # type: ignore[union-attr]
-    assert not any(isinstance(e, ActionRequested) and e.tool == "release_booking" for e in run.events)  # maybe paid
+    assert not any(
+        isinstance(e, ActionRequested) and e.tool == "release_booking" for e in run.events
+    )  # maybe paid
 
 
 def test_failed_payment_releases_the_hold_with_a_key_bound_to_the_booking() -> None:
@@ -458,7 +589,11 @@ def test_failed_payment_releases_the_hold_with_a_key_bound_to_the_booking() -> N
     transcript = run.state.transcript
     (release,) = run.decide()
     assert isinstance(release, ActionRequested)
-    assert (release.tool, release.origin, release.key) == ("release_booking", "compensation", compensation_key(booking_key, "release"))
+    assert (release.tool, release.origin, release.key) == (
+        "release_booking",
+        "compensation",
+        compensation_key(booking_key, "release"),
+    )
     assert release.args == {"booking_id": booking_id} and release.step_no == payment.step_no + 1
     assert run.state.transcript == transcript  # compensations stay out of the model's view
     run.complete(release.step_no)
@@ -493,7 +628,12 @@ def test_steps5_plan_makes_five_actions_then_completes() -> None:
     for step in range(1, 6):
         (requested,) = run.decide(STEPS5)
         assert isinstance(requested, ActionRequested)
-        assert (requested.step_no, requested.tool, requested.family, requested.origin) == (step, "noop", "noop", "plan")
+        assert (requested.step_no, requested.tool, requested.family, requested.origin) == (
+            step,
+            "noop",
+            "noop",
+            "plan",
+        )
         assert requested.key == action_key(RUN, step) and requested.args["i"] == step
         assert isinstance(next_move(run.state, STEPS5, run.tick()), AwaitActions)
         run.complete(step)
@@ -501,7 +641,9 @@ def test_steps5_plan_makes_five_actions_then_completes() -> None:
     assert done == RunCompleted(run_id=RUN, at=run.now, reply="5 steps done")
     assert decision_steps(run.events) == [1, 2, 3, 4, 5]
     calls = [item for item in run.state.transcript if item.get("type") == "function_call"]
-    assert [c["call_id"] for c in calls] == [f"plan-{i}" for i in range(1, 6)]  # the plan's calls are in the model's view
+    assert [c["call_id"] for c in calls] == [
+        f"plan-{i}" for i in range(1, 6)
+    ]  # the plan's calls are in the model's view
     assert run.state.model_steps == 0 and run.state.action_steps == 5
 
 
@@ -537,7 +679,9 @@ def assert_replays(journal: list[Event]) -> None:
         move = next_move(state, agent, event.at)
         if isinstance(event, ActionCompleted):
             if state.pending_step(event.step_no) is None:
-                assert state.is_completed(event.step_no), f"receipt #{i} answers a step that was never requested"
+                assert state.is_completed(event.step_no), (
+                    f"receipt #{i} answers a step that was never requested"
+                )
             else:
                 assert isinstance(move, AwaitActions) and event.step_no in {p.step_no for p in move.pending}
             continue
@@ -559,7 +703,13 @@ def test_recorded_journal_of_a_killed_and_resumed_run_replays() -> None:
     state = replay(journal)
     assert state is not None and state.status == "completed" and state.resumes == 1
     assert decision_steps(journal) == list(range(1, state.next_step))
-    assert [req.tool for req, _ in state.completed] == ["search_hotels", "create_booking", "create_payment", "send_confirmation_email", "update_crm"]
+    assert [req.tool for req, _ in state.completed] == [
+        "search_hotels",
+        "create_booking",
+        "create_payment",
+        "send_confirmation_email",
+        "update_crm",
+    ]
 
 
 def booking_model(state: RunState) -> ModelReply:
@@ -584,8 +734,15 @@ Model = Callable[[RunState], ModelReply]
 Outcome = Callable[[ActionRequested], str]
 
 
-def drive(first: RunStarted, model: Model, outcome: Outcome, pick: Callable[[int], int] = lambda n: 0,
-          gap: Callable[[], float] = lambda: 1.0, extra: Callable[[Run], None] = lambda run: None, limit: int = 300) -> Run:
+def drive(
+    first: RunStarted,
+    model: Model,
+    outcome: Outcome,
+    pick: Callable[[int], int] = lambda n: 0,
+    gap: Callable[[], float] = lambda: 1.0,
+    extra: Callable[[Run], None] = lambda run: None,
+    limit: int = 300,
+) -> Run:
     """Run the pure core the way the runtime does, with a simulated model and simulated executors."""
     run = Run(first)
     agent = agent_named(first.agent)
@@ -602,7 +759,9 @@ def drive(first: RunStarted, model: Model, outcome: Outcome, pick: Callable[[int
                 request = pending[pick(len(pending))]
                 run.add(receipt(request, run.now, outcome(request)))
         extra(run)
-    raise AssertionError(f"run did not end within {limit} moves: {[type(e).__name__ for e in run.events[-8:]]}")
+    raise AssertionError(
+        f"run did not end within {limit} moves: {[type(e).__name__ for e in run.events[-8:]]}"
+    )
 
 
 def test_a_driven_booking_replays_to_the_same_decisions() -> None:
@@ -624,8 +783,12 @@ def test_a_driven_steps5_run_replays() -> None:
 
 def test_replay_catches_a_journal_that_the_code_would_not_have_written() -> None:
     run = drive(started(), booking_model, lambda request: "succeeded")
-    payment = next(i for i, e in enumerate(run.events) if isinstance(e, ActionRequested) and e.tool == "create_payment")
-    forged = msgspec.structs.replace(run.events[payment], args={**run.events[payment].args, "amount_cents": 1})  # type: ignore[union-attr]
+    payment = next(
+        i for i, e in enumerate(run.events) if isinstance(e, ActionRequested) and e.tool == "create_payment"
+    )
+    forged = msgspec.structs.replace(
+        run.events[payment], args={**run.events[payment].args, "amount_cents": 1}
+    )  # type: ignore[union-attr]
     with pytest.raises(AssertionError, match="differs on replay"):
         assert_replays([*run.events[:payment], forged, *run.events[payment + 1 :]])
 
@@ -636,7 +799,10 @@ CANDIDATE_CALLS = [
     ("search_hotels", lambda s: SEARCH.arguments),
     ("search_hotels", lambda s: '{"city": "Lisbon"}'),
     ("create_booking", lambda s: BOOK.arguments),
-    ("create_booking", lambda s: '{"hotel_id": "lis-1", "check_in": "2026-12-05", "check_out": "2026-12-01"}'),
+    (
+        "create_booking",
+        lambda s: '{"hotel_id": "lis-1", "check_in": "2026-12-05", "check_out": "2026-12-01"}',
+    ),
     ("create_payment", lambda s: json.dumps({"booking_id": _latest_booking(s)})),
     ("create_payment", lambda s: json.dumps({"booking_id": _latest_booking(s), "amount_cents": 5})),
     ("create_payment", lambda s: '{"booking_id": "bk_unknown"}'),
@@ -664,18 +830,37 @@ def random_run(data: st.DataObject) -> Run:
 
     def model(state: RunState) -> ModelReply:
         tokens = (data.draw(st.integers(1, 200)), data.draw(st.integers(1, 40)))
-        kind = data.draw(st.sampled_from(["text", "sensible", "sensible", "sensible", "random", "random"]), label="model")
+        kind = data.draw(
+            st.sampled_from(["text", "sensible", "sensible", "sensible", "random", "random"]), label="model"
+        )
         if kind == "text":
             return reply_of(text=data.draw(st.sampled_from(["Done.", "Which dates?"])), tokens=tokens)
         if kind == "sensible":
             sensible = booking_model(state)
-            return reply_of(tuple(msgspec.structs.replace(c, call_id=f"call_{next(counter)}") for c in sensible.tool_calls), sensible.reply, tokens)
-        picks = data.draw(st.lists(st.sampled_from(range(len(CANDIDATE_CALLS))), min_size=1, max_size=3), label="calls")
-        calls = tuple(ToolCall(call_id=f"call_{next(counter)}", name=CANDIDATE_CALLS[p][0], arguments=CANDIDATE_CALLS[p][1](state)) for p in picks)
+            return reply_of(
+                tuple(
+                    msgspec.structs.replace(c, call_id=f"call_{next(counter)}") for c in sensible.tool_calls
+                ),
+                sensible.reply,
+                tokens,
+            )
+        picks = data.draw(
+            st.lists(st.sampled_from(range(len(CANDIDATE_CALLS))), min_size=1, max_size=3), label="calls"
+        )
+        calls = tuple(
+            ToolCall(
+                call_id=f"call_{next(counter)}",
+                name=CANDIDATE_CALLS[p][0],
+                arguments=CANDIDATE_CALLS[p][1](state),
+            )
+            for p in picks
+        )
         return reply_of(calls, tokens=tokens)
 
     def outcome(request: ActionRequested) -> str:
-        return data.draw(st.sampled_from(["succeeded"] * 10 + ["failed", "unknown"]), label=f"outcome {request.tool}")
+        return data.draw(
+            st.sampled_from(["succeeded"] * 10 + ["failed", "unknown"]), label=f"outcome {request.tool}"
+        )
 
     def extra(run: Run) -> None:
         # Redeliveries and restarts journal more events; none of them may change a decision.
@@ -683,7 +868,11 @@ def random_run(data: st.DataObject) -> Run:
         if isinstance(last, ActionCompleted) and data.draw(st.integers(0, 4)) == 0:
             run.add(msgspec.structs.replace(last, at=run.tick(), deliveries=2))
         if not run.state.terminal and data.draw(st.integers(0, 6)) == 0:
-            run.add(RunResumed(run_id=RUN, at=run.tick(), worker="w2", next_step=run.state.next_step, reason="restart"))
+            run.add(
+                RunResumed(
+                    run_id=RUN, at=run.tick(), worker="w2", next_step=run.state.next_step, reason="restart"
+                )
+            )
 
     return drive(
         started(agent=agent, budget=budget),
@@ -710,7 +899,11 @@ def test_property_every_prefix_folds_and_steps_stay_contiguous(data: st.DataObje
     assert len(keys) == len(set(keys))  # one key, one intent: never two effects for one key
     # Only compensations may go past the step budget: undoing an effect is never starved.
     for event in run.events:
-        if isinstance(event, DECISIONS) and getattr(event, "origin", "model") != "compensation" and not getattr(event, "call_id", "").startswith("comp:"):
+        if (
+            isinstance(event, DECISIONS)
+            and getattr(event, "origin", "model") != "compensation"
+            and not getattr(event, "call_id", "").startswith("comp:")
+        ):
             assert event.step_no <= run.state.budget.max_steps
 
 
@@ -738,7 +931,12 @@ def test_property_money_moves_only_for_a_booking_made_in_the_run(data: st.DataOb
     run = random_run(data)
     booked = {}
     for event in run.events:
-        if isinstance(event, ActionCompleted) and event.status == "succeeded" and "booking_id" in event.result and "nights" in event.result:
+        if (
+            isinstance(event, ActionCompleted)
+            and event.status == "succeeded"
+            and "booking_id" in event.result
+            and "nights" in event.result
+        ):
             booked[event.result["booking_id"]] = event.result["total_cents"]
         if isinstance(event, ActionRequested) and event.tool == "create_payment":
             assert booked.get(event.args["booking_id"]) == event.args["amount_cents"]

@@ -30,7 +30,13 @@ HELLO = "hello"
 def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One stack for the module (they cost seconds each); every test uses its own keys."""
     ns = Namespace(f"g{uuid.uuid4().hex[:10]}")
-    running = Stack(tmp_path_factory.mktemp("gateway"), nats_url=nats_server.url, namespace=ns.name, executors=(), reconciler=False)
+    running = Stack(
+        tmp_path_factory.mktemp("gateway"),
+        nats_url=nats_server.url,
+        namespace=ns.name,
+        executors=(),
+        reconciler=False,
+    )
     running.start()
     yield running
     running.stop()
@@ -48,7 +54,13 @@ async def http(stack: Stack) -> Any:
 
 
 def body(key: str | None = None, text: str = HELLO, **overrides: Any) -> dict[str, Any]:
-    return {"event_id": key or f"evt-{uuid.uuid4().hex[:12]}", "session_id": "sess-1", "guest_id": "guest-1", "text": text, **overrides}
+    return {
+        "event_id": key or f"evt-{uuid.uuid4().hex[:12]}",
+        "session_id": "sess-1",
+        "guest_id": "guest-1",
+        "text": text,
+        **overrides,
+    }
 
 
 async def inbound_count(broker: Broker, ns: Namespace) -> int:
@@ -62,7 +74,9 @@ async def events_of(http: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]
     return list(response.json()["events"])
 
 
-async def wait_for(http: httpx.AsyncClient, run_id: str, status: str = "completed", deadline_s: float = 20.0) -> dict[str, Any]:
+async def wait_for(
+    http: httpx.AsyncClient, run_id: str, status: str = "completed", deadline_s: float = 20.0
+) -> dict[str, Any]:
     """Poll the run until it reaches `status` (never a bare sleep as synchronisation)."""
     deadline = time.monotonic() + deadline_s
     last: Any = None
@@ -100,11 +114,23 @@ async def test_an_event_becomes_a_run_with_a_readable_journal(http: httpx.AsyncC
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert {e["run_id"] for e in events} == {run_id}
     first = events[0]
-    assert (first["idempotency_key"], first["event_id"], first["guest_id"], first["text"]) == (sent["event_id"], sent["event_id"], "guest-1", HELLO)
+    assert (first["idempotency_key"], first["event_id"], first["guest_id"], first["text"]) == (
+        sent["event_id"],
+        sent["event_id"],
+        "guest-1",
+        HELLO,
+    )
     assert first["input_hash"] == input_hash(GuestMessage(**sent))
     answered = events[1]
-    assert summary["steps"] == 1 and summary["tokens_used"] == answered["input_tokens"] + answered["output_tokens"] > 0
-    assert summary["reply"] == events[2]["reply"] and summary["last_seq"] == seqs[-1] and summary["pending_actions"] == []
+    assert (
+        summary["steps"] == 1
+        and summary["tokens_used"] == answered["input_tokens"] + answered["output_tokens"] > 0
+    )
+    assert (
+        summary["reply"] == events[2]["reply"]
+        and summary["last_seq"] == seqs[-1]
+        and summary["pending_actions"] == []
+    )
 
 
 async def test_the_same_key_twice_is_one_run(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
@@ -122,7 +148,9 @@ async def test_the_same_key_twice_is_one_run(http: httpx.AsyncClient, broker: Br
     assert [e["type"] for e in await events_of(http, first.json()["run_id"])].count("run.started") == 1
 
 
-async def test_a_burst_of_the_same_key_is_one_run(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_a_burst_of_the_same_key_is_one_run(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     before = await inbound_count(broker, ns)
     answers = await asyncio.gather(*(http.post("/v1/events", json=sent) for _ in range(6)))
@@ -134,12 +162,16 @@ async def test_a_burst_of_the_same_key_is_one_run(http: httpx.AsyncClient, broke
     assert [e["type"] for e in await events_of(http, answers[0].json()["run_id"])].count("run.started") == 1
 
 
-async def test_the_same_key_with_another_body_is_a_conflict(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_the_same_key_with_another_body_is_a_conflict(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     key, run_id = sent["event_id"], run_id_for(sent["event_id"])
     assert (await http.post("/v1/events", json=sent)).status_code == 202
     before = await inbound_count(broker, ns)
-    clash = await http.post("/v1/events", json={**sent, "text": "Book a room in Paris from 2026-12-01 to 2026-12-02"})
+    clash = await http.post(
+        "/v1/events", json={**sent, "text": "Book a room in Paris from 2026-12-01 to 2026-12-02"}
+    )
     error = assert_error(clash, 409, "idempotency_conflict")
     assert key in error["message"] and error["details"] == {"key": key, "run_id": run_id}
     assert await inbound_count(broker, ns) == before
@@ -148,7 +180,9 @@ async def test_the_same_key_with_another_body_is_a_conflict(http: httpx.AsyncCli
     assert len(started) == 1 and started[0]["text"] == HELLO
 
 
-async def test_idempotency_key_header_overrides_event_id(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_idempotency_key_header_overrides_event_id(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     header_key = f"hdr-{uuid.uuid4().hex[:12]}"
     response = await http.post("/v1/events", json=sent, headers={"Idempotency-Key": header_key})
@@ -163,7 +197,10 @@ async def test_idempotency_key_header_overrides_event_id(http: httpx.AsyncClient
     clash = await http.post("/v1/events", json=body(), headers={"idempotency-key": header_key})
     assert_error(clash, 409, "idempotency_conflict")
     own = await http.post("/v1/events", json=sent)
-    assert own.status_code == 202 and own.json() == {"run_id": run_id_for(sent["event_id"]), "duplicate": False}
+    assert own.status_code == 202 and own.json() == {
+        "run_id": run_id_for(sent["event_id"]),
+        "duplicate": False,
+    }
     await wait_for(http, own.json()["run_id"])
 
 
@@ -175,30 +212,64 @@ OK = json.dumps(body("evt-never-published")).encode()
 @pytest.mark.parametrize(
     ("raw", "headers", "status", "code"),
     [
-        pytest.param(b'{"event_id": "evt-1", "session_id": ', {}, 400, "invalid_request", id="malformed-json"),
+        pytest.param(
+            b'{"event_id": "evt-1", "session_id": ', {}, 400, "invalid_request", id="malformed-json"
+        ),
         pytest.param(b"", {}, 400, "invalid_request", id="empty-body"),
-        pytest.param(json.dumps({k: v for k, v in body().items() if k != "guest_id"}).encode(), {}, 422, "invalid_request", id="missing-field"),
+        pytest.param(
+            json.dumps({k: v for k, v in body().items() if k != "guest_id"}).encode(),
+            {},
+            422,
+            "invalid_request",
+            id="missing-field",
+        ),
         pytest.param(json.dumps(body(guest_id=42)).encode(), {}, 422, "invalid_request", id="wrong-type"),
-        pytest.param(json.dumps(body(amount_cents=1)).encode(), {}, 422, "invalid_request", id="unknown-field"),
+        pytest.param(
+            json.dumps(body(amount_cents=1)).encode(), {}, 422, "invalid_request", id="unknown-field"
+        ),
         pytest.param(json.dumps(body(text="")).encode(), {}, 422, "invalid_request", id="empty-text"),
-        pytest.param(json.dumps(body(event_id="has spaces/and slashes")).encode(), {}, 422, "invalid_request", id="bad-id"),
+        pytest.param(
+            json.dumps(body(event_id="has spaces/and slashes")).encode(),
+            {},
+            422,
+            "invalid_request",
+            id="bad-id",
+        ),
         pytest.param(b"[1, 2, 3]", {}, 422, "invalid_request", id="not-an-object"),
-        pytest.param(json.dumps(body(text="x" * 4001)).encode(), {}, 422, "invalid_request", id="text-too-long"),
-        pytest.param(json.dumps(body(text="x" * (MAX_BODY_BYTES + 1))).encode(), {}, 413, "body_too_large", id="too-large"),
+        pytest.param(
+            json.dumps(body(text="x" * 4001)).encode(), {}, 422, "invalid_request", id="text-too-long"
+        ),
+        pytest.param(
+            json.dumps(body(text="x" * (MAX_BODY_BYTES + 1))).encode(),
+            {},
+            413,
+            "body_too_large",
+            id="too-large",
+        ),
         pytest.param(OK, {"Idempotency-Key": ""}, 400, "invalid_request", id="empty-key"),
         pytest.param(OK, {"Idempotency-Key": "k" * 201}, 400, "invalid_request", id="key-too-long"),
     ],
 )
 async def test_bad_requests_are_typed_and_publish_nothing(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace, raw: bytes, headers: dict[str, str], status: int, code: str
+    http: httpx.AsyncClient,
+    broker: Broker,
+    ns: Namespace,
+    raw: bytes,
+    headers: dict[str, str],
+    status: int,
+    code: str,
 ) -> None:
     before = await inbound_count(broker, ns)
-    response = await http.post("/v1/events", content=raw, headers={"content-type": "application/json", **headers})
+    response = await http.post(
+        "/v1/events", content=raw, headers={"content-type": "application/json", **headers}
+    )
     assert_error(response, status, code)
     assert await inbound_count(broker, ns) == before
 
 
-async def test_the_body_limit_is_exactly_16_kib(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_the_body_limit_is_exactly_16_kib(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     compact = json.dumps(body()).encode()
     at_limit = compact[:-1] + b" " * (MAX_BODY_BYTES - len(compact)) + b"}"  # JSON allows the padding
     assert len(at_limit) == MAX_BODY_BYTES
@@ -216,7 +287,9 @@ async def test_the_body_limit_is_exactly_16_kib(http: httpx.AsyncClient, broker:
     reason="gateway/app.py _accept takes ?agent= unchecked: an unknown agent is published (202), the runtime "
     "dead-letters it, and the key is then taken for 7 days by a run that never exists",
 )
-async def test_an_unknown_agent_is_refused_before_anything_is_published(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_an_unknown_agent_is_refused_before_anything_is_published(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     before = await inbound_count(broker, ns)
     response = await http.post("/v1/events?agent=no_such_agent", json=sent)
@@ -230,22 +303,34 @@ async def test_an_unknown_agent_is_refused_before_anything_is_published(http: ht
 def inbound_event(sent: dict[str, Any], key: str | None = None) -> InboundEvent:
     key = key or sent["event_id"]
     message = GuestMessage(**sent)
-    return InboundEvent(key=key, run_id=run_id_for(key), input_hash=input_hash(message), message=message, received_at=datetime.now(UTC))
+    return InboundEvent(
+        key=key,
+        run_id=run_id_for(key),
+        input_hash=input_hash(message),
+        message=message,
+        received_at=datetime.now(UTC),
+    )
 
 
-async def test_a_redelivery_with_a_new_msg_id_is_refused_by_the_per_run_subject(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_a_redelivery_with_a_new_msg_id_is_refused_by_the_per_run_subject(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     """What a redelivery after the duplicate window looks like: same run subject, a message id JetStream forgot."""
     sent = body()
     run_id = (await http.post("/v1/events", json=sent)).json()["run_id"]
     before = await inbound_count(broker, ns)
     with pytest.raises(SubjectFull):
-        await broker.publish(ns.inbound(run_id), inbound_encoder.encode(inbound_event(sent)), msg_id=f"late-{uuid.uuid4().hex}")
+        await broker.publish(
+            ns.inbound(run_id), inbound_encoder.encode(inbound_event(sent)), msg_id=f"late-{uuid.uuid4().hex}"
+        )
     assert await inbound_count(broker, ns) == before
     await wait_for(http, run_id)
     assert [e["type"] for e in await events_of(http, run_id)].count("run.started") == 1
 
 
-async def _poll_until_window_passed(broker: Broker, ns: Namespace, run_id: str, deadline_s: float = 10.0) -> None:
+async def _poll_until_window_passed(
+    broker: Broker, ns: Namespace, run_id: str, deadline_s: float = 10.0
+) -> None:
     """The gateway's msg id is the run id; once JetStream forgets it, a publish hits the full subject instead."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -258,7 +343,9 @@ async def _poll_until_window_passed(broker: Broker, ns: Namespace, run_id: str, 
     raise AssertionError("the duplicate window never passed")
 
 
-async def test_after_the_duplicate_window_the_gateway_still_gives_one_run(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_after_the_duplicate_window_the_gateway_still_gives_one_run(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     """Shrink the inbound stream's duplicate window so "two minutes later" happens now, then retry through HTTP."""
     name = ns.stream(StreamKind.INBOUND)
     config = (await broker.js.stream_info(name)).config
@@ -272,7 +359,11 @@ async def test_after_the_duplicate_window_the_gateway_still_gives_one_run(http: 
         before = await inbound_count(broker, ns)
         again = await http.post("/v1/events", json=sent)
         assert again.status_code == 202 and again.json() == {"run_id": run_id, "duplicate": True}
-        assert_error(await http.post("/v1/events", json={**sent, "text": "something else"}), 409, "idempotency_conflict")
+        assert_error(
+            await http.post("/v1/events", json={**sent, "text": "something else"}),
+            409,
+            "idempotency_conflict",
+        )
         assert await inbound_count(broker, ns) == before
         await wait_for(http, run_id)
         assert [e["type"] for e in await events_of(http, run_id)].count("run.started") == 1
@@ -305,7 +396,9 @@ async def _start_run_directly(broker: Broker, ns: Namespace, sent: dict[str, Any
     return run_id
 
 
-async def test_the_journal_guards_a_key_whose_inbound_message_is_gone(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_the_journal_guards_a_key_whose_inbound_message_is_gone(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     run_id = await _start_run_directly(broker, ns, sent)
     clash = await http.post("/v1/events", json={**sent, "text": "a different request"})
@@ -319,7 +412,9 @@ async def test_the_journal_guards_a_key_whose_inbound_message_is_gone(http: http
     "inbound subject's 'original', after which the true original is refused (409) and the conflicting body is "
     "accepted as a duplicate (202)",
 )
-async def test_a_journal_guard_conflict_publishes_nothing_and_keeps_the_original(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_a_journal_guard_conflict_publishes_nothing_and_keeps_the_original(
+    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     run_id = await _start_run_directly(broker, ns, sent)
     other = {**sent, "text": "a different request"}
@@ -364,7 +459,9 @@ async def test_an_unknown_run_is_a_typed_404(http: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize("run_id", ["*", ">", 'run_"x'])
 async def test_a_run_id_is_never_a_subject_pattern(http: httpx.AsyncClient, run_id: str) -> None:
     sent = body()
-    await wait_for(http, (await http.post("/v1/events", json=sent)).json()["run_id"])  # at least one run exists
+    await wait_for(
+        http, (await http.post("/v1/events", json=sent)).json()["run_id"]
+    )  # at least one run exists
     for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/events"):
         response = await http.get(path)
         assert response.status_code in (400, 404), (path, response.status_code, response.text[:200])

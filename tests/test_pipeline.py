@@ -17,7 +17,17 @@ import pytest
 from test_fold import assert_replays  # the same replay check the pure tests use, here on real journals
 
 from contracts.errors import ErrorCode, RetryClass, RunVersionConflict
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, Event, ModelAnswered, RunCompleted, RunResumed, RunStarted, ToolRejected
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    Event,
+    ModelAnswered,
+    RunCompleted,
+    RunResumed,
+    RunStarted,
+    ToolRejected,
+)
 from contracts.streams import stream_specs
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
@@ -31,12 +41,22 @@ EFFECTS = ("booking", "charge", "email", "crm_update")
 
 
 async def submit(http: httpx.AsyncClient, text: str, guest: str) -> str:
-    response = await http.post("/v1/events", json={"event_id": f"evt-{uuid.uuid4().hex[:12]}", "session_id": f"sess-{guest}", "guest_id": guest, "text": text})
+    response = await http.post(
+        "/v1/events",
+        json={
+            "event_id": f"evt-{uuid.uuid4().hex[:12]}",
+            "session_id": f"sess-{guest}",
+            "guest_id": guest,
+            "text": text,
+        },
+    )
     assert response.status_code == 202, response.text
     return str(response.json()["run_id"])
 
 
-async def wait_terminal(http: httpx.AsyncClient, run_id: str, deadline_s: float = 30.0, must: bool = True) -> dict[str, Any]:
+async def wait_terminal(
+    http: httpx.AsyncClient, run_id: str, deadline_s: float = 30.0, must: bool = True
+) -> dict[str, Any]:
     deadline = time.monotonic() + deadline_s
     last: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -105,16 +125,30 @@ async def test_a_booking_makes_each_effect_once(stack: Stack, journal_of: Callab
     assert books["counts"]["booking_release"] == books["counts"]["refund"] == 0
 
     events: list[Event] = await journal_of(run_id)
-    search, booked, paid = (receipt_of(events, t) for t in ("search_hotels", "create_booking", "create_payment"))
-    rate = next(h["nightly_rate_cents"] for h in search.result["hotels"] if h["hotel_id"] == booked.result["hotel_id"])
+    search, booked, paid = (
+        receipt_of(events, t) for t in ("search_hotels", "create_booking", "create_payment")
+    )
+    rate = next(
+        h["nightly_rate_cents"] for h in search.result["hotels"] if h["hotel_id"] == booked.result["hotel_id"]
+    )
     charge = next(e for e in books["entries"] if e["kind"] == "charge")
-    assert booked.result["nights"] == 2 and charge["amount_cents"] == booked.result["nights"] * rate == booked.result["total_cents"]
+    assert (
+        booked.result["nights"] == 2
+        and charge["amount_cents"] == booked.result["nights"] * rate == booked.result["total_cents"]
+    )
     assert charge["ref"] == paid.provider_ref == paid.result["payment_id"]
 
     # Every effect carries the key of the step that asked for it.
     requested = {e.tool: e.key for e in events if isinstance(e, ActionRequested)}
-    tool_of = {"booking": "create_booking", "charge": "create_payment", "email": "send_confirmation_email", "crm_update": "update_crm"}
-    assert {e["kind"]: e["key"] for e in books["entries"]} == {kind: requested[tool_of[kind]] for kind in EFFECTS}
+    tool_of = {
+        "booking": "create_booking",
+        "charge": "create_payment",
+        "email": "send_confirmation_email",
+        "crm_update": "update_crm",
+    }
+    assert {e["kind"]: e["key"] for e in books["entries"]} == {
+        kind: requested[tool_of[kind]] for kind in EFFECTS
+    }
 
     assert decision_steps(events) == list(range(1, summary["steps"] + 1))
     assert isinstance(events[-1], RunCompleted) and booked.result["booking_id"] in events[-1].reply
@@ -123,12 +157,18 @@ async def test_a_booking_makes_each_effect_once(stack: Stack, journal_of: Callab
     assert state is not None and state.status == "completed" and state.tokens_used == summary["tokens_used"]
 
 
-async def test_a_vague_message_gets_a_question_and_no_effects(stack: Stack, journal_of: Callable[[str], Any]) -> None:
+async def test_a_vague_message_gets_a_question_and_no_effects(
+    stack: Stack, journal_of: Callable[[str], Any]
+) -> None:
     guest = f"guest-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=stack.gateway_url) as http:
         run_id = await submit(http, "hello", guest)
         summary = await wait_terminal(http, run_id)
-    assert summary["status"] == "completed" and summary["reply"].rstrip().endswith(("?", "'")) and "?" in summary["reply"]
+    assert (
+        summary["status"] == "completed"
+        and summary["reply"].rstrip().endswith(("?", "'"))
+        and "?" in summary["reply"]
+    )
     events: list[Event] = await journal_of(run_id)
     assert [type(e) for e in events] == [RunStarted, ModelAnswered, RunCompleted]
     assert sum((await ledger(stack, guest))["counts"].values()) == 0
@@ -137,7 +177,9 @@ async def test_a_vague_message_gets_a_question_and_no_effects(stack: Stack, jour
 # A worker SIGKILLed at the worst moment ----------------------------------------------------------------------
 
 
-async def test_payment_executor_killed_after_the_charge_charges_once(make_stack: Callable[..., Stack], namespace: Namespace, broker: Broker) -> None:
+async def test_payment_executor_killed_after_the_charge_charges_once(
+    make_stack: Callable[..., Stack], namespace: Namespace, broker: Broker
+) -> None:
     """Killed after the provider charged and before the receipt was written: the restart finds the charge by key."""
     stack = make_stack(crash={"executor-payment": "executor.after_provider_ack"}, reconciler=False)
     stop = asyncio.Event()
@@ -177,7 +219,9 @@ class Race:
     effects: dict[str, Counter[str]]
 
 
-async def settle(http: httpx.AsyncClient, run_ids: list[str], quiet_s: float = 4.0, deadline_s: float = 40.0) -> list[dict[str, Any]]:
+async def settle(
+    http: httpx.AsyncClient, run_ids: list[str], quiet_s: float = 4.0, deadline_s: float = 40.0
+) -> list[dict[str, Any]]:
     """Wait until every run ended, or until no journal moved for `quiet_s`: a healthy step takes milliseconds,
     so a run that sits still that long is stuck, and waiting longer would only make a failing test slow."""
     deadline = time.monotonic() + deadline_s
@@ -197,7 +241,9 @@ async def settle(http: httpx.AsyncClient, run_ids: list[str], quiet_s: float = 4
 @pytest.fixture(scope="module")
 async def race(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Race]:
     """Six bookings at once through two runtime workers sharing the durable consumers: outcomes land on either."""
-    stack = await asyncio.to_thread(start_stack, nats_server, tmp_path_factory.mktemp("race"), runtimes=2, reconciler=False)
+    stack = await asyncio.to_thread(
+        start_stack, nats_server, tmp_path_factory.mktemp("race"), runtimes=2, reconciler=False
+    )
     broker = await Broker.connect(stack.nats_url, "tests-race")
     try:
         async with httpx.AsyncClient(base_url=stack.gateway_url) as http:
@@ -215,7 +261,9 @@ async def race(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 
 
 async def test_racing_workers_never_decide_a_step_twice(race: Race) -> None:
-    assert any(isinstance(e, RunResumed) for events in race.journals.values() for e in events), "the workers never shared a run"
+    assert any(isinstance(e, RunResumed) for events in race.journals.values() for e in events), (
+        "the workers never shared a run"
+    )
     for run_id, events in race.journals.items():
         steps = decision_steps(events)
         assert steps == list(range(1, len(steps) + 1)), (run_id, steps)
@@ -227,13 +275,8 @@ async def test_racing_workers_never_decide_a_step_twice(race: Race) -> None:
         assert_replays(events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime/service.py record_outcome trusts a stale cached run: when worker A holds a run that worker B has "
-    "since advanced, an outcome for B's newer step finds pending_step() None on A's cache, is treated as a duplicate, "
-    "acked and dropped; the run waits forever (with runtimes=2 most runs stick)",
-)
 async def test_racing_workers_complete_every_run(race: Race) -> None:
+    """A worker whose cached copy of a run is stale must re-read it, never drop an outcome as a duplicate."""
     assert {r: s.get("status") for r, s in race.summaries.items()} == dict.fromkeys(race.run_ids, "completed")
     for run_id in race.run_ids:
         assert {kind: race.effects[run_id][kind] for kind in EFFECTS} == dict.fromkeys(EFFECTS, 1), run_id
@@ -249,8 +292,17 @@ async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: N
     run_id = "run_" + uuid.uuid4().hex[:24]
     now = datetime.now(UTC)
     started = RunStarted(
-        run_id=run_id, at=now, agent="booking", session_id="s", guest_id="g", event_id="e", idempotency_key="e",
-        input_hash="0" * 64, text="hello", budget=Budget(), deadline_at=now + timedelta(seconds=90),
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id="s",
+        guest_id="g",
+        event_id="e",
+        idempotency_key="e",
+        input_hash="0" * 64,
+        text="hello",
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=90),
     )
     seq = await journal.append(started, 0)
     with pytest.raises(RunVersionConflict):
@@ -258,7 +310,14 @@ async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: N
 
     for step in range(1, 6):
         contenders = [
-            ModelAnswered(run_id=run_id, at=now, step_no=step, model="m", response_id=f"resp_{step}_{writer}", reply=f"writer {writer}")
+            ModelAnswered(
+                run_id=run_id,
+                at=now,
+                step_no=step,
+                model="m",
+                response_id=f"resp_{step}_{writer}",
+                reply=f"writer {writer}",
+            )
             for writer in range(3)
         ]
         results = await asyncio.gather(*(journal.append(c, seq) for c in contenders), return_exceptions=True)

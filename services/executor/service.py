@@ -117,9 +117,9 @@ class Executor:
         if contract.effect is Effect.READ:
             await self._publish(await self._run(request, contract, operation, attempts=1, deliveries=deliveries, look_first=False), ctx)
             return
-        running = self._inflight.get(request.key)
-        if running is not None:
-            await running  # one key is never executed twice at once; answer from its receipt afterwards
+        # One key is never executed twice at once: wait for the delivery holding it, then answer from its receipt.
+        while (running := self._inflight.get(request.key)) is not None:
+            await running
         store = self._store_for(request.key)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[request.key] = done
