@@ -22,13 +22,26 @@ class GuestMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     text: Text
 
 
+class InboundMessage(msgspec.Struct, frozen=True):
+    """The guest message as it travels on JetStream: the same fields, but lenient, so old readers skip new ones."""
+
+    event_id: str
+    session_id: str
+    guest_id: str
+    text: str
+
+    @classmethod
+    def of(cls, message: GuestMessage) -> InboundMessage:
+        return cls(message.event_id, message.session_id, message.guest_id, message.text)
+
+
 class InboundEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="inbound.guest_message"):
     """A guest message accepted by the gateway, bound to its run; published once per idempotency key."""
 
     key: str
     run_id: str
     input_hash: str
-    message: GuestMessage
+    message: InboundMessage
     agent: str = "booking"
     received_at: datetime
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import msgspec
 
 _canonical = msgspec.json.Encoder(order="sorted")
+
+
+RUN_ID = re.compile(r"^run_[0-9a-f]{24}$")
+
+
+def is_run_id(value: str) -> bool:
+    """Run ids come from `run_id_for`; anything else (a wildcard, a quote) is refused before it nears a subject."""
+    return bool(RUN_ID.match(value))
 
 
 def input_hash(value: Any) -> str:

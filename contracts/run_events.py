@@ -81,6 +81,7 @@ class ToolRejected(RunEvent, kw_only=True, tag="run.tool_rejected"):
     call_id: str
     tool: str
     error: ErrorInfo
+    origin: str = "model"
 
 
 class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):

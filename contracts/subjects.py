@@ -9,6 +9,14 @@ from enum import StrEnum
 
 DEFAULT_NAMESPACE = "crashsafe"
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+# A subject token that is a literal: no wildcard, separator, space or control character.
+_LITERAL = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def _literal(token: str) -> str:
+    if not _LITERAL.match(token):
+        raise ValueError(f"{token!r} is not a literal subject token")
+    return token
 
 
 class Header(StrEnum):
@@ -50,7 +58,7 @@ class Namespace:
 
     # Inbound guest events, one subject per run so the first message for a run is also its lasting guard.
     def inbound(self, run_id: str) -> str:
-        return f"{self.name}.inbound.{run_id}"
+        return f"{self.name}.inbound.{_literal(run_id)}"
 
     @property
     def inbound_all(self) -> str:
@@ -58,7 +66,7 @@ class Namespace:
 
     # The run journal: every event of one run on one subject, appended with an expected subject sequence.
     def run_events(self, run_id: str) -> str:
-        return f"{self.name}.run.{run_id}"
+        return f"{self.name}.run.{_literal(run_id)}"
 
     @property
     def run_events_all(self) -> str:
@@ -74,7 +82,7 @@ class Namespace:
 
     # Messages for the runtime about one run: action outcomes and wake-ups.
     def outcomes(self, run_id: str) -> str:
-        return f"{self.name}.outcome.{run_id}"
+        return f"{self.name}.outcome.{_literal(run_id)}"
 
     @property
     def outcomes_all(self) -> str:

@@ -519,12 +519,6 @@ def test_payment_amount_comes_from_the_journaled_booking() -> None:
     assert isinstance(again, ToolRejected) and "already paid" in again.error.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan_calls prepares every call of one model answer against the same pre-answer state, so "
-    "BookingAgent._already never sees the first create_payment of the batch: two payment intents with two keys "
-    "(a double charge the provider accepts)",
-)
 def test_two_payments_in_one_model_answer_request_one_charge() -> None:
     run, booking_id = booked_run()
     run.answer(
@@ -601,12 +595,6 @@ def test_failed_payment_releases_the_hold_with_a_key_bound_to_the_booking() -> N
     assert isinstance(next_move(run.state, BOOKING, run.tick()), AskModel)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decide.next_move/plan_compensations: a compensation that prepare() refuses becomes a ToolRejected, which "
-    "is neither pending nor completed, so compensations() asks for it again on every move, unbounded by any budget: "
-    "a 2xx booking answer without booking_id makes the runtime append ToolRejected events forever",
-)
 def test_a_refused_compensation_ends_the_run_instead_of_looping() -> None:
     run = Run(started())
     run.answer(BOOK)

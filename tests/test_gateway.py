@@ -282,11 +282,6 @@ async def test_the_body_limit_is_exactly_16_kib(
     await wait_for(http, accepted.json()["run_id"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/app.py _accept takes ?agent= unchecked: an unknown agent is published (202), the runtime "
-    "dead-letters it, and the key is then taken for 7 days by a run that never exists",
-)
 async def test_an_unknown_agent_is_refused_before_anything_is_published(
     http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
@@ -406,12 +401,6 @@ async def test_the_journal_guards_a_key_whose_inbound_message_is_gone(
     assert error["details"] == {"key": sent["event_id"], "run_id": run_id}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/app.py _accept publishes before consulting the journal guard: the refused body becomes the "
-    "inbound subject's 'original', after which the true original is refused (409) and the conflicting body is "
-    "accepted as a duplicate (202)",
-)
 async def test_a_journal_guard_conflict_publishes_nothing_and_keeps_the_original(
     http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
@@ -425,11 +414,6 @@ async def test_a_journal_guard_conflict_publishes_nothing_and_keeps_the_original
     assert_error(await http.post("/v1/events", json=other), 409, "idempotency_conflict")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/app.py _accept: when the publish is a duplicate (inside the 2-minute window) but the inbound "
-    "message is gone, `original is None` skips every check and a different body gets 202 instead of the journal's 409",
-)
 async def test_a_purged_inbound_message_inside_the_window_falls_back_to_the_journal(
     http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
@@ -450,12 +434,6 @@ async def test_an_unknown_run_is_a_typed_404(http: httpx.AsyncClient) -> None:
         assert error["details"] == {"run_id": "unknown"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="platform/jetstream.py _direct_batch puts the run id from the URL into next_by_subj unchecked: '*' and "
-    "'>' read every run's journal (GET /v1/runs/*/events lists other guests' events; /v1/runs/> folds them into one "
-    "summary) and a '\"' makes the request malformed JSON (503 instead of 404)",
-)
 @pytest.mark.parametrize("run_id", ["*", ">", 'run_"x'])
 async def test_a_run_id_is_never_a_subject_pattern(http: httpx.AsyncClient, run_id: str) -> None:
     sent = body()

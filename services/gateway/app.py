@@ -11,13 +11,16 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
+from opentelemetry.context import Context
 
 from contracts.errors import CrashsafeError, RunNotFound
-from contracts.inbound import InboundEvent, inbound_decoder, inbound_encoder
-from contracts.run_events import RunStarted
+from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from contracts.keys import is_run_id
+from contracts.run_events import RunStarted, event_decoder
 from contracts.streams import stream_specs
-from contracts.subjects import Header, StreamKind
-from services.gateway.core import admit, conflict, status_for
+from contracts.subjects import Header, Namespace, StreamKind
+from services.agents import AGENTS
+from services.gateway.core import Admission, UnprocessableBody, admit, conflict, status_for
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, SubjectFull
 from services.platform.journal import RunJournal
@@ -39,39 +42,59 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     broker: Broker = state.broker
     settings: Settings = state.settings
     ns = settings.namespace
-    body = await request.body()
-    admission = admit(body, request.headers.get(Header.IDEMPOTENCY_KEY))
+    admission = admit(await request.body(), request.headers.get(Header.IDEMPOTENCY_KEY))
     agent = request.query_params.get("agent", "booking")
+    if agent not in AGENTS:
+        raise UnprocessableBody(f"unknown agent {agent!r}; known agents: {sorted(AGENTS)}", agent=agent)
     ctx = context_from(dict(request.headers))
-    event = InboundEvent(
-        key=admission.key,
-        run_id=admission.run_id,
-        input_hash=admission.input_hash,
-        message=admission.message,
-        agent=agent,
-        received_at=datetime.now(UTC),
-    )
-    subject = ns.inbound(admission.run_id)
-    duplicate = False
-    try:
-        published = await broker.publish(subject, inbound_encoder.encode(event), msg_id=admission.run_id, headers=headers_for(ctx))
-        duplicate = published.duplicate
-    except SubjectFull:
-        duplicate = True  # the per-run subject already holds this run's first message: the lasting guard
-    if duplicate:
-        original = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), subject)
-        if original is not None and inbound_decoder.decode(original.data).input_hash != admission.input_hash:
-            raise conflict(admission.key, admission.run_id)
-    else:
-        # Past the inbound stream's retention the run journal is the guard: its first event holds the input hash.
-        first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(admission.run_id))
-        if first is not None:
-            started = msgspec.json.decode(first.data, type=RunStarted)
-            if started.input_hash != admission.input_hash:
-                raise conflict(admission.key, admission.run_id)
+    # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
+    duplicate = await _matches_journal(broker, ns, admission)
+    if not duplicate:
+        event = InboundEvent(
+            key=admission.key,
+            run_id=admission.run_id,
+            input_hash=admission.input_hash,
+            message=InboundMessage.of(admission.message),
+            agent=agent,
+            received_at=datetime.now(UTC),
+        )
+        duplicate = await _publish_once(broker, ns, event, ctx)
     crash_point("gateway.after_publish")
     log(logger, logging.INFO, "accepted", run_id=admission.run_id, key=admission.key, duplicate=duplicate, trace_id=trace_id_of(ctx))
     return Response(content={"run_id": admission.run_id, "duplicate": duplicate}, status_code=202)
+
+
+async def _matches_journal(broker: Broker, ns: Namespace, admission: Admission) -> bool:
+    """True if the run already exists with this input; a conflict if it exists with another; False if new."""
+    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(admission.run_id))
+    if first is None:
+        return False
+    started = event_decoder.decode(first.data)
+    if not isinstance(started, RunStarted) or started.input_hash != admission.input_hash:
+        raise conflict(admission.key, admission.run_id)
+    return True
+
+
+async def _publish_once(broker: Broker, ns: Namespace, event: InboundEvent, ctx: Context) -> bool:
+    """Publish the run's one inbound message; True if it was already there (the same input), else a conflict."""
+    subject = ns.inbound(event.run_id)
+    payload = inbound_encoder.encode(event)
+    try:
+        published = await broker.publish(subject, payload, msg_id=event.run_id, headers=headers_for(ctx))
+        if not published.duplicate:
+            return False
+    except SubjectFull:
+        pass  # the per-run subject already holds this run's first message: the guard past the duplicate window
+    original = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), subject)
+    if original is None:
+        # Inside the duplicate window but the message is gone (purged or aged out, and no run yet): the id alone
+        # blocks it, so publish under an id bound to this input; the runtime's run.started at sequence 0 still
+        # makes one run of it.
+        await broker.publish(subject, payload, msg_id=f"{event.run_id}:{event.input_hash}", headers=headers_for(ctx))
+        return False
+    if inbound_decoder.decode(original.data).input_hash != event.input_hash:
+        raise conflict(event.key, event.run_id)
+    return True
 
 
 @post("/v1/events")
@@ -83,6 +106,8 @@ async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[
 
 
 async def _journal(state: State, run_id: str) -> list[tuple[int, Any]]:
+    if not is_run_id(run_id):
+        raise RunNotFound(f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events", run_id=run_id[:64])
     journal = RunJournal(state.broker, state.settings.namespace)
     events = await journal.read_with_seqs(run_id)
     if not events:
@@ -114,6 +139,8 @@ async def get_run_events(state: State, run_id: str) -> Response[Any]:
 async def post_reconcile(state: State, run_id: str) -> Response[Any]:
     """For an operator after an incident: resolve the run's open actions by key, then let it continue."""
     try:
+        if not is_run_id(run_id):
+            raise RunNotFound(f"{run_id!r} is not a run id", run_id=run_id[:64])
         done = await reconcile_run(state.broker, state.settings, run_id, by="operator:http")
     except CrashsafeError as exc:
         return _error(exc)

@@ -21,6 +21,7 @@ from contracts.run_events import (
 )
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent, Compensation
+from services.runtime.core.fold import fold_run
 from services.runtime.core.state import RunState
 
 
@@ -70,6 +71,7 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
     if state.pending:
         return AwaitActions(state.pending)
     failed = [req.key for req, done in state.completed if req.origin == "compensation" and done.status != "succeeded"]
+    failed += [call_id.removeprefix("comp:") for call_id in state.rejected_compensations]
     if failed:
         detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
         return Append((RunHandedOff(run_id=state.run_id, at=now, reason="compensation_failed", detail=detail),))
@@ -126,32 +128,38 @@ def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAn
 def plan_calls(
     state: RunState, agent: Agent, calls: tuple[ToolCall, ...], now: datetime, origin: str = "model"
 ) -> tuple[RunEvent, ...]:
-    """Turn tool calls into durable intents, or typed rejections; each gets its own step number."""
+    """Turn tool calls into durable intents, or typed rejections; each gets its own step number.
+
+    Each planned event is folded before the next call is planned, so a rule like "one payment per booking"
+    sees the calls before it in the same model answer."""
     events: list[RunEvent] = []
-    step = state.next_step
+    planned = state
     for call in calls:
+        step = planned.next_step
+        stop = None
         if step > state.budget.max_steps:
-            events.append(
-                RunHandedOff(
-                    run_id=state.run_id,
-                    at=now,
-                    reason="budget_steps",
-                    detail=f"tool call {call.name} would be step {step} of {state.budget.max_steps}",
-                )
-            )
+            stop = ("budget_steps", f"tool call {call.name} would be step {step} of {state.budget.max_steps}")
+        elif now >= state.deadline_at:
+            stop = ("deadline", f"tool call {call.name} came after the deadline {state.deadline_at.isoformat()}")
+        if stop:
+            events.append(RunHandedOff(run_id=state.run_id, at=now, reason=stop[0], detail=stop[1]))
             break
-        events.append(_plan_one(state, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step)))
-        step += 1
+        event = _plan_one(planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step))
+        events.append(event)
+        planned = fold_run(planned, event)  # type: ignore[arg-type]
     return tuple(events)
 
 
 def plan_compensations(state: RunState, agent: Agent, undo: tuple[Compensation, ...], now: datetime) -> tuple[RunEvent, ...]:
     """Compensations always run, whatever the budget: an effect left half-done is worse than an extra step."""
     events: list[RunEvent] = []
-    for offset, comp in enumerate(undo):
+    planned = state
+    for comp in undo:
         key = compensation_key(comp.undoes, comp.kind)
         call = ToolCall(call_id=f"comp:{key}", name=comp.tool, arguments=_json.encode(comp.args).decode())
-        events.append(_plan_one(state, agent, agent.compensation_tools, call, state.next_step + offset, now, "compensation", key))
+        event = _plan_one(planned, agent, agent.compensation_tools, call, planned.next_step, now, "compensation", key)
+        events.append(event)
+        planned = fold_run(planned, event)  # type: ignore[arg-type]
     return tuple(events)
 
 
@@ -169,8 +177,10 @@ def _plan_one(
     key: str,
 ) -> RunEvent:
     def reject(code: ErrorCode, message: str) -> ToolRejected:
-        error = ErrorInfo(code=code.value, message=message, details={"tool": call.name})
-        return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=error)
+        return rejected(ErrorInfo(code=code.value, message=message, details={"tool": call.name}))
+
+    def rejected(error: ErrorInfo) -> ToolRejected:
+        return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=error, origin=origin)
 
     contract = tools.get(call.name)
     if contract is None:
@@ -183,7 +193,7 @@ def _plan_one(
         return reject(ErrorCode.INVALID_TOOL_ARGUMENTS, f"arguments for {call.name} must be a JSON object")
     prepared = agent.prepare(state, contract, args)
     if isinstance(prepared, ErrorInfo):
-        return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=prepared)
+        return rejected(prepared)
     # The deadline is passed down: a step gets at most the run's remaining time, not its full timeout.
     # Compensations are exempt: undoing an effect must not be starved by the deadline that ended the run.
     remaining = max((state.deadline_at - now).total_seconds(), 0.0)

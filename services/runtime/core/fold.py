@@ -85,6 +85,13 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
                 action_steps=state.action_steps + 1,
             )
         case ToolRejected(step_no=step, call_id=call_id, error=error):
+            if event.origin == "compensation":
+                return replace(
+                    state,
+                    **base,
+                    next_step=max(state.next_step, step + 1),
+                    rejected_compensations=state.rejected_compensations + (call_id,),
+                )
             return replace(
                 state,
                 **base,

@@ -25,6 +25,8 @@ class RunState:
     unplanned: tuple[ToolCall, ...] = ()
     pending: tuple[ActionRequested, ...] = ()
     completed: tuple[tuple[ActionRequested, ActionCompleted], ...] = ()
+    # Compensations the runtime refused to even request (bad arguments): a person must undo those effects.
+    rejected_compensations: tuple[str, ...] = ()
     final_reply: str | None = None
     outcome: str | None = None
     handoff_reason: str | None = None
