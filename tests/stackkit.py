@@ -28,7 +28,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-async def eventually(check: Callable[[], Awaitable[T] | T], *, what: str, timeout_s: float = 60.0, every_s: float = 0.1) -> T:
+async def eventually(
+    check: Callable[[], Awaitable[T] | T], *, what: str, timeout_s: float = 60.0, every_s: float = 0.1
+) -> T:
     """Poll `check` (sync or async) until it returns something truthy; the machine is shared and slow, so the
     deadline is generous. Returns that value."""
 
@@ -69,12 +71,16 @@ class StackClient:
 
     # The guest and the operator ----------------------------------------------------------------------------
 
-    async def post_event(self, event_id: str, guest_id: str, text: str = LISBON, agent: str | None = None) -> httpx.Response:
+    async def post_event(
+        self, event_id: str, guest_id: str, text: str = LISBON, agent: str | None = None
+    ) -> httpx.Response:
         body = {"event_id": event_id, "session_id": f"s-{event_id}", "guest_id": guest_id, "text": text}
         params = {"agent": agent} if agent else None
         return await self.http.post(f"{self.stack.gateway_url}/v1/events", json=body, params=params)
 
-    async def start_run(self, guest_id: str | None = None, text: str = LISBON, agent: str | None = None) -> tuple[str, str]:
+    async def start_run(
+        self, guest_id: str | None = None, text: str = LISBON, agent: str | None = None
+    ) -> tuple[str, str]:
         """Submit a fresh guest event; returns (run_id, guest_id)."""
         guest_id = guest_id or unique("g")
         response = await self.post_event(unique("ev"), guest_id, text, agent)
@@ -179,7 +185,12 @@ def action_outcome_from(requested: dict[str, Any], completed: dict[str, Any]) ->
         via=completed["via"],
         attempts=completed["attempts"],
         deliveries=completed["deliveries"],
-        evidence=[Evidence(asked=e["asked"], key=e["key"], answer=e["answer"], detail=e["detail"], at=_time(e["at"])) for e in completed["evidence"]],
+        evidence=[
+            Evidence(
+                asked=e["asked"], key=e["key"], answer=e["answer"], detail=e["detail"], at=_time(e["at"])
+            )
+            for e in completed["evidence"]
+        ],
     )
 
 

@@ -13,13 +13,6 @@ from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
-
-from contracts.inbound import inbound_decoder
-from contracts.keys import partition_of, run_id_for
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
-from contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
-from services.platform.jetstream import Broker, Published, SubjectFull
-from services.platform.natsd import NatsServer
 from stackkit import (
     StackClient,
     action_outcome_from,
@@ -34,11 +27,20 @@ from stackkit import (
     unique,
 )
 
+from contracts.inbound import inbound_decoder
+from contracts.keys import partition_of, run_id_for
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
+from contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
+from services.platform.jetstream import Broker, Published, SubjectFull
+from services.platform.natsd import NatsServer
+
 BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}
 
 
 @pytest.fixture(scope="module")
-async def shared(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StackClient]:
+async def shared(
+    nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[StackClient]:
     stack = await start_stack(nats_server.url, tmp_path_factory.mktemp("dups"), f"t{uuid.uuid4().hex[:10]}")
     client = StackClient(stack)
     yield client
@@ -69,7 +71,9 @@ async def _runtime_took(broker: Broker, world: StackClient, seq: int) -> bool:
 # (a) The same guest event twice -------------------------------------------------------------------------------
 
 
-async def test_inbound_event_republished_with_a_new_msg_id_is_refused_by_the_run_subject(world: StackClient, broker: Broker) -> None:
+async def test_inbound_event_republished_with_a_new_msg_id_is_refused_by_the_run_subject(
+    world: StackClient, broker: Broker
+) -> None:
     run_id, guest, events = await _completed_run(world)
     subject = world.ns.inbound(run_id)
     original = await broker.last_on_subject(world.ns.stream(StreamKind.INBOUND), subject)
@@ -84,12 +88,16 @@ async def test_inbound_event_republished_with_a_new_msg_id_is_refused_by_the_run
     assert await world.counts(guest) == BOOKED_AND_PAID
 
 
-async def test_inbound_event_republished_with_its_msg_id_is_a_broker_duplicate(world: StackClient, broker: Broker) -> None:
+async def test_inbound_event_republished_with_its_msg_id_is_a_broker_duplicate(
+    world: StackClient, broker: Broker
+) -> None:
     run_id, _, events = await _completed_run(world)
     original = await broker.last_on_subject(world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id))
     assert original is not None
 
-    published = await broker.publish(world.ns.inbound(run_id), original.data, msg_id=run_id)  # the gateway's msg id
+    published = await broker.publish(
+        world.ns.inbound(run_id), original.data, msg_id=run_id
+    )  # the gateway's msg id
 
     assert published.duplicate and published.seq == original.seq
     assert await world.events(run_id) == events
@@ -126,7 +134,9 @@ async def test_same_guest_event_posted_twice_at_once_makes_one_run(world: StackC
 # (b) The same action request twice ----------------------------------------------------------------------------
 
 
-async def test_action_request_redelivered_after_completion_is_answered_from_the_receipt(world: StackClient, broker: Broker) -> None:
+async def test_action_request_redelivered_after_completion_is_answered_from_the_receipt(
+    world: StackClient, broker: Broker
+) -> None:
     run_id, guest, events = await _completed_run(world)
     requested, completed = step(events, "create_payment")
     assert completed is not None
@@ -145,9 +155,12 @@ async def test_action_request_redelivered_after_completion_is_answered_from_the_
     # A plain subscription sees the executor's answer even if the outcomes stream drops it as a duplicate.
     sub = await broker.nc.subscribe(ns.outcomes(run_id), cb=collect)
     try:
-        published = await broker.publish(ns.actions(request.family, partition), tool_encoder.encode(request), msg_id=unique("again"))
+        published = await broker.publish(
+            ns.actions(request.family, partition), tool_encoder.encode(request), msg_id=unique("again")
+        )
         replayed = await eventually(
-            lambda: _first(seen, lambda o: o.key == request.key and o.via == "replay"), what="the executor's replayed receipt"
+            lambda: _first(seen, lambda o: o.key == request.key and o.via == "replay"),
+            what="the executor's replayed receipt",
         )
     finally:
         await sub.unsubscribe()
@@ -157,7 +170,12 @@ async def test_action_request_redelivered_after_completion_is_answered_from_the_
     assert replayed.provider_ref == completed["provider_ref"]
     assert [(e.asked, e.answer) for e in replayed.evidence][-1] == ("store.receipt", "replayed")
     assert await eventually(
-        lambda: consumer_settled(broker, ns.stream(StreamKind.ACTIONS), ns.executor_consumer(request.family, partition), published.seq),
+        lambda: consumer_settled(
+            broker,
+            ns.stream(StreamKind.ACTIONS),
+            ns.executor_consumer(request.family, partition),
+            published.seq,
+        ),
         what="the payment executor to settle the second request",
     )
     assert await eventually(lambda: _outcomes_idle(broker, world), what="the runtime to take every outcome")
@@ -179,22 +197,34 @@ def _first(items: list[ActionOutcome], match: Any) -> ActionOutcome | None:
 # (c) The same outcome twice -----------------------------------------------------------------------------------
 
 
-async def test_outcome_redelivered_after_completion_leaves_the_journal_unchanged(world: StackClient, broker: Broker) -> None:
+async def test_outcome_redelivered_after_completion_leaves_the_journal_unchanged(
+    world: StackClient, broker: Broker
+) -> None:
     run_id, guest, events = await _completed_run(world)
     requested, completed = step(events, "create_payment")
     assert completed is not None
     outcome = action_outcome_from(requested, completed)
 
-    published = await broker.publish(world.ns.outcomes(run_id), tool_encoder.encode(outcome), msg_id=unique("again"))
+    published = await broker.publish(
+        world.ns.outcomes(run_id), tool_encoder.encode(outcome), msg_id=unique("again")
+    )
     assert not published.duplicate
 
-    assert await eventually(lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the outcome")
+    assert await eventually(
+        lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the outcome"
+    )
     assert await world.events(run_id) == events
     assert await world.counts(guest) == BOOKED_AND_PAID
-    assert not [d for d in await dead_letters(broker, world.ns) if d.stream_seq == published.seq and d.subject == world.ns.outcomes(run_id)]
+    assert not [
+        d
+        for d in await dead_letters(broker, world.ns)
+        if d.stream_seq == published.seq and d.subject == world.ns.outcomes(run_id)
+    ]
 
 
-async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_once(world: StackClient, broker: Broker) -> None:
+async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_once(
+    world: StackClient, broker: Broker
+) -> None:
     event_id, guest = unique("ev"), unique("g")
     run_id = run_id_for(event_id)
     copies: list[asyncio.Task[Published]] = []
@@ -204,7 +234,9 @@ async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_o
         message = runtime_message_decoder.decode(msg.data)
         if isinstance(message, ActionOutcome) and message.tool == "create_payment" and not copies:
             for _ in range(2):
-                copies.append(asyncio.create_task(broker.publish(msg.subject, msg.data, msg_id=unique("copy"))))
+                copies.append(
+                    asyncio.create_task(broker.publish(msg.subject, msg.data, msg_id=unique("copy")))
+                )
 
     sub = await broker.nc.subscribe(world.ns.outcomes(run_id), cb=echo)
     try:
@@ -215,7 +247,9 @@ async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_o
     finally:
         await sub.unsubscribe()
     seqs = [task.result().seq for task in copies]
-    assert await eventually(lambda: _runtime_took(broker, world, max(seqs)), what="the runtime to take both copies")
+    assert await eventually(
+        lambda: _runtime_took(broker, world, max(seqs)), what="the runtime to take both copies"
+    )
     events = await world.events(run_id)
     requested, _ = step(events, "create_payment")  # asserts one completion for the step
 
@@ -239,22 +273,34 @@ async def _requested(world: StackClient, run_id: str, tool: str) -> dict[str, An
 # (d, e) Wake-ups ----------------------------------------------------------------------------------------------
 
 
-async def test_wake_for_a_completed_run_leaves_the_journal_unchanged(world: StackClient, broker: Broker) -> None:
+async def test_wake_for_a_completed_run_leaves_the_journal_unchanged(
+    world: StackClient, broker: Broker
+) -> None:
     run_id, guest, events = await _completed_run(world)
     wake = RunWake(run_id=run_id, reason="test: duplicate wake", at=datetime.now(UTC), by="test")
 
-    published = await broker.publish(world.ns.outcomes(run_id), tool_encoder.encode(wake), msg_id=unique("wake"))
+    published = await broker.publish(
+        world.ns.outcomes(run_id), tool_encoder.encode(wake), msg_id=unique("wake")
+    )
 
-    assert await eventually(lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the wake")
+    assert await eventually(
+        lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the wake"
+    )
     assert await world.events(run_id) == events
     assert await world.counts(guest) == BOOKED_AND_PAID
 
 
-async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once(world: StackClient, broker: Broker) -> None:
+async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once(
+    world: StackClient, broker: Broker
+) -> None:
     await world.arm("payments", latency_ms=3000)  # holds the run on its payment step
     run_id, guest = await world.start_run()
-    requested = await eventually(lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested")
-    wake = RunWake(run_id=run_id, reason="test: wake in flight", at=datetime.now(UTC), by="test", keys=[requested["key"]])
+    requested = await eventually(
+        lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested"
+    )
+    wake = RunWake(
+        run_id=run_id, reason="test: wake in flight", at=datetime.now(UTC), by="test", keys=[requested["key"]]
+    )
 
     for _ in range(2):  # and the same wake twice
         await broker.publish(world.ns.outcomes(run_id), tool_encoder.encode(wake), msg_id=unique("wake"))
@@ -262,7 +308,9 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
     events = await world.events(run_id)
 
     nudges = [e for e in of_type(events, "run.nudged") if e["by"] == "test"]
-    assert nudges and all(n["keys"] == [requested["key"]] and n["reason"] == "test: wake in flight" for n in nudges)
+    assert nudges and all(
+        n["keys"] == [requested["key"]] and n["reason"] == "test: wake in flight" for n in nudges
+    )
     assert summary["status"] == "completed", summary
     _, payment = step(events, "create_payment")
     assert payment is not None and payment["status"] == "succeeded"
@@ -273,22 +321,28 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
 
 
 async def test_manual_reconcile_of_a_run_in_flight_pays_once(world: StackClient) -> None:
-    await world.arm("payments", latency_ms=3000)  # the payment is at the provider when the operator reconciles
+    replays_before = (await world.ledger())["replays"]["charge"]
+    await world.arm(
+        "payments", latency_ms=5000
+    )  # the payment is at the provider when the operator reconciles
     run_id, guest = await world.start_run()
-    requested = await eventually(lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested")
+    requested = await eventually(
+        lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested"
+    )
 
     response = await world.reconcile(run_id)
     summary = await world.wait_terminal(run_id)
     events = await world.events(run_id)
 
+    # The request went to the executor again (fresh msg id) while the first was at the provider, and the run was woken.
     assert response.status_code == 202, response.text
-    body = response.json()
-    # The run may have moved on by the time the gateway folded it; if the payment was still open, it was asked about.
-    assert body["status"] in ("running", "completed") and set(body["asked"]) <= {requested["key"]}
-    assert [e for e in of_type(events, "run.nudged") if e["by"] == "operator:http"] or body["status"] == "completed"
+    assert response.json() == {"run_id": run_id, "status": "running", "asked": [requested["key"]]}
+    nudges = [e for e in of_type(events, "run.nudged") if e["by"] == "operator:http"]
+    assert len(nudges) == 1 and nudges[0]["keys"] == [requested["key"]]
     assert summary["status"] == "completed", summary
     step(events, "create_payment")  # one request, one completion
     assert await world.counts(guest) == BOOKED_AND_PAID
+    assert (await world.ledger())["replays"]["charge"] == replays_before, "the provider saw the key twice"
 
 
 async def test_cli_reconcile_of_a_completed_run_asks_nothing(world: StackClient, tmp_path: Path) -> None:
@@ -300,8 +354,16 @@ async def test_cli_reconcile_of_a_completed_run_asks_nothing(world: StackClient,
         "CRASHSAFE_SANDBOX_URL": stack.sandbox_url,
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "reconcile", run_id, "--state-dir", str(tmp_path),
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "services.cli",
+        "reconcile",
+        run_id,
+        "--state-dir",
+        str(tmp_path),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
 

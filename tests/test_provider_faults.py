@@ -10,13 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
+from stackkit import StackClient, eventually, of_type, start_stack, step, stop_stack, trail
 
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from services.reconciler.service import audit_all
-from stackkit import StackClient, eventually, of_type, start_stack, step, stop_stack, trail
 
 slow = pytest.mark.skipif(
     not os.environ.get("CRASHSAFE_SLOW"),
@@ -28,19 +28,21 @@ CALL_OK = ("provider.call", "ok")
 LOOKUP_ABSENT = ("provider.lookup", "absent")
 LOOKUP_FOUND = ("provider.lookup", "found")
 
-# The fault target each keyed write tool's provider endpoint belongs to, and the ledger entry its effect makes.
+# The keyed write tool behind each fault target the booking run calls.
 WRITES = {
-    "bookings": ("create_booking", "booking"),
-    "payments": ("create_payment", "charge"),
-    "emails": ("send_confirmation_email", "email"),
-    "crm": ("update_crm", "crm_update"),
+    "bookings": "create_booking",
+    "payments": "create_payment",
+    "emails": "send_confirmation_email",
+    "crm": "update_crm",
 }
 BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}
 NOTHING = {"booking": 0, "booking_release": 0, "charge": 0, "refund": 0, "email": 0, "crm_update": 0}
 
 
 @pytest.fixture(scope="module")
-async def shared(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StackClient]:
+async def shared(
+    nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[StackClient]:
     """One stack for the module: each test uses its own guest, and the ledger is read per guest."""
     stack = await start_stack(nats_server.url, tmp_path_factory.mktemp("faults"), f"t{uuid.uuid4().hex[:10]}")
     client = StackClient(stack)
@@ -75,7 +77,7 @@ async def world(shared: StackClient) -> AsyncIterator[StackClient]:
 async def test_one_lost_or_refused_answer_still_gives_one_effect(
     world: StackClient, target: str, fault: str, via: str, expected_trail: list[tuple[str, str]]
 ) -> None:
-    tool, _ = WRITES[target]
+    tool = WRITES[target]
     await world.arm(target, **{fault: 1})
     run_id, guest = await world.start_run()
 
@@ -130,7 +132,9 @@ async def test_search_slower_than_its_timeout_fails_the_step_and_books_nothing(w
 
 
 async def test_payment_refused_for_good_fails_and_the_held_room_is_released(world: StackClient) -> None:
-    await world.arm("payments", fail_5xx=50)  # every charge answers 503; lookups are not faulted and say absent
+    await world.arm(
+        "payments", fail_5xx=50
+    )  # every charge answers 503; lookups are not faulted and say absent
     run_id, guest = await world.start_run()
 
     summary = await world.wait_terminal(run_id)
@@ -197,6 +201,28 @@ async def test_a_failed_confirmation_email_never_undoes_the_paid_booking(world: 
     assert await world.counts(guest) == NOTHING | {"booking": 1, "charge": 1}
 
 
+async def test_booking_slower_than_its_timeout_is_looked_up_and_fails_with_nothing_held(
+    world: StackClient,
+) -> None:
+    # create_booking: 5 s timeout, 2 attempts, keyed. With 6 s of latency every call times out; the sandbox
+    # drops a request whose caller hung up before it committed, so each lookup by key truly says absent.
+    await world.arm("bookings", latency_ms=6000)
+    run_id, guest = await world.start_run()
+
+    summary = await world.wait_terminal(run_id)
+    events = await world.events(run_id)
+    _, booking = step(events, "create_booking")
+
+    assert booking is not None and booking["status"] == "failed", booking
+    assert booking["error"]["code"] == "provider_unavailable"
+    # A timed-out write is an unknown outcome: asked about by key before each new attempt, never retried blind.
+    assert trail(booking) == [CALL_UNKNOWN, LOOKUP_ABSENT, CALL_UNKNOWN, LOOKUP_ABSENT]
+    assert all("Timeout" in e["detail"] for e in booking["evidence"] if e["asked"] == "provider.call")
+    assert not [e for e in of_type(events, "run.action_requested") if e["origin"] == "compensation"]
+    assert summary["status"] == "completed" and "reserving the room" in summary["reply"]
+    assert await world.counts(guest) == NOTHING
+
+
 async def test_a_model_outage_is_retried_without_repeating_any_effect(world: StackClient) -> None:
     await world.arm("model", fail_5xx=3)
     run_id, guest = await world.start_run()
@@ -221,7 +247,9 @@ async def test_unknown_payment_is_never_released_and_is_found_once_lookups_retur
 
     # Wait until the executor has asked by key at least twice and been refused: the outcome is now unknown.
     await eventually(
-        lambda: _lookups_refused(world, at_least=2), what="the executor to ask by key and be refused twice", timeout_s=60
+        lambda: _lookups_refused(world, at_least=2),
+        what="the executor to ask by key and be refused twice",
+        timeout_s=60,
     )
     summary = await world.summary(run_id)
     request, receipt = step(await world.events(run_id), "create_payment")
@@ -268,9 +296,13 @@ class UnknownRun:
 
 
 @pytest.fixture(scope="module")
-async def unknown_run(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UnknownRun]:
+async def unknown_run(
+    nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[UnknownRun]:
     namespace = f"t{uuid.uuid4().hex[:10]}"
-    stack = await start_stack(nats_server.url, tmp_path_factory.mktemp("unknown"), namespace, env={"CRASHSAFE_ACK_WAIT_S": "1"})
+    stack = await start_stack(
+        nats_server.url, tmp_path_factory.mktemp("unknown"), namespace, env={"CRASHSAFE_ACK_WAIT_S": "1"}
+    )
     client = StackClient(stack)
     try:
         await client.arm("payments", drop_after_commit=1)
@@ -286,7 +318,9 @@ async def unknown_run(nats_server: NatsServer, tmp_path_factory: pytest.TempPath
             return summary if summary is not None and summary["status"] != "running" else None
 
         # The executor naks an unresolvable key with growing delays until its redeliveries run out (~40 s).
-        summary = await eventually(ended, what="the unknown payment to be handed off", timeout_s=150, every_s=0.25)
+        summary = await eventually(
+            ended, what="the unknown payment to be handed off", timeout_s=150, every_s=0.25
+        )
         events = await client.events(run_id)
         request, _ = step(events, "create_payment")
         await client.clear_faults()
@@ -294,7 +328,9 @@ async def unknown_run(nats_server: NatsServer, tmp_path_factory: pytest.TempPath
         assert response.status_code == 202, response.text
         yield UnknownRun(
             client=client,
-            settings=Settings(nats_url=nats_server.url, namespace=Namespace(namespace), sandbox_url=stack.sandbox_url),
+            settings=Settings(
+                nats_url=nats_server.url, namespace=Namespace(namespace), sandbox_url=stack.sandbox_url
+            ),
             run_id=run_id,
             guest=guest,
             payment_key=request["key"],
@@ -322,13 +358,17 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     assert receipt is not None and receipt["status"] == "unknown"
     assert receipt["error"]["code"] == "outcome_unknown"
     assert not of_type(run.events, "run.completed")
-    assert not [e for e in run.events if e["type"] == "run.action_requested" and e["origin"] == "compensation"]
+    assert not [
+        e for e in run.events if e["type"] == "run.action_requested" and e["origin"] == "compensation"
+    ]
     assert run.max_charges == 1 and run.releases_seen == 0
     # The reconciler nudged the run while the payment was overdue: evidence that someone kept asking.
     assert [e for e in of_type(run.events, "run.nudged") if run.payment_key in e["keys"]]
 
     # Faults cleared: the provider answers by key, and the audit names the charge the journal could not confirm.
-    assert (await run.client.http.get(f"{run.client.stack.sandbox_url}/payments/by-key/{run.payment_key}")).status_code == 200
+    assert (
+        await run.client.http.get(f"{run.client.stack.sandbox_url}/payments/by-key/{run.payment_key}")
+    ).status_code == 200
     async with httpx.AsyncClient(base_url=run.settings.sandbox_url, timeout=10) as http:
         findings, _ = await audit_all(broker, run.settings, http)
     assert [(f.kind, f.key) for f in findings] == [("effect_not_journaled", run.payment_key)]
@@ -345,11 +385,15 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
         "executor/service.py's comment 'the reconciler goes on asking', the journal never learns the charge was found"
     ),
 )
-async def test_manual_reconcile_of_a_handed_off_unknown_run_asks_about_the_key(unknown_run: UnknownRun) -> None:
+async def test_manual_reconcile_of_a_handed_off_unknown_run_asks_about_the_key(
+    unknown_run: UnknownRun,
+) -> None:
     run = unknown_run
     assert run.payment_key in run.reconcile["asked"], run.reconcile
     nudges = await eventually(
-        lambda: _operator_nudges(run.client, run.run_id), what="an operator nudge in the journal", timeout_s=30
+        lambda: _operator_nudges(run.client, run.run_id),
+        what="an operator nudge in the journal",
+        timeout_s=30,
     )
     assert run.payment_key in nudges[-1]["keys"]
 
