@@ -24,6 +24,11 @@ def input_hash(value: Any) -> str:
     return hashlib.sha256(_canonical.encode(value)).hexdigest()
 
 
+def inbound_hash(message: Any, agent: str) -> str:
+    """What an inbound key is bound to: the guest message and the agent asked to handle it."""
+    return input_hash({"agent": agent, "message": message})
+
+
 def run_id_for(idempotency_key: str) -> str:
     """The run a guest event lands on; derived, so a redelivery after any dedup window finds the same run."""
     return "run_" + hashlib.sha256(b"inbound:" + idempotency_key.encode()).hexdigest()[:24]

@@ -458,15 +458,6 @@ async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_as
         await client.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "services/reconciler/service.py audit_all looks up every non-read intent, including the steps5 agent's "
-        "`noop` tool (Effect.WRITE) whose lookup (executor/providers.py _noop_lookup) always answers absent by "
-        "design; audit() then reports success_without_effect for every step of every completed steps5 run, so "
-        "`crashsafe audit` exits 1 on a perfectly healthy deployment that ran the steps5 yardstick"
-    ),
-)
 async def test_audit_of_completed_workflow_runs_finds_nothing(
     make_stack: Callable[..., Stack], broker: Broker
 ) -> None:

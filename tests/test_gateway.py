@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from contracts.inbound import MAX_BODY_BYTES, GuestMessage, InboundEvent, inbound_encoder
-from contracts.keys import input_hash, run_id_for
+from contracts.keys import input_hash, run_id_for, inbound_hash
 from contracts.run_events import Budget, RunStarted
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker, SubjectFull
@@ -120,7 +120,7 @@ async def test_an_event_becomes_a_run_with_a_readable_journal(http: httpx.AsyncC
         "guest-1",
         HELLO,
     )
-    assert first["input_hash"] == input_hash(GuestMessage(**sent))
+    assert first["input_hash"] == inbound_hash(GuestMessage(**sent), "booking")
     answered = events[1]
     assert (
         summary["steps"] == 1
@@ -301,7 +301,7 @@ def inbound_event(sent: dict[str, Any], key: str | None = None) -> InboundEvent:
     return InboundEvent(
         key=key,
         run_id=run_id_for(key),
-        input_hash=input_hash(message),
+        input_hash=inbound_hash(message, "booking"),
         message=message,
         received_at=datetime.now(UTC),
     )
@@ -380,7 +380,7 @@ async def _start_run_directly(broker: Broker, ns: Namespace, sent: dict[str, Any
         guest_id=sent["guest_id"],
         event_id=key,
         idempotency_key=key,
-        input_hash=input_hash(GuestMessage(**sent)),
+        input_hash=inbound_hash(GuestMessage(**sent), "booking"),
         text=sent["text"],
         budget=Budget(),
         deadline_at=now,

@@ -22,7 +22,7 @@ from stackkit import (
 
 from contracts.dead_letters import DeadLetter
 from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import input_hash, run_id_for
+from contracts.keys import input_hash, run_id_for, inbound_hash
 from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker
@@ -183,7 +183,7 @@ async def test_inbound_event_for_an_unknown_agent_is_dead_lettered_and_never_sta
     event = InboundEvent(
         key=key,
         run_id=run_id_for(key),
-        input_hash=input_hash(message),
+        input_hash=inbound_hash(message, "booking"),
         message=message,
         agent="no_such_agent",
         received_at=datetime.now(UTC),
@@ -203,16 +203,6 @@ async def test_inbound_event_for_an_unknown_agent_is_dead_lettered_and_never_sta
     assert await shared.summary(event.run_id) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "services/executor/service.py never checks request.args against the tool: a keyed request whose args lack "
-        "what providers.py's call needs (release_booking without booking_id -> r.args['booking_id']) commits its "
-        "intent, then raises KeyError (handled as handler_failed, retried up to MAX_DELIVER, not poison); the "
-        "intent stays 'started', and on restart Executor.start() -> _resolve_leftover (which only catches "
-        "OutcomeStillUnknown) raises the same KeyError, so the executor can never start again"
-    ),
-)
 async def test_request_with_unusable_args_is_poison_and_leaves_the_executor_restartable(
     make_stack: Callable[..., Stack], broker: Broker, namespace: Namespace
 ) -> None:
@@ -255,15 +245,6 @@ async def test_request_with_unusable_args_is_poison_and_leaves_the_executor_rest
     assert letter.code == "poison_message"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "services/runtime/service.py record_outcome (line ~124): a succeeded ActionOutcome for a run with no "
-        "journal is logged as a WARNING and acked, so the only message reporting that effect is gone; STYLE.md: "
-        "'Never log and carry on over at-least-once delivery: that is an acked, lost effect'. It should be "
-        "dead-lettered like any other message the runtime cannot handle"
-    ),
-)
 async def test_outcome_reporting_an_effect_for_a_run_with_no_journal_is_dead_lettered(
     shared: StackClient, broker: Broker
 ) -> None:

@@ -365,26 +365,30 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     # The reconciler nudged the run while the payment was overdue: evidence that someone kept asking.
     assert [e for e in of_type(run.events, "run.nudged") if run.payment_key in e["keys"]]
 
-    # Faults cleared: the provider answers by key, and the audit names the charge the journal could not confirm.
+    # Faults cleared and reconciled by key: the journal learns the charge went through (a late, settling
+    # receipt on the ended run), and the audit then finds nothing wrong.
     assert (
         await run.client.http.get(f"{run.client.stack.sandbox_url}/payments/by-key/{run.payment_key}")
     ).status_code == 200
+
+    async def settled() -> dict[str, Any] | None:
+        receipts = [
+            e
+            for e in of_type(await run.client.events(run.run_id), "run.action_completed")
+            if e["key"] == run.payment_key and e["status"] == "succeeded"
+        ]
+        return receipts[-1] if receipts else None
+
+    late = await eventually(settled, what="the unknown payment settled by key in the journal", timeout_s=60)
+    assert late["via"] == "provider_lookup"
+    assert ("provider.lookup", "found") in [(e["asked"], e["answer"]) for e in late["evidence"]]
     async with httpx.AsyncClient(base_url=run.settings.sandbox_url, timeout=10) as http:
         findings, _ = await audit_all(broker, run.settings, http)
-    assert [(f.kind, f.key) for f in findings] == [("effect_not_journaled", run.payment_key)]
+    assert findings == []
     assert (await run.client.counts(run.guest))["charge"] == 1
 
 
 @slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "services/reconciler/service.py reconcile_run returns early for a terminal run, so POST "
-        "/v1/runs/{id}/reconcile on a run handed off with outcome_unknown asks nothing (asked=[]) and journals no "
-        "run.nudged; the reconciler's projection (core.observe) also drops the run on run.handed_off, so despite "
-        "executor/service.py's comment 'the reconciler goes on asking', the journal never learns the charge was found"
-    ),
-)
 async def test_manual_reconcile_of_a_handed_off_unknown_run_asks_about_the_key(
     unknown_run: UnknownRun,
 ) -> None:
@@ -403,14 +407,6 @@ async def _operator_nudges(client: StackClient, run_id: str) -> list[dict[str, A
 
 
 @slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "services/executor/service.py _handle_keyed: when redeliveries run out it journals unknown_outcome(...) "
-        "built without the evidence trail _run collected (OutcomeStillUnknown drops it), so the unknown receipt "
-        "has evidence=[]: the operator cannot see the call was lost and every lookup refused"
-    ),
-)
 async def test_unknown_payment_receipt_carries_its_evidence_trail(unknown_run: UnknownRun) -> None:
     _, receipt = step(unknown_run.events, "create_payment")
     assert receipt is not None

@@ -158,6 +158,11 @@ def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveri
     return _outcome(request, OutcomeStatus.UNKNOWN, error=error, via="unresolved", attempts=attempts, deliveries=deliveries)
 
 
+def refused(request: ActionRequest, error: ErrorInfo, deliveries: int) -> ActionOutcome:
+    """A request the executor will not attempt at all: definitive, and no effect exists."""
+    return _outcome(request, OutcomeStatus.FAILED, error=error, via="refused", attempts=0, deliveries=deliveries)
+
+
 def _backoff(attempts: int) -> float:
     return min(0.05 * 2 ** (attempts - 1), 1.0)
 
@@ -165,7 +170,11 @@ def _backoff(attempts: int) -> float:
 def _unavailable(request: ActionRequest, answer: ProviderAnswer, attempts: int, deliveries: int) -> ActionOutcome:
     error = ErrorInfo(
         code=ErrorCode.PROVIDER_UNAVAILABLE.value,
-        message=f"{request.tool} did not succeed after {attempts} attempt(s): {answer.detail}; the provider holds no effect for key {request.key}",
+        message=(
+            f"{request.tool} did not succeed after {attempts} attempt(s)"
+            f" ({answer.detail or 'the provider answered, by key, that it never saw the request'});"
+            f" the provider holds no effect for key {request.key}"
+        ),
         details={"key": request.key},
     )
     return _outcome(request, OutcomeStatus.FAILED, error=error, via="call", attempts=attempts, deliveries=deliveries)

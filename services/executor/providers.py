@@ -22,6 +22,13 @@ class Operation:
     call: Call
     lookup: Lookup | None
     ref_field: str | None
+    # Arguments the call cannot be made without: checked before any intent is committed.
+    requires: tuple[str, ...] = ()
+    # False where the provider keeps no record to audit (a no-op leaves nothing behind).
+    audited: bool = True
+
+    def missing(self, args: dict[str, Any]) -> list[str]:
+        return [name for name in self.requires if args.get(name) in (None, "")]
 
 
 def _json(response: httpx.Response) -> dict[str, Any] | None:
@@ -89,23 +96,36 @@ async def _noop_lookup(client: httpx.AsyncClient, key: str, timeout: float) -> P
 
 
 OPERATIONS: dict[str, Operation] = {
-    "search_hotels": Operation(_search, None, None),
-    "create_booking": Operation(_post(lambda r: "/bookings", lambda r: r.args, "booking_id"), _by_key("/bookings", "booking_id"), "booking_id"),
+    "search_hotels": Operation(_search, None, None, requires=("city", "check_in", "check_out")),
+    "create_booking": Operation(
+        _post(lambda r: "/bookings", lambda r: r.args, "booking_id"),
+        _by_key("/bookings", "booking_id"),
+        "booking_id",
+        requires=("hotel_id", "guest_id", "check_in", "check_out"),
+    ),
     "release_booking": Operation(
         _post(lambda r: f"/bookings/{r.args['booking_id']}/release", lambda r: {}, "booking_id"),
         _by_key("/booking-releases", "booking_id"),
         "booking_id",
+        requires=("booking_id",),
     ),
-    "create_payment": Operation(_post(lambda r: "/payments", lambda r: r.args, "payment_id"), _by_key("/payments", "payment_id"), "payment_id"),
+    "create_payment": Operation(
+        _post(lambda r: "/payments", lambda r: r.args, "payment_id"),
+        _by_key("/payments", "payment_id"),
+        "payment_id",
+        requires=("booking_id", "guest_id", "amount_cents", "currency"),
+    ),
     "refund_payment": Operation(
         _post(lambda r: f"/payments/{r.args['payment_id']}/refund", lambda r: {"amount_cents": r.args["amount_cents"]}, "refund_id"),
         _by_key("/refunds", "refund_id"),
         "refund_id",
+        requires=("payment_id", "amount_cents"),
     ),
     "send_confirmation_email": Operation(
         _post(lambda r: "/emails", lambda r: {"guest_id": r.args["guest_id"], "template": "booking_confirmation", "booking_id": r.args["booking_id"]}, "email_id"),
         _by_key("/emails", "email_id"),
         "email_id",
+        requires=("guest_id", "booking_id"),
     ),
     "update_crm": Operation(
         _post(
@@ -115,6 +135,7 @@ OPERATIONS: dict[str, Operation] = {
         ),
         _by_key("/crm/updates", "crm_update_id"),
         "crm_update_id",
+        requires=("guest_id", "booking_id"),
     ),
-    "noop": Operation(_noop, _noop_lookup, None),
+    "noop": Operation(_noop, _noop_lookup, None, audited=False),
 }

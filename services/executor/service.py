@@ -6,13 +6,14 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, ErrorCode, PoisonMessage, RetryClass
+from contracts.errors import CrashsafeError, ErrorCode, ErrorInfo, PoisonMessage, RetryClass
 from contracts.keys import partition_of
 from contracts.streams import executor_consumer, stream_specs
 from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence, action_request_decoder, tool_encoder
@@ -32,6 +33,7 @@ from services.executor.core import (
     after_call,
     after_lookup,
     classify,
+    refused,
     unknown_outcome,
 )
 from services.executor.providers import OPERATIONS, Operation
@@ -51,6 +53,10 @@ class OutcomeStillUnknown(CrashsafeError):
 
     code = ErrorCode.OUTCOME_UNKNOWN
     retry = RetryClass.RETRY_LATER
+
+    def __init__(self, message: str, evidence: list[Evidence] | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.evidence = evidence or []
 
 
 class Executor:
@@ -114,6 +120,17 @@ class Executor:
         operation = OPERATIONS.get(request.tool)
         if contract is None or operation is None or contract.family != self.family:
             raise PoisonMessage(f"executor {self.family} has no tool {request.tool!r}", key=request.key)
+        missing = operation.missing(request.args)
+        if missing:
+            # Refused before any intent: nothing was attempted, so the run gets a definitive, typed answer.
+            error = ErrorInfo(
+                code=ErrorCode.INVALID_TOOL_ARGUMENTS.value,
+                message=f"{request.tool} needs {', '.join(missing)}; nothing was sent to the provider",
+                details={"key": request.key, "missing": missing},
+            )
+            await self._publish(refused(request, error, deliveries), ctx)
+            # Also a dead letter: a request the runtime should never have built is a bug someone must see.
+            raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
             await self._publish(await self._run(request, contract, operation, attempts=1, deliveries=deliveries, look_first=False), ctx)
             return
@@ -161,12 +178,12 @@ class Executor:
                 look_first = True
         try:
             outcome = await self._run(request, contract, operation, attempts, deliveries, look_first, store)
-        except OutcomeStillUnknown:
+        except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
             if deliveries >= MAX_DELIVER - 1:
                 # Out of redeliveries: tell the run the outcome is unknown (it hands off); the reconciler goes on asking.
                 outcome = unknown_outcome(request, "provider and lookup unavailable", attempts, deliveries)
-                await self._publish(outcome, ctx)
+                await self._publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
                 return
             raise
         crash_point("executor.after_provider_ack")
@@ -204,7 +221,7 @@ class Executor:
                     return msgspec.structs.replace(outcome, evidence=trail)
                 case LookUp():
                     if operation.lookup is None:
-                        raise OutcomeStillUnknown(f"{request.tool} has no lookup; cannot resolve {request.key}", key=request.key)
+                        raise OutcomeStillUnknown(f"{request.tool} has no lookup; cannot resolve {request.key}", trail, key=request.key)
                     answer = note("provider.lookup", await operation.lookup(self.http, request.key, self._timeout(request, contract)))
                     step = after_lookup(request, contract, answer, attempts, deliveries)
                 case CallAgain(delay_s=delay):
@@ -215,7 +232,7 @@ class Executor:
                     answer = note("provider.call", await operation.call(self.http, request, self._timeout(request, contract)))
                     step = after_call(request, contract, answer, attempts, deliveries)
                 case StillUnknown(detail=detail):
-                    raise OutcomeStillUnknown(f"outcome of {request.key} still unknown: {detail}", key=request.key)
+                    raise OutcomeStillUnknown(f"outcome of {request.key} still unknown: {detail}", trail, key=request.key)
 
     def _timeout(self, request: ActionRequest, contract: ToolContract) -> float:
         # The deadline passed down: never wait longer than the run has left, nor less than a sliver.
@@ -231,6 +248,9 @@ class Executor:
             outcome = await self._run(request, contract, operation, attempts, 1, True, store)
         except OutcomeStillUnknown as exc:
             log(self.logger, logging.WARNING, "left-over intent still unknown", key=request.key, detail=exc.message)
+            return
+        except Exception:  # one bad left-over must never keep the executor from starting
+            self.logger.exception("could not resolve a left-over intent; it stays open", extra={"fields": {"key": request.key}})
             return
         await store.finish(outcome, None)
         await self._publish(outcome, context_from(None))

@@ -42,10 +42,10 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     broker: Broker = state.broker
     settings: Settings = state.settings
     ns = settings.namespace
-    admission = admit(await request.body(), request.headers.get(Header.IDEMPOTENCY_KEY))
     agent = request.query_params.get("agent", "booking")
+    admission = admit(await request.body(), request.headers.get(Header.IDEMPOTENCY_KEY), agent)
     if agent not in AGENTS:
-        raise UnprocessableBody(f"unknown agent {agent!r}; known agents: {sorted(AGENTS)}", agent=agent)
+        raise UnprocessableBody(f"unknown agent {agent!r}; known agents: {sorted(AGENTS)}", agent=agent[:64])
     ctx = context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)

@@ -8,7 +8,7 @@ import msgspec
 
 from contracts.errors import BodyTooLarge, CrashsafeError, ErrorCode, IdempotencyConflict, InvalidRequest
 from contracts.inbound import MAX_BODY_BYTES, GuestMessage, guest_message_decoder
-from contracts.keys import input_hash, run_id_for
+from contracts.keys import inbound_hash, run_id_for
 
 MAX_KEY_LENGTH = 200
 
@@ -42,7 +42,7 @@ class Admission:
     message: GuestMessage
 
 
-def admit(body: bytes, idempotency_key: str | None) -> Admission:
+def admit(body: bytes, idempotency_key: str | None, agent: str = "booking") -> Admission:
     """Parse and bind a guest event to its run; raises typed errors and publishes nothing on bad input."""
     if len(body) > MAX_BODY_BYTES:
         raise BodyTooLarge(f"body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}", limit=MAX_BODY_BYTES)
@@ -55,7 +55,7 @@ def admit(body: bytes, idempotency_key: str | None) -> Admission:
     key = idempotency_key if idempotency_key is not None else message.event_id
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidRequest(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters", key=key[:MAX_KEY_LENGTH])
-    return Admission(key=key, run_id=run_id_for(key), input_hash=input_hash(message), message=message)
+    return Admission(key=key, run_id=run_id_for(key), input_hash=inbound_hash(message, agent), message=message)
 
 
 def conflict(key: str, run_id: str) -> CrashsafeError:

@@ -26,6 +26,10 @@ class OpenWork:
     """Non-terminal runs and their actions with no completion; folded from the RUNS stream."""
 
     runs: dict[str, OpenRun] = field(default_factory=dict)
+    # Actions whose journaled outcome is unknown, in any run, ended or not: asked about until they settle.
+    unknown: dict[str, ActionRequested] = field(default_factory=dict)
+    requests: dict[str, ActionRequested] = field(default_factory=dict)
+    times_asked: dict[str, int] = field(default_factory=dict)
     # When each key was last sent for resolution, so a slow provider is asked again only after a pause.
     asked: dict[str, datetime] = field(default_factory=dict)
     woken: dict[str, datetime] = field(default_factory=dict)
@@ -41,7 +45,21 @@ def observe(work: OpenWork, event: Event) -> None:
             if run is not None:
                 for request in run.pending.values():
                     work.asked.pop(request.key, None)
+                    work.requests.pop(request.key, None)
             work.woken.pop(event.run_id, None)
+        case ActionCompleted() if event.key in work.unknown or event.status == "unknown":
+            # Unknown outcomes outlive their run: a handed-off run still needs the truth, found by key.
+            if event.status == "unknown":
+                request = work.requests.get(event.key)
+                if request is not None:
+                    work.unknown[event.key] = request
+            else:
+                work.unknown.pop(event.key, None)
+                work.times_asked.pop(event.key, None)
+            run = work.runs.get(event.run_id)
+            if run is not None:
+                run.last_at = max(run.last_at, event.at)
+                run.pending.pop(event.step_no, None)
         case _:
             run = work.runs.get(event.run_id)
             if run is None:
@@ -49,10 +67,13 @@ def observe(work: OpenWork, event: Event) -> None:
             run.last_at = max(run.last_at, event.at)
             if isinstance(event, ActionRequested):
                 run.pending[event.step_no] = event
+                work.requests[event.key] = event
             elif isinstance(event, ActionCompleted):
                 done = run.pending.pop(event.step_no, None)
+                work.requests.pop(event.key, None)
                 if done is not None:
                     work.asked.pop(done.key, None)
+                    work.times_asked.pop(done.key, None)
 
 
 def overdue_actions(work: OpenWork, now: datetime, grace_s: float, reask_s: float) -> list[ActionRequested]:
@@ -63,8 +84,21 @@ def overdue_actions(work: OpenWork, now: datetime, grace_s: float, reask_s: floa
             if now < request.deadline_at + timedelta(seconds=grace_s):
                 continue
             asked = work.asked.get(request.key)
-            if asked is not None and now - asked < timedelta(seconds=reask_s):
+            # A slow provider is asked again with a growing pause, not every few seconds forever.
+            gap = min(reask_s * 2 ** work.times_asked.get(request.key, 0), 300.0)
+            if asked is not None and now - asked < timedelta(seconds=gap):
                 continue
+            due.append(request)
+    return due
+
+
+def unsettled_unknowns(work: OpenWork, now: datetime, reask_s: float, max_gap_s: float = 300.0) -> list[ActionRequested]:
+    """Unknown outcomes to ask about again, each with a growing pause (reask, 2x, 4x … up to 5 minutes)."""
+    due: list[ActionRequested] = []
+    for key, request in work.unknown.items():
+        asked = work.asked.get(key)
+        gap = min(reask_s * 2 ** work.times_asked.get(key, 0), max_gap_s)
+        if asked is None or now - asked >= timedelta(seconds=gap):
             due.append(request)
     return due
 

@@ -28,7 +28,7 @@ from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for
 from services.reconciler.audit import Finding, Intent, audit, intents
-from services.reconciler.core import OpenWork, observe, overdue_actions, stalled_runs
+from services.reconciler.core import OpenWork, observe, overdue_actions, stalled_runs, unsettled_unknowns
 from services.runtime.core.fold import replay
 
 logger = logging.getLogger("crashsafe.reconciler")
@@ -68,8 +68,9 @@ class Reconciler:
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
         overdue = overdue_actions(self.work, now, self.grace_s, self.reask_s)
-        for request in overdue:
+        for request in overdue + unsettled_unknowns(self.work, now, self.reask_s):
             self.work.asked[request.key] = now
+            self.work.times_asked[request.key] = self.work.times_asked.get(request.key, 0) + 1
             crash_point("reconciler.mid_resolution")
             await ask_to_resolve(self.broker, self.settings, request, self.worker)
             self.resolutions += 1
@@ -123,7 +124,13 @@ async def reconcile_run(broker: Broker, settings: Settings, run_id: str, by: str
     if state is None:
         raise RunNotFound(f"no run {run_id} to reconcile", run_id=run_id)
     if state.terminal:
-        return Reconciliation(run_id, state.status, [])
+        # An ended run may still hold unknown outcomes: ask by key, so its journal learns what really happened.
+        unknown = [req for req, done in state.completed if done.status == "unknown"]
+        for request in unknown:
+            await ask_to_resolve(broker, settings, request, by)
+        if unknown:
+            await wake_run(broker, settings, run_id, f"manual reconciliation of unknown outcomes by {by}", by, [r.key for r in unknown])
+        return Reconciliation(run_id, state.status, [r.key for r in unknown])
     for request in state.pending:
         await ask_to_resolve(broker, settings, request, by)
     await wake_run(broker, settings, run_id, f"manual reconciliation by {by}", by, [p.key for p in state.pending])
@@ -137,13 +144,17 @@ async def audit_all(broker: Broker, settings: Settings, http: httpx.AsyncClient)
     response = await http.get("/_ledger")
     response.raise_for_status()
     ledger: list[dict[str, Any]] = response.json()["entries"]
-    keyed = [i for i in intents(journals).values() if (c := TOOL_CONTRACTS.get(i.request.tool)) and c.effect is not Effect.READ]
+    keyed = [
+        i
+        for i in intents(journals).values()
+        if (c := TOOL_CONTRACTS.get(i.request.tool)) and c.effect is not Effect.READ and (o := OPERATIONS.get(c.name)) and o.audited
+    ]
     slots = asyncio.Semaphore(32)
     found: dict[str, bool] = {}
 
     async def look(intent: Intent) -> None:
         operation = OPERATIONS.get(intent.request.tool)
-        if operation is None or operation.lookup is None:
+        if operation is None or operation.lookup is None or not operation.audited:
             return
         async with slots:
             answer = await operation.lookup(http, intent.request.key, 5.0)

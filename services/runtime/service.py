@@ -121,13 +121,13 @@ class Runtime:
     async def record_outcome(self, outcome: ActionOutcome, ctx: Context) -> None:
         run = await self._load(outcome.run_id, ctx)
         if run is None:
-            log(self.logger, logging.WARNING, "outcome for a run with no journal", run_id=outcome.run_id, key=outcome.key)
-            return
+            raise PoisonMessage(f"outcome for {outcome.key} names run {outcome.run_id}, which has no journal", key=outcome.key)
         if run.state.pending_step(outcome.step_no) is None and not run.state.is_completed(outcome.step_no):
             # Our copy may be stale (another replica moved the run on): never drop an outcome on a stale view.
             run = await self._reload(run, ctx)
         for _ in range(MAX_CONFLICT_RETRIES):
-            if run.state.pending_step(outcome.step_no) is None:
+            settles_unknown = run.state.unknown_step(outcome.step_no) is not None and outcome.status != "unknown"
+            if run.state.pending_step(outcome.step_no) is None and not settles_unknown:
                 if not run.state.is_completed(outcome.step_no):
                     log(self.logger, logging.WARNING, "outcome for a step the journal never requested", run_id=outcome.run_id, key=outcome.key)
                 break  # already journaled (a redelivery): nothing to record
@@ -155,8 +155,10 @@ class Runtime:
 
     async def wake(self, wake: RunWake, ctx: Context) -> None:
         run = await self._load(wake.run_id, ctx, fresh=True, mark_resume=False)
-        if run is None or run.state.terminal:
+        if run is None:
             return
+        if run.state.terminal and not any(run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys):
+            return  # an ended run is nudged only about its unknown outcomes, as evidence of who asked
         nudged = RunNudged(run_id=wake.run_id, at=utcnow(), by=wake.by, reason=wake.reason, keys=wake.keys)
         try:
             self._apply(run, nudged, await self.journal.append(nudged, run.seq, headers_for(ctx)))

@@ -102,6 +102,11 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
         case ActionCompleted(step_no=step):
             request = state.pending_step(step)
             if request is None:
+                settled = state.unknown_step(step)
+                if settled is not None and event.status != "unknown":
+                    # A late resolution of an unknown outcome: the journal now says what really happened.
+                    completed = tuple((r, event if r.step_no == step else d) for r, d in state.completed)
+                    return replace(state, **base, completed=completed)
                 return replace(state, **base)  # duplicate or stray completion: already folded
             if event.status == "succeeded":
                 payload: dict[str, Any] = dict(event.result)

@@ -58,6 +58,10 @@ class RunState:
     def is_completed(self, step_no: int) -> bool:
         return any(req.step_no == step_no for req, _ in self.completed)
 
+    def unknown_step(self, step_no: int) -> ActionRequested | None:
+        """The request of a step whose journaled outcome is still unknown (a later resolution may settle it)."""
+        return next((req for req, done in self.completed if req.step_no == step_no and done.status == "unknown"), None)
+
     def succeeded_results(self, tool: str) -> list[dict[str, Any]]:
         return [done.result for req, done in self.completed if req.tool == tool and done.status == "succeeded"]
 
