@@ -26,6 +26,7 @@ from services.executor.core import (
     Execute,
     LookUp,
     Next,
+    Plan,
     ProviderAnswer,
     Replay,
     Resolve,
@@ -156,7 +157,13 @@ class Executor:
         stream_seq: int,
         deliveries: int,
     ) -> None:
-        plan = classify(await store.get(request.key), request, deliveries)
+        # The common case is a key never seen: try to commit its intent first, and read the record only if it exists.
+        if await store.begin(request, stream_seq):
+            crash_point("executor.after_intent")
+            plan: Plan = Execute()
+        else:
+            plan = classify(await store.get(request.key), request, deliveries)
+        attempts, look_first = 1, False
         match plan:
             case Replay(outcome=outcome):
                 await self._publish(self._with_note(outcome, "store.receipt", "replayed"), ctx)
@@ -165,15 +172,7 @@ class Executor:
                 await self._publish(self._with_note(outcome, "store.conflict", "conflict"), ctx)
                 return
             case Execute():
-                if not await store.begin(request, stream_seq):
-                    plan = classify(await store.get(request.key), request, deliveries)
-                    if not isinstance(plan, Resolve):
-                        await self._publish(plan.outcome, ctx)  # type: ignore[union-attr]
-                        return
-                    attempts, look_first = plan.attempts, True
-                else:
-                    crash_point("executor.after_intent")
-                    attempts, look_first = 1, False
+                pass
             case Resolve(attempts=attempts):
                 look_first = True
         try:
@@ -275,7 +274,7 @@ class Executor:
             msg_id=f"outcome:{outcome.key}:{outcome.status}",
             headers=headers_for(ctx),
         )
-        log(self.logger, logging.INFO, "outcome", run_id=outcome.run_id, step_no=outcome.step_no, key=outcome.key, status=outcome.status, via=outcome.via)
+        log(self.logger, logging.DEBUG, "outcome", run_id=outcome.run_id, step_no=outcome.step_no, key=outcome.key, status=outcome.status, via=outcome.via)
 
 
 def parse_partitions(spec: str, total: int) -> list[int]:

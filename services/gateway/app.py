@@ -60,7 +60,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         )
         duplicate = await _publish_once(broker, ns, event, ctx)
     crash_point("gateway.after_publish")
-    log(logger, logging.INFO, "accepted", run_id=admission.run_id, key=admission.key, duplicate=duplicate, trace_id=trace_id_of(ctx))
+    log(logger, logging.DEBUG, "accepted", run_id=admission.run_id, key=admission.key, duplicate=duplicate, trace_id=trace_id_of(ctx))
     return Response(content={"run_id": admission.run_id, "duplicate": duplicate}, status_code=202)
 
 

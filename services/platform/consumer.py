@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -39,6 +40,9 @@ class Deliveries:
         self.heartbeat_s = max(ack_wait_s / 4, 0.1)
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Messages being handled, and when their ack timer was last reset: one sweeper heartbeats them all.
+        self._handling: dict[int, tuple[Msg, float]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     def dispatch(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
         async def on_message(msg: Msg) -> None:
@@ -56,14 +60,16 @@ class Deliveries:
     async def _settle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]]) -> None:
         deliveries = msg.metadata.num_delivered
         # A short ack wait lets a dead worker's messages come back fast; a live worker's long steps say "in progress".
-        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        self._handling[id(msg)] = (msg, time.monotonic())
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._heartbeats())
         try:
             await self._handle(msg, handler, deliveries)
         except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
             # The broker went away mid-settle: the message was not acked, so it comes back after the ack wait.
             log(self.logger, logging.WARNING, "could not settle message; it will be redelivered", subject=msg.subject, error=str(exc))
         finally:
-            heartbeat.cancel()
+            self._handling.pop(id(msg), None)
 
     async def _handle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]], deliveries: int) -> None:
         try:
@@ -85,13 +91,18 @@ class Deliveries:
         else:
             await msg.ack()
 
-    async def _heartbeat(self, msg: Msg) -> None:
-        while True:
+    async def _heartbeats(self) -> None:
+        """Every message handled for longer than a heartbeat says "in progress", so its ack timer restarts."""
+        while self._handling:
             await asyncio.sleep(self.heartbeat_s)
-            try:
-                await msg.in_progress()
-            except (nats.errors.Error, OSError):
-                return
+            now = time.monotonic()
+            for ident, (msg, since) in list(self._handling.items()):
+                if now - since >= self.heartbeat_s and ident in self._handling:
+                    self._handling[ident] = (msg, now)
+                    try:
+                        await msg.in_progress()
+                    except (nats.errors.Error, OSError):
+                        pass
 
     async def dead_letter(self, msg: Msg, reason: str, code: str) -> None:
         letter = DeadLetter(

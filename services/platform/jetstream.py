@@ -213,8 +213,14 @@ class Broker:
         return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
 
     async def first_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
-        chunk, _ = await self._direct_batch(stream, subject, 1, 1)
-        return chunk[0] if chunk else None
+        """One direct get (request/reply on the shared inbox): cheaper than a batch for a single message."""
+        try:
+            raw = await self.js.get_msg(stream, seq=1, subject=subject, next=True, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
+        return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
 
     async def read_subject(self, stream: str, subject: str, after_seq: int = 0, batch: int = 256) -> list[StoredMessage]:
         """Every message on one subject, in order, fetched with batched direct gets (one round trip per batch)."""

@@ -90,7 +90,8 @@ class Runtime:
     # Use cases ----------------------------------------------------------------------------------------------
 
     async def accept(self, event: InboundEvent, ctx: Context) -> None:
-        run = await self._load(event.run_id, ctx)
+        # Optimistic: a new run is created by appending at sequence 0; only a clash costs a read of the journal.
+        run = self._runs.get(event.run_id)
         if run is None:
             now = utcnow()
             if event.agent not in AGENTS:
@@ -112,7 +113,7 @@ class Runtime:
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))
                 run = self._remember(_Run(fold_run(None, started), seq))
-                log(self.logger, logging.INFO, "run started", run_id=event.run_id, trace_id=trace_id_of(ctx))
+                log(self.logger, logging.DEBUG, "run started", run_id=event.run_id, trace_id=trace_id_of(ctx))
             except RunVersionConflict:
                 run = await self._load(event.run_id, ctx, fresh=True)
         if run is not None:
