@@ -180,7 +180,13 @@ def build_app(settings: Settings) -> Litestar:
         finally:
             await broker.close()
 
-    return Litestar(route_handlers=[post_event, get_run, get_run_events, post_reconcile, healthz, readyz], lifespan=[lifespan], debug=False)
+    # logging_config=None keeps our JSON log handler (Litestar would install its own and drop run ids).
+    return Litestar(
+        route_handlers=[post_event, get_run, get_run_events, post_reconcile, healthz, readyz],
+        lifespan=[lifespan],
+        debug=False,
+        logging_config=None,
+    )
 
 
 async def serve_gateway(settings: Settings) -> None:
