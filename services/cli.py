@@ -61,8 +61,6 @@ async def _serve(args: argparse.Namespace) -> None:
             await model.close()
             await broker.close()
         case "executor":
-            import httpx
-
             from services.executor.service import Executor, parse_partitions
             from services.platform.jetstream import Broker
 
@@ -71,8 +69,9 @@ async def _serve(args: argparse.Namespace) -> None:
             logger = configure(f"executor.{args.tool}")
             partitions = parse_partitions(args.partitions or os.environ.get("CRASHSAFE_PARTITIONS", "all"), settings.partitions)
             broker = await Broker.connect(settings.nats_url, f"executor-{args.tool}-{settings.worker_id}")
-            limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
-            async with httpx.AsyncClient(base_url=settings.sandbox_url, limits=limits) as http:
+            from services.executor.providers import provider_client
+
+            async with provider_client(settings.sandbox_url) as http:
                 executor = Executor(broker, settings, args.tool, partitions, http, logger, os.environ.get("CRASHSAFE_SQLITE_SYNC", "NORMAL"))
                 await executor.start()
                 _ready(f"executor {args.tool}")

@@ -58,7 +58,10 @@ class ResponsesModel:
 
     def __init__(self, base_url: str | None, api_key: str | None, model: str, timeout_s: float = 30.0) -> None:
         # The runtime owns retries (the message is redelivered); the client must not retry on its own.
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
+        # aiohttp underneath (the client's own supported transport): httpcore cost half the runtime's CPU.
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, http_client=openai.DefaultAioHttpClient()
+        )
         self.model = model
         self._tools: dict[str, list[dict[str, Any]]] = {}
 
