@@ -33,6 +33,11 @@ class ConsumerSpec:
     max_ack_pending: int = 1000
     backoff_s: tuple[float, ...] = field(default=())
 
+    @property
+    def deliver_subject(self) -> str:
+        """Where a push consumer delivers; replicas share it through the deliver group named after the durable."""
+        return f"_deliver.{self.stream}.{self.durable}"
+
 
 def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
     """The streams of a namespace. Production runs RUNS, ACTIONS and OUTCOMES with three replicas."""

@@ -127,7 +127,7 @@ class Broker:
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         config = ConsumerConfig(
             durable_name=spec.durable,
-            deliver_subject=f"_deliver.{spec.stream}.{spec.durable}",
+            deliver_subject=spec.deliver_subject,
             deliver_group=spec.durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=spec.ack_wait_s,
