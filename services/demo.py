@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from contracts.run_events import Event
+from contracts.run_events import ActionCompleted, Event
 from services.stack import Stack
-from services.timeline import describe, timeline
+from services.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 _event = msgspec.json.Decoder(Event)
@@ -76,7 +76,11 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
         stop.set()
         await supervisor
         await asyncio.to_thread(stack.stop)
-    console.print(timeline(events, title=f"journal of {run_id}"))
+    for _, event in events:
+        if isinstance(event, ActionCompleted) and any(n.asked != "provider.call" for n in event.evidence):
+            console.print(f"[bold yellow]how step {event.step_no} ({event.key}) was settled after the kill:[/]")
+            for note in event.evidence:
+                console.print(f"  {note.asked:<16} → {note.answer:<8} {note.detail}")
     counts: dict[str, int] = ledger.get("counts", {})
     table = Table(title="sandbox ledger (what the providers saw)")
     for column in ("kind", "key", "guest", "amount"):
