@@ -19,7 +19,15 @@ def main() -> int:
     parser.add_argument("--no-nats-kills", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="crashsafe-chaos-") as tmp:
-        report = asyncio.run(soak(Path(tmp), runs=args.runs, duration_s=args.duration, seed=args.seed, kill_nats=not args.no_nats_kills))
+        report = asyncio.run(
+            soak(
+                Path(tmp),
+                runs=args.runs,
+                duration_s=args.duration,
+                seed=args.seed,
+                kill_nats=not args.no_nats_kills,
+            )
+        )
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1

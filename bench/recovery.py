@@ -24,8 +24,14 @@ AGENT = "steps5x100ms"
 
 async def _submit(stack: Stack, n: int) -> set[str]:
     async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as client:
+
         async def one(i: int) -> str:
-            body = {"event_id": f"rec-{uuid.uuid4().hex}", "session_id": f"s{i}", "guest_id": f"g{i}", "text": "go"}
+            body = {
+                "event_id": f"rec-{uuid.uuid4().hex}",
+                "session_id": f"s{i}",
+                "guest_id": f"g{i}",
+                "text": "go",
+            }
             response = await client.post(f"/v1/events?agent={AGENT}", json=body)
             response.raise_for_status()
             return str(response.json()["run_id"])
@@ -38,7 +44,13 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
     `executor`: the executor is killed and restarted. `none`: no kill (the baseline of inherent remaining work)."""
     with tempfile.TemporaryDirectory(prefix="crashsafe-recovery-") as tmp:
         state = Path(os.environ.get("CRASHSAFE_BENCH_DIR") or tmp) / name
-        stack = Stack(state, executors=("noop",), runtimes=2 if name == "replica" else 1, reconciler=False, env={"CRASHSAFE_ACK_WAIT_S": str(ack_wait_s)})
+        stack = Stack(
+            state,
+            executors=("noop",),
+            runtimes=2 if name == "replica" else 1,
+            reconciler=False,
+            env={"CRASHSAFE_ACK_WAIT_S": str(ack_wait_s)},
+        )
         await asyncio.to_thread(stack.start)
         broker = await Broker.connect(stack.nats_url, "bench-recovery")
         started: set[str] = set()
@@ -67,7 +79,9 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
             if victim:
                 stack.kill(victim)
                 if name != "replica":
-                    await asyncio.to_thread(stack.restart, victim)  # returns once the new process says it is ready
+                    await asyncio.to_thread(
+                        stack.restart, victim
+                    )  # returns once the new process says it is ready
                     t_ready = time.monotonic()
             in_flight = runs - len(done)
             await asyncio.wait_for(all_done.wait(), 120)
@@ -94,7 +108,9 @@ def main() -> int:
     args = parser.parse_args()
     for name in args.scenarios.split(","):
         result = asyncio.run(scenario(name, args.runs, args.ack_wait))
-        print(json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+        print(
+            json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()), flush=True
+        )
     return 0
 
 

@@ -57,7 +57,9 @@ class CrashsafeError(Exception):
         self.details = details
 
     def info(self) -> ErrorInfo:
-        return ErrorInfo(code=self.code.value, message=self.message, retry=self.retry.value, details=self.details)
+        return ErrorInfo(
+            code=self.code.value, message=self.message, retry=self.retry.value, details=self.details
+        )
 
 
 class InvalidRequest(CrashsafeError):

@@ -90,7 +90,9 @@ def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerS
     ]
 
 
-def executor_consumer(ns: Namespace, family: str, partition: int, ack_wait_s: float = 30.0, max_deliver: int = 20) -> ConsumerSpec:
+def executor_consumer(
+    ns: Namespace, family: str, partition: int, ack_wait_s: float = 30.0, max_deliver: int = 20
+) -> ConsumerSpec:
     return ConsumerSpec(
         stream=ns.stream(StreamKind.ACTIONS),
         durable=ns.executor_consumer(family, partition),

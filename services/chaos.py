@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from contracts.errors import CrashsafeError
 from contracts.run_events import RunCompleted, RunHandedOff
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
@@ -42,7 +43,12 @@ class ChaosReport:
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.duplicate_effects == 0 and self.orphan_charges == 0 and self.audit_findings == 0
+        return (
+            self.lost == 0
+            and self.duplicate_effects == 0
+            and self.orphan_charges == 0
+            and self.audit_findings == 0
+        )
 
     def lines(self) -> list[str]:
         kills = ", ".join(f"{name} {n}" for name, n in sorted(self.kills.items()))
@@ -95,7 +101,9 @@ async def soak(
         async with httpx.AsyncClient(base_url=stack.sandbox_url, timeout=30) as http:
             entries = (await http.get("/_ledger")).json()["entries"]
             _count_effects(entries, report)
-            settings = Settings(nats_url=stack.nats_url, namespace=Namespace(stack.namespace), sandbox_url=stack.sandbox_url)
+            settings = Settings(
+                nats_url=stack.nats_url, namespace=Namespace(stack.namespace), sandbox_url=stack.sandbox_url
+            )
             findings, _ = await audit_all(broker, settings, http)
         report.audit_findings = len(findings)
         report.findings += [f"audit: {f.kind} {f.key}: {f.detail}" for f in findings]
@@ -108,7 +116,9 @@ async def soak(
     return report
 
 
-async def _submit_all(stack: Stack, runs: int, duration_s: float, rng: random.Random, accepted: set[str], report: ChaosReport) -> None:
+async def _submit_all(
+    stack: Stack, runs: int, duration_s: float, rng: random.Random, accepted: set[str], report: ChaosReport
+) -> None:
     """Spread the runs over the kill window; each is retried with its own key until the gateway accepts it."""
     gap = duration_s * 0.8 / max(runs, 1)
     slots = asyncio.Semaphore(64)
@@ -141,7 +151,14 @@ async def _submit_all(stack: Stack, runs: int, duration_s: float, rng: random.Ra
     await asyncio.gather(*tasks)
 
 
-async def _kill_loop(stack: Stack, duration_s: float, every: tuple[float, float], rng: random.Random, report: ChaosReport, kill_nats: bool) -> None:
+async def _kill_loop(
+    stack: Stack,
+    duration_s: float,
+    every: tuple[float, float],
+    rng: random.Random,
+    report: ChaosReport,
+    kill_nats: bool,
+) -> None:
     victims = [name for name in stack.services if name != "sandbox"] + (["nats-server"] if kill_nats else [])
     end = time.monotonic() + duration_s
     while time.monotonic() < end:
@@ -166,7 +183,7 @@ async def _drain(broker: Broker, stack: Stack, accepted: set[str], timeout_s: fl
             for run_id, events in (await journal.read_all()).items():
                 if events and isinstance(events[-1], RunCompleted | RunHandedOff):
                     terminal[run_id] = events[-1]
-        except Exception:  # the broker may still be settling after its last restart
+        except CrashsafeError:  # the broker may still be settling after its last restart
             pass
         if accepted <= terminal.keys():
             break

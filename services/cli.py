@@ -67,12 +67,22 @@ async def _serve(args: argparse.Namespace) -> None:
             if not args.tool:
                 sys.exit("crashsafe serve executor needs --tool FAMILY (booking, payment, notify, noop)")
             logger = configure(f"executor.{args.tool}")
-            partitions = parse_partitions(args.partitions or os.environ.get("CRASHSAFE_PARTITIONS", "all"), settings.partitions)
+            partitions = parse_partitions(
+                args.partitions or os.environ.get("CRASHSAFE_PARTITIONS", "all"), settings.partitions
+            )
             broker = await Broker.connect(settings.nats_url, f"executor-{args.tool}-{settings.worker_id}")
             from services.executor.providers import provider_client
 
             async with provider_client(settings.sandbox_url) as http:
-                executor = Executor(broker, settings, args.tool, partitions, http, logger, os.environ.get("CRASHSAFE_SQLITE_SYNC", "NORMAL"))
+                executor = Executor(
+                    broker,
+                    settings,
+                    args.tool,
+                    partitions,
+                    http,
+                    logger,
+                    os.environ.get("CRASHSAFE_SQLITE_SYNC", "NORMAL"),
+                )
                 await executor.start()
                 _ready(f"executor {args.tool}")
                 await stop.wait()
@@ -90,7 +100,7 @@ async def _serve(args: argparse.Namespace) -> None:
             while not stop.is_set():
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await reconciler.tick()
             await broker.close()
 
@@ -125,7 +135,11 @@ async def _reconcile(args: argparse.Namespace) -> int:
             run_ids = [args.run_id]
         else:
             journals = await RunJournal(broker, settings.namespace).read_all()
-            run_ids = [run_id for run_id, events in journals.items() if (s := replay(events)) is not None and not s.terminal]
+            run_ids = [
+                run_id
+                for run_id, events in journals.items()
+                if (s := replay(events)) is not None and not s.terminal
+            ]
         for run_id in run_ids:
             done = await reconcile_run(broker, settings, run_id, by="operator:cli")
             asked = ", ".join(done.asked) or "nothing open"
@@ -150,11 +164,15 @@ async def _audit(args: argparse.Namespace) -> int:
             findings, stats = await audit_all(broker, settings, http)
     finally:
         await broker.close()
-    print(f"audited {stats['runs']} runs, {stats['keyed_intents']} keyed intents ({stats['looked_up']} looked up), {stats['ledger_entries']} provider effects")
+    print(
+        f"audited {stats['runs']} runs, {stats['keyed_intents']} keyed intents ({stats['looked_up']} looked up), {stats['ledger_entries']} provider effects"
+    )
     for finding in findings:
         print(f"WRONG {finding.kind}: run {finding.run_id} key {finding.key}: {finding.detail}")
     if not findings:
-        print("nothing wrong: every effect has one journaled intent and every journaled success has its effect")
+        print(
+            "nothing wrong: every effect has one journaled intent and every journaled success has its effect"
+        )
     return 1 if findings else 0
 
 
@@ -220,7 +238,9 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="crashsafe", description="A crash-safe runtime for AI agents on NATS JetStream.")
+    parser = argparse.ArgumentParser(
+        prog="crashsafe", description="A crash-safe runtime for AI agents on NATS JetStream."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (as a container would)")
@@ -229,8 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--partitions", help="key partitions this executor owns: all, 0-3, 0,2 (default all)")
 
     demo = sub.add_parser("demo", help="run the booking with a worker killed at the worst moment")
-    demo.add_argument("--crash", choices=SEAMS, default="executor.after_provider_ack", help="the seam to SIGKILL at")
-    demo.add_argument("--state-dir", default=None, help="keep the demo's data here (default: a temporary dir)")
+    demo.add_argument(
+        "--crash", choices=SEAMS, default="executor.after_provider_ack", help="the seam to SIGKILL at"
+    )
+    demo.add_argument(
+        "--state-dir", default=None, help="keep the demo's data here (default: a temporary dir)"
+    )
 
     up = sub.add_parser("up", help="start the whole stack and supervise it")
     up.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
@@ -246,11 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     show.add_argument("--json", action="store_true", help="print the events as JSON lines")
 
-    reconcile = sub.add_parser("reconcile", help="resolve open actions by key and wake runs (one run, or every open run)")
+    reconcile = sub.add_parser(
+        "reconcile", help="resolve open actions by key and wake runs (one run, or every open run)"
+    )
     reconcile.add_argument("run_id", nargs="?")
     reconcile.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
-    audit = sub.add_parser("audit", help="cross-check every run's journal against the providers; prints disagreements")
+    audit = sub.add_parser(
+        "audit", help="cross-check every run's journal against the providers; prints disagreements"
+    )
     audit.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
     infra = sub.add_parser("infra", help="declare streams and consumers")

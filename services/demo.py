@@ -26,14 +26,21 @@ _event = msgspec.json.Decoder(Event)
 def service_for_seam(seam: str) -> str:
     """Which process a seam kills: executor seams hit the payment executor, where money moves."""
     prefix = seam.split(".", 1)[0]
-    return {"executor": "executor-payment", "runtime": "runtime", "gateway": "gateway", "reconciler": "reconciler"}[prefix]
+    return {
+        "executor": "executor-payment",
+        "runtime": "runtime",
+        "gateway": "gateway",
+        "reconciler": "reconciler",
+    }[prefix]
 
 
 async def _post_event(client: httpx.AsyncClient, body: dict[str, str], attempts: int = 20) -> dict[str, Any]:
     """Send the guest message like a careful client: on a dropped connection, retry with the same key."""
     for attempt in range(attempts):
         try:
-            response = await client.post("/v1/events", json=body, headers={"Idempotency-Key": body["event_id"]})
+            response = await client.post(
+                "/v1/events", json=body, headers={"Idempotency-Key": body["event_id"]}
+            )
             if response.status_code == 202:
                 return dict(response.json())
             raise RuntimeError(f"gateway answered {response.status_code}: {response.text}")
@@ -49,22 +56,31 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     if state_dir is None:
         holder = tempfile.TemporaryDirectory(prefix="crashsafe-demo-")
         state_dir = Path(holder.name)
-    console.print(Panel.fit(
-        f"[bold]crashsafe demo[/bold]\nA guest asks the booking agent for a room. The [bold]{victim}[/bold] process is told to "
-        f"SIGKILL itself at [bold yellow]{seam}[/bold yellow].\nThe supervisor restarts it, as Kubernetes would. "
-        "We count what the providers saw.",
-    ))
+    console.print(
+        Panel.fit(
+            f"[bold]crashsafe demo[/bold]\nA guest asks the booking agent for a room. The [bold]{victim}[/bold] process is told to "
+            f"SIGKILL itself at [bold yellow]{seam}[/bold yellow].\nThe supervisor restarts it, as Kubernetes would. "
+            "We count what the providers saw.",
+        )
+    )
     started = time.monotonic()
     stack = Stack(state_dir, crash={victim: seam})
     with console.status("starting nats-server, sandbox, gateway, runtime, executors, reconciler…"):
         await asyncio.to_thread(stack.start)
-    console.print(f"stack up in {time.monotonic() - started:.1f}s: nats {stack.nats_url}, gateway {stack.gateway_url}, sandbox {stack.sandbox_url}")
+    console.print(
+        f"stack up in {time.monotonic() - started:.1f}s: nats {stack.nats_url}, gateway {stack.gateway_url}, sandbox {stack.sandbox_url}"
+    )
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop))
     first_pid = stack.services[victim].process.pid if stack.services[victim].process else None
     try:
         async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10) as client:
-            body = {"event_id": f"evt-demo-{int(time.time())}", "session_id": "sess-ana", "guest_id": "guest-ana", "text": GUEST_TEXT}
+            body = {
+                "event_id": f"evt-demo-{int(time.time())}",
+                "session_id": "sess-ana",
+                "guest_id": "guest-ana",
+                "text": GUEST_TEXT,
+            }
             console.print(f"guest-ana: [italic]“{GUEST_TEXT}”[/italic]")
             accepted = await _post_event(client, body)
             run_id = accepted["run_id"]
@@ -78,7 +94,9 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
         await asyncio.to_thread(stack.stop)
     for _, event in events:
         if isinstance(event, ActionCompleted) and any(n.asked != "provider.call" for n in event.evidence):
-            console.print(f"[bold yellow]how step {event.step_no} ({event.key}) was settled after the kill:[/]")
+            console.print(
+                f"[bold yellow]how step {event.step_no} ({event.key}) was settled after the kill:[/]"
+            )
             for note in event.evidence:
                 console.print(f"  {note.asked:<16} → {note.answer:<8} {note.detail}")
     counts: dict[str, int] = ledger.get("counts", {})
@@ -86,17 +104,24 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     for column in ("kind", "key", "guest", "amount"):
         table.add_column(column)
     for entry in ledger.get("entries", []):
-        amount = f"{entry.get('amount_cents', 0) / 100:.2f} {entry.get('currency') or ''}" if entry.get("amount_cents") else ""
+        amount = (
+            f"{entry.get('amount_cents', 0) / 100:.2f} {entry.get('currency') or ''}"
+            if entry.get("amount_cents")
+            else ""
+        )
         table.add_row(str(entry.get("kind")), str(entry.get("key")), str(entry.get("guest_id")), amount)
     console.print(table)
     status = _status(events)
     bookings, charges = counts.get("booking", 0), counts.get("charge", 0)
     ok = bookings == 1 and charges == 1 and status == "completed"
     restarted = stack.services[victim].restarts
-    verdict = (
-        f"{bookings} booking, {charges} charge, run {status}; {victim} was killed at {seam} and restarted {restarted} time(s)"
+    verdict = f"{bookings} booking, {charges} charge, run {status}; {victim} was killed at {seam} and restarted {restarted} time(s)"
+    console.print(
+        Panel.fit(
+            ("[bold green]✔ " if ok else "[bold red]✘ ") + verdict + "[/]",
+            title=f"done in {time.monotonic() - started:.1f}s",
+        )
     )
-    console.print(Panel.fit(("[bold green]✔ " if ok else "[bold red]✘ ") + verdict + "[/]", title=f"done in {time.monotonic() - started:.1f}s"))
     if holder is not None:
         holder.cleanup()
     return 0 if ok else 1
@@ -107,7 +132,15 @@ def _status(events: list[tuple[int, Event]]) -> str:
     return {"RunCompleted": "completed", "RunHandedOff": "handed_off"}.get(last, "running")
 
 
-async def _follow(console: Console, client: httpx.AsyncClient, run_id: str, stack: Stack, victim: str, first_pid: int | None, deadline_s: float) -> list[tuple[int, Event]]:
+async def _follow(
+    console: Console,
+    client: httpx.AsyncClient,
+    run_id: str,
+    stack: Stack,
+    victim: str,
+    first_pid: int | None,
+    deadline_s: float,
+) -> list[tuple[int, Event]]:
     """Print each journal event as it lands, and the kill and restart as the supervisor sees them."""
     shown = 0
     announced_kill = False
@@ -117,18 +150,25 @@ async def _follow(console: Console, client: httpx.AsyncClient, run_id: str, stac
         response = await client.get(f"/v1/runs/{run_id}/events")
         if response.status_code == 200:
             raw = response.json()["events"]
-            events = [(e["seq"], _event.decode(msgspec.json.encode({k: v for k, v in e.items() if k != "seq"}))) for e in raw]
+            events = [
+                (e["seq"], _event.decode(msgspec.json.encode({k: v for k, v in e.items() if k != "seq"})))
+                for e in raw
+            ]
             for seq, event in events[shown:]:
                 step, what, detail = describe(event)
                 style = "yellow" if what == "RESUMED" or "RECOVERED" in detail else ""
-                console.print(f"  [dim]#{seq}[/dim] step {step or '-':>2} [bold {style}]{what:<10}[/] {detail}")
+                console.print(
+                    f"  [dim]#{seq}[/dim] step {step or '-':>2} [bold {style}]{what:<10}[/] {detail}"
+                )
             shown = len(events)
             if _status(events) != "running":
                 return events
         process = stack.services[victim].process
         if not announced_kill and process is not None and process.pid != first_pid:
             announced_kill = True
-            console.print(f"  [bold red]✝ {victim} (pid {first_pid}) died by SIGKILL[/] — supervisor restarted it as pid {process.pid}")
+            console.print(
+                f"  [bold red]✝ {victim} (pid {first_pid}) died by SIGKILL[/] — supervisor restarted it as pid {process.pid}"
+            )
         await asyncio.sleep(0.1)
     return events
 
@@ -137,7 +177,9 @@ async def run_up(state_dir: Path, nats_url: str | None) -> int:
     console = Console()
     stack = Stack(state_dir, nats_url=nats_url)
     await asyncio.to_thread(stack.start)
-    console.print(f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}")
+    console.print(
+        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -165,7 +165,9 @@ class Stack:
     def _check_alive(self, name: str) -> None:
         process = self.services[name].process
         if process is not None and process.poll() is not None and not self.services[name].once_env:
-            raise RuntimeError(f"{name} exited with {process.returncode}; see {self.logs_dir / (name + '.log')}")
+            raise RuntimeError(
+                f"{name} exited with {process.returncode}; see {self.logs_dir / (name + '.log')}"
+            )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.services[name].process
@@ -189,7 +191,11 @@ class Stack:
         self.write_state()
 
     def dead(self) -> list[str]:
-        return [s.name for s in self.services.values() if not s.stopped and s.process is not None and s.process.poll() is not None]
+        return [
+            s.name
+            for s in self.services.values()
+            if not s.stopped and s.process is not None and s.process.poll() is not None
+        ]
 
     async def supervise(self, stop: asyncio.Event, backoff_s: float = 0.2) -> None:
         """Restart any service that died, after a short back-off, as Kubernetes restarts a crashed pod."""
@@ -199,7 +205,7 @@ class Stack:
                 self.restart(name, wait=False)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.1)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def write_state(self) -> None:
@@ -213,7 +219,17 @@ class Stack:
                 {"name": s.name, "pid": s.process.pid if s.process else None, "restarts": s.restarts}
                 for s in self.services.values()
             ]
-            + ([{"name": "nats-server", "pid": self.nats.process.pid if self.nats.process else None, "restarts": 0}] if self.nats else []),
+            + (
+                [
+                    {
+                        "name": "nats-server",
+                        "pid": self.nats.process.pid if self.nats.process else None,
+                        "restarts": 0,
+                    }
+                ]
+                if self.nats
+                else []
+            ),
         }
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_dir / "stack.json.tmp"

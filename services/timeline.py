@@ -22,7 +22,13 @@ from contracts.run_events import (
 
 
 def _short(value: Any, limit: int = 70) -> str:
-    text = value if isinstance(value, str) else ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+    text = (
+        value
+        if isinstance(value, str)
+        else ", ".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, dict)
+        else str(value)
+    )
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -39,9 +45,17 @@ def describe(event: Event) -> tuple[str, str, str]:
         case ActionRequested():
             return str(event.step_no), "intent", f"{event.tool} key={event.key} {_short(event.args, 60)}"
         case ToolRejected():
-            return str(event.step_no), "rejected", f"{event.tool}: {event.error.code}: {_short(event.error.message)}"
+            return (
+                str(event.step_no),
+                "rejected",
+                f"{event.tool}: {event.error.code}: {_short(event.error.message)}",
+            )
         case ActionCompleted():
-            how = {"call": "", "replay": " (stored receipt)", "provider_lookup": " (RECOVERED by provider lookup)"}.get(event.via, f" ({event.via})")
+            how = {
+                "call": "",
+                "replay": " (stored receipt)",
+                "provider_lookup": " (RECOVERED by provider lookup)",
+            }.get(event.via, f" ({event.via})")
             ref = f" ref={event.provider_ref}" if event.provider_ref else ""
             extra = f" after {event.deliveries} deliveries" if event.deliveries > 1 else ""
             err = f" {event.error.code}" if event.error else ""
@@ -66,6 +80,20 @@ def timeline(events: list[tuple[int, Event]], title: str = "") -> Table:
     for seq, event in events:
         step, what, detail = describe(event)
         offset = f"+{(event.at - first).total_seconds():.3f}s" if first else ""
-        style = "bold yellow" if what in ("RESUMED",) or "RECOVERED" in detail else "bold green" if what == "completed" else "bold red" if what in ("handed off", "rejected") else ""
-        table.add_row(str(seq), offset, step, Text(what, style=style), Text(detail, style=style if "RECOVERED" in detail else ""))
+        style = (
+            "bold yellow"
+            if what in ("RESUMED",) or "RECOVERED" in detail
+            else "bold green"
+            if what == "completed"
+            else "bold red"
+            if what in ("handed off", "rejected")
+            else ""
+        )
+        table.add_row(
+            str(seq),
+            offset,
+            step,
+            Text(what, style=style),
+            Text(detail, style=style if "RECOVERED" in detail else ""),
+        )
     return table

@@ -36,7 +36,9 @@ async def broker(nats_server: NatsServer) -> AsyncIterator[Broker]:
 
 
 @pytest.fixture
-def make_stack(tmp_path: Path, nats_server: NatsServer, namespace: Namespace) -> Iterator[Callable[..., Stack]]:
+def make_stack(
+    tmp_path: Path, nats_server: NatsServer, namespace: Namespace
+) -> Iterator[Callable[..., Stack]]:
     """Start the whole stack as real processes on the session's nats-server; stopped after the test."""
     stacks: list[Stack] = []
 

@@ -14,10 +14,21 @@ from services.stack import Stack
 BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 
 
-async def submit(stack: Stack, text: str = BOOKING_TEXT, guest: str | None = None, key: str | None = None, deadline_s: float = 60) -> str:
+async def submit(
+    stack: Stack,
+    text: str = BOOKING_TEXT,
+    guest: str | None = None,
+    key: str | None = None,
+    deadline_s: float = 60,
+) -> str:
     """POST a guest event like a careful client: a dropped connection or 503 is retried with the same key."""
     guest = guest or f"guest-{uuid.uuid4().hex[:8]}"
-    body = {"event_id": key or f"evt-{uuid.uuid4().hex}", "session_id": f"sess-{guest}", "guest_id": guest, "text": text}
+    body = {
+        "event_id": key or f"evt-{uuid.uuid4().hex}",
+        "session_id": f"sess-{guest}",
+        "guest_id": guest,
+        "text": text,
+    }
     deadline = time.monotonic() + deadline_s
     async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10) as client:
         while True:

@@ -9,7 +9,9 @@ from tests.flows import effects_per_run, journal, ledger, submit, wait_terminal
 
 
 async def test_nats_server_killed_mid_run(tmp_path) -> None:
-    stack = Stack(tmp_path / "stack", env={"CRASHSAFE_ACK_WAIT_S": "1"}).start()  # embedded nats-server we may kill
+    stack = Stack(
+        tmp_path / "stack", env={"CRASHSAFE_ACK_WAIT_S": "1"}
+    ).start()  # embedded nats-server we may kill
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop))
     try:
@@ -24,7 +26,9 @@ async def test_nats_server_killed_mid_run(tmp_path) -> None:
         stack.nats.kill()
         await asyncio.sleep(0.5)
         await asyncio.to_thread(stack.nats.start)
-        summaries = await asyncio.gather(*(wait_terminal(stack, run_id, deadline_s=120) for run_id in run_ids))
+        summaries = await asyncio.gather(
+            *(wait_terminal(stack, run_id, deadline_s=120) for run_id in run_ids)
+        )
         effects = effects_per_run((await ledger(stack))["entries"])
     finally:
         stop.set()
@@ -33,4 +37,7 @@ async def test_nats_server_killed_mid_run(tmp_path) -> None:
 
     assert [s["status"] for s in summaries] == ["completed"] * len(run_ids), summaries
     for run_id in run_ids:
-        assert effects[run_id].get("booking") == 1 and effects[run_id].get("charge") == 1, (run_id, effects[run_id])
+        assert effects[run_id].get("booking") == 1 and effects[run_id].get("charge") == 1, (
+            run_id,
+            effects[run_id],
+        )

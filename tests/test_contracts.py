@@ -23,7 +23,7 @@ import pytest
 import contracts
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
 from contracts.errors import ErrorInfo
-from contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,

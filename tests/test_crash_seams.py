@@ -26,7 +26,11 @@ SEAMS = {
 
 
 def _payment_receipt(events: list[dict]) -> dict:
-    steps = {e["step_no"]: e for e in events if e["type"] == "run.action_requested" and e["tool"] == "create_payment"}
+    steps = {
+        e["step_no"]: e
+        for e in events
+        if e["type"] == "run.action_requested" and e["tool"] == "create_payment"
+    }
     receipts = [e for e in events if e["type"] == "run.action_completed" and e["step_no"] in steps]
     assert len(receipts) == 1, receipts
     return receipts[0]
@@ -52,7 +56,11 @@ async def test_kill_at_seam(make_stack, seam: str) -> None:
     assert counts["booking_release"] == 0 and counts["refund"] == 0, counts
 
     events = await journal(stack, run_id)
-    steps = [e["step_no"] for e in events if e["type"] in ("run.model_answered", "run.action_requested", "run.tool_rejected")]
+    steps = [
+        e["step_no"]
+        for e in events
+        if e["type"] in ("run.model_answered", "run.action_requested", "run.tool_rejected")
+    ]
     assert steps == list(range(1, len(steps) + 1)), f"step numbers must be contiguous and unique: {steps}"
     evidence = SEAMS[seam]
     receipt = _payment_receipt(events)
@@ -85,7 +93,10 @@ async def test_reconciler_killed_mid_resolution(make_stack) -> None:
         assert stack.services["reconciler"].restarts >= 1, "the reconciler never reached its seam"
         # Its next life finds the same overdue key, asks again and nudges the run: evidence in the journal.
         for _ in range(300):
-            if any(e["type"] == "run.nudged" and e["by"].startswith("reconciler") for e in await journal(stack, run_id)):
+            if any(
+                e["type"] == "run.nudged" and e["by"].startswith("reconciler")
+                for e in await journal(stack, run_id)
+            ):
                 break
             await asyncio.sleep(0.1)
         stack.restart("executor-notify")
@@ -97,4 +108,6 @@ async def test_reconciler_killed_mid_resolution(make_stack) -> None:
     counts = (await ledger(stack, "guest-rec"))["counts"]
     assert counts["booking"] == 1 and counts["charge"] == 1 and counts["email"] == 1, counts
     events = await journal(stack, run_id)
-    assert any(e["type"] == "run.nudged" and e["by"].startswith("reconciler") for e in events), [e["type"] for e in events]
+    assert any(e["type"] == "run.nudged" and e["by"].startswith("reconciler") for e in events), [
+        e["type"] for e in events
+    ]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from contracts.inbound import MAX_BODY_BYTES, GuestMessage, InboundEvent, inbound_encoder
-from contracts.keys import input_hash, run_id_for, inbound_hash
+from contracts.keys import inbound_hash, run_id_for
 from contracts.run_events import Budget, RunStarted
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker, SubjectFull

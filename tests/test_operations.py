@@ -20,7 +20,9 @@ from tests.flows import submit, wait_terminal
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-def _crashsafe(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _crashsafe(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "services.cli", *args],
         capture_output=True,
@@ -46,10 +48,16 @@ def _pid_of(stack: dict, name: str) -> int:
 
 def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up", "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         stack = _stack_json(state)
-        assert stack["gateway_url"].startswith("http://127.0.0.1:") and stack["nats_url"].startswith("nats://")
+        assert stack["gateway_url"].startswith("http://127.0.0.1:") and stack["nats_url"].startswith(
+            "nats://"
+        )
         assert httpx.get(stack["gateway_url"] + "/readyz", timeout=5).status_code == 200
         runtime_pid = _pid_of(stack, "runtime")
         os.kill(runtime_pid, signal.SIGKILL)
@@ -77,11 +85,20 @@ def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
             up.kill()
 
 
-async def test_one_guest_message_is_one_trace_and_the_cli_shows_it(make_stack, broker: Broker, namespace: Namespace) -> None:
+async def test_one_guest_message_is_one_trace_and_the_cli_shows_it(
+    make_stack, broker: Broker, namespace: Namespace
+) -> None:
     stack: Stack = make_stack()
     async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10) as client:
-        body = {"event_id": "evt-trace", "session_id": "s", "guest_id": "guest-trace", "text": "Book a room in Paris from 2026-12-01 to 2026-12-02"}
-        response = await client.post("/v1/events", json=body, headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
+        body = {
+            "event_id": "evt-trace",
+            "session_id": "s",
+            "guest_id": "guest-trace",
+            "text": "Book a room in Paris from 2026-12-01 to 2026-12-02",
+        }
+        response = await client.post(
+            "/v1/events", json=body, headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"}
+        )
         assert response.status_code == 202
         run_id = response.json()["run_id"]
     assert (await wait_terminal(stack, run_id))["status"] == "completed"
@@ -91,11 +108,17 @@ async def test_one_guest_message_is_one_trace_and_the_cli_shows_it(make_stack, b
     traces = {m.headers.get("traceparent", "").split("-")[1] for m in stored}
     assert traces == {TRACE_ID}, "every journal event, whichever service caused it, carries the guest's trace"
 
-    env = {"CRASHSAFE_NATS_URL": stack.nats_url, "CRASHSAFE_NAMESPACE": namespace.name, "CRASHSAFE_SANDBOX_URL": stack.sandbox_url}
+    env = {
+        "CRASHSAFE_NATS_URL": stack.nats_url,
+        "CRASHSAFE_NAMESPACE": namespace.name,
+        "CRASHSAFE_SANDBOX_URL": stack.sandbox_url,
+    }
     shown = _crashsafe("runs", "show", run_id, env=env)
     assert shown.returncode == 0, shown.stderr
     assert "completed" in shown.stdout and "create_payment" in shown.stdout
-    as_json = [json.loads(line) for line in _crashsafe("runs", "show", run_id, "--json", env=env).stdout.splitlines()]
+    as_json = [
+        json.loads(line) for line in _crashsafe("runs", "show", run_id, "--json", env=env).stdout.splitlines()
+    ]
     assert as_json[0]["type"] == "run.started" and as_json[-1]["type"] == "run.completed"
     audit = _crashsafe("audit", env=env)
     assert audit.returncode == 0, audit.stdout + audit.stderr

@@ -22,7 +22,7 @@ from stackkit import (
 
 from contracts.dead_letters import DeadLetter
 from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import input_hash, run_id_for, inbound_hash
+from contracts.keys import inbound_hash, run_id_for
 from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from contracts.tools import ToolContract
 from services.agents.booking import BookingAgent
 from services.agents.steps import StepsAgent
-from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent
 
 AGENTS: dict[str, Agent] = {
@@ -16,7 +16,9 @@ AGENTS: dict[str, Agent] = {
 
 # Every tool any agent can ask for, by name: what an executor enforces.
 TOOL_CONTRACTS: dict[str, ToolContract] = {
-    name: tool for agent in AGENTS.values() for name, tool in {**agent.tools, **agent.compensation_tools}.items()
+    name: tool
+    for agent in AGENTS.values()
+    for name, tool in {**agent.tools, **agent.compensation_tools}.items()
 }
 
 

@@ -7,8 +7,8 @@ from datetime import date
 from typing import Any
 
 from contracts.errors import ErrorCode, ErrorInfo
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from contracts.run_events import ActionCompleted, ActionRequested
+from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
 
@@ -34,7 +34,10 @@ TOOLS: dict[str, ToolContract] = {
             max_attempts=3,
             key_rule=KeyRule.NONE,
             description="Find hotels with rooms in a city for the dates.",
-            parameters=_obj({"city": _STR, "check_in": _DATE_SCHEMA, "check_out": _DATE_SCHEMA}, ["city", "check_in", "check_out"]),
+            parameters=_obj(
+                {"city": _STR, "check_in": _DATE_SCHEMA, "check_out": _DATE_SCHEMA},
+                ["city", "check_in", "check_out"],
+            ),
         ),
         ToolContract(
             name="create_booking",
@@ -45,7 +48,10 @@ TOOLS: dict[str, ToolContract] = {
             max_attempts=2,
             compensation="release_booking",
             description="Hold a room for the guest. Returns a booking_id and the total price.",
-            parameters=_obj({"hotel_id": _STR, "check_in": _DATE_SCHEMA, "check_out": _DATE_SCHEMA}, ["hotel_id", "check_in", "check_out"]),
+            parameters=_obj(
+                {"hotel_id": _STR, "check_in": _DATE_SCHEMA, "check_out": _DATE_SCHEMA},
+                ["hotel_id", "check_in", "check_out"],
+            ),
         ),
         ToolContract(
             name="create_payment",
@@ -119,7 +125,12 @@ def _invalid(message: str, **details: Any) -> ErrorInfo:
 
 def _dates(args: dict[str, Any]) -> tuple[str, str] | ErrorInfo:
     check_in, check_out = args.get("check_in"), args.get("check_out")
-    if not (isinstance(check_in, str) and isinstance(check_out, str) and _DATE.match(check_in) and _DATE.match(check_out)):
+    if not (
+        isinstance(check_in, str)
+        and isinstance(check_out, str)
+        and _DATE.match(check_in)
+        and _DATE.match(check_out)
+    ):
         return _invalid("check_in and check_out must be dates as YYYY-MM-DD")
     try:
         if date.fromisoformat(check_out) <= date.fromisoformat(check_in):
@@ -163,16 +174,36 @@ class BookingAgent:
                 if any(d is None or d.status in ("succeeded", "unknown") for _, d in payments):
                     continue  # paid, being paid, or maybe paid: never release what might be paid for
                 if any(d is not None and d.status == "failed" for _, d in payments) or ending:
-                    undo.append(Compensation(tool="release_booking", args={"booking_id": booking_id}, undoes=req.key, kind="release"))
+                    undo.append(
+                        Compensation(
+                            tool="release_booking",
+                            args={"booking_id": booking_id},
+                            undoes=req.key,
+                            kind="release",
+                        )
+                    )
                 continue
             released = any(d is not None and d.status == "succeeded" for _, d in releases)
             for pay_req, pay_done in payments:
-                if released and pay_done is not None and pay_done.status == "succeeded" and not about_refund(actions, pay_req.key):
-                    args = {"payment_id": pay_done.result.get("payment_id"), "amount_cents": pay_req.args.get("amount_cents"), "booking_id": booking_id}
-                    undo.append(Compensation(tool="refund_payment", args=args, undoes=pay_req.key, kind="refund"))
+                if (
+                    released
+                    and pay_done is not None
+                    and pay_done.status == "succeeded"
+                    and not about_refund(actions, pay_req.key)
+                ):
+                    args = {
+                        "payment_id": pay_done.result.get("payment_id"),
+                        "amount_cents": pay_req.args.get("amount_cents"),
+                        "booking_id": booking_id,
+                    }
+                    undo.append(
+                        Compensation(tool="refund_payment", args=args, undoes=pay_req.key, kind="refund")
+                    )
         return tuple(undo)
 
-    def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
+    def prepare(
+        self, state: RunState, tool: ToolContract, args: dict[str, Any]
+    ) -> dict[str, Any] | ErrorInfo:
         if "amount" in args or "amount_cents" in args:
             return _invalid("the amount is computed by the server from the booking; pass only booking_id")
         match tool.name:
@@ -191,7 +222,12 @@ class BookingAgent:
                 dates = _dates(args)
                 if isinstance(dates, ErrorInfo):
                     return dates
-                return {"hotel_id": hotel_id, "guest_id": state.guest_id, "check_in": dates[0], "check_out": dates[1]}
+                return {
+                    "hotel_id": hotel_id,
+                    "guest_id": state.guest_id,
+                    "check_in": dates[0],
+                    "check_out": dates[1],
+                }
             case "create_payment":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):
@@ -215,7 +251,11 @@ class BookingAgent:
                 payment_id = _string(args, "payment_id")
                 if isinstance(payment_id, ErrorInfo):
                     return payment_id
-                return {"payment_id": payment_id, "amount_cents": int(args.get("amount_cents") or 0), "booking_id": str(args.get("booking_id", ""))}
+                return {
+                    "payment_id": payment_id,
+                    "amount_cents": int(args.get("amount_cents") or 0),
+                    "booking_id": str(args.get("booking_id", "")),
+                }
             case "send_confirmation_email" | "update_crm":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):
@@ -241,7 +281,9 @@ class BookingAgent:
     def _already(state: RunState, tool: str, booking_id: str) -> bool:
         in_flight = any(p.tool == tool and p.args.get("booking_id") == booking_id for p in state.pending)
         done = any(
-            req.tool == tool and req.args.get("booking_id") == booking_id and done.status in ("succeeded", "unknown")
+            req.tool == tool
+            and req.args.get("booking_id") == booking_id
+            and done.status in ("succeeded", "unknown")
             for req, done in state.completed
         )
         return in_flight or done

@@ -42,5 +42,7 @@ class StepsAgent:
             return ScriptedStep(calls=(ToolCall(call_id=f"plan-{done + 1}", name="noop", arguments=args),))
         return ScriptedStep(reply=f"{self.steps} steps done")
 
-    def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
+    def prepare(
+        self, state: RunState, tool: ToolContract, args: dict[str, Any]
+    ) -> dict[str, Any] | ErrorInfo:
         return {"i": int(args.get("i", 0)), "sleep_ms": int(args.get("sleep_ms", 0))}

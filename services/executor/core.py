@@ -57,9 +57,22 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
         error = ErrorInfo(
             code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
             message=f"key {request.key} was first used with different input; nothing was sent to the provider",
-            details={"key": request.key, "stored_input_hash": record.input_hash, "input_hash": request.input_hash},
+            details={
+                "key": request.key,
+                "stored_input_hash": record.input_hash,
+                "input_hash": request.input_hash,
+            },
         )
-        return Conflict(_outcome(request, OutcomeStatus.CONFLICT, error=error, via="conflict", attempts=0, deliveries=deliveries))
+        return Conflict(
+            _outcome(
+                request,
+                OutcomeStatus.CONFLICT,
+                error=error,
+                via="conflict",
+                attempts=0,
+                deliveries=deliveries,
+            )
+        )
     if record.status in ("succeeded", "failed") and record.outcome is not None:
         stored = record.outcome
         return Replay(
@@ -117,16 +130,37 @@ class StillUnknown:
 Next = Done | LookUp | CallAgain | StillUnknown
 
 
-def after_call(request: ActionRequest, contract: ToolContract, answer: ProviderAnswer, attempts: int, deliveries: int, via: str = "call") -> Next:
+def after_call(
+    request: ActionRequest,
+    contract: ToolContract,
+    answer: ProviderAnswer,
+    attempts: int,
+    deliveries: int,
+    via: str = "call",
+) -> Next:
     if answer.kind == "ok":
-        return Done(_outcome(request, OutcomeStatus.SUCCEEDED, result=answer.body, ref=answer.ref, via=via, attempts=attempts, deliveries=deliveries))
+        return Done(
+            _outcome(
+                request,
+                OutcomeStatus.SUCCEEDED,
+                result=answer.body,
+                ref=answer.ref,
+                via=via,
+                attempts=attempts,
+                deliveries=deliveries,
+            )
+        )
     if answer.kind == "rejected":
         error = ErrorInfo(
             code=str(answer.body.get("code", ErrorCode.PROVIDER_REJECTED.value)),
             message=str(answer.body.get("message", answer.detail)),
             details={"provider": answer.body},
         )
-        return Done(_outcome(request, OutcomeStatus.FAILED, error=error, via=via, attempts=attempts, deliveries=deliveries))
+        return Done(
+            _outcome(
+                request, OutcomeStatus.FAILED, error=error, via=via, attempts=attempts, deliveries=deliveries
+            )
+        )
     if contract.keyed:
         return LookUp()
     # A read that failed: retry it while the contract allows, else a definitive failure (reads have no effect).
@@ -135,10 +169,20 @@ def after_call(request: ActionRequest, contract: ToolContract, answer: ProviderA
     return Done(_unavailable(request, answer, attempts, deliveries))
 
 
-def after_lookup(request: ActionRequest, contract: ToolContract, lookup: ProviderAnswer, attempts: int, deliveries: int) -> Next:
+def after_lookup(
+    request: ActionRequest, contract: ToolContract, lookup: ProviderAnswer, attempts: int, deliveries: int
+) -> Next:
     if lookup.kind == "found":
         return Done(
-            _outcome(request, OutcomeStatus.SUCCEEDED, result=lookup.body, ref=lookup.ref, via="provider_lookup", attempts=attempts, deliveries=deliveries)
+            _outcome(
+                request,
+                OutcomeStatus.SUCCEEDED,
+                result=lookup.body,
+                ref=lookup.ref,
+                via="provider_lookup",
+                attempts=attempts,
+                deliveries=deliveries,
+            )
         )
     if lookup.kind == "absent":
         if attempts < contract.max_attempts:
@@ -155,19 +199,30 @@ def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveri
         retry=RetryClass.UNKNOWN_OUTCOME.value,
         details={"key": request.key},
     )
-    return _outcome(request, OutcomeStatus.UNKNOWN, error=error, via="unresolved", attempts=attempts, deliveries=deliveries)
+    return _outcome(
+        request,
+        OutcomeStatus.UNKNOWN,
+        error=error,
+        via="unresolved",
+        attempts=attempts,
+        deliveries=deliveries,
+    )
 
 
 def refused(request: ActionRequest, error: ErrorInfo, deliveries: int) -> ActionOutcome:
     """A request the executor will not attempt at all: definitive, and no effect exists."""
-    return _outcome(request, OutcomeStatus.FAILED, error=error, via="refused", attempts=0, deliveries=deliveries)
+    return _outcome(
+        request, OutcomeStatus.FAILED, error=error, via="refused", attempts=0, deliveries=deliveries
+    )
 
 
 def _backoff(attempts: int) -> float:
     return min(0.05 * 2 ** (attempts - 1), 1.0)
 
 
-def _unavailable(request: ActionRequest, answer: ProviderAnswer, attempts: int, deliveries: int) -> ActionOutcome:
+def _unavailable(
+    request: ActionRequest, answer: ProviderAnswer, attempts: int, deliveries: int
+) -> ActionOutcome:
     error = ErrorInfo(
         code=ErrorCode.PROVIDER_UNAVAILABLE.value,
         message=(
@@ -177,7 +232,9 @@ def _unavailable(request: ActionRequest, answer: ProviderAnswer, attempts: int, 
         ),
         details={"key": request.key},
     )
-    return _outcome(request, OutcomeStatus.FAILED, error=error, via="call", attempts=attempts, deliveries=deliveries)
+    return _outcome(
+        request, OutcomeStatus.FAILED, error=error, via="call", attempts=attempts, deliveries=deliveries
+    )
 
 
 def _outcome(

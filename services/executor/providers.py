@@ -51,17 +51,32 @@ def _classify(response: httpx.Response, ref_field: str | None) -> ProviderAnswer
     if response.status_code >= 500:
         return ProviderAnswer("unknown", {}, detail=f"provider answered {response.status_code}")
     if body is None:
-        return ProviderAnswer("unknown", {}, detail=f"provider answered {response.status_code} with a body that is not JSON")
+        return ProviderAnswer(
+            "unknown", {}, detail=f"provider answered {response.status_code} with a body that is not JSON"
+        )
     if 200 <= response.status_code < 300:
-        return ProviderAnswer("ok", body, ref=str(body.get(ref_field)) if ref_field and body.get(ref_field) else None)
+        return ProviderAnswer(
+            "ok", body, ref=str(body.get(ref_field)) if ref_field and body.get(ref_field) else None
+        )
     error = body.get("error", body)
-    return ProviderAnswer("rejected", error if isinstance(error, dict) else {"message": str(error)}, detail=f"provider answered {response.status_code}")
+    return ProviderAnswer(
+        "rejected",
+        error if isinstance(error, dict) else {"message": str(error)},
+        detail=f"provider answered {response.status_code}",
+    )
 
 
-def _post(path: Callable[[ActionRequest], str], body: Callable[[ActionRequest], dict[str, Any]], ref_field: str) -> Call:
+def _post(
+    path: Callable[[ActionRequest], str], body: Callable[[ActionRequest], dict[str, Any]], ref_field: str
+) -> Call:
     async def call(client: httpx.AsyncClient, request: ActionRequest, timeout: float) -> ProviderAnswer:
         try:
-            response = await client.post(path(request), json=body(request), headers={Header.IDEMPOTENCY_KEY: request.key}, timeout=timeout)
+            response = await client.post(
+                path(request),
+                json=body(request),
+                headers={Header.IDEMPOTENCY_KEY: request.key},
+                timeout=timeout,
+            )
         except httpx.HTTPError as exc:
             # Timeout or dropped connection after sending: the provider may or may not have committed it.
             return ProviderAnswer("unknown", {}, detail=f"{type(exc).__name__}: {exc}")
@@ -79,7 +94,11 @@ def _by_key(prefix: str, ref_field: str) -> Lookup:
         if response.status_code == 404:
             return ProviderAnswer("absent", {})
         answer = _classify(response, ref_field)
-        return ProviderAnswer("found", answer.body, answer.ref) if answer.kind == "ok" else ProviderAnswer("unknown", {}, detail=answer.detail)
+        return (
+            ProviderAnswer("found", answer.body, answer.ref)
+            if answer.kind == "ok"
+            else ProviderAnswer("unknown", {}, detail=answer.detail)
+        )
 
     return lookup
 
@@ -123,13 +142,25 @@ OPERATIONS: dict[str, Operation] = {
         requires=("booking_id", "guest_id", "amount_cents", "currency"),
     ),
     "refund_payment": Operation(
-        _post(lambda r: f"/payments/{r.args['payment_id']}/refund", lambda r: {"amount_cents": r.args["amount_cents"]}, "refund_id"),
+        _post(
+            lambda r: f"/payments/{r.args['payment_id']}/refund",
+            lambda r: {"amount_cents": r.args["amount_cents"]},
+            "refund_id",
+        ),
         _by_key("/refunds", "refund_id"),
         "refund_id",
         requires=("payment_id", "amount_cents"),
     ),
     "send_confirmation_email": Operation(
-        _post(lambda r: "/emails", lambda r: {"guest_id": r.args["guest_id"], "template": "booking_confirmation", "booking_id": r.args["booking_id"]}, "email_id"),
+        _post(
+            lambda r: "/emails",
+            lambda r: {
+                "guest_id": r.args["guest_id"],
+                "template": "booking_confirmation",
+                "booking_id": r.args["booking_id"],
+            },
+            "email_id",
+        ),
         _by_key("/emails", "email_id"),
         "email_id",
         requires=("guest_id", "booking_id"),
@@ -137,7 +168,11 @@ OPERATIONS: dict[str, Operation] = {
     "update_crm": Operation(
         _post(
             lambda r: "/crm/updates",
-            lambda r: {"guest_id": r.args["guest_id"], "booking_id": r.args["booking_id"], "fields": {"last_booking_id": r.args["booking_id"]}},
+            lambda r: {
+                "guest_id": r.args["guest_id"],
+                "booking_id": r.args["booking_id"],
+                "fields": {"last_booking_id": r.args["booking_id"]},
+            },
             "crm_update_id",
         ),
         _by_key("/crm/updates", "crm_update_id"),

@@ -16,7 +16,13 @@ from opentelemetry.context import Context
 from contracts.errors import CrashsafeError, ErrorCode, ErrorInfo, PoisonMessage, RetryClass
 from contracts.keys import partition_of
 from contracts.streams import executor_consumer, stream_specs
-from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence, action_request_decoder, tool_encoder
+from contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    Evidence,
+    action_request_decoder,
+    tool_encoder,
+)
 from contracts.tools import Effect, ToolContract
 from services.agents import TOOL_CONTRACTS
 from services.executor.core import (
@@ -81,7 +87,14 @@ class Executor:
         self.synchronous = synchronous
         self.stores: dict[int, ActionStore] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
-        self.deliveries = Deliveries(broker, self.ns, f"executor_{family}", logger, max_deliver=MAX_DELIVER, ack_wait_s=settings.ack_wait_s)
+        self.deliveries = Deliveries(
+            broker,
+            self.ns,
+            f"executor_{family}",
+            logger,
+            max_deliver=MAX_DELIVER,
+            ack_wait_s=settings.ack_wait_s,
+        )
 
     def store_path(self, partition: int) -> Path:
         return self.settings.data_dir / f"{self.ns.name}-{self.family}-p{partition}.sqlite3"
@@ -98,7 +111,9 @@ class Executor:
             # A receipt committed just before a crash may never have been published; its request would come
             # back only after the ack wait. Publishing it again now is harmless: outcomes are deduplicated.
             for outcome in await store.recent_receipts(since_s=4 * self.settings.ack_wait_s + 10):
-                await self._publish(self._with_note(outcome, "store.receipt", "republished"), context_from(None))
+                await self._publish(
+                    self._with_note(outcome, "store.receipt", "republished"), context_from(None)
+                )
         for partition in self.partitions:
             spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, MAX_DELIVER)
             await self.broker.ensure_consumer(spec)
@@ -133,7 +148,12 @@ class Executor:
             # Also a dead letter: a request the runtime should never have built is a bug someone must see.
             raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
-            await self._publish(await self._run(request, contract, operation, attempts=1, deliveries=deliveries, look_first=False), ctx)
+            await self._publish(
+                await self._run(
+                    request, contract, operation, attempts=1, deliveries=deliveries, look_first=False
+                ),
+                ctx,
+            )
             return
         # One key is never executed twice at once: wait for the delivery holding it, then answer from its receipt.
         while (running := self._inflight.get(request.key)) is not None:
@@ -205,7 +225,15 @@ class Executor:
         trail: list[Evidence] = []
 
         def note(asked: str, answer: ProviderAnswer) -> ProviderAnswer:
-            trail.append(Evidence(asked=asked, key=request.key, answer=answer.kind, detail=answer.detail, at=datetime.now(UTC)))
+            trail.append(
+                Evidence(
+                    asked=asked,
+                    key=request.key,
+                    answer=answer.kind,
+                    detail=answer.detail,
+                    at=datetime.now(UTC),
+                )
+            )
             return answer
 
         timeout = self._timeout(request, contract)
@@ -220,23 +248,38 @@ class Executor:
                     return msgspec.structs.replace(outcome, evidence=trail)
                 case LookUp():
                     if operation.lookup is None:
-                        raise OutcomeStillUnknown(f"{request.tool} has no lookup; cannot resolve {request.key}", trail, key=request.key)
-                    answer = note("provider.lookup", await operation.lookup(self.http, request.key, self._timeout(request, contract)))
+                        raise OutcomeStillUnknown(
+                            f"{request.tool} has no lookup; cannot resolve {request.key}",
+                            trail,
+                            key=request.key,
+                        )
+                    answer = note(
+                        "provider.lookup",
+                        await operation.lookup(self.http, request.key, self._timeout(request, contract)),
+                    )
                     step = after_lookup(request, contract, answer, attempts, deliveries)
                 case CallAgain(delay_s=delay):
                     await asyncio.sleep(delay)
                     attempts += 1
                     if store is not None:
                         await store.attempt(request.key, attempts)
-                    answer = note("provider.call", await operation.call(self.http, request, self._timeout(request, contract)))
+                    answer = note(
+                        "provider.call",
+                        await operation.call(self.http, request, self._timeout(request, contract)),
+                    )
                     step = after_call(request, contract, answer, attempts, deliveries)
                 case StillUnknown(detail=detail):
-                    raise OutcomeStillUnknown(f"outcome of {request.key} still unknown: {detail}", trail, key=request.key)
+                    raise OutcomeStillUnknown(
+                        f"outcome of {request.key} still unknown: {detail}", trail, key=request.key
+                    )
 
     def _timeout(self, request: ActionRequest, contract: ToolContract) -> float:
         # The deadline passed down: never wait longer than the run has left, nor less than a sliver.
         remaining = (request.deadline_at - datetime.now(UTC)).total_seconds()
-        return max(min(contract.timeout_s, request.timeout_s, remaining if remaining > 0 else contract.timeout_s), 0.2)
+        return max(
+            min(contract.timeout_s, request.timeout_s, remaining if remaining > 0 else contract.timeout_s),
+            0.2,
+        )
 
     async def _resolve_leftover(self, store: ActionStore, request: ActionRequest, attempts: int) -> None:
         contract = TOOL_CONTRACTS.get(request.tool)
@@ -246,25 +289,48 @@ class Executor:
         try:
             outcome = await self._run(request, contract, operation, attempts, 1, True, store)
         except OutcomeStillUnknown as exc:
-            log(self.logger, logging.WARNING, "left-over intent still unknown", key=request.key, detail=exc.message)
+            log(
+                self.logger,
+                logging.WARNING,
+                "left-over intent still unknown",
+                key=request.key,
+                detail=exc.message,
+            )
             return
         except Exception:  # one bad left-over must never keep the executor from starting
-            self.logger.exception("could not resolve a left-over intent; it stays open", extra={"fields": {"key": request.key}})
+            self.logger.exception(
+                "could not resolve a left-over intent; it stays open", extra={"fields": {"key": request.key}}
+            )
             return
         await store.finish(outcome, None)
         await self._publish(outcome, context_from(None))
-        log(self.logger, logging.INFO, "resolved left-over intent", key=request.key, via=outcome.via, status=outcome.status)
+        log(
+            self.logger,
+            logging.INFO,
+            "resolved left-over intent",
+            key=request.key,
+            via=outcome.via,
+            status=outcome.status,
+        )
 
     @staticmethod
     def _with_note(outcome: ActionOutcome, asked: str, answer: str) -> ActionOutcome:
-        note = Evidence(asked=asked, key=outcome.key, answer=answer, detail="answered from the action store", at=datetime.now(UTC))
+        note = Evidence(
+            asked=asked,
+            key=outcome.key,
+            answer=answer,
+            detail="answered from the action store",
+            at=datetime.now(UTC),
+        )
         return msgspec.structs.replace(outcome, evidence=[*outcome.evidence, note])
 
     def _store_for(self, key: str) -> ActionStore:
         partition = partition_of(key, self.settings.partitions)
         store = self.stores.get(partition)
         if store is None:
-            raise PoisonMessage(f"key {key} is in partition {partition}, not owned here ({self.partitions})", key=key)
+            raise PoisonMessage(
+                f"key {key} is in partition {partition}, not owned here ({self.partitions})", key=key
+            )
         return store
 
     async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:
@@ -274,11 +340,20 @@ class Executor:
             msg_id=f"outcome:{outcome.key}:{outcome.status}",
             headers=headers_for(ctx),
         )
-        log(self.logger, logging.DEBUG, "outcome", run_id=outcome.run_id, step_no=outcome.step_no, key=outcome.key, status=outcome.status, via=outcome.via)
+        log(
+            self.logger,
+            logging.DEBUG,
+            "outcome",
+            run_id=outcome.run_id,
+            step_no=outcome.step_no,
+            key=outcome.key,
+            status=outcome.status,
+            via=outcome.via,
+        )
 
 
 def parse_partitions(spec: str, total: int) -> list[int]:
-    """"all", "0-3", "0,2" -> owned partition numbers."""
+    """ "all", "0-3", "0,2" -> owned partition numbers."""
     if spec in ("", "all"):
         return list(range(total))
     owned: set[int] = set()
@@ -292,4 +367,3 @@ def parse_partitions(spec: str, total: int) -> list[int]:
     if bad:
         raise ValueError(f"partitions {bad} outside 0..{total - 1}")
     return sorted(owned)
-

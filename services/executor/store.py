@@ -54,7 +54,9 @@ class ActionStore:
         await self._db.close()
 
     async def get(self, key: str) -> Record | None:
-        async with self._db.execute("SELECT key, input_hash, status, attempts, outcome FROM actions WHERE key = ?", (key,)) as cur:
+        async with self._db.execute(
+            "SELECT key, input_hash, status, attempts, outcome FROM actions WHERE key = ?", (key,)
+        ) as cur:
             row = await cur.fetchone()
         if row is None:
             return None
@@ -67,19 +69,40 @@ class ActionStore:
         cur = await self._db.execute(
             "INSERT OR IGNORE INTO actions (key, input_hash, run_id, step_no, tool, request, status, attempts, stream_seq, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, 'started', 1, ?, ?, ?)",
-            (request.key, request.input_hash, request.run_id, request.step_no, request.tool, tool_encoder.encode(request), stream_seq, now, now),
+            (
+                request.key,
+                request.input_hash,
+                request.run_id,
+                request.step_no,
+                request.tool,
+                tool_encoder.encode(request),
+                stream_seq,
+                now,
+                now,
+            ),
         )
         return cur.rowcount == 1
 
     async def attempt(self, key: str, attempts: int) -> None:
-        await self._db.execute("UPDATE actions SET attempts = ?, updated_at = ? WHERE key = ?", (attempts, time.time(), key))
+        await self._db.execute(
+            "UPDATE actions SET attempts = ?, updated_at = ? WHERE key = ?", (attempts, time.time(), key)
+        )
 
     async def mark_unknown(self, key: str) -> None:
-        await self._db.execute("UPDATE actions SET status = 'unknown', updated_at = ? WHERE key = ? AND status = 'started'", (time.time(), key))
+        await self._db.execute(
+            "UPDATE actions SET status = 'unknown', updated_at = ? WHERE key = ? AND status = 'started'",
+            (time.time(), key),
+        )
 
     async def finish(self, outcome: ActionOutcome, stream_seq: int | None) -> None:
         """Commit the receipt, with the stream sequence it answers, before the request is acknowledged."""
-        status = "succeeded" if outcome.status == "succeeded" else "failed" if outcome.status == "failed" else "unknown"
+        status = (
+            "succeeded"
+            if outcome.status == "succeeded"
+            else "failed"
+            if outcome.status == "failed"
+            else "unknown"
+        )
         await self._db.execute(
             "UPDATE actions SET status = ?, outcome = ?, attempts = ?, stream_seq = COALESCE(?, stream_seq), updated_at = ? WHERE key = ?",
             (status, tool_encoder.encode(outcome), outcome.attempts, stream_seq, time.time(), outcome.key),
@@ -87,7 +110,9 @@ class ActionStore:
 
     async def open_intents(self) -> list[tuple[ActionRequest, int]]:
         """Intents with no receipt: what a previous life of this executor left behind."""
-        async with self._db.execute("SELECT request, attempts FROM actions WHERE status IN ('started', 'unknown') ORDER BY created_at") as cur:
+        async with self._db.execute(
+            "SELECT request, attempts FROM actions WHERE status IN ('started', 'unknown') ORDER BY created_at"
+        ) as cur:
             rows = await cur.fetchall()
         return [(_request_decoder.decode(row[0]), int(row[1])) for row in rows]
 

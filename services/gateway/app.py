@@ -60,7 +60,15 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         )
         duplicate = await _publish_once(broker, ns, event, ctx)
     crash_point("gateway.after_publish")
-    log(logger, logging.DEBUG, "accepted", run_id=admission.run_id, key=admission.key, duplicate=duplicate, trace_id=trace_id_of(ctx))
+    log(
+        logger,
+        logging.DEBUG,
+        "accepted",
+        run_id=admission.run_id,
+        key=admission.key,
+        duplicate=duplicate,
+        trace_id=trace_id_of(ctx),
+    )
     return Response(content={"run_id": admission.run_id, "duplicate": duplicate}, status_code=202)
 
 
@@ -90,7 +98,9 @@ async def _publish_once(broker: Broker, ns: Namespace, event: InboundEvent, ctx:
         # Inside the duplicate window but the message is gone (purged or aged out, and no run yet): the id alone
         # blocks it, so publish under an id bound to this input; the runtime's run.started at sequence 0 still
         # makes one run of it.
-        await broker.publish(subject, payload, msg_id=f"{event.run_id}:{event.input_hash}", headers=headers_for(ctx))
+        await broker.publish(
+            subject, payload, msg_id=f"{event.run_id}:{event.input_hash}", headers=headers_for(ctx)
+        )
         return False
     if inbound_decoder.decode(original.data).input_hash != event.input_hash:
         raise conflict(event.key, event.run_id)
@@ -107,7 +117,10 @@ async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[
 
 async def _journal(state: State, run_id: str) -> list[tuple[int, Any]]:
     if not is_run_id(run_id):
-        raise RunNotFound(f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events", run_id=run_id[:64])
+        raise RunNotFound(
+            f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events",
+            run_id=run_id[:64],
+        )
     journal = RunJournal(state.broker, state.settings.namespace)
     events = await journal.read_with_seqs(run_id)
     if not events:
@@ -132,7 +145,9 @@ async def get_run_events(state: State, run_id: str) -> Response[Any]:
         events = await _journal(state, run_id)
     except CrashsafeError as exc:
         return _error(exc)
-    return Response(content={"run_id": run_id, "events": [{"seq": seq, **msgspec.to_builtins(e)} for seq, e in events]})
+    return Response(
+        content={"run_id": run_id, "events": [{"seq": seq, **msgspec.to_builtins(e)} for seq, e in events]}
+    )
 
 
 @post("/v1/runs/{run_id:str}/reconcile", status_code=202)
@@ -144,7 +159,9 @@ async def post_reconcile(state: State, run_id: str) -> Response[Any]:
         done = await reconcile_run(state.broker, state.settings, run_id, by="operator:http")
     except CrashsafeError as exc:
         return _error(exc)
-    return Response(content={"run_id": done.run_id, "status": done.status, "asked": done.asked}, status_code=202)
+    return Response(
+        content={"run_id": done.run_id, "status": done.status, "asked": done.asked}, status_code=202
+    )
 
 
 @get("/healthz")
@@ -164,7 +181,9 @@ async def readyz(state: State) -> Response[Any]:
                     missing.append(spec.name)
             except CrashsafeError:
                 missing.append(spec.name)
-    return Response(content={"ready": not missing, "missing": missing}, status_code=200 if not missing else 503)
+    return Response(
+        content={"ready": not missing, "missing": missing}, status_code=200 if not missing else 503
+    )
 
 
 def build_app(settings: Settings) -> Litestar:
@@ -192,7 +211,14 @@ def build_app(settings: Settings) -> Litestar:
 async def serve_gateway(settings: Settings) -> None:
     import uvicorn
 
-    config = uvicorn.Config(build_app(settings), host=settings.gateway_host, port=settings.gateway_port, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        build_app(settings),
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     print(f"gateway listening on http://{settings.gateway_host}:{settings.gateway_port}", flush=True)
     await server.serve()

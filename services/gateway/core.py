@@ -54,8 +54,12 @@ def admit(body: bytes, idempotency_key: str | None, agent: str = "booking") -> A
         raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
     key = idempotency_key if idempotency_key is not None else message.event_id
     if not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidRequest(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters", key=key[:MAX_KEY_LENGTH])
-    return Admission(key=key, run_id=run_id_for(key), input_hash=inbound_hash(message, agent), message=message)
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters", key=key[:MAX_KEY_LENGTH]
+        )
+    return Admission(
+        key=key, run_id=run_id_for(key), input_hash=inbound_hash(message, agent), message=message
+    )
 
 
 def conflict(key: str, run_id: str) -> CrashsafeError:

@@ -65,9 +65,15 @@ class Deliveries:
             self._sweeper = asyncio.create_task(self._heartbeats())
         try:
             await self._handle(msg, handler, deliveries)
-        except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             # The broker went away mid-settle: the message was not acked, so it comes back after the ack wait.
-            log(self.logger, logging.WARNING, "could not settle message; it will be redelivered", subject=msg.subject, error=str(exc))
+            log(
+                self.logger,
+                logging.WARNING,
+                "could not settle message; it will be redelivered",
+                subject=msg.subject,
+                error=str(exc),
+            )
         finally:
             self._handling.pop(id(msg), None)
 
@@ -80,10 +86,19 @@ class Deliveries:
             if exc.retry is RetryClass.POISON or deliveries >= self.max_deliver:
                 await self.dead_letter(msg, exc.message, exc.code.value)
             else:
-                log(self.logger, logging.WARNING, "retrying later", error=exc.code.value, detail=exc.message, deliveries=deliveries)
+                log(
+                    self.logger,
+                    logging.WARNING,
+                    "retrying later",
+                    error=exc.code.value,
+                    detail=exc.message,
+                    deliveries=deliveries,
+                )
                 await msg.nak(delay=min(0.2 * 2**deliveries, 5.0))
         except Exception as exc:  # an unexpected bug must not loop forever nor lose the message silently
-            self.logger.exception("handler failed", extra={"fields": {"subject": msg.subject, "deliveries": deliveries}})
+            self.logger.exception(
+                "handler failed", extra={"fields": {"subject": msg.subject, "deliveries": deliveries}}
+            )
             if deliveries >= self.max_deliver:
                 await self.dead_letter(msg, f"{type(exc).__name__}: {exc}", "handler_failed")
             else:

@@ -79,14 +79,16 @@ class Broker:
                 allow_reconnect=True,
                 error_cb=on_error,
             )
-        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
-            raise BrokerUnavailable(f"cannot reach NATS at {url}: {exc}; is nats-server running?", url=url) from exc
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise BrokerUnavailable(
+                f"cannot reach NATS at {url}: {exc}; is nats-server running?", url=url
+            ) from exc
         return cls(nc)
 
     async def close(self) -> None:
         try:
             await self.nc.drain()
-        except (nats.errors.Error, asyncio.TimeoutError, OSError):
+        except (TimeoutError, nats.errors.Error, OSError):
             await self.nc.close()
 
     @property
@@ -154,7 +156,9 @@ class Broker:
         )
         self._subs.append(sub)
 
-    async def follow(self, stream: str, subject: str, handler: Callable[[Msg], Awaitable[None]], since: datetime) -> None:
+    async def follow(
+        self, stream: str, subject: str, handler: Callable[[Msg], Awaitable[None]], since: datetime
+    ) -> None:
         """Read every message on `subject` from `since` on, in order, and keep following (an ordered consumer)."""
         sub = await self.js.subscribe(
             subject,
@@ -194,9 +198,17 @@ class Broker:
                 ) from exc
             if exc.err_code == _MAX_MSGS_PER_SUBJECT:
                 raise SubjectFull(subject) from exc
-            raise BrokerUnavailable(f"JetStream refused a publish to {subject}: {exc}", subject=subject) from exc
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError) as exc:
-            raise BrokerUnavailable(f"JetStream did not acknowledge a publish to {subject}", subject=subject) from exc
+            raise BrokerUnavailable(
+                f"JetStream refused a publish to {subject}: {exc}", subject=subject
+            ) from exc
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.NoStreamResponseError,
+        ) as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not acknowledge a publish to {subject}", subject=subject
+            ) from exc
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"publish to {subject} failed: {exc}", subject=subject) from exc
         return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
@@ -222,7 +234,9 @@ class Broker:
             raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
         return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
 
-    async def read_subject(self, stream: str, subject: str, after_seq: int = 0, batch: int = 256) -> list[StoredMessage]:
+    async def read_subject(
+        self, stream: str, subject: str, after_seq: int = 0, batch: int = 256
+    ) -> list[StoredMessage]:
         """Every message on one subject, in order, fetched with batched direct gets (one round trip per batch)."""
         out: list[StoredMessage] = []
         next_seq = after_seq + 1
@@ -251,7 +265,7 @@ class Broker:
             while True:
                 try:
                     msg = await asyncio.wait_for(queue.get(), timeout=5)
-                except asyncio.TimeoutError as exc:
+                except TimeoutError as exc:
                     raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
                 headers = dict(msg.headers or {})
                 status = headers.get("Status")

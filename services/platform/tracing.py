@@ -26,7 +26,11 @@ def _root_traceparent() -> str:
 
 def context_from(headers: Mapping[str, str] | None) -> otel_context.Context:
     """The trace context a message carries; a fresh root where it carries none (the gateway's first hop)."""
-    carrier = {k.lower(): v for k, v in (headers or {}).items() if k.lower() in (Header.TRACEPARENT, Header.TRACESTATE)}
+    carrier = {
+        k.lower(): v
+        for k, v in (headers or {}).items()
+        if k.lower() in (Header.TRACEPARENT, Header.TRACESTATE)
+    }
     if Header.TRACEPARENT not in carrier:
         carrier = {Header.TRACEPARENT.value: _root_traceparent()}
     if not _sdk_installed():

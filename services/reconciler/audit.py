@@ -53,7 +53,14 @@ def audit(
     for entry in ledger:
         intent = known.get(entry["key"])
         if intent is None:
-            findings.append(Finding("effect_without_intent", entry["key"], _run_of(entry["key"]), f"{entry['kind']} {entry.get('ref')} has no journaled intent"))
+            findings.append(
+                Finding(
+                    "effect_without_intent",
+                    entry["key"],
+                    _run_of(entry["key"]),
+                    f"{entry['kind']} {entry.get('ref')} has no journaled intent",
+                )
+            )
     for key, intent in known.items():
         contract = contracts.get(intent.request.tool)
         if contract is None or contract.effect is Effect.READ or key not in found_by_key:
@@ -61,9 +68,23 @@ def audit(
         found = found_by_key[key]
         status = intent.completed.status if intent.completed else None
         if status == "succeeded" and not found:
-            findings.append(Finding("success_without_effect", key, intent.run_id, f"journal says {intent.request.tool} succeeded; the provider has no effect for the key"))
+            findings.append(
+                Finding(
+                    "success_without_effect",
+                    key,
+                    intent.run_id,
+                    f"journal says {intent.request.tool} succeeded; the provider has no effect for the key",
+                )
+            )
         if found and status != "succeeded" and intent.run_terminal:
-            findings.append(Finding("effect_not_journaled", key, intent.run_id, f"the provider holds {intent.request.tool} for the key; the ended run journaled {status or 'no receipt'}"))
+            findings.append(
+                Finding(
+                    "effect_not_journaled",
+                    key,
+                    intent.run_id,
+                    f"the provider holds {intent.request.tool} for the key; the ended run journaled {status or 'no receipt'}",
+                )
+            )
     findings.extend(_money(known))
     return findings
 
@@ -86,11 +107,25 @@ def _money(known: dict[str, Intent]) -> list[Finding]:
     for booking_id, paid in charges.items():
         if len(paid) > 1:
             keys = ", ".join(i.request.key for i in paid)
-            out.append(Finding("double_charge", paid[0].request.key, paid[0].run_id, f"booking {booking_id} charged {len(paid)} times: {keys}"))
+            out.append(
+                Finding(
+                    "double_charge",
+                    paid[0].request.key,
+                    paid[0].run_id,
+                    f"booking {booking_id} charged {len(paid)} times: {keys}",
+                )
+            )
         for intent in paid:
             payment_id = str(intent.completed.result.get("payment_id", "")) if intent.completed else ""
             if booking_id in released and payment_id not in refunded and intent.run_terminal:
-                out.append(Finding("orphan_charge", intent.request.key, intent.run_id, f"charge {payment_id} kept for released booking {booking_id}"))
+                out.append(
+                    Finding(
+                        "orphan_charge",
+                        intent.request.key,
+                        intent.run_id,
+                        f"charge {payment_id} kept for released booking {booking_id}",
+                    )
+                )
     return out
 
 

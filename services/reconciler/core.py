@@ -92,7 +92,9 @@ def overdue_actions(work: OpenWork, now: datetime, grace_s: float, reask_s: floa
     return due
 
 
-def unsettled_unknowns(work: OpenWork, now: datetime, reask_s: float, max_gap_s: float = 300.0) -> list[ActionRequested]:
+def unsettled_unknowns(
+    work: OpenWork, now: datetime, reask_s: float, max_gap_s: float = 300.0
+) -> list[ActionRequested]:
     """Unknown outcomes to ask about again, each with a growing pause (reask, 2x, 4x … up to 5 minutes)."""
     due: list[ActionRequested] = []
     for key, request in work.unknown.items():

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 from nats.aio.msg import Msg
 
-from contracts.keys import partition_of
-from contracts.tools import Effect
-from services.agents import TOOL_CONTRACTS
-from services.executor.providers import OPERATIONS
 from contracts.errors import RunNotFound
+from contracts.keys import partition_of
 from contracts.run_events import ActionRequested, event_decoder
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
 from contracts.tool_messages import ActionRequest, RunWake, tool_encoder
+from contracts.tools import Effect
+from services.agents import TOOL_CONTRACTS
+from services.executor.providers import OPERATIONS
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
@@ -59,7 +59,9 @@ class Reconciler:
         for spec in stream_specs(self.ns, self.settings.stream_replicas):
             await self.broker.ensure_stream(spec)
         since = datetime.now(UTC) - timedelta(seconds=self.lookback_s)
-        await self.broker.follow(self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since)
+        await self.broker.follow(
+            self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since
+        )
         log(self.logger, logging.INFO, "reconciler ready")
 
     async def _on_event(self, msg: Msg) -> None:
@@ -76,10 +78,23 @@ class Reconciler:
             self.resolutions += 1
         for run_id in sorted({r.run_id for r in overdue}):
             keys = [r.key for r in overdue if r.run_id == run_id]
-            await wake_run(self.broker, self.settings, run_id, f"{len(keys)} action(s) past their timeout with no outcome", self.worker, keys)
+            await wake_run(
+                self.broker,
+                self.settings,
+                run_id,
+                f"{len(keys)} action(s) past their timeout with no outcome",
+                self.worker,
+                keys,
+            )
         for run_id in stalled_runs(self.work, now, self.quiet_s):
             self.work.woken[run_id] = now
-            await wake_run(self.broker, self.settings, run_id, f"journal quiet for {self.quiet_s:.0f}s with nothing in flight", self.worker)
+            await wake_run(
+                self.broker,
+                self.settings,
+                run_id,
+                f"journal quiet for {self.quiet_s:.0f}s with nothing in flight",
+                self.worker,
+            )
             self.wakes += 1
 
 
@@ -100,11 +115,26 @@ async def ask_to_resolve(broker: Broker, settings: Settings, requested: ActionRe
     ns = settings.namespace
     subject = ns.actions(request.family, partition_of(request.key, settings.partitions))
     # A fresh message id: this ask must reach the executor even inside the duplicate window of the original.
-    await broker.publish(subject, tool_encoder.encode(request), msg_id=f"resolve:{request.key}:{uuid.uuid4().hex}", headers=headers_for(context_from(None)))
-    log(logger, logging.INFO, "asked executor to resolve", run_id=request.run_id, key=request.key, step_no=request.step_no, by=by)
+    await broker.publish(
+        subject,
+        tool_encoder.encode(request),
+        msg_id=f"resolve:{request.key}:{uuid.uuid4().hex}",
+        headers=headers_for(context_from(None)),
+    )
+    log(
+        logger,
+        logging.INFO,
+        "asked executor to resolve",
+        run_id=request.run_id,
+        key=request.key,
+        step_no=request.step_no,
+        by=by,
+    )
 
 
-async def wake_run(broker: Broker, settings: Settings, run_id: str, reason: str, by: str, keys: list[str] | None = None) -> None:
+async def wake_run(
+    broker: Broker, settings: Settings, run_id: str, reason: str, by: str, keys: list[str] | None = None
+) -> None:
     wake = RunWake(run_id=run_id, reason=reason, at=datetime.now(UTC), by=by, keys=keys or [])
     await broker.publish(settings.namespace.outcomes(run_id), tool_encoder.encode(wake))
     log(logger, logging.INFO, "woke run", run_id=run_id, reason=reason, by=by)
@@ -129,16 +159,26 @@ async def reconcile_run(broker: Broker, settings: Settings, run_id: str, by: str
         for request in unknown:
             await ask_to_resolve(broker, settings, request, by)
         if unknown:
-            await wake_run(broker, settings, run_id, f"manual reconciliation of unknown outcomes by {by}", by, [r.key for r in unknown])
+            await wake_run(
+                broker,
+                settings,
+                run_id,
+                f"manual reconciliation of unknown outcomes by {by}",
+                by,
+                [r.key for r in unknown],
+            )
         return Reconciliation(run_id, state.status, [r.key for r in unknown])
     for request in state.pending:
         await ask_to_resolve(broker, settings, request, by)
-    await wake_run(broker, settings, run_id, f"manual reconciliation by {by}", by, [p.key for p in state.pending])
+    await wake_run(
+        broker, settings, run_id, f"manual reconciliation by {by}", by, [p.key for p in state.pending]
+    )
     return Reconciliation(run_id, state.status, [p.key for p in state.pending])
 
 
-
-async def audit_all(broker: Broker, settings: Settings, http: httpx.AsyncClient) -> tuple[list[Finding], dict[str, int]]:
+async def audit_all(
+    broker: Broker, settings: Settings, http: httpx.AsyncClient
+) -> tuple[list[Finding], dict[str, int]]:
     """Every run's journal against the providers' ledger and their by-key lookups."""
     journals = await RunJournal(broker, settings.namespace).read_all()
     response = await http.get("/_ledger")
@@ -147,7 +187,10 @@ async def audit_all(broker: Broker, settings: Settings, http: httpx.AsyncClient)
     keyed = [
         i
         for i in intents(journals).values()
-        if (c := TOOL_CONTRACTS.get(i.request.tool)) and c.effect is not Effect.READ and (o := OPERATIONS.get(c.name)) and o.audited
+        if (c := TOOL_CONTRACTS.get(i.request.tool))
+        and c.effect is not Effect.READ
+        and (o := OPERATIONS.get(c.name))
+        and o.audited
     ]
     slots = asyncio.Semaphore(32)
     found: dict[str, bool] = {}
@@ -163,5 +206,10 @@ async def audit_all(broker: Broker, settings: Settings, http: httpx.AsyncClient)
 
     await asyncio.gather(*(look(i) for i in keyed))
     findings = audit(journals, ledger, found, TOOL_CONTRACTS)
-    stats = {"runs": len(journals), "keyed_intents": len(keyed), "looked_up": len(found), "ledger_entries": len(ledger)}
+    stats = {
+        "runs": len(journals),
+        "keyed_intents": len(keyed),
+        "looked_up": len(found),
+        "ledger_entries": len(ledger),
+    }
     return findings, stats

@@ -56,11 +56,17 @@ class ResponsesModel:
     transform and response models re-walk the whole transcript every step and cost most of a booking run's CPU,
     while auth, base URL, timeouts and error mapping still come from the client."""
 
-    def __init__(self, base_url: str | None, api_key: str | None, model: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str | None, api_key: str | None, model: str, timeout_s: float = 30.0
+    ) -> None:
         # The runtime owns retries (the message is redelivered); the client must not retry on its own.
         # aiohttp underneath (the client's own supported transport): httpcore cost half the runtime's CPU.
         self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0, http_client=openai.DefaultAioHttpClient()
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=0,
+            http_client=openai.DefaultAioHttpClient(),
         )
         self.model = model
         self._tools: dict[str, list[dict[str, Any]]] = {}
@@ -72,7 +78,13 @@ class ResponsesModel:
         tools = self._tools.get(agent.name)
         if tools is None:
             tools = self._tools[agent.name] = [
-                {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": False}
+                {
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "strict": False,
+                }
                 for t in agent.tools.values()
             ]
         return tools
@@ -97,11 +109,22 @@ class ResponsesModel:
         except openai.OpenAIError as exc:
             raise ModelUnavailable(f"model {self.model} did not answer: {exc}", model=self.model) from exc
         except msgspec.DecodeError as exc:
-            raise ModelUnavailable(f"model {self.model} answered something that is not a Responses object: {exc}", model=self.model) from exc
+            raise ModelUnavailable(
+                f"model {self.model} answered something that is not a Responses object: {exc}",
+                model=self.model,
+            ) from exc
         calls = tuple(
-            ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments) for item in response.output if item.type == "function_call"
+            ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
+            for item in response.output
+            if item.type == "function_call"
         )
-        texts = [part.text for item in response.output if item.type == "message" for part in item.content if part.type == "output_text"]
+        texts = [
+            part.text
+            for item in response.output
+            if item.type == "message"
+            for part in item.content
+            if part.type == "output_text"
+        ]
         usage = response.usage or _Usage()
         return ModelReply(
             model=response.model or self.model,

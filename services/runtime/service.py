@@ -14,9 +14,23 @@ from opentelemetry.context import Context
 from contracts.errors import PoisonMessage, RunVersionConflict
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.keys import partition_of
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunEvent, RunNudged, RunResumed, RunStarted
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    RunEvent,
+    RunNudged,
+    RunResumed,
+    RunStarted,
+)
 from contracts.streams import runtime_consumers, stream_specs
-from contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, runtime_message_decoder, tool_encoder
+from contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    RunWake,
+    runtime_message_decoder,
+    tool_encoder,
+)
 from services.agents import AGENTS, agent_named
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
@@ -58,7 +72,9 @@ class Runtime:
         self.worker = settings.worker_id
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
-        self.deliveries = Deliveries(broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s)
+        self.deliveries = Deliveries(
+            broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s
+        )
 
     async def start(self) -> None:
         for spec in stream_specs(self.ns, self.settings.stream_replicas):
@@ -122,15 +138,25 @@ class Runtime:
     async def record_outcome(self, outcome: ActionOutcome, ctx: Context) -> None:
         run = await self._load(outcome.run_id, ctx)
         if run is None:
-            raise PoisonMessage(f"outcome for {outcome.key} names run {outcome.run_id}, which has no journal", key=outcome.key)
+            raise PoisonMessage(
+                f"outcome for {outcome.key} names run {outcome.run_id}, which has no journal", key=outcome.key
+            )
         if run.state.pending_step(outcome.step_no) is None and not run.state.is_completed(outcome.step_no):
             # Our copy may be stale (another replica moved the run on): never drop an outcome on a stale view.
             run = await self._reload(run, ctx)
         for _ in range(MAX_CONFLICT_RETRIES):
-            settles_unknown = run.state.unknown_step(outcome.step_no) is not None and outcome.status != "unknown"
+            settles_unknown = (
+                run.state.unknown_step(outcome.step_no) is not None and outcome.status != "unknown"
+            )
             if run.state.pending_step(outcome.step_no) is None and not settles_unknown:
                 if not run.state.is_completed(outcome.step_no):
-                    log(self.logger, logging.WARNING, "outcome for a step the journal never requested", run_id=outcome.run_id, key=outcome.key)
+                    log(
+                        self.logger,
+                        logging.WARNING,
+                        "outcome for a step the journal never requested",
+                        run_id=outcome.run_id,
+                        key=outcome.key,
+                    )
                 break  # already journaled (a redelivery): nothing to record
             crash_point("runtime.after_outcome_received")
             completed = ActionCompleted(
@@ -158,7 +184,9 @@ class Runtime:
         run = await self._load(wake.run_id, ctx, fresh=True, mark_resume=False)
         if run is None:
             return
-        if run.state.terminal and not any(run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys):
+        if run.state.terminal and not any(
+            run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys
+        ):
             return  # an ended run is nudged only about its unknown outcomes, as evidence of who asked
         nudged = RunNudged(run_id=wake.run_id, at=utcnow(), by=wake.by, reason=wake.reason, keys=wake.keys)
         try:
@@ -183,14 +211,18 @@ class Runtime:
                         return
                     case Append(events=events):
                         for event in events:
-                            self._apply(run, event, await self.journal.append(event, run.seq, headers_for(ctx)))
+                            self._apply(
+                                run, event, await self.journal.append(event, run.seq, headers_for(ctx))
+                            )
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
                     case AskModel(input=items):
                         reply = await self.model.answer(agent, items)
                         crash_point("runtime.after_model_answer")
                         answered = model_answered(run.state, reply, utcnow())
-                        self._apply(run, answered, await self.journal.append(answered, run.seq, headers_for(ctx)))
+                        self._apply(
+                            run, answered, await self.journal.append(answered, run.seq, headers_for(ctx))
+                        )
                     case AwaitActions(pending=pending):
                         for request in pending:
                             if request.key not in run.published:
@@ -218,7 +250,9 @@ class Runtime:
         )
         subject = self.ns.actions(request.family, partition_of(request.key, self.settings.partitions))
         # Nats-Msg-Id dedups a re-publish inside the window; the executor's store dedups it forever.
-        await self.broker.publish(subject, tool_encoder.encode(message), msg_id=f"request:{request.key}", headers=headers_for(ctx))
+        await self.broker.publish(
+            subject, tool_encoder.encode(message), msg_id=f"request:{request.key}", headers=headers_for(ctx)
+        )
 
     # Run cache ----------------------------------------------------------------------------------------------
 
@@ -253,7 +287,9 @@ class Runtime:
         fresh.published |= run.published
         return fresh
 
-    async def _load(self, run_id: str, ctx: Context, fresh: bool = False, mark_resume: bool = True) -> _Run | None:
+    async def _load(
+        self, run_id: str, ctx: Context, fresh: bool = False, mark_resume: bool = True
+    ) -> _Run | None:
         if not fresh and run_id in self._runs:
             self._runs.move_to_end(run_id)
             return self._runs[run_id]
@@ -276,7 +312,12 @@ class Runtime:
         )
         try:
             self._apply(run, resumed, await self.journal.append(resumed, run.seq, headers_for(ctx)))
-            log(self.logger, logging.INFO, "run resumed", run_id=run.state.run_id, next_step=run.state.next_step)
+            log(
+                self.logger,
+                logging.INFO,
+                "run resumed",
+                run_id=run.state.run_id,
+                next_step=run.state.next_step,
+            )
         except RunVersionConflict:
             pass  # another worker moved it; the caller's next append will re-fold
-

@@ -35,7 +35,9 @@ class Agent(Protocol):
     tools: dict[str, ToolContract]  # what the model may call
     compensation_tools: dict[str, ToolContract]  # what only the runtime may call, to undo effects
 
-    def prepare(self, state: RunState, tool: ToolContract, args: dict[str, Any]) -> dict[str, Any] | ErrorInfo:
+    def prepare(
+        self, state: RunState, tool: ToolContract, args: dict[str, Any]
+    ) -> dict[str, Any] | ErrorInfo:
         """Validate a call's arguments and add what only the server may decide (guest id, amounts)."""
         ...
 

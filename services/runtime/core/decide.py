@@ -70,11 +70,17 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
         return Append(plan_calls(state, agent, state.unplanned, now))
     if state.pending:
         return AwaitActions(state.pending)
-    failed = [req.key for req, done in state.completed if req.origin == "compensation" and done.status != "succeeded"]
+    failed = [
+        req.key
+        for req, done in state.completed
+        if req.origin == "compensation" and done.status != "succeeded"
+    ]
     failed += [call_id.removeprefix("comp:") for call_id in state.rejected_compensations]
     if failed:
         detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
-        return Append((RunHandedOff(run_id=state.run_id, at=now, reason="compensation_failed", detail=detail),))
+        return Append(
+            (RunHandedOff(run_id=state.run_id, at=now, reason="compensation_failed", detail=detail),)
+        )
     undo = agent.compensations(state, ending=False)
     if undo:
         return Append(plan_compensations(state, agent, undo, now))
@@ -140,24 +146,33 @@ def plan_calls(
         if step > state.budget.max_steps:
             stop = ("budget_steps", f"tool call {call.name} would be step {step} of {state.budget.max_steps}")
         elif now >= state.deadline_at:
-            stop = ("deadline", f"tool call {call.name} came after the deadline {state.deadline_at.isoformat()}")
+            stop = (
+                "deadline",
+                f"tool call {call.name} came after the deadline {state.deadline_at.isoformat()}",
+            )
         if stop:
             events.append(RunHandedOff(run_id=state.run_id, at=now, reason=stop[0], detail=stop[1]))
             break
-        event = _plan_one(planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step))
+        event = _plan_one(
+            planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step)
+        )
         events.append(event)
         planned = fold_run(planned, event)  # type: ignore[arg-type]
     return tuple(events)
 
 
-def plan_compensations(state: RunState, agent: Agent, undo: tuple[Compensation, ...], now: datetime) -> tuple[RunEvent, ...]:
+def plan_compensations(
+    state: RunState, agent: Agent, undo: tuple[Compensation, ...], now: datetime
+) -> tuple[RunEvent, ...]:
     """Compensations always run, whatever the budget: an effect left half-done is worse than an extra step."""
     events: list[RunEvent] = []
     planned = state
     for comp in undo:
         key = compensation_key(comp.undoes, comp.kind)
         call = ToolCall(call_id=f"comp:{key}", name=comp.tool, arguments=_json.encode(comp.args).decode())
-        event = _plan_one(planned, agent, agent.compensation_tools, call, planned.next_step, now, "compensation", key)
+        event = _plan_one(
+            planned, agent, agent.compensation_tools, call, planned.next_step, now, "compensation", key
+        )
         events.append(event)
         planned = fold_run(planned, event)  # type: ignore[arg-type]
     return tuple(events)
@@ -180,7 +195,15 @@ def _plan_one(
         return rejected(ErrorInfo(code=code.value, message=message, details={"tool": call.name}))
 
     def rejected(error: ErrorInfo) -> ToolRejected:
-        return ToolRejected(run_id=state.run_id, at=now, step_no=step, call_id=call.call_id, tool=call.name, error=error, origin=origin)
+        return ToolRejected(
+            run_id=state.run_id,
+            at=now,
+            step_no=step,
+            call_id=call.call_id,
+            tool=call.name,
+            error=error,
+            origin=origin,
+        )
 
     contract = tools.get(call.name)
     if contract is None:
@@ -197,7 +220,11 @@ def _plan_one(
     # The deadline is passed down: a step gets at most the run's remaining time, not its full timeout.
     # Compensations are exempt: undoing an effect must not be starved by the deadline that ended the run.
     remaining = max((state.deadline_at - now).total_seconds(), 0.0)
-    timeout = contract.timeout_s if origin == "compensation" or remaining <= 0 else min(contract.timeout_s, remaining)
+    timeout = (
+        contract.timeout_s
+        if origin == "compensation" or remaining <= 0
+        else min(contract.timeout_s, remaining)
+    )
     return ActionRequested(
         run_id=state.run_id,
         at=now,

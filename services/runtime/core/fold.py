@@ -51,7 +51,10 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
         case RunStarted():
             return replace(state, **base)  # a second start is never appended; tolerate it in old journals
         case ModelAnswered(step_no=step, tool_calls=calls, reply=reply):
-            items = [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
+            items = [
+                {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+                for c in calls
+            ]
             if reply is not None:
                 items.append({"role": "assistant", "content": reply})
             return replace(
@@ -73,7 +76,12 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
             transcript = state.transcript
             if event.origin == "plan":
                 transcript += (
-                    {"type": "function_call", "call_id": call_id, "name": event.tool, "arguments": _json.encode(event.args).decode()},
+                    {
+                        "type": "function_call",
+                        "call_id": call_id,
+                        "name": event.tool,
+                        "arguments": _json.encode(event.args).decode(),
+                    },
                 )
             return replace(
                 state,
@@ -111,7 +119,9 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
             if event.status == "succeeded":
                 payload: dict[str, Any] = dict(event.result)
             else:
-                error = msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
+                error = (
+                    msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
+                )
                 payload = {"error": error, "status": event.status}
             transcript = state.transcript
             if request.origin != "compensation":

@@ -60,10 +60,14 @@ class RunState:
 
     def unknown_step(self, step_no: int) -> ActionRequested | None:
         """The request of a step whose journaled outcome is still unknown (a later resolution may settle it)."""
-        return next((req for req, done in self.completed if req.step_no == step_no and done.status == "unknown"), None)
+        return next(
+            (req for req, done in self.completed if req.step_no == step_no and done.status == "unknown"), None
+        )
 
     def succeeded_results(self, tool: str) -> list[dict[str, Any]]:
-        return [done.result for req, done in self.completed if req.tool == tool and done.status == "succeeded"]
+        return [
+            done.result for req, done in self.completed if req.tool == tool and done.status == "succeeded"
+        ]
 
 
 @dataclass(frozen=True, slots=True)
