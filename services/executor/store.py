@@ -54,10 +54,10 @@ class ActionStore:
         await self._db.close()
 
     async def get(self, key: str) -> Record | None:
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT key, input_hash, status, attempts, outcome FROM actions WHERE key = ?", (key,)
-        ) as cur:
-            row = await cur.fetchone()
+        )
+        row = next(iter(rows), None)
         if row is None:
             return None
         outcome = _outcome_decoder.decode(row[4]) if row[4] else None
@@ -110,22 +110,19 @@ class ActionStore:
 
     async def open_intents(self) -> list[tuple[ActionRequest, int]]:
         """Intents with no receipt: what a previous life of this executor left behind."""
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT request, attempts FROM actions WHERE status IN ('started', 'unknown') ORDER BY created_at"
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [(_request_decoder.decode(row[0]), int(row[1])) for row in rows]
 
     async def recent_receipts(self, since_s: float) -> list[ActionOutcome]:
         """Receipts written in the last `since_s`: a previous life may have died before publishing them."""
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             "SELECT outcome FROM actions WHERE status IN ('succeeded', 'failed') AND outcome IS NOT NULL AND updated_at >= ?",
             (time.time() - since_s,),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [_outcome_decoder.decode(row[0]) for row in rows]
 
     async def count(self) -> int:
-        async with self._db.execute("SELECT COUNT(*) FROM actions") as cur:
-            row = await cur.fetchone()
-        return int(row[0]) if row else 0
+        rows = await self._db.execute_fetchall("SELECT COUNT(*) FROM actions")
+        return int(next(iter(rows))[0])
