@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ErrorInfo
-from contracts.tool_messages import Evidence, OutcomeStatus
+from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,6 +137,23 @@ Event = (
     | RunCompleted
     | RunHandedOff
 )
+
+
+def request_for(intent: ActionRequested) -> ActionRequest:
+    """The executor's request for a journaled intent: the same key, input and deadline, however often it is sent."""
+    return ActionRequest(
+        run_id=intent.run_id,
+        step_no=intent.step_no,
+        tool=intent.tool,
+        family=intent.family,
+        args=intent.args,
+        key=intent.key,
+        input_hash=intent.input_hash,
+        timeout_s=intent.timeout_s,
+        deadline_at=intent.deadline_at,
+        requested_at=intent.at,
+    )
+
 
 event_encoder = msgspec.json.Encoder()
 event_decoder = msgspec.json.Decoder(Event)

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from contracts.keys import partition_of
+
 DEFAULT_NAMESPACE = "crashsafe"
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 # A subject token that is a literal: no wildcard, separator, space or control character.
@@ -75,6 +77,10 @@ class Namespace:
     # Action requests for one tool family, partitioned by idempotency key so one executor owns each key.
     def actions(self, family: str, partition: int) -> str:
         return f"{self.name}.action.{family}.{partition}"
+
+    def actions_for_key(self, family: str, key: str, partitions: int) -> str:
+        """The one subject every delivery of `key` goes to, so it always reaches the executor owning its store."""
+        return self.actions(family, partition_of(key, partitions))
 
     @property
     def actions_all(self) -> str:

@@ -56,7 +56,7 @@ _pub_ack = msgspec.json.Decoder(_PubAck)
 
 def _expire(future: asyncio.Future[Msg]) -> None:
     if not future.done():
-        future.set_exception(asyncio.TimeoutError())
+        future.set_exception(TimeoutError())
 
 
 class SubjectFull(Exception):
@@ -221,7 +221,7 @@ class Broker:
         try:
             await self.nc.publish(subject, payload, reply=reply, headers=hdrs or None)
             msg = await future
-        except (asyncio.TimeoutError, nats.errors.Error, OSError) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise BrokerUnavailable(
                 f"JetStream did not acknowledge a publish to {subject}: {exc!r}", subject=subject
             ) from exc

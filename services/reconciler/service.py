@@ -13,11 +13,10 @@ import httpx
 from nats.aio.msg import Msg
 
 from contracts.errors import RunNotFound
-from contracts.keys import partition_of
-from contracts.run_events import ActionRequested, event_decoder
+from contracts.run_events import ActionRequested, event_decoder, request_for
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
-from contracts.tool_messages import ActionRequest, RunWake, tool_encoder
+from contracts.tool_messages import RunWake, tool_encoder
 from contracts.tools import Effect
 from services.agents import TOOL_CONTRACTS
 from services.executor.providers import OPERATIONS
@@ -98,36 +97,23 @@ class Reconciler:
             self.wakes += 1
 
 
-async def ask_to_resolve(broker: Broker, settings: Settings, requested: ActionRequested, by: str) -> None:
+async def ask_to_resolve(broker: Broker, settings: Settings, intent: ActionRequested, by: str) -> None:
     """Send the journaled request to the executor that owns its key: it answers from its receipt, or asks the provider by key."""
-    request = ActionRequest(
-        run_id=requested.run_id,
-        step_no=requested.step_no,
-        tool=requested.tool,
-        family=requested.family,
-        args=requested.args,
-        key=requested.key,
-        input_hash=requested.input_hash,
-        timeout_s=requested.timeout_s,
-        deadline_at=requested.deadline_at,
-        requested_at=requested.at,
-    )
-    ns = settings.namespace
-    subject = ns.actions(request.family, partition_of(request.key, settings.partitions))
+    subject = settings.namespace.actions_for_key(intent.family, intent.key, settings.partitions)
     # A fresh message id: this ask must reach the executor even inside the duplicate window of the original.
     await broker.publish(
         subject,
-        tool_encoder.encode(request),
-        msg_id=f"resolve:{request.key}:{uuid.uuid4().hex}",
+        tool_encoder.encode(request_for(intent)),
+        msg_id=f"resolve:{intent.key}:{uuid.uuid4().hex}",
         headers=headers_for(context_from(None)),
     )
     log(
         logger,
         logging.INFO,
         "asked executor to resolve",
-        run_id=request.run_id,
-        key=request.key,
-        step_no=request.step_no,
+        run_id=intent.run_id,
+        key=intent.key,
+        step_no=intent.step_no,
         by=by,
     )
 

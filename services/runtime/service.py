@@ -13,7 +13,6 @@ from opentelemetry.context import Context
 
 from contracts.errors import PoisonMessage, RunVersionConflict
 from contracts.inbound import InboundEvent, inbound_decoder
-from contracts.keys import partition_of
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -22,11 +21,11 @@ from contracts.run_events import (
     RunNudged,
     RunResumed,
     RunStarted,
+    request_for,
 )
 from contracts.streams import runtime_consumers, stream_specs
 from contracts.tool_messages import (
     ActionOutcome,
-    ActionRequest,
     RunWake,
     runtime_message_decoder,
     tool_encoder,
@@ -235,23 +234,14 @@ class Runtime:
                     raise
                 run = await self._reload(run, ctx)
 
-    async def _publish_request(self, request: ActionRequested, ctx: Context) -> None:
-        message = ActionRequest(
-            run_id=request.run_id,
-            step_no=request.step_no,
-            tool=request.tool,
-            family=request.family,
-            args=request.args,
-            key=request.key,
-            input_hash=request.input_hash,
-            timeout_s=request.timeout_s,
-            deadline_at=request.deadline_at,
-            requested_at=request.at,
-        )
-        subject = self.ns.actions(request.family, partition_of(request.key, self.settings.partitions))
+    async def _publish_request(self, intent: ActionRequested, ctx: Context) -> None:
+        subject = self.ns.actions_for_key(intent.family, intent.key, self.settings.partitions)
         # Nats-Msg-Id dedups a re-publish inside the window; the executor's store dedups it forever.
         await self.broker.publish(
-            subject, tool_encoder.encode(message), msg_id=f"request:{request.key}", headers=headers_for(ctx)
+            subject,
+            tool_encoder.encode(request_for(intent)),
+            msg_id=f"request:{intent.key}",
+            headers=headers_for(ctx),
         )
 
     # Run cache ----------------------------------------------------------------------------------------------
