@@ -22,10 +22,6 @@ SEAMS = (
 )
 
 
-def armed() -> str | None:
-    return os.environ.get(ENV) or None
-
-
 def crash_point(seam: str) -> None:
     """Die here, now, with no cleanup, if this process was started with CRASHSAFE_CRASH_AT=<seam>."""
     if os.environ.get(ENV) == seam:

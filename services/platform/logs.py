@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 import msgspec
@@ -45,6 +44,3 @@ def log(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
     if logger.isEnabledFor(level):
         logger.log(level, msg, extra={"fields": fields})
 
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000.0

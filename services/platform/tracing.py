@@ -12,9 +12,6 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from contracts.subjects import Header
 
-_tracer = trace.get_tracer("crashsafe")
-
-
 def _sdk_installed() -> bool:
     """An SDK replaces the API's proxy provider; until then spans are no-ops and propagation can be verbatim."""
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
@@ -68,8 +65,3 @@ def trace_id_of(ctx: otel_context.Context) -> str:
         return parts[1] if len(parts) == 4 else ""
     span_context = trace.get_current_span(ctx).get_span_context()
     return format(span_context.trace_id, "032x") if span_context.is_valid else ""
-
-
-def start_span(name: str, ctx: otel_context.Context, **attributes: str | int) -> trace.Span:
-    """A span at a message boundary, named by contract terms; a no-op unless an SDK is installed."""
-    return _tracer.start_span(name, context=ctx, attributes=attributes)
