@@ -6,21 +6,24 @@ import asyncio
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 
 from contracts.dead_letters import DeadLetter, dead_letter_decoder
-from contracts.keys import partition_of
+from contracts.run_events import ActionRequested, event_decoder, request_for
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
 from services.platform.jetstream import Broker
 from services.stack import Stack
 
 LISBON = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
+BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}
 T = TypeVar("T")
 
 
@@ -56,6 +59,18 @@ async def start_stack(nats_url: str, state_dir: Path, namespace: str, **kwargs: 
 
 async def stop_stack(stack: Stack) -> None:
     await asyncio.to_thread(stack.stop)
+
+
+@asynccontextmanager
+async def shared_client(nats_url: str, state_dir: Path, **kwargs: Any) -> AsyncIterator[StackClient]:
+    """One stack for a whole test module, in its own namespace; tests keep apart by guest id."""
+    stack = await start_stack(nats_url, state_dir, f"t{uuid.uuid4().hex[:10]}", **kwargs)
+    client = StackClient(stack)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        await stop_stack(stack)
 
 
 class StackClient:
@@ -157,19 +172,10 @@ def trail(completed: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def action_request_from(requested: dict[str, Any]) -> ActionRequest:
-    """Rebuild the message the runtime published for a journaled run.action_requested event."""
-    return ActionRequest(
-        run_id=requested["run_id"],
-        step_no=requested["step_no"],
-        tool=requested["tool"],
-        family=requested["family"],
-        args=requested["args"],
-        key=requested["key"],
-        input_hash=requested["input_hash"],
-        timeout_s=requested["timeout_s"],
-        deadline_at=_time(requested["deadline_at"]),
-        requested_at=_time(requested["at"]),
-    )
+    """Rebuild the message the runtime published for a journaled run.action_requested event (the product's rule)."""
+    intent = event_decoder.decode(msgspec.json.encode(requested))
+    assert isinstance(intent, ActionRequested)
+    return request_for(intent)
 
 
 def action_outcome_from(requested: dict[str, Any], completed: dict[str, Any]) -> ActionOutcome:
@@ -195,7 +201,7 @@ def action_outcome_from(requested: dict[str, Any], completed: dict[str, Any]) ->
 
 
 def action_subject(ns: Namespace, family: str, key: str) -> str:
-    return ns.actions(family, partition_of(key, DEFAULT_ACTION_PARTITIONS))
+    return ns.actions_for_key(family, key, DEFAULT_ACTION_PARTITIONS)
 
 
 def _time(value: str) -> datetime:

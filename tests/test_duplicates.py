@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +13,8 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 from stackkit import (
+    BOOKED_AND_PAID,
+    shared_client,
     StackClient,
     action_outcome_from,
     action_request_from,
@@ -21,9 +22,7 @@ from stackkit import (
     dead_letters,
     eventually,
     of_type,
-    start_stack,
     step,
-    stop_stack,
     unique,
 )
 
@@ -34,18 +33,13 @@ from contracts.tool_messages import ActionOutcome, RunWake, runtime_message_deco
 from services.platform.jetstream import Broker, Published, SubjectFull
 from services.platform.natsd import NatsServer
 
-BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}
-
 
 @pytest.fixture(scope="module")
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    stack = await start_stack(nats_server.url, tmp_path_factory.mktemp("dups"), f"t{uuid.uuid4().hex[:10]}")
-    client = StackClient(stack)
-    yield client
-    await client.aclose()
-    await stop_stack(stack)
+    async with shared_client(nats_server.url, tmp_path_factory.mktemp("dups")) as client:
+        yield client
 
 
 @pytest.fixture

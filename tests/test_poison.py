@@ -9,14 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from stackkit import (
+    BOOKED_AND_PAID,
+    shared_client,
     LISBON,
     StackClient,
     action_subject,
     consumer_settled,
     dead_letters,
     eventually,
-    start_stack,
-    stop_stack,
     unique,
 )
 
@@ -29,18 +29,13 @@ from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.stack import Stack
 
-BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}
-
 
 @pytest.fixture(scope="module")
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    stack = await start_stack(nats_server.url, tmp_path_factory.mktemp("poison"), f"t{uuid.uuid4().hex[:10]}")
-    client = StackClient(stack)
-    yield client
-    await client.aclose()
-    await stop_stack(stack)
+    async with shared_client(nats_server.url, tmp_path_factory.mktemp("poison")) as client:
+        yield client
 
 
 async def _letter_for(broker: Broker, ns: Namespace, subject: str, seq: int) -> DeadLetter | None:

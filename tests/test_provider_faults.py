@@ -10,7 +10,17 @@ from typing import Any
 
 import httpx
 import pytest
-from stackkit import StackClient, eventually, of_type, start_stack, step, stop_stack, trail
+from stackkit import (
+    BOOKED_AND_PAID,
+    StackClient,
+    eventually,
+    of_type,
+    shared_client,
+    start_stack,
+    step,
+    stop_stack,
+    trail,
+)
 
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
@@ -35,7 +45,6 @@ WRITES = {
     "emails": "send_confirmation_email",
     "crm": "update_crm",
 }
-BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}
 NOTHING = {"booking": 0, "booking_release": 0, "charge": 0, "refund": 0, "email": 0, "crm_update": 0}
 
 
@@ -43,12 +52,8 @@ NOTHING = {"booking": 0, "booking_release": 0, "charge": 0, "refund": 0, "email"
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    """One stack for the module: each test uses its own guest, and the ledger is read per guest."""
-    stack = await start_stack(nats_server.url, tmp_path_factory.mktemp("faults"), f"t{uuid.uuid4().hex[:10]}")
-    client = StackClient(stack)
-    yield client
-    await client.aclose()
-    await stop_stack(stack)
+    async with shared_client(nats_server.url, tmp_path_factory.mktemp("faults")) as client:
+        yield client
 
 
 @pytest.fixture
