@@ -8,7 +8,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.chaos import soak
+# Runnable as a script: put the checkout on the path so `bench.*` resolves next to the installed packages.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.soak import soak
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import httpx
 from contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 AGENT = "steps5x100ms"
 

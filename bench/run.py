@@ -43,7 +43,7 @@ from bench.probes import (
 )
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
-from services.stack import EXECUTOR_FAMILIES, Stack
+from crashsafe.stack import EXECUTOR_FAMILIES, Stack
 
 BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 RSS_BAR_MB = 100.0

@@ -12,7 +12,7 @@ import pytest
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 

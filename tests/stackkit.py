@@ -20,7 +20,7 @@ from contracts.run_events import ActionRequested, event_decoder, request_for
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
 from services.platform.jetstream import Broker
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 LISBON = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 BOOKED_AND_PAID = {"booking": 1, "booking_release": 0, "charge": 1, "refund": 0, "email": 1, "crm_update": 1}

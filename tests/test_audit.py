@@ -26,7 +26,7 @@ from services.platform.jetstream import Broker
 from services.platform.settings import Settings
 from services.reconciler.audit import Finding, audit
 from services.reconciler.service import audit_all
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -366,7 +366,7 @@ async def _cli_audit(stack: Stack, state_dir: Path) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli",
+        "crashsafe.cli",
         "audit",
         "--state-dir",
         str(state_dir),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.stack import Stack
+from crashsafe.stack import Stack
 from tests.flows import effects_per_run, journal, ledger, submit, wait_terminal
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.chaos import soak
+from bench.soak import soak
 
 
 async def test_chaos_soak_short(tmp_path) -> None:

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.demo import service_for_seam
-from services.stack import Stack
+from crashsafe.demo import service_for_seam
+from crashsafe.stack import Stack
 from tests.flows import journal, ledger, submit, wait_terminal
 
 FAST = {"CRASHSAFE_ACK_WAIT_S": "1"}

@@ -350,7 +350,7 @@ async def test_cli_reconcile_of_a_completed_run_asks_nothing(world: StackClient,
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli",
+        "crashsafe.cli",
         "reconcile",
         run_id,
         "--state-dir",

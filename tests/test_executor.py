@@ -32,7 +32,7 @@ from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
-from services.sandbox.app import serve
+from sandbox.app import serve
 
 PARTITIONS = 4
 DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}

@@ -20,7 +20,7 @@ from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker, SubjectFull
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 # Runs in this file only ever ask the scripted model a question ("hello"): no tool executors needed.
 HELLO = "hello"

@@ -14,7 +14,7 @@ import httpx
 
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
-from services.stack import Stack
+from crashsafe.stack import Stack
 from tests.flows import submit, wait_terminal
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -24,7 +24,7 @@ def _crashsafe(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
+        [sys.executable, "-m", "crashsafe.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -49,7 +49,7 @@ def _pid_of(stack: dict, name: str) -> int:
 def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
     state = tmp_path / "state"
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--state-dir", str(state)],
+        [sys.executable, "-m", "crashsafe.cli", "up", "--state-dir", str(state)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -34,7 +34,7 @@ from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.runtime.core.fold import replay
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 BOOK_LISBON = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 EFFECTS = ("booking", "charge", "email", "crm_update")

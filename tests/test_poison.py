@@ -27,7 +27,7 @@ from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 
 @pytest.fixture(scope="module")

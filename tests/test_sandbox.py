@@ -19,9 +19,9 @@ import openai
 import pytest
 import pytest_asyncio
 
-from services.sandbox import scripted_model
-from services.sandbox.app import serve
-from services.sandbox.errors import (
+from sandbox import scripted_model
+from sandbox.app import serve
+from sandbox.errors import (
     ErrorCode,
     IdempotencyConflict,
     InvalidRequest,
@@ -29,9 +29,9 @@ from services.sandbox.errors import (
     NotFound,
     SandboxError,
 )
-from services.sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
-from services.sandbox.ledger import HOTELS, SandboxLedger
-from services.sandbox.records import (
+from sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
+from sandbox.ledger import HOTELS, SandboxLedger
+from sandbox.records import (
     BookingRequest,
     CrmUpdateRequest,
     EffectKind,

@@ -19,7 +19,7 @@ from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.settings import Settings
 from services.reconciler.service import audit_all
-from services.stack import Stack
+from crashsafe.stack import Stack
 
 BOOKING = "Book a room in {city} from 2026-12-{d1:02d} to 2026-12-{d2:02d}"
 CITIES = ("Lisbon", "Berlin", "Paris")

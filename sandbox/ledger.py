@@ -9,7 +9,7 @@ from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 
-from services.sandbox.errors import (
+from sandbox.errors import (
     ErrorCode,
     IdempotencyConflict,
     InvalidRequest,
@@ -17,7 +17,7 @@ from services.sandbox.errors import (
     NotFound,
     StateConflict,
 )
-from services.sandbox.records import (
+from sandbox.records import (
     Booking,
     BookingRequest,
     CrmUpdate,

@@ -18,11 +18,11 @@ from litestar.middleware import ASGIMiddleware
 from litestar.params import FromPath, FromQuery
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.sandbox import scripted_model
-from services.sandbox.errors import ErrorCode, InvalidRequest, SandboxError
-from services.sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
-from services.sandbox.ledger import Outcome, SandboxLedger, check_idempotency_key
-from services.sandbox.records import (
+from sandbox import scripted_model
+from sandbox.errors import ErrorCode, InvalidRequest, SandboxError
+from sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
+from sandbox.ledger import Outcome, SandboxLedger, check_idempotency_key
+from sandbox.records import (
     BookingRequest,
     CrmUpdateRequest,
     EffectKind,

@@ -127,7 +127,7 @@ class Stack:
         service = self.services[name]
         log = open(self.logs_dir / f"{name}.log", "ab")
         service.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "serve", *service.args],
+            [sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
             env=self.env_for(service),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -16,8 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from contracts.run_events import ActionCompleted, Event
-from services.stack import Stack
-from services.timeline import describe
+from crashsafe.stack import Stack
+from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 _event = msgspec.json.Decoder(Event)

@@ -1,4 +1,4 @@
-"""`python -m services.sandbox`: run the fake outside world on its own, e.g. beside a demo or a benchmark."""
+"""`python -m sandbox`: run the fake outside world on its own, e.g. beside a demo or a benchmark."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import contextlib
 
-from services.sandbox.app import serve
+from sandbox.app import serve
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.sandbox", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sandbox", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port, printed on start")
     args = parser.parse_args(argv)

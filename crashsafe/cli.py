@@ -37,7 +37,7 @@ async def _serve(args: argparse.Namespace) -> None:
     stop = _stop_event()
     match args.service:
         case "sandbox":
-            from services.sandbox.app import serve
+            from sandbox.app import serve
 
             await serve(host="127.0.0.1", port=settings.sandbox_port)
         case "gateway":
@@ -190,7 +190,7 @@ async def _runs_show(args: argparse.Namespace) -> int:
     from services.platform.jetstream import Broker
     from services.platform.journal import RunJournal
     from services.runtime.core.fold import replay, summarize
-    from services.timeline import timeline
+    from crashsafe.timeline import timeline
 
     stack = _stack_file(Path(args.state_dir))
     url = os.environ.get("CRASHSAFE_NATS_URL") or str(stack.get("nats_url") or "nats://127.0.0.1:4222")
@@ -307,11 +307,11 @@ def main(argv: list[str] | None = None) -> None:
         case "serve":
             asyncio.run(_serve(args))
         case "demo":
-            from services.demo import run_demo
+            from crashsafe.demo import run_demo
 
             sys.exit(asyncio.run(run_demo(args.crash, Path(args.state_dir) if args.state_dir else None)))
         case "up":
-            from services.demo import run_up
+            from crashsafe.demo import run_up
 
             sys.exit(asyncio.run(run_up(Path(args.state_dir), args.nats_url)))
         case "down":
