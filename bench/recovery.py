@@ -17,6 +17,7 @@ import httpx
 from contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+from bench.workloads import REGISTRY
 from crashsafe.stack import Stack
 
 AGENT = "steps5x100ms"
@@ -50,6 +51,7 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
             runtimes=2 if name == "replica" else 1,
             reconciler=False,
             env={"CRASHSAFE_ACK_WAIT_S": str(ack_wait_s)},
+            registry=REGISTRY,
         )
         await asyncio.to_thread(stack.start)
         broker = await Broker.connect(stack.nats_url, "bench-recovery")

@@ -43,6 +43,7 @@ from bench.probes import (
 )
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+from bench.workloads import REGISTRY
 from crashsafe.stack import EXECUTOR_FAMILIES, Stack
 
 BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
@@ -232,6 +233,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Report:
         sync_always=args.sync_always,
         runtimes=args.runtimes,
         env=env,
+        registry=REGISTRY,
     )
     try:
         started = time.monotonic()

@@ -18,8 +18,12 @@ from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.settings import Settings
-from services.reconciler.service import audit_all
 from crashsafe.stack import Stack
+from sandbox.listing import SandboxListing
+from sandbox.records import LedgerEntry
+from services.agents import stayhub
+from services.platform.providers import Providers
+from services.reconciler.service import audit_all
 
 BOOKING = "Book a room in {city} from 2026-12-{d1:02d} to 2026-12-{d2:02d}"
 CITIES = ("Lisbon", "Berlin", "Paris")
@@ -98,13 +102,13 @@ async def soak(
             else:
                 report.lost += 1
                 report.findings.append(f"lost: {run_id} not terminal after {drain_timeout_s:.0f}s")
-        async with httpx.AsyncClient(base_url=stack.sandbox_url, timeout=30) as http:
-            entries = (await http.get("/_ledger")).json()["entries"]
-            _count_effects(entries, report)
+        async with Providers.connect(stack.sandbox_url) as providers:
+            listing = SandboxListing(providers.http)
+            _count_effects((await listing.view()).entries, report)
             settings = Settings(
                 nats_url=stack.nats_url, namespace=Namespace(stack.namespace), sandbox_url=stack.sandbox_url
             )
-            findings, _ = await audit_all(broker, settings, http)
+            findings, _ = await audit_all(broker, settings, stayhub(), providers, listing)
         report.audit_findings = len(findings)
         report.findings += [f"audit: {f.kind} {f.key}: {f.detail}" for f in findings]
     finally:
@@ -191,12 +195,12 @@ async def _drain(broker: Broker, stack: Stack, accepted: set[str], timeout_s: fl
     return terminal
 
 
-def _count_effects(entries: list[dict[str, object]], report: ChaosReport) -> None:
-    per_key = Counter(str(e["key"]) for e in entries)
+def _count_effects(entries: list[LedgerEntry], report: ChaosReport) -> None:
+    per_key = Counter(e.key for e in entries)
     report.duplicate_effects = sum(n - 1 for n in per_key.values() if n > 1)
     per_run: dict[str, Counter[str]] = {}
     for entry in entries:
-        per_run.setdefault(str(entry["key"]).split(":", 1)[0], Counter())[str(entry["kind"])] += 1
+        per_run.setdefault(entry.key.split(":", 1)[0], Counter())[entry.kind.value] += 1
     for run_id, kinds in per_run.items():
         if kinds["charge"] > 1 or kinds["booking"] > 1:
             report.duplicate_effects += 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,10 +49,6 @@ class Namespace:
     def __post_init__(self) -> None:
         if not _TOKEN.match(self.name):
             raise ValueError(f"namespace {self.name!r} must match {_TOKEN.pattern}")
-
-    @classmethod
-    def from_env(cls) -> Namespace:
-        return cls(os.environ.get("CRASHSAFE_NAMESPACE", DEFAULT_NAMESPACE))
 
     def stream(self, kind: StreamKind) -> str:
         return f"{self.name}_{kind.value}".upper()

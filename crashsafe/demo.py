@@ -17,6 +17,7 @@ from rich.table import Table
 
 from contracts.run_events import ActionCompleted, Event
 from crashsafe.stack import Stack
+from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
@@ -87,7 +88,7 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
             console.print(f"gateway: 202 accepted, run [bold]{run_id}[/bold]")
             events = await _follow(console, client, run_id, stack, victim, first_pid, deadline_s=60)
         async with httpx.AsyncClient(base_url=stack.sandbox_url, timeout=10) as sandbox:
-            ledger = (await sandbox.get("/_ledger")).json()
+            ledger = await SandboxListing(sandbox).view()
     finally:
         stop.set()
         await supervisor
@@ -99,17 +100,13 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
             )
             for note in event.evidence:
                 console.print(f"  {note.asked:<16} → {note.answer:<8} {note.detail}")
-    counts: dict[str, int] = ledger.get("counts", {})
+    counts = ledger.counts
     table = Table(title="sandbox ledger (what the providers saw)")
     for column in ("kind", "key", "guest", "amount"):
         table.add_column(column)
-    for entry in ledger.get("entries", []):
-        amount = (
-            f"{entry.get('amount_cents', 0) / 100:.2f} {entry.get('currency') or ''}"
-            if entry.get("amount_cents")
-            else ""
-        )
-        table.add_row(str(entry.get("kind")), str(entry.get("key")), str(entry.get("guest_id")), amount)
+    for entry in ledger.entries:
+        amount = f"{entry.amount_cents / 100:.2f} {entry.currency or ''}" if entry.amount_cents else ""
+        table.add_row(entry.kind.value, entry.key, entry.guest_id, amount)
     console.print(table)
     status = _status(events)
     bookings, charges = counts.get("booking", 0), counts.get("charge", 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -25,6 +26,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _import_root(registry: str) -> str | None:
+    """The directory a registry's top-level package is imported from, as this process sees it."""
+    top = registry.split(":", 1)[0].split(".", 1)[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return None
+    where = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    return str(Path(where[0]).parent) if where else None
 
 
 @dataclass
@@ -54,8 +65,10 @@ class Stack:
         crash: dict[str, str] | None = None,
         sync_always: bool = False,
         reconciler: bool = True,
+        registry: str | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        self.registry = registry
         self.namespace = namespace
         self.nats: NatsServer | None = None
         self.nats_url = nats_url or ""
@@ -101,6 +114,12 @@ class Stack:
             }
         )
         env.pop("CRASHSAFE_CRASH_AT", None)
+        if self.registry:
+            env["CRASHSAFE_REGISTRY"] = self.registry
+            where = _import_root(self.registry)
+            if where:
+                # A registry outside the installed packages (the benchmark's) must import in every service too.
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
         env.update(self.base_env)
         env.update(service.env)
         env.update(service.once_env)

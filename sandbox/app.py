@@ -19,6 +19,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import scripted_model
+from sandbox.listing import LEDGER_PATH
 from sandbox.errors import ErrorCode, InvalidRequest, SandboxError
 from sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
 from sandbox.ledger import Outcome, SandboxLedger, check_idempotency_key
@@ -307,7 +308,7 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
 
     # Test controls: never faulted
 
-    @get("/_ledger")
+    @get(LEDGER_PATH)
     async def read_ledger(guest_id: FromQuery[str | None] = None) -> Response[bytes]:
         return _json(books.view(guest_id))
 

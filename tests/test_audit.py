@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,15 +20,22 @@ from stackkit import StackClient, of_type, step, unique
 from contracts.keys import action_key, compensation_key
 from contracts.run_events import ActionCompleted, ActionRequested, Event, RunCompleted, RunStarted
 from contracts.subjects import Namespace
-from services.agents import TOOL_CONTRACTS
+from contracts.audit import Finding, ProviderEffect
+from bench.workloads import REGISTRY
+from bench.workloads import registry as bench_registry
+from sandbox.listing import SandboxListing
+from services.agents import stayhub
+from services.platform.providers import Providers
 from services.platform.jetstream import Broker
 from services.platform.settings import Settings
-from services.reconciler.audit import Finding, audit
+from services.reconciler.audit import audit
 from services.reconciler.service import audit_all
 from crashsafe.stack import Stack
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
+
+STAYHUB = stayhub()
 
 # Hand-built journals -----------------------------------------------------------------------------------------
 
@@ -70,7 +76,7 @@ class Run:
         """Journal an intent and, unless `status` is None, its receipt. Returns the key."""
         self.step += 1
         key = key or action_key(self.run_id, self.step)
-        contract = TOOL_CONTRACTS[tool]
+        contract = STAYHUB.tools[tool].contract
         self.events.append(
             ActionRequested(
                 run_id=self.run_id,
@@ -113,7 +119,10 @@ class World:
         self.found[key] = True
 
     def findings(self) -> list[Finding]:
-        return audit({r.run_id: r.events for r in self.runs}, self.ledger, self.found, TOOL_CONTRACTS)
+        effects = [ProviderEffect(kind=e["kind"], key=e["key"], ref=e["ref"]) for e in self.ledger]
+        return audit(
+            {r.run_id: r.events for r in self.runs}, effects, self.found, STAYHUB.tools, STAYHUB.audit_rules
+        )
 
 
 def paid_run(world: World, run_id: str, *, end: bool = True) -> dict[str, str]:
@@ -348,9 +357,11 @@ async def _audit(broker: Broker, stack: Stack) -> list[tuple[str, str]]:
     settings_ = Settings(
         nats_url=stack.nats_url, namespace=Namespace(stack.namespace), sandbox_url=stack.sandbox_url
     )
-    async with httpx.AsyncClient(base_url=stack.sandbox_url, timeout=10) as http:
-        findings, stats = await audit_all(broker, settings_, http)
-    assert stats["runs"] >= 1
+    async with Providers.connect(stack.sandbox_url) as providers:
+        findings, stats = await audit_all(
+            broker, settings_, bench_registry(), providers, SandboxListing(providers.http)
+        )
+    assert stats.runs >= 1
     return kinds(findings)
 
 
@@ -461,7 +472,7 @@ async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_as
 async def test_audit_of_completed_workflow_runs_finds_nothing(
     make_stack: Callable[..., Stack], broker: Broker
 ) -> None:
-    stack = await asyncio.to_thread(make_stack, executors=("noop",), reconciler=False)
+    stack = await asyncio.to_thread(make_stack, executors=("noop",), reconciler=False, registry=REGISTRY)
     client = StackClient(stack)
     try:
         run_id, _ = await client.start_run(text="five steps", agent="steps5")

@@ -27,7 +27,9 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from bench.workloads import registry as bench_registry
 from services.executor.service import Executor
+from services.platform.providers import Providers
 from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
 from services.platform.natsd import NatsServer
@@ -60,7 +62,7 @@ class Harness:
     sandbox: httpx.AsyncClient
     data_dir: Path
     outcomes: list[ActionOutcome] = field(default_factory=list)
-    running: list[tuple[Executor, Broker, httpx.AsyncClient]] = field(default_factory=list)
+    running: list[tuple[Executor, Broker, Providers]] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: "run_" + uuid.uuid4().hex[:24])
     steps: int = 0
 
@@ -78,12 +80,12 @@ class Harness:
     async def start(self, *families: str) -> None:
         for family in families:
             broker = await Broker.connect(self.nats_url, f"test-executor-{family}")
-            http = httpx.AsyncClient(base_url=self.settings.sandbox_url)
+            http = Providers.connect(self.settings.sandbox_url)
             executor = Executor(
                 broker,
                 self.settings,
+                bench_registry(),
                 family,
-                list(range(PARTITIONS)),
                 http,
                 logging.getLogger(f"test.executor.{family}"),
             )
@@ -93,7 +95,7 @@ class Harness:
     async def stop(self) -> None:
         for executor, broker, http in self.running:
             await executor.close()
-            await http.aclose()
+            await http.close()
             await broker.close()
 
     def request(self, tool: str, family: str, args: dict[str, Any], key: str | None = None) -> ActionRequest:

@@ -31,7 +31,7 @@ from contracts.run_events import (
     ToolRejected,
     event_decoder,
 )
-from services.agents import agent_named
+from bench.workloads import registry as bench_registry
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import (
     Append,
@@ -49,6 +49,7 @@ from services.runtime.core.state import RunState
 GOLDEN = Path(__file__).parent / "golden"
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 RUN = "run_0123456789abcdef01234567"
+agent_named = bench_registry().agent
 BOOKING = agent_named("booking")
 STEPS5 = agent_named("steps5")
 NIGHTLY = 12_000

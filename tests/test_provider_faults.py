@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 from stackkit import (
     BOOKED_AND_PAID,
@@ -26,6 +25,9 @@ from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
+from sandbox.listing import SandboxListing
+from services.agents import stayhub
+from services.platform.providers import Providers
 from services.reconciler.service import audit_all
 
 slow = pytest.mark.skipif(
@@ -387,8 +389,9 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     late = await eventually(settled, what="the unknown payment settled by key in the journal", timeout_s=60)
     assert late["via"] == "provider_lookup"
     assert ("provider.lookup", "found") in [(e["asked"], e["answer"]) for e in late["evidence"]]
-    async with httpx.AsyncClient(base_url=run.settings.sandbox_url, timeout=10) as http:
-        findings, _ = await audit_all(broker, run.settings, http)
+    async with Providers.connect(run.settings.sandbox_url) as providers:
+        listing = SandboxListing(providers.http)
+        findings, _ = await audit_all(broker, run.settings, stayhub(), providers, listing)
     assert findings == []
     assert (await run.client.counts(run.guest))["charge"] == 1
 

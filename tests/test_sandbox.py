@@ -42,7 +42,7 @@ from sandbox.records import (
     ReleaseRequest,
 )
 
-SANDBOX_DIR = Path(__file__).resolve().parents[1] / "services" / "sandbox"
+SANDBOX_DIR = Path(__file__).resolve().parents[1] / "sandbox"
 TOOL_NAMES = ["search_hotels", "create_booking", "create_payment", "send_confirmation_email", "update_crm"]
 TOOLS = [
     {"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}} for n in TOOL_NAMES

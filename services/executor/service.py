@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
@@ -24,7 +23,6 @@ from contracts.tool_messages import (
     tool_encoder,
 )
 from contracts.tools import Effect, ToolContract
-from services.agents import TOOL_CONTRACTS
 from services.executor.core import (
     CallAgain,
     Conflict,
@@ -43,14 +41,15 @@ from services.executor.core import (
     refused,
     unknown_outcome,
 )
-from services.executor.providers import OPERATIONS, Operation
 from services.executor.store import ActionStore
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
 from services.platform.logs import log
+from services.platform.providers import Providers
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for
+from services.registry import Registry, Tool
 
 MAX_DELIVER = 12
 
@@ -71,20 +70,22 @@ class Executor:
         self,
         broker: Broker,
         settings: Settings,
+        registry: Registry,
         family: str,
-        partitions: list[int],
-        http: httpx.AsyncClient,
+        providers: Providers,
         logger: logging.Logger,
-        synchronous: str = "NORMAL",
     ) -> None:
         self.broker = broker
         self.settings = settings
         self.ns = settings.namespace
         self.family = family
-        self.partitions = partitions
-        self.http = http
+        self.tools = registry.tools_of(family)
+        if not self.tools:
+            raise ValueError(f"no tool of family {family!r}; this deployment has {sorted(registry.families)}")
+        self.partitions = list(settings.owned_partitions)
+        self.providers = providers
         self.logger = logger
-        self.synchronous = synchronous
+        self.synchronous = settings.sqlite_sync
         self.stores: dict[int, ActionStore] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self.deliveries = Deliveries(
@@ -132,11 +133,11 @@ class Executor:
         await self.handle(request, ctx, meta.sequence.stream, meta.num_delivered)
 
     async def handle(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
-        contract = TOOL_CONTRACTS.get(request.tool)
-        operation = OPERATIONS.get(request.tool)
-        if contract is None or operation is None or contract.family != self.family:
+        tool = self.tools.get(request.tool)
+        if tool is None:
             raise PoisonMessage(f"executor {self.family} has no tool {request.tool!r}", key=request.key)
-        missing = operation.missing(request.args)
+        contract = tool.contract
+        missing = tool.missing(request.args)
         if missing:
             # Refused before any intent: nothing was attempted, so the run gets a definitive, typed answer.
             error = ErrorInfo(
@@ -149,9 +150,7 @@ class Executor:
             raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
             await self._publish(
-                await self._run(
-                    request, contract, operation, attempts=1, deliveries=deliveries, look_first=False
-                ),
+                await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False),
                 ctx,
             )
             return
@@ -162,7 +161,7 @@ class Executor:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[request.key] = done
         try:
-            await self._handle_keyed(store, request, contract, operation, ctx, stream_seq, deliveries)
+            await self._handle_keyed(store, request, tool, ctx, stream_seq, deliveries)
         finally:
             self._inflight.pop(request.key, None)
             done.set_result(None)
@@ -171,8 +170,7 @@ class Executor:
         self,
         store: ActionStore,
         request: ActionRequest,
-        contract: ToolContract,
-        operation: Operation,
+        tool: Tool,
         ctx: Context,
         stream_seq: int,
         deliveries: int,
@@ -196,7 +194,7 @@ class Executor:
             case Resolve(attempts=attempts):
                 look_first = True
         try:
-            outcome = await self._run(request, contract, operation, attempts, deliveries, look_first, store)
+            outcome = await self._run(request, tool, attempts, deliveries, look_first, store)
         except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
             if deliveries >= MAX_DELIVER - 1:
@@ -214,8 +212,7 @@ class Executor:
     async def _run(
         self,
         request: ActionRequest,
-        contract: ToolContract,
-        operation: Operation,
+        tool: Tool,
         attempts: int,
         deliveries: int,
         look_first: bool,
@@ -236,18 +233,19 @@ class Executor:
             )
             return answer
 
+        contract = tool.contract
         timeout = self._timeout(request, contract)
         if look_first:
             step: Next = LookUp()
         else:
-            answer = note("provider.call", await operation.call(self.http, request, timeout))
+            answer = note("provider.call", await self.providers.call(tool, request, timeout))
             step = after_call(request, contract, answer, attempts, deliveries)
         while True:
             match step:
                 case Done(outcome=outcome):
                     return msgspec.structs.replace(outcome, evidence=trail)
                 case LookUp():
-                    if operation.lookup is None:
+                    if not self.providers.can_look_up(tool):
                         raise OutcomeStillUnknown(
                             f"{request.tool} has no lookup; cannot resolve {request.key}",
                             trail,
@@ -255,7 +253,7 @@ class Executor:
                         )
                     answer = note(
                         "provider.lookup",
-                        await operation.lookup(self.http, request.key, self._timeout(request, contract)),
+                        await self.providers.lookup(tool, request.key, self._timeout(request, contract)),
                     )
                     step = after_lookup(request, contract, answer, attempts, deliveries)
                 case CallAgain(delay_s=delay):
@@ -265,7 +263,7 @@ class Executor:
                         await store.attempt(request.key, attempts)
                     answer = note(
                         "provider.call",
-                        await operation.call(self.http, request, self._timeout(request, contract)),
+                        await self.providers.call(tool, request, self._timeout(request, contract)),
                     )
                     step = after_call(request, contract, answer, attempts, deliveries)
                 case StillUnknown(detail=detail):
@@ -282,12 +280,11 @@ class Executor:
         )
 
     async def _resolve_leftover(self, store: ActionStore, request: ActionRequest, attempts: int) -> None:
-        contract = TOOL_CONTRACTS.get(request.tool)
-        operation = OPERATIONS.get(request.tool)
-        if contract is None or operation is None:
+        tool = self.tools.get(request.tool)
+        if tool is None:
             return
         try:
-            outcome = await self._run(request, contract, operation, attempts, 1, True, store)
+            outcome = await self._run(request, tool, attempts, 1, True, store)
         except OutcomeStillUnknown as exc:
             log(
                 self.logger,
@@ -350,20 +347,3 @@ class Executor:
             status=outcome.status,
             via=outcome.via,
         )
-
-
-def parse_partitions(spec: str, total: int) -> list[int]:
-    """ "all", "0-3", "0,2" -> owned partition numbers."""
-    if spec in ("", "all"):
-        return list(range(total))
-    owned: set[int] = set()
-    for part in spec.split(","):
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            owned.update(range(int(lo), int(hi) + 1))
-        else:
-            owned.add(int(part))
-    bad = [p for p in owned if not 0 <= p < total]
-    if bad:
-        raise ValueError(f"partitions {bad} outside 0..{total - 1}")
-    return sorted(owned)

@@ -19,7 +19,6 @@ from contracts.keys import is_run_id
 from contracts.run_events import RunStarted, event_decoder
 from contracts.streams import stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
-from services.agents import AGENTS
 from services.gateway.core import Admission, UnprocessableBody, admit, conflict, status_for
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, SubjectFull
@@ -27,6 +26,7 @@ from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.registry import Registry
 from services.reconciler.service import reconcile_run
 from services.runtime.core.fold import replay, summarize
 
@@ -42,10 +42,13 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     broker: Broker = state.broker
     settings: Settings = state.settings
     ns = settings.namespace
-    agent = request.query_params.get("agent", "booking")
+    registry: Registry = state.registry
+    agent = request.query_params.get("agent", registry.default_agent)
     admission = admit(await request.body(), request.headers.get(Header.IDEMPOTENCY_KEY), agent)
-    if agent not in AGENTS:
-        raise UnprocessableBody(f"unknown agent {agent!r}; known agents: {sorted(AGENTS)}", agent=agent[:64])
+    if agent not in registry.agents:
+        raise UnprocessableBody(
+            f"unknown agent {agent!r}; this deployment runs {sorted(registry.agents)}", agent=agent[:64]
+        )
     ctx = context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)
@@ -186,7 +189,7 @@ async def readyz(state: State) -> Response[Any]:
     )
 
 
-def build_app(settings: Settings) -> Litestar:
+def build_app(settings: Settings, registry: Registry) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         broker = await Broker.connect(settings.nats_url, f"gateway-{settings.worker_id}")
@@ -194,6 +197,7 @@ def build_app(settings: Settings) -> Litestar:
             await broker.ensure_stream(spec)
         app.state.broker = broker
         app.state.settings = settings
+        app.state.registry = registry
         try:
             yield
         finally:
@@ -206,19 +210,3 @@ def build_app(settings: Settings) -> Litestar:
         debug=False,
         logging_config=None,
     )
-
-
-async def serve_gateway(settings: Settings) -> None:
-    import uvicorn
-
-    config = uvicorn.Config(
-        build_app(settings),
-        host=settings.gateway_host,
-        port=settings.gateway_port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    print(f"gateway listening on http://{settings.gateway_host}:{settings.gateway_port}", flush=True)
-    await server.serve()

@@ -6,7 +6,6 @@ import os
 import signal
 import sys
 
-ENV = "CRASHSAFE_CRASH_AT"
 
 # Every seam a test or `crashsafe demo --crash` may name; docs/failure-modes.md says what happens at each.
 SEAMS = (
@@ -22,9 +21,20 @@ SEAMS = (
 )
 
 
+_armed: str | None = None
+
+
+def arm(seam: str | None) -> None:
+    """Called once by a service's composition root with `Settings.crash_at` (CRASHSAFE_CRASH_AT)."""
+    global _armed
+    if seam is not None and seam not in SEAMS:
+        raise ValueError(f"CRASHSAFE_CRASH_AT={seam!r} is not a seam; seams: {', '.join(SEAMS)}")
+    _armed = seam
+
+
 def crash_point(seam: str) -> None:
-    """Die here, now, with no cleanup, if this process was started with CRASHSAFE_CRASH_AT=<seam>."""
-    if os.environ.get(ENV) == seam:
+    """Die here, now, with no cleanup, if this process was armed at `seam`."""
+    if _armed == seam:
         sys.stderr.write(f"crashpoint {seam}: SIGKILL self (pid {os.getpid()})\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
@@ -28,8 +27,7 @@ class _JsonFormatter(logging.Formatter):
         return _encoder.encode(entry).decode()
 
 
-def configure(service: str) -> logging.Logger:
-    level = os.environ.get("CRASHSAFE_LOG_LEVEL", "INFO").upper()
+def configure(service: str, level: str = "INFO") -> logging.Logger:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     root = logging.getLogger()
@@ -43,4 +41,3 @@ def configure(service: str) -> logging.Logger:
 def log(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
     if logger.isEnabledFor(level):
         logger.log(level, msg, extra={"fields": fields})
-

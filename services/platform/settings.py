@@ -1,25 +1,95 @@
-"""Service configuration read once from environment variables (how a container on Kubernetes is configured)."""
+"""Every environment variable the product reads, read and validated in one place (how a pod is configured)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from contracts.errors import CrashsafeError, ErrorCode
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, DEFAULT_NAMESPACE, Namespace
+
+SQLITE_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+class InvalidSetting(CrashsafeError):
+    """An environment variable the product cannot use; the message names it, its value and what it accepts."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+    def __init__(self, name: str, value: str, expected: str) -> None:
+        super().__init__(f"{name}={value!r} is not usable: {expected}", variable=name)
+        self.variable = name
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """One environment variable: its name, its default as written in the README, and what it means."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+# The README's configuration table lists exactly these (tests/…/test_settings.py checks it).
+VARIABLES: tuple[Variable, ...] = (
+    Variable("CRASHSAFE_NATS_URL", "nats://127.0.0.1:4222", "the NATS server"),
+    Variable("CRASHSAFE_NAMESPACE", DEFAULT_NAMESPACE, "prefix of every subject and stream"),
+    Variable("CRASHSAFE_REGISTRY", "services.agents:stayhub", "the agents and tools this deployment runs"),
+    Variable(
+        "CRASHSAFE_ACTION_PARTITIONS",
+        str(DEFAULT_ACTION_PARTITIONS),
+        "partitions per tool family (a migration)",
+    ),
+    Variable("CRASHSAFE_PARTITIONS", "all", "partitions this executor replica owns (`0-1`, `2,3`)"),
+    Variable("CRASHSAFE_DATA_DIR", ".crashsafe/data", "executor SQLite files, one per owned partition"),
+    Variable("CRASHSAFE_SQLITE_SYNC", "NORMAL", "`FULL` fsyncs every receipt (power-loss safe)"),
+    Variable("CRASHSAFE_ACK_WAIT_S", "1", "ack wait of every consumer"),
+    Variable("CRASHSAFE_STREAM_REPLICAS", "1", "`3` on a three-node JetStream cluster"),
+    Variable("CRASHSAFE_GATEWAY_HOST", "127.0.0.1", "gateway listen address"),
+    Variable("CRASHSAFE_GATEWAY_PORT", "8080", "gateway listen port"),
+    Variable("CRASHSAFE_SANDBOX_URL", "http://127.0.0.1:8090", "the providers"),
+    Variable("CRASHSAFE_SANDBOX_PORT", "8090", "the sandbox's listen port"),
+    Variable("CRASHSAFE_WORKER_ID", "<hostname>-<pid>", "this replica's name in journals and logs"),
+    Variable("CRASHSAFE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    Variable("CRASHSAFE_CRASH_AT", "unset", "a crash seam to SIGKILL at (tests and the demo)"),
+    Variable("CRASHSAFE_MODEL", "scripted-booking", "the model name asked of the Responses API"),
+    Variable(
+        "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
+    ),
+    Variable("OPENAI_BASE_URL", "unset", "that provider's base URL"),
+)
+_KNOWN = {v.name for v in VARIABLES}
+
+
+def parse_partitions(spec: str, total: int) -> tuple[int, ...]:
+    """ "all", "0-3", "0,2" -> owned partition numbers; ValueError on anything else."""
+    if spec in ("", "all"):
+        return tuple(range(total))
+    owned: set[int] = set()
+    for part in spec.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        owned.update(range(int(lo), int(hi) + 1) if dash else (int(lo),))
+    bad = sorted(p for p in owned if not 0 <= p < total)
+    if bad or not owned:
+        raise ValueError(f"partitions {bad} outside 0..{total - 1}")
+    return tuple(sorted(owned))
 
 
 @dataclass(frozen=True)
 class Settings:
     nats_url: str = "nats://127.0.0.1:4222"
     namespace: Namespace = field(default_factory=Namespace)
+    registry: str = "services.agents:stayhub"
     partitions: int = DEFAULT_ACTION_PARTITIONS
+    owned_partitions: tuple[int, ...] = tuple(range(DEFAULT_ACTION_PARTITIONS))
     data_dir: Path = Path(".crashsafe/data")
+    sqlite_sync: str = "NORMAL"
     sandbox_url: str = "http://127.0.0.1:8090"
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
@@ -30,29 +100,108 @@ class Settings:
     worker_id: str = ""
     ack_wait_s: float = 1.0
     stream_replicas: int = 1
+    log_level: str = "INFO"
+    crash_at: str | None = None
 
     @classmethod
-    def from_env(cls) -> Settings:
-        sandbox_url = _env("CRASHSAFE_SANDBOX_URL", "http://127.0.0.1:8090")
-        api_key = os.environ.get("OPENAI_API_KEY")
-        base_url = os.environ.get("OPENAI_BASE_URL")
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, defaults: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Read and check every variable; an unusable one raises InvalidSetting naming it, never a traceback.
+
+        `defaults` fill in where the environment is silent (an operator command reading a running stack's file)."""
+        env = {**(defaults or {}), **(os.environ if environ is None else environ)}
+
+        def get(name: str) -> str | None:
+            assert name in _KNOWN, f"{name} is not in VARIABLES"
+            value = env.get(name)
+            return value if value not in (None, "") else None
+
+        def read(name: str, default: Any, parse: Callable[[str], Any], expected: str) -> Any:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                return parse(raw)
+            except ValueError:
+                raise InvalidSetting(name, raw, expected) from None
+
+        def positive_int(raw: str) -> int:
+            value = int(raw)
+            if value < 1:
+                raise ValueError(raw)
+            return value
+
+        def port(raw: str) -> int:
+            value = int(raw)
+            if not 0 <= value <= 65535:
+                raise ValueError(raw)
+            return value
+
+        def positive_float(raw: str) -> float:
+            value = float(raw)
+            if not value > 0:
+                raise ValueError(raw)
+            return value
+
+        def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+            def parse(raw: str) -> str:
+                if raw.upper() not in choices:
+                    raise ValueError(raw)
+                return raw.upper()
+
+            return parse
+
+        sandbox_url = get("CRASHSAFE_SANDBOX_URL") or cls.sandbox_url
+        api_key = get("OPENAI_API_KEY")
+        base_url = get("OPENAI_BASE_URL")
         if not api_key:
             # No real provider configured: the sandbox's scripted model answers on the real OpenAI protocol.
             base_url = base_url or f"{sandbox_url}/v1"
             api_key = "sandbox"
+        partitions = read(
+            "CRASHSAFE_ACTION_PARTITIONS", DEFAULT_ACTION_PARTITIONS, positive_int, "a whole number >= 1"
+        )
         return cls(
-            nats_url=_env("CRASHSAFE_NATS_URL", "nats://127.0.0.1:4222"),
-            namespace=Namespace.from_env(),
-            partitions=int(_env("CRASHSAFE_ACTION_PARTITIONS", str(DEFAULT_ACTION_PARTITIONS))),
-            data_dir=Path(_env("CRASHSAFE_DATA_DIR", ".crashsafe/data")),
+            nats_url=get("CRASHSAFE_NATS_URL") or cls.nats_url,
+            namespace=read(
+                "CRASHSAFE_NAMESPACE",
+                Namespace(),
+                Namespace,
+                "lower-case letters, digits and _, starting with a letter",
+            ),
+            registry=get("CRASHSAFE_REGISTRY") or cls.registry,
+            partitions=partitions,
+            owned_partitions=read(
+                "CRASHSAFE_PARTITIONS",
+                tuple(range(partitions)),
+                lambda raw: parse_partitions(raw, partitions),
+                f"all, a range like 0-1, or a list like 0,2, within 0..{partitions - 1}",
+            ),
+            data_dir=Path(get("CRASHSAFE_DATA_DIR") or cls.data_dir),
+            sqlite_sync=read(
+                "CRASHSAFE_SQLITE_SYNC", cls.sqlite_sync, one_of(SQLITE_SYNC_MODES), "NORMAL or FULL"
+            ),
             sandbox_url=sandbox_url,
-            gateway_host=_env("CRASHSAFE_GATEWAY_HOST", "127.0.0.1"),
-            gateway_port=int(_env("CRASHSAFE_GATEWAY_PORT", "8080")),
-            sandbox_port=int(_env("CRASHSAFE_SANDBOX_PORT", "8090")),
-            model=_env("CRASHSAFE_MODEL", "scripted-booking"),
+            gateway_host=get("CRASHSAFE_GATEWAY_HOST") or cls.gateway_host,
+            gateway_port=read("CRASHSAFE_GATEWAY_PORT", cls.gateway_port, port, "a port number 0-65535"),
+            sandbox_port=read("CRASHSAFE_SANDBOX_PORT", cls.sandbox_port, port, "a port number 0-65535"),
+            model=get("CRASHSAFE_MODEL") or cls.model,
             openai_base_url=base_url,
             openai_api_key=api_key,
-            worker_id=_env("CRASHSAFE_WORKER_ID", f"{socket.gethostname()}-{os.getpid()}"),
-            ack_wait_s=float(_env("CRASHSAFE_ACK_WAIT_S", "1")),
-            stream_replicas=int(_env("CRASHSAFE_STREAM_REPLICAS", "1")),
+            worker_id=get("CRASHSAFE_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}",
+            ack_wait_s=read("CRASHSAFE_ACK_WAIT_S", cls.ack_wait_s, positive_float, "seconds, a number > 0"),
+            stream_replicas=read("CRASHSAFE_STREAM_REPLICAS", cls.stream_replicas, positive_int, "1, 3 or 5"),
+            log_level=read("CRASHSAFE_LOG_LEVEL", cls.log_level, one_of(LOG_LEVELS), ", ".join(LOG_LEVELS)),
+            crash_at=get("CRASHSAFE_CRASH_AT"),
         )
+
+    def with_partitions(self, spec: str) -> Settings:
+        """These settings with the owned partitions of a `--partitions` flag (it wins over the environment)."""
+        try:
+            owned = parse_partitions(spec, self.partitions)
+        except ValueError:
+            raise InvalidSetting(
+                "--partitions", spec, f"all, 0-1 or 0,2 within 0..{self.partitions - 1}"
+            ) from None
+        return dataclasses.replace(self, owned_partitions=owned)

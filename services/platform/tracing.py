@@ -12,6 +12,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from contracts.subjects import Header
 
+
 def _sdk_installed() -> bool:
     """An SDK replaces the API's proxy provider; until then spans are no-ops and propagation can be verbatim."""
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)

@@ -7,9 +7,8 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Protocol
 
-import httpx
 from nats.aio.msg import Msg
 
 from contracts.errors import RunNotFound
@@ -17,16 +16,16 @@ from contracts.run_events import ActionRequested, event_decoder, request_for
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
 from contracts.tool_messages import RunWake, tool_encoder
-from contracts.tools import Effect
-from services.agents import TOOL_CONTRACTS
-from services.executor.providers import OPERATIONS
+from contracts.audit import Finding, Intent, ProviderEffect
+from services.executor.core import ProviderAnswer
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for
-from services.reconciler.audit import Finding, Intent, audit, intents
+from services.registry import Registry, Tool
+from services.reconciler.audit import audit, audited, intents
 from services.reconciler.core import OpenWork, observe, overdue_actions, stalled_runs, unsettled_unknowns
 from services.runtime.core.fold import replay
 
@@ -65,6 +64,14 @@ class Reconciler:
 
     async def _on_event(self, msg: Msg) -> None:
         observe(self.work, event_decoder.decode(msg.data))
+
+    async def run(self, stop: asyncio.Event, tick_s: float) -> None:
+        """Tick every `tick_s` until `stop` is set."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=tick_s)
+            except TimeoutError:
+                await self.tick()
 
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
@@ -162,40 +169,52 @@ async def reconcile_run(broker: Broker, settings: Settings, run_id: str, by: str
     return Reconciliation(run_id, state.status, [p.key for p in state.pending])
 
 
+class ProviderFacts(Protocol):
+    """What the audit asks a provider: what happened to key K. Every real provider with idempotency keys can answer."""
+
+    async def lookup(self, tool: Tool, key: str, timeout: float) -> ProviderAnswer: ...
+
+
+class ProviderListing(Protocol):
+    """Every effect a provider holds, where it offers a listing (the sandbox's ledger; a payment provider's list API)."""
+
+    async def effects(self) -> list[ProviderEffect]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AuditStats:
+    runs: int
+    keyed_intents: int
+    looked_up: int
+    listed_effects: int | None
+
+
 async def audit_all(
-    broker: Broker, settings: Settings, http: httpx.AsyncClient
-) -> tuple[list[Finding], dict[str, int]]:
-    """Every run's journal against the providers' ledger and their by-key lookups."""
+    broker: Broker,
+    settings: Settings,
+    registry: Registry,
+    facts: ProviderFacts,
+    listing: ProviderListing | None = None,
+) -> tuple[list[Finding], AuditStats]:
+    """Every run's journal against the providers' by-key answers and, where they offer one, their listing."""
     journals = await RunJournal(broker, settings.namespace).read_all()
-    response = await http.get("/_ledger")
-    response.raise_for_status()
-    ledger: list[dict[str, Any]] = response.json()["entries"]
-    keyed = [
-        i
-        for i in intents(journals).values()
-        if (c := TOOL_CONTRACTS.get(i.request.tool))
-        and c.effect is not Effect.READ
-        and (o := OPERATIONS.get(c.name))
-        and o.audited
-    ]
+    effects = await listing.effects() if listing is not None else None
+    keyed = [i for i in intents(journals).values() if audited(i, registry.tools)]
     slots = asyncio.Semaphore(32)
     found: dict[str, bool] = {}
 
     async def look(intent: Intent) -> None:
-        operation = OPERATIONS.get(intent.request.tool)
-        if operation is None or operation.lookup is None or not operation.audited:
-            return
         async with slots:
-            answer = await operation.lookup(http, intent.request.key, 5.0)
+            answer = await facts.lookup(registry.tools[intent.request.tool], intent.request.key, 5.0)
         if answer.kind in ("found", "absent"):
             found[intent.request.key] = answer.kind == "found"
 
     await asyncio.gather(*(look(i) for i in keyed))
-    findings = audit(journals, ledger, found, TOOL_CONTRACTS)
-    stats = {
-        "runs": len(journals),
-        "keyed_intents": len(keyed),
-        "looked_up": len(found),
-        "ledger_entries": len(ledger),
-    }
+    findings = audit(journals, effects, found, registry.tools, registry.audit_rules)
+    stats = AuditStats(
+        runs=len(journals),
+        keyed_intents=len(keyed),
+        looked_up=len(found),
+        listed_effects=len(effects) if effects is not None else None,
+    )
     return findings, stats

@@ -30,7 +30,6 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
-from services.agents import AGENTS, agent_named
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
@@ -38,6 +37,7 @@ from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.registry import Registry
 from services.runtime.core.decide import Append, AskModel, AwaitActions, Idle, model_answered, next_move
 from services.runtime.core.fold import fold_run, replay
 from services.runtime.core.state import RunState
@@ -61,9 +61,12 @@ class _Run:
 
 
 class Runtime:
-    def __init__(self, broker: Broker, settings: Settings, model: Model, logger: logging.Logger) -> None:
+    def __init__(
+        self, broker: Broker, settings: Settings, registry: Registry, model: Model, logger: logging.Logger
+    ) -> None:
         self.broker = broker
         self.settings = settings
+        self.registry = registry
         self.ns = settings.namespace
         self.model = model
         self.logger = logger
@@ -109,7 +112,7 @@ class Runtime:
         run = self._runs.get(event.run_id)
         if run is None:
             now = utcnow()
-            if event.agent not in AGENTS:
+            if event.agent not in self.registry.agents:
                 raise PoisonMessage(f"inbound event names unknown agent {event.agent!r}", run_id=event.run_id)
             budget = Budget()
             started = RunStarted(
@@ -199,7 +202,12 @@ class Runtime:
 
     async def _drive(self, run: _Run, ctx: Context) -> None:
         """Advance the run until it waits on an action or ends. Every decision is journaled before it acts."""
-        agent = agent_named(run.state.agent)
+        agent = self.registry.agents.get(run.state.agent)
+        if agent is None:
+            raise PoisonMessage(
+                f"run {run.state.run_id} names agent {run.state.agent!r}, which this deployment does not run",
+                run_id=run.state.run_id,
+            )
         conflicts = 0
         while True:
             move = next_move(run.state, agent, utcnow())

@@ -1,4 +1,4 @@
-"""StayHub's booking agent: search, hold, pay, confirm, update CRM. Amounts come from the server, never the model."""
+"""StayHub's booking agent's rules: search, hold, pay, confirm, update CRM. Amounts come from the server, never the model."""
 
 from __future__ import annotations
 
@@ -8,109 +8,14 @@ from typing import Any
 
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.run_events import ActionCompleted, ActionRequested
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from contracts.tools import ToolContract
+from services.agents.booking.tools import TOOLS
+from services.registry import compensation_contracts, model_contracts
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-
-def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-
-
-_STR = {"type": "string"}
-_DATE_SCHEMA = {"type": "string", "description": "ISO date, YYYY-MM-DD"}
-
-TOOLS: dict[str, ToolContract] = {
-    t.name: t
-    for t in (
-        ToolContract(
-            name="search_hotels",
-            family="booking",
-            effect=Effect.READ,
-            timeout_s=2.0,
-            retry=RetryRule.RETRY,
-            max_attempts=3,
-            key_rule=KeyRule.NONE,
-            description="Find hotels with rooms in a city for the dates.",
-            parameters=_obj(
-                {"city": _STR, "check_in": _DATE_SCHEMA, "check_out": _DATE_SCHEMA},
-                ["city", "check_in", "check_out"],
-            ),
-        ),
-        ToolContract(
-            name="create_booking",
-            family="booking",
-            effect=Effect.WRITE,
-            timeout_s=5.0,
-            retry=RetryRule.KEYED,
-            max_attempts=2,
-            compensation="release_booking",
-            description="Hold a room for the guest. Returns a booking_id and the total price.",
-            parameters=_obj(
-                {"hotel_id": _STR, "check_in": _DATE_SCHEMA, "check_out": _DATE_SCHEMA},
-                ["hotel_id", "check_in", "check_out"],
-            ),
-        ),
-        ToolContract(
-            name="create_payment",
-            family="payment",
-            effect=Effect.MONEY,
-            timeout_s=10.0,
-            retry=RetryRule.NEVER_BLIND,
-            max_attempts=2,
-            compensation="refund_payment",
-            description="Charge the guest for a held booking. The amount is computed by the server from the booking.",
-            parameters=_obj({"booking_id": _STR}, ["booking_id"]),
-        ),
-        ToolContract(
-            name="send_confirmation_email",
-            family="notify",
-            effect=Effect.WRITE,
-            timeout_s=3.0,
-            retry=RetryRule.KEYED,
-            max_attempts=5,
-            description="Email the guest the confirmation of a paid booking.",
-            parameters=_obj({"booking_id": _STR}, ["booking_id"]),
-        ),
-        ToolContract(
-            name="update_crm",
-            family="notify",
-            effect=Effect.WRITE,
-            timeout_s=3.0,
-            retry=RetryRule.KEYED,
-            max_attempts=5,
-            description="Record the booking on the guest's CRM profile.",
-            parameters=_obj({"booking_id": _STR}, ["booking_id"]),
-        ),
-    )
-}
-
-# Only the runtime calls these, to undo an effect; the model never sees them.
-COMPENSATION_TOOLS: dict[str, ToolContract] = {
-    t.name: t
-    for t in (
-        ToolContract(
-            name="release_booking",
-            family="booking",
-            effect=Effect.WRITE,
-            timeout_s=5.0,
-            retry=RetryRule.KEYED,
-            max_attempts=3,
-            description="Release a held room whose payment failed or was abandoned.",
-        ),
-        ToolContract(
-            name="refund_payment",
-            family="payment",
-            effect=Effect.MONEY,
-            timeout_s=10.0,
-            retry=RetryRule.NEVER_BLIND,
-            max_attempts=2,
-            description="Refund a charge whose booking no longer exists.",
-        ),
-    )
-}
 
 INSTRUCTIONS = (
     "You are StayHub's booking assistant. Search hotels, hold a room with create_booking, charge it with "
@@ -150,8 +55,8 @@ def _string(args: dict[str, Any], name: str) -> str | ErrorInfo:
 class BookingAgent:
     name = "booking"
     instructions = INSTRUCTIONS
-    tools = TOOLS
-    compensation_tools = COMPENSATION_TOOLS
+    tools = model_contracts(TOOLS)
+    compensation_tools = compensation_contracts(TOOLS)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides

@@ -1,16 +1,23 @@
-"""A deterministic workflow agent: N sequential no-op tool steps from a plan in code, no model (the steps5 yardstick)."""
+"""The benchmark's workloads: plan agents of N sequential no-op tool steps, no model (the steps5 yardstick).
+
+Registered by the benchmark (and the tests that use the yardstick), never by the product:
+`CRASHSAFE_REGISTRY=bench.workloads:registry`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from contracts.errors import ErrorInfo
 from contracts.run_events import ToolCall
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from services.agents import booking
+from services.registry import LocalOperation, Registration, Registry, Tool
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
 
-NOOP = ToolContract(
+NOOP_CONTRACT = ToolContract(
     name="noop",
     family="noop",
     effect=Effect.WRITE,
@@ -22,6 +29,16 @@ NOOP = ToolContract(
 )
 
 
+async def _noop(args: dict[str, Any], key: str) -> dict[str, Any]:
+    if args.get("sleep_ms"):
+        await asyncio.sleep(int(args["sleep_ms"]) / 1000)
+    return {"done": True, **args}
+
+
+# A no-op leaves nothing behind: nothing to ask by key, nothing to audit; calling it again is the same as once.
+NOOP = Tool(NOOP_CONTRACT, LocalOperation(_noop), audited=False)
+
+
 class StepsAgent:
     instructions = ""
 
@@ -29,7 +46,7 @@ class StepsAgent:
         self.steps = steps
         self.step_ms = step_ms
         self.name = f"steps{steps}" + (f"x{step_ms}ms" if step_ms else "")
-        self.tools = {NOOP.name: NOOP}
+        self.tools = {NOOP.name: NOOP.contract}
         self.compensation_tools: dict[str, ToolContract] = {}
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
@@ -46,3 +63,13 @@ class StepsAgent:
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
     ) -> dict[str, Any] | ErrorInfo:
         return {"i": int(args.get("i", 0)), "sleep_ms": int(args.get("sleep_ms", 0))}
+
+
+# What `Stack(registry=…)` and CRASHSAFE_REGISTRY name to run these workloads.
+REGISTRY = "bench.workloads:registry"
+
+
+def registry() -> Registry:
+    """The product's booking agent and the benchmark's plan agents (`steps5`, and `steps5x100ms` for recovery)."""
+    steps = [StepsAgent(steps=5), StepsAgent(steps=5, step_ms=100)]
+    return Registry.of(booking.registration(), *(Registration(agent=a, tools=(NOOP,)) for a in steps))

@@ -1,0 +1,48 @@
+"""What `crashsafe audit` reports: a journaled intent as the audit sees it, and each disagreement it finds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from contracts.run_events import ActionCompleted, ActionRequested
+
+
+class FindingKind(StrEnum):
+    """The audit's own findings; an agent's audit rules add kinds of their own (a booking's double charge)."""
+
+    EFFECT_WITHOUT_INTENT = "effect_without_intent"
+    DUPLICATE_EFFECT = "duplicate_effect"
+    SUCCESS_WITHOUT_EFFECT = "success_without_effect"
+    EFFECT_NOT_JOURNALED = "effect_not_journaled"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str
+    key: str
+    run_id: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """One keyed action a run journaled, with its receipt if one was journaled."""
+
+    run_id: str
+    request: ActionRequested
+    completed: ActionCompleted | None
+    run_terminal: bool
+
+    @property
+    def succeeded(self) -> bool:
+        return self.completed is not None and self.completed.status == "succeeded"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEffect:
+    """One effect a provider holds, as its listing names it (the sandbox's ledger; a real provider's list API)."""
+
+    kind: str
+    key: str
+    ref: str | None = None

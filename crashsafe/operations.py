@@ -1,0 +1,144 @@
+"""Operator tasks against a running deployment: show a run, reconcile, audit, declare streams, stop a stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+
+from contracts.streams import stream_specs
+from sandbox.listing import SandboxListing
+from services import registry as registries
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.providers import Providers
+from services.platform.settings import Settings
+from services.reconciler.service import audit_all, reconcile_run
+from services.runtime.core.fold import replay, summarize
+from crashsafe.timeline import timeline
+
+
+def stack_file(state_dir: Path) -> dict[str, object]:
+    path = state_dir / "stack.json"
+    if not path.exists():
+        return {}
+    return dict(json.loads(path.read_text()))
+
+
+def settings_for(state_dir: Path) -> Settings:
+    """Settings from the environment, filled in from a running stack's stack.json where the environment is silent."""
+    stack = stack_file(state_dir)
+    known = {
+        "nats_url": "CRASHSAFE_NATS_URL",
+        "namespace": "CRASHSAFE_NAMESPACE",
+        "sandbox_url": "CRASHSAFE_SANDBOX_URL",
+    }
+    return Settings.from_env(defaults={var: str(stack[key]) for key, var in known.items() if stack.get(key)})
+
+
+async def reconcile(state_dir: Path, run_id: str | None) -> int:
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-reconcile")
+    try:
+        if run_id:
+            run_ids = [run_id]
+        else:
+            journals = await RunJournal(broker, settings.namespace).read_all()
+            run_ids = [
+                rid
+                for rid, events in journals.items()
+                if (s := replay(events)) is not None and not s.terminal
+            ]
+        for rid in run_ids:
+            done = await reconcile_run(broker, settings, rid, by="operator:cli")
+            asked = ", ".join(done.asked) or "nothing open"
+            print(f"{rid}: {done.status}; asked to resolve: {asked}")
+        if not run_ids:
+            print("no open runs")
+    finally:
+        await broker.close()
+    return 0
+
+
+async def audit(state_dir: Path) -> int:
+    settings = settings_for(state_dir)
+    registry = registries.load(settings.registry)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-audit")
+    try:
+        async with Providers.connect(settings.sandbox_url) as providers:
+            listing = SandboxListing(providers.http)
+            findings, stats = await audit_all(broker, settings, registry, providers, listing)
+    finally:
+        await broker.close()
+    listed = f", {stats.listed_effects} provider effects listed" if stats.listed_effects is not None else ""
+    print(
+        f"audited {stats.runs} runs, {stats.keyed_intents} keyed intents ({stats.looked_up} looked up){listed}"
+    )
+    for finding in findings:
+        print(f"WRONG {finding.kind}: run {finding.run_id} key {finding.key}: {finding.detail}")
+    if not findings:
+        print(
+            "nothing wrong: every effect has one journaled intent and every journaled success has its effect"
+        )
+    return 1 if findings else 0
+
+
+async def runs_show(state_dir: Path, run_id: str, as_json: bool) -> int:
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-cli")
+    try:
+        events = await RunJournal(broker, settings.namespace).read_with_seqs(run_id)
+    finally:
+        await broker.close()
+    console = Console()
+    if not events:
+        console.print(
+            f"[red]no run {run_id}[/red] in namespace {settings.namespace.name} at {settings.nats_url}"
+        )
+        return 1
+    if as_json:
+        for seq, event in events:
+            print(json.dumps({"seq": seq, **msgspec.to_builtins(event)}))
+        return 0
+    console.print(timeline(events, title=f"run {run_id}"))
+    state = replay(e for _, e in events)
+    assert state is not None
+    s = summarize(state)
+    console.print(f"status [bold]{s.status}[/bold], {s.steps} steps, {s.tokens_used} tokens")
+    return 0
+
+
+def down(state_dir: Path) -> int:
+    stack = stack_file(state_dir)
+    pid = stack.get("supervisor_pid")
+    if not pid:
+        print(f"no running stack recorded in {state_dir}/stack.json")
+        return 1
+    try:
+        os.kill(int(str(pid)), signal.SIGTERM)
+    except ProcessLookupError:
+        print(f"supervisor {pid} is gone; stopping what it recorded")
+        services = stack.get("services")
+        for service in services if isinstance(services, list) else []:
+            try:
+                os.kill(int(service["pid"]), signal.SIGTERM)
+            except (ProcessLookupError, TypeError, KeyError):
+                pass
+    print("stack stopping")
+    return 0
+
+
+async def infra_apply() -> int:
+    settings = Settings.from_env()
+    broker = await Broker.connect(settings.nats_url, "crashsafe-infra")
+    try:
+        for spec in stream_specs(settings.namespace, settings.stream_replicas):
+            await broker.ensure_stream(spec)
+            print(f"stream {spec.name}: {', '.join(spec.subjects)}")
+    finally:
+        await broker.close()
+    return 0

@@ -1,0 +1,27 @@
+"""The sandbox's listing of every effect it holds, as the audit's `ProviderListing` port asks for it."""
+
+from __future__ import annotations
+
+import httpx
+import msgspec
+
+from contracts.audit import ProviderEffect
+from sandbox.records import LedgerView
+
+LEDGER_PATH = "/_ledger"
+_view = msgspec.json.Decoder(LedgerView)
+
+
+class SandboxListing:
+    """Reads `GET /_ledger`: what a real provider's list API would give (Stripe's charges, a PMS's bookings)."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def view(self, guest_id: str | None = None) -> LedgerView:
+        response = await self.http.get(LEDGER_PATH, params={"guest_id": guest_id} if guest_id else None)
+        response.raise_for_status()
+        return _view.decode(response.content)
+
+    async def effects(self) -> list[ProviderEffect]:
+        return [ProviderEffect(kind=e.kind.value, key=e.key, ref=e.ref) for e in (await self.view()).entries]

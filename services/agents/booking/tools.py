@@ -1,0 +1,185 @@
+"""StayHub's tools, each defined once: its contract, how its provider is asked, and how the audit checks it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from services.registry import HttpOperation, HttpRequest, Tool
+
+
+def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+_STR = {"type": "string"}
+_DATE = {"type": "string", "description": "ISO date, YYYY-MM-DD"}
+
+SEARCH_HOTELS = Tool(
+    ToolContract(
+        name="search_hotels",
+        family="booking",
+        effect=Effect.READ,
+        timeout_s=2.0,
+        retry=RetryRule.RETRY,
+        max_attempts=3,
+        key_rule=KeyRule.NONE,
+        description="Find hotels with rooms in a city for the dates.",
+        parameters=_obj(
+            {"city": _STR, "check_in": _DATE, "check_out": _DATE}, ["city", "check_in", "check_out"]
+        ),
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest("GET", "/hotels/search", params=args),
+        lookup_path=None,
+        ref_field=None,
+        requires=("city", "check_in", "check_out"),
+    ),
+    audited=False,
+)
+
+CREATE_BOOKING = Tool(
+    ToolContract(
+        name="create_booking",
+        family="booking",
+        effect=Effect.WRITE,
+        timeout_s=5.0,
+        retry=RetryRule.KEYED,
+        max_attempts=2,
+        compensation="release_booking",
+        description="Hold a room for the guest. Returns a booking_id and the total price.",
+        parameters=_obj(
+            {"hotel_id": _STR, "check_in": _DATE, "check_out": _DATE}, ["hotel_id", "check_in", "check_out"]
+        ),
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest("POST", "/bookings", json=args),
+        lookup_path="/bookings/by-key/{key}",
+        ref_field="booking_id",
+        requires=("hotel_id", "guest_id", "check_in", "check_out"),
+    ),
+)
+
+CREATE_PAYMENT = Tool(
+    ToolContract(
+        name="create_payment",
+        family="payment",
+        effect=Effect.MONEY,
+        timeout_s=10.0,
+        retry=RetryRule.NEVER_BLIND,
+        max_attempts=2,
+        compensation="refund_payment",
+        description="Charge the guest for a held booking. The amount is computed by the server from the booking.",
+        parameters=_obj({"booking_id": _STR}, ["booking_id"]),
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest("POST", "/payments", json=args),
+        lookup_path="/payments/by-key/{key}",
+        ref_field="payment_id",
+        requires=("booking_id", "guest_id", "amount_cents", "currency"),
+    ),
+)
+
+SEND_CONFIRMATION_EMAIL = Tool(
+    ToolContract(
+        name="send_confirmation_email",
+        family="notify",
+        effect=Effect.WRITE,
+        timeout_s=3.0,
+        retry=RetryRule.KEYED,
+        max_attempts=5,
+        description="Email the guest the confirmation of a paid booking.",
+        parameters=_obj({"booking_id": _STR}, ["booking_id"]),
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest(
+            "POST",
+            "/emails",
+            json={
+                "guest_id": args["guest_id"],
+                "template": "booking_confirmation",
+                "booking_id": args["booking_id"],
+            },
+        ),
+        lookup_path="/emails/by-key/{key}",
+        ref_field="email_id",
+        requires=("guest_id", "booking_id"),
+    ),
+)
+
+UPDATE_CRM = Tool(
+    ToolContract(
+        name="update_crm",
+        family="notify",
+        effect=Effect.WRITE,
+        timeout_s=3.0,
+        retry=RetryRule.KEYED,
+        max_attempts=5,
+        description="Record the booking on the guest's CRM profile.",
+        parameters=_obj({"booking_id": _STR}, ["booking_id"]),
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest(
+            "POST",
+            "/crm/updates",
+            json={
+                "guest_id": args["guest_id"],
+                "booking_id": args["booking_id"],
+                "fields": {"last_booking_id": args["booking_id"]},
+            },
+        ),
+        lookup_path="/crm/updates/by-key/{key}",
+        ref_field="crm_update_id",
+        requires=("guest_id", "booking_id"),
+    ),
+)
+
+RELEASE_BOOKING = Tool(
+    ToolContract(
+        name="release_booking",
+        family="booking",
+        effect=Effect.WRITE,
+        timeout_s=5.0,
+        retry=RetryRule.KEYED,
+        max_attempts=3,
+        description="Release a held room whose payment failed or was abandoned.",
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest("POST", f"/bookings/{args['booking_id']}/release", json={}),
+        lookup_path="/booking-releases/by-key/{key}",
+        ref_field="booking_id",
+        requires=("booking_id",),
+    ),
+    compensation_only=True,
+)
+
+REFUND_PAYMENT = Tool(
+    ToolContract(
+        name="refund_payment",
+        family="payment",
+        effect=Effect.MONEY,
+        timeout_s=10.0,
+        retry=RetryRule.NEVER_BLIND,
+        max_attempts=2,
+        description="Refund a charge whose booking no longer exists.",
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest(
+            "POST", f"/payments/{args['payment_id']}/refund", json={"amount_cents": args["amount_cents"]}
+        ),
+        lookup_path="/refunds/by-key/{key}",
+        ref_field="refund_id",
+        requires=("payment_id", "amount_cents"),
+    ),
+    compensation_only=True,
+)
+
+TOOLS: tuple[Tool, ...] = (
+    SEARCH_HOTELS,
+    CREATE_BOOKING,
+    CREATE_PAYMENT,
+    SEND_CONFIRMATION_EMAIL,
+    UPDATE_CRM,
+    RELEASE_BOOKING,
+    REFUND_PAYMENT,
+)

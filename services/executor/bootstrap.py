@@ -1,0 +1,28 @@
+"""An executor's composition root: one tool family, its owned partitions' stores, its providers, until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.executor.service import Executor
+from services.platform import crashpoints
+from services.platform.jetstream import Broker
+from services.platform.logs import configure
+from services.platform.providers import Providers
+from services.platform.settings import Settings
+from services.registry import Registry
+
+
+async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
+    crashpoints.arm(settings.crash_at)
+    logger = configure(f"executor.{family}", settings.log_level)
+    broker = await Broker.connect(settings.nats_url, f"executor-{family}-{settings.worker_id}")
+    try:
+        async with Providers.connect(settings.sandbox_url) as providers:
+            executor = Executor(broker, settings, registry, family, providers, logger)
+            await executor.start()
+            print(f"ready: executor {family}", flush=True)
+            await stop.wait()
+            await executor.close()
+    finally:
+        await broker.close()

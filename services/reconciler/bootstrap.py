@@ -1,0 +1,27 @@
+"""The reconciler's composition root: follows every journal and ticks once a second until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.platform import crashpoints
+from services.platform.jetstream import Broker
+from services.platform.logs import configure
+from services.platform.settings import Settings
+from services.reconciler.service import Reconciler
+from services.registry import Registry
+
+TICK_S = 1.0
+
+
+async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
+    crashpoints.arm(settings.crash_at)
+    logger = configure("reconciler", settings.log_level)
+    broker = await Broker.connect(settings.nats_url, f"reconciler-{settings.worker_id}")
+    try:
+        reconciler = Reconciler(broker, settings, logger)
+        await reconciler.start()
+        print("ready: reconciler", flush=True)
+        await reconciler.run(stop, TICK_S)
+    finally:
+        await broker.close()

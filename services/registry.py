@@ -1,0 +1,163 @@
+"""The deployment's agents and tools as one value a composition root builds and passes to every service. Pure."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.audit import Finding, Intent
+from contracts.errors import ErrorCode, InvalidRequest
+from contracts.tools import ToolContract
+from services.runtime.core.agent import Agent
+
+
+class UnknownAgent(InvalidRequest):
+    """A run or an event names an agent this deployment did not register."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown agent {name!r}; this deployment runs {known}", agent=name[:64])
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One request to a provider, as a tool's operation builds it from the action's arguments."""
+
+    method: str
+    path: str
+    json: dict[str, Any] | None = None
+    params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOperation:
+    """How a tool's effect is asked of its provider over HTTP, and how the provider is asked about a key."""
+
+    request: Callable[[dict[str, Any]], HttpRequest]
+    # The provider's "what happened to key K?" endpoint, `{key}` filled in; None: nothing to ask by key.
+    lookup_path: str | None
+    # The field of the provider's answer that names the effect (booking_id, payment_id …).
+    ref_field: str | None
+    # Arguments the call cannot be made without: checked before any intent is committed.
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LocalOperation:
+    """An effect that happens in the executor's own process (a benchmark's no-op): nothing to ask by key."""
+
+    run: Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
+    requires: tuple[str, ...] = ()
+
+
+Operation = HttpOperation | LocalOperation
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool defined once: its contract, how its provider is asked, and whether the audit can check it by key."""
+
+    contract: ToolContract
+    operation: Operation
+    # False where the provider keeps no record to check (a no-op leaves nothing behind).
+    audited: bool = True
+    # Only the runtime may call it, to undo an effect; the model never sees it.
+    compensation_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.contract.name
+
+    def missing(self, args: dict[str, Any]) -> list[str]:
+        return [name for name in self.operation.requires if args.get(name) in (None, "")]
+
+
+# A rule an agent adds to the audit: every journaled keyed intent in, the disagreements it sees out.
+AuditRule = Callable[[Mapping[str, Intent]], list[Finding]]
+
+
+def model_contracts(tools: Iterable[Tool]) -> dict[str, ToolContract]:
+    """The contracts the model may call, by name."""
+    return {t.name: t.contract for t in tools if not t.compensation_only}
+
+
+def compensation_contracts(tools: Iterable[Tool]) -> dict[str, ToolContract]:
+    """The contracts only the runtime may call, to undo effects, by name."""
+    return {t.name: t.contract for t in tools if t.compensation_only}
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One agent as a deployment registers it: the agent, the tools it uses, the audit rules it adds."""
+
+    agent: Agent
+    tools: tuple[Tool, ...]
+    audit_rules: tuple[AuditRule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """Which agents a deployment runs and every tool they may use; what the gateway admits and executors enforce."""
+
+    agents: Mapping[str, Agent]
+    tools: Mapping[str, Tool]
+    audit_rules: tuple[AuditRule, ...] = ()
+    default_agent: str = ""
+    families: frozenset[str] = field(default=frozenset())
+
+    @classmethod
+    def of(cls, *registrations: Registration) -> Registry:
+        """The first registration's agent is the default one (for a guest event that names none)."""
+        if not registrations:
+            raise ValueError("a registry needs at least one agent")
+        agents: dict[str, Agent] = {}
+        tools: dict[str, Tool] = {}
+        rules: list[AuditRule] = []
+        for registration in registrations:
+            name = registration.agent.name
+            if name in agents:
+                raise ValueError(f"agent {name!r} is registered twice")
+            agents[name] = registration.agent
+            for tool in registration.tools:
+                if tool.name in tools and tools[tool.name] != tool:
+                    raise ValueError(f"tool {tool.name!r} is defined twice, differently")
+                tools[tool.name] = tool
+            rules.extend(r for r in registration.audit_rules if r not in rules)
+        return cls(
+            agents=agents,
+            tools=tools,
+            audit_rules=tuple(rules),
+            default_agent=registrations[0].agent.name,
+            families=frozenset(t.contract.family for t in tools.values()),
+        )
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise UnknownAgent(name, sorted(self.agents)) from None
+
+    def tools_of(self, family: str) -> dict[str, Tool]:
+        return {name: t for name, t in self.tools.items() if t.contract.family == family}
+
+    @property
+    def contracts(self) -> dict[str, ToolContract]:
+        return {name: t.contract for name, t in self.tools.items()}
+
+
+def load(spec: str) -> Registry:
+    """`package.module:function` -> the Registry that function returns (CRASHSAFE_REGISTRY names the deployment's)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"registry {spec!r} must be written module:function, e.g. services.agents:stayhub")
+    factory = getattr(importlib.import_module(module_name), attribute, None)
+    if factory is None:
+        raise ValueError(f"registry {spec!r}: {module_name} has no {attribute}")
+    registry = factory() if callable(factory) else factory
+    if not isinstance(registry, Registry):
+        raise ValueError(f"registry {spec!r} gave a {type(registry).__name__}, not a Registry")
+    return registry

@@ -1,0 +1,29 @@
+"""The runtime's composition root: builds its broker, model and journal, passes them in, serves until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.platform import crashpoints
+from services.platform.jetstream import Broker
+from services.platform.logs import configure
+from services.platform.settings import Settings
+from services.registry import Registry
+from services.runtime.model import ResponsesModel
+from services.runtime.service import Runtime
+
+
+async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
+    crashpoints.arm(settings.crash_at)
+    logger = configure("runtime", settings.log_level)
+    model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
+    broker = await Broker.connect(settings.nats_url, f"runtime-{settings.worker_id}")
+    try:
+        runtime = Runtime(broker, settings, registry, model, logger)
+        await runtime.start()
+        print("ready: runtime", flush=True)
+        await stop.wait()
+        await runtime.deliveries.drain()
+    finally:
+        await model.close()
+        await broker.close()
