@@ -17,7 +17,8 @@ from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.providers import Providers
 from services.platform.settings import Settings
-from services.reconciler.service import audit_all, reconcile_run
+from services.platform.asks import reconcile_run
+from services.reconciler.service import audit_all
 from services.runtime.core.fold import replay, summarize
 from crashsafe.timeline import timeline
 

@@ -58,6 +58,16 @@ Operation = HttpOperation | LocalOperation
 
 
 @dataclass(frozen=True, slots=True)
+class ProviderAnswer:
+    """What one provider call or lookup told us. `unknown`: no answer we can trust (timeout, 5xx, garbage)."""
+
+    kind: str  # ok | rejected | unknown  (calls);  found | absent | unknown  (lookups)
+    body: dict[str, Any]
+    ref: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Tool:
     """A tool defined once: its contract, how its provider is asked, and whether the audit can check it by key."""
 

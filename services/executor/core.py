@@ -8,6 +8,7 @@ from typing import Any
 from contracts.errors import ErrorCode, ErrorInfo, RetryClass
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus
 from contracts.tools import ToolContract
+from services.registry import ProviderAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +92,6 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
             )
         )
     return Resolve(attempts=record.attempts)
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderAnswer:
-    """What one provider call or lookup told us. `unknown`: no answer we can trust (timeout, 5xx, garbage)."""
-
-    kind: str  # ok | rejected | unknown  (calls);  found | absent | unknown  (lookups)
-    body: dict[str, Any]
-    ref: str | None = None
-    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)

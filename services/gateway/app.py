@@ -27,7 +27,7 @@ from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
 from services.registry import Registry
-from services.reconciler.service import reconcile_run
+from services.platform.asks import reconcile_run
 from services.runtime.core.fold import replay, summarize
 
 logger = logging.getLogger("crashsafe.gateway")

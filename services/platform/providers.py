@@ -9,7 +9,7 @@ from httpx_aiohttp import HttpxAiohttpClient
 
 from contracts.subjects import Header
 from contracts.tool_messages import ActionRequest
-from services.executor.core import ProviderAnswer
+from services.registry import ProviderAnswer
 from services.registry import HttpOperation, LocalOperation, Tool
 
 

@@ -1,0 +1,163 @@
+"""The house's layering, enforced: which package may import which, and that contracts and cores import no I/O."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests"}
+IO_LIBRARIES = {"nats", "aiosqlite", "openai", "opentelemetry", "httpx", "litestar", "uvicorn", "httpx_aiohttp"}
+
+# Who may import whom, by the longest matching package prefix (docs/architecture.md draws this table).
+MAY_IMPORT: dict[str, set[str]] = {
+    "contracts": {"contracts"},
+    "services.registry": {"contracts", "services.registry", "services.runtime.core"},
+    "services.runtime.core": {"contracts", "services.runtime.core"},
+    "services.agents": {"contracts", "services.registry", "services.runtime.core", "services.agents"},
+    "services.platform": {"contracts", "services.platform", "services.registry", "services.runtime.core"},
+    "services.runtime": {"contracts", "services.platform", "services.registry", "services.runtime"},
+    "services.executor": {"contracts", "services.platform", "services.registry", "services.executor"},
+    "services.gateway": {
+        "contracts",
+        "services.platform",
+        "services.registry",
+        "services.gateway",
+        "services.runtime.core",
+    },
+    "services.reconciler": {
+        "contracts",
+        "services.platform",
+        "services.registry",
+        "services.reconciler",
+        "services.runtime.core",
+    },
+    "sandbox": {"sandbox", "contracts"},
+    "crashsafe": {"contracts", "services", "sandbox", "crashsafe"},
+}
+
+# Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
+PURE = (
+    "contracts",
+    "services.registry",
+    "services.runtime.core",
+    "services.executor.core",
+    "services.reconciler.core",
+    "services.reconciler.audit",
+    "services.gateway.core",
+    "services.agents",
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every module a file imports, anywhere in it (functions and TYPE_CHECKING blocks included)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}"))
+
+
+def _sources(*tops: str) -> list[Path]:
+    return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))
+
+
+def _rule_for(module: str) -> set[str] | None:
+    matches = [prefix for prefix in MAY_IMPORT if module == prefix or module.startswith(prefix + ".")]
+    return MAY_IMPORT[max(matches, key=len)] if matches else None
+
+
+def _within(name: str, prefixes: set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_every_product_module_has_a_layering_rule() -> None:
+    orphans = [
+        _module_name(p)
+        for p in _sources("contracts", "services", "sandbox", "crashsafe")
+        if _rule_for(_module_name(p)) is None and _module_name(p) != "services"
+    ]
+    assert not orphans, f"modules with no rule in MAY_IMPORT: {orphans}"
+
+
+def test_packages_import_only_what_their_layer_allows() -> None:
+    offenders: list[str] = []
+    for path in _sources("contracts", "services", "sandbox", "crashsafe"):
+        module = _module_name(path)
+        allowed = _rule_for(module)
+        if allowed is None:
+            continue
+        for name in _imports(path):
+            if name.split(".")[0] in PROJECT and not _within(name, allowed):
+                offenders.append(f"{module} imports {name}")
+    assert not offenders, "layering broken:\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_no_service_and_no_contract_imports_the_sandbox_bench_or_tests() -> None:
+    for path in _sources("contracts", "services"):
+        for name in _imports(path):
+            assert name.split(".")[0] not in {"sandbox", "bench", "tests", "crashsafe"}, (
+                f"{_module_name(path)} imports {name}: the outside world and the tools stay outside the product"
+            )
+
+
+def test_no_service_imports_the_agents_it_runs() -> None:
+    """The deployment names its agents (CRASHSAFE_REGISTRY); a service gets them passed in, never imports them."""
+    for path in _sources("services"):
+        module = _module_name(path)
+        if module.startswith("services.agents"):
+            continue
+        assert not any(_within(name, {"services.agents"}) for name in _imports(path)), module
+
+
+def test_contracts_and_cores_import_no_io_library() -> None:
+    roots = [p for p in _sources("contracts", "services") if _within(_module_name(p), set(PURE))]
+    assert ROOT / "services" / "executor" / "core.py" in roots
+    assert ROOT / "services" / "runtime" / "core" / "decide.py" in roots
+    # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.
+    seen: dict[Path, list[str]] = {path: [_module_name(path)] for path in roots}
+    queue = list(roots)
+    offenders: list[str] = []
+    while queue:
+        path = queue.pop()
+        chain = seen[path]
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top in IO_LIBRARIES:
+                offenders.append(" -> ".join([*chain, name]))
+            if top not in PROJECT:
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
+                target = _module_file(".".join(parts[:i]))
+                if target is not None and target not in seen:
+                    seen[target] = [*chain, ".".join(parts[:i])]
+                    queue.append(target)
+    assert not offenders, "pure modules reach I/O libraries:\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_the_walker_sees_imports_it_must() -> None:
+    seen = set(_imports(ROOT / "services" / "runtime" / "core" / "fold.py"))
+    assert "contracts.run_events" in seen and "msgspec" in seen

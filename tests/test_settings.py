@@ -1,0 +1,163 @@
+"""Settings: the one reader of the environment, its one-line errors, and the README table that documents it."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.platform.settings import VARIABLES, InvalidSetting, Settings, parse_partitions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_table_lists_exactly_the_variables_settings_reads() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Configuration (environment)", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", section, flags=re.M)
+    assert [name for name, _ in rows] == [v.name for v in VARIABLES]
+    assert dict(rows) == {v.name: v.default for v in VARIABLES}
+
+
+def test_nothing_but_settings_reads_the_environment() -> None:
+    """`os.environ` / `os.getenv` appear only in settings.py and in the supervisor that hands env to children."""
+    allowed = {ROOT / "services/platform/settings.py", ROOT / "crashsafe/stack.py"}
+    readers: list[str] = []
+    for top in ("contracts", "services", "sandbox", "crashsafe"):
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "os"
+                    and node.attr in {"environ", "getenv", "environb"}
+                    and path not in allowed
+                ):
+                    readers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not readers, f"environment read outside Settings: {readers}"
+
+
+def test_every_variable_is_read_and_checked() -> None:
+    env = {
+        "CRASHSAFE_NATS_URL": "nats://nats:4222",
+        "CRASHSAFE_NAMESPACE": "stayhub",
+        "CRASHSAFE_REGISTRY": "bench.workloads:registry",
+        "CRASHSAFE_ACTION_PARTITIONS": "8",
+        "CRASHSAFE_PARTITIONS": "2-3,7",
+        "CRASHSAFE_DATA_DIR": "/data",
+        "CRASHSAFE_SQLITE_SYNC": "full",
+        "CRASHSAFE_ACK_WAIT_S": "2.5",
+        "CRASHSAFE_STREAM_REPLICAS": "3",
+        "CRASHSAFE_GATEWAY_HOST": "0.0.0.0",
+        "CRASHSAFE_GATEWAY_PORT": "9000",
+        "CRASHSAFE_SANDBOX_URL": "http://sandbox:8090",
+        "CRASHSAFE_SANDBOX_PORT": "9001",
+        "CRASHSAFE_WORKER_ID": "pod-1",
+        "CRASHSAFE_LOG_LEVEL": "debug",
+        "CRASHSAFE_CRASH_AT": "executor.after_intent",
+        "CRASHSAFE_MODEL": "gpt-x",
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": "https://models.example/v1",
+    }
+    assert set(env) == {v.name for v in VARIABLES}
+    s = Settings.from_env(env)
+    assert (s.nats_url, s.namespace.name, s.registry) == (
+        "nats://nats:4222",
+        "stayhub",
+        "bench.workloads:registry",
+    )
+    assert (s.partitions, s.owned_partitions) == (8, (2, 3, 7))
+    assert (s.data_dir, s.sqlite_sync, s.ack_wait_s, s.stream_replicas) == (Path("/data"), "FULL", 2.5, 3)
+    assert (s.gateway_host, s.gateway_port, s.sandbox_url, s.sandbox_port) == (
+        "0.0.0.0",
+        9000,
+        "http://sandbox:8090",
+        9001,
+    )
+    assert (s.worker_id, s.log_level, s.crash_at, s.model) == (
+        "pod-1",
+        "DEBUG",
+        "executor.after_intent",
+        "gpt-x",
+    )
+    assert (s.openai_api_key, s.openai_base_url) == ("sk-test", "https://models.example/v1")
+
+
+def test_defaults_point_the_model_at_the_sandbox() -> None:
+    s = Settings.from_env({})
+    assert s.owned_partitions == (0, 1, 2, 3) and s.registry == "services.agents:stayhub"
+    assert (s.openai_api_key, s.openai_base_url) == ("sandbox", "http://127.0.0.1:8090/v1")
+
+
+def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
+    s = Settings.from_env(
+        {"CRASHSAFE_NAMESPACE": "env"},
+        defaults={"CRASHSAFE_NAMESPACE": "file", "CRASHSAFE_NATS_URL": "nats://f"},
+    )
+    assert (s.namespace.name, s.nats_url) == ("env", "nats://f")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("CRASHSAFE_ACTION_PARTITIONS", "four"),
+        ("CRASHSAFE_ACTION_PARTITIONS", "0"),
+        ("CRASHSAFE_PARTITIONS", "5"),
+        ("CRASHSAFE_PARTITIONS", "a-b"),
+        ("CRASHSAFE_NAMESPACE", "Not A Token"),
+        ("CRASHSAFE_SQLITE_SYNC", "sometimes"),
+        ("CRASHSAFE_ACK_WAIT_S", "-1"),
+        ("CRASHSAFE_GATEWAY_PORT", "70000"),
+        ("CRASHSAFE_STREAM_REPLICAS", "many"),
+        ("CRASHSAFE_LOG_LEVEL", "loud"),
+    ],
+)
+def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
+    with pytest.raises(InvalidSetting) as raised:
+        Settings.from_env({name: value})
+    assert raised.value.variable == name
+    assert raised.value.message.startswith(f"{name}={value!r} is not usable: ")
+
+
+def test_partitions_spec() -> None:
+    assert parse_partitions("all", 4) == (0, 1, 2, 3)
+    assert parse_partitions("0-1", 4) == (0, 1)
+    assert parse_partitions("3,1", 4) == (1, 3)
+    for bad in ("4", "x", "1-", "-1"):
+        with pytest.raises(ValueError):
+            parse_partitions(bad, 4)
+
+
+def test_a_bad_setting_stops_a_service_with_one_line_and_no_traceback() -> None:
+    env = {**os.environ, "CRASHSAFE_ACTION_PARTITIONS": "four"}
+    done = subprocess.run(
+        [sys.executable, "-m", "crashsafe.cli", "serve", "runtime"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "crashsafe: CRASHSAFE_ACTION_PARTITIONS='four' is not usable: a whole number >= 1"
+    )
+
+
+def test_an_executor_for_a_family_the_deployment_lacks_is_refused_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "crashsafe.cli", "serve", "executor", "--tool", "noop"],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "booking, notify, payment" in done.stderr
