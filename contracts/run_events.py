@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -27,14 +27,15 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     arguments: str
 
 
-class RunEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of the run event family. Every event names its run and when the runtime decided it."""
+class RunEventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of the run event family (the union of its members is `RunEvent`). Every event names its run and
+    when the runtime decided it."""
 
     run_id: str
     at: datetime
 
 
-class RunStarted(RunEvent, kw_only=True, tag="run.started"):
+class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     agent: str
     session_id: str
     guest_id: str
@@ -46,7 +47,7 @@ class RunStarted(RunEvent, kw_only=True, tag="run.started"):
     deadline_at: datetime
 
 
-class ModelAnswered(RunEvent, kw_only=True, tag="run.model_answered"):
+class ModelAnswered(RunEventBase, frozen=True, kw_only=True, tag="run.model_answered"):
     """The model's answer for a step, journaled so a resumed run never asks the model for it again."""
 
     step_no: int
@@ -58,7 +59,7 @@ class ModelAnswered(RunEvent, kw_only=True, tag="run.model_answered"):
     output_tokens: int = 0
 
 
-class ActionRequested(RunEvent, kw_only=True, tag="run.action_requested"):
+class ActionRequested(RunEventBase, frozen=True, kw_only=True, tag="run.action_requested"):
     """The durable intent to act: journaled before the request is published to the executor."""
 
     step_no: int
@@ -74,7 +75,7 @@ class ActionRequested(RunEvent, kw_only=True, tag="run.action_requested"):
     origin: str = "model"
 
 
-class ToolRejected(RunEvent, kw_only=True, tag="run.tool_rejected"):
+class ToolRejected(RunEventBase, frozen=True, kw_only=True, tag="run.tool_rejected"):
     """The runtime refused a tool call before any effect (unknown tool, bad arguments, unknown booking)."""
 
     step_no: int
@@ -84,7 +85,7 @@ class ToolRejected(RunEvent, kw_only=True, tag="run.tool_rejected"):
     origin: str = "model"
 
 
-class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):
+class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_completed"):
     """The executor's receipt for a step, journaled before the outcome message is acknowledged."""
 
     step_no: int
@@ -99,7 +100,7 @@ class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):
     evidence: list[Evidence] = []
 
 
-class RunNudged(RunEvent, kw_only=True, tag="run.nudged"):
+class RunNudged(RunEventBase, frozen=True, kw_only=True, tag="run.nudged"):
     """Someone (the reconciler, an operator) asked the run to re-check its open actions: evidence of the ask."""
 
     by: str
@@ -107,7 +108,7 @@ class RunNudged(RunEvent, kw_only=True, tag="run.nudged"):
     keys: list[str] = []
 
 
-class RunResumed(RunEvent, kw_only=True, tag="run.resumed"):
+class RunResumed(RunEventBase, frozen=True, kw_only=True, tag="run.resumed"):
     """A worker picked up a run it did not have in memory: evidence of where a restart resumed."""
 
     worker: str
@@ -115,18 +116,19 @@ class RunResumed(RunEvent, kw_only=True, tag="run.resumed"):
     reason: str
 
 
-class RunCompleted(RunEvent, kw_only=True, tag="run.completed"):
+class RunCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.completed"):
     reply: str
 
 
-class RunHandedOff(RunEvent, kw_only=True, tag="run.handed_off"):
+class RunHandedOff(RunEventBase, frozen=True, kw_only=True, tag="run.handed_off"):
     """The run stopped short of completion and is handed to a person, with the reason."""
 
     reason: str
     detail: str = ""
 
 
-Event = (
+# The run event family: what the journal holds, what the fold folds, what analytics consumers decode.
+RunEvent: TypeAlias = (
     RunStarted
     | ModelAnswered
     | ActionRequested
@@ -137,6 +139,8 @@ Event = (
     | RunCompleted
     | RunHandedOff
 )
+# The union's name before it was RunEvent; kept while older modules still import it.
+Event: TypeAlias = RunEvent
 
 
 def request_for(intent: ActionRequested) -> ActionRequest:
@@ -156,4 +160,4 @@ def request_for(intent: ActionRequested) -> ActionRequest:
 
 
 event_encoder = msgspec.json.Encoder()
-event_decoder = msgspec.json.Decoder(Event)
+event_decoder = msgspec.json.Decoder(RunEvent)

@@ -32,7 +32,7 @@ class ToolMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the tool message family; every member carries an explicit, stable tag."""
 
 
-class ActionRequest(ToolMessage, kw_only=True, tag="action.request"):
+class ActionRequest(ToolMessage, frozen=True, kw_only=True, tag="action.request"):
     """Do this action once. `key` is the idempotency key; `input_hash` binds the key to these exact args."""
 
     run_id: str
@@ -47,7 +47,7 @@ class ActionRequest(ToolMessage, kw_only=True, tag="action.request"):
     requested_at: datetime
 
 
-class ActionOutcome(ToolMessage, kw_only=True, tag="action.outcome"):
+class ActionOutcome(ToolMessage, frozen=True, kw_only=True, tag="action.outcome"):
     """The executor's durable receipt for a key, sent back to the run that asked."""
 
     run_id: str
@@ -65,7 +65,7 @@ class ActionOutcome(ToolMessage, kw_only=True, tag="action.outcome"):
     evidence: list[Evidence] = []
 
 
-class RunWake(ToolMessage, kw_only=True, tag="run.wake"):
+class RunWake(ToolMessage, frozen=True, kw_only=True, tag="run.wake"):
     """Ask the runtime to re-fold a run and continue it (sent by the reconciler for runs that stopped moving)."""
 
     run_id: str

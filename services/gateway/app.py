@@ -16,7 +16,7 @@ from opentelemetry.context import Context
 from contracts.errors import CrashsafeError, RunNotFound
 from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import is_run_id
-from contracts.run_events import RunStarted, event_decoder
+from contracts.run_events import RunEvent, RunStarted, event_decoder
 from contracts.streams import stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
 from services.agents import AGENTS
@@ -115,7 +115,7 @@ async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[
         return _error(exc)
 
 
-async def _journal(state: State, run_id: str) -> list[tuple[int, Any]]:
+async def _journal(state: State, run_id: str) -> list[tuple[int, RunEvent]]:
     if not is_run_id(run_id):
         raise RunNotFound(
             f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events",

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    Event,
     RunCompleted,
+    RunEvent,
     RunHandedOff,
     RunStarted,
 )
@@ -35,7 +35,7 @@ class OpenWork:
     woken: dict[str, datetime] = field(default_factory=dict)
 
 
-def observe(work: OpenWork, event: Event) -> None:
+def observe(work: OpenWork, event: RunEvent) -> None:
     """Fold one journal event into the projection (mutates: this is the reconciler's private read model)."""
     match event:
         case RunStarted():

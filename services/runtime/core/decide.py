@@ -157,7 +157,7 @@ def plan_calls(
             planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step)
         )
         events.append(event)
-        planned = fold_run(planned, event)  # type: ignore[arg-type]
+        planned = fold_run(planned, event)
     return tuple(events)
 
 
@@ -174,7 +174,7 @@ def plan_compensations(
             planned, agent, agent.compensation_tools, call, planned.next_step, now, "compensation", key
         )
         events.append(event)
-        planned = fold_run(planned, event)  # type: ignore[arg-type]
+        planned = fold_run(planned, event)
     return tuple(events)
 
 
@@ -190,7 +190,7 @@ def _plan_one(
     now: datetime,
     origin: str,
     key: str,
-) -> RunEvent:
+) -> ActionRequested | ToolRejected:
     def reject(code: ErrorCode, message: str) -> ToolRejected:
         return rejected(ErrorInfo(code=code.value, message=message, details={"tool": call.name}))
 

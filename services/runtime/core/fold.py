@@ -12,9 +12,9 @@ import msgspec
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    Event,
     ModelAnswered,
     RunCompleted,
+    RunEvent,
     RunHandedOff,
     RunNudged,
     RunResumed,
@@ -30,7 +30,7 @@ def _output_item(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call_id, "output": _json.encode(payload).decode()}
 
 
-def fold_run(state: RunState | None, event: Event) -> RunState:
+def fold_run(state: RunState | None, event: RunEvent) -> RunState:
     """Apply one journaled event. Events that cannot apply (a duplicate completion) leave the state as it is."""
     if state is None:
         if not isinstance(event, RunStarted):
@@ -144,7 +144,7 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
     raise TypeError(f"fold_run has no case for {type(event).__name__}")
 
 
-def replay(events: Iterable[Event]) -> RunState | None:
+def replay(events: Iterable[RunEvent]) -> RunState | None:
     """The state a journal folds to: the same function the runtime, the CLI and the tests use."""
     return reduce(fold_run, events, None)
 
