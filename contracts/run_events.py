@@ -3,12 +3,39 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, TypeAlias
 
 import msgspec
 
 from contracts.errors import ErrorInfo
-from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus
+from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
+
+
+class Origin(StrEnum):
+    """Who asked for an action (`ActionRequested.origin`, `ToolRejected.origin`; `str` on the wire: open)."""
+
+    MODEL = "model"  # a tool call in the model's answer
+    PLAN = "plan"  # an agent's code (a scripted step)
+    COMPENSATION = "compensation"  # the runtime undoing an effect
+
+
+class RunStatus(StrEnum):
+    """Where a run is: derived by the fold (`RunState.status`), answered by `GET /v1/runs/{id}`."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    HANDED_OFF = "handed_off"
+
+
+class HandOffReason(StrEnum):
+    """Why a run was handed to a person (`RunHandedOff.reason`; `str` on the wire: open)."""
+
+    BUDGET_STEPS = "budget_steps"
+    BUDGET_TOKENS = "budget_tokens"
+    DEADLINE = "deadline"
+    OUTCOME_UNKNOWN = "outcome_unknown"  # reconcile by key before anything else
+    COMPENSATION_FAILED = "compensation_failed"  # a person must undo the effect
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,8 +98,7 @@ class ActionRequested(RunEventBase, frozen=True, kw_only=True, tag="run.action_r
     input_hash: str
     timeout_s: float
     deadline_at: datetime
-    # Who asked: "model", "plan" (an agent's code), or "compensation" (the runtime undoing an effect).
-    origin: str = "model"
+    origin: str = Origin.MODEL.value  # an Origin
 
 
 class ToolRejected(RunEventBase, frozen=True, kw_only=True, tag="run.tool_rejected"):
@@ -82,7 +108,7 @@ class ToolRejected(RunEventBase, frozen=True, kw_only=True, tag="run.tool_reject
     call_id: str
     tool: str
     error: ErrorInfo
-    origin: str = "model"
+    origin: str = Origin.MODEL.value  # an Origin
 
 
 class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_completed"):
@@ -94,7 +120,7 @@ class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_c
     result: dict[str, Any] = {}
     error: ErrorInfo | None = None
     provider_ref: str | None = None
-    via: str = "call"
+    via: str = Via.CALL.value  # a Via
     attempts: int = 1
     deliveries: int = 1
     evidence: list[Evidence] = []
@@ -123,7 +149,7 @@ class RunCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.completed")
 class RunHandedOff(RunEventBase, frozen=True, kw_only=True, tag="run.handed_off"):
     """The run stopped short of completion and is handed to a person, with the reason."""
 
-    reason: str
+    reason: str  # a HandOffReason
     detail: str = ""
 
 

@@ -13,6 +13,7 @@ from contracts.run_events import (
     RunHandedOff,
     RunStarted,
 )
+from contracts.tool_messages import OutcomeStatus
 
 
 @dataclass
@@ -47,12 +48,12 @@ def observe(work: OpenWork, event: RunEvent) -> None:
                     work.asked.pop(request.key, None)
                     work.requests.pop(request.key, None)
             work.woken.pop(event.run_id, None)
-        case ActionCompleted() if event.key in work.unknown or event.status == "unknown":
+        case ActionCompleted() if event.key in work.unknown or event.status == OutcomeStatus.UNKNOWN:
             # Unknown outcomes outlive their run: a handed-off run still needs the truth, found by key.
-            if event.status == "unknown":
-                request = work.requests.get(event.key)
-                if request is not None:
-                    work.unknown[event.key] = request
+            if event.status == OutcomeStatus.UNKNOWN:
+                intent = work.requests.get(event.key)
+                if intent is not None:
+                    work.unknown[event.key] = intent
             else:
                 work.unknown.pop(event.key, None)
                 work.times_asked.pop(event.key, None)

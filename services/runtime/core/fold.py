@@ -13,14 +13,17 @@ from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ModelAnswered,
+    Origin,
     RunCompleted,
     RunEvent,
     RunHandedOff,
     RunNudged,
     RunResumed,
     RunStarted,
+    RunStatus,
     ToolRejected,
 )
+from contracts.tool_messages import OutcomeStatus
 from services.runtime.core.state import RunState, Summary
 
 _json = msgspec.json.Encoder(order="sorted")
@@ -74,7 +77,7 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
             # A plan-driven action has no model call before it; give the model's view a call item anyway.
             # Compensations are the runtime's own business and stay out of the model's view.
             transcript = state.transcript
-            if event.origin == "plan":
+            if event.origin == Origin.PLAN:
                 transcript += (
                     {
                         "type": "function_call",
@@ -93,7 +96,7 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
                 action_steps=state.action_steps + 1,
             )
         case ToolRejected(step_no=step, call_id=call_id, error=error):
-            if event.origin == "compensation":
+            if event.origin == Origin.COMPENSATION:
                 return replace(
                     state,
                     **base,
@@ -111,20 +114,20 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
             request = state.pending_step(step)
             if request is None:
                 settled = state.unknown_step(step)
-                if settled is not None and event.status != "unknown":
+                if settled is not None and event.status != OutcomeStatus.UNKNOWN:
                     # A late resolution of an unknown outcome: the journal now says what really happened.
                     completed = tuple((r, event if r.step_no == step else d) for r, d in state.completed)
                     return replace(state, **base, completed=completed)
                 return replace(state, **base)  # duplicate or stray completion: already folded
-            if event.status == "succeeded":
+            if event.status == OutcomeStatus.SUCCEEDED:
                 payload: dict[str, Any] = dict(event.result)
             else:
-                error = (
+                failure = (
                     msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
                 )
-                payload = {"error": error, "status": event.status}
+                payload = {"error": failure, "status": event.status}
             transcript = state.transcript
-            if request.origin != "compensation":
+            if request.origin != Origin.COMPENSATION:
                 transcript += (_output_item(request.call_id, payload),)
             return replace(
                 state,
@@ -138,9 +141,17 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
         case RunResumed():
             return replace(state, **base, resumes=state.resumes + 1)
         case RunCompleted(reply=reply):
-            return replace(state, **base, status="completed", outcome="completed", final_reply=reply)
+            return replace(
+                state, **base, status=RunStatus.COMPLETED, outcome=RunStatus.COMPLETED, final_reply=reply
+            )
         case RunHandedOff(reason=reason):
-            return replace(state, **base, status="handed_off", outcome="handed_off", handoff_reason=reason)
+            return replace(
+                state,
+                **base,
+                status=RunStatus.HANDED_OFF,
+                outcome=RunStatus.HANDED_OFF,
+                handoff_reason=reason,
+            )
     raise TypeError(f"fold_run has no case for {type(event).__name__}")
 
 
