@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from contracts.run_events import ActionCompleted, ActionRequested
+from contracts.tool_messages import OutcomeStatus
 
 
 class FindingKind(StrEnum):
@@ -36,7 +37,7 @@ class Intent:
 
     @property
     def succeeded(self) -> bool:
-        return self.completed is not None and self.completed.status == "succeeded"
+        return self.completed is not None and self.completed.status == OutcomeStatus.SUCCEEDED
 
 
 @dataclass(frozen=True, slots=True)

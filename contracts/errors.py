@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
 
 class ErrorCode(StrEnum):
-    """Stable error codes; a value is never reused for a different meaning."""
+    """Stable error codes; a value is never reused for a different meaning.
+
+    Open on the wire: `ErrorInfo.code` and `DeadLetter.code` are `str`, because a provider's own codes pass
+    through (`amount_mismatch`) and a newer writer may add codes an older reader must still decode."""
 
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
@@ -25,6 +28,10 @@ class ErrorCode(StrEnum):
     MODEL_UNAVAILABLE = "model_unavailable"
     BROKER_UNAVAILABLE = "broker_unavailable"
     POISON_MESSAGE = "poison_message"
+    SUBJECT_FULL = "subject_full"
+    # A handler raised something that is not a CrashsafeError (a bug) on every delivery: a dead letter's code.
+    HANDLER_FAILED = "handler_failed"
+    INVALID_SETTING = "invalid_setting"
 
 
 class RetryClass(StrEnum):
@@ -37,7 +44,9 @@ class RetryClass(StrEnum):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """An error as it travels in events, outcomes and HTTP bodies."""
+    """An error as it travels in events, outcomes and HTTP bodies.
+
+    `code` is an `ErrorCode` or a provider's own code, `retry` a `RetryClass`: both `str` on the wire (open)."""
 
     code: str
     message: str
@@ -45,29 +54,103 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     details: dict[str, Any] = {}
 
 
+def _facts(**values: Any) -> dict[str, Any]:
+    """The typed fields that are set, for the wire: an unset optional fact is left out, never sent as null."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
 class CrashsafeError(Exception):
-    """Root of every error crashsafe raises on purpose."""
+    """Root of every error crashsafe raises on purpose.
 
-    code: ErrorCode = ErrorCode.INVALID_REQUEST
-    retry: RetryClass = RetryClass.NONE
+    Each subclass declares its facts as typed keyword fields, writes a message that says what to do next, and
+    builds `details()` (`ErrorInfo.details` on the wire) from those fields. `**extra` is kept only so that
+    subclasses and call sites written before the typed fields (`CrashsafeError(message, key=...)`) still run;
+    new code declares fields instead."""
 
-    def __init__(self, message: str, **details: Any) -> None:
+    code: ClassVar[ErrorCode] = ErrorCode.INVALID_REQUEST
+    retry: ClassVar[RetryClass] = RetryClass.NONE
+
+    def __init__(self, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.message = message
-        self.details = details
+        self.extra = extra
+
+    def details(self) -> dict[str, Any]:
+        """The error's facts as `ErrorInfo.details`: its typed fields, then any untyped extras."""
+        return dict(self.extra)
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(
-            code=self.code.value, message=self.message, retry=self.retry.value, details=self.details
+            code=self.code.value, message=self.message, retry=self.retry.value, details=self.details()
         )
 
 
+# Bad input at the door ---------------------------------------------------------------------------------------
+
+
 class InvalidRequest(CrashsafeError):
+    """The request cannot be read (not JSON, a bad Idempotency-Key); `message` says what to fix."""
+
     code = ErrorCode.INVALID_REQUEST
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+    def details(self) -> dict[str, Any]:
+        return _facts(key=self.key)
+
+
+class UnprocessableBody(InvalidRequest):
+    """Well-formed JSON whose fields are missing, unknown or of the wrong type (HTTP 422, code invalid_request)."""
+
+    def __init__(self, message: str, *, agent: str | None = None) -> None:
+        super().__init__(message)
+        self.agent = agent
+
+    def details(self) -> dict[str, Any]:
+        return _facts(agent=self.agent)
+
+
+class UnknownAgent(UnprocessableBody):
+    """A guest event or a run names an agent this deployment does not run (HTTP 422)."""
+
+    def __init__(self, agent: str, *, known: list[str]) -> None:
+        super().__init__(
+            f"unknown agent {agent!r}; this deployment runs {known}: pass one as ?agent=, or none for the default",
+            agent=agent[:64],
+        )
+        self.known = known
+
+    def details(self) -> dict[str, Any]:
+        return super().details() | _facts(known=self.known)
+
+
+class InvalidSetting(CrashsafeError):
+    """A setting (an environment variable or a flag) the product cannot use; the process stops before serving."""
+
+    code = ErrorCode.INVALID_SETTING
+
+    def __init__(self, *, variable: str, value: str, expected: str) -> None:
+        super().__init__(f"{variable}={value!r} is not usable: {expected}")
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+
+    def details(self) -> dict[str, Any]:
+        return _facts(variable=self.variable, value=self.value[:200], expected=self.expected)
 
 
 class BodyTooLarge(CrashsafeError):
     code = ErrorCode.BODY_TOO_LARGE
+
+    def __init__(self, *, size: int, limit: int) -> None:
+        super().__init__(f"body is {size} bytes; the limit is {limit}: send a shorter text")
+        self.size = size
+        self.limit = limit
+
+    def details(self) -> dict[str, Any]:
+        return {"size": self.size, "limit": self.limit}
 
 
 class IdempotencyConflict(CrashsafeError):
@@ -75,28 +158,112 @@ class IdempotencyConflict(CrashsafeError):
 
     code = ErrorCode.IDEMPOTENCY_CONFLICT
 
+    def __init__(self, *, key: str, run_id: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was already used with a different body; use a new key for a new request"
+        )
+        self.key = key
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return {"key": self.key, "run_id": self.run_id}
+
 
 class RunNotFound(CrashsafeError):
     code = ErrorCode.RUN_NOT_FOUND
 
+    def __init__(self, message: str | None = None, *, run_id: str) -> None:
+        super().__init__(message or f"no run {run_id}; check the run_id that POST /v1/events returned")
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id}
+
+
+# The broker and the model -------------------------------------------------------------------------------------
+
 
 class RunVersionConflict(CrashsafeError):
-    """Another writer appended to the run first: re-fold and decide again, never append blind."""
+    """Another writer appended to the run first: re-fold and decide again, never append blind.
+
+    Raised where the append is refused (the broker), which knows the run's subject, `<ns>.run.<run_id>`."""
 
     code = ErrorCode.RUN_VERSION_CONFLICT
     retry = RetryClass.RETRY_LATER
 
+    def __init__(self, *, subject: str, expected_seq: int) -> None:
+        super().__init__(f"{subject} moved past sequence {expected_seq}; re-fold the run and decide again")
+        self.subject = subject
+        self.expected_seq = expected_seq
+
+    def details(self) -> dict[str, Any]:
+        return {"subject": self.subject, "expected_seq": self.expected_seq}
+
+
+class SubjectFull(CrashsafeError):
+    """A publish to a subject that holds one message (discard new per subject) found it taken.
+
+    For an inbound subject that is the run's lasting guard: read the message already there and compare."""
+
+    code = ErrorCode.SUBJECT_FULL
+
+    def __init__(self, *, subject: str) -> None:
+        super().__init__(f"{subject} already holds its one message; read it instead of publishing another")
+        self.subject = subject
+
+    def details(self) -> dict[str, Any]:
+        return {"subject": self.subject}
+
 
 class BrokerUnavailable(CrashsafeError):
+    """NATS or JetStream did not answer; `message` names the call. Retried later: the message was not acked."""
+
     code = ErrorCode.BROKER_UNAVAILABLE
     retry = RetryClass.RETRY_LATER
 
+    def __init__(self, message: str, *, subject: str | None = None, url: str | None = None) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.url = url
+
+    def details(self) -> dict[str, Any]:
+        return _facts(subject=self.subject, url=self.url)
+
 
 class ModelUnavailable(CrashsafeError):
+    """The model did not answer usably; the step is asked again later (nothing was journaled for it)."""
+
     code = ErrorCode.MODEL_UNAVAILABLE
     retry = RetryClass.RETRY_LATER
 
+    def __init__(self, message: str, *, model: str | None = None) -> None:
+        super().__init__(
+            f"{message}; the step is asked again later (check CRASHSAFE_MODEL and OPENAI_BASE_URL)"
+        )
+        self.model = model
+
+    def details(self) -> dict[str, Any]:
+        return _facts(model=self.model)
+
+
+# Messages nobody can handle -----------------------------------------------------------------------------------
+
 
 class PoisonMessage(CrashsafeError):
+    """A message retrying cannot help: terminated and dead-lettered with `reason`, for a person to look at.
+
+    `**extra` carries call-site facts with no field of their own (`missing=[...]` for unusable arguments)."""
+
     code = ErrorCode.POISON_MESSAGE
     retry = RetryClass.POISON
+
+    def __init__(
+        self, reason: str, *, key: str | None = None, run_id: str | None = None, **extra: Any
+    ) -> None:
+        super().__init__(f"{reason}; retrying cannot help: dead-lettered, fix what published it", **extra)
+        self.reason = reason
+        self.key = key
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return _facts(key=self.key, run_id=self.run_id) | super().details()

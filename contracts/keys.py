@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from enum import StrEnum
 from typing import Any
 
 import msgspec
@@ -39,9 +40,16 @@ def action_key(run_id: str, step_no: int) -> str:
     return f"{run_id}:{step_no}"
 
 
-def compensation_key(original_key: str, kind: str) -> str:
-    """The key of a compensating action (release, refund) bound to the action it undoes."""
-    return f"{original_key}:{kind}"
+class CompensationKind(StrEnum):
+    """What undoing an effect does; the last token of a compensation's key (`run_…:4:release`)."""
+
+    RELEASE = "release"  # give back a held booking
+    REFUND = "refund"  # pay back a charge
+
+
+def compensation_key(original_key: str, kind: CompensationKind) -> str:
+    """The key of a compensating action bound to the action it undoes: deciding it twice names one effect."""
+    return f"{original_key}:{kind}"  # StrEnum formats as its value
 
 
 def partition_of(key: str, partitions: int) -> int:

@@ -3,12 +3,39 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeAlias
 
 import msgspec
 
 from contracts.errors import ErrorInfo
-from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus
+from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
+
+
+class Origin(StrEnum):
+    """Who asked for an action (`ActionRequested.origin`, `ToolRejected.origin`; `str` on the wire: open)."""
+
+    MODEL = "model"  # a tool call in the model's answer
+    PLAN = "plan"  # an agent's code (a scripted step)
+    COMPENSATION = "compensation"  # the runtime undoing an effect
+
+
+class RunStatus(StrEnum):
+    """Where a run is: derived by the fold (`RunState.status`), answered by `GET /v1/runs/{id}`."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    HANDED_OFF = "handed_off"
+
+
+class HandOffReason(StrEnum):
+    """Why a run was handed to a person (`RunHandedOff.reason`; `str` on the wire: open)."""
+
+    BUDGET_STEPS = "budget_steps"
+    BUDGET_TOKENS = "budget_tokens"
+    DEADLINE = "deadline"
+    OUTCOME_UNKNOWN = "outcome_unknown"  # reconcile by key before anything else
+    COMPENSATION_FAILED = "compensation_failed"  # a person must undo the effect
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,14 +54,15 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     arguments: str
 
 
-class RunEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of the run event family. Every event names its run and when the runtime decided it."""
+class RunEventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of the run event family (the union of its members is `RunEvent`). Every event names its run and
+    when the runtime decided it."""
 
     run_id: str
     at: datetime
 
 
-class RunStarted(RunEvent, kw_only=True, tag="run.started"):
+class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     agent: str
     session_id: str
     guest_id: str
@@ -46,7 +74,7 @@ class RunStarted(RunEvent, kw_only=True, tag="run.started"):
     deadline_at: datetime
 
 
-class ModelAnswered(RunEvent, kw_only=True, tag="run.model_answered"):
+class ModelAnswered(RunEventBase, frozen=True, kw_only=True, tag="run.model_answered"):
     """The model's answer for a step, journaled so a resumed run never asks the model for it again."""
 
     step_no: int
@@ -58,7 +86,7 @@ class ModelAnswered(RunEvent, kw_only=True, tag="run.model_answered"):
     output_tokens: int = 0
 
 
-class ActionRequested(RunEvent, kw_only=True, tag="run.action_requested"):
+class ActionRequested(RunEventBase, frozen=True, kw_only=True, tag="run.action_requested"):
     """The durable intent to act: journaled before the request is published to the executor."""
 
     step_no: int
@@ -70,21 +98,20 @@ class ActionRequested(RunEvent, kw_only=True, tag="run.action_requested"):
     input_hash: str
     timeout_s: float
     deadline_at: datetime
-    # Who asked: "model", "plan" (an agent's code), or "compensation" (the runtime undoing an effect).
-    origin: str = "model"
+    origin: str = Origin.MODEL.value  # an Origin
 
 
-class ToolRejected(RunEvent, kw_only=True, tag="run.tool_rejected"):
+class ToolRejected(RunEventBase, frozen=True, kw_only=True, tag="run.tool_rejected"):
     """The runtime refused a tool call before any effect (unknown tool, bad arguments, unknown booking)."""
 
     step_no: int
     call_id: str
     tool: str
     error: ErrorInfo
-    origin: str = "model"
+    origin: str = Origin.MODEL.value  # an Origin
 
 
-class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):
+class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_completed"):
     """The executor's receipt for a step, journaled before the outcome message is acknowledged."""
 
     step_no: int
@@ -93,13 +120,13 @@ class ActionCompleted(RunEvent, kw_only=True, tag="run.action_completed"):
     result: dict[str, Any] = {}
     error: ErrorInfo | None = None
     provider_ref: str | None = None
-    via: str = "call"
+    via: str = Via.CALL.value  # a Via
     attempts: int = 1
     deliveries: int = 1
     evidence: list[Evidence] = []
 
 
-class RunNudged(RunEvent, kw_only=True, tag="run.nudged"):
+class RunNudged(RunEventBase, frozen=True, kw_only=True, tag="run.nudged"):
     """Someone (the reconciler, an operator) asked the run to re-check its open actions: evidence of the ask."""
 
     by: str
@@ -107,7 +134,7 @@ class RunNudged(RunEvent, kw_only=True, tag="run.nudged"):
     keys: list[str] = []
 
 
-class RunResumed(RunEvent, kw_only=True, tag="run.resumed"):
+class RunResumed(RunEventBase, frozen=True, kw_only=True, tag="run.resumed"):
     """A worker picked up a run it did not have in memory: evidence of where a restart resumed."""
 
     worker: str
@@ -115,18 +142,19 @@ class RunResumed(RunEvent, kw_only=True, tag="run.resumed"):
     reason: str
 
 
-class RunCompleted(RunEvent, kw_only=True, tag="run.completed"):
+class RunCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.completed"):
     reply: str
 
 
-class RunHandedOff(RunEvent, kw_only=True, tag="run.handed_off"):
+class RunHandedOff(RunEventBase, frozen=True, kw_only=True, tag="run.handed_off"):
     """The run stopped short of completion and is handed to a person, with the reason."""
 
-    reason: str
+    reason: str  # a HandOffReason
     detail: str = ""
 
 
-Event = (
+# The run event family: what the journal holds, what the fold folds, what analytics consumers decode.
+RunEvent: TypeAlias = (
     RunStarted
     | ModelAnswered
     | ActionRequested
@@ -137,6 +165,8 @@ Event = (
     | RunCompleted
     | RunHandedOff
 )
+# The union's name before it was RunEvent; kept while older modules still import it.
+Event: TypeAlias = RunEvent
 
 
 def request_for(intent: ActionRequested) -> ActionRequest:
@@ -156,4 +186,4 @@ def request_for(intent: ActionRequested) -> ActionRequest:
 
 
 event_encoder = msgspec.json.Encoder()
-event_decoder = msgspec.json.Decoder(Event)
+event_decoder = msgspec.json.Decoder(RunEvent)

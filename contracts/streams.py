@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from contracts.subjects import Namespace, StreamKind
 
@@ -10,11 +11,16 @@ DUPLICATE_WINDOW_S = 120.0
 DAY_S = 86_400.0
 
 
+class Retention(StrEnum):
+    LIMITS = "limits"  # kept until its age or count limit
+    WORK_QUEUE = "workqueue"  # removed once acknowledged
+
+
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
     name: str
     subjects: tuple[str, ...]
-    retention: str = "limits"  # "limits" | "workqueue"
+    retention: Retention = Retention.LIMITS
     max_age_s: float = 0.0  # 0 = keep forever
     max_msgs_per_subject: int = -1
     discard_new_per_subject: bool = False
@@ -55,13 +61,13 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
         StreamSpec(
             name=ns.stream(StreamKind.ACTIONS),
             subjects=(ns.actions_all,),
-            retention="workqueue",
+            retention=Retention.WORK_QUEUE,
             replicas=replicas,
         ),
         StreamSpec(
             name=ns.stream(StreamKind.OUTCOMES),
             subjects=(ns.outcomes_all,),
-            retention="workqueue",
+            retention=Retention.WORK_QUEUE,
             replicas=replicas,
         ),
         StreamSpec(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -12,18 +12,80 @@ from contracts.errors import ErrorInfo
 
 
 class OutcomeStatus(StrEnum):
+    """What became of an action. Closed on the wire: a status decides the fold, so a new one is a new tag."""
+
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # the provider said no; definitive
     CONFLICT = "conflict"  # the key was reused with a different input; nothing reached the provider
     UNKNOWN = "unknown"  # we could not tell; never reported as failure, never retried blind
 
 
+class Via(StrEnum):
+    """How a receipt came to be (`ActionOutcome.via`, `ActionCompleted.via`; `str` on the wire: open)."""
+
+    CALL = "call"  # the provider answered a call
+    REPLAY = "replay"  # the stored receipt, sent again; the provider was not called
+    PROVIDER_LOOKUP = "provider_lookup"  # recovered by asking the provider by key
+    CONFLICT = "conflict"  # the key was used with other input; the provider was never reached
+    REFUSED = "refused"  # the executor would not attempt it (unusable arguments); no effect exists
+    UNRESOLVED = "unresolved"  # neither call nor lookup could tell; the outcome is unknown
+
+
+class Asked(StrEnum):
+    """Which question was put while settling a key (`Evidence.asked`; `str` on the wire: open)."""
+
+    PROVIDER_CALL = "provider.call"
+    PROVIDER_LOOKUP = "provider.lookup"
+    STORE_RECEIPT = "store.receipt"
+    STORE_CONFLICT = "store.conflict"
+
+
+class Answer(StrEnum):
+    """The answer to one question (`Evidence.answer`; `str` on the wire: open), and a provider answer's kind."""
+
+    OK = "ok"  # call: the provider did it
+    REJECTED = "rejected"  # call: the provider said no
+    UNKNOWN = "unknown"  # call or lookup: no answer we can trust (timeout, dropped connection, 5xx, garbage)
+    FOUND = "found"  # lookup: the provider holds an effect for the key
+    ABSENT = "absent"  # lookup: the provider never saw the key
+    REPLAYED = "replayed"  # store: the stored receipt was sent again
+    CONFLICT = "conflict"  # store: the key is bound to other input
+    REPUBLISHED = "republished"  # store: a recent receipt sent again at start-up
+
+
+# What a provider call and a provider lookup can answer.
+CallAnswer: TypeAlias = Literal[Answer.OK, Answer.REJECTED, Answer.UNKNOWN]
+LookupAnswer: TypeAlias = Literal[Answer.FOUND, Answer.ABSENT, Answer.UNKNOWN]
+
+
+class RecordStatus(StrEnum):
+    """A key's row in an executor's action store (durable in its SQLite file): changing a value is a migration."""
+
+    STARTED = "started"  # the intent is committed; no receipt yet
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"  # neither call nor lookup could tell; resolved by key later
+
+    @classmethod
+    def of(cls, status: str) -> RecordStatus:
+        """The row status for a receipt: succeeded and failed are settled, anything else stays open."""
+        if status == OutcomeStatus.SUCCEEDED:
+            return cls.SUCCEEDED
+        if status == OutcomeStatus.FAILED:
+            return cls.FAILED
+        return cls.UNKNOWN
+
+    @property
+    def settled(self) -> bool:
+        return self in (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
+
+
 class Evidence(msgspec.Struct, frozen=True, kw_only=True):
     """One question asked while settling a key, and the answer: the trail an operator reads after an incident."""
 
-    asked: str  # provider.call | provider.lookup | store.receipt | store.conflict
+    asked: str  # an Asked
     key: str
-    answer: str  # ok | rejected | unknown | found | absent | replayed | conflict
+    answer: str  # an Answer
     detail: str = ""
     at: datetime
 
@@ -32,7 +94,7 @@ class ToolMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the tool message family; every member carries an explicit, stable tag."""
 
 
-class ActionRequest(ToolMessage, kw_only=True, tag="action.request"):
+class ActionRequest(ToolMessage, frozen=True, kw_only=True, tag="action.request"):
     """Do this action once. `key` is the idempotency key; `input_hash` binds the key to these exact args."""
 
     run_id: str
@@ -47,7 +109,7 @@ class ActionRequest(ToolMessage, kw_only=True, tag="action.request"):
     requested_at: datetime
 
 
-class ActionOutcome(ToolMessage, kw_only=True, tag="action.outcome"):
+class ActionOutcome(ToolMessage, frozen=True, kw_only=True, tag="action.outcome"):
     """The executor's durable receipt for a key, sent back to the run that asked."""
 
     run_id: str
@@ -58,14 +120,14 @@ class ActionOutcome(ToolMessage, kw_only=True, tag="action.outcome"):
     result: dict[str, Any] = {}
     error: ErrorInfo | None = None
     provider_ref: str | None = None
-    # How this receipt came to be: "call", "replay" (stored receipt returned), "provider_lookup" (recovered by key).
-    via: str = "call"
+    via: str = Via.CALL.value  # a Via
+
     attempts: int = 1
     deliveries: int = 1
     evidence: list[Evidence] = []
 
 
-class RunWake(ToolMessage, kw_only=True, tag="run.wake"):
+class RunWake(ToolMessage, frozen=True, kw_only=True, tag="run.wake"):
     """Ask the runtime to re-fold a run and continue it (sent by the reconciler for runs that stopped moving)."""
 
     run_id: str

@@ -15,13 +15,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from contracts.run_events import ActionCompleted, Event
+from contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
+from contracts.tool_messages import Asked
 from crashsafe.stack import Stack
 from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
-_event = msgspec.json.Decoder(Event)
+_event = msgspec.json.Decoder(RunEvent)
 
 
 def service_for_seam(seam: str) -> str:
@@ -73,7 +74,8 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     )
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop))
-    first_pid = stack.services[victim].process.pid if stack.services[victim].process else None
+    process = stack.services[victim].process
+    first_pid = process.pid if process is not None else None
     try:
         async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10) as client:
             body = {
@@ -94,7 +96,7 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
         await supervisor
         await asyncio.to_thread(stack.stop)
     for _, event in events:
-        if isinstance(event, ActionCompleted) and any(n.asked != "provider.call" for n in event.evidence):
+        if isinstance(event, ActionCompleted) and any(n.asked != Asked.PROVIDER_CALL for n in event.evidence):
             console.print(
                 f"[bold yellow]how step {event.step_no} ({event.key}) was settled after the kill:[/]"
             )
@@ -110,7 +112,7 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     console.print(table)
     status = _status(events)
     bookings, charges = counts.get("booking", 0), counts.get("charge", 0)
-    ok = bookings == 1 and charges == 1 and status == "completed"
+    ok = bookings == 1 and charges == 1 and status == RunStatus.COMPLETED
     restarted = stack.services[victim].restarts
     verdict = f"{bookings} booking, {charges} charge, run {status}; {victim} was killed at {seam} and restarted {restarted} time(s)"
     console.print(
@@ -124,9 +126,13 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     return 0 if ok else 1
 
 
-def _status(events: list[tuple[int, Event]]) -> str:
-    last = type(events[-1][1]).__name__ if events else ""
-    return {"RunCompleted": "completed", "RunHandedOff": "handed_off"}.get(last, "running")
+def _status(events: list[tuple[int, RunEvent]]) -> RunStatus:
+    last = events[-1][1] if events else None
+    if isinstance(last, RunCompleted):
+        return RunStatus.COMPLETED
+    if isinstance(last, RunHandedOff):
+        return RunStatus.HANDED_OFF
+    return RunStatus.RUNNING
 
 
 async def _follow(
@@ -137,12 +143,12 @@ async def _follow(
     victim: str,
     first_pid: int | None,
     deadline_s: float,
-) -> list[tuple[int, Event]]:
+) -> list[tuple[int, RunEvent]]:
     """Print each journal event as it lands, and the kill and restart as the supervisor sees them."""
     shown = 0
     announced_kill = False
     deadline = time.monotonic() + deadline_s
-    events: list[tuple[int, Event]] = []
+    events: list[tuple[int, RunEvent]] = []
     while time.monotonic() < deadline:
         response = await client.get(f"/v1/runs/{run_id}/events")
         if response.status_code == 200:
@@ -158,7 +164,7 @@ async def _follow(
                     f"  [dim]#{seq}[/dim] step {step or '-':>2} [bold {style}]{what:<10}[/] {detail}"
                 )
             shown = len(events)
-            if _status(events) != "running":
+            if _status(events) != RunStatus.RUNNING:
                 return events
         process = stack.services[victim].process
         if not announced_kill and process is not None and process.pid != first_pid:

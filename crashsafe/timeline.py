@@ -11,7 +11,7 @@ from rich.text import Text
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    Event,
+    RunEvent,
     ModelAnswered,
     RunCompleted,
     RunHandedOff,
@@ -19,6 +19,7 @@ from contracts.run_events import (
     RunStarted,
     ToolRejected,
 )
+from contracts.tool_messages import Via
 
 
 def _short(value: Any, limit: int = 70) -> str:
@@ -32,7 +33,7 @@ def _short(value: Any, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def describe(event: Event) -> tuple[str, str, str]:
+def describe(event: RunEvent) -> tuple[str, str, str]:
     """(step, what, detail) for one event."""
     match event:
         case RunStarted():
@@ -51,10 +52,10 @@ def describe(event: Event) -> tuple[str, str, str]:
                 f"{event.tool}: {event.error.code}: {_short(event.error.message)}",
             )
         case ActionCompleted():
-            how = {
-                "call": "",
-                "replay": " (stored receipt)",
-                "provider_lookup": " (RECOVERED by provider lookup)",
+            how: str = {
+                Via.CALL.value: "",
+                Via.REPLAY.value: " (stored receipt)",
+                Via.PROVIDER_LOOKUP.value: " (RECOVERED by provider lookup)",
             }.get(event.via, f" ({event.via})")
             ref = f" ref={event.provider_ref}" if event.provider_ref else ""
             extra = f" after {event.deliveries} deliveries" if event.deliveries > 1 else ""
@@ -69,7 +70,7 @@ def describe(event: Event) -> tuple[str, str, str]:
     return "", type(event).__name__, ""
 
 
-def timeline(events: list[tuple[int, Event]], title: str = "") -> Table:
+def timeline(events: list[tuple[int, RunEvent]], title: str = "") -> Table:
     table = Table(title=title or None, show_lines=False, expand=False)
     table.add_column("seq", justify="right", style="dim")
     table.add_column("time", style="dim")

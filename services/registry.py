@@ -8,19 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.audit import Finding, Intent
-from contracts.errors import ErrorCode, InvalidRequest
+from contracts.errors import UnknownAgent
+from contracts.tool_messages import CallAnswer, LookupAnswer
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent
-
-
-class UnknownAgent(InvalidRequest):
-    """A run or an event names an agent this deployment did not register."""
-
-    code = ErrorCode.INVALID_REQUEST
-
-    def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown agent {name!r}; this deployment runs {known}", agent=name[:64])
-        self.name = name
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +52,7 @@ Operation = HttpOperation | LocalOperation
 class ProviderAnswer:
     """What one provider call or lookup told us. `unknown`: no answer we can trust (timeout, 5xx, garbage)."""
 
-    kind: str  # ok | rejected | unknown  (calls);  found | absent | unknown  (lookups)
+    kind: CallAnswer | LookupAnswer
     body: dict[str, Any]
     ref: str | None = None
     detail: str = ""
@@ -149,7 +140,7 @@ class Registry:
         try:
             return self.agents[name]
         except KeyError:
-            raise UnknownAgent(name, sorted(self.agents)) from None
+            raise UnknownAgent(name, known=sorted(self.agents)) from None
 
     def tools_of(self, family: str) -> dict[str, Tool]:
         return {name: t for name, t in self.tools.items() if t.contract.family == family}

@@ -8,7 +8,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests"}
-IO_LIBRARIES = {"nats", "aiosqlite", "openai", "opentelemetry", "httpx", "litestar", "uvicorn", "httpx_aiohttp"}
+IO_LIBRARIES = {
+    "nats",
+    "aiosqlite",
+    "openai",
+    "opentelemetry",
+    "httpx",
+    "litestar",
+    "uvicorn",
+    "httpx_aiohttp",
+}
 
 # Who may import whom, by the longest matching package prefix (docs/architecture.md draws this table).
 MAY_IMPORT: dict[str, set[str]] = {
@@ -77,7 +86,9 @@ def _imports(path: Path) -> Iterator[str]:
             else:
                 base = node.module or ""
             yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}"))
+            yield from (
+                f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}")
+            )
 
 
 def _sources(*tops: str) -> list[Path]:

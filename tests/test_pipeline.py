@@ -326,7 +326,7 @@ async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: N
         assert len(wins) == 1 and len(losses) == 2, results
         for loss in losses:
             assert (loss.code, loss.retry) == (ErrorCode.RUN_VERSION_CONFLICT, RetryClass.RETRY_LATER)
-            assert loss.details["expected_seq"] == seq
+            assert loss.expected_seq == seq and loss.details()["expected_seq"] == seq
         winner, seq = wins[0]
         events, last = await journal.read(run_id)
         assert last == seq and events[-1] == winner and len(events) == step + 1

@@ -6,7 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import ErrorCode, ErrorInfo, RetryClass
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus
+from contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    Answer,
+    OutcomeStatus,
+    RecordStatus,
+    Via,
+)
 from contracts.tools import ToolContract
 from services.registry import ProviderAnswer
 
@@ -17,7 +24,7 @@ class Record:
 
     key: str
     input_hash: str
-    status: str  # started | succeeded | failed | unknown
+    status: RecordStatus
     attempts: int
     outcome: ActionOutcome | None
 
@@ -56,7 +63,7 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
         return Execute()
     if record.input_hash != request.input_hash:
         error = ErrorInfo(
-            code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
+            code=ErrorCode.IDEMPOTENCY_CONFLICT,
             message=f"key {request.key} was first used with different input; nothing was sent to the provider",
             details={
                 "key": request.key,
@@ -69,12 +76,12 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
                 request,
                 OutcomeStatus.CONFLICT,
                 error=error,
-                via="conflict",
+                via=Via.CONFLICT,
                 attempts=0,
                 deliveries=deliveries,
             )
         )
-    if record.status in ("succeeded", "failed") and record.outcome is not None:
+    if record.status.settled and record.outcome is not None:
         stored = record.outcome
         return Replay(
             ActionOutcome(
@@ -86,7 +93,7 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
                 result=stored.result,
                 error=stored.error,
                 provider_ref=stored.provider_ref,
-                via="replay" if stored.via == "call" else stored.via,
+                via=Via.REPLAY if stored.via == Via.CALL else stored.via,
                 attempts=stored.attempts,
                 deliveries=deliveries,
             )
@@ -127,9 +134,9 @@ def after_call(
     answer: ProviderAnswer,
     attempts: int,
     deliveries: int,
-    via: str = "call",
+    via: Via = Via.CALL,
 ) -> Next:
-    if answer.kind == "ok":
+    if answer.kind == Answer.OK:
         return Done(
             _outcome(
                 request,
@@ -141,7 +148,7 @@ def after_call(
                 deliveries=deliveries,
             )
         )
-    if answer.kind == "rejected":
+    if answer.kind == Answer.REJECTED:
         error = ErrorInfo(
             code=str(answer.body.get("code", ErrorCode.PROVIDER_REJECTED.value)),
             message=str(answer.body.get("message", answer.detail)),
@@ -163,19 +170,19 @@ def after_call(
 def after_lookup(
     request: ActionRequest, contract: ToolContract, lookup: ProviderAnswer, attempts: int, deliveries: int
 ) -> Next:
-    if lookup.kind == "found":
+    if lookup.kind == Answer.FOUND:
         return Done(
             _outcome(
                 request,
                 OutcomeStatus.SUCCEEDED,
                 result=lookup.body,
                 ref=lookup.ref,
-                via="provider_lookup",
+                via=Via.PROVIDER_LOOKUP,
                 attempts=attempts,
                 deliveries=deliveries,
             )
         )
-    if lookup.kind == "absent":
+    if lookup.kind == Answer.ABSENT:
         if attempts < contract.max_attempts:
             return CallAgain(delay_s=_backoff(attempts))
         # The provider never saw the key and the attempts are spent: a definitive failure, no effect exists.
@@ -185,16 +192,16 @@ def after_lookup(
 
 def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveries: int) -> ActionOutcome:
     error = ErrorInfo(
-        code=ErrorCode.OUTCOME_UNKNOWN.value,
+        code=ErrorCode.OUTCOME_UNKNOWN,
         message=f"could not tell whether {request.tool} with key {request.key} took effect: {detail}; reconcile by key",
-        retry=RetryClass.UNKNOWN_OUTCOME.value,
+        retry=RetryClass.UNKNOWN_OUTCOME,
         details={"key": request.key},
     )
     return _outcome(
         request,
         OutcomeStatus.UNKNOWN,
         error=error,
-        via="unresolved",
+        via=Via.UNRESOLVED,
         attempts=attempts,
         deliveries=deliveries,
     )
@@ -203,19 +210,19 @@ def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveri
 def refused(request: ActionRequest, error: ErrorInfo, deliveries: int) -> ActionOutcome:
     """A request the executor will not attempt at all: definitive, and no effect exists."""
     return _outcome(
-        request, OutcomeStatus.FAILED, error=error, via="refused", attempts=0, deliveries=deliveries
+        request, OutcomeStatus.FAILED, error=error, via=Via.REFUSED, attempts=0, deliveries=deliveries
     )
 
 
 def _backoff(attempts: int) -> float:
-    return min(0.05 * 2 ** (attempts - 1), 1.0)
+    return min(0.05 * 2.0 ** (attempts - 1), 1.0)
 
 
 def _unavailable(
     request: ActionRequest, answer: ProviderAnswer, attempts: int, deliveries: int
 ) -> ActionOutcome:
     error = ErrorInfo(
-        code=ErrorCode.PROVIDER_UNAVAILABLE.value,
+        code=ErrorCode.PROVIDER_UNAVAILABLE,
         message=(
             f"{request.tool} did not succeed after {attempts} attempt(s)"
             f" ({answer.detail or 'the provider answered, by key, that it never saw the request'});"
@@ -224,7 +231,7 @@ def _unavailable(
         details={"key": request.key},
     )
     return _outcome(
-        request, OutcomeStatus.FAILED, error=error, via="call", attempts=attempts, deliveries=deliveries
+        request, OutcomeStatus.FAILED, error=error, via=Via.CALL, attempts=attempts, deliveries=deliveries
     )
 
 
@@ -235,7 +242,7 @@ def _outcome(
     result: dict[str, Any] | None = None,
     error: ErrorInfo | None = None,
     ref: str | None = None,
-    via: str,
+    via: Via,
     attempts: int,
     deliveries: int,
 ) -> ActionOutcome:

@@ -18,6 +18,8 @@ from contracts.streams import executor_consumer, stream_specs
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
+    Answer,
+    Asked,
     Evidence,
     action_request_decoder,
     tool_encoder,
@@ -31,7 +33,6 @@ from services.executor.core import (
     LookUp,
     Next,
     Plan,
-    ProviderAnswer,
     Replay,
     Resolve,
     StillUnknown,
@@ -49,7 +50,7 @@ from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for
-from services.registry import Registry, Tool
+from services.registry import ProviderAnswer, Registry, Tool
 
 MAX_DELIVER = 12
 
@@ -60,9 +61,13 @@ class OutcomeStillUnknown(CrashsafeError):
     code = ErrorCode.OUTCOME_UNKNOWN
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, message: str, evidence: list[Evidence] | None = None, **details: Any) -> None:
-        super().__init__(message, **details)
+    def __init__(self, message: str, evidence: list[Evidence] | None = None, *, key: str) -> None:
+        super().__init__(message)
         self.evidence = evidence or []
+        self.key = key
+
+    def details(self) -> dict[str, Any]:
+        return {"key": self.key}
 
 
 class Executor:
@@ -101,8 +106,8 @@ class Executor:
         return self.settings.data_dir / f"{self.ns.name}-{self.family}-p{partition}.sqlite3"
 
     async def start(self) -> None:
-        for spec in stream_specs(self.ns, self.settings.stream_replicas):
-            await self.broker.ensure_stream(spec)
+        for stream in stream_specs(self.ns, self.settings.stream_replicas):
+            await self.broker.ensure_stream(stream)
         for partition in self.partitions:
             self.stores[partition] = await ActionStore.open(self.store_path(partition), self.synchronous)
         # Start-up reconciliation: settle what a previous life left open before taking new work.
@@ -113,7 +118,7 @@ class Executor:
             # back only after the ack wait. Publishing it again now is harmless: outcomes are deduplicated.
             for outcome in await store.recent_receipts(since_s=4 * self.settings.ack_wait_s + 10):
                 await self._publish(
-                    self._with_note(outcome, "store.receipt", "republished"), context_from(None)
+                    self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
                 )
         for partition in self.partitions:
             spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, MAX_DELIVER)
@@ -184,10 +189,10 @@ class Executor:
         attempts, look_first = 1, False
         match plan:
             case Replay(outcome=outcome):
-                await self._publish(self._with_note(outcome, "store.receipt", "replayed"), ctx)
+                await self._publish(self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
                 return
             case Conflict(outcome=outcome):
-                await self._publish(self._with_note(outcome, "store.conflict", "conflict"), ctx)
+                await self._publish(self._with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
                 return
             case Execute():
                 pass
@@ -238,7 +243,7 @@ class Executor:
         if look_first:
             step: Next = LookUp()
         else:
-            answer = note("provider.call", await self.providers.call(tool, request, timeout))
+            answer = note(Asked.PROVIDER_CALL, await self.providers.call(tool, request, timeout))
             step = after_call(request, contract, answer, attempts, deliveries)
         while True:
             match step:
@@ -252,7 +257,7 @@ class Executor:
                             key=request.key,
                         )
                     answer = note(
-                        "provider.lookup",
+                        Asked.PROVIDER_LOOKUP,
                         await self.providers.lookup(tool, request.key, self._timeout(request, contract)),
                     )
                     step = after_lookup(request, contract, answer, attempts, deliveries)
@@ -262,7 +267,7 @@ class Executor:
                     if store is not None:
                         await store.attempt(request.key, attempts)
                     answer = note(
-                        "provider.call",
+                        Asked.PROVIDER_CALL,
                         await self.providers.call(tool, request, self._timeout(request, contract)),
                     )
                     step = after_call(request, contract, answer, attempts, deliveries)

@@ -8,10 +8,16 @@ from pathlib import Path
 import aiosqlite
 import msgspec
 
-from contracts.tool_messages import ActionOutcome, ActionRequest, tool_encoder
+from contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus, tool_encoder
 from services.executor.core import Record
 
-_SCHEMA = """
+# Rows with an intent and no settled receipt, and rows with one, as SQL literals: the partial index below and the
+# queries that should use it must spell the same condition (SQLite proves the match on the text, not on bound
+# parameters).
+_OPEN = f"('{RecordStatus.STARTED}', '{RecordStatus.UNKNOWN}')"
+_SETTLED = f"('{RecordStatus.SUCCEEDED}', '{RecordStatus.FAILED}')"
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS actions (
     key         TEXT PRIMARY KEY,
     input_hash  TEXT NOT NULL,
@@ -26,7 +32,7 @@ CREATE TABLE IF NOT EXISTS actions (
     created_at  REAL NOT NULL,
     updated_at  REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS actions_open ON actions(status) WHERE status IN ('started', 'unknown');
+CREATE INDEX IF NOT EXISTS actions_open ON actions(status) WHERE status IN {_OPEN};
 """
 
 _outcome_decoder = msgspec.json.Decoder(ActionOutcome)
@@ -61,14 +67,16 @@ class ActionStore:
         if row is None:
             return None
         outcome = _outcome_decoder.decode(row[4]) if row[4] else None
-        return Record(key=row[0], input_hash=row[1], status=row[2], attempts=row[3], outcome=outcome)
+        return Record(
+            key=row[0], input_hash=row[1], status=RecordStatus(row[2]), attempts=row[3], outcome=outcome
+        )
 
     async def begin(self, request: ActionRequest, stream_seq: int) -> bool:
         """Commit the intent. False if the key already has a row (another delivery got there first)."""
         now = time.time()
         cur = await self._db.execute(
             "INSERT OR IGNORE INTO actions (key, input_hash, run_id, step_no, tool, request, status, attempts, stream_seq, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'started', 1, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
             (
                 request.key,
                 request.input_hash,
@@ -76,6 +84,7 @@ class ActionStore:
                 request.step_no,
                 request.tool,
                 tool_encoder.encode(request),
+                RecordStatus.STARTED.value,
                 stream_seq,
                 now,
                 now,
@@ -90,35 +99,35 @@ class ActionStore:
 
     async def mark_unknown(self, key: str) -> None:
         await self._db.execute(
-            "UPDATE actions SET status = 'unknown', updated_at = ? WHERE key = ? AND status = 'started'",
-            (time.time(), key),
+            "UPDATE actions SET status = ?, updated_at = ? WHERE key = ? AND status = ?",
+            (RecordStatus.UNKNOWN.value, time.time(), key, RecordStatus.STARTED.value),
         )
 
     async def finish(self, outcome: ActionOutcome, stream_seq: int | None) -> None:
         """Commit the receipt, with the stream sequence it answers, before the request is acknowledged."""
-        status = (
-            "succeeded"
-            if outcome.status == "succeeded"
-            else "failed"
-            if outcome.status == "failed"
-            else "unknown"
-        )
         await self._db.execute(
             "UPDATE actions SET status = ?, outcome = ?, attempts = ?, stream_seq = COALESCE(?, stream_seq), updated_at = ? WHERE key = ?",
-            (status, tool_encoder.encode(outcome), outcome.attempts, stream_seq, time.time(), outcome.key),
+            (
+                RecordStatus.of(outcome.status).value,
+                tool_encoder.encode(outcome),
+                outcome.attempts,
+                stream_seq,
+                time.time(),
+                outcome.key,
+            ),
         )
 
     async def open_intents(self) -> list[tuple[ActionRequest, int]]:
         """Intents with no receipt: what a previous life of this executor left behind."""
         rows = await self._db.execute_fetchall(
-            "SELECT request, attempts FROM actions WHERE status IN ('started', 'unknown') ORDER BY created_at"
+            f"SELECT request, attempts FROM actions WHERE status IN {_OPEN} ORDER BY created_at"
         )
         return [(_request_decoder.decode(row[0]), int(row[1])) for row in rows]
 
     async def recent_receipts(self, since_s: float) -> list[ActionOutcome]:
         """Receipts written in the last `since_s`: a previous life may have died before publishing them."""
         rows = await self._db.execute_fetchall(
-            "SELECT outcome FROM actions WHERE status IN ('succeeded', 'failed') AND outcome IS NOT NULL AND updated_at >= ?",
+            f"SELECT outcome FROM actions WHERE status IN {_SETTLED} AND outcome IS NOT NULL AND updated_at >= ?",
             (time.time() - since_s,),
         )
         return [_outcome_decoder.decode(row[0]) for row in rows]

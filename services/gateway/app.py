@@ -13,15 +13,15 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, RunNotFound
+from contracts.errors import CrashsafeError, RunNotFound, SubjectFull, UnknownAgent
 from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import is_run_id
-from contracts.run_events import RunStarted, event_decoder
+from contracts.run_events import RunEvent, RunStarted, event_decoder
 from contracts.streams import stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
-from services.gateway.core import Admission, UnprocessableBody, admit, conflict, status_for
+from services.gateway.core import Admission, admit, conflict, status_for
 from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker, SubjectFull
+from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
@@ -34,7 +34,7 @@ logger = logging.getLogger("crashsafe.gateway")
 
 
 def _error(exc: CrashsafeError) -> Response[Any]:
-    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details}}
+    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details()}}
     return Response(content=body, status_code=status_for(exc))
 
 
@@ -46,9 +46,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     agent = request.query_params.get("agent", registry.default_agent)
     admission = admit(await request.body(), request.headers.get(Header.IDEMPOTENCY_KEY), agent)
     if agent not in registry.agents:
-        raise UnprocessableBody(
-            f"unknown agent {agent!r}; this deployment runs {sorted(registry.agents)}", agent=agent[:64]
-        )
+        raise UnknownAgent(agent, known=sorted(registry.agents))
     ctx = context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)
@@ -118,16 +116,20 @@ async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[
         return _error(exc)
 
 
-async def _journal(state: State, run_id: str) -> list[tuple[int, Any]]:
+def _not_a_run_id(run_id: str) -> RunNotFound:
+    return RunNotFound(
+        f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events",
+        run_id=run_id[:64],
+    )
+
+
+async def _journal(state: State, run_id: str) -> list[tuple[int, RunEvent]]:
     if not is_run_id(run_id):
-        raise RunNotFound(
-            f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events",
-            run_id=run_id[:64],
-        )
+        raise _not_a_run_id(run_id)
     journal = RunJournal(state.broker, state.settings.namespace)
     events = await journal.read_with_seqs(run_id)
     if not events:
-        raise RunNotFound(f"no run {run_id}; check the id returned by POST /v1/events", run_id=run_id)
+        raise RunNotFound(run_id=run_id)
     return events
 
 
@@ -158,7 +160,7 @@ async def post_reconcile(state: State, run_id: str) -> Response[Any]:
     """For an operator after an incident: resolve the run's open actions by key, then let it continue."""
     try:
         if not is_run_id(run_id):
-            raise RunNotFound(f"{run_id!r} is not a run id", run_id=run_id[:64])
+            raise _not_a_run_id(run_id)
         done = await reconcile_run(state.broker, state.settings, run_id, by="operator:http")
     except CrashsafeError as exc:
         return _error(exc)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from contracts.errors import RunNotFound
 from contracts.run_events import ActionRequested, request_for
-from contracts.tool_messages import RunWake, tool_encoder
+from contracts.tool_messages import OutcomeStatus, RunWake, tool_encoder
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.logs import log
@@ -64,7 +64,7 @@ async def reconcile_run(broker: Broker, settings: Settings, run_id: str, by: str
         raise RunNotFound(f"no run {run_id} to reconcile", run_id=run_id)
     if state.terminal:
         # An ended run may still hold unknown outcomes: ask by key, so its journal learns what really happened.
-        unknown = [req for req, done in state.completed if done.status == "unknown"]
+        unknown = [req for req, done in state.completed if done.status == OutcomeStatus.UNKNOWN]
         for request in unknown:
             await ask_to_resolve(broker, settings, request, by)
         if unknown:

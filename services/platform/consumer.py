@@ -13,7 +13,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from contracts.dead_letters import DeadLetter, dead_letter_encoder
-from contracts.errors import CrashsafeError, RetryClass
+from contracts.errors import CrashsafeError, ErrorCode, RetryClass
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.logs import log
@@ -81,10 +81,10 @@ class Deliveries:
         try:
             await handler(msg)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self.dead_letter(msg, f"cannot decode: {exc}", "poison_message")
+            await self.dead_letter(msg, f"cannot decode: {exc}", ErrorCode.POISON_MESSAGE)
         except CrashsafeError as exc:
             if exc.retry is RetryClass.POISON or deliveries >= self.max_deliver:
-                await self.dead_letter(msg, exc.message, exc.code.value)
+                await self.dead_letter(msg, exc.message, exc.code)
             else:
                 log(
                     self.logger,
@@ -100,7 +100,7 @@ class Deliveries:
                 "handler failed", extra={"fields": {"subject": msg.subject, "deliveries": deliveries}}
             )
             if deliveries >= self.max_deliver:
-                await self.dead_letter(msg, f"{type(exc).__name__}: {exc}", "handler_failed")
+                await self.dead_letter(msg, f"{type(exc).__name__}: {exc}", ErrorCode.HANDLER_FAILED)
             else:
                 await msg.nak(delay=min(0.2 * 2**deliveries, 5.0))
         else:
@@ -119,7 +119,7 @@ class Deliveries:
                     except (nats.errors.Error, OSError):
                         pass
 
-    async def dead_letter(self, msg: Msg, reason: str, code: str) -> None:
+    async def dead_letter(self, msg: Msg, reason: str, code: ErrorCode) -> None:
         letter = DeadLetter(
             service=self.service,
             subject=msg.subject,
@@ -131,7 +131,7 @@ class Deliveries:
             at=datetime.now(UTC),
         )
         await self.broker.publish(self.ns.dead_letters(self.service), dead_letter_encoder.encode(letter))
-        log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=code)
+        log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=code.value)
         await msg.term()
 
     async def drain(self) -> None:

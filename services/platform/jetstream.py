@@ -25,8 +25,9 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from contracts.errors import BrokerUnavailable, RunVersionConflict
-from contracts.streams import ConsumerSpec, StreamSpec
+# SubjectFull is importable from here too, where it lived before it joined the error family.
+from contracts.errors import BrokerUnavailable, RunVersionConflict, SubjectFull
+from contracts.streams import ConsumerSpec, Retention, StreamSpec
 from contracts.subjects import Header
 
 log = logging.getLogger("crashsafe.jetstream")
@@ -54,13 +55,15 @@ class _PubAck(msgspec.Struct):
 _pub_ack = msgspec.json.Decoder(_PubAck)
 
 
+def _read_failed(subject: str) -> BrokerUnavailable:
+    return BrokerUnavailable(
+        f"JetStream did not answer a read of {subject}; try again once NATS answers", subject=subject
+    )
+
+
 def _expire(future: asyncio.Future[Msg]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
-
-
-class SubjectFull(Exception):
-    """A publish to a subject that accepts one message (discard-new-per-subject) found it taken."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,7 @@ class Broker:
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise BrokerUnavailable(
-                f"cannot reach NATS at {url}: {exc}; is nats-server running?", url=url
+                f"cannot reach NATS at {url}: {exc}; start nats-server or set CRASHSAFE_NATS_URL", url=url
             ) from exc
         return cls(nc)
 
@@ -126,12 +129,15 @@ class Broker:
         config = StreamConfig(
             name=spec.name,
             subjects=list(spec.subjects),
-            retention=RetentionPolicy.WORK_QUEUE if spec.retention == "workqueue" else RetentionPolicy.LIMITS,
+            retention=RetentionPolicy.WORK_QUEUE
+            if spec.retention == Retention.WORK_QUEUE
+            else RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=spec.max_age_s or None,
             max_msgs_per_subject=spec.max_msgs_per_subject,
             discard=DiscardPolicy.NEW if spec.discard_new_per_subject else DiscardPolicy.OLD,
-            discard_new_per_subject=spec.discard_new_per_subject or None,
+            # Sent only when set (nats-py leaves None out of the request), though nats-py types it a plain bool.
+            discard_new_per_subject=spec.discard_new_per_subject or None,  # type: ignore[arg-type]
             duplicate_window=spec.duplicate_window_s,
             allow_direct=spec.allow_direct,
             num_replicas=spec.replicas,
@@ -142,7 +148,10 @@ class Broker:
             # Exists with another config: bring it in line (additive changes only; see contracts/README.md).
             await self.js.update_stream(config)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise BrokerUnavailable(f"JetStream did not answer creating stream {spec.name}: {exc}") from exc
+            raise BrokerUnavailable(
+                f"JetStream did not answer creating stream {spec.name}: {exc}; check that nats-server runs"
+                " with JetStream enabled, then start again"
+            ) from exc
 
     async def stream_exists(self, name: str) -> bool:
         try:
@@ -223,7 +232,9 @@ class Broker:
             msg = await future
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise BrokerUnavailable(
-                f"JetStream did not acknowledge a publish to {subject}: {exc!r}", subject=subject
+                f"JetStream did not acknowledge a publish to {subject}: {exc!r}; it may have landed, so publish"
+                " it again with the same message id, never a new one",
+                subject=subject,
             ) from exc
         finally:
             expire.cancel()
@@ -231,20 +242,18 @@ class Broker:
         if not msg.data:
             status = (msg.headers or {}).get("Status", "")
             raise BrokerUnavailable(
-                f"no stream answered a publish to {subject} (status {status})", subject=subject
+                f"no stream answered a publish to {subject} (status {status}); run `crashsafe infra apply`",
+                subject=subject,
             )
         ack = _pub_ack.decode(msg.data)
         if ack.error is not None:
-            if ack.error.err_code == _WRONG_LAST_SEQUENCE:
-                raise RunVersionConflict(
-                    f"{subject} moved past sequence {expected_subject_seq}; re-fold the run and decide again",
-                    subject=subject,
-                    expected_seq=expected_subject_seq,
-                )
+            if ack.error.err_code == _WRONG_LAST_SEQUENCE and expected_subject_seq is not None:
+                raise RunVersionConflict(subject=subject, expected_seq=expected_subject_seq)
             if ack.error.err_code == _MAX_MSGS_PER_SUBJECT:
-                raise SubjectFull(subject)
+                raise SubjectFull(subject=subject)
             raise BrokerUnavailable(
-                f"JetStream refused a publish to {subject}: {ack.error.description} ({ack.error.err_code})",
+                f"JetStream refused a publish to {subject}: {ack.error.description} ({ack.error.err_code});"
+                " check the stream's limits",
                 subject=subject,
             )
         return Published(seq=ack.seq, duplicate=ack.duplicate)
@@ -272,7 +281,7 @@ class Broker:
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
+            raise _read_failed(subject) from exc
         return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
 
     async def first_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
@@ -282,7 +291,7 @@ class Broker:
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
+            raise _read_failed(subject) from exc
         return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
 
     async def read_subject(
@@ -317,7 +326,7 @@ class Broker:
                 try:
                     msg = await asyncio.wait_for(queue.get(), timeout=5)
                 except TimeoutError as exc:
-                    raise BrokerUnavailable(f"JetStream did not answer a read of {subject}") from exc
+                    raise _read_failed(subject) from exc
                 headers = dict(msg.headers or {})
                 status = headers.get("Status")
                 if status == "404":  # nothing (more) on this subject
@@ -325,7 +334,11 @@ class Broker:
                 if status == "204":  # end of batch
                     return messages, more
                 if status:
-                    raise BrokerUnavailable(f"direct get on {stream} answered {status}: {headers}")
+                    raise BrokerUnavailable(
+                        f"direct get on {stream} answered {status}: {headers}; check that the stream allows"
+                        " direct gets (`crashsafe infra apply`)",
+                        subject=subject,
+                    )
                 messages.append(
                     StoredMessage(
                         seq=int(headers["Nats-Sequence"]),

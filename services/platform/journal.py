@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.run_events import Event, event_decoder, event_encoder
+from contracts.run_events import RunEvent, event_decoder, event_encoder
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 
@@ -15,25 +15,25 @@ class RunJournal:
         self.ns = ns
         self.stream = ns.stream(StreamKind.RUNS)
 
-    async def read(self, run_id: str) -> tuple[list[Event], int]:
+    async def read(self, run_id: str) -> tuple[list[RunEvent], int]:
         """The run's events and the stream sequence of the last one (0 for a run that does not exist)."""
         stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
         events = [event_decoder.decode(m.data) for m in stored]
         return events, (stored[-1].seq if stored else 0)
 
-    async def read_with_seqs(self, run_id: str) -> list[tuple[int, Event]]:
+    async def read_with_seqs(self, run_id: str) -> list[tuple[int, RunEvent]]:
         stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
         return [(m.seq, event_decoder.decode(m.data)) for m in stored]
 
-    async def read_all(self) -> dict[str, list[Event]]:
+    async def read_all(self) -> dict[str, list[RunEvent]]:
         """Every run's journal, grouped by run (for audits and manual reconciliation; not for the hot path)."""
-        runs: dict[str, list[Event]] = {}
+        runs: dict[str, list[RunEvent]] = {}
         for message in await self.broker.read_subject(self.stream, self.ns.run_events_all, batch=1000):
             event = event_decoder.decode(message.data)
             runs.setdefault(event.run_id, []).append(event)
         return runs
 
-    async def append(self, event: Event, expected_seq: int, headers: dict[str, str] | None = None) -> int:
+    async def append(self, event: RunEvent, expected_seq: int, headers: dict[str, str] | None = None) -> int:
         """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise."""
         published = await self.broker.publish(
             self.ns.run_events(event.run_id),

@@ -8,7 +8,7 @@ import httpx
 from httpx_aiohttp import HttpxAiohttpClient
 
 from contracts.subjects import Header
-from contracts.tool_messages import ActionRequest
+from contracts.tool_messages import ActionRequest, Answer
 from services.registry import ProviderAnswer
 from services.registry import HttpOperation, LocalOperation, Tool
 
@@ -25,18 +25,20 @@ def read_answer(response: httpx.Response, ref_field: str | None) -> ProviderAnsw
     """What a provider's HTTP answer means: 5xx or a body we cannot read is unknown, never a failure."""
     body = _json(response)
     if response.status_code >= 500:
-        return ProviderAnswer("unknown", {}, detail=f"provider answered {response.status_code}")
+        return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"provider answered {response.status_code}")
     if body is None:
         return ProviderAnswer(
-            "unknown", {}, detail=f"provider answered {response.status_code} with a body that is not JSON"
+            Answer.UNKNOWN,
+            {},
+            detail=f"provider answered {response.status_code} with a body that is not JSON",
         )
     if 200 <= response.status_code < 300:
         return ProviderAnswer(
-            "ok", body, ref=str(body.get(ref_field)) if ref_field and body.get(ref_field) else None
+            Answer.OK, body, ref=str(body.get(ref_field)) if ref_field and body.get(ref_field) else None
         )
     error = body.get("error", body)
     return ProviderAnswer(
-        "rejected",
+        Answer.REJECTED,
         error if isinstance(error, dict) else {"message": str(error)},
         detail=f"provider answered {response.status_code}",
     )
@@ -67,7 +69,7 @@ class Providers:
         """Carry out the effect once, with the request's key; an answer we cannot trust is `unknown`."""
         match tool.operation:
             case LocalOperation(run=run):
-                return ProviderAnswer("ok", await run(request.args, request.key), ref=request.key)
+                return ProviderAnswer(Answer.OK, await run(request.args, request.key), ref=request.key)
             case HttpOperation() as operation:
                 http = operation.request(request.args)
                 try:
@@ -81,7 +83,7 @@ class Providers:
                     )
                 except httpx.HTTPError as exc:
                     # Timeout or dropped connection after sending: the provider may or may not have committed it.
-                    return ProviderAnswer("unknown", {}, detail=f"{type(exc).__name__}: {exc}")
+                    return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{type(exc).__name__}: {exc}")
                 return read_answer(response, operation.ref_field)
 
     def can_look_up(self, tool: Tool) -> bool:
@@ -92,18 +94,20 @@ class Providers:
         """What happened to `key`: found (with the effect), absent (never seen), or unknown (no answer to trust)."""
         match tool.operation:
             case LocalOperation():
-                return ProviderAnswer("absent", {})
+                return ProviderAnswer(Answer.ABSENT, {})
             case HttpOperation(lookup_path=None):
-                return ProviderAnswer("unknown", {}, detail=f"{tool.name} has no lookup by key")
+                return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name} has no lookup by key")
             case HttpOperation(lookup_path=str(path), ref_field=ref_field):
                 try:
                     response = await self.http.get(path.format(key=key), timeout=timeout)
                 except httpx.HTTPError as exc:
-                    return ProviderAnswer("unknown", {}, detail=f"lookup failed: {type(exc).__name__}: {exc}")
+                    return ProviderAnswer(
+                        Answer.UNKNOWN, {}, detail=f"lookup failed: {type(exc).__name__}: {exc}"
+                    )
                 if response.status_code == 404:
-                    return ProviderAnswer("absent", {})
+                    return ProviderAnswer(Answer.ABSENT, {})
                 answer = read_answer(response, ref_field)
-                if answer.kind == "ok":
-                    return ProviderAnswer("found", answer.body, answer.ref)
-                return ProviderAnswer("unknown", {}, detail=answer.detail)
+                if answer.kind == Answer.OK:
+                    return ProviderAnswer(Answer.FOUND, answer.body, answer.ref)
+                return ProviderAnswer(Answer.UNKNOWN, {}, detail=answer.detail)
         raise AssertionError(f"unhandled operation {tool.operation!r}")

@@ -10,21 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import CrashsafeError, ErrorCode
+from contracts.errors import InvalidSetting
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, DEFAULT_NAMESPACE, Namespace
 
 SQLITE_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-class InvalidSetting(CrashsafeError):
-    """An environment variable the product cannot use; the message names it, its value and what it accepts."""
-
-    code = ErrorCode.INVALID_REQUEST
-
-    def __init__(self, name: str, value: str, expected: str) -> None:
-        super().__init__(f"{name}={value!r} is not usable: {expected}", variable=name)
-        self.variable = name
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +114,7 @@ class Settings:
             try:
                 return parse(raw)
             except ValueError:
-                raise InvalidSetting(name, raw, expected) from None
+                raise InvalidSetting(variable=name, value=raw, expected=expected) from None
 
         def positive_int(raw: str) -> int:
             value = int(raw)
@@ -202,6 +192,8 @@ class Settings:
             owned = parse_partitions(spec, self.partitions)
         except ValueError:
             raise InvalidSetting(
-                "--partitions", spec, f"all, 0-1 or 0,2 within 0..{self.partitions - 1}"
+                variable="--partitions",
+                value=spec,
+                expected=f"all, 0-1 or 0,2 within 0..{self.partitions - 1}",
             ) from None
         return dataclasses.replace(self, owned_partitions=owned)

@@ -6,12 +6,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from contracts.audit import Finding, FindingKind, Intent, ProviderEffect
-from contracts.run_events import ActionCompleted, ActionRequested, Event, RunCompleted, RunHandedOff
+from contracts.run_events import ActionCompleted, ActionRequested, RunCompleted, RunEvent, RunHandedOff
+from contracts.tool_messages import OutcomeStatus
 from contracts.tools import Effect
 from services.registry import AuditRule, Tool
 
 
-def intents(journals: Mapping[str, list[Event]]) -> dict[str, Intent]:
+def intents(journals: Mapping[str, list[RunEvent]]) -> dict[str, Intent]:
     """Every keyed action any run journaled, by idempotency key, with its receipt if one was journaled."""
     out: dict[str, Intent] = {}
     for run_id, events in journals.items():
@@ -30,7 +31,7 @@ def audited(intent: Intent, tools: Mapping[str, Tool]) -> bool:
 
 
 def audit(
-    journals: Mapping[str, list[Event]],
+    journals: Mapping[str, list[RunEvent]],
     effects: Iterable[ProviderEffect] | None,
     found_by_key: Mapping[str, bool],
     tools: Mapping[str, Tool],
@@ -60,7 +61,7 @@ def audit(
             continue
         found = found_by_key[key]
         status = intent.completed.status if intent.completed else None
-        if status == "succeeded" and not found:
+        if status == OutcomeStatus.SUCCEEDED and not found:
             findings.append(
                 Finding(
                     FindingKind.SUCCESS_WITHOUT_EFFECT,
@@ -69,7 +70,7 @@ def audit(
                     f"journal says {intent.request.tool} succeeded; the provider has no effect for the key",
                 )
             )
-        if found and status != "succeeded" and intent.run_terminal:
+        if found and status != OutcomeStatus.SUCCEEDED and intent.run_terminal:
             findings.append(
                 Finding(
                     FindingKind.EFFECT_NOT_JOURNALED,

@@ -8,11 +8,12 @@ from datetime import datetime, timedelta
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    Event,
     RunCompleted,
+    RunEvent,
     RunHandedOff,
     RunStarted,
 )
+from contracts.tool_messages import OutcomeStatus
 
 
 @dataclass
@@ -35,7 +36,7 @@ class OpenWork:
     woken: dict[str, datetime] = field(default_factory=dict)
 
 
-def observe(work: OpenWork, event: Event) -> None:
+def observe(work: OpenWork, event: RunEvent) -> None:
     """Fold one journal event into the projection (mutates: this is the reconciler's private read model)."""
     match event:
         case RunStarted():
@@ -47,12 +48,12 @@ def observe(work: OpenWork, event: Event) -> None:
                     work.asked.pop(request.key, None)
                     work.requests.pop(request.key, None)
             work.woken.pop(event.run_id, None)
-        case ActionCompleted() if event.key in work.unknown or event.status == "unknown":
+        case ActionCompleted() if event.key in work.unknown or event.status == OutcomeStatus.UNKNOWN:
             # Unknown outcomes outlive their run: a handed-off run still needs the truth, found by key.
-            if event.status == "unknown":
-                request = work.requests.get(event.key)
-                if request is not None:
-                    work.unknown[event.key] = request
+            if event.status == OutcomeStatus.UNKNOWN:
+                intent = work.requests.get(event.key)
+                if intent is not None:
+                    work.unknown[event.key] = intent
             else:
                 work.unknown.pop(event.key, None)
                 work.times_asked.pop(event.key, None)

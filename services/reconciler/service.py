@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from contracts.run_events import event_decoder
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
+from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
 from services.registry import ProviderAnswer
 from services.platform.asks import ask_to_resolve, wake_run
@@ -24,7 +25,6 @@ from services.platform.settings import Settings
 from services.registry import Registry, Tool
 from services.reconciler.audit import audit, audited, intents
 from services.reconciler.core import OpenWork, observe, overdue_actions, stalled_runs, unsettled_unknowns
-
 
 
 class Reconciler:
@@ -136,8 +136,8 @@ async def audit_all(
     async def look(intent: Intent) -> None:
         async with slots:
             answer = await facts.lookup(registry.tools[intent.request.tool], intent.request.key, 5.0)
-        if answer.kind in ("found", "absent"):
-            found[intent.request.key] = answer.kind == "found"
+        if answer.kind in (Answer.FOUND, Answer.ABSENT):
+            found[intent.request.key] = answer.kind == Answer.FOUND
 
     await asyncio.gather(*(look(i) for i in keyed))
     findings = audit(journals, effects, found, registry.tools, registry.audit_rules)

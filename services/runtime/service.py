@@ -26,6 +26,7 @@ from contracts.run_events import (
 from contracts.streams import runtime_consumers, stream_specs
 from contracts.tool_messages import (
     ActionOutcome,
+    OutcomeStatus,
     RunWake,
     runtime_message_decoder,
     tool_encoder,
@@ -79,8 +80,8 @@ class Runtime:
         )
 
     async def start(self) -> None:
-        for spec in stream_specs(self.ns, self.settings.stream_replicas):
-            await self.broker.ensure_stream(spec)
+        for stream in stream_specs(self.ns, self.settings.stream_replicas):
+            await self.broker.ensure_stream(stream)
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
         for spec in (inbound, outcomes):
             await self.broker.ensure_consumer(spec)
@@ -148,7 +149,8 @@ class Runtime:
             run = await self._reload(run, ctx)
         for _ in range(MAX_CONFLICT_RETRIES):
             settles_unknown = (
-                run.state.unknown_step(outcome.step_no) is not None and outcome.status != "unknown"
+                run.state.unknown_step(outcome.step_no) is not None
+                and outcome.status != OutcomeStatus.UNKNOWN
             )
             if run.state.pending_step(outcome.step_no) is None and not settles_unknown:
                 if not run.state.is_completed(outcome.step_no):

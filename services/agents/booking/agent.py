@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
 from contracts.errors import ErrorCode, ErrorInfo
+from contracts.keys import CompensationKind
 from contracts.run_events import ActionCompleted, ActionRequested
+from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.agents.booking.tools import TOOLS
 from services.registry import compensation_contracts, model_contracts
@@ -70,30 +73,33 @@ class BookingAgent:
 
         undo: list[Compensation] = []
         for req, done in state.completed:
-            if req.tool != "create_booking" or done.status != "succeeded":
+            if req.tool != "create_booking" or done.status != OutcomeStatus.SUCCEEDED:
                 continue
             booking_id = str(done.result.get("booking_id", ""))
             releases = about("release_booking", booking_id)
             payments = about("create_payment", booking_id)
             if not releases:
-                if any(d is None or d.status in ("succeeded", "unknown") for _, d in payments):
+                if any(
+                    d is None or d.status in (OutcomeStatus.SUCCEEDED, OutcomeStatus.UNKNOWN)
+                    for _, d in payments
+                ):
                     continue  # paid, being paid, or maybe paid: never release what might be paid for
-                if any(d is not None and d.status == "failed" for _, d in payments) or ending:
+                if any(d is not None and d.status == OutcomeStatus.FAILED for _, d in payments) or ending:
                     undo.append(
                         Compensation(
                             tool="release_booking",
                             args={"booking_id": booking_id},
                             undoes=req.key,
-                            kind="release",
+                            kind=CompensationKind.RELEASE,
                         )
                     )
                 continue
-            released = any(d is not None and d.status == "succeeded" for _, d in releases)
+            released = any(d is not None and d.status == OutcomeStatus.SUCCEEDED for _, d in releases)
             for pay_req, pay_done in payments:
                 if (
                     released
                     and pay_done is not None
-                    and pay_done.status == "succeeded"
+                    and pay_done.status == OutcomeStatus.SUCCEEDED
                     and not about_refund(actions, pay_req.key)
                 ):
                     args = {
@@ -102,7 +108,9 @@ class BookingAgent:
                         "booking_id": booking_id,
                     }
                     undo.append(
-                        Compensation(tool="refund_payment", args=args, undoes=pay_req.key, kind="refund")
+                        Compensation(
+                            tool="refund_payment", args=args, undoes=pay_req.key, kind=CompensationKind.REFUND
+                        )
                     )
         return tuple(undo)
 
@@ -188,11 +196,11 @@ class BookingAgent:
         done = any(
             req.tool == tool
             and req.args.get("booking_id") == booking_id
-            and done.status in ("succeeded", "unknown")
+            and done.status in (OutcomeStatus.SUCCEEDED, OutcomeStatus.UNKNOWN)
             for req, done in state.completed
         )
         return in_flight or done
 
 
-def about_refund(actions: list[tuple[ActionRequested, ActionCompleted | None]], payment_key: str) -> bool:
+def about_refund(actions: Sequence[tuple[ActionRequested, ActionCompleted | None]], payment_key: str) -> bool:
     return any(r.tool == "refund_payment" and r.key.startswith(payment_key + ":") for r, _ in actions)

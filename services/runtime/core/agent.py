@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from contracts.errors import ErrorInfo
+from contracts.keys import CompensationKind
 from contracts.run_events import ToolCall
 from contracts.tools import ToolContract
 from services.runtime.core.state import RunState
@@ -26,7 +27,7 @@ class Compensation:
     tool: str
     args: dict[str, Any]
     undoes: str  # the idempotency key of the action being undone
-    kind: str  # release | refund
+    kind: CompensationKind
 
 
 class Agent(Protocol):

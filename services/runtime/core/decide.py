@@ -12,13 +12,16 @@ from contracts.errors import ErrorCode, ErrorInfo
 from contracts.keys import action_key, compensation_key, input_hash
 from contracts.run_events import (
     ActionRequested,
+    HandOffReason,
     ModelAnswered,
+    Origin,
     RunCompleted,
     RunEvent,
     RunHandedOff,
     ToolCall,
     ToolRejected,
 )
+from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent, Compensation
 from services.runtime.core.fold import fold_run
@@ -73,18 +76,22 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
     failed = [
         req.key
         for req, done in state.completed
-        if req.origin == "compensation" and done.status != "succeeded"
+        if req.origin == Origin.COMPENSATION and done.status != OutcomeStatus.SUCCEEDED
     ]
     failed += [call_id.removeprefix("comp:") for call_id in state.rejected_compensations]
     if failed:
         detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
         return Append(
-            (RunHandedOff(run_id=state.run_id, at=now, reason="compensation_failed", detail=detail),)
+            (
+                RunHandedOff(
+                    run_id=state.run_id, at=now, reason=HandOffReason.COMPENSATION_FAILED, detail=detail
+                ),
+            )
         )
     undo = agent.compensations(state, ending=False)
     if undo:
         return Append(plan_compensations(state, agent, undo, now))
-    unknown = [req.key for req, done in state.completed if done.status == "unknown"]
+    unknown = [req.key for req, done in state.completed if done.status == OutcomeStatus.UNKNOWN]
     over = over_budget(state, now)
     if unknown or state.final_reply is not None or over:
         undo = agent.compensations(state, ending=True)
@@ -92,7 +99,9 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
             return Append(plan_compensations(state, agent, undo, now))
     if unknown:
         detail = f"outcome of {', '.join(unknown)} is unknown; reconcile by key before anything else"
-        return Append((RunHandedOff(run_id=state.run_id, at=now, reason="outcome_unknown", detail=detail),))
+        return Append(
+            (RunHandedOff(run_id=state.run_id, at=now, reason=HandOffReason.OUTCOME_UNKNOWN, detail=detail),)
+        )
     if state.final_reply is not None:
         return Append((RunCompleted(run_id=state.run_id, at=now, reply=state.final_reply),))
     if over:
@@ -101,19 +110,19 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
     scripted = agent.script(state)
     if scripted is not None:
         if scripted.calls:
-            return Append(plan_calls(state, agent, scripted.calls, now, origin="plan"))
+            return Append(plan_calls(state, agent, scripted.calls, now, origin=Origin.PLAN))
         return Append((RunCompleted(run_id=state.run_id, at=now, reply=scripted.reply or ""),))
     return AskModel(step_no=state.next_step, input=state.transcript)
 
 
-def over_budget(state: RunState, now: datetime) -> tuple[str, str] | None:
+def over_budget(state: RunState, now: datetime) -> tuple[HandOffReason, str] | None:
     budget = state.budget
     if state.steps_used >= budget.max_steps:
-        return "budget_steps", f"used {state.steps_used} of {budget.max_steps} steps"
+        return HandOffReason.BUDGET_STEPS, f"used {state.steps_used} of {budget.max_steps} steps"
     if state.tokens_used >= budget.max_tokens:
-        return "budget_tokens", f"used {state.tokens_used} of {budget.max_tokens} tokens"
+        return HandOffReason.BUDGET_TOKENS, f"used {state.tokens_used} of {budget.max_tokens} tokens"
     if now >= state.deadline_at:
-        return "deadline", f"deadline {state.deadline_at.isoformat()} passed"
+        return HandOffReason.DEADLINE, f"deadline {state.deadline_at.isoformat()} passed"
     return None
 
 
@@ -132,7 +141,11 @@ def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAn
 
 
 def plan_calls(
-    state: RunState, agent: Agent, calls: tuple[ToolCall, ...], now: datetime, origin: str = "model"
+    state: RunState,
+    agent: Agent,
+    calls: tuple[ToolCall, ...],
+    now: datetime,
+    origin: Origin = Origin.MODEL,
 ) -> tuple[RunEvent, ...]:
     """Turn tool calls into durable intents, or typed rejections; each gets its own step number.
 
@@ -142,12 +155,15 @@ def plan_calls(
     planned = state
     for call in calls:
         step = planned.next_step
-        stop = None
+        stop: tuple[HandOffReason, str] | None = None
         if step > state.budget.max_steps:
-            stop = ("budget_steps", f"tool call {call.name} would be step {step} of {state.budget.max_steps}")
+            stop = (
+                HandOffReason.BUDGET_STEPS,
+                f"tool call {call.name} would be step {step} of {state.budget.max_steps}",
+            )
         elif now >= state.deadline_at:
             stop = (
-                "deadline",
+                HandOffReason.DEADLINE,
                 f"tool call {call.name} came after the deadline {state.deadline_at.isoformat()}",
             )
         if stop:
@@ -157,7 +173,7 @@ def plan_calls(
             planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step)
         )
         events.append(event)
-        planned = fold_run(planned, event)  # type: ignore[arg-type]
+        planned = fold_run(planned, event)
     return tuple(events)
 
 
@@ -171,10 +187,10 @@ def plan_compensations(
         key = compensation_key(comp.undoes, comp.kind)
         call = ToolCall(call_id=f"comp:{key}", name=comp.tool, arguments=_json.encode(comp.args).decode())
         event = _plan_one(
-            planned, agent, agent.compensation_tools, call, planned.next_step, now, "compensation", key
+            planned, agent, agent.compensation_tools, call, planned.next_step, now, Origin.COMPENSATION, key
         )
         events.append(event)
-        planned = fold_run(planned, event)  # type: ignore[arg-type]
+        planned = fold_run(planned, event)
     return tuple(events)
 
 
@@ -188,11 +204,11 @@ def _plan_one(
     call: ToolCall,
     step: int,
     now: datetime,
-    origin: str,
+    origin: Origin,
     key: str,
-) -> RunEvent:
+) -> ActionRequested | ToolRejected:
     def reject(code: ErrorCode, message: str) -> ToolRejected:
-        return rejected(ErrorInfo(code=code.value, message=message, details={"tool": call.name}))
+        return rejected(ErrorInfo(code=code, message=message, details={"tool": call.name}))
 
     def rejected(error: ErrorInfo) -> ToolRejected:
         return ToolRejected(
@@ -222,7 +238,7 @@ def _plan_one(
     remaining = max((state.deadline_at - now).total_seconds(), 0.0)
     timeout = (
         contract.timeout_s
-        if origin == "compensation" or remaining <= 0
+        if origin == Origin.COMPENSATION or remaining <= 0
         else min(contract.timeout_s, remaining)
     )
     return ActionRequested(

@@ -12,15 +12,18 @@ import msgspec
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    Event,
     ModelAnswered,
+    Origin,
     RunCompleted,
+    RunEvent,
     RunHandedOff,
     RunNudged,
     RunResumed,
     RunStarted,
+    RunStatus,
     ToolRejected,
 )
+from contracts.tool_messages import OutcomeStatus
 from services.runtime.core.state import RunState, Summary
 
 _json = msgspec.json.Encoder(order="sorted")
@@ -30,7 +33,7 @@ def _output_item(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call_id, "output": _json.encode(payload).decode()}
 
 
-def fold_run(state: RunState | None, event: Event) -> RunState:
+def fold_run(state: RunState | None, event: RunEvent) -> RunState:
     """Apply one journaled event. Events that cannot apply (a duplicate completion) leave the state as it is."""
     if state is None:
         if not isinstance(event, RunStarted):
@@ -74,7 +77,7 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
             # A plan-driven action has no model call before it; give the model's view a call item anyway.
             # Compensations are the runtime's own business and stay out of the model's view.
             transcript = state.transcript
-            if event.origin == "plan":
+            if event.origin == Origin.PLAN:
                 transcript += (
                     {
                         "type": "function_call",
@@ -93,7 +96,7 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
                 action_steps=state.action_steps + 1,
             )
         case ToolRejected(step_no=step, call_id=call_id, error=error):
-            if event.origin == "compensation":
+            if event.origin == Origin.COMPENSATION:
                 return replace(
                     state,
                     **base,
@@ -111,20 +114,20 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
             request = state.pending_step(step)
             if request is None:
                 settled = state.unknown_step(step)
-                if settled is not None and event.status != "unknown":
+                if settled is not None and event.status != OutcomeStatus.UNKNOWN:
                     # A late resolution of an unknown outcome: the journal now says what really happened.
                     completed = tuple((r, event if r.step_no == step else d) for r, d in state.completed)
                     return replace(state, **base, completed=completed)
                 return replace(state, **base)  # duplicate or stray completion: already folded
-            if event.status == "succeeded":
+            if event.status == OutcomeStatus.SUCCEEDED:
                 payload: dict[str, Any] = dict(event.result)
             else:
-                error = (
+                failure = (
                     msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
                 )
-                payload = {"error": error, "status": event.status}
+                payload = {"error": failure, "status": event.status}
             transcript = state.transcript
-            if request.origin != "compensation":
+            if request.origin != Origin.COMPENSATION:
                 transcript += (_output_item(request.call_id, payload),)
             return replace(
                 state,
@@ -138,13 +141,21 @@ def fold_run(state: RunState | None, event: Event) -> RunState:
         case RunResumed():
             return replace(state, **base, resumes=state.resumes + 1)
         case RunCompleted(reply=reply):
-            return replace(state, **base, status="completed", outcome="completed", final_reply=reply)
+            return replace(
+                state, **base, status=RunStatus.COMPLETED, outcome=RunStatus.COMPLETED, final_reply=reply
+            )
         case RunHandedOff(reason=reason):
-            return replace(state, **base, status="handed_off", outcome="handed_off", handoff_reason=reason)
+            return replace(
+                state,
+                **base,
+                status=RunStatus.HANDED_OFF,
+                outcome=RunStatus.HANDED_OFF,
+                handoff_reason=reason,
+            )
     raise TypeError(f"fold_run has no case for {type(event).__name__}")
 
 
-def replay(events: Iterable[Event]) -> RunState | None:
+def replay(events: Iterable[RunEvent]) -> RunState | None:
     """The state a journal folds to: the same function the runtime, the CLI and the tests use."""
     return reduce(fold_run, events, None)
 

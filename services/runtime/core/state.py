@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunStarted, ToolCall
+from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunStarted, RunStatus, ToolCall
+from contracts.tool_messages import OutcomeStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +17,7 @@ class RunState:
     guest_id: str
     session_id: str
     started: RunStarted
-    status: str = "running"  # running | completed | handed_off
+    status: RunStatus = RunStatus.RUNNING
     next_step: int = 1
     tokens_used: int = 0
     # The conversation as the model sees it, in OpenAI Responses API input items.
@@ -28,8 +29,8 @@ class RunState:
     # Compensations the runtime refused to even request (bad arguments): a person must undo those effects.
     rejected_compensations: tuple[str, ...] = ()
     final_reply: str | None = None
-    outcome: str | None = None
-    handoff_reason: str | None = None
+    outcome: RunStatus | None = None  # how it ended: completed or handed_off
+    handoff_reason: str | None = None  # a HandOffReason, as journaled (open: a newer writer may add reasons)
     last_event_at: datetime | None = None
     events: int = 0
     resumes: int = 0
@@ -46,7 +47,7 @@ class RunState:
 
     @property
     def terminal(self) -> bool:
-        return self.status != "running"
+        return self.status != RunStatus.RUNNING
 
     @property
     def steps_used(self) -> int:
@@ -61,12 +62,19 @@ class RunState:
     def unknown_step(self, step_no: int) -> ActionRequested | None:
         """The request of a step whose journaled outcome is still unknown (a later resolution may settle it)."""
         return next(
-            (req for req, done in self.completed if req.step_no == step_no and done.status == "unknown"), None
+            (
+                req
+                for req, done in self.completed
+                if req.step_no == step_no and done.status == OutcomeStatus.UNKNOWN
+            ),
+            None,
         )
 
     def succeeded_results(self, tool: str) -> list[dict[str, Any]]:
         return [
-            done.result for req, done in self.completed if req.tool == tool and done.status == "succeeded"
+            done.result
+            for req, done in self.completed
+            if req.tool == tool and done.status == OutcomeStatus.SUCCEEDED
         ]
 
 
@@ -75,11 +83,11 @@ class Summary:
     """What `GET /v1/runs/{id}` answers: derived from the state, never stored."""
 
     run_id: str
-    status: str
+    status: RunStatus
     agent: str
     steps: int
     tokens_used: int
-    outcome: str | None
+    outcome: RunStatus | None
     reply: str | None
     handoff_reason: str | None
     pending_actions: list[str] = field(default_factory=list)
