@@ -12,7 +12,7 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, ErrorCode, ErrorInfo, PoisonMessage, RetryClass
+from contracts.errors import CrashsafeError, ErrorCode, ErrorInfo, InvalidSetting, PoisonMessage, RetryClass
 from contracts.keys import partition_of
 from contracts.streams import executor_consumer, stream_specs
 from contracts.tool_messages import (
@@ -86,7 +86,8 @@ class Executor:
         self.family = family
         self.tools = registry.tools_of(family)
         if not self.tools:
-            raise ValueError(f"no tool of family {family!r}; this deployment has {sorted(registry.families)}")
+            expected = f"a tool family of this deployment: {', '.join(sorted(registry.families))}"
+            raise InvalidSetting(variable="--tool", value=family, expected=expected)
         self.partitions = list(settings.owned_partitions)
         self.providers = providers
         self.logger = logger
