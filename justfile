@@ -33,6 +33,10 @@ down:
 test *args:
     {{bin}}/pytest {{args}}
 
+# the pure tests only (no nats-server, no processes, no network): seconds, for every edit
+test-unit *args:
+    {{bin}}/pytest -m unit tests/unit {{args}}
+
 # ruff and mypy, if installed (`pip install ruff mypy`)
 lint:
     {{bin}}/ruff check contracts services tests bench

@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
-from stackkit import (
-    BOOKED_AND_PAID,
-    StackClient,
-    eventually,
-    of_type,
-    shared_client,
-    start_stack,
-    step,
-    stop_stack,
-    trail,
-)
 
-from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
-from services.reconciler.service import audit_all
+from tests.support import inprocess
+from tests.support.journals import of_type, step, trail
+from tests.support.stack import StackClient, open_stack
+from tests.support.waiting import eventually
+from tests.support.world import BOOKED_AND_PAID, NOTHING
 
 slow = pytest.mark.skipif(
     not os.environ.get("CRASHSAFE_SLOW"),
@@ -45,14 +35,13 @@ WRITES = {
     "emails": "send_confirmation_email",
     "crm": "update_crm",
 }
-NOTHING = {"booking": 0, "booking_release": 0, "charge": 0, "refund": 0, "email": 0, "crm_update": 0}
 
 
 @pytest.fixture(scope="module")
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    async with shared_client(nats_server.url, tmp_path_factory.mktemp("faults")) as client:
+    async with open_stack(tmp_path_factory.mktemp("faults"), nats_url=nats_server.url) as client:
         yield client
 
 
@@ -64,7 +53,7 @@ async def world(shared: StackClient) -> AsyncIterator[StackClient]:
     await shared.clear_faults()
 
 
-# Lost or refused answers on keyed writes ---------------------------------------------------------------------
+# Lost or refused answers on keyed writes ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -113,7 +102,7 @@ async def test_payment_receipt_found_by_key_names_the_providers_charge(world: St
     assert receipt["result"]["amount_cents"] == request["args"]["amount_cents"] == charge["amount_cents"]
 
 
-# Reads and definitive failures -------------------------------------------------------------------------------
+# Reads and definitive failures --------------------------------------------------------------------------------
 
 
 async def test_search_slower_than_its_timeout_fails_the_step_and_books_nothing(world: StackClient) -> None:
@@ -242,7 +231,7 @@ async def test_a_model_outage_is_retried_without_repeating_any_effect(world: Sta
     assert "model" not in await world.faults()
 
 
-# An outcome nobody can tell ----------------------------------------------------------------------------------
+# An outcome nobody can tell -----------------------------------------------------------------------------------
 
 
 async def test_unknown_payment_is_never_released_and_is_found_once_lookups_return(world: StackClient) -> None:
@@ -304,12 +293,9 @@ class UnknownRun:
 async def unknown_run(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[UnknownRun]:
-    namespace = f"t{uuid.uuid4().hex[:10]}"
-    stack = await start_stack(
-        nats_server.url, tmp_path_factory.mktemp("unknown"), namespace, env={"CRASHSAFE_ACK_WAIT_S": "1"}
-    )
-    client = StackClient(stack)
-    try:
+    async with open_stack(
+        tmp_path_factory.mktemp("unknown"), nats_url=nats_server.url, env={"CRASHSAFE_ACK_WAIT_S": "1"}
+    ) as client:
         await client.arm("payments", drop_after_commit=1)
         await client.arm("lookups", fail_5xx=1_000_000)
         run_id, guest = await client.start_run()
@@ -333,9 +319,7 @@ async def unknown_run(
         assert response.status_code == 202, response.text
         yield UnknownRun(
             client=client,
-            settings=Settings(
-                nats_url=nats_server.url, namespace=Namespace(namespace), sandbox_url=stack.sandbox_url
-            ),
+            settings=inprocess.settings_for(nats_server.url, client.ns, sandbox_url=client.stack.sandbox_url),
             run_id=run_id,
             guest=guest,
             payment_key=request["key"],
@@ -346,9 +330,6 @@ async def unknown_run(
             reconcile=response.json(),
             events_after_reconcile=await client.events(run_id),
         )
-    finally:
-        await client.aclose()
-        await stop_stack(stack)
 
 
 @slow
@@ -387,8 +368,7 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     late = await eventually(settled, what="the unknown payment settled by key in the journal", timeout_s=60)
     assert late["via"] == "provider_lookup"
     assert ("provider.lookup", "found") in [(e["asked"], e["answer"]) for e in late["evidence"]]
-    async with httpx.AsyncClient(base_url=run.settings.sandbox_url, timeout=10) as http:
-        findings, _ = await audit_all(broker, run.settings, http)
+    findings, _ = await inprocess.audit(broker, run.settings)
     assert findings == []
     assert (await run.client.counts(run.guest))["charge"] == 1
 

@@ -1,6 +1,6 @@
 """The wire is a public API: golden files pin every message's bytes, and the pure layers import no I/O library.
 
-Regenerate the golden files after a deliberate, additive change with `CRASHSAFE_UPDATE_GOLDEN=1 pytest tests/test_contracts.py`
+Regenerate the golden files after a deliberate, additive change with `CRASHSAFE_UPDATE_GOLDEN=1 pytest tests/unit/test_contracts.py`
 and review the diff: a changed or removed line in an existing file is a breaking change (see contracts/README.md).
 """
 
@@ -51,9 +51,9 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from tests.support.paths import GOLDEN, ROOT
+from tests.support.world import BOOKING_TEXT
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("CRASHSAFE_UPDATE_GOLDEN") == "1"
 
 AT = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
@@ -75,7 +75,7 @@ SAMPLES: list[msgspec.Struct] = [
         event_id="evt-1",
         idempotency_key="evt-1",
         input_hash="f" * 64,
-        text="Book a room in Lisbon from 2026-12-01 to 2026-12-03",
+        text=BOOKING_TEXT,
         budget=Budget(max_steps=20, max_tokens=60_000, deadline_s=90.0),
         deadline_at=LATER,
     ),
@@ -355,7 +355,7 @@ def test_no_event_forbids_unknown_fields() -> None:
     assert strict == {"GuestMessage"}
 
 
-# The pure layers import no I/O ------------------------------------------------------------------------------
+# The pure layers import no I/O --------------------------------------------------------------------------------
 
 FORBIDDEN = {"nats", "aiosqlite", "openai", "opentelemetry", "httpx", "litestar", "uvicorn"}
 PROJECT = {"contracts", "services"}
