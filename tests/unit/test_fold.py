@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import msgspec
@@ -9,9 +10,10 @@ import pytest
 
 from contracts.keys import action_key
 from contracts.run_events import ActionRequested, RunCompleted, RunNudged, RunResumed, ToolRejected
+from services.runtime.core.decide import next_move
 from services.runtime.core.fold import fold_run, replay
 from tests.support.journals import decision_steps
-from tests.support.runs import BOOK, RUN, SEARCH, T0, Run, call, started
+from tests.support.runs import BOOK, BOOKING, RUN, SEARCH, T0, Run, booked_run, call, receipt, started
 
 
 # Folding: transcript and bookkeeping --------------------------------------------------------------------------
@@ -122,3 +124,51 @@ def test_step_numbers_are_contiguous_across_model_answers_actions_and_rejections
     assert decision_steps(run.events) == [1, 2, 3, 4, 5]
     assert run.state.next_step == 6 and run.state.steps_used == 5
     assert [p.key for p in run.state.pending] == [action_key(RUN, 5)]
+
+
+# A step ends once ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["succeeded", "failed"])
+def test_a_second_completion_for_a_step_never_overwrites_the_first(first: str) -> None:
+    """Once the journal says how a step ended, a later completion for it (a stale receipt, another executor's
+    answer) changes nothing but the event count: the model, the booking rules and the compensations all read the
+    first. A failed payment after a succeeded one would otherwise release the hold of a guest who paid."""
+    run = Run(started())
+    run.answer(SEARCH)
+    (requested,) = run.decide()
+    done = run.complete(requested.step_no, status=first)
+    before = run.state
+    for status in ("failed", "succeeded", "conflict", "unknown"):
+        later = receipt(
+            requested, run.tick(), status, result={"hotels": []} if status == "succeeded" else None
+        )
+        assert later != done
+        after = fold_run(before, later)
+        assert after.completed == ((requested, done),)
+        assert after == dataclasses.replace(before, events=before.events + 1, last_event_at=later.at), status
+        assert next_move(after, BOOKING, run.now) == next_move(before, BOOKING, run.now)
+
+
+def test_only_an_unknown_outcome_is_settled_by_a_later_completion() -> None:
+    """`unknown` is the one outcome a later answer may replace: the journal learns what really happened (found by
+    key); after that the step has ended like any other, and nothing moves it again."""
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}))
+    (payment,) = run.decide()
+    unknown = run.complete(payment.step_no, status="unknown")
+    still = fold_run(run.state, receipt(payment, run.tick(), "unknown"))
+    assert still.completed == run.state.completed and still.unknown_step(payment.step_no) == payment
+
+    found = receipt(payment, run.tick(), "succeeded")
+    settled = fold_run(run.state, found)
+    assert settled.completed[-1] == (payment, found) and unknown not in [d for _, d in settled.completed]
+    assert settled.unknown_step(payment.step_no) is None
+    assert settled.transcript == run.state.transcript  # the model already heard "unknown"; nothing is re-told
+    assert settled.succeeded_results("create_payment") == [found.result]
+
+    refused = fold_run(settled, receipt(payment, run.tick(), "failed"))
+    assert refused.completed == settled.completed
+    assert refused == dataclasses.replace(
+        settled, events=settled.events + 1, last_event_at=refused.last_event_at
+    )
