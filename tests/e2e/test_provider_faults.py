@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,11 +17,6 @@ from tests.support.journals import of_type, step, trail
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually
 from tests.support.world import BOOKED_AND_PAID, NOTHING
-
-slow = pytest.mark.skipif(
-    not os.environ.get("CRASHSAFE_SLOW"),
-    reason="slow (about a minute: the executor spends all its redeliveries); set CRASHSAFE_SLOW=1 to run",
-)
 
 CALL_UNKNOWN = ("provider.call", "unknown")
 CALL_OK = ("provider.call", "ok")
@@ -289,50 +284,90 @@ class UnknownRun:
     events_after_reconcile: list[dict[str, Any]]
 
 
+# The deliveries the payment executor spends on a key nobody can resolve before it reports `unknown`: a call and
+# a few asks by key, then the last delivery within about a second (a stack's executor spends 12: ~40 s of naks).
+FEW_DELIVERIES = 3
+
+
 @pytest.fixture(scope="module")
 async def unknown_run(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[UnknownRun]:
+    """The payment executor and the reconciler run in this process, every other service as a real process: the
+    executor so it spends only FEW_DELIVERIES, the reconciler so the test sets its clock (past the payment's
+    deadline) instead of waiting for it."""
+    state = tmp_path_factory.mktemp("unknown")
     async with open_stack(
-        tmp_path_factory.mktemp("unknown"), nats_url=nats_server.url, env={"CRASHSAFE_ACK_WAIT_S": "1"}
+        state / "stack",
+        nats_url=nats_server.url,
+        executors=("booking", "notify"),
+        reconciler=False,
+        env={"CRASHSAFE_ACK_WAIT_S": "1"},
     ) as client:
-        await client.arm("payments", drop_after_commit=1)
-        await client.arm("lookups", fail_5xx=1_000_000)
-        run_id, guest = await client.start_run()
-        charges, releases = 0, 0
-
-        async def ended() -> dict[str, Any] | None:
-            nonlocal charges, releases
-            counts = await client.counts(guest)
-            charges, releases = max(charges, counts["charge"]), max(releases, counts["booking_release"])
-            summary = await client.summary(run_id)
-            return summary if summary is not None and summary["status"] != "running" else None
-
-        # The executor naks an unresolvable key with growing delays until its redeliveries run out (~40 s).
-        summary = await eventually(
-            ended, what="the unknown payment to be handed off", timeout_s=150, every_s=0.25
+        settings = inprocess.settings_for(
+            nats_server.url,
+            client.ns,
+            sandbox_url=client.stack.sandbox_url,
+            data_dir=state / "payment-data",
+            worker_id="payment",
         )
-        events = await client.events(run_id)
-        request, _ = step(events, "create_payment")
-        await client.clear_faults()
-        response = await client.reconcile(run_id)
-        assert response.status_code == 202, response.text
-        yield UnknownRun(
-            client=client,
-            settings=inprocess.settings_for(nats_server.url, client.ns, sandbox_url=client.stack.sandbox_url),
-            run_id=run_id,
-            guest=guest,
-            payment_key=request["key"],
-            summary=summary,
-            events=events,
-            max_charges=charges,
-            releases_seen=releases,
-            reconcile=response.json(),
-            events_after_reconcile=await client.events(run_id),
-        )
+        async with inprocess.reconciler(settings) as reconciler:
+            await client.arm("payments", drop_after_commit=1)
+            await client.arm("lookups", fail_5xx=1_000_000)
+            run_id, guest = await client.start_run()
+            requested = await eventually(
+                lambda: client.requested(run_id, "create_payment"), what="the payment to be requested"
+            )
+
+            # Nobody takes the payment yet. The reconciler, its clock past the deadline and grace, finds it
+            # overdue: it asks the owning executor to resolve the key and wakes the run (a nudge in the journal).
+            overdue = datetime.fromisoformat(requested["deadline_at"]) + timedelta(
+                seconds=reconciler.grace_s + 1
+            )
+
+            async def nudged() -> bool:
+                await reconciler.tick(overdue)
+                nudges = of_type(await client.events(run_id), "run.nudged")
+                return any(requested["key"] in n["keys"] for n in nudges)
+
+            await eventually(nudged, what="the reconciler to nudge the overdue payment")
+
+            async with inprocess.executor(settings, "payment", max_deliver=FEW_DELIVERIES):
+                charges, releases = 0, 0
+
+                async def ended() -> dict[str, Any] | None:
+                    nonlocal charges, releases
+                    counts = await client.counts(guest)
+                    charges, releases = (
+                        max(charges, counts["charge"]),
+                        max(releases, counts["booking_release"]),
+                    )
+                    summary = await client.summary(run_id)
+                    return summary if summary is not None and summary["status"] != "running" else None
+
+                # The executor charges (the answer is lost), asks by key and is refused, naks, asks again at its
+                # last delivery, and reports the outcome unknown: the run hands off.
+                summary = await eventually(ended, what="the unknown payment to be handed off", every_s=0.25)
+                events = await client.events(run_id)
+                request, _ = step(events, "create_payment")
+                await client.clear_faults()
+                response = await client.reconcile(run_id)
+                assert response.status_code == 202, response.text
+                yield UnknownRun(
+                    client=client,
+                    settings=settings,
+                    run_id=run_id,
+                    guest=guest,
+                    payment_key=request["key"],
+                    summary=summary,
+                    events=events,
+                    max_charges=charges,
+                    releases_seen=releases,
+                    reconcile=response.json(),
+                    events_after_reconcile=await client.events(run_id),
+                )
 
 
-@slow
 async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_charge_by_key(
     unknown_run: UnknownRun, broker: Broker
 ) -> None:
@@ -373,7 +408,6 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     assert (await run.client.counts(run.guest))["charge"] == 1
 
 
-@slow
 async def test_manual_reconcile_of_a_handed_off_unknown_run_asks_about_the_key(
     unknown_run: UnknownRun,
 ) -> None:
@@ -391,7 +425,6 @@ async def _operator_nudges(client: StackClient, run_id: str) -> list[dict[str, A
     return [e for e in of_type(await client.events(run_id), "run.nudged") if e["by"].startswith("operator:")]
 
 
-@slow
 async def test_unknown_payment_receipt_carries_its_evidence_trail(unknown_run: UnknownRun) -> None:
     _, receipt = step(unknown_run.events, "create_payment")
     assert receipt is not None

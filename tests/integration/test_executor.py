@@ -17,6 +17,7 @@ import httpx
 import msgspec
 import pytest
 
+from contracts.errors import CrashsafeError, ErrorCode, RetryClass
 from contracts.keys import action_key, input_hash, partition_of
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from contracts.tool_messages import (
@@ -295,6 +296,59 @@ async def test_a_refused_write_is_looked_up_then_called_again_with_the_same_key(
     ledger = await harness.world.ledger()
     assert ledger["counts"]["booking"] == 1 and ledger["entries"][0]["key"] == request.key
     assert ledger["replays"]["booking"] == 0  # the second call was the first to arrive
+
+
+async def test_an_outcome_still_unknown_at_the_last_delivery_is_reported_unknown_never_failed(
+    harness: Harness,
+) -> None:
+    """The charge went through, its answer was lost, and every lookup by key is refused: nobody can tell. Until the
+    last delivery the request just comes back; at the last one the run is told `unknown` (it hands off), never
+    `failed` (which would release the booking of a guest who may have paid). Later, a lookup finds the charge."""
+    await harness.start("payment")
+    executor = harness.executors["payment"]
+    booking = await harness.booking()
+    await harness.world.arm("payments", drop_after_commit=1)
+    await harness.world.arm("lookups", fail_5xx=100)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    last = inprocess.last_delivery()
+
+    for deliveries in (1, last - 1):  # the first (calls, then asks by key) and the one before the last (asks)
+        with pytest.raises(CrashsafeError) as comes_back:
+            await inprocess.deliver(executor, request, deliveries)
+        assert (comes_back.value.code, comes_back.value.retry) == (
+            ErrorCode.OUTCOME_UNKNOWN,
+            RetryClass.RETRY_LATER,
+        )
+
+    await inprocess.deliver(
+        executor, request, last
+    )  # returns: the delivery is acknowledged, not dead-lettered
+
+    (unknown,) = await harness.outcomes_for(request.key)  # nothing was reported before the last delivery
+    assert (unknown.status, unknown.via, unknown.attempts, unknown.deliveries) == (
+        OutcomeStatus.UNKNOWN,
+        "unresolved",
+        1,
+        last,
+    )
+    assert unknown.error is not None
+    assert (unknown.error.code, unknown.error.retry) == ("outcome_unknown", "unknown_outcome")
+    assert unknown.error.details == {"key": request.key}
+    assert unknown.result == {} and unknown.provider_ref is None
+    assert [(e.asked, e.answer) for e in unknown.evidence] == [("provider.lookup", "unknown")]
+    charges = [e for e in (await harness.world.ledger())["entries"] if e["kind"] == "charge"]
+    assert len(charges) == 1 and charges[0]["key"] == request.key  # the lost answer was a real charge
+
+    # Lookups are back: the next ask (a reconciler's resolve request) finds the charge by key, calls nothing.
+    await harness.world.clear_faults()
+    await inprocess.deliver(executor, request, 1)
+    _, found = await harness.outcomes_for(request.key, 2)
+    assert (found.status, found.via, found.provider_ref) == (
+        OutcomeStatus.SUCCEEDED,
+        "provider_lookup",
+        charges[0]["ref"],
+    )
+    assert (await harness.world.ledger())["counts"]["charge"] == 1
 
 
 # Durable before effect ----------------------------------------------------------------------------------------

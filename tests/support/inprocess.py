@@ -1,5 +1,5 @@
-"""The ONE place tests build services inside their own process: Settings, Executor, the sandbox server, the
-audit, and the few service internals a test needs to reach.
+"""The ONE place tests build services inside their own process: Settings, Executor, Reconciler, the sandbox
+server, the audit, and the few service internals a test needs to reach.
 
 Every in-process test goes through these helpers, so when a service's constructor or shell changes, this file is
 the only one to fix. Each helper owns what it opens (its broker connection, its HTTP client) and closes it.
@@ -11,18 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager, nullcontext, suppress
 from pathlib import Path
+from unittest import mock
 
 import httpx
 
 from contracts.subjects import Namespace
+from contracts.tool_messages import ActionRequest
 from sandbox.app import serve
+from services.executor import service as executor_service
 from services.executor.service import Executor
 from services.platform.jetstream import Broker
 from services.platform.settings import Settings
+from services.platform.tracing import context_from
 from services.reconciler.audit import Finding
-from services.reconciler.service import audit_all
+from services.reconciler.service import Reconciler, audit_all
 
 NO_SANDBOX = "http://127.0.0.1:9"  # a port nothing listens on: a service that must not call out fails loudly
 _REPOSITORY_DATA = Path(".crashsafe/data")  # Settings' default; never written by a test
@@ -73,30 +77,78 @@ async def sandbox_server() -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def executor(settings: Settings, family: str, *, start: bool = True) -> AsyncIterator[Executor]:
-    """A tool executor owning every partition of `family`, with its own broker connection and HTTP client."""
+async def executor(
+    settings: Settings, family: str, *, max_deliver: int | None = None, start: bool = True
+) -> AsyncIterator[Executor]:
+    """A tool executor owning every partition of `family`, with its own broker connection and HTTP client.
+
+    `max_deliver` lowers how many deliveries the executor (and its durable consumers) spend on a key whose
+    outcome stays unknown, so "the last delivery" comes in a second instead of ~40 s. The executor has no such
+    parameter yet, so its module constant is patched while this executor lives; when the constructor takes the
+    knob, pass it here instead.
+    """
+    patch = (
+        mock.patch.object(executor_service, "MAX_DELIVER", max_deliver)
+        if max_deliver is not None
+        else nullcontext()
+    )
     assert settings.data_dir != _REPOSITORY_DATA, "give the executor a data_dir under the test's tmp_path"
-    broker = await Broker.connect(settings.nats_url, f"tests-executor-{family}")
-    http = httpx.AsyncClient(base_url=settings.sandbox_url)
-    worker = Executor(
+    with patch:
+        broker = await Broker.connect(settings.nats_url, f"tests-executor-{family}")
+        http = httpx.AsyncClient(base_url=settings.sandbox_url)
+        worker = Executor(
+            broker,
+            settings,
+            family,
+            list(range(settings.partitions)),
+            http,
+            logging.getLogger(f"tests.executor.{family}"),
+        )
+        try:
+            if start:
+                await worker.start()
+            yield worker
+        finally:
+            await worker.close()
+            await http.aclose()
+            await broker.close()
+
+
+def last_delivery() -> int:
+    """The delivery at which an executor stops asking about an unknown outcome and reports it as unknown: one
+    before the consumer's last, so that message is acknowledged rather than dead-lettered."""
+    return executor_service.MAX_DELIVER - 1
+
+
+async def deliver(worker: Executor, request: ActionRequest, deliveries: int, stream_seq: int = 1) -> None:
+    """Hand the executor one delivery of `request`, as its consumer does (with the broker's delivery count).
+    Returns when the delivery would be acknowledged; raises what would make it come back (nak) or dead-letter."""
+    await worker.handle(request, context_from(None), stream_seq, deliveries)
+
+
+# The reconciler and the audit ---------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def reconciler(
+    settings: Settings, *, grace_s: float = 2.0, reask_s: float = 5.0, quiet_s: float = 30.0
+) -> AsyncIterator[Reconciler]:
+    """A reconciler following every journal of the namespace. It never ticks by itself: the test calls
+    `tick(now)` with the time it wants, so "overdue" and "ask again later" happen when the test says."""
+    broker = await Broker.connect(settings.nats_url, f"tests-reconciler-{settings.worker_id}")
+    worker = Reconciler(
         broker,
         settings,
-        family,
-        list(range(settings.partitions)),
-        http,
-        logging.getLogger(f"tests.executor.{family}"),
+        logging.getLogger("tests.reconciler"),
+        grace_s=grace_s,
+        reask_s=reask_s,
+        quiet_s=quiet_s,
     )
     try:
-        if start:
-            await worker.start()
+        await worker.start()
         yield worker
     finally:
-        await worker.close()
-        await http.aclose()
         await broker.close()
-
-
-# The audit ---------------------------------------------------------------------------------------------------
 
 
 async def audit(broker: Broker, settings: Settings) -> tuple[list[Finding], dict[str, int]]:
