@@ -9,6 +9,6 @@
 * `broker`: reading JetStream from a test: dead letters, settled consumers, action subjects.
 * `runs`: pure builders for the runtime core: hand-made journals, a driven run, the replay check.
 * `paths`: the repository root and the golden files.
-* `inprocess`: the ONE place that constructs services inside the test process (Executor, Settings, the sandbox
-  server); when a constructor changes, only that file changes.
+* `inprocess`: the ONE place that constructs services inside the test process (Runtime, Executor, Reconciler,
+  Settings, the sandbox server); when a constructor changes, only that file changes.
 """

@@ -1,5 +1,5 @@
-"""The ONE place tests build services inside their own process: Settings, Executor, Reconciler, the sandbox
-server, the audit, and the few service internals a test needs to reach.
+"""The ONE place tests build services inside their own process: Settings, Runtime, Executor, Reconciler, the
+sandbox server, the model adapter, and the few service internals a test needs to reach.
 
 Every in-process test goes through these helpers, so when a service's constructor or shell changes, this file is
 the only one to fix. Each helper owns what it opens (its broker connection, its HTTP client) and closes it.
@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, nullcontext, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import httpx
 
+from contracts.errors import RunVersionConflict
+from contracts.run_events import ActionRequested, Event, RunCompleted, RunHandedOff, ToolRejected
 from contracts.subjects import Namespace
-from contracts.tool_messages import ActionRequest
+from contracts.tool_messages import ActionRequest, RunWake
 from sandbox.app import serve
 from services.executor import service as executor_service
 from services.executor.service import Executor
@@ -27,6 +32,10 @@ from services.platform.settings import Settings
 from services.platform.tracing import context_from
 from services.reconciler.audit import Finding
 from services.reconciler.service import Reconciler, audit_all
+from services.runtime.core.agent import Agent
+from services.runtime.core.decide import ModelReply
+from services.runtime.model import ResponsesModel
+from services.runtime.service import Runtime
 
 NO_SANDBOX = "http://127.0.0.1:9"  # a port nothing listens on: a service that must not call out fails loudly
 _REPOSITORY_DATA = Path(".crashsafe/data")  # Settings' default; never written by a test
@@ -71,6 +80,23 @@ async def sandbox_server() -> AsyncIterator[str]:
         server.cancel()
         with suppress(asyncio.CancelledError):
             await server
+
+
+class NoModel:
+    """A model port for runs that must never ask the model (seeded, ended, or plan-driven runs)."""
+
+    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply:
+        raise AssertionError("this run asked the model")
+
+
+@asynccontextmanager
+async def scripted_model(settings: Settings) -> AsyncIterator[ResponsesModel]:
+    """The runtime's real model adapter (the `openai` client), talking to the sandbox's scripted model."""
+    model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
+    try:
+        yield model
+    finally:
+        await model.close()
 
 
 # Executors ----------------------------------------------------------------------------------------------------
@@ -124,6 +150,90 @@ async def deliver(worker: Executor, request: ActionRequest, deliveries: int, str
     """Hand the executor one delivery of `request`, as its consumer does (with the broker's delivery count).
     Returns when the delivery would be acknowledged; raises what would make it come back (nak) or dead-letter."""
     await worker.handle(request, context_from(None), stream_seq, deliveries)
+
+
+# Runtimes -----------------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def runtime(settings: Settings, model: Any | None = None) -> AsyncIterator[Runtime]:
+    """A runtime worker named `settings.worker_id`, not yet consuming (call `start()` to take work from the
+    streams, or call its use cases directly)."""
+    broker = await Broker.connect(settings.nats_url, f"tests-runtime-{settings.worker_id}")
+    worker = Runtime(
+        broker, settings, model or NoModel(), logging.getLogger(f"tests.runtime.{settings.worker_id}")
+    )
+    try:
+        yield worker
+    finally:
+        await worker.deliveries.drain()
+        await broker.close()
+
+
+async def wake(worker: Runtime, run_id: str, reason: str, by: str = "test") -> None:
+    """Hand the worker a `run.wake` for the run, as its outcomes consumer would (a reconciler's or operator's)."""
+    message = RunWake(run_id=run_id, reason=reason, at=datetime.now(UTC), by=by)
+    await worker.wake(message, context_from(None))
+
+
+PLANNED = (ActionRequested, ToolRejected, RunCompleted, RunHandedOff)  # what a decision (`Append`) journals
+
+
+@dataclass
+class Contention:
+    """What happened when several workers decided the same run at once."""
+
+    parties: int
+    arrived: list[int] = field(default_factory=list)  # the expected subject sequence each append carried
+    won: list[Event] = field(default_factory=list)
+    conflicts: int = 0
+    _all_here: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _GatedJournal:
+    """A worker's run journal whose first planned append waits until every party has reached one."""
+
+    def __init__(self, journal: Any, contention: Contention, timeout_s: float) -> None:
+        self._journal = journal
+        self._contention = contention
+        self._timeout_s = timeout_s
+        self._gated = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._journal, name)
+
+    async def append(self, event: Event, expected_seq: int, headers: dict[str, str] | None = None) -> int:
+        c = self._contention
+        if isinstance(event, PLANNED) and not self._gated:
+            self._gated = True
+            c.arrived.append(expected_seq)
+            if len(c.arrived) == c.parties:
+                c._all_here.set()
+            with suppress(TimeoutError):  # a party that never decides must not hang the test; it fails it
+                await asyncio.wait_for(c._all_here.wait(), self._timeout_s)
+            try:
+                seq = await self._journal.append(event, expected_seq, headers)
+            except RunVersionConflict:
+                c.conflicts += 1
+                raise
+            c.won.append(event)
+            return int(seq)
+        return int(await self._journal.append(event, expected_seq, headers))
+
+
+@contextmanager
+def decide_together(workers: list[Runtime], timeout_s: float = 10.0) -> Iterator[Contention]:
+    """Make runtime workers take their next decision (the events of an `Append` move) at the same moment: each
+    worker's first planned append is held until all of them have made theirs, then all go to the journal."""
+    contention = Contention(parties=len(workers))
+    originals = [w.journal for w in workers]
+    for worker in workers:
+        worker.journal = _GatedJournal(worker.journal, contention, timeout_s)  # type: ignore[assignment]
+    try:
+        yield contention
+    finally:
+        for worker, journal in zip(workers, originals, strict=True):
+            worker.journal = journal
 
 
 # The reconciler and the audit ---------------------------------------------------------------------------------
