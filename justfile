@@ -33,6 +33,10 @@ down:
 test *args:
     {{bin}}/pytest {{args}}
 
+# the pure tests only (no nats-server, no processes, no network): seconds, for every edit
+test-unit *args:
+    {{bin}}/pytest -m unit tests/unit {{args}}
+
 # ruff (lint and format) and mypy (strict on contracts and the pure cores), as CI runs them
 lint:
     {{bin}}/ruff check .

@@ -1,9 +1,17 @@
-"""Shared fixtures: one real nats-server per test session, a unique namespace per test, whole stacks on demand."""
+"""Shared fixtures: one real nats-server per test session, a unique namespace per test, whole stacks on demand.
+
+Tests live in three folders, and each test is marked by its folder (`pytest -m unit`, `just test-unit`):
+
+* `unit/`: pure; no nats-server, no processes, no network.
+* `integration/`: the session's real nats-server, services built in this process (tests/support/inprocess.py).
+* `e2e/`: whole stacks of real processes, processes killed, chaos.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +20,25 @@ import pytest
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
-from crashsafe.stack import Stack
+from tests.support.stack import StackClient, open_stack
+
+KINDS = ("unit", "integration", "e2e")
+# A unit test that asks for one of these is not a unit test.
+NOT_PURE = {"nats_server", "broker", "start_stack"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(root).parts
+        kind = parts[0] if len(parts) > 1 else None
+        if kind not in KINDS:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in tests/unit, tests/integration or tests/e2e"
+            )
+        if kind == "unit" and NOT_PURE & set(getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid}: a unit test may not use {sorted(NOT_PURE)}")
+        item.add_marker(getattr(pytest.mark, kind))
 
 
 @pytest.fixture(scope="session")
@@ -36,19 +62,19 @@ async def broker(nats_server: NatsServer) -> AsyncIterator[Broker]:
 
 
 @pytest.fixture
-def make_stack(
+async def start_stack(
     tmp_path: Path, nats_server: NatsServer, namespace: Namespace
-) -> Iterator[Callable[..., Stack]]:
-    """Start the whole stack as real processes on the session's nats-server; stopped after the test."""
-    stacks: list[Stack] = []
+) -> AsyncIterator[Callable[..., Awaitable[StackClient]]]:
+    """Start whole stacks of real processes on the session's nats-server, in the test's namespace; each is
+    stopped after the test. Keyword arguments go to `crashsafe.stack.Stack` (`crash=`, `executors=`, ...)."""
+    async with AsyncExitStack() as stacks:
+        count = 0
 
-    def make(**kwargs: Any) -> Stack:
-        kwargs.setdefault("nats_url", nats_server.url)
-        kwargs.setdefault("namespace", namespace.name)
-        stack = Stack(tmp_path / f"stack{len(stacks)}", **kwargs)
-        stacks.append(stack)
-        return stack.start()
+        async def start(**kwargs: Any) -> StackClient:
+            nonlocal count
+            count += 1
+            kwargs.setdefault("nats_url", nats_server.url)
+            kwargs.setdefault("namespace", namespace.name)
+            return await stacks.enter_async_context(open_stack(tmp_path / f"stack{count}", **kwargs))
 
-    yield make
-    for stack in stacks:
-        stack.stop()
+        yield start

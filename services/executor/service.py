@@ -79,6 +79,7 @@ class Executor:
         family: str,
         providers: Providers,
         logger: logging.Logger,
+        max_deliver: int = MAX_DELIVER,
     ) -> None:
         self.broker = broker
         self.settings = settings
@@ -92,6 +93,8 @@ class Executor:
         self.providers = providers
         self.logger = logger
         self.synchronous = settings.sqlite_sync
+        # How many deliveries a key whose outcome stays unknown may spend before the run is told `unknown`.
+        self.max_deliver = max_deliver
         self.stores: dict[int, ActionStore] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self.deliveries = Deliveries(
@@ -99,7 +102,7 @@ class Executor:
             self.ns,
             f"executor_{family}",
             logger,
-            max_deliver=MAX_DELIVER,
+            max_deliver=max_deliver,
             ack_wait_s=settings.ack_wait_s,
         )
 
@@ -122,7 +125,7 @@ class Executor:
                     self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
                 )
         for partition in self.partitions:
-            spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, MAX_DELIVER)
+            spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver)
             await self.broker.ensure_consumer(spec)
             await self.broker.subscribe(spec, self.deliveries.dispatch(self._on_request))
         log(self.logger, logging.INFO, "executor ready", family=self.family, partitions=self.partitions)
@@ -203,7 +206,7 @@ class Executor:
             outcome = await self._run(request, tool, attempts, deliveries, look_first, store)
         except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
-            if deliveries >= MAX_DELIVER - 1:
+            if deliveries >= self.max_deliver - 1:
                 # Out of redeliveries: tell the run the outcome is unknown (it hands off); the reconciler goes on asking.
                 outcome = unknown_outcome(request, "provider and lookup unavailable", attempts, deliveries)
                 await self._publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.platform.settings import VARIABLES, InvalidSetting, Settings, parse_partitions
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
 
 
 def test_the_readme_table_lists_exactly_the_variables_settings_reads() -> None:

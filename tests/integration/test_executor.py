@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import sqlite3
-import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,8 +17,9 @@ import httpx
 import msgspec
 import pytest
 
+from contracts.errors import CrashsafeError, ErrorCode, RetryClass
 from contracts.keys import action_key, input_hash, partition_of
-from contracts.subjects import Namespace
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -27,29 +27,24 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
-from bench.workloads import registry as bench_registry
 from services.executor.service import Executor
-from services.platform.providers import Providers
 from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
-from sandbox.app import serve
+from tests.support import inprocess
+from tests.support.waiting import eventually
+from tests.support.world import Sandbox
 
-PARTITIONS = 4
+PARTITIONS = DEFAULT_ACTION_PARTITIONS
 DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
 
 
 @pytest.fixture
 async def sandbox_url() -> AsyncIterator[str]:
     """The sandbox provider in this process, on a free port."""
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve(port=0, ready=ready.set_result))
-    port = await asyncio.wait_for(ready, 10)
-    yield f"http://127.0.0.1:{port}"
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with inprocess.sandbox_server() as url:
+        yield url
 
 
 @dataclass
@@ -60,43 +55,29 @@ class Harness:
     ns: Namespace
     broker: Broker
     sandbox: httpx.AsyncClient
+    world: Sandbox
     data_dir: Path
+    running: AsyncExitStack
     outcomes: list[ActionOutcome] = field(default_factory=list)
-    running: list[tuple[Executor, Broker, Providers]] = field(default_factory=list)
+    executors: dict[str, Executor] = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: "run_" + uuid.uuid4().hex[:24])
     steps: int = 0
 
     @property
     def settings(self) -> Settings:
-        return Settings(
-            nats_url=self.nats_url,
-            namespace=self.ns,
-            partitions=PARTITIONS,
+        return inprocess.settings_for(
+            self.nats_url,
+            self.ns,
+            sandbox_url=self.world.url,
             data_dir=self.data_dir,
-            sandbox_url=str(self.sandbox.base_url).rstrip("/"),
             worker_id="test-executor",
         )
 
     async def start(self, *families: str) -> None:
         for family in families:
-            broker = await Broker.connect(self.nats_url, f"test-executor-{family}")
-            http = Providers.connect(self.settings.sandbox_url)
-            executor = Executor(
-                broker,
-                self.settings,
-                bench_registry(),
-                family,
-                http,
-                logging.getLogger(f"test.executor.{family}"),
+            self.executors[family] = await self.running.enter_async_context(
+                inprocess.executor(self.settings, family)
             )
-            await executor.start()
-            self.running.append((executor, broker, http))
-
-    async def stop(self) -> None:
-        for executor, broker, http in self.running:
-            await executor.close()
-            await http.close()
-            await broker.close()
 
     def request(self, tool: str, family: str, args: dict[str, Any], key: str | None = None) -> ActionRequest:
         self.steps += 1
@@ -121,26 +102,11 @@ class Harness:
         )
 
     async def outcomes_for(self, key: str, count: int = 1, deadline_s: float = 15.0) -> list[ActionOutcome]:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            got = [o for o in self.outcomes if o.key == key]
-            if len(got) >= count:
-                return got
-            await asyncio.sleep(0.02)
-        raise AssertionError(
-            f"{count} outcome(s) for {key} not seen in {deadline_s}s: {[o for o in self.outcomes if o.key == key]}"
-        )
+        def got() -> list[ActionOutcome] | None:
+            found = [o for o in self.outcomes if o.key == key]
+            return found if len(found) >= count else None
 
-    async def ledger(self) -> dict[str, Any]:
-        return dict((await self.sandbox.get("/_ledger")).json())
-
-    async def faults(self, **spec: Any) -> dict[str, Any]:
-        response = await self.sandbox.put("/_faults", json=spec)
-        assert response.status_code == 200, response.text
-        return dict(response.json()["faults"])
-
-    async def armed(self) -> dict[str, Any]:
-        return dict((await self.sandbox.get("/_faults")).json()["faults"])
+        return await eventually(got, what=f"{count} outcome(s) for {key}", timeout_s=deadline_s, every_s=0.02)
 
     async def booking(self, guest: str = "guest-1", hotel: str = "lis-1") -> dict[str, Any]:
         """A held booking made straight at the provider, to pay for."""
@@ -160,8 +126,16 @@ class Harness:
 async def harness(
     nats_server: NatsServer, broker: Broker, namespace: Namespace, sandbox_url: str, tmp_path: Path
 ) -> AsyncIterator[Harness]:
-    async with httpx.AsyncClient(base_url=sandbox_url, timeout=10.0) as sandbox:
-        h = Harness(nats_server.url, namespace, broker, sandbox, tmp_path / "data")
+    async with httpx.AsyncClient(base_url=sandbox_url, timeout=10.0) as sandbox, AsyncExitStack() as running:
+        h = Harness(
+            nats_server.url,
+            namespace,
+            broker,
+            sandbox,
+            Sandbox(sandbox, sandbox_url),
+            tmp_path / "data",
+            running,
+        )
 
         async def collect(msg: Any) -> None:
             message = runtime_message_decoder.decode(msg.data)
@@ -174,7 +148,6 @@ async def harness(
             yield h
         finally:
             await sub.unsubscribe()
-            await h.stop()
 
 
 def book_args(hotel: str = "lis-1", guest: str = "guest-1", **dates: str) -> dict[str, Any]:
@@ -190,7 +163,7 @@ def pay_args(booking: dict[str, Any], amount: int | None = None) -> dict[str, An
     }
 
 
-# One key, one effect -----------------------------------------------------------------------------------------
+# One key, one effect ------------------------------------------------------------------------------------------
 
 
 async def test_a_request_sent_again_is_answered_from_the_receipt(harness: Harness) -> None:
@@ -211,7 +184,7 @@ async def test_a_request_sent_again_is_answered_from_the_receipt(harness: Harnes
         call.provider_ref,
         call.result,
     )
-    ledger = await harness.ledger()
+    ledger = await harness.world.ledger()
     assert ledger["counts"]["booking"] == 1
     assert ledger["replays"]["booking"] == 0  # the provider was not even asked again
 
@@ -225,7 +198,7 @@ async def test_the_exact_message_twice_back_to_back_charges_once(harness: Harnes
     assert [o.status for o in outcomes] == [OutcomeStatus.SUCCEEDED] * 2
     assert sorted(o.via for o in outcomes) == ["call", "replay"]
     assert outcomes[0].provider_ref == outcomes[1].provider_ref is not None
-    ledger = await harness.ledger()
+    ledger = await harness.world.ledger()
     charges = [e for e in ledger["entries"] if e["kind"] == "charge"]
     assert (
         len(charges) == 1
@@ -245,7 +218,7 @@ async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the
     assert original.status == OutcomeStatus.SUCCEEDED
 
     # Arm a refusal on the bookings endpoint: if the executor called the provider, the fault would be used up.
-    await harness.faults(target="bookings", fail_5xx=1)
+    await harness.world.arm("bookings", fail_5xx=1)
     other = msgspec.structs.replace(request, args=book_args(check_out="2026-12-05"))
     other = msgspec.structs.replace(other, input_hash=input_hash({"tool": other.tool, "args": other.args}))
     await harness.publish(other)
@@ -261,8 +234,8 @@ async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the
         conflict.error.details["stored_input_hash"] == request.input_hash
         and conflict.error.details["input_hash"] == other.input_hash
     )
-    assert (await harness.armed())["bookings"]["fail_5xx"] == 1
-    ledger = await harness.ledger()
+    assert (await harness.world.faults())["bookings"]["fail_5xx"] == 1
+    ledger = await harness.world.ledger()
     assert ledger["counts"]["booking"] == 1 and ledger["entries"][0]["key"] == request.key
 
 
@@ -284,19 +257,19 @@ async def test_a_provider_refusal_is_a_definitive_failure(harness: Harness, tool
     await harness.publish(request)  # a redelivery replays the failure; the provider is not asked again
     _, again = await harness.outcomes_for(request.key, 2)
     assert (again.status, again.via, again.error) == (OutcomeStatus.FAILED, "replay", failed.error)
-    ledger = await harness.ledger()
+    ledger = await harness.world.ledger()
     assert ledger["counts"]["charge"] == 0 and ledger["counts"]["booking"] == (
         1 if tool == "create_payment" else 0
     )
 
 
-# Unknown outcomes: look up by key, never retry blind ---------------------------------------------------------
+# Unknown outcomes: look up by key, never retry blind ----------------------------------------------------------
 
 
 async def test_a_charge_whose_answer_was_lost_is_found_by_key(harness: Harness) -> None:
     await harness.start("payment")
     booking = await harness.booking()
-    await harness.faults(target="payments", drop_after_commit=1)
+    await harness.world.arm("payments", drop_after_commit=1)
     request = harness.request("create_payment", "payment", pay_args(booking))
     await harness.publish(request)
     (outcome,) = await harness.outcomes_for(request.key)
@@ -305,8 +278,8 @@ async def test_a_charge_whose_answer_was_lost_is_found_by_key(harness: Harness) 
         outcome.provider_ref == outcome.result["payment_id"]
         and outcome.result["amount_cents"] == booking["total_cents"]
     )
-    assert await harness.armed() == {}  # the drop really happened
-    charges = [e for e in (await harness.ledger())["entries"] if e["kind"] == "charge"]
+    assert await harness.world.faults() == {}  # the drop really happened
+    charges = [e for e in (await harness.world.ledger())["entries"] if e["kind"] == "charge"]
     assert (
         len(charges) == 1 and charges[0]["key"] == request.key and charges[0]["ref"] == outcome.provider_ref
     )
@@ -314,18 +287,71 @@ async def test_a_charge_whose_answer_was_lost_is_found_by_key(harness: Harness) 
 
 async def test_a_refused_write_is_looked_up_then_called_again_with_the_same_key(harness: Harness) -> None:
     await harness.start("booking")
-    await harness.faults(target="bookings", fail_5xx=1)
+    await harness.world.arm("bookings", fail_5xx=1)
     request = harness.request("create_booking", "booking", book_args())
     await harness.publish(request)
     (outcome,) = await harness.outcomes_for(request.key)
     assert (outcome.status, outcome.via, outcome.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
-    assert await harness.armed() == {}
-    ledger = await harness.ledger()
+    assert await harness.world.faults() == {}
+    ledger = await harness.world.ledger()
     assert ledger["counts"]["booking"] == 1 and ledger["entries"][0]["key"] == request.key
     assert ledger["replays"]["booking"] == 0  # the second call was the first to arrive
 
 
-# Durable before effect ---------------------------------------------------------------------------------------
+async def test_an_outcome_still_unknown_at_the_last_delivery_is_reported_unknown_never_failed(
+    harness: Harness,
+) -> None:
+    """The charge went through, its answer was lost, and every lookup by key is refused: nobody can tell. Until the
+    last delivery the request just comes back; at the last one the run is told `unknown` (it hands off), never
+    `failed` (which would release the booking of a guest who may have paid). Later, a lookup finds the charge."""
+    await harness.start("payment")
+    executor = harness.executors["payment"]
+    booking = await harness.booking()
+    await harness.world.arm("payments", drop_after_commit=1)
+    await harness.world.arm("lookups", fail_5xx=100)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    last = inprocess.last_delivery(executor)
+
+    for deliveries in (1, last - 1):  # the first (calls, then asks by key) and the one before the last (asks)
+        with pytest.raises(CrashsafeError) as comes_back:
+            await inprocess.deliver(executor, request, deliveries)
+        assert (comes_back.value.code, comes_back.value.retry) == (
+            ErrorCode.OUTCOME_UNKNOWN,
+            RetryClass.RETRY_LATER,
+        )
+
+    await inprocess.deliver(
+        executor, request, last
+    )  # returns: the delivery is acknowledged, not dead-lettered
+
+    (unknown,) = await harness.outcomes_for(request.key)  # nothing was reported before the last delivery
+    assert (unknown.status, unknown.via, unknown.attempts, unknown.deliveries) == (
+        OutcomeStatus.UNKNOWN,
+        "unresolved",
+        1,
+        last,
+    )
+    assert unknown.error is not None
+    assert (unknown.error.code, unknown.error.retry) == ("outcome_unknown", "unknown_outcome")
+    assert unknown.error.details == {"key": request.key}
+    assert unknown.result == {} and unknown.provider_ref is None
+    assert [(e.asked, e.answer) for e in unknown.evidence] == [("provider.lookup", "unknown")]
+    charges = [e for e in (await harness.world.ledger())["entries"] if e["kind"] == "charge"]
+    assert len(charges) == 1 and charges[0]["key"] == request.key  # the lost answer was a real charge
+
+    # Lookups are back: the next ask (a reconciler's resolve request) finds the charge by key, calls nothing.
+    await harness.world.clear_faults()
+    await inprocess.deliver(executor, request, 1)
+    _, found = await harness.outcomes_for(request.key, 2)
+    assert (found.status, found.via, found.provider_ref) == (
+        OutcomeStatus.SUCCEEDED,
+        "provider_lookup",
+        charges[0]["ref"],
+    )
+    assert (await harness.world.ledger())["counts"]["charge"] == 1
+
+
+# Durable before effect ----------------------------------------------------------------------------------------
 
 
 def _row(path: Path, key: str) -> tuple[str, bytes | None, int | None] | None:
@@ -344,17 +370,13 @@ def _row(path: Path, key: str) -> tuple[str, bytes | None, int | None] | None:
 
 async def test_the_intent_is_committed_before_the_provider_is_called(harness: Harness) -> None:
     await harness.start("booking")
-    await harness.faults(target="bookings", latency_ms=1500)
+    await harness.world.arm("bookings", latency_ms=1500)
     request = harness.request("create_booking", "booking", book_args())
     path = harness.store_path("booking", request.key)
     await harness.publish(request)
-    deadline = time.monotonic() + 10
-    row = None
-    while time.monotonic() < deadline and row is None:
-        row = _row(path, request.key)
-        await asyncio.sleep(0.01)
+    row = await eventually(lambda: _row(path, request.key), what="the intent row", timeout_s=10, every_s=0.01)
     assert row is not None and row[0] == "started" and row[1] is None
-    assert (await harness.ledger())["counts"]["booking"] == 0  # intent durable, effect not yet made
+    assert (await harness.world.ledger())["counts"]["booking"] == 0  # intent durable, effect not yet made
 
     (outcome,) = await harness.outcomes_for(request.key)
     status, stored, stream_seq = _row(path, request.key) or ("", None, None)
@@ -363,7 +385,7 @@ async def test_the_intent_is_committed_before_the_provider_is_called(harness: Ha
         stored is not None
         and msgspec.json.decode(stored, type=ActionOutcome).provider_ref == outcome.provider_ref
     )
-    assert (await harness.ledger())["counts"]["booking"] == 1
+    assert (await harness.world.ledger())["counts"]["booking"] == 1
 
 
 async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
@@ -470,7 +492,7 @@ async def test_intents_left_by_a_dead_executor_are_settled_at_start(harness: Har
         made.json()["booking_id"],
     )
     assert (called.status, called.via, called.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
-    ledger = await harness.ledger()
+    ledger = await harness.world.ledger()
     assert sorted(e["key"] for e in ledger["entries"]) == sorted([reached.key, lost.key])
     for request in (reached, lost):
         assert (_row(harness.store_path("booking", request.key), request.key) or ("",))[0] == "succeeded"

@@ -2,38 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from stackkit import (
-    BOOKED_AND_PAID,
-    StackClient,
-    eventually,
-    of_type,
-    shared_client,
-    start_stack,
-    step,
-    stop_stack,
-    trail,
-)
 
-from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
-from sandbox.listing import SandboxListing
-from services.agents import stayhub
-from services.platform.providers import Providers
-from services.reconciler.service import audit_all
-
-slow = pytest.mark.skipif(
-    not os.environ.get("CRASHSAFE_SLOW"),
-    reason="slow (about a minute: the executor spends all its redeliveries); set CRASHSAFE_SLOW=1 to run",
-)
+from tests.support import inprocess
+from tests.support.journals import of_type, step, trail
+from tests.support.stack import StackClient, open_stack
+from tests.support.waiting import eventually
+from tests.support.world import BOOKED_AND_PAID, NOTHING
 
 CALL_UNKNOWN = ("provider.call", "unknown")
 CALL_OK = ("provider.call", "ok")
@@ -47,14 +30,13 @@ WRITES = {
     "emails": "send_confirmation_email",
     "crm": "update_crm",
 }
-NOTHING = {"booking": 0, "booking_release": 0, "charge": 0, "refund": 0, "email": 0, "crm_update": 0}
 
 
 @pytest.fixture(scope="module")
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    async with shared_client(nats_server.url, tmp_path_factory.mktemp("faults")) as client:
+    async with open_stack(tmp_path_factory.mktemp("faults"), nats_url=nats_server.url) as client:
         yield client
 
 
@@ -66,7 +48,7 @@ async def world(shared: StackClient) -> AsyncIterator[StackClient]:
     await shared.clear_faults()
 
 
-# Lost or refused answers on keyed writes ---------------------------------------------------------------------
+# Lost or refused answers on keyed writes ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -115,7 +97,7 @@ async def test_payment_receipt_found_by_key_names_the_providers_charge(world: St
     assert receipt["result"]["amount_cents"] == request["args"]["amount_cents"] == charge["amount_cents"]
 
 
-# Reads and definitive failures -------------------------------------------------------------------------------
+# Reads and definitive failures --------------------------------------------------------------------------------
 
 
 async def test_search_slower_than_its_timeout_fails_the_step_and_books_nothing(world: StackClient) -> None:
@@ -244,7 +226,7 @@ async def test_a_model_outage_is_retried_without_repeating_any_effect(world: Sta
     assert "model" not in await world.faults()
 
 
-# An outcome nobody can tell ----------------------------------------------------------------------------------
+# An outcome nobody can tell -----------------------------------------------------------------------------------
 
 
 async def test_unknown_payment_is_never_released_and_is_found_once_lookups_return(world: StackClient) -> None:
@@ -302,58 +284,90 @@ class UnknownRun:
     events_after_reconcile: list[dict[str, Any]]
 
 
+# The deliveries the payment executor spends on a key nobody can resolve before it reports `unknown`: a call and
+# a few asks by key, then the last delivery within about a second (a stack's executor spends 12: ~40 s of naks).
+FEW_DELIVERIES = 3
+
+
 @pytest.fixture(scope="module")
 async def unknown_run(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[UnknownRun]:
-    namespace = f"t{uuid.uuid4().hex[:10]}"
-    stack = await start_stack(
-        nats_server.url, tmp_path_factory.mktemp("unknown"), namespace, env={"CRASHSAFE_ACK_WAIT_S": "1"}
-    )
-    client = StackClient(stack)
-    try:
-        await client.arm("payments", drop_after_commit=1)
-        await client.arm("lookups", fail_5xx=1_000_000)
-        run_id, guest = await client.start_run()
-        charges, releases = 0, 0
-
-        async def ended() -> dict[str, Any] | None:
-            nonlocal charges, releases
-            counts = await client.counts(guest)
-            charges, releases = max(charges, counts["charge"]), max(releases, counts["booking_release"])
-            summary = await client.summary(run_id)
-            return summary if summary is not None and summary["status"] != "running" else None
-
-        # The executor naks an unresolvable key with growing delays until its redeliveries run out (~40 s).
-        summary = await eventually(
-            ended, what="the unknown payment to be handed off", timeout_s=150, every_s=0.25
+    """The payment executor and the reconciler run in this process, every other service as a real process: the
+    executor so it spends only FEW_DELIVERIES, the reconciler so the test sets its clock (past the payment's
+    deadline) instead of waiting for it."""
+    state = tmp_path_factory.mktemp("unknown")
+    async with open_stack(
+        state / "stack",
+        nats_url=nats_server.url,
+        executors=("booking", "notify"),
+        reconciler=False,
+        env={"CRASHSAFE_ACK_WAIT_S": "1"},
+    ) as client:
+        settings = inprocess.settings_for(
+            nats_server.url,
+            client.ns,
+            sandbox_url=client.stack.sandbox_url,
+            data_dir=state / "payment-data",
+            worker_id="payment",
         )
-        events = await client.events(run_id)
-        request, _ = step(events, "create_payment")
-        await client.clear_faults()
-        response = await client.reconcile(run_id)
-        assert response.status_code == 202, response.text
-        yield UnknownRun(
-            client=client,
-            settings=Settings(
-                nats_url=nats_server.url, namespace=Namespace(namespace), sandbox_url=stack.sandbox_url
-            ),
-            run_id=run_id,
-            guest=guest,
-            payment_key=request["key"],
-            summary=summary,
-            events=events,
-            max_charges=charges,
-            releases_seen=releases,
-            reconcile=response.json(),
-            events_after_reconcile=await client.events(run_id),
-        )
-    finally:
-        await client.aclose()
-        await stop_stack(stack)
+        async with inprocess.reconciler(settings) as reconciler:
+            await client.arm("payments", drop_after_commit=1)
+            await client.arm("lookups", fail_5xx=1_000_000)
+            run_id, guest = await client.start_run()
+            requested = await eventually(
+                lambda: client.requested(run_id, "create_payment"), what="the payment to be requested"
+            )
+
+            # Nobody takes the payment yet. The reconciler, its clock past the deadline and grace, finds it
+            # overdue: it asks the owning executor to resolve the key and wakes the run (a nudge in the journal).
+            overdue = datetime.fromisoformat(requested["deadline_at"]) + timedelta(
+                seconds=reconciler.grace_s + 1
+            )
+
+            async def nudged() -> bool:
+                await reconciler.tick(overdue)
+                nudges = of_type(await client.events(run_id), "run.nudged")
+                return any(requested["key"] in n["keys"] for n in nudges)
+
+            await eventually(nudged, what="the reconciler to nudge the overdue payment")
+
+            async with inprocess.executor(settings, "payment", max_deliver=FEW_DELIVERIES):
+                charges, releases = 0, 0
+
+                async def ended() -> dict[str, Any] | None:
+                    nonlocal charges, releases
+                    counts = await client.counts(guest)
+                    charges, releases = (
+                        max(charges, counts["charge"]),
+                        max(releases, counts["booking_release"]),
+                    )
+                    summary = await client.summary(run_id)
+                    return summary if summary is not None and summary["status"] != "running" else None
+
+                # The executor charges (the answer is lost), asks by key and is refused, naks, asks again at its
+                # last delivery, and reports the outcome unknown: the run hands off.
+                summary = await eventually(ended, what="the unknown payment to be handed off", every_s=0.25)
+                events = await client.events(run_id)
+                request, _ = step(events, "create_payment")
+                await client.clear_faults()
+                response = await client.reconcile(run_id)
+                assert response.status_code == 202, response.text
+                yield UnknownRun(
+                    client=client,
+                    settings=settings,
+                    run_id=run_id,
+                    guest=guest,
+                    payment_key=request["key"],
+                    summary=summary,
+                    events=events,
+                    max_charges=charges,
+                    releases_seen=releases,
+                    reconcile=response.json(),
+                    events_after_reconcile=await client.events(run_id),
+                )
 
 
-@slow
 async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_charge_by_key(
     unknown_run: UnknownRun, broker: Broker
 ) -> None:
@@ -389,14 +403,11 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     late = await eventually(settled, what="the unknown payment settled by key in the journal", timeout_s=60)
     assert late["via"] == "provider_lookup"
     assert ("provider.lookup", "found") in [(e["asked"], e["answer"]) for e in late["evidence"]]
-    async with Providers.connect(run.settings.sandbox_url) as providers:
-        listing = SandboxListing(providers.http)
-        findings, _ = await audit_all(broker, run.settings, stayhub(), providers, listing)
+    findings, _ = await inprocess.audit(broker, run.settings)
     assert findings == []
     assert (await run.client.counts(run.guest))["charge"] == 1
 
 
-@slow
 async def test_manual_reconcile_of_a_handed_off_unknown_run_asks_about_the_key(
     unknown_run: UnknownRun,
 ) -> None:
@@ -414,7 +425,6 @@ async def _operator_nudges(client: StackClient, run_id: str) -> list[dict[str, A
     return [e for e in of_type(await client.events(run_id), "run.nudged") if e["by"].startswith("operator:")]
 
 
-@slow
 async def test_unknown_payment_receipt_carries_its_evidence_trail(unknown_run: UnknownRun) -> None:
     _, receipt = step(unknown_run.events, "create_payment")
     assert receipt is not None

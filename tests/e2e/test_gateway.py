@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,73 +19,47 @@ from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker, SubjectFull
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
-from crashsafe.stack import Stack
+from tests.support.stack import StackClient, guest_event, open_stack
+from tests.support.waiting import eventually
 
 # Runs in this file only ever ask the scripted model a question ("hello"): no tool executors needed.
 HELLO = "hello"
 
 
 @pytest.fixture(scope="module")
-def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+async def world(
+    nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[StackClient]:
     """One stack for the module (they cost seconds each); every test uses its own keys."""
-    ns = Namespace(f"g{uuid.uuid4().hex[:10]}")
-    running = Stack(
+    async with open_stack(
         tmp_path_factory.mktemp("gateway"),
         nats_url=nats_server.url,
-        namespace=ns.name,
+        namespace=f"g{uuid.uuid4().hex[:10]}",
         executors=(),
         reconciler=False,
-    )
-    running.start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def ns(stack: Stack) -> Namespace:
-    return Namespace(stack.namespace)
-
-
-@pytest.fixture
-async def http(stack: Stack) -> Any:
-    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10.0) as client:
+    ) as client:
         yield client
 
 
+@pytest.fixture
+def ns(world: StackClient) -> Namespace:
+    return world.ns
+
+
+@pytest.fixture
+def http(world: StackClient) -> httpx.AsyncClient:
+    """The gateway over HTTP, as any client sees it."""
+    return world.gateway
+
+
 def body(key: str | None = None, text: str = HELLO, **overrides: Any) -> dict[str, Any]:
-    return {
-        "event_id": key or f"evt-{uuid.uuid4().hex[:12]}",
-        "session_id": "sess-1",
-        "guest_id": "guest-1",
-        "text": text,
-        **overrides,
-    }
+    """A guest event of guest-1 in session sess-1; `overrides` replace or add fields (to test refusals)."""
+    return {**guest_event(key, text=text, session_id="sess-1"), **overrides}
 
 
 async def inbound_count(broker: Broker, ns: Namespace) -> int:
     info = await broker.js.stream_info(ns.stream(StreamKind.INBOUND))
     return int(info.state.messages)
-
-
-async def events_of(http: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]]:
-    response = await http.get(f"/v1/runs/{run_id}/events")
-    assert response.status_code == 200, response.text
-    return list(response.json()["events"])
-
-
-async def wait_for(
-    http: httpx.AsyncClient, run_id: str, status: str = "completed", deadline_s: float = 20.0
-) -> dict[str, Any]:
-    """Poll the run until it reaches `status` (never a bare sleep as synchronisation)."""
-    deadline = time.monotonic() + deadline_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        response = await http.get(f"/v1/runs/{run_id}")
-        last = response.json()
-        if response.status_code == 200 and last["status"] == status:
-            return dict(last)
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"run {run_id} not {status} after {deadline_s}s: {last}")
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -97,18 +70,20 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
     return dict(error)
 
 
-# Accepting an event ------------------------------------------------------------------------------------------
+# Accepting an event -------------------------------------------------------------------------------------------
 
 
-async def test_an_event_becomes_a_run_with_a_readable_journal(http: httpx.AsyncClient) -> None:
+async def test_an_event_becomes_a_run_with_a_readable_journal(
+    world: StackClient, http: httpx.AsyncClient
+) -> None:
     sent = body()
     response = await http.post("/v1/events", json=sent)
     assert response.status_code == 202
     run_id = run_id_for(sent["event_id"])
     assert response.json() == {"run_id": run_id, "duplicate": False}
 
-    summary = await wait_for(http, run_id)
-    events = await events_of(http, run_id)
+    summary = await world.wait_status(run_id, "completed", timeout_s=20)
+    events = await world.events(run_id)
     assert [e["type"] for e in events] == ["run.started", "run.model_answered", "run.completed"]
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
@@ -133,7 +108,9 @@ async def test_an_event_becomes_a_run_with_a_readable_journal(http: httpx.AsyncC
     )
 
 
-async def test_the_same_key_twice_is_one_run(http: httpx.AsyncClient, broker: Broker, ns: Namespace) -> None:
+async def test_the_same_key_twice_is_one_run(
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
+) -> None:
     sent = body()
     before = await inbound_count(broker, ns)
     first = await http.post("/v1/events", json=sent)
@@ -141,15 +118,15 @@ async def test_the_same_key_twice_is_one_run(http: httpx.AsyncClient, broker: Br
     assert first.status_code == second.status_code == 202
     assert first.json()["run_id"] == second.json()["run_id"]
     assert (first.json()["duplicate"], second.json()["duplicate"]) == (False, True)
-    await wait_for(http, first.json()["run_id"])
+    await world.wait_status(first.json()["run_id"], "completed", timeout_s=20)
     third = await http.post("/v1/events", json=sent)  # after the run ended too
     assert third.status_code == 202 and third.json() == {"run_id": first.json()["run_id"], "duplicate": True}
     assert await inbound_count(broker, ns) == before + 1
-    assert [e["type"] for e in await events_of(http, first.json()["run_id"])].count("run.started") == 1
+    assert [e["type"] for e in await world.events(first.json()["run_id"])].count("run.started") == 1
 
 
 async def test_a_burst_of_the_same_key_is_one_run(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     sent = body()
     before = await inbound_count(broker, ns)
@@ -157,13 +134,13 @@ async def test_a_burst_of_the_same_key_is_one_run(
     assert {a.status_code for a in answers} == {202}
     assert len({a.json()["run_id"] for a in answers}) == 1
     assert sorted(a.json()["duplicate"] for a in answers) == [False] + [True] * 5
-    await wait_for(http, answers[0].json()["run_id"])
+    await world.wait_status(answers[0].json()["run_id"], "completed", timeout_s=20)
     assert await inbound_count(broker, ns) == before + 1
-    assert [e["type"] for e in await events_of(http, answers[0].json()["run_id"])].count("run.started") == 1
+    assert [e["type"] for e in await world.events(answers[0].json()["run_id"])].count("run.started") == 1
 
 
 async def test_the_same_key_with_another_body_is_a_conflict(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     sent = body()
     key, run_id = sent["event_id"], run_id_for(sent["event_id"])
@@ -175,13 +152,13 @@ async def test_the_same_key_with_another_body_is_a_conflict(
     error = assert_error(clash, 409, "idempotency_conflict")
     assert key in error["message"] and error["details"] == {"key": key, "run_id": run_id}
     assert await inbound_count(broker, ns) == before
-    await wait_for(http, run_id)
-    started = [e for e in await events_of(http, run_id) if e["type"] == "run.started"]
+    await world.wait_status(run_id, "completed", timeout_s=20)
+    started = [e for e in await world.events(run_id) if e["type"] == "run.started"]
     assert len(started) == 1 and started[0]["text"] == HELLO
 
 
 async def test_idempotency_key_header_overrides_event_id(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     sent = body()
     header_key = f"hdr-{uuid.uuid4().hex[:12]}"
@@ -189,8 +166,8 @@ async def test_idempotency_key_header_overrides_event_id(
     assert response.status_code == 202
     run_id = response.json()["run_id"]
     assert run_id == run_id_for(header_key) != run_id_for(sent["event_id"])
-    await wait_for(http, run_id)
-    first = (await events_of(http, run_id))[0]
+    await world.wait_status(run_id, "completed", timeout_s=20)
+    first = (await world.events(run_id))[0]
     assert (first["idempotency_key"], first["event_id"]) == (header_key, sent["event_id"])
 
     # The header is the key: another body under it conflicts, and the body's own event_id is a different key.
@@ -201,10 +178,10 @@ async def test_idempotency_key_header_overrides_event_id(
         "run_id": run_id_for(sent["event_id"]),
         "duplicate": False,
     }
-    await wait_for(http, own.json()["run_id"])
+    await world.wait_status(own.json()["run_id"], "completed", timeout_s=20)
 
 
-# Refusing bad input, publishing nothing ----------------------------------------------------------------------
+# Refusing bad input, publishing nothing -----------------------------------------------------------------------
 
 OK = json.dumps(body("evt-never-published")).encode()
 
@@ -268,7 +245,7 @@ async def test_bad_requests_are_typed_and_publish_nothing(
 
 
 async def test_the_body_limit_is_exactly_16_kib(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     compact = json.dumps(body()).encode()
     at_limit = compact[:-1] + b" " * (MAX_BODY_BYTES - len(compact)) + b"}"  # JSON allows the padding
@@ -279,7 +256,7 @@ async def test_the_body_limit_is_exactly_16_kib(
     assert await inbound_count(broker, ns) == before
     accepted = await http.post("/v1/events", content=at_limit)
     assert accepted.status_code == 202
-    await wait_for(http, accepted.json()["run_id"])
+    await world.wait_status(accepted.json()["run_id"], "completed", timeout_s=20)
 
 
 async def test_an_unknown_agent_is_refused_before_anything_is_published(
@@ -292,7 +269,7 @@ async def test_an_unknown_agent_is_refused_before_anything_is_published(
     assert await inbound_count(broker, ns) == before
 
 
-# The lasting guards behind the 2-minute duplicate window -----------------------------------------------------
+# The lasting guards behind the 2-minute duplicate window ------------------------------------------------------
 
 
 def inbound_event(sent: dict[str, Any], key: str | None = None) -> InboundEvent:
@@ -308,7 +285,7 @@ def inbound_event(sent: dict[str, Any], key: str | None = None) -> InboundEvent:
 
 
 async def test_a_redelivery_with_a_new_msg_id_is_refused_by_the_per_run_subject(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     """What a redelivery after the duplicate window looks like: same run subject, a message id JetStream forgot."""
     sent = body()
@@ -319,27 +296,28 @@ async def test_a_redelivery_with_a_new_msg_id_is_refused_by_the_per_run_subject(
             ns.inbound(run_id), inbound_encoder.encode(inbound_event(sent)), msg_id=f"late-{uuid.uuid4().hex}"
         )
     assert await inbound_count(broker, ns) == before
-    await wait_for(http, run_id)
-    assert [e["type"] for e in await events_of(http, run_id)].count("run.started") == 1
+    await world.wait_status(run_id, "completed", timeout_s=20)
+    assert [e["type"] for e in await world.events(run_id)].count("run.started") == 1
 
 
 async def _poll_until_window_passed(
     broker: Broker, ns: Namespace, run_id: str, deadline_s: float = 10.0
 ) -> None:
     """The gateway's msg id is the run id; once JetStream forgets it, a publish hits the full subject instead."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+
+    async def window_passed() -> bool:
         try:
             published = await broker.publish(ns.inbound(run_id), b"{}", msg_id=run_id)
         except SubjectFull:
-            return
+            return True
         assert published.duplicate, "a probe was stored: the subject guard is gone"
-        await asyncio.sleep(0.05)
-    raise AssertionError("the duplicate window never passed")
+        return False
+
+    await eventually(window_passed, what="the duplicate window to pass", timeout_s=deadline_s, every_s=0.05)
 
 
 async def test_after_the_duplicate_window_the_gateway_still_gives_one_run(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     """Shrink the inbound stream's duplicate window so "two minutes later" happens now, then retry through HTTP."""
     name = ns.stream(StreamKind.INBOUND)
@@ -360,8 +338,8 @@ async def test_after_the_duplicate_window_the_gateway_still_gives_one_run(
             "idempotency_conflict",
         )
         assert await inbound_count(broker, ns) == before
-        await wait_for(http, run_id)
-        assert [e["type"] for e in await events_of(http, run_id)].count("run.started") == 1
+        await world.wait_status(run_id, "completed", timeout_s=20)
+        assert [e["type"] for e in await world.events(run_id)].count("run.started") == 1
     finally:
         config.duplicate_window = window
         await broker.js.update_stream(config)
@@ -415,17 +393,17 @@ async def test_a_journal_guard_conflict_publishes_nothing_and_keeps_the_original
 
 
 async def test_a_purged_inbound_message_inside_the_window_falls_back_to_the_journal(
-    http: httpx.AsyncClient, broker: Broker, ns: Namespace
+    world: StackClient, http: httpx.AsyncClient, broker: Broker, ns: Namespace
 ) -> None:
     sent = body()
     run_id = (await http.post("/v1/events", json=sent)).json()["run_id"]
-    await wait_for(http, run_id)
+    await world.wait_status(run_id, "completed", timeout_s=20)
     await broker.js.purge_stream(ns.stream(StreamKind.INBOUND), subject=ns.inbound(run_id))
     clash = await http.post("/v1/events", json={**sent, "text": "a different request"})
     assert_error(clash, 409, "idempotency_conflict")
 
 
-# Reading runs ------------------------------------------------------------------------------------------------
+# Reading runs -------------------------------------------------------------------------------------------------
 
 
 async def test_an_unknown_run_is_a_typed_404(http: httpx.AsyncClient) -> None:
@@ -435,11 +413,12 @@ async def test_an_unknown_run_is_a_typed_404(http: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize("run_id", ["*", ">", 'run_"x'])
-async def test_a_run_id_is_never_a_subject_pattern(http: httpx.AsyncClient, run_id: str) -> None:
+async def test_a_run_id_is_never_a_subject_pattern(
+    world: StackClient, http: httpx.AsyncClient, run_id: str
+) -> None:
     sent = body()
-    await wait_for(
-        http, (await http.post("/v1/events", json=sent)).json()["run_id"]
-    )  # at least one run exists
+    created = (await http.post("/v1/events", json=sent)).json()["run_id"]
+    await world.wait_status(created, "completed", timeout_s=20)  # at least one run exists
     for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/events"):
         response = await http.get(path)
         assert response.status_code in (400, 404), (path, response.status_code, response.text[:200])

@@ -1,43 +1,30 @@
-"""The audit cross-checks journals against the providers and names every disagreement, and nothing else."""
+"""The audit cross-checks journals against the providers and names every disagreement, and nothing else.
+
+Here `audit()` on hand-built journals; tests/e2e/test_audit_stack.py audits a whole running stack."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stackkit import StackClient, of_type, step, unique
 
 from contracts.keys import action_key, compensation_key
-from contracts.run_events import ActionCompleted, ActionRequested, Event, RunCompleted, RunStarted
-from contracts.subjects import Namespace
+from contracts.run_events import ActionCompleted, ActionRequested, RunEvent, RunCompleted, RunStarted
 from contracts.audit import Finding, ProviderEffect
-from bench.workloads import REGISTRY
-from bench.workloads import registry as bench_registry
-from sandbox.listing import SandboxListing
 from services.agents import stayhub
-from services.platform.providers import Providers
-from services.platform.jetstream import Broker
-from services.platform.settings import Settings
 from services.reconciler.audit import audit
-from services.reconciler.service import audit_all
-from crashsafe.stack import Stack
+
+STAYHUB = stayhub()
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-STAYHUB = stayhub()
-
-# Hand-built journals -----------------------------------------------------------------------------------------
+# Hand-built journals ------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -45,7 +32,7 @@ class Run:
     """A run's journal built by hand, with the provider effects a faithful world would hold for it."""
 
     run_id: str
-    events: list[Event] = field(default_factory=list)
+    events: list[RunEvent] = field(default_factory=list)
     step: int = 0
 
     def __post_init__(self) -> None:
@@ -120,9 +107,8 @@ class World:
 
     def findings(self) -> list[Finding]:
         effects = [ProviderEffect(kind=e["kind"], key=e["key"], ref=e["ref"]) for e in self.ledger]
-        return audit(
-            {r.run_id: r.events for r in self.runs}, effects, self.found, STAYHUB.tools, STAYHUB.audit_rules
-        )
+        journals = {r.run_id: r.events for r in self.runs}
+        return audit(journals, effects, self.found, STAYHUB.tools, STAYHUB.audit_rules)
 
 
 def paid_run(world: World, run_id: str, *, end: bool = True) -> dict[str, str]:
@@ -161,7 +147,7 @@ def kinds(findings: list[Finding]) -> list[tuple[str, str]]:
     return sorted((f.kind, f.key) for f in findings)
 
 
-# audit(), one finding kind at a time ------------------------------------------------------------------------
+# audit(), one finding kind at a time --------------------------------------------------------------------------
 
 
 def test_a_faithful_world_has_no_findings() -> None:
@@ -348,136 +334,3 @@ def test_every_stray_effect_is_named_once_per_entry_and_repeats_once_per_key(
         {("effect_without_intent", key): n for key, n in repeats.items()}
         | {("duplicate_effect", key): 1 for key, n in repeats.items() if n > 1}
     )
-
-
-# The whole stack: audit_all and `crashsafe audit` --------------------------------------------------------------
-
-
-async def _audit(broker: Broker, stack: Stack) -> list[tuple[str, str]]:
-    settings_ = Settings(
-        nats_url=stack.nats_url, namespace=Namespace(stack.namespace), sandbox_url=stack.sandbox_url
-    )
-    async with Providers.connect(stack.sandbox_url) as providers:
-        findings, stats = await audit_all(
-            broker, settings_, bench_registry(), providers, SandboxListing(providers.http)
-        )
-    assert stats.runs >= 1
-    return kinds(findings)
-
-
-async def _cli_audit(stack: Stack, state_dir: Path) -> tuple[int, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "CRASHSAFE_NATS_URL": stack.nats_url,
-            "CRASHSAFE_NAMESPACE": stack.namespace,
-            "CRASHSAFE_SANDBOX_URL": stack.sandbox_url,
-        }
-    )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "crashsafe.cli",
-        "audit",
-        "--state-dir",
-        str(state_dir),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
-    return process.returncode or 0, out.decode()
-
-
-async def _journaled_successes(client: StackClient, run_ids: list[str]) -> set[str]:
-    keys: set[str] = set()
-    for run_id in run_ids:
-        events = await client.events(run_id)
-        done = {e["step_no"] for e in of_type(events, "run.action_completed") if e["status"] == "succeeded"}
-        keys |= {
-            e["key"]
-            for e in of_type(events, "run.action_requested")
-            if e["step_no"] in done and e["tool"] != "search_hotels"
-        }
-    return keys
-
-
-async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_asked_for(
-    make_stack: Callable[..., Stack], broker: Broker, tmp_path: Path
-) -> None:
-    stack = await asyncio.to_thread(make_stack)
-    client = StackClient(stack)
-    try:
-        run_ids: list[str] = []
-        for fault in ({}, {}, {"drop_after_commit": 1}, {"fail_5xx": 50}):
-            # Clean runs, a charge recovered by key, and a payment refused for good with its booking released.
-            if fault:
-                await client.arm("payments", **fault)
-            run_id, guest = await client.start_run()
-            await client.wait_terminal(run_id)
-            await client.clear_faults()
-            run_ids.append(run_id)
-        assert (await client.counts(guest))["booking_release"] == 1
-
-        assert await _audit(broker, stack) == []
-        code, out = await _cli_audit(stack, tmp_path / "cli")
-        assert code == 0, out
-        assert f"audited {len(run_ids)} runs" in out and "nothing wrong" in out
-
-        # A second charge on a journaled booking, and a booking, under keys no run ever journaled.
-        _, booking = step(await client.events(run_ids[0]), "create_booking")
-        assert booking is not None
-        held = booking["result"]
-        charge_key, booking_key = unique("rogue-charge"), unique("rogue-booking")
-        charged = await client.http.post(
-            f"{stack.sandbox_url}/payments",
-            headers={"Idempotency-Key": charge_key},
-            json={
-                "booking_id": held["booking_id"],
-                "guest_id": held["guest_id"],
-                "amount_cents": held["total_cents"],
-                "currency": held["currency"],
-            },
-        )
-        booked = await client.http.post(
-            f"{stack.sandbox_url}/bookings",
-            headers={"Idempotency-Key": booking_key},
-            json={
-                "hotel_id": "lis-2",
-                "guest_id": "g-rogue",
-                "check_in": "2026-12-01",
-                "check_out": "2026-12-03",
-            },
-        )
-        assert charged.status_code == booked.status_code == 201, (charged.text, booked.text)
-
-        assert await _audit(broker, stack) == sorted(
-            [("effect_without_intent", charge_key), ("effect_without_intent", booking_key)]
-        )
-        code, out = await _cli_audit(stack, tmp_path / "cli")
-        assert code == 1, out
-        assert f"WRONG effect_without_intent: run {charge_key} key {charge_key}" in out
-        assert f"WRONG effect_without_intent: run {booking_key} key {booking_key}" in out
-
-        # The providers forget everything: every journaled success is now a success without its effect.
-        assert (await client.http.post(f"{stack.sandbox_url}/_reset")).status_code == 200
-        expected = sorted(
-            ("success_without_effect", key) for key in await _journaled_successes(client, run_ids)
-        )
-        assert expected and await _audit(broker, stack) == expected
-    finally:
-        await client.aclose()
-
-
-async def test_audit_of_completed_workflow_runs_finds_nothing(
-    make_stack: Callable[..., Stack], broker: Broker
-) -> None:
-    stack = await asyncio.to_thread(make_stack, executors=("noop",), reconciler=False, registry=REGISTRY)
-    client = StackClient(stack)
-    try:
-        run_id, _ = await client.start_run(text="five steps", agent="steps5")
-        summary = await client.wait_terminal(run_id)
-        assert summary["status"] == "completed" and summary["steps"] == 5
-        assert await _audit(broker, stack) == []
-    finally:
-        await client.aclose()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests"}
 IO_LIBRARIES = {
     "nats",

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from stackkit import (
-    BOOKED_AND_PAID,
-    shared_client,
-    LISBON,
-    StackClient,
-    action_subject,
-    consumer_settled,
-    dead_letters,
-    eventually,
-    unique,
-)
 
 from contracts.dead_letters import DeadLetter
 from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
@@ -27,14 +15,17 @@ from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
-from crashsafe.stack import Stack
+from tests.support.broker import action_subject, consumer_settled, dead_letters
+from tests.support.stack import StackClient, open_stack
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKED_AND_PAID, BOOKING_TEXT
 
 
 @pytest.fixture(scope="module")
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    async with shared_client(nats_server.url, tmp_path_factory.mktemp("poison")) as client:
+    async with open_stack(tmp_path_factory.mktemp("poison"), nats_url=nats_server.url) as client:
         yield client
 
 
@@ -174,7 +165,7 @@ async def test_inbound_event_for_an_unknown_agent_is_dead_lettered_and_never_sta
     # What an older gateway, or any other publisher, could still put on the inbound subject.
     ns = shared.ns
     key = unique("ev")
-    message = InboundMessage(event_id=key, session_id="s", guest_id=unique("g"), text=LISBON)
+    message = InboundMessage(event_id=key, session_id="s", guest_id=unique("g"), text=BOOKING_TEXT)
     event = InboundEvent(
         key=key,
         run_id=run_id_for(key),
@@ -199,9 +190,9 @@ async def test_inbound_event_for_an_unknown_agent_is_dead_lettered_and_never_sta
 
 
 async def test_request_with_unusable_args_is_poison_and_leaves_the_executor_restartable(
-    make_stack: Callable[..., Stack], broker: Broker, namespace: Namespace
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker, namespace: Namespace
 ) -> None:
-    stack = await asyncio.to_thread(make_stack, executors=("booking",), reconciler=False)
+    stack = (await start_stack(executors=("booking",), reconciler=False)).stack
     now = datetime.now(UTC)
     key = f"{unique('run_badargs')}:1"
     request = ActionRequest(

@@ -1,12 +1,11 @@
 """The wire is a public API: golden files pin every message's bytes, and the pure layers import no I/O library.
 
-Regenerate the golden files after a deliberate, additive change with `CRASHSAFE_UPDATE_GOLDEN=1 pytest tests/test_contracts.py`
+Regenerate the golden files after a deliberate, additive change with `CRASHSAFE_UPDATE_GOLDEN=1 pytest tests/unit/test_contracts.py`
 and review the diff: a changed or removed line in an existing file is a breaking change (see contracts/README.md).
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import json
 import os
@@ -28,7 +27,7 @@ from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
-    Event,
+    RunEvent,
     ModelAnswered,
     RunCompleted,
     RunHandedOff,
@@ -51,9 +50,9 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from tests.support.paths import GOLDEN
+from tests.support.world import BOOKING_TEXT
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("CRASHSAFE_UPDATE_GOLDEN") == "1"
 
 AT = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
@@ -75,7 +74,7 @@ SAMPLES: list[msgspec.Struct] = [
         event_id="evt-1",
         idempotency_key="evt-1",
         input_hash="f" * 64,
-        text="Book a room in Lisbon from 2026-12-01 to 2026-12-03",
+        text=BOOKING_TEXT,
         budget=Budget(max_steps=20, max_tokens=60_000, deadline_s=90.0),
         deadline_at=LATER,
     ),
@@ -341,7 +340,7 @@ def test_every_wire_message_has_an_explicit_unique_tag_and_a_golden() -> None:
     assert sorted(tags) == sorted(tag_of(type(s)) for s in SAMPLES), (
         "every wire message needs a sample and a golden file"
     )
-    for union in (Event, RuntimeMessage):
+    for union in (RunEvent, RuntimeMessage):
         for member in union.__args__:  # type: ignore[attr-defined]
             assert member in concrete, member
     # Every golden file on disk belongs to a sample: a removed message type is a breaking change.
@@ -353,79 +352,3 @@ def test_no_event_forbids_unknown_fields() -> None:
     """Events never forbid unknown fields; only the HTTP body may (GuestMessage)."""
     strict = {cls.__name__ for cls in _contract_structs() if cls.__struct_config__.forbid_unknown_fields}
     assert strict == {"GuestMessage"}
-
-
-# The pure layers import no I/O ------------------------------------------------------------------------------
-
-FORBIDDEN = {"nats", "aiosqlite", "openai", "opentelemetry", "httpx", "litestar", "uvicorn"}
-PROJECT = {"contracts", "services"}
-
-
-def _pure_roots() -> list[Path]:
-    roots = sorted((ROOT / "contracts").glob("*.py"))
-    roots += sorted(p for p in (ROOT / "services").glob("*/core*.py"))
-    roots += sorted((ROOT / "services" / "runtime" / "core").glob("*.py"))
-    return roots
-
-
-def _module_file(name: str) -> Path | None:
-    base = ROOT.joinpath(*name.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path) -> Iterator[str]:
-    """Every module a file imports, anywhere in it (functions and TYPE_CHECKING blocks included)."""
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
-
-
-def test_the_import_walker_sees_what_it_must() -> None:
-    fake = ROOT / "services" / "runtime" / "core" / "fold.py"
-    seen = set(_imports(fake))
-    assert "contracts.run_events" in seen and "msgspec" in seen
-
-
-def test_contracts_and_cores_import_no_io_library() -> None:
-    roots = _pure_roots()
-    assert (
-        ROOT / "services" / "executor" / "core.py" in roots
-        and ROOT / "services" / "runtime" / "core" / "decide.py" in roots
-    )
-    # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.
-    seen: dict[Path, list[str]] = {path: [_module_name(path)] for path in roots}
-    queue = list(roots)
-    offenders: list[str] = []
-    while queue:
-        path = queue.pop()
-        chain = seen[path]
-        for name in _imports(path):
-            top = name.split(".")[0]
-            if top in FORBIDDEN:
-                offenders.append(" -> ".join([*chain, name]))
-            if top not in PROJECT:
-                continue
-            parts = name.split(".")
-            for i in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
-                target = _module_file(".".join(parts[:i]))
-                if target is not None and target not in seen:
-                    seen[target] = [*chain, ".".join(parts[:i])]
-                    queue.append(target)
-    assert not offenders, "pure modules reach I/O libraries:\n" + "\n".join(sorted(set(offenders)))

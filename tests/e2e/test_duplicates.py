@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,19 +10,6 @@ from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
-from stackkit import (
-    BOOKED_AND_PAID,
-    shared_client,
-    StackClient,
-    action_outcome_from,
-    action_request_from,
-    consumer_settled,
-    dead_letters,
-    eventually,
-    of_type,
-    step,
-    unique,
-)
 
 from contracts.inbound import inbound_decoder
 from contracts.keys import partition_of, run_id_for
@@ -32,13 +17,18 @@ from contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
 from contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
 from services.platform.jetstream import Broker, Published, SubjectFull
 from services.platform.natsd import NatsServer
+from tests.support.broker import consumer_idle, consumer_settled, dead_letters
+from tests.support.journals import action_outcome_from, action_request_from, of_type, step
+from tests.support.stack import StackClient, cli_env, crashsafe, open_stack
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKED_AND_PAID
 
 
 @pytest.fixture(scope="module")
 async def shared(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[StackClient]:
-    async with shared_client(nats_server.url, tmp_path_factory.mktemp("dups")) as client:
+    async with open_stack(tmp_path_factory.mktemp("dups"), nats_url=nats_server.url) as client:
         yield client
 
 
@@ -180,8 +170,7 @@ async def test_action_request_redelivered_after_completion_is_answered_from_the_
 
 async def _outcomes_idle(broker: Broker, world: StackClient) -> bool:
     ns = world.ns
-    info = await broker.js.consumer_info(ns.stream(StreamKind.OUTCOMES), ns.runtime_outcomes_consumer)
-    return not info.num_pending and not info.num_ack_pending
+    return await consumer_idle(broker, ns.stream(StreamKind.OUTCOMES), ns.runtime_outcomes_consumer)
 
 
 def _first(items: list[ActionOutcome], match: Any) -> ActionOutcome | None:
@@ -256,14 +245,6 @@ async def _all_done(tasks: list[asyncio.Task[Published]]) -> bool:
     return len(tasks) == 2 and all(t.done() for t in tasks)
 
 
-async def _requested(world: StackClient, run_id: str, tool: str) -> dict[str, Any] | None:
-    summary = await world.summary(run_id)
-    if summary is None:
-        return None
-    found = [e for e in of_type(await world.events(run_id), "run.action_requested") if e["tool"] == tool]
-    return found[0] if found else None
-
-
 # (d, e) Wake-ups ----------------------------------------------------------------------------------------------
 
 
@@ -290,7 +271,7 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
     await world.arm("payments", latency_ms=3000)  # holds the run on its payment step
     run_id, guest = await world.start_run()
     requested = await eventually(
-        lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested"
+        lambda: world.requested(run_id, "create_payment"), what="the payment to be requested"
     )
     wake = RunWake(
         run_id=run_id, reason="test: wake in flight", at=datetime.now(UTC), by="test", keys=[requested["key"]]
@@ -311,7 +292,7 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
     assert await world.counts(guest) == BOOKED_AND_PAID
 
 
-# Manual reconciliation re-sends requests and wakes: the same harmless duplicates -----------------------------
+# Manual reconciliation re-sends requests and wakes: the same harmless duplicates ------------------------------
 
 
 async def test_manual_reconcile_of_a_run_in_flight_pays_once(world: StackClient) -> None:
@@ -321,7 +302,7 @@ async def test_manual_reconcile_of_a_run_in_flight_pays_once(world: StackClient)
     )  # the payment is at the provider when the operator reconciles
     run_id, guest = await world.start_run()
     requested = await eventually(
-        lambda: _requested(world, run_id, "create_payment"), what="the payment to be requested"
+        lambda: world.requested(run_id, "create_payment"), what="the payment to be requested"
     )
 
     response = await world.reconcile(run_id)
@@ -341,27 +322,10 @@ async def test_manual_reconcile_of_a_run_in_flight_pays_once(world: StackClient)
 
 async def test_cli_reconcile_of_a_completed_run_asks_nothing(world: StackClient, tmp_path: Path) -> None:
     run_id, guest, events = await _completed_run(world)
-    stack = world.stack
-    env = dict(os.environ) | {
-        "CRASHSAFE_NATS_URL": stack.nats_url,
-        "CRASHSAFE_NAMESPACE": stack.namespace,
-        "CRASHSAFE_SANDBOX_URL": stack.sandbox_url,
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "crashsafe.cli",
-        "reconcile",
-        run_id,
-        "--state-dir",
-        str(tmp_path),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
 
-    assert process.returncode == 0, out.decode()
-    assert f"{run_id}: completed; asked to resolve: nothing open" in out.decode()
+    done = await crashsafe("reconcile", run_id, "--state-dir", str(tmp_path), env=cli_env(world.stack))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{run_id}: completed; asked to resolve: nothing open" in done.stdout
     assert await world.events(run_id) == events
     assert await world.counts(guest) == BOOKED_AND_PAID

@@ -1,0 +1,73 @@
+"""A deployment decides which agents and tools run: a test composes a runtime and an executor with its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from contracts.errors import ErrorInfo
+from contracts.run_events import RunCompleted, ToolCall
+from contracts.subjects import Namespace
+from contracts.tools import Effect, RetryRule, ToolContract
+from services.platform.journal import RunJournal
+from services.platform.natsd import NatsServer
+from services.registry import LocalOperation, Registration, Registry, Tool
+from services.runtime.core.agent import Compensation, ScriptedStep
+from services.runtime.core.state import RunState
+from tests.support import inprocess
+from tests.support.broker import submit_inbound
+from tests.support.waiting import eventually
+
+STAMP = ToolContract(name="stamp", family="stamps", effect=Effect.WRITE, timeout_s=2.0, retry=RetryRule.KEYED)
+
+
+class TwoStamps:
+    """A tiny agent of the test's own: two keyed `stamp` steps from a plan, then a reply."""
+
+    name = "two_stamps"
+    instructions = ""
+    tools = {STAMP.name: STAMP}
+    compensation_tools: dict[str, ToolContract] = {}
+
+    def script(self, state: RunState) -> ScriptedStep | None:
+        done = len(state.completed)
+        if done < 2:
+            return ScriptedStep(
+                calls=(ToolCall(call_id=f"s{done}", name="stamp", arguments='{"n": %d}' % done),)
+            )
+        return ScriptedStep(reply="stamped twice")
+
+    def prepare(
+        self, state: RunState, tool: ToolContract, args: dict[str, Any]
+    ) -> dict[str, Any] | ErrorInfo:
+        return {"n": int(args["n"])}
+
+    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        return ()
+
+
+async def test_a_runtime_and_an_executor_composed_with_an_agent_of_the_tests_own(
+    nats_server: NatsServer, namespace: Namespace, tmp_path: Path
+) -> None:
+    stamped: list[str] = []
+
+    async def stamp(args: dict[str, Any], key: str) -> dict[str, Any]:
+        stamped.append(key)
+        return {"stamped": args["n"]}
+
+    registry = Registry.of(Registration(agent=TwoStamps(), tools=(Tool(STAMP, LocalOperation(stamp)),)))
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path)
+    async with (
+        inprocess.runtime(settings, registry=registry) as runtime,
+        inprocess.executor(settings, "stamps", registry=registry),
+    ):
+        await runtime.start()
+        run_id = await submit_inbound(runtime.broker, namespace, "evt-1", agent="two_stamps", text="stamp")
+        journal = RunJournal(runtime.broker, namespace)
+
+        async def ended() -> bool:
+            events, _ = await journal.read(run_id)
+            return bool(events) and isinstance(events[-1], RunCompleted)
+
+        await eventually(ended, what="the tiny agent's run completed", timeout_s=30)
+    assert stamped == [f"{run_id}:1", f"{run_id}:2"]

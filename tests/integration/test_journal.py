@@ -1,0 +1,67 @@
+"""The run journal on the real nats-server: an append carries the version it was decided at, and only one
+append per version can win."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from contracts.errors import ErrorCode, RetryClass, RunVersionConflict
+from contracts.run_events import Budget, ModelAnswered, RunStarted
+from contracts.subjects import Namespace
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.runtime.core.fold import replay
+from tests.support.broker import ensure_streams
+
+
+async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: Namespace) -> None:
+    await ensure_streams(broker, namespace)
+    journal = RunJournal(broker, namespace)
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    now = datetime.now(UTC)
+    started = RunStarted(
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id="s",
+        guest_id="g",
+        event_id="e",
+        idempotency_key="e",
+        input_hash="0" * 64,
+        text="hello",
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=90),
+    )
+    seq = await journal.append(started, 0)
+    with pytest.raises(RunVersionConflict):
+        await journal.append(started, 0)  # a second start for the same run
+
+    for step in range(1, 6):
+        contenders = [
+            ModelAnswered(
+                run_id=run_id,
+                at=now,
+                step_no=step,
+                model="m",
+                response_id=f"resp_{step}_{writer}",
+                reply=f"writer {writer}",
+            )
+            for writer in range(3)
+        ]
+        results = await asyncio.gather(*(journal.append(c, seq) for c in contenders), return_exceptions=True)
+        wins = [(c, r) for c, r in zip(contenders, results, strict=True) if isinstance(r, int)]
+        losses = [r for r in results if isinstance(r, RunVersionConflict)]
+        assert len(wins) == 1 and len(losses) == 2, results
+        for loss in losses:
+            assert (loss.code, loss.retry) == (ErrorCode.RUN_VERSION_CONFLICT, RetryClass.RETRY_LATER)
+            assert loss.expected_seq == seq and loss.details()["expected_seq"] == seq
+        winner, seq = wins[0]
+        events, last = await journal.read(run_id)
+        assert last == seq and events[-1] == winner and len(events) == step + 1
+
+    state = replay(events)
+    assert state is not None and state.model_steps == 5 and state.next_step == 6

@@ -1,0 +1,169 @@
+"""The reconciler in this process on the real nats-server: it follows every journal, and its own request to
+resolve a key is what settles an unknown outcome that nothing else will ever ask about again."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.errors import CrashsafeError
+from contracts.keys import action_key, input_hash, run_id_for
+from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunEvent, RunStarted, request_for
+from contracts.subjects import Namespace
+from services.executor.service import Executor
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.natsd import NatsServer
+from services.reconciler.core import unsettled_unknowns
+from services.reconciler.service import Reconciler
+from services.runtime.core.fold import replay
+from tests.support import inprocess
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKING_TEXT, Sandbox
+
+
+@dataclass
+class World:
+    reconciler: Reconciler
+    payments: Executor
+    journal: RunJournal
+    sandbox: Sandbox
+
+
+@pytest.fixture
+async def world(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> AsyncIterator[World]:
+    """A runtime, a payment executor and a reconciler in this process, in front of the in-process sandbox."""
+    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
+        settings = inprocess.settings_for(
+            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data", worker_id="r"
+        )
+        runtime = await running.enter_async_context(inprocess.runtime(settings))
+        await runtime.start()  # journals outcomes; the runs here never ask the model
+        payments = await running.enter_async_context(inprocess.executor(settings, "payment"))
+        reconciler = await running.enter_async_context(inprocess.reconciler(settings))
+        http = await running.enter_async_context(httpx.AsyncClient(base_url=sandbox_url, timeout=10))
+        yield World(reconciler, payments, RunJournal(broker, namespace), Sandbox(http, sandbox_url))
+
+
+async def _journal_a_payment_intent(world: World, booking: dict[str, Any]) -> ActionRequested:
+    """A booking run that journaled its intent to charge for a held booking (the steps before are not needed)."""
+    key = unique("ev")
+    run_id, now = run_id_for(key), datetime.now(UTC)
+    started = RunStarted(
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id=f"s-{key}",
+        guest_id=booking["guest_id"],
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text=BOOKING_TEXT,
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+    )
+    args = {
+        "booking_id": booking["booking_id"],
+        "guest_id": booking["guest_id"],
+        "amount_cents": booking["total_cents"],
+        "currency": "EUR",
+    }
+    intent = ActionRequested(
+        run_id=run_id,
+        at=now,
+        step_no=1,
+        call_id="call_pay",
+        tool="create_payment",
+        family="payment",
+        args=args,
+        key=action_key(run_id, 1),
+        input_hash=input_hash({"tool": "create_payment", "args": args}),
+        timeout_s=10.0,
+        deadline_at=now + timedelta(seconds=10),
+    )
+    await world.journal.append(intent, await world.journal.append(started, 0))
+    return intent
+
+
+async def _events(world: World, run_id: str) -> list[RunEvent]:
+    events, _ = await world.journal.read(run_id)
+    return events
+
+
+async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_handed_off_run(
+    world: World,
+) -> None:
+    held = await world.sandbox.http.post(
+        "/bookings",
+        json={
+            "hotel_id": "lis-1",
+            "guest_id": unique("guest"),
+            "check_in": "2026-12-01",
+            "check_out": "2026-12-03",
+        },
+        headers={"Idempotency-Key": unique("setup")},
+    )
+    assert held.status_code == 201, held.text
+    intent = await _journal_a_payment_intent(world, held.json())
+    request = request_for(intent)
+
+    # The charge goes through but its answer is lost, and every lookup by key is refused, until the executor's
+    # last delivery: the run is told `unknown` and hands off. No message for the key is left anywhere.
+    await world.sandbox.arm("payments", drop_after_commit=1)
+    await world.sandbox.arm("lookups", fail_5xx=100)
+    with pytest.raises(CrashsafeError):
+        await inprocess.deliver(world.payments, request, 1)
+    await inprocess.deliver(world.payments, request, inprocess.last_delivery(world.payments))
+
+    async def handed_off() -> list[RunEvent] | None:
+        events = await _events(world, intent.run_id)
+        state = replay(events)
+        return events if state is not None and state.terminal else None
+
+    events = await eventually(handed_off, what="the run to hand off")
+    state = replay(events)
+    assert state is not None and (state.status, state.handoff_reason) == ("handed_off", "outcome_unknown")
+    assert [d.status for r, d in state.completed if r.key == intent.key] == ["unknown"]
+    await world.sandbox.clear_faults()
+
+    # An ended run is never woken to republish its requests: only the reconciler's own ask can reach the executor.
+    now = datetime.now(UTC)
+
+    async def settled() -> ActionCompleted | None:
+        await world.reconciler.tick(now)
+        done = [
+            e
+            for e in await _events(world, intent.run_id)
+            if isinstance(e, ActionCompleted) and e.key == intent.key and e.status == "succeeded"
+        ]
+        return done[0] if done else None
+
+    late = await eventually(settled, what="the unknown payment to settle by key", timeout_s=30)
+
+    (charge,) = [e for e in (await world.sandbox.ledger())["entries"] if e["kind"] == "charge"]
+    assert (late.via, late.provider_ref) == ("provider_lookup", charge["ref"])
+    assert ("provider.lookup", "found") in [(e.asked, e.answer) for e in late.evidence]
+    assert world.reconciler.resolutions >= 1
+    state = replay(await _events(world, intent.run_id))
+    assert (
+        state is not None and state.status == "handed_off"
+    )  # the journal learns the truth; the run stays ended
+    assert [d.status for r, d in state.completed if r.key == intent.key] == ["succeeded"]
+    assert (await world.sandbox.ledger())["replays"]["charge"] == 0  # found by key, never charged again
+
+    # And the reconciler stops asking about it.
+    async def forgotten() -> bool:
+        return not unsettled_unknowns(
+            world.reconciler.work, now + timedelta(hours=1), world.reconciler.reask_s
+        )
+
+    assert await eventually(forgotten, what="the reconciler to drop the settled key")

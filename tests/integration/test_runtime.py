@@ -1,0 +1,143 @@
+"""Runtime workers in this process on the real nats-server: two replicas deciding the same run at the same moment
+append each decision once, because every append carries the version it was decided at."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contracts.keys import run_id_for
+from contracts.run_events import ActionRequested, Budget, RunEvent, RunStarted
+from contracts.subjects import Namespace
+from tests.support.inprocess import REGISTRY
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.natsd import NatsServer
+from services.runtime.core.decide import model_answered
+from services.runtime.core.fold import fold_run, replay
+from services.runtime.model import ResponsesModel
+from services.runtime.service import Runtime
+from tests.support import inprocess
+from tests.support.journals import decision_steps
+from tests.support.runs import assert_replays
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKED_AND_PAID, BOOKING_TEXT, Sandbox, effects_per_run
+
+
+@dataclass
+class Workers:
+    first: Runtime
+    second: Runtime
+    journal: RunJournal
+    sandbox: Sandbox
+    model: ResponsesModel
+
+
+@pytest.fixture
+async def workers(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> AsyncIterator[Workers]:
+    """Two runtime workers (not yet consuming), every tool executor, and the sandbox with its scripted model."""
+    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
+        settings = {
+            name: inprocess.settings_for(
+                nats_server.url,
+                namespace,
+                sandbox_url=sandbox_url,
+                data_dir=tmp_path / "data",
+                worker_id=name,
+            )
+            for name in ("runtime-a", "runtime-b", "executors")
+        }
+        for family in ("booking", "payment", "notify"):
+            await running.enter_async_context(inprocess.executor(settings["executors"], family))
+        model = await running.enter_async_context(inprocess.scripted_model(settings["executors"]))
+        first = await running.enter_async_context(inprocess.runtime(settings["runtime-a"], model))
+        second = await running.enter_async_context(inprocess.runtime(settings["runtime-b"], model))
+        http = await running.enter_async_context(httpx.AsyncClient(timeout=10))
+        yield Workers(first, second, RunJournal(broker, namespace), Sandbox(http, sandbox_url), model)
+
+
+async def _a_run_whose_model_has_answered(workers: Workers, guest: str) -> str:
+    """A booking run whose journal ends with the model's first answer (search hotels), journaled by a worker that
+    then died: the next worker to touch the run must decide the search request."""
+    key = unique("ev")
+    now = datetime.now(UTC)
+    started = RunStarted(
+        run_id=run_id_for(key),
+        at=now,
+        agent="booking",
+        session_id=f"s-{key}",
+        guest_id=guest,
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text=BOOKING_TEXT,
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+    )
+    seq = await workers.journal.append(started, 0)
+    state = fold_run(None, started)
+    reply = await workers.model.answer(REGISTRY.agent("booking"), state.transcript)
+    assert [c.name for c in reply.tool_calls] == ["search_hotels"]
+    await workers.journal.append(model_answered(state, reply, now), seq)
+    return started.run_id
+
+
+async def _journal(workers: Workers, run_id: str) -> list[RunEvent]:
+    events, _ = await workers.journal.read(run_id)
+    return events
+
+
+async def test_two_workers_deciding_the_same_run_at_once_journal_one_decision(workers: Workers) -> None:
+    guest = unique("guest")
+    run_id = await _a_run_whose_model_has_answered(workers, guest)
+
+    # Both workers are woken for the run at once (a reconciler and an operator, say) and hold it at the same
+    # version; each decides "request the search" and appends it carrying the version it decided at.
+    with inprocess.decide_together([workers.first, workers.second]) as contention:
+        await asyncio.gather(
+            inprocess.wake(workers.first, run_id, "test: two workers at once"),
+            inprocess.wake(workers.second, run_id, "test: two workers at once"),
+        )
+
+    assert len(contention.arrived) == 2, "both workers must have decided the run"
+    assert [type(e) for e in contention.won] == [ActionRequested], contention.won
+    assert contention.conflicts == 1, "the second append must be refused: the run moved past its version"
+    events = await _journal(workers, run_id)
+    requested = [e for e in events if isinstance(e, ActionRequested)]
+    assert [(r.step_no, r.tool) for r in requested] == [(2, "search_hotels")]
+    assert decision_steps(events) == [1, 2]
+
+    # The loser re-folded and moved on: both now take work from the streams and the run finishes.
+    for worker in (workers.first, workers.second):
+        await worker.start()
+
+    async def ended() -> list[RunEvent] | None:
+        events = await _journal(workers, run_id)
+        state = replay(events)
+        return events if state is not None and state.terminal else None
+
+    events = await eventually(ended, what=f"run {run_id} to end")
+    state = replay(events)
+    assert state is not None and state.status == "completed", state
+    steps = decision_steps(events)
+    assert steps == list(range(1, len(steps) + 1)), steps
+    requested = [e for e in events if isinstance(e, ActionRequested)]
+    assert len({r.step_no for r in requested}) == len(requested) == 5
+    assert_replays(events)
+    ledger = await workers.sandbox.ledger(guest)
+    assert ledger["counts"] == BOOKED_AND_PAID
+    assert effects_per_run(ledger["entries"]) == {
+        run_id: {k: 1 for k in ("booking", "charge", "email", "crm_update")}
+    }
+    assert sorted(e["key"] for e in ledger["entries"]) == sorted(
+        r.key for r in requested if r.tool != "search_hotels"
+    )

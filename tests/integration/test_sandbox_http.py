@@ -1,0 +1,362 @@
+"""The sandbox's HTTP shell over real HTTP: idempotent providers with by-key lookup, faults, the scripted model
+behind the real `openai` client. (The pure cores are tested in tests/unit/test_sandbox_rules.py.)"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from tests.support.inprocess import sandbox_server
+from tests.support.waiting import unique
+from tests.support.world import BOOKING_TEXT as LISBON
+from tests.support.world import BOOKING_TOOLS as TOOL_NAMES
+from tests.support.world import OFFERED_TOOLS as TOOLS
+from tests.support.world import Sandbox
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def sandbox_url() -> AsyncIterator[str]:
+    async with sandbox_server() as url:
+        yield url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http(sandbox_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=sandbox_url, timeout=5) as client:
+        yield client
+        await Sandbox(client, sandbox_url).clear_faults()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+def sandbox(http: httpx.AsyncClient, sandbox_url: str) -> Sandbox:
+    """The operator's view of the same sandbox: its ledger of effects."""
+    return Sandbox(http, sandbox_url)
+
+
+async def book(http: httpx.AsyncClient, guest: str, key: str | None = None) -> dict[str, Any]:
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    response = await http.post("/bookings", json=body, headers={"Idempotency-Key": key or unique("bk")})
+    assert response.status_code == 201, response.text
+    booking: dict[str, Any] = response.json()
+    return booking
+
+
+async def test_http_search_returns_hotels_with_availability(http: httpx.AsyncClient) -> None:
+    response = await http.get(
+        "/hotels/search", params={"city": "paris", "check_in": "2026-12-01", "check_out": "2026-12-02"}
+    )
+    assert response.status_code == 200
+    hotels = response.json()["hotels"]
+    assert hotels[0] == {
+        "hotel_id": "par-1",
+        "name": "Hotel Rive Gauche",
+        "city": "Paris",
+        "nightly_rate_cents": 16000,
+        "currency": "EUR",
+        "available": True,
+    }
+    assert [h["available"] for h in hotels] == [True, True, False]
+    bad = await http.get(
+        "/hotels/search", params={"city": "Paris", "check_in": "2026-12-02", "check_out": "2026-12-01"}
+    )
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_dates"
+
+
+async def test_http_idempotent_replay_conflict_and_lookup(http: httpx.AsyncClient, sandbox: Sandbox) -> None:
+    guest, key = unique("guest"), unique("key")
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    created = await http.post("/bookings", json=body, headers={"Idempotency-Key": key})
+    assert created.status_code == 201 and "idempotent-replayed" not in created.headers
+    assert created.json() | {"booking_id": None} == {
+        "booking_id": None,
+        "hotel_id": "lis-1",
+        "hotel_name": "Casa do Alfama",
+        "city": "Lisbon",
+        "guest_id": guest,
+        "check_in": "2026-12-01",
+        "check_out": "2026-12-03",
+        "nights": 2,
+        "total_cents": 24000,
+        "currency": "EUR",
+        "status": "held",
+        "key": key,
+    }
+    replay = await http.post("/bookings", json=dict(reversed(body.items())), headers={"Idempotency-Key": key})
+    assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json() == created.json()
+
+    conflict = await http.post(
+        "/bookings", json=body | {"hotel_id": "lis-2"}, headers={"Idempotency-Key": key}
+    )
+    assert conflict.status_code == 409
+    assert (
+        conflict.json()["error"]["code"] == "idempotency_conflict" and conflict.json()["error"]["key"] == key
+    )
+
+    found = await http.get(f"/bookings/by-key/{key}")
+    assert found.status_code == 200 and found.json() == created.json()
+    missing = await http.get(f"/bookings/by-key/{unique('never')}")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+    ledger = await sandbox.ledger(guest)
+    assert ledger["counts"]["booking"] == 1 and [e["kind"] for e in ledger["entries"]] == ["booking"]
+
+
+async def test_http_refusals_have_one_error_shape(http: httpx.AsyncClient) -> None:
+    guest = unique("guest")
+    keyless = await http.post("/bookings", json={"hotel_id": "lis-1"})
+    assert keyless.status_code == 400 and keyless.json()["error"]["code"] == "missing_idempotency_key"
+    invalid = await http.post(
+        "/bookings", json={"hotel_id": "lis-1"}, headers={"Idempotency-Key": unique("k")}
+    )
+    assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "invalid_request"
+    unknown = await http.post(
+        "/bookings",
+        json={"hotel_id": "xx-9", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-02"},
+        headers={"Idempotency-Key": unique("k")},
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "hotel_not_found"
+    booking = await book(http, guest)
+    wrong = await http.post(
+        "/payments",
+        json={"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": 100, "currency": "EUR"},
+        headers={"Idempotency-Key": unique("p")},
+    )
+    assert wrong.status_code == 422 and wrong.json()["error"]["code"] == "amount_mismatch"
+
+
+async def test_http_payment_refund_release_email_and_crm(http: httpx.AsyncClient, sandbox: Sandbox) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    pay_key = unique("p")
+    payment = await http.post(
+        "/payments",
+        json={
+            "booking_id": booking["booking_id"],
+            "guest_id": guest,
+            "amount_cents": 24000,
+            "currency": "EUR",
+        },
+        headers={"Idempotency-Key": pay_key},
+    )
+    assert payment.status_code == 201
+    assert payment.json() | {"payment_id": None} == {
+        "payment_id": None,
+        "booking_id": booking["booking_id"],
+        "guest_id": guest,
+        "amount_cents": 24000,
+        "currency": "EUR",
+        "status": "captured",
+        "key": pay_key,
+    }
+    assert (await http.get(f"/payments/by-key/{pay_key}")).json() == payment.json()
+    refund_key = unique("r")
+    refund = await http.post(
+        f"/payments/{payment.json()['payment_id']}/refund",
+        json={"amount_cents": 24000},
+        headers={"Idempotency-Key": refund_key},
+    )
+    assert refund.status_code == 201 and refund.json()["status"] == "succeeded"
+    assert (await http.get(f"/refunds/by-key/{refund_key}")).json()["refund_id"] == refund.json()["refund_id"]
+    release_key = unique("rel")
+    released = await http.post(
+        f"/bookings/{booking['booking_id']}/release", headers={"Idempotency-Key": release_key}
+    )
+    assert released.status_code == 200 and released.json()["status"] == "released"
+    assert (await http.get(f"/booking-releases/by-key/{release_key}")).json()["status"] == "released"
+    email_key, crm_key = unique("e"), unique("c")
+    email = await http.post(
+        "/emails",
+        json={"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]},
+        headers={"Idempotency-Key": email_key},
+    )
+    assert email.status_code == 201 and email.json()["email_id"].startswith("em_")
+    crm = await http.post(
+        "/crm/updates",
+        json={"guest_id": guest, "booking_id": booking["booking_id"], "fields": {"vip": True}},
+        headers={"Idempotency-Key": crm_key},
+    )
+    assert crm.status_code == 201 and crm.json()["fields"] == {"vip": True}
+    assert (await http.get(f"/emails/by-key/{email_key}")).status_code == 200
+    assert (await http.get(f"/crm/updates/by-key/{crm_key}")).status_code == 200
+    counts = (await sandbox.ledger(guest))["counts"]
+    assert counts == {
+        "booking": 1,
+        "booking_release": 1,
+        "charge": 1,
+        "refund": 1,
+        "email": 1,
+        "crm_update": 1,
+    }
+
+
+async def test_http_fail_5xx_refuses_without_committing(http: httpx.AsyncClient) -> None:
+    guest, key = unique("guest"), unique("k")
+    armed = await http.put("/_faults", json={"target": "bookings", "fail_5xx": 1})
+    assert armed.json()["faults"]["bookings"]["fail_5xx"] == 1
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    failed = await http.post("/bookings", json=body, headers={"Idempotency-Key": key})
+    assert failed.status_code == 503 and failed.json()["error"]["code"] == "injected_fault"
+    assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
+    assert (await http.post("/bookings", json=body, headers={"Idempotency-Key": key})).status_code == 201
+    assert (await http.get("/_faults")).json() == {"faults": {}}
+
+
+async def test_http_drop_after_commit_loses_the_response_but_not_the_charge(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    await http.put("/_faults", json={"target": "payments", "drop_after_commit": 1})
+    key = unique("p")
+    body = {"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": 24000, "currency": "EUR"}
+    started = time.perf_counter()
+    with pytest.raises(httpx.RemoteProtocolError):  # the connection is aborted, no HTTP response at all
+        await http.post("/payments", json=body, headers={"Idempotency-Key": key}, timeout=1)
+    assert time.perf_counter() - started < 1
+
+    ledger = await sandbox.ledger(guest)
+    assert ledger["counts"]["charge"] == 1
+    found = await http.get(f"/payments/by-key/{key}")
+    assert found.status_code == 200 and found.json()["amount_cents"] == 24000
+    # The keyed retry a careful caller makes is answered from the store: still one charge.
+    retry = await http.post("/payments", json=body, headers={"Idempotency-Key": key})
+    assert retry.status_code == 200 and retry.headers["Idempotent-Replayed"] == "true"
+    assert (await sandbox.ledger(guest))["counts"]["charge"] == 1
+
+
+async def test_http_malformed_and_latency_faults(http: httpx.AsyncClient) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    await http.put("/_faults", json={"target": "emails", "malformed": 1})
+    key = unique("e")
+    body = {"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]}
+    garbled = await http.post("/emails", json=body, headers={"Idempotency-Key": key})
+    assert garbled.status_code == 200
+    with pytest.raises(ValueError):
+        garbled.json()
+    assert (await http.get(f"/emails/by-key/{key}")).status_code == 200  # committed all the same
+
+    await http.put("/_faults", json={"target": "search", "latency_ms": 150})
+    started = time.perf_counter()
+    assert (await http.get("/hotels/search", params={"city": "Lisbon"})).status_code == 200
+    assert time.perf_counter() - started >= 0.15
+
+    bad = await http.put("/_faults", json={"target": "nowhere", "fail_5xx": 1})
+    assert bad.status_code == 422
+
+
+async def test_http_wildcard_faults_leave_lookups_alone(http: httpx.AsyncClient) -> None:
+    await http.put("/_faults", json={"target": "*", "fail_5xx": 1})
+    assert (await http.get(f"/payments/by-key/{unique('none')}")).status_code == 404
+    assert (await http.get("/hotels/search", params={"city": "Berlin"})).status_code == 503
+    assert (await http.get("/hotels/search", params={"city": "Berlin"})).status_code == 200
+    cleared = await http.delete("/_faults")
+    assert cleared.status_code == 200 and cleared.json() == {"faults": {}}
+
+
+async def test_openai_client_drives_the_scripted_conversation_end_to_end(
+    sandbox_url: str, http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest = unique("guest")
+    client = openai.AsyncOpenAI(base_url=f"{sandbox_url}/v1", api_key="sandbox", max_retries=0)
+    items: list[dict[str, Any]] = [{"role": "user", "content": LISBON}]
+    tools_called: list[str] = []
+    try:
+        first = await client.responses.create(model="scripted-booking", input=items, tools=TOOLS)  # type: ignore[arg-type]
+        assert first.output[0].type == "function_call"
+        assert first.output[0].name == "search_hotels"
+        assert json.loads(first.output[0].arguments) == {
+            "city": "Lisbon",
+            "check_in": "2026-12-01",
+            "check_out": "2026-12-03",
+        }
+        assert first.usage is not None and first.usage.total_tokens > 0 and first.output_text == ""
+        response = first
+        for step in range(8):
+            call = response.output[0]
+            if call.type != "function_call":
+                break
+            tools_called.append(call.name)
+            output = await execute(http, guest, f"{guest}:{step}", call.name, json.loads(call.arguments))
+            items += [
+                call.model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps(output)},
+            ]
+            response = await client.responses.create(model="scripted-booking", input=items, tools=TOOLS)  # type: ignore[arg-type]
+    finally:
+        await client.close()
+
+    assert tools_called == TOOL_NAMES
+    assert response.output[0].type == "message"
+    assert response.output_text.startswith(
+        "Your room at Casa do Alfama in Lisbon from 2026-12-01 to 2026-12-03"
+    )
+    assert "(EUR 240.00)" in response.output_text
+    ledger = await sandbox.ledger(guest)
+    assert ledger["counts"] == {
+        "booking": 1,
+        "booking_release": 0,
+        "charge": 1,
+        "refund": 0,
+        "email": 1,
+        "crm_update": 1,
+    }
+    models = await http.get("/v1/models")
+    assert models.json()["data"][0]["id"] == "scripted-booking"
+
+
+async def execute(http: httpx.AsyncClient, guest: str, key: str, name: str, args: dict[str, Any]) -> Any:
+    """A minimal executor: the server side fills in guest and amount, never the model."""
+    send: dict[str, Callable[[], Any]] = {
+        "search_hotels": lambda: http.get("/hotels/search", params=args),
+        "create_booking": lambda: http.post(
+            "/bookings", json=args | {"guest_id": guest}, headers={"Idempotency-Key": key}
+        ),
+        "send_confirmation_email": lambda: http.post(
+            "/emails",
+            json={"guest_id": guest, "template": "booking_confirmation", **args},
+            headers={"Idempotency-Key": key},
+        ),
+        "update_crm": lambda: http.post(
+            "/crm/updates", json={"guest_id": guest, **args}, headers={"Idempotency-Key": key}
+        ),
+    }
+    if name == "create_payment":
+        booking = (await http.get(f"/bookings/by-key/{guest}:1")).json()
+        body = {
+            "booking_id": args["booking_id"],
+            "guest_id": guest,
+            "amount_cents": booking["total_cents"],
+            "currency": "EUR",
+        }
+        return (await http.post("/payments", json=body, headers={"Idempotency-Key": key})).json()
+    return (await send[name]()).json()
+
+
+async def test_model_endpoint_refuses_streaming_and_bad_input(http: httpx.AsyncClient) -> None:
+    streaming = await http.post(
+        "/v1/responses", json={"model": "scripted-booking", "input": "hi", "stream": True}
+    )
+    assert streaming.status_code == 400 and streaming.json()["error"]["code"] == "streaming_unsupported"
+    bad = await http.post("/v1/responses", json={"model": "scripted-booking", "input": 42})
+    assert bad.status_code == 422
+    text = await http.post("/v1/responses", json={"model": "m", "input": "hello"})
+    assert text.status_code == 200 and text.json()["model"] == "m"
+
+
+async def test_reset_clears_state_and_faults(http: httpx.AsyncClient, sandbox: Sandbox) -> None:
+    key = unique("k")
+    await book(http, unique("guest"), key)
+    await http.put("/_faults", json={"target": "model", "latency_ms": 10})
+    assert (await http.post("/_reset")).json() == {"reset": True}
+    assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
+    assert (await http.get("/_faults")).json() == {"faults": {}}
+    assert (await sandbox.ledger())["entries"] == []

@@ -1,0 +1,77 @@
+"""The outside world as a test sees it: what a guest asks for, and the sandbox providers' books and faults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+# What a guest sends to get the whole booking: search, hold, pay, email, CRM.
+BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
+
+# The booking run's tools in the order the scripted model calls them, and offered to a model the way the
+# runtime's adapter offers them (the scripted model reads only the names).
+BOOKING_TOOLS = ["search_hotels", "create_booking", "create_payment", "send_confirmation_email", "update_crm"]
+OFFERED_TOOLS = [
+    {"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}} for n in BOOKING_TOOLS
+]
+
+# Every effect kind the providers' ledger counts, and what a booking that went right leaves in it.
+EFFECT_KINDS = ("booking", "booking_release", "charge", "refund", "email", "crm_update")
+NOTHING = dict.fromkeys(EFFECT_KINDS, 0)
+BOOKED_AND_PAID = NOTHING | {"booking": 1, "charge": 1, "email": 1, "crm_update": 1}
+# The effects a booking makes once each (a release or refund is an undo, counted apart).
+EFFECTS = ("booking", "charge", "email", "crm_update")
+
+# The sandbox's operator endpoints (not part of any provider's API).
+_LEDGER = "/_ledger"
+_FAULTS = "/_faults"
+_RESET = "/_reset"
+
+
+class Sandbox:
+    """The sandbox providers seen from outside over HTTP: their ledger of effects, and the faults armed on them."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+        self.http = http
+        self.url = url.rstrip("/")
+
+    async def ledger(self, guest_id: str | None = None) -> dict[str, Any]:
+        """`{"entries": [...], "counts": {kind: n}, "replays": {kind: n}}`, for one guest or everyone."""
+        params = {"guest_id": guest_id} if guest_id else None
+        response = await self.http.get(f"{self.url}{_LEDGER}", params=params)
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def counts(self, guest_id: str | None = None) -> dict[str, int]:
+        return dict((await self.ledger(guest_id))["counts"])
+
+    async def arm(self, target: str, **fault: int) -> dict[str, Any]:
+        """Arm a fault on one target (`payments`, `lookups`, `model`, ...); returns every fault now armed."""
+        response = await self.http.put(f"{self.url}{_FAULTS}", json={"target": target, **fault})
+        assert response.status_code == 200, response.text
+        return dict(response.json()["faults"])
+
+    async def faults(self) -> dict[str, Any]:
+        response = await self.http.get(f"{self.url}{_FAULTS}")
+        response.raise_for_status()
+        return dict(response.json()["faults"])
+
+    async def clear_faults(self) -> None:
+        response = await self.http.delete(f"{self.url}{_FAULTS}")
+        assert response.status_code == 200, response.text
+
+    async def reset(self) -> None:
+        """The providers forget every record and fault."""
+        response = await self.http.post(f"{self.url}{_RESET}")
+        assert response.status_code == 200, response.text
+
+
+def effects_per_run(entries: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Ledger effects grouped by the run that keyed them (action keys are `run_id:step...`)."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in entries:
+        run_id = str(entry["key"]).split(":", 1)[0]
+        kinds = out.setdefault(run_id, {})
+        kinds[entry["kind"]] = kinds.get(entry["kind"], 0) + 1
+    return out

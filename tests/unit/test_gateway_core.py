@@ -1,0 +1,74 @@
+"""The gateway's pure rules (services/gateway/core.py): which key a guest event carries, which run it lands on,
+and which HTTP status each error becomes. (The gateway over real HTTP: tests/e2e/test_gateway.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contracts.errors import (
+    BodyTooLarge,
+    BrokerUnavailable,
+    CrashsafeError,
+    IdempotencyConflict,
+    InvalidRequest,
+    ModelUnavailable,
+    RunNotFound,
+    RunVersionConflict,
+)
+from contracts.inbound import MAX_BODY_BYTES, GuestMessage
+from contracts.keys import inbound_hash, run_id_for
+from services.gateway.core import UnprocessableBody, admit, conflict, status_for
+from tests.support.stack import guest_event
+from tests.support.world import BOOKING_TEXT
+
+
+def raw(**fields: object) -> bytes:
+    return json.dumps(guest_event("evt-1", **fields)).encode()  # type: ignore[arg-type]
+
+
+def test_an_event_is_bound_to_the_run_of_its_key_and_the_hash_of_its_body() -> None:
+    admission = admit(raw(), None)
+
+    assert (admission.key, admission.run_id) == ("evt-1", run_id_for("evt-1"))
+    assert admission.message == GuestMessage(
+        event_id="evt-1", session_id="s-evt-1", guest_id="guest-1", text=BOOKING_TEXT
+    )
+    assert admission.input_hash == inbound_hash(admission.message, "booking")
+    assert admit(raw(), None, agent="steps5").input_hash == inbound_hash(admission.message, "steps5")
+
+
+def test_the_idempotency_key_header_is_the_key_when_present() -> None:
+    admission = admit(raw(), "hdr-1")
+    assert (admission.key, admission.run_id) == ("hdr-1", run_id_for("hdr-1"))
+    assert admission.message.event_id == "evt-1"
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "error", "status"),
+    [
+        pytest.param(b'{"event_id": ', None, InvalidRequest, 400, id="malformed-json"),
+        pytest.param(raw(guest_id=42), None, UnprocessableBody, 422, id="wrong-type"),
+        pytest.param(raw(amount_cents=1), None, UnprocessableBody, 422, id="unknown-field"),
+        pytest.param(b" " * (MAX_BODY_BYTES + 1), None, BodyTooLarge, 413, id="too-large"),
+        pytest.param(raw(), "", InvalidRequest, 400, id="empty-key"),
+        pytest.param(raw(), "k" * 201, InvalidRequest, 400, id="key-too-long"),
+    ],
+)
+def test_bad_input_is_a_typed_error_with_its_status(
+    body: bytes, key: str | None, error: type[CrashsafeError], status: int
+) -> None:
+    with pytest.raises(error) as refused:
+        admit(body, key)
+    assert type(refused.value) is error and status_for(refused.value) == status
+
+
+def test_one_table_maps_every_other_error_to_its_status() -> None:
+    assert status_for(conflict("evt-1", "run_x")) == 409
+    assert isinstance(conflict("evt-1", "run_x"), IdempotencyConflict)
+    assert conflict("evt-1", "run_x").details() == {"key": "evt-1", "run_id": "run_x"}
+    assert status_for(RunNotFound("no run", run_id="run_x")) == 404
+    assert status_for(RunVersionConflict(subject="crashsafe.run.run_x", expected_seq=3)) == 409
+    assert status_for(BrokerUnavailable("no JetStream")) == 503
+    assert status_for(ModelUnavailable("model down")) == 500  # not the gateway's to answer: no entry

@@ -1,0 +1,254 @@
+"""The reconciler's pure core (services/reconciler/core.py): the open-work projection folded from every journal,
+and what in it is overdue, still unknown, or stalled at a given time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    RunCompleted,
+    RunHandedOff,
+    RunNudged,
+    RunStarted,
+)
+from contracts.tool_messages import OutcomeStatus
+from services.reconciler.core import (
+    OpenRun,
+    OpenWork,
+    observe,
+    overdue_actions,
+    stalled_runs,
+    unsettled_unknowns,
+)
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+GRACE, REASK, QUIET = 2.0, 5.0, 30.0
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def started(run_id: str, t: float = 0.0) -> RunStarted:
+    return RunStarted(
+        run_id=run_id,
+        at=at(t),
+        agent="booking",
+        session_id="s",
+        guest_id="g",
+        event_id=run_id,
+        idempotency_key=run_id,
+        input_hash="0" * 64,
+        text="book",
+        budget=Budget(),
+        deadline_at=at(t + 90),
+    )
+
+
+def intent(run_id: str, step_no: int, t: float, timeout_s: float = 10.0) -> ActionRequested:
+    return ActionRequested(
+        run_id=run_id,
+        at=at(t),
+        step_no=step_no,
+        call_id=f"call_{step_no}",
+        tool="create_payment",
+        family="payment",
+        args={"booking_id": "bk_1"},
+        key=f"{run_id}:{step_no}",
+        input_hash="a" * 64,
+        timeout_s=timeout_s,
+        deadline_at=at(t + timeout_s),
+    )
+
+
+def done(
+    request: ActionRequested, t: float, status: OutcomeStatus = OutcomeStatus.SUCCEEDED
+) -> ActionCompleted:
+    return ActionCompleted(
+        run_id=request.run_id, at=at(t), step_no=request.step_no, key=request.key, status=status
+    )
+
+
+def fold(*events: object) -> OpenWork:
+    work = OpenWork()
+    for event in events:
+        observe(work, event)  # type: ignore[arg-type]
+    return work
+
+
+def ask(work: OpenWork, request: ActionRequested, now: datetime) -> None:
+    """What the reconciler shell records each time it asks an executor about a key."""
+    work.asked[request.key] = now
+    work.times_asked[request.key] = work.times_asked.get(request.key, 0) + 1
+
+
+# observe: the open-work projection ----------------------------------------------------------------------------
+
+
+def test_a_run_and_its_requested_actions_are_open_work() -> None:
+    pay, email = intent("run_a", 6, t=3), intent("run_a", 8, t=4)
+
+    work = fold(started("run_a"), pay, email)
+
+    assert set(work.runs) == {"run_a"}
+    assert work.runs["run_a"].pending == {6: pay, 8: email} and work.runs["run_a"].last_at == at(4)
+    assert work.requests == {pay.key: pay, email.key: email}
+    assert work.unknown == {}
+
+
+def test_a_completed_action_is_no_longer_open_and_its_asking_history_is_forgotten() -> None:
+    pay = intent("run_a", 6, t=3)
+    work = fold(started("run_a"), pay)
+    ask(work, pay, at(20))
+
+    observe(work, done(pay, t=21))
+
+    assert work.runs["run_a"].pending == {} and work.runs["run_a"].last_at == at(21)
+    assert pay.key not in work.requests and pay.key not in work.asked and pay.key not in work.times_asked
+    assert work.unknown == {}
+
+
+def test_events_of_a_run_started_before_the_look_back_window_are_ignored() -> None:
+    pay = intent("run_old", 6, t=3)
+
+    work = fold(pay, RunNudged(run_id="run_old", at=at(5), by="r", reason="x"), done(pay, t=6))
+
+    assert work.runs == {} and work.requests == {} and work.unknown == {}
+
+
+def test_other_events_only_move_the_runs_clock() -> None:
+    work = fold(started("run_a"), RunNudged(run_id="run_a", at=at(12), by="r", reason="overdue"))
+    assert work.runs["run_a"] == OpenRun(last_at=at(12))
+
+
+def test_an_unknown_outcome_is_kept_past_the_end_of_its_run_until_it_settles() -> None:
+    pay = intent("run_a", 6, t=3)
+    work = fold(started("run_a"), pay, done(pay, t=15, status=OutcomeStatus.UNKNOWN))
+    assert work.unknown == {pay.key: pay} and work.runs["run_a"].pending == {}
+
+    observe(work, RunHandedOff(run_id="run_a", at=at(16), reason="outcome_unknown"))
+    assert work.runs == {} and work.unknown == {pay.key: pay}  # a handed-off run still needs the truth
+
+    ask(work, pay, at(30))
+    observe(work, done(pay, t=31))  # found by key, late
+    assert work.unknown == {} and pay.key not in work.times_asked
+
+
+def test_a_run_ending_clears_its_work() -> None:
+    pay, email = intent("run_a", 6, t=3), intent("run_b", 4, t=3)
+    work = fold(started("run_a"), started("run_b"), pay, email)
+    ask(work, pay, at(20))
+    work.woken["run_a"] = at(20)
+
+    observe(work, RunCompleted(run_id="run_a", at=at(21), reply="done"))
+
+    assert set(work.runs) == {"run_b"}
+    assert pay.key not in work.asked and pay.key not in work.requests and "run_a" not in work.woken
+    assert email.key in work.requests  # another run's work is untouched
+    later = at(1000)
+    assert overdue_actions(work, later, GRACE, REASK) == [email]
+    assert stalled_runs(work, later, QUIET) == []  # run_b has an action in flight; run_a is gone
+    observe(work, RunHandedOff(run_id="run_b", at=at(22), reason="deadline"))
+    assert overdue_actions(work, later, GRACE, REASK) == [] and stalled_runs(work, later, QUIET) == []
+
+
+# overdue_actions: past deadline plus grace, asked again with a growing pause ----------------------------------
+
+
+def test_an_action_is_overdue_from_its_deadline_plus_grace() -> None:
+    pay = intent("run_a", 6, t=3, timeout_s=10)  # deadline at 13 s
+    work = fold(started("run_a"), pay)
+
+    assert overdue_actions(work, at(14.999), GRACE, REASK) == []
+    assert overdue_actions(work, at(15), GRACE, REASK) == [pay]
+    assert overdue_actions(work, at(15), grace_s=0.0, reask_s=REASK) == [pay]
+    assert overdue_actions(work, at(13), grace_s=0.0, reask_s=REASK) == [pay]
+
+
+def test_an_overdue_action_is_asked_about_again_with_a_doubling_pause() -> None:
+    pay = intent("run_a", 6, t=0, timeout_s=10)  # overdue from 12 s
+    work = fold(started("run_a"), pay)
+
+    asked_at: list[float] = []
+    for second in range(0, 200):  # the shell ticks once a second and asks about whatever is due
+        if overdue_actions(work, at(second), GRACE, REASK):
+            asked_at.append(second)
+            ask(work, pay, at(second))
+
+    # First at the deadline plus grace, then after 10 s, 20 s, 40 s, 80 s (reask 5 s times 2^asks so far).
+    assert asked_at == [12, 22, 42, 82, 162]
+
+
+def test_the_pause_between_asks_is_at_most_five_minutes() -> None:
+    pay = intent("run_a", 6, t=0)
+    work = fold(started("run_a"), pay)
+    work.asked[pay.key], work.times_asked[pay.key] = at(100), 10  # 5 s * 2^10 would be 85 minutes
+
+    assert overdue_actions(work, at(399), GRACE, REASK) == []
+    assert overdue_actions(work, at(400), GRACE, REASK) == [pay]
+
+
+# unsettled_unknowns: unknown outcomes, in any run, asked about until they settle ------------------------------
+
+
+def test_an_unknown_outcome_never_asked_about_is_due_at_once() -> None:
+    pay = intent("run_a", 6, t=3)
+    work = fold(started("run_a"), pay, done(pay, t=15, status=OutcomeStatus.UNKNOWN))
+
+    assert unsettled_unknowns(work, at(15), REASK) == [pay]
+
+
+def test_an_unknown_outcome_is_asked_about_again_with_a_doubling_pause_up_to_a_cap() -> None:
+    pay = intent("run_a", 6, t=3)
+    work = fold(started("run_a"), pay, done(pay, t=15, status=OutcomeStatus.UNKNOWN))
+    ask(work, pay, at(20))  # asked once: the next ask after 10 s
+
+    assert unsettled_unknowns(work, at(29.9), REASK) == []
+    assert unsettled_unknowns(work, at(30), REASK) == [pay]
+    ask(work, pay, at(30))
+    assert unsettled_unknowns(work, at(49.9), REASK) == []
+    assert unsettled_unknowns(work, at(50), REASK) == [pay]
+
+    work.times_asked[pay.key] = 12
+    assert unsettled_unknowns(work, at(30 + 299), REASK) == []
+    assert unsettled_unknowns(work, at(30 + 300), REASK) == [pay]
+    assert unsettled_unknowns(work, at(30 + 60), REASK, max_gap_s=60.0) == [pay]
+
+
+def test_a_settled_or_never_unknown_outcome_is_not_asked_about() -> None:
+    pay, email = intent("run_a", 6, t=3), intent("run_a", 7, t=3)
+    work = fold(started("run_a"), pay, email, done(email, t=5, status=OutcomeStatus.FAILED))
+    assert unsettled_unknowns(work, at(1000), REASK) == []
+
+    observe(work, done(pay, t=15, status=OutcomeStatus.UNKNOWN))
+    observe(work, done(pay, t=16, status=OutcomeStatus.SUCCEEDED))
+    assert unsettled_unknowns(work, at(1000), REASK) == []
+
+
+# stalled_runs: nothing in flight and a quiet journal ----------------------------------------------------------
+
+
+def test_a_run_with_nothing_in_flight_and_a_quiet_journal_is_stalled() -> None:
+    pay = intent("run_a", 6, t=3)
+    work = fold(started("run_a"), pay, done(pay, t=10))
+
+    assert stalled_runs(work, at(39.9), QUIET) == []
+    assert stalled_runs(work, at(40), QUIET) == ["run_a"]
+
+
+def test_a_run_waiting_on_an_action_is_not_stalled_however_quiet() -> None:
+    work = fold(started("run_a"), intent("run_a", 6, t=3))
+    assert stalled_runs(work, at(10_000), QUIET) == []
+
+
+def test_a_woken_run_is_woken_again_only_after_another_quiet_period() -> None:
+    work = fold(started("run_a"), started("run_b", t=35))
+    work.woken["run_a"] = at(40)
+
+    assert stalled_runs(work, at(64.9), QUIET) == []
+    assert stalled_runs(work, at(65), QUIET) == ["run_b"]  # quiet for 30 s and never woken
+    assert stalled_runs(work, at(69.9), QUIET) == ["run_b"]  # run_a was woken at 40 s
+    assert stalled_runs(work, at(70), QUIET) == ["run_a", "run_b"]
