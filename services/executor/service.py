@@ -125,7 +125,9 @@ class Executor:
                     self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
                 )
         for partition in self.partitions:
-            spec = executor_consumer(self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver)
+            spec = executor_consumer(
+                self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver
+            )
             await self.broker.ensure_consumer(spec)
             await self.broker.subscribe(spec, self.deliveries.dispatch(self._on_request))
         log(self.logger, logging.INFO, "executor ready", family=self.family, partitions=self.partitions)
