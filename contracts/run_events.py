@@ -165,8 +165,6 @@ RunEvent: TypeAlias = (
     | RunCompleted
     | RunHandedOff
 )
-# The union's name before it was RunEvent; kept while older modules still import it.
-Event: TypeAlias = RunEvent
 
 
 def request_for(intent: ActionRequested) -> ActionRequest:
