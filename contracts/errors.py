@@ -32,6 +32,8 @@ class ErrorCode(StrEnum):
     # A handler raised something that is not a CrashsafeError (a bug) on every delivery: a dead letter's code.
     HANDLER_FAILED = "handler_failed"
     INVALID_SETTING = "invalid_setting"
+    PARTITION_NOT_OWNED = "partition_not_owned"
+    LEASE_CONFLICT = "lease_conflict"
 
 
 class RetryClass(StrEnum):
@@ -267,3 +269,41 @@ class PoisonMessage(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return _facts(key=self.key, run_id=self.run_id) | super().details()
+
+
+# Partition ownership ------------------------------------------------------------------------------------------
+
+
+class PartitionNotOwned(CrashsafeError):
+    """This replica does not hold the partition's lease (never had it, released it, or lost it while paused):
+    it must not commit an intent or a receipt for it. Retried later, so the message reaches the owner."""
+
+    code = ErrorCode.PARTITION_NOT_OWNED
+    retry = RetryClass.RETRY_LATER
+
+    def __init__(self, *, family: str, partition: int, key: str | None = None, why: str = "not held") -> None:
+        super().__init__(
+            f"executor {family} does not hold partition {partition} ({why}); the message comes back to its owner"
+        )
+        self.family = family
+        self.partition = partition
+        self.key = key
+        self.why = why
+
+    def details(self) -> dict[str, Any]:
+        return _facts(family=self.family, partition=self.partition, key=self.key, why=self.why)
+
+
+class LeaseConflict(CrashsafeError):
+    """A key-value write expected a revision the key no longer has: someone else wrote it first."""
+
+    code = ErrorCode.LEASE_CONFLICT
+    retry = RetryClass.RETRY_LATER
+
+    def __init__(self, *, key: str, expected_revision: int) -> None:
+        super().__init__(f"{key} moved past revision {expected_revision}; read it again before writing")
+        self.key = key
+        self.expected_revision = expected_revision
+
+    def details(self) -> dict[str, Any]:
+        return {"key": self.key, "expected_revision": self.expected_revision}

@@ -106,3 +106,23 @@ def executor_consumer(
         ack_wait_s=ack_wait_s,
         max_deliver=max_deliver,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class KvSpec:
+    """A JetStream key-value bucket: one value per key (history 1), per-key TTLs allowed."""
+
+    bucket: str
+    replicas: int = 1
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{self.bucket}"
+
+    def subject(self, key: str) -> str:
+        return f"$KV.{self.bucket}.{key}"
+
+
+def leases_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Partition leases, holders and members of every executor family of a namespace."""
+    return KvSpec(bucket=ns.leases_bucket, replicas=replicas)

@@ -28,6 +28,9 @@ class Header(StrEnum):
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
+    # Per-message TTL (nats-server 2.11+): a lease or membership key the server removes unless it is renewed.
+    MSG_TTL = "Nats-TTL"
+    KV_OPERATION = "KV-Operation"
 
 
 class StreamKind(StrEnum):
@@ -107,6 +110,34 @@ class Namespace:
 
     def executor_consumer(self, family: str, partition: int) -> str:
         return f"executor_{family}_p{partition}"
+
+    # Partition ownership: one key-value bucket per namespace (a JetStream stream `KV_<bucket>`).
+    @property
+    def leases_bucket(self) -> str:
+        return f"{self.name}_leases"
+
+    def lease_key(self, family: str, partition: int) -> str:
+        """Who holds a partition now: renewed with a TTL; its KV revision is the fencing token."""
+        return f"lease.{_literal(family)}.{partition}"
+
+    def leases_of(self, family: str) -> str:
+        return f"lease.{_literal(family)}.*"
+
+    def holder_key(self, family: str, partition: int) -> str:
+        """Which action store last held a partition (no TTL): a new owner with another store must look up first."""
+        return f"holder.{_literal(family)}.{partition}"
+
+    def member_key(self, family: str, worker_id: str) -> str:
+        """One live replica of a family, renewed with a TTL; the live members split the partitions."""
+        return f"member.{_literal(family)}.{worker_token(worker_id)}"
+
+    def members_of(self, family: str) -> str:
+        return f"member.{_literal(family)}.*"
+
+
+def worker_token(worker_id: str) -> str:
+    """A worker id as one subject token (a hostname's dots and anything else become `_`)."""
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", worker_id) or "_"
 
 
 # How many partitions each tool family's action subjects are split into. Every publisher and executor of a

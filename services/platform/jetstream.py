@@ -20,14 +20,15 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 
 # SubjectFull is importable from here too, where it lived before it joined the error family.
-from contracts.errors import BrokerUnavailable, RunVersionConflict, SubjectFull
-from contracts.streams import ConsumerSpec, Retention, StreamSpec
+from contracts.errors import BrokerUnavailable, LeaseConflict, RunVersionConflict, SubjectFull
+from contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 from contracts.subjects import Header
 
 log = logging.getLogger("crashsafe.jetstream")
@@ -78,6 +79,22 @@ class StoredMessage:
 class Published:
     seq: int
     duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    """One key's current value in a bucket, and its revision (the stream sequence that wrote it)."""
+
+    key: str
+    revision: int
+    value: bytes
+
+
+class Subscription:
+    """A handle on one subscription, to stop it (a released partition's consumer)."""
+
+    def __init__(self, sub: object) -> None:
+        self._sub = sub
 
 
 class Broker:
@@ -178,7 +195,7 @@ class Broker:
             await self.js.delete_consumer(spec.stream, spec.durable)
             await self.js.add_consumer(spec.stream, config)
 
-    async def subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> None:
+    async def subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> Subscription:
         """Deliver the consumer's messages to `handler`; replicas sharing the durable share the work."""
         sub = await self.js.subscribe(
             spec.filter_subject,
@@ -189,6 +206,17 @@ class Broker:
             pending_msgs_limit=max(spec.max_ack_pending * 2, 1024),
         )
         self._subs.append(sub)
+        return Subscription(sub)
+
+    async def unsubscribe(self, handle: Subscription) -> None:
+        """Stop a subscription: nothing more is delivered to its handler; unacked messages come back to others."""
+        sub = handle._sub
+        if sub in self._subs:
+            self._subs.remove(sub)
+        try:
+            await sub.unsubscribe()  # type: ignore[attr-defined]
+        except (nats.errors.Error, OSError) as exc:
+            log.warning("unsubscribe: %s: %s", type(exc).__name__, exc)
 
     async def follow(
         self, stream: str, subject: str, handler: Callable[[Msg], Awaitable[None]], since: datetime
@@ -204,6 +232,56 @@ class Broker:
             config=ConsumerConfig(opt_start_time=since.astimezone(UTC)),
         )
         self._subs.append(sub)
+
+    async def ensure_kv(self, spec: KvSpec) -> None:
+        """A key-value bucket with per-key TTLs allowed (nats-py declares its stream with allow_msg_ttl)."""
+        config = KeyValueConfig(
+            bucket=spec.bucket, history=1, storage=StorageType.FILE, replicas=spec.replicas, direct=True
+        )
+        try:
+            await self.js.create_key_value(config)
+        except nats.js.errors.BadRequestError:
+            pass  # exists (a replica or `infra apply` made it); its config is ours
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer creating bucket {spec.bucket}: {exc}; check that nats-server runs"
+                " with JetStream enabled, then start again"
+            ) from exc
+
+    # Key-value ----------------------------------------------------------------------------------------------
+
+    async def kv_get(self, spec: KvSpec, key: str) -> KvEntry | None:
+        stored = await self.last_on_subject(spec.stream, spec.subject(key))
+        if stored is None or stored.headers.get(Header.KV_OPERATION):
+            return None
+        return KvEntry(key, stored.seq, stored.data)
+
+    async def kv_scan(self, spec: KvSpec, pattern: str) -> list[KvEntry]:
+        """Every live key matching `pattern` (`lease.payment.*`), in one batched direct get."""
+        prefix = spec.subject("")
+        return [
+            KvEntry(m.subject.removeprefix(prefix), m.seq, m.data)
+            for m in await self.read_subject(spec.stream, spec.subject(pattern))
+            if not m.headers.get(Header.KV_OPERATION)
+        ]
+
+    async def kv_write(
+        self, spec: KvSpec, key: str, value: bytes, *, revision: int | None, ttl_s: int | None = None
+    ) -> int:
+        """Write `key` if its revision is still `revision` (0: the key must not exist; None: unconditionally),
+        with the server removing it `ttl_s` later unless written again. Returns the new revision."""
+        headers = {Header.MSG_TTL.value: f"{ttl_s}s"} if ttl_s else None
+        try:
+            published = await self.publish(
+                spec.subject(key), value, expected_subject_seq=revision, headers=headers, timeout_s=5.0
+            )
+        except RunVersionConflict:
+            raise LeaseConflict(key=key, expected_revision=revision or 0) from None
+        return published.seq
+
+    async def kv_delete(self, spec: KvSpec, key: str) -> None:
+        """Remove `key` (a delete marker, as `nats kv del` writes; scans skip it)."""
+        await self.publish(spec.subject(key), b"", headers={Header.KV_OPERATION.value: "DEL"}, timeout_s=5.0)
 
     # Writes -------------------------------------------------------------------------------------------------
 

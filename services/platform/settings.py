@@ -36,7 +36,11 @@ VARIABLES: tuple[Variable, ...] = (
         str(DEFAULT_ACTION_PARTITIONS),
         "partitions per tool family (a migration)",
     ),
-    Variable("CRASHSAFE_PARTITIONS", "all", "partitions this executor replica owns (`0-1`, `2,3`)"),
+    Variable(
+        "CRASHSAFE_PARTITIONS",
+        "all",
+        "`all`: the live replicas of a family share the partitions; `0-1`, `2,3`: only these (still leased)",
+    ),
     Variable("CRASHSAFE_DATA_DIR", ".crashsafe/data", "executor SQLite files, one per owned partition"),
     Variable("CRASHSAFE_SQLITE_SYNC", "NORMAL", "`FULL` fsyncs every receipt (power-loss safe)"),
     Variable("CRASHSAFE_ACK_WAIT_S", "1", "ack wait of every consumer"),
@@ -78,6 +82,13 @@ class Settings:
     registry: str = "services.agents:stayhub"
     partitions: int = DEFAULT_ACTION_PARTITIONS
     owned_partitions: tuple[int, ...] = tuple(range(DEFAULT_ACTION_PARTITIONS))
+    # True for `all`: the replicas split the partitions among themselves; False for an explicit list.
+    shared_partitions: bool = True
+    # A partition lease (whole seconds: the server's per-key TTL); a dead or paused replica's partitions move
+    # after it. Not an environment variable yet: tests shorten it with dataclasses.replace.
+    lease_s: int = 5
+    # How far two hosts' clocks may disagree: a taken-over partition looks up keys asked before then + this.
+    clock_skew_s: float = 2.0
     data_dir: Path = Path(".crashsafe/data")
     sqlite_sync: str = "NORMAL"
     sandbox_url: str = "http://127.0.0.1:8090"
@@ -168,6 +179,7 @@ class Settings:
                 lambda raw: parse_partitions(raw, partitions),
                 f"all, a range like 0-1, or a list like 0,2, within 0..{partitions - 1}",
             ),
+            shared_partitions=(get("CRASHSAFE_PARTITIONS") or "all") == "all",
             data_dir=Path(get("CRASHSAFE_DATA_DIR") or cls.data_dir),
             sqlite_sync=read(
                 "CRASHSAFE_SQLITE_SYNC", cls.sqlite_sync, one_of(SQLITE_SYNC_MODES), "NORMAL or FULL"
@@ -196,4 +208,4 @@ class Settings:
                 value=spec,
                 expected=f"all, 0-1 or 0,2 within 0..{self.partitions - 1}",
             ) from None
-        return dataclasses.replace(self, owned_partitions=owned)
+        return dataclasses.replace(self, owned_partitions=owned, shared_partitions=spec == "all")
