@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,9 +15,17 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, ErrorCode, ErrorInfo, InvalidSetting, PoisonMessage, RetryClass
+from contracts.errors import (
+    CrashsafeError,
+    ErrorCode,
+    ErrorInfo,
+    InvalidSetting,
+    PartitionNotOwned,
+    PoisonMessage,
+    RetryClass,
+)
 from contracts.keys import partition_of
-from contracts.streams import executor_consumer, stream_specs
+from contracts.streams import executor_consumer, leases_spec, stream_specs
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -42,10 +53,12 @@ from services.executor.core import (
     refused,
     unknown_outcome,
 )
+from services.executor.ownership import Holder, holder_decoder, lease_encoder, takeover
+from services.executor.partitions import PartitionKeeper
 from services.executor.store import ActionStore
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker
+from services.platform.jetstream import Broker, Subscription
 from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.settings import Settings
@@ -53,6 +66,10 @@ from services.platform.tracing import context_from, headers_for
 from services.registry import ProviderAnswer, Registry, Tool
 
 MAX_DELIVER = 12
+# Left-over intents settled at once after a partition is taken up (each one lookup, maybe a call).
+LEFTOVER_CONCURRENCY = 32
+# How long a released partition waits for its keys in flight before its store closes (the fence covers the rest).
+DRAIN_S = 10.0
 
 
 class OutcomeStillUnknown(CrashsafeError):
@@ -89,14 +106,28 @@ class Executor:
         if not self.tools:
             expected = f"a tool family of this deployment: {', '.join(sorted(registry.families))}"
             raise InvalidSetting(variable="--tool", value=family, expected=expected)
-        self.partitions = list(settings.owned_partitions)
         self.providers = providers
         self.logger = logger
         self.synchronous = settings.sqlite_sync
         # How many deliveries a key whose outcome stays unknown may spend before the run is told `unknown`.
         self.max_deliver = max_deliver
+        # The stores of the partitions this replica holds a lease on, opened on acquire and closed on release.
         self.stores: dict[int, ActionStore] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._subscriptions: dict[int, Subscription] = {}
+        self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
+        self._leftovers: dict[int, set[asyncio.Task[None]]] = {}
+        self._leftover_slots = asyncio.Semaphore(LEFTOVER_CONCURRENCY)
+        self.incarnation = uuid.uuid4().hex
+        self.keeper = PartitionKeeper(
+            broker,
+            settings,
+            family,
+            self.incarnation,
+            logger,
+            acquired=self._take_up,
+            released=self._put_down,
+        )
         self.deliveries = Deliveries(
             broker,
             self.ns,
@@ -109,33 +140,106 @@ class Executor:
     def store_path(self, partition: int) -> Path:
         return self.settings.data_dir / f"{self.ns.name}-{self.family}-p{partition}.sqlite3"
 
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions this replica holds now (their leases, stores and consumers)."""
+        return sorted(self.stores)
+
     async def start(self) -> None:
         for stream in stream_specs(self.ns, self.settings.stream_replicas):
             await self.broker.ensure_stream(stream)
-        for partition in self.partitions:
-            self.stores[partition] = await ActionStore.open(self.store_path(partition), self.synchronous)
-        # Start-up reconciliation: settle what a previous life left open before taking new work.
-        for store in self.stores.values():
-            for request, attempts in await store.open_intents():
-                await self._resolve_leftover(store, request, attempts)
-            # A receipt committed just before a crash may never have been published; its request would come
-            # back only after the ack wait. Publishing it again now is harmless: outcomes are deduplicated.
-            for outcome in await store.recent_receipts(since_s=4 * self.settings.ack_wait_s + 10):
-                await self._publish(
-                    self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
-                )
-        for partition in self.partitions:
-            spec = executor_consumer(
-                self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver
-            )
-            await self.broker.ensure_consumer(spec)
-            await self.broker.subscribe(spec, self.deliveries.dispatch(self._on_request))
+        # Takes the partitions that are free now and returns; the keeper takes the rest as others let go.
+        await self.keeper.start()
         log(self.logger, logging.INFO, "executor ready", family=self.family, partitions=self.partitions)
 
     async def close(self) -> None:
+        await (
+            self.keeper.close()
+        )  # every partition handed back: unsubscribed, its keys finished, store closed
         await self.deliveries.drain()
-        for store in self.stores.values():
+        for store in list(self.stores.values()):
             await store.close()
+        self.stores.clear()
+
+    async def _take_up(self, partition: int, token: int) -> None:
+        """A partition's lease was acquired: open its store, learn whether it is a takeover, settle what it left
+        open (alongside new work), then subscribe its consumer."""
+        store = await ActionStore.open(self.store_path(partition), self.synchronous)
+        try:
+            spec = leases_spec(self.ns, self.settings.stream_replicas)
+            holder_key = self.ns.holder_key(self.family, partition)
+            entry = await self.broker.kv_get(spec, holder_key)
+            holder = holder_decoder.decode(entry.value) if entry is not None else None
+            taken = takeover(holder, store.store_id)
+            await store.record_tenure(token, self.keeper.me, holder.store if holder else None, taken)
+            store.clock_skew_s = self.settings.clock_skew_s
+            store.fence = functools.partial(self.keeper.check, partition)
+            record = Holder(store=store.store_id, owner=self.keeper.me, token=token)
+            await self.broker.kv_write(spec, holder_key, lease_encoder.encode(record), revision=None)
+        except BaseException:
+            await store.close()
+            raise
+        self.stores[partition] = store
+        if taken:
+            log(
+                self.logger,
+                logging.WARNING,
+                "partition taken over from another store; keys it never saw are looked up first",
+                partition=partition,
+                previous_store=holder.store if holder else None,
+            )
+        # Start-up reconciliation runs beside new work: the in-flight map keeps a key from running twice.
+        await self._settle_leftovers(partition, store)
+        # A receipt committed just before a crash may never have been published; its request would come
+        # back only after the ack wait. Publishing it again now is harmless: outcomes are deduplicated.
+        for outcome in await store.recent_receipts(since_s=4 * self.settings.ack_wait_s + 10):
+            await self._publish(
+                self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
+            )
+        consumer = executor_consumer(
+            self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver
+        )
+        await self.broker.ensure_consumer(consumer)
+        self._subscriptions[partition] = await self.broker.subscribe(
+            consumer, self.deliveries.dispatch(self._on_request)
+        )
+
+    async def _put_down(self, partition: int) -> None:
+        """A partition is released or lost: stop taking its work, let its keys in flight finish, close its store."""
+        subscription = self._subscriptions.pop(partition, None)
+        if subscription is not None:
+            await self.broker.unsubscribe(subscription)
+        for task in self._leftovers.pop(partition, set()):
+            task.cancel()  # its intent stays open; the next owner settles it
+        deadline = time.monotonic() + DRAIN_S
+        while self._busy.get(partition, 0) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        store = self.stores.pop(partition, None)
+        if store is not None:
+            await store.close()
+
+    async def _settle_leftovers(self, partition: int, store: ActionStore) -> None:
+        loop = asyncio.get_running_loop()
+        for request, attempts in await store.open_intents():
+            if request.key in self._inflight:
+                continue  # a delivery of the key is settling it already
+            done: asyncio.Future[None] = loop.create_future()
+            self._inflight[request.key] = done
+            task = asyncio.create_task(self._settle_leftover(store, request, attempts, done))
+            tasks = self._leftovers.setdefault(partition, set())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _settle_leftover(
+        self, store: ActionStore, request: ActionRequest, attempts: int, done: asyncio.Future[None]
+    ) -> None:
+        try:
+            async with self._leftover_slots:
+                await self._resolve_leftover(store, request, attempts)
+        finally:
+            if self._inflight.get(request.key) is done:
+                del self._inflight[request.key]
+            done.set_result(None)
 
     async def _on_request(self, msg: Msg) -> None:
         request = action_request_decoder.decode(msg.data)
@@ -165,17 +269,24 @@ class Executor:
                 ctx,
             )
             return
-        # One key is never executed twice at once: wait for the delivery holding it, then answer from its receipt.
-        while (running := self._inflight.get(request.key)) is not None:
-            await running
-        store = self._store_for(request.key)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inflight[request.key] = done
+        partition = partition_of(request.key, self.settings.partitions)
+        self._store_for(request.key)  # not held here: retry later, so the message reaches the owner
+        self._busy[partition] = self._busy.get(partition, 0) + 1
         try:
-            await self._handle_keyed(store, request, tool, ctx, stream_seq, deliveries)
+            # One key is never executed twice at once: wait for whoever holds it (a delivery, or the settling of
+            # a left-over intent), then answer from its receipt.
+            while (running := self._inflight.get(request.key)) is not None:
+                await running
+            store = self._store_for(request.key)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._inflight[request.key] = done
+            try:
+                await self._handle_keyed(store, request, tool, ctx, stream_seq, deliveries)
+            finally:
+                self._inflight.pop(request.key, None)
+                done.set_result(None)
         finally:
-            self._inflight.pop(request.key, None)
-            done.set_result(None)
+            self._busy[partition] -= 1
 
     async def _handle_keyed(
         self,
@@ -189,7 +300,8 @@ class Executor:
         # The common case is a key never seen: try to commit its intent first, and read the record only if it exists.
         if await store.begin(request, stream_seq):
             crash_point("executor.after_intent")
-            plan: Plan = Execute()
+            # A key this store never saw may still be known to the store this partition was taken over from.
+            plan: Plan = Resolve(attempts=0) if store.inherits(request) else Execute()
         else:
             plan = classify(await store.get(request.key), request, deliveries)
         attempts, look_first = 1, False
@@ -310,7 +422,16 @@ class Executor:
                 "could not resolve a left-over intent; it stays open", extra={"fields": {"key": request.key}}
             )
             return
-        await store.finish(outcome, None)
+        try:
+            await store.finish(outcome, None)
+        except PartitionNotOwned:
+            log(
+                self.logger,
+                logging.WARNING,
+                "left-over intent: partition lost before its receipt",
+                key=request.key,
+            )
+            return
         await self._publish(outcome, context_from(None))
         log(
             self.logger,
@@ -336,9 +457,7 @@ class Executor:
         partition = partition_of(key, self.settings.partitions)
         store = self.stores.get(partition)
         if store is None:
-            raise PoisonMessage(
-                f"key {key} is in partition {partition}, not owned here ({self.partitions})", key=key
-            )
+            raise PartitionNotOwned(family=self.family, partition=partition, key=key)
         return store
 
     async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:

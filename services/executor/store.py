@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import aiosqlite
@@ -10,6 +12,7 @@ import msgspec
 
 from contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus, tool_encoder
 from services.executor.core import Record
+from services.executor.ownership import inherited
 
 # Rows with an intent and no settled receipt, and rows with one, as SQL literals: the partial index below and the
 # queries that should use it must spell the same condition (SQLite proves the match on the text, not on bound
@@ -33,6 +36,19 @@ CREATE TABLE IF NOT EXISTS actions (
     updated_at  REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS actions_open ON actions(status) WHERE status IN {_OPEN};
+-- The store's own identity: a partition's lease holder record names it, so a new owner knows whose store it is.
+CREATE TABLE IF NOT EXISTS meta (
+    name        TEXT PRIMARY KEY,
+    value       TEXT NOT NULL
+);
+-- Every lease this store's partition was held under, and whether it was taken over from another store.
+CREATE TABLE IF NOT EXISTS tenures (
+    token           INTEGER NOT NULL,
+    owner           TEXT NOT NULL,
+    previous_store  TEXT,
+    takeover        INTEGER NOT NULL,
+    acquired_at     REAL NOT NULL
+);
 """
 
 _outcome_decoder = msgspec.json.Decoder(ActionOutcome)
@@ -42,9 +58,18 @@ _request_decoder = msgspec.json.Decoder(ActionRequest)
 class ActionStore:
     """Key -> (input hash, status, receipt). Written only by the executor that owns the key's partition."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(
+        self, db: aiosqlite.Connection, path: Path, store_id: str, takeover_at: float | None
+    ) -> None:
         self._db = db
         self.path = path
+        self.store_id = store_id
+        # The latest time this store took its partition over from another store (None: it never did).
+        self.takeover_at = takeover_at
+        self.clock_skew_s = 2.0
+        # Raises PartitionNotOwned unless this replica still holds the partition's lease: checked by every write
+        # of an intent, an attempt and a receipt. The executor sets it when it acquires the partition.
+        self.fence: Callable[[], None] = _unfenced
 
     @classmethod
     async def open(cls, path: Path, synchronous: str = "NORMAL") -> ActionStore:
@@ -54,7 +79,27 @@ class ActionStore:
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute(f"PRAGMA synchronous={synchronous}")
         await db.executescript(_SCHEMA)
-        return cls(db, path)
+        await db.execute(
+            "INSERT OR IGNORE INTO meta (name, value) VALUES ('store_id', ?)", (uuid.uuid4().hex,)
+        )
+        rows = list(await db.execute_fetchall("SELECT value FROM meta WHERE name = 'store_id'"))
+        taken = list(await db.execute_fetchall("SELECT MAX(acquired_at) FROM tenures WHERE takeover = 1"))
+        takeover_at = taken[0][0] if taken and taken[0][0] is not None else None
+        return cls(db, path, str(rows[0][0]), takeover_at)
+
+    async def record_tenure(self, token: int, owner: str, previous_store: str | None, takeover: bool) -> None:
+        """Note a lease acquired for this store's partition; a takeover makes older unknown keys look up first."""
+        now = time.time()
+        await self._db.execute(
+            "INSERT INTO tenures (token, owner, previous_store, takeover, acquired_at) VALUES (?, ?, ?, ?, ?)",
+            (token, owner, previous_store, int(takeover), now),
+        )
+        if takeover:
+            self.takeover_at = now
+
+    def inherits(self, request: ActionRequest) -> bool:
+        """A key this store never saw, asked before it took the partition over: another store may know it."""
+        return inherited(request.requested_at.timestamp(), self.takeover_at, self.clock_skew_s)
 
     async def close(self) -> None:
         await self._db.close()
@@ -73,6 +118,7 @@ class ActionStore:
 
     async def begin(self, request: ActionRequest, stream_seq: int) -> bool:
         """Commit the intent. False if the key already has a row (another delivery got there first)."""
+        self.fence()
         now = time.time()
         cur = await self._db.execute(
             "INSERT OR IGNORE INTO actions (key, input_hash, run_id, step_no, tool, request, status, attempts, stream_seq, created_at, updated_at)"
@@ -93,11 +139,14 @@ class ActionStore:
         return cur.rowcount == 1
 
     async def attempt(self, key: str, attempts: int) -> None:
+        # Fenced: an attempt is recorded right before calling the provider again, so a lost lease stops the call.
+        self.fence()
         await self._db.execute(
             "UPDATE actions SET attempts = ?, updated_at = ? WHERE key = ?", (attempts, time.time(), key)
         )
 
     async def mark_unknown(self, key: str) -> None:
+        self.fence()
         await self._db.execute(
             "UPDATE actions SET status = ?, updated_at = ? WHERE key = ? AND status = ?",
             (RecordStatus.UNKNOWN.value, time.time(), key, RecordStatus.STARTED.value),
@@ -105,6 +154,7 @@ class ActionStore:
 
     async def finish(self, outcome: ActionOutcome, stream_seq: int | None) -> None:
         """Commit the receipt, with the stream sequence it answers, before the request is acknowledged."""
+        self.fence()
         await self._db.execute(
             "UPDATE actions SET status = ?, outcome = ?, attempts = ?, stream_seq = COALESCE(?, stream_seq), updated_at = ? WHERE key = ?",
             (
@@ -135,3 +185,7 @@ class ActionStore:
     async def count(self) -> int:
         rows = await self._db.execute_fetchall("SELECT COUNT(*) FROM actions")
         return int(next(iter(rows))[0])
+
+
+def _unfenced() -> None:
+    """A store opened outside an executor (tools and tests): nothing to check."""

@@ -1,0 +1,242 @@
+"""Holds this replica's share of a family's partitions: membership, leases and their renewal, and the fence."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from contracts.errors import BrokerUnavailable, CrashsafeError, LeaseConflict, PartitionNotOwned
+from contracts.streams import leases_spec
+from services.executor.ownership import (
+    Acquire,
+    Lease,
+    Member,
+    Release,
+    Renew,
+    Slot,
+    Tenure,
+    desired,
+    fenced,
+    lease_decoder,
+    lease_encoder,
+    member_decoder,
+    plan,
+    tenure_after_write,
+)
+from services.platform.jetstream import Broker
+from services.platform.logs import log
+from services.platform.settings import Settings
+
+Acquired = Callable[[int, int], Awaitable[None]]  # (partition, fencing token): open its store, subscribe
+Released = Callable[[int], Awaitable[None]]  # partition: unsubscribe, let its keys finish, close its store
+
+
+class PartitionKeeper:
+    """Every `lease_s / 3`: renew this replica's member key and leases, release what it should no longer hold,
+    take what it should and nobody holds. A partition is acted on only while `check` passes."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        family: str,
+        incarnation: str,
+        logger: logging.Logger,
+        *,
+        acquired: Acquired,
+        released: Released,
+    ) -> None:
+        self.broker = broker
+        self.ns = settings.namespace
+        self.spec = leases_spec(self.ns, settings.stream_replicas)
+        self.family = family
+        self.me = settings.worker_id
+        self.incarnation = incarnation
+        self.partitions = settings.partitions
+        # An explicit list is leased too (two replicas given overlapping lists never both act), but not shared.
+        self.static = None if settings.shared_partitions else settings.owned_partitions
+        self.lease_s = settings.lease_s
+        # Stop acting this long before the server could expire the lease: covers a write in flight and a stall.
+        self.margin_s = max(settings.lease_s / 5, 0.5)
+        self.logger = logger
+        self._acquired = acquired
+        self._released = released
+        self.tenures: dict[int, Tenure] = {}
+        self._acquired_at: dict[int, float] = {}
+        self._releasing: dict[int, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(self.tenures)
+
+    def check(self, partition: int, key: str | None = None) -> None:
+        """The fence: raise unless this replica may still write for `partition` (by the local monotonic clock)."""
+        why = fenced(self.tenures.get(partition), time.monotonic())
+        if why is not None:
+            raise PartitionNotOwned(family=self.family, partition=partition, key=key, why=why)
+
+    async def start(self) -> None:
+        await self.broker.ensure_kv(self.spec)
+        await self.tick()  # take what is free now; what others hold comes later, without holding up start-up
+        self._loop_task = asyncio.create_task(self._loop())
+
+    async def close(self) -> None:
+        """Hand every partition back (after its keys finish) and leave, so the others take over at once."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        async with self._lock:
+            for p in list(self.tenures):
+                if p not in self._releasing:
+                    self._releasing[p] = asyncio.create_task(self._release(p))
+            tasks = list(self._releasing.values())
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.static is None:
+            try:
+                await self.broker.kv_delete(self.spec, self.ns.member_key(self.family, self.me))
+            except BrokerUnavailable:
+                pass  # the member key's TTL removes it anyway
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.tick()
+            except CrashsafeError as exc:
+                log(
+                    self.logger,
+                    logging.WARNING,
+                    "lease round failed",
+                    error=exc.code.value,
+                    detail=exc.message,
+                )
+
+    async def tick(self) -> None:
+        async with self._lock:
+            if self.static is None:
+                member = Member(worker=self.me, incarnation=self.incarnation)
+                await self.broker.kv_write(
+                    self.spec,
+                    self.ns.member_key(self.family, self.me),
+                    lease_encoder.encode(member),
+                    revision=None,
+                    ttl_s=self.lease_s,
+                )
+                entries = await self.broker.kv_scan(self.spec, self.ns.members_of(self.family))
+                members = [member_decoder.decode(e.value).worker for e in entries]
+            else:
+                members = []
+            want = desired(self.me, members, self.partitions, self.static)
+            slots: dict[int, Slot] = {}
+            for entry in await self.broker.kv_scan(self.spec, self.ns.leases_of(self.family)):
+                slots[int(entry.key.rsplit(".", 1)[1])] = Slot(
+                    entry.revision, lease_decoder.decode(entry.value)
+                )
+            for move in plan(self.me, self.incarnation, want, self.tenures, slots):
+                match move:
+                    case Renew(partition=p):
+                        await self._renew(p)
+                    case Release(partition=p):
+                        # Keep renewing while its keys finish; the release task frees the lease after them.
+                        await self._renew(p)
+                        if p in self.tenures and p not in self._releasing:
+                            self._releasing[p] = asyncio.create_task(self._release(p))
+                    case Acquire(partition=p, revision=revision):
+                        await self._acquire(p, revision)
+
+    def _lease(self, partition: int, owner: str) -> bytes:
+        now = time.time()
+        acquired_at = self._acquired_at.get(partition, now)
+        return lease_encoder.encode(
+            Lease(owner=owner, incarnation=self.incarnation, acquired_at=acquired_at, renewed_at=now)
+        )
+
+    async def _acquire(self, partition: int, revision: int) -> None:
+        started = time.monotonic()
+        self._acquired_at[partition] = time.time()
+        key = self.ns.lease_key(self.family, partition)
+        try:
+            token = await self.broker.kv_write(
+                self.spec, key, self._lease(partition, self.me), revision=revision, ttl_s=self.lease_s
+            )
+        except LeaseConflict:
+            return  # another replica got there first
+        self.tenures[partition] = tenure_after_write(partition, token, started, self.lease_s, self.margin_s)
+        try:
+            await self._acquired(partition, token)
+        except Exception:
+            self.logger.exception(
+                "could not take up an acquired partition; handing it back",
+                extra={"fields": {"partition": partition}},
+            )
+            await self._released(partition)
+            await self._free(partition)
+            return
+        log(
+            self.logger,
+            logging.INFO,
+            "partition acquired",
+            family=self.family,
+            partition=partition,
+            token=token,
+        )
+
+    async def _renew(self, partition: int) -> None:
+        tenure = self.tenures.get(partition)
+        if tenure is None:
+            return
+        started = time.monotonic()
+        key = self.ns.lease_key(self.family, partition)
+        try:
+            token = await self.broker.kv_write(
+                self.spec, key, self._lease(partition, self.me), revision=tenure.token, ttl_s=self.lease_s
+            )
+        except LeaseConflict:
+            # Expired and taken (or expired while this replica was paused): stop at once, the fence already holds.
+            self.tenures.pop(partition, None)
+            log(self.logger, logging.WARNING, "partition lease lost", family=self.family, partition=partition)
+            if partition not in self._releasing:
+                self._releasing[partition] = asyncio.create_task(self._let_go(partition))
+            return
+        except BrokerUnavailable as exc:
+            # The lease runs out by the local clock unless a later renewal lands; the fence needs nothing more.
+            log(self.logger, logging.WARNING, "lease renewal failed", partition=partition, detail=exc.message)
+            return
+        if partition in self.tenures:
+            self.tenures[partition] = tenure_after_write(
+                partition, token, started, self.lease_s, self.margin_s
+            )
+
+    async def _release(self, partition: int) -> None:
+        try:
+            await self._released(partition)
+        finally:
+            async with self._lock:
+                await self._free(partition)
+                self._releasing.pop(partition, None)
+        log(self.logger, logging.INFO, "partition released", family=self.family, partition=partition)
+
+    async def _let_go(self, partition: int) -> None:
+        try:
+            await self._released(partition)
+        finally:
+            self._releasing.pop(partition, None)
+
+    async def _free(self, partition: int) -> None:
+        tenure = self.tenures.pop(partition, None)
+        if tenure is None:
+            return
+        try:
+            await self.broker.kv_write(
+                self.spec,
+                self.ns.lease_key(self.family, partition),
+                self._lease(partition, ""),
+                revision=tenure.token,
+                ttl_s=self.lease_s,
+            )
+        except (LeaseConflict, BrokerUnavailable):
+            pass  # lost meanwhile, or the TTL frees it
