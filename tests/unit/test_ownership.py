@@ -50,7 +50,9 @@ def test_a_replica_always_counts_itself_and_an_explicit_list_is_taken_as_it_is()
     assert desired("b", ["a", "b", "c"], 4, static=(0, 2)) == frozenset({0, 2})
 
 
-def test_a_replica_renews_what_it_keeps_releases_what_it_should_not_hold_and_takes_only_what_is_free() -> None:
+def test_a_replica_renews_what_it_keeps_releases_what_it_should_not_hold_and_takes_only_what_is_free() -> (
+    None
+):
     slots = {
         0: Slot(10, lease("me")),
         1: Slot(11, lease("me")),
