@@ -1,0 +1,295 @@
+"""Payment executor replicas as real processes started the same way (`crashsafe serve executor --tool payment`):
+one SIGKILLed and the other takes its partitions; one SIGSTOPped past its lease and resumed commits nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.keys import action_key, input_hash, partition_of
+from contracts.streams import leases_spec
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from contracts.tool_messages import ActionOutcome, ActionRequest, Via, runtime_message_decoder, tool_encoder
+from services.executor.ownership import lease_decoder
+from services.platform.jetstream import Broker
+from services.platform.natsd import NatsServer
+from services.platform.settings import Settings
+from tests.support import inprocess
+from tests.support.paths import ROOT
+from tests.support.waiting import eventually
+from tests.support.world import Sandbox
+
+PARTITIONS = DEFAULT_ACTION_PARTITIONS
+LEASE_S = Settings.lease_s  # what a replica started from the environment uses
+DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+
+
+class Replica:
+    """One `crashsafe serve executor --tool payment` process; everything but its data dir is the shared env."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, data_dir: Path, log_path: Path) -> None:
+        self.proc = proc
+        self.data_dir = data_dir
+        self.log_path = log_path
+
+    @property
+    def worker_id(self) -> str:
+        # CRASHSAFE_WORKER_ID is left unset, as in a Deployment's pods: the default is <hostname>-<pid>.
+        import socket
+
+        return f"{socket.gethostname()}-{self.proc.pid}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rows(self) -> dict[str, str]:
+        """key -> status, read from every one of its SQLite files."""
+        out: dict[str, str] = {}
+        for path in self.data_dir.glob("*.sqlite3"):
+            with contextlib.closing(sqlite3.connect(path)) as db:
+                out.update(dict(db.execute("SELECT key, status FROM actions").fetchall()))
+        return out
+
+
+@contextlib.asynccontextmanager
+async def replicas(
+    nats_url: str, ns: Namespace, sandbox_url: str, root: Path
+) -> AsyncIterator[Callable[[str], Any]]:
+    started: list[Replica] = []
+
+    async def start(name: str) -> Replica:
+        data_dir = root / name
+        log_path = root / f"{name}.log"
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("CRASHSAFE_") and not k.startswith("OPENAI_")
+        }
+        env |= {
+            "CRASHSAFE_NATS_URL": nats_url,
+            "CRASHSAFE_NAMESPACE": ns.name,
+            "CRASHSAFE_SANDBOX_URL": sandbox_url,
+            "CRASHSAFE_DATA_DIR": str(data_dir),
+            "PYTHONPATH": str(ROOT),
+        }
+        log_file = log_path.open("wb")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "crashsafe.cli",
+            "serve",
+            "executor",
+            "--tool",
+            "payment",
+            env=env,
+            cwd=root,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log_file,
+        )
+        log_file.close()
+        replica = Replica(proc, data_dir, log_path)
+        started.append(replica)
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        assert b"ready" in line, f"{name} did not start: {line!r}\n{replica.log()}"
+        return replica
+
+    try:
+        yield start
+    finally:
+        for replica in started:
+            if replica.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    replica.proc.send_signal(signal.SIGCONT)
+                    replica.proc.kill()
+                await replica.proc.wait()
+
+
+async def owners(broker: Broker, ns: Namespace) -> dict[int, str]:
+    """Who holds each payment partition, as the lease bucket says (released leases left out)."""
+    out: dict[int, str] = {}
+    for entry in await broker.kv_scan(leases_spec(ns), ns.leases_of("payment")):
+        lease = lease_decoder.decode(entry.value)
+        if lease.owner:
+            out[int(entry.key.rsplit(".", 1)[1])] = lease.owner
+    return out
+
+
+class Payments:
+    """Payment requests published as the runtime does, and every outcome the executors publish."""
+
+    def __init__(self, broker: Broker, ns: Namespace, sandbox: httpx.AsyncClient) -> None:
+        self.broker = broker
+        self.ns = ns
+        self.sandbox = sandbox
+        self.run_id = "run_" + uuid.uuid4().hex[:24]
+        self.steps = 0
+        self.outcomes: list[ActionOutcome] = []
+
+    async def collect(self, msg: Any) -> None:
+        message = runtime_message_decoder.decode(msg.data)
+        if isinstance(message, ActionOutcome):
+            self.outcomes.append(message)
+
+    async def request(self, guest: str) -> ActionRequest:
+        made = await self.sandbox.post(
+            "/bookings",
+            json={"hotel_id": "lis-1", "guest_id": guest, **DATES},
+            headers={"Idempotency-Key": f"setup-{uuid.uuid4().hex}"},
+        )
+        assert made.status_code == 201, made.text
+        booking = made.json()
+        self.steps += 1
+        args = {
+            "booking_id": booking["booking_id"],
+            "guest_id": guest,
+            "amount_cents": booking["total_cents"],
+            "currency": "EUR",
+        }
+        now = datetime.now(UTC)
+        return ActionRequest(
+            run_id=self.run_id,
+            step_no=self.steps,
+            tool="create_payment",
+            family="payment",
+            args=args,
+            key=action_key(self.run_id, self.steps),
+            input_hash=input_hash({"tool": "create_payment", "args": args}),
+            timeout_s=10.0,
+            deadline_at=now + timedelta(seconds=120),
+            requested_at=now,
+        )
+
+    async def publish(self, request: ActionRequest) -> None:
+        subject = self.ns.actions("payment", partition_of(request.key, PARTITIONS))
+        await self.broker.publish(subject, tool_encoder.encode(request), msg_id=f"test:{uuid.uuid4().hex}")
+
+    def of(self, key: str) -> list[ActionOutcome]:
+        return [o for o in self.outcomes if o.key == key]
+
+
+@pytest.fixture
+async def world(
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
+) -> AsyncIterator[tuple[Sandbox, Payments, Callable[[str], Any]]]:
+    async with (
+        inprocess.sandbox_server() as url,
+        httpx.AsyncClient(base_url=url, timeout=10.0) as http,
+        replicas(nats_server.url, namespace, url, tmp_path) as start,
+    ):
+        payments = Payments(broker, namespace, http)
+        sub = await broker.nc.subscribe(namespace.outcomes_all, cb=payments.collect)
+        try:
+            yield Sandbox(http, url), payments, start
+        finally:
+            await sub.unsubscribe()
+
+
+async def test_a_killed_replicas_partitions_move_to_the_survivor_within_seconds(
+    world: tuple[Sandbox, Payments, Callable[[str], Any]], broker: Broker, namespace: Namespace
+) -> None:
+    sandbox, payments, start = world
+    a = await start("a")
+    b = await start("b")
+
+    def split(held: dict[int, str]) -> bool:
+        return len(held) == PARTITIONS and set(held.values()) == {a.worker_id, b.worker_id}
+
+    held = await eventually(
+        lambda: _when(owners(broker, namespace), split), what="a and b to split the partitions", timeout_s=30
+    )
+    assert sorted(held.values()).count(a.worker_id) == 2  # two each
+
+    b.proc.kill()  # SIGKILL: no hand-back; its leases have to run out
+    killed = time.monotonic()
+    await eventually(
+        lambda: _when(owners(broker, namespace), lambda h: set(h.values()) == {a.worker_id} and len(h) == 4),
+        what="a to hold every partition",
+        timeout_s=30,
+    )
+    moved_s = time.monotonic() - killed
+    assert moved_s < LEASE_S + 5, f"the partitions took {moved_s:.1f}s to move"
+
+    requests: list[ActionRequest] = []
+    while {partition_of(r.key, PARTITIONS) for r in requests} != set(range(PARTITIONS)) or len(requests) < 8:
+        requests.append(await payments.request(f"guest-{len(requests)}"))  # keys in every partition, b's too
+    for request in requests:
+        await payments.publish(request)
+    for request in requests:
+        await eventually(
+            lambda r=request: payments.of(r.key), what=f"an outcome for {request.key}", timeout_s=30
+        )
+    assert all(payments.of(r.key)[0].status == "succeeded" for r in requests)
+    assert (await sandbox.counts())["charge"] == len(requests)
+
+
+async def test_a_replica_paused_past_its_lease_and_resumed_commits_nothing(
+    world: tuple[Sandbox, Payments, Callable[[str], Any]], broker: Broker, namespace: Namespace
+) -> None:
+    """z sends four charges to a slow provider and is SIGSTOPped before the answers come; b takes the
+    partitions (with its own empty data dir) and settles the keys by lookup; z, resumed, finds its lease gone."""
+    sandbox, payments, start = world
+    z = await start("z")
+    await eventually(
+        lambda: _when(owners(broker, namespace), lambda h: len(h) == 4), what="z to hold every partition"
+    )
+    requests = [await payments.request(f"guest-{i}") for i in range(4)]
+    await sandbox.arm("payments", latency_ms=2500)
+    for request in requests:
+        await payments.publish(request)
+    keys = {r.key for r in requests}
+    await eventually(lambda: keys <= set(z.rows()), what="z to commit the four intents", every_s=0.02)
+    z.proc.send_signal(signal.SIGSTOP)
+    paused = time.monotonic()
+
+    # The provider commits the four charges while z is stopped; their answers wait in z's socket.
+    await eventually(
+        lambda: _when(sandbox.counts(), lambda c: c["charge"] == 4), what="the provider's charges"
+    )
+    await sandbox.clear_faults()
+    b = await start("b")
+    await eventually(
+        lambda: _when(owners(broker, namespace), lambda h: set(h.values()) == {b.worker_id} and len(h) == 4),
+        what="b to hold every partition",
+        timeout_s=30,
+    )
+    assert time.monotonic() - paused > LEASE_S  # z's leases ran out; it never handed anything back
+    for request in requests:
+        await eventually(
+            lambda r=request: payments.of(r.key), what=f"b's outcome for {request.key}", timeout_s=30
+        )
+    settled_by_b = {o.key: o for o in payments.outcomes}
+    assert all(o.status == "succeeded" and o.via == Via.PROVIDER_LOOKUP for o in settled_by_b.values())
+
+    published_before = len(payments.outcomes)
+    z.proc.send_signal(signal.SIGCONT)
+    # z reads the four stale answers at once and tries to commit their receipts; the fence refuses. A second is
+    # far less than z would need to be given a partition again (b must see it, release, and z's next round).
+    await asyncio.sleep(1.0)
+    z.proc.kill()
+    await z.proc.wait()
+
+    assert all(status == "started" for key, status in z.rows().items() if key in keys), z.rows()
+    assert "partition_not_owned" in z.log()  # the fence refused the stale receipts
+    assert all(o.via == Via.PROVIDER_LOOKUP for o in payments.outcomes[published_before:])
+    ledger = await sandbox.ledger()
+    assert ledger["counts"]["charge"] == 4
+    assert ledger["replays"].get("charge", 0) == 0  # one call per key: b asked by key, z never called again
+
+
+async def _when(value: Any, ok: Callable[[Any], bool]) -> Any:
+    got = await value
+    return got if ok(got) else None
