@@ -145,7 +145,8 @@ class PartitionKeeper:
                         await self._renew(p)
                         if p in self.tenures and p not in self._releasing:
                             self._releasing[p] = asyncio.create_task(self._release(p))
-                    case Acquire(partition=p, revision=revision):
+                    case Acquire(partition=p, revision=revision) if p not in self._releasing:
+                        # (one still being put down after a loss is taken again next round, not over it)
                         await self._acquire(p, revision)
 
     def _lease(self, partition: int, owner: str) -> bytes:

@@ -247,18 +247,18 @@ async def test_a_replica_paused_past_its_lease_and_resumed_commits_nothing(
         lambda: _when(owners(broker, namespace), lambda h: len(h) == 4), what="z to hold every partition"
     )
     requests = [await payments.request(f"guest-{i}") for i in range(4)]
-    await sandbox.arm("payments", latency_ms=2500)
+    await sandbox.arm("payments", latency_ms=4000)
     for request in requests:
         await payments.publish(request)
     keys = {r.key for r in requests}
     await eventually(lambda: keys <= set(z.rows()), what="z to commit the four intents", every_s=0.02)
+    await asyncio.sleep(1.0)  # and to send the calls (on a loaded machine one may still be on its way)
     z.proc.send_signal(signal.SIGSTOP)
-    paused = time.monotonic()
 
-    # The provider commits the four charges while z is stopped; their answers wait in z's socket.
-    await eventually(
-        lambda: _when(sandbox.counts(), lambda c: c["charge"] == 4), what="the provider's charges"
-    )
+    # The provider commits what z sent while z is stopped; the answers wait in z's socket.
+    await asyncio.sleep(4.5)
+    called_by_z = (await sandbox.counts())["charge"]
+    assert called_by_z >= 1
     await sandbox.clear_faults()
     b = await start("b")
     await eventually(
@@ -266,13 +266,16 @@ async def test_a_replica_paused_past_its_lease_and_resumed_commits_nothing(
         what="b to hold every partition",
         timeout_s=30,
     )
-    assert time.monotonic() - paused > LEASE_S  # z's leases ran out; it never handed anything back
+    assert z.proc.returncode is None  # z is alive, only stopped: its leases ran out, it handed nothing back
     for request in requests:
         await eventually(
             lambda r=request: payments.of(r.key), what=f"b's outcome for {request.key}", timeout_s=30
         )
     settled_by_b = {o.key: o for o in payments.outcomes}
-    assert all(o.status == "succeeded" and o.via == Via.PROVIDER_LOOKUP for o in settled_by_b.values())
+    assert all(o.status == "succeeded" for o in settled_by_b.values())
+    # b asked by key first for every key z may have acted on: found the ones z's calls reached.
+    assert [o.via for o in settled_by_b.values()].count(Via.PROVIDER_LOOKUP) == called_by_z
+    assert all(o.evidence[0].asked == "provider.lookup" for o in settled_by_b.values())
 
     published_before = len(payments.outcomes)
     z.proc.send_signal(signal.SIGCONT)
@@ -284,7 +287,7 @@ async def test_a_replica_paused_past_its_lease_and_resumed_commits_nothing(
 
     assert all(status == "started" for key, status in z.rows().items() if key in keys), z.rows()
     assert "partition_not_owned" in z.log()  # the fence refused the stale receipts
-    assert all(o.via == Via.PROVIDER_LOOKUP for o in payments.outcomes[published_before:])
+    assert len(payments.outcomes) == published_before  # z published no outcome either
     ledger = await sandbox.ledger()
     assert ledger["counts"]["charge"] == 4
     assert ledger["replays"].get("charge", 0) == 0  # one call per key: b asked by key, z never called again
