@@ -65,6 +65,11 @@ class Replicas:
             inprocess.executor(self.settings(worker, data_dir), family)
         )
 
+    async def replica_with(self, worker: str, partitions: str) -> Executor:
+        """A replica started with `--partitions`: it takes only these, and only while it holds their leases."""
+        settings = self.settings(worker).with_partitions(partitions)
+        return await self.running.enter_async_context(inprocess.executor(settings, "payment"))
+
     def request(self, tool: str, family: str, args: dict[str, Any]) -> ActionRequest:
         self.steps += 1
         now = datetime.now(UTC)
@@ -260,3 +265,14 @@ async def test_a_restarted_executor_answers_a_new_key_within_a_second_while_a_le
     settled = await replicas.outcome(left.key, timeout_s=20.0)
     assert settled.status == "succeeded" and settled.evidence[0].asked == Asked.PROVIDER_LOOKUP
     assert (await replicas.world.counts())["booking"] == 2
+
+
+async def test_explicit_partition_lists_are_leased_too_so_overlapping_lists_never_both_act(
+    replicas: Replicas,
+) -> None:
+    first = await replicas.replica_with("pay-a", "0-2")
+    second = await replicas.replica_with("pay-b", "2-3")
+    await eventually(lambda: second.partitions == [3], what="pay-b to take the one partition nobody holds")
+    assert first.partitions == [0, 1, 2]  # 2 stays with whoever leased it first; a list is not shared
+    await first.close()
+    await eventually(lambda: second.partitions == [2, 3], what="pay-b to take 2 once pay-a lets go")
