@@ -77,9 +77,25 @@ class ProcessIdentity:
             return None
         # Field 2 (comm) may hold spaces and parentheses: split after its closing parenthesis.
         fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z":
+        # An empty command line: a zombie, a kernel thread, or a process inside execve (its new arguments not yet
+        # in place): not an identity to record or to match.
+        if fields[0] == "Z" or not cmdline:
             return None
         return cls(pid, int(fields[19]), tuple(a.decode(errors="replace") for a in cmdline.split(b"\0") if a))
+
+    @classmethod
+    def settled(cls, pid: int, timeout_s: float = 2.0) -> ProcessIdentity | None:
+        """The identity of a process just started: Popen returns while execve may still be setting it up."""
+        deadline = time.monotonic() + timeout_s
+        while (identity := cls.of(pid)) is None and time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                return None
+            if stat[stat.rindex(")") + 2] == "Z":
+                return None  # it already died: nothing to record
+            time.sleep(0.005)
+        return identity
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
@@ -273,7 +289,7 @@ class Stack:
     def _track_nats(self) -> None:
         assert self.nats is not None and self.nats.process is not None
         self.nats_supervision.process = self.nats.process
-        self.nats_supervision.identity = ProcessIdentity.of(self.nats.process.pid)
+        self.nats_supervision.identity = ProcessIdentity.settled(self.nats.process.pid)
         self.nats_supervision.started_at = time.monotonic()
         self.nats_supervision.stopped = False
 
@@ -289,7 +305,7 @@ class Stack:
             start_new_session=True,
         )
         log.close()
-        service.identity = ProcessIdentity.of(service.process.pid)
+        service.identity = ProcessIdentity.settled(service.process.pid)
         service.started_at = time.monotonic()
         service.stopped = False
         return service.process
@@ -368,9 +384,12 @@ class Stack:
             if backoff_s is None
             else Backoff(backoff_s, self.backoff.cap_s, self.backoff.stable_s)
         )
+        nats_restart: asyncio.Task[None] | None = None
         while not stop.is_set():
             now = time.monotonic()
             for service in self._supervised():
+                if service is self.nats_supervision and nats_restart is not None and not nats_restart.done():
+                    continue  # starting: waiting for its readiness must not hold up the other restarts
                 if service.stopped or service.process is None or service.process.poll() is None:
                     service.restart_at = None  # alive (or restarted by hand): nothing pending
                     continue
@@ -379,14 +398,16 @@ class Stack:
                     service.restart_at = now + service.delay_s
                 elif now >= service.restart_at:
                     service.restart_at = None
-                    if service.name == NATS:
-                        await self._restart_nats()
+                    if service is self.nats_supervision:
+                        nats_restart = asyncio.create_task(self._restart_nats())
                     else:
                         self.restart(service.name, wait=False)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.05)
             except TimeoutError:
                 pass
+        if nats_restart is not None:
+            await nats_restart
 
     async def _restart_nats(self) -> None:
         """The same port and file store: clients reconnect to the URL they know, and nothing acked is lost."""
