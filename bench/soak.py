@@ -48,6 +48,7 @@ class ChaosReport:
     orphan_charges: int = 0
     charges_on_released_rooms: int = 0
     audit_findings: int = 0
+    audit_kinds: Counter[str] = field(default_factory=Counter)
     kills: Counter[str] = field(default_factory=Counter)
     # A kill the supervisor had not yet answered (the process was still down): nothing to kill.
     missed_kills: int = 0
@@ -82,7 +83,7 @@ class ChaosReport:
             f"completed {self.completed}, handed off {self.handed_off} {dict(self.handoff_reasons) or ''}",
             f"lost {self.lost} (must be 0), duplicate effects {self.duplicate_effects} (must be 0), orphan charges {self.orphan_charges} (must be 0)",
             f"charges on released rooms {self.charges_on_released_rooms} (must be 0)",
-            f"audit findings {self.audit_findings} (must be 0)",
+            f"audit findings {self.audit_findings} (must be 0) {dict(self.audit_kinds) or ''}",
             f"kills ({sum(self.kills.values())}, {self.missed_kills} found the process still down): {kills}",
             f"restarts by the stack's supervisor: {restarts}",
             f"drained {self.drain_s:.1f}s after the last kill; {self.total_s:.1f}s in all",
@@ -187,6 +188,7 @@ async def soak(
             )
             findings, _ = await audit_all(broker, settings, stayhub(), providers, listing)
         report.audit_findings = len(findings)
+        report.audit_kinds = Counter(str(f.kind) for f in findings)
         report.findings += [f"audit: {f.kind} {f.key}: {f.detail}" for f in findings]
         report.restarts = Counter({s["name"]: int(s["restarts"]) for s in up.state().get("services", [])})
     finally:
