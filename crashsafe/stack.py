@@ -44,7 +44,9 @@ def parse_scale(text: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Restart delays for a crash-looping process: `base` doubling to `cap`, reset once it stayed up `stable_s`."""
+    """Restart delays. The first death, or one after a life of `stable_s` or more, is a crash: restart at once, as
+    Kubernetes does. While the process keeps dying within `stable_s` of its start it is a crash loop: wait
+    `base_s`, doubling each time up to `cap_s`."""
 
     base_s: float = 0.2
     cap_s: float = 10.0
@@ -52,6 +54,8 @@ class Backoff:
 
     def next(self, previous_s: float | None, uptime_s: float) -> float:
         if previous_s is None or uptime_s >= self.stable_s:
+            return 0.0
+        if not previous_s:
             return self.base_s
         return min(self.cap_s, previous_s * 2)
 
@@ -375,8 +379,9 @@ class Stack:
     async def supervise(self, stop: asyncio.Event, backoff_s: float | None = None) -> None:
         """Restart whatever it started that died, nats-server included, as Kubernetes restarts a crashed pod.
 
-        Each process gets its own back-off (`self.backoff`: 0.2 s doubling to 10 s while it keeps crashing
-        within 10 s of starting), so one crash-looping service neither spins nor delays the others' restarts.
+        Each process gets its own back-off (`self.backoff`: at once after a long life, then 0.2 s doubling to
+        10 s while it keeps dying within 10 s of its start), so one crash-looping service neither spins nor
+        delays the others' restarts.
         `backoff_s` overrides the base delay.
         """
         policy = (

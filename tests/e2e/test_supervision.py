@@ -18,15 +18,16 @@ from tests.support.stack import StackClient, crashsafe, supervised
 from tests.support.waiting import eventually
 
 
-def test_backoff_doubles_for_a_crash_loop_and_resets_after_a_stable_life() -> None:
+def test_backoff_restarts_a_crash_at_once_doubles_for_a_crash_loop_and_resets_after_a_stable_life() -> None:
     policy = Backoff(base_s=0.2, cap_s=10.0, stable_s=10.0)
     delays: list[float] = []
     delay: float | None = None
-    for _ in range(8):
+    for _ in range(9):
         delay = policy.next(delay, uptime_s=0.5)
         delays.append(delay)
-    assert delays == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
-    assert policy.next(10.0, uptime_s=10.0) == 0.2, "a process that stayed up a while starts afresh"
+    assert delays == [0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
+    assert policy.next(10.0, uptime_s=10.0) == 0.0, "a process that stayed up a while starts afresh"
+    assert policy.next(0.0, uptime_s=0.5) == 0.2
 
 
 def test_scale_is_parsed_and_checked_against_the_stack(tmp_path: Path) -> None:
@@ -52,19 +53,24 @@ def test_scale_is_parsed_and_checked_against_the_stack(tmp_path: Path) -> None:
 async def test_a_crash_looping_service_backs_off(
     start_stack: Callable[..., Awaitable[StackClient]],
 ) -> None:
-    client = await start_stack(executors=(), backoff=Backoff(base_s=0.1, cap_s=1.6, stable_s=30.0))
+    client = await start_stack(executors=(), backoff=Backoff(base_s=0.1, cap_s=0.8, stable_s=30.0))
     stack = client.stack
     looping = stack.services["reconciler"]
     looping.args = ["no-such-service"]  # every life from now on exits at once (argparse refuses it)
     stack.kill("reconciler")
+    restarted_at: list[float] = []
     async with supervised(stack):
-        window_start = time.monotonic()
-        await asyncio.sleep(5.0)  # the observation window itself: restarts are counted over it
-        restarts = looping.restarts
-        elapsed = time.monotonic() - window_start
-    # A fixed 0.1 s delay would restart it ~25 times in 5 s (each life ~0.1 s); doubling gives 0.1+0.2+0.4+0.8+1.6…
-    assert 3 <= restarts <= 6, f"{restarts} restarts in {elapsed:.1f}s"
-    assert looping.delay_s == 1.6, "the delay reached its cap"
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:  # the observation window: note when each restart happens
+            if looping.restarts > len(restarted_at):
+                restarted_at.append(time.monotonic())
+            await asyncio.sleep(0.01)
+    gaps = [later - earlier for earlier, later in zip(restarted_at, restarted_at[1:], strict=False)]
+    # Each life lasts ~0.2-0.5 s (an interpreter that exits in argparse); the delays between lives grow
+    # 0.1, 0.2, 0.4, 0.8, 0.8…, so the gaps between restarts grow too, and the count stays small.
+    assert 4 <= len(restarted_at) <= 9, f"{len(restarted_at)} restarts in 5 s, gaps {gaps}"
+    assert gaps[-1] - gaps[0] >= 0.5, f"the gaps must grow by the back-off: {gaps}"
+    assert looping.delay_s == 0.8, "the delay reached its cap"
     assert stack.services["runtime"].restarts == 0, "the others are untouched"
 
 
