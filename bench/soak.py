@@ -1,28 +1,36 @@
-"""The chaos soak: booking runs while random services and the nats-server are SIGKILLed; then count what broke."""
+"""The chaos soak: booking runs while every process `crashsafe up` started is SIGKILLed at random, the sandbox
+and nats-server included; the soak restarts nothing itself (the stack's supervisor must), then counts what broke."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from contracts.errors import CrashsafeError
 from contracts.run_events import RunCompleted, RunHandedOff
 from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.settings import Settings
-from crashsafe.stack import Stack
+from crashsafe.stack import NATS, ProcessIdentity
 from sandbox.listing import SandboxListing
 from sandbox.records import LedgerEntry
 from services.agents import stayhub
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
 from services.platform.providers import Providers
+from services.platform.settings import Settings
 from services.reconciler.service import audit_all
 
 BOOKING = "Book a room in {city} from 2026-12-{d1:02d} to 2026-12-{d2:02d}"
@@ -38,8 +46,16 @@ class ChaosReport:
     lost: int = 0
     duplicate_effects: int = 0
     orphan_charges: int = 0
+    charges_on_released_rooms: int = 0
     audit_findings: int = 0
+    audit_kinds: Counter[str] = field(default_factory=Counter)
     kills: Counter[str] = field(default_factory=Counter)
+    # A kill the supervisor had not yet answered (the process was still down): nothing to kill.
+    missed_kills: int = 0
+    restarts: Counter[str] = field(default_factory=Counter)
+    killed_sandbox: bool = False
+    killed_nats: bool = False
+    scale: dict[str, int] = field(default_factory=dict)
     drain_s: float = 0.0
     total_s: float = 0.0
     handoff_reasons: Counter[str] = field(default_factory=Counter)
@@ -51,19 +67,78 @@ class ChaosReport:
             self.lost == 0
             and self.duplicate_effects == 0
             and self.orphan_charges == 0
+            and self.charges_on_released_rooms == 0
             and self.audit_findings == 0
         )
 
     def lines(self) -> list[str]:
         kills = ", ".join(f"{name} {n}" for name, n in sorted(self.kills.items()))
+        restarts = ", ".join(f"{name} {n}" for name, n in sorted(self.restarts.items()) if n)
+        scale = ",".join(f"{k}={v}" for k, v in self.scale.items()) or "one of each"
         return [
+            f"stack: {scale}; killed: every service"
+            + (", the sandbox" if self.killed_sandbox else " but the sandbox (sandbox kills OFF)")
+            + (", nats-server" if self.killed_nats else " (nats-server kills OFF)"),
             f"runs submitted {self.runs_submitted}, accepted {self.runs_accepted}",
             f"completed {self.completed}, handed off {self.handed_off} {dict(self.handoff_reasons) or ''}",
             f"lost {self.lost} (must be 0), duplicate effects {self.duplicate_effects} (must be 0), orphan charges {self.orphan_charges} (must be 0)",
-            f"audit findings {self.audit_findings} (must be 0)",
-            f"kills: {kills}",
+            f"charges on released rooms {self.charges_on_released_rooms} (must be 0)",
+            f"audit findings {self.audit_findings} (must be 0) {dict(self.audit_kinds) or ''}",
+            f"kills ({sum(self.kills.values())}, {self.missed_kills} found the process still down): {kills}",
+            f"restarts by the stack's supervisor: {restarts}",
             f"drained {self.drain_s:.1f}s after the last kill; {self.total_s:.1f}s in all",
         ] + [f"  {f}" for f in self.findings[:20]]
+
+
+@dataclass(frozen=True)
+class UpStack:
+    """A stack `crashsafe up` runs in its own process, seen as an operator sees it: through stack.json."""
+
+    state_dir: Path
+    process: subprocess.Popen[bytes]
+
+    def state(self) -> dict[str, Any]:
+        path = self.state_dir / "stack.json"
+        return dict(json.loads(path.read_text())) if path.exists() else {}
+
+    @property
+    def gateway_url(self) -> str:
+        return str(self.state()["gateway_url"])
+
+
+def start_up(
+    state_dir: Path, scale: Mapping[str, int], env: Mapping[str, str], timeout_s: float = 90.0
+) -> UpStack:
+    """`crashsafe up --state-dir … --scale …`, waited on until its stack.json says it is running."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "crashsafe.cli", "up", "--state-dir", str(state_dir)]
+    if scale:
+        args += ["--scale", ",".join(f"{k}={v}" for k, v in scale.items())]
+    with open(state_dir / "up.log", "ab") as log:
+        process = subprocess.Popen(
+            args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    up = UpStack(state_dir, process)
+    deadline = time.monotonic() + timeout_s
+    while up.state().get("status") != "running":
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(
+                f"crashsafe up did not start; see {state_dir / 'up.log'} and {state_dir / 'logs'}"
+            )
+        time.sleep(0.1)
+    return up
+
+
+def stop_up(up: UpStack) -> None:
+    from crashsafe.operations import down
+
+    down(up.state_dir)
+    try:
+        up.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.process.kill()
+        up.process.wait()
 
 
 async def soak(
@@ -74,23 +149,24 @@ async def soak(
     drain_timeout_s: float = 240.0,
     seed: int | None = None,
     kill_nats: bool = True,
+    kill_sandbox: bool = True,
+    scale: Mapping[str, int] | None = None,
 ) -> ChaosReport:
     rng = random.Random(seed)
-    report = ChaosReport()
+    report = ChaosReport(killed_sandbox=kill_sandbox, killed_nats=kill_nats, scale=dict(scale or {}))
     started = time.monotonic()
-    stack = Stack(state_dir, env={"CRASHSAFE_ACK_WAIT_S": "1"})
-    await asyncio.to_thread(stack.start)
-    stop_supervisor = asyncio.Event()
-    supervisor = asyncio.create_task(stack.supervise(stop_supervisor))
-    broker = await Broker.connect(stack.nats_url, "chaos")
+    up = await asyncio.to_thread(start_up, state_dir, report.scale, {"CRASHSAFE_ACK_WAIT_S": "1"})
+    state = up.state()
+    broker: Broker | None = None
     accepted: set[str] = set()
     try:
-        submitter = asyncio.create_task(_submit_all(stack, runs, duration_s, rng, accepted, report))
-        await _kill_loop(stack, duration_s, kill_every_s, rng, report, kill_nats)
+        broker = await Broker.connect(str(state["nats_url"]), "chaos")
+        submitter = asyncio.create_task(_submit_all(up.gateway_url, runs, duration_s, rng, accepted, report))
+        await _kill_loop(up, duration_s, kill_every_s, rng, report, kill_nats, kill_sandbox)
         last_kill = time.monotonic()
         await submitter
         report.runs_accepted = len(accepted)
-        terminal = await _drain(broker, stack, accepted, drain_timeout_s)
+        terminal = await _drain(broker, Namespace(str(state["namespace"])), accepted, drain_timeout_s)
         report.drain_s = time.monotonic() - last_kill
         for run_id in accepted:
             event = terminal.get(run_id)
@@ -102,26 +178,34 @@ async def soak(
             else:
                 report.lost += 1
                 report.findings.append(f"lost: {run_id} not terminal after {drain_timeout_s:.0f}s")
-        async with Providers.connect(stack.sandbox_url) as providers:
+        async with Providers.connect(str(state["sandbox_url"])) as providers:
             listing = SandboxListing(providers.http)
             _count_effects((await listing.view()).entries, report)
             settings = Settings(
-                nats_url=stack.nats_url, namespace=Namespace(stack.namespace), sandbox_url=stack.sandbox_url
+                nats_url=str(state["nats_url"]),
+                namespace=Namespace(str(state["namespace"])),
+                sandbox_url=str(state["sandbox_url"]),
             )
             findings, _ = await audit_all(broker, settings, stayhub(), providers, listing)
         report.audit_findings = len(findings)
+        report.audit_kinds = Counter(str(f.kind) for f in findings)
         report.findings += [f"audit: {f.kind} {f.key}: {f.detail}" for f in findings]
+        report.restarts = Counter({s["name"]: int(s["restarts"]) for s in up.state().get("services", [])})
     finally:
-        await broker.close()
-        stop_supervisor.set()
-        await supervisor
-        await asyncio.to_thread(stack.stop)
+        if broker is not None:
+            await broker.close()
+        await asyncio.to_thread(stop_up, up)
     report.total_s = time.monotonic() - started
     return report
 
 
 async def _submit_all(
-    stack: Stack, runs: int, duration_s: float, rng: random.Random, accepted: set[str], report: ChaosReport
+    gateway_url: str,
+    runs: int,
+    duration_s: float,
+    rng: random.Random,
+    accepted: set[str],
+    report: ChaosReport,
 ) -> None:
     """Spread the runs over the kill window; each is retried with its own key until the gateway accepts it."""
     gap = duration_s * 0.8 / max(runs, 1)
@@ -135,7 +219,7 @@ async def _submit_all(
             "guest_id": f"guest-{i}",
             "text": BOOKING.format(city=rng.choice(CITIES), d1=d1, d2=d1 + rng.randint(1, 5)),
         }
-        async with slots, httpx.AsyncClient(base_url=stack.gateway_url, timeout=5) as client:
+        async with slots, httpx.AsyncClient(base_url=gateway_url, timeout=5) as client:
             deadline = time.monotonic() + duration_s + 120
             while time.monotonic() < deadline:
                 try:
@@ -156,30 +240,39 @@ async def _submit_all(
 
 
 async def _kill_loop(
-    stack: Stack,
+    up: UpStack,
     duration_s: float,
     every: tuple[float, float],
     rng: random.Random,
     report: ChaosReport,
     kill_nats: bool,
+    kill_sandbox: bool,
 ) -> None:
-    victims = [name for name in stack.services if name != "sandbox"] + (["nats-server"] if kill_nats else [])
+    """SIGKILL the processes stack.json lists, checked by identity, in rounds: each round kills every one of
+    them once in a random order, so a short soak still kills each process. It never restarts anything."""
     end = time.monotonic() + duration_s
+    round_: list[str] = []
     while time.monotonic() < end:
         await asyncio.sleep(rng.uniform(*every))
-        victim = rng.choice(victims)
-        report.kills[victim] += 1
-        if victim == "nats-server":
-            assert stack.nats is not None
-            stack.nats.kill()
-            await asyncio.sleep(rng.uniform(0.2, 1.0))
-            await asyncio.to_thread(stack.nats.start)
+        entries = {
+            str(e["name"]): e
+            for e in up.state().get("services", [])
+            if (kill_sandbox or e["name"] != "sandbox") and (kill_nats or e["name"] != NATS)
+        }
+        if not round_:
+            round_ = sorted(entries)
+            rng.shuffle(round_)
+        name = round_.pop()
+        identity = ProcessIdentity.from_json(entries.get(name, {}).get("identity") or {})
+        if identity is not None and identity.signal(signal.SIGKILL):
+            report.kills[name] += 1
         else:
-            stack.kill(victim)  # the supervisor restarts it after its back-off
+            report.missed_kills += 1
+            round_.insert(0, name)  # still down from an earlier kill: its turn comes again at the round's end
 
 
-async def _drain(broker: Broker, stack: Stack, accepted: set[str], timeout_s: float) -> dict[str, object]:
-    journal = RunJournal(broker, Namespace(stack.namespace))
+async def _drain(broker: Broker, ns: Namespace, accepted: set[str], timeout_s: float) -> dict[str, object]:
+    journal = RunJournal(broker, ns)
     deadline = time.monotonic() + timeout_s
     terminal: dict[str, object] = {}
     while time.monotonic() < deadline:
@@ -209,3 +302,7 @@ def _count_effects(entries: list[LedgerEntry], report: ChaosReport) -> None:
         if kept > 0 and kinds["booking"] - kinds["booking_release"] <= 0:
             report.orphan_charges += 1
             report.findings.append(f"orphan charge: {run_id} {dict(kinds)}")
+        if kept > 0 and kinds["booking_release"] > 0:
+            # The guest pays for a room the agent gave back: the failure the issue's fencing closes.
+            report.charges_on_released_rooms += 1
+            report.findings.append(f"charge on a released room: {run_id} {dict(kinds)}")

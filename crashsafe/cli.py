@@ -63,6 +63,15 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale(text: str) -> dict[str, int]:
+    from crashsafe.stack import ScaleError, parse_scale
+
+    try:
+        return parse_scale(text)
+    except ScaleError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crashsafe", description="A crash-safe runtime for AI agents on NATS JetStream."
@@ -85,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the whole stack and supervise it")
     up.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     up.add_argument("--nats-url", default=None, help="use this NATS instead of an embedded nats-server")
+    up.add_argument(
+        "--scale",
+        type=_scale,
+        default={},
+        metavar="NAME=N[,NAME=N…]",
+        help="replicas per service, as a Deployment's pods: executor-payment=3,runtime=2",
+    )
 
     down = sub.add_parser("down", help="stop a stack started with `up`")
     down.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
@@ -130,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             case "up":
                 from crashsafe.demo import run_up
 
-                sys.exit(asyncio.run(run_up(Path(args.state_dir), args.nats_url)))
+                sys.exit(asyncio.run(run_up(Path(args.state_dir), args.nats_url, args.scale)))
             case "down":
                 sys.exit(operations.down(Path(args.state_dir)))
             case "runs":

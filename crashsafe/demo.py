@@ -17,7 +17,7 @@ from rich.table import Table
 
 from contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from contracts.tool_messages import Asked
-from crashsafe.stack import Stack
+from crashsafe.stack import ScaleError, Stack
 from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
@@ -176,17 +176,25 @@ async def _follow(
     return events
 
 
-async def run_up(state_dir: Path, nats_url: str | None) -> int:
+async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | None = None) -> int:
     console = Console()
-    stack = Stack(state_dir, nats_url=nats_url)
-    await asyncio.to_thread(stack.start)
-    console.print(
-        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
-    )
+    try:
+        stack = Stack(state_dir, nats_url=nats_url, scale=scale)
+    except ScaleError as exc:
+        console.print(f"[red]crashsafe up: {exc}[/red]")
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.to_thread(stack.start)
+    except BaseException:
+        await asyncio.to_thread(stack.stop)
+        raise
+    console.print(
+        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
+    )
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)
     console.print("stack stopped")

@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -20,6 +22,115 @@ from contracts.subjects import DEFAULT_NAMESPACE
 from services.platform.natsd import NatsServer
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify")
+NATS = "nats-server"
+# These bind one fixed port each (the URL in stack.json); replicas of them need a load balancer, not `--scale`.
+SINGLE_PORT = ("sandbox", "gateway")
+
+
+class ScaleError(ValueError):
+    """A `--scale` the stack cannot start: says which names it knows."""
+
+
+def parse_scale(text: str) -> dict[str, int]:
+    """`executor-payment=3,runtime=2` as {name: replicas}; names are checked against the stack by `Stack`."""
+    scale: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, count = part.partition("=")
+        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
+            raise ScaleError(f"--scale wants NAME=N[,NAME=N…] with N >= 1, got {part!r}")
+        scale[name.strip()] = int(count)
+    return scale
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Restart delays. The first death, or one after a life of `stable_s` or more, is a crash: restart at once, as
+    Kubernetes does. While the process keeps dying within `stable_s` of its start it is a crash loop: wait
+    `base_s`, doubling each time up to `cap_s`."""
+
+    base_s: float = 0.2
+    cap_s: float = 10.0
+    stable_s: float = 10.0
+
+    def next(self, previous_s: float | None, uptime_s: float) -> float:
+        if previous_s is None or uptime_s >= self.stable_s:
+            return 0.0
+        if not previous_s:
+            return self.base_s
+        return min(self.cap_s, previous_s * 2)
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Who a pid is: its start time (clock ticks since boot, /proc/<pid>/stat field 22) and command line.
+
+    A pid alone is not an identity: once our process exits the kernel may hand its number to any other one.
+    """
+
+    pid: int
+    start_ticks: int
+    cmdline: tuple[str, ...]
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessIdentity | None:
+        """The identity of the live process `pid`, or None if there is none (or it is a zombie)."""
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return None
+        # Field 2 (comm) may hold spaces and parentheses: split after its closing parenthesis.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        # An empty command line: a zombie, a kernel thread, or a process inside execve (its new arguments not yet
+        # in place): not an identity to record or to match.
+        if fields[0] == "Z" or not cmdline:
+            return None
+        return cls(pid, int(fields[19]), tuple(a.decode(errors="replace") for a in cmdline.split(b"\0") if a))
+
+    @classmethod
+    def settled(cls, pid: int, timeout_s: float = 2.0) -> ProcessIdentity | None:
+        """The identity of a process just started: Popen returns while execve may still be setting it up."""
+        deadline = time.monotonic() + timeout_s
+        while (identity := cls.of(pid)) is None and time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                return None
+            if stat[stat.rindex(")") + 2] == "Z":
+                return None  # it already died: nothing to record
+            time.sleep(0.005)
+        return identity
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessIdentity | None:
+        try:
+            return cls(int(data["pid"]), int(data["start_ticks"]), tuple(str(a) for a in data["cmdline"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def alive(self) -> bool:
+        """The very process recorded is still running (not merely some process with its pid)."""
+        return ProcessIdentity.of(self.pid) == self
+
+    def signal(self, sig: int) -> bool:
+        """Send `sig` only if the pid is still this process; False if it is gone or is someone else now."""
+        # A pidfd pins the process: checked after opening it, the identity cannot change before the signal.
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return False
+        try:
+            if not self.alive():
+                return False
+            signal.pidfd_send_signal(fd, sig)
+        except ProcessLookupError:
+            return False
+        finally:
+            os.close(fd)
+        return True
 
 
 def free_port() -> int:
@@ -45,13 +156,23 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     # Set for one life only (a crash point): cleared when the process dies, so the restart runs clean.
     once_env: dict[str, str] = field(default_factory=dict)
+    # The `--scale` name this is a replica of (`executor-payment` for `executor-payment-2`).
+    base: str = ""
     process: subprocess.Popen[bytes] | None = None
+    identity: ProcessIdentity | None = None
     restarts: int = 0
     stopped: bool = False
+    started_at: float = 0.0
+    delay_s: float | None = None  # the last restart delay, for the back-off
+    restart_at: float | None = None  # when the supervisor restarts it (set once it saw it dead)
 
 
 class Stack:
-    """nats-server (embedded unless a URL is given), sandbox, gateway, runtime, executors and reconciler."""
+    """nats-server (embedded unless a URL is given), sandbox, gateway, runtime, executors and reconciler.
+
+    `scale` starts that many identical replicas of a service (`{"executor-payment": 3}`), as a Deployment
+    starts pods: the same environment, only `CRASHSAFE_WORKER_ID` (the pod's name) differs.
+    """
 
     def __init__(
         self,
@@ -61,31 +182,53 @@ class Stack:
         namespace: str = DEFAULT_NAMESPACE,
         executors: tuple[str, ...] = EXECUTOR_FAMILIES,
         runtimes: int = 1,
+        scale: Mapping[str, int] | None = None,
         env: dict[str, str] | None = None,
         crash: dict[str, str] | None = None,
         sync_always: bool = False,
         reconciler: bool = True,
         registry: str | None = None,
+        backoff: Backoff = Backoff(),
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.registry = registry
         self.namespace = namespace
         self.nats: NatsServer | None = None
         self.nats_url = nats_url or ""
+        self.nats_supervision = Service(name=NATS, args=[], base=NATS)
         self.sync_always = sync_always
         self.gateway_port = free_port()
         self.sandbox_port = free_port()
         self.base_env = dict(env or {})
+        self.backoff = backoff
+        self.status = "starting"
         self.services: dict[str, Service] = {}
         crash = crash or {}
-        plan: list[tuple[str, list[str]]] = [("sandbox", ["sandbox"]), ("gateway", ["gateway"])]
-        plan += [(f"runtime-{i}" if runtimes > 1 else "runtime", ["runtime"]) for i in range(runtimes)]
+        plan: list[tuple[str, list[str]]] = [
+            ("sandbox", ["sandbox"]),
+            ("gateway", ["gateway"]),
+            ("runtime", ["runtime"]),
+        ]
         plan += [(f"executor-{family}", ["executor", "--tool", family]) for family in executors]
         if reconciler:
             plan.append(("reconciler", ["reconciler"]))
-        for name, args in plan:
-            once = {"CRASHSAFE_CRASH_AT": crash[name]} if name in crash else {}
-            self.services[name] = Service(name=name, args=args, once_env=once)
+        replicas = {"runtime": runtimes, **(scale or {})}
+        unknown = sorted(set(replicas) - {name for name, _ in plan})
+        if unknown:
+            known = ", ".join(name for name, _ in plan if name not in SINGLE_PORT)
+            raise ScaleError(f"--scale: no service {', '.join(unknown)} in this stack; it has {known}")
+        for name in SINGLE_PORT:
+            if replicas.get(name, 1) != 1:
+                raise ScaleError(
+                    f"--scale: {name} listens on one port (its URL in stack.json); run one, or several behind a load balancer"
+                )
+        for base, args in plan:
+            n = replicas.get(base, 1)
+            for i in range(n):
+                name = f"{base}-{i}" if n > 1 else base
+                seam = crash.get(name, crash.get(base))
+                once = {"CRASHSAFE_CRASH_AT": seam} if seam else {}
+                self.services[name] = Service(name=name, args=list(args), once_env=once, base=base)
 
     @property
     def gateway_url(self) -> str:
@@ -98,6 +241,9 @@ class Stack:
     @property
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
+
+    def replicas(self, base: str) -> list[Service]:
+        return [s for s in self.services.values() if s.base == base]
 
     def env_for(self, service: Service) -> dict[str, str]:
         env = dict(os.environ)
@@ -132,15 +278,24 @@ class Stack:
         if not self.nats_url:
             self.nats = NatsServer(self.state_dir / "nats", sync_always=self.sync_always).start()
             self.nats_url = self.nats.url
+            self._track_nats()
         for service in self.services.values():
             self.spawn(service.name)
-            if service.name in ("sandbox", "gateway"):
+            if service.name in SINGLE_PORT:
                 self.wait_http(service.name)
         for service in self.services.values():
-            if service.name not in ("sandbox", "gateway"):
+            if service.name not in SINGLE_PORT:
                 self.wait_ready(service.name)
+        self.status = "running"
         self.write_state()
         return self
+
+    def _track_nats(self) -> None:
+        assert self.nats is not None and self.nats.process is not None
+        self.nats_supervision.process = self.nats.process
+        self.nats_supervision.identity = ProcessIdentity.settled(self.nats.process.pid)
+        self.nats_supervision.started_at = time.monotonic()
+        self.nats_supervision.stopped = False
 
     def spawn(self, name: str) -> subprocess.Popen[bytes]:
         service = self.services[name]
@@ -154,6 +309,8 @@ class Stack:
             start_new_session=True,
         )
         log.close()
+        service.identity = ProcessIdentity.settled(service.process.pid)
+        service.started_at = time.monotonic()
         service.stopped = False
         return service.process
 
@@ -203,52 +360,96 @@ class Stack:
         offset = path.stat().st_size if path.exists() else 0
         self.spawn(name)
         if wait:
-            if name in ("sandbox", "gateway"):
+            if name in SINGLE_PORT:
                 self.wait_http(name)
             else:
                 self.wait_ready(name, after_bytes=offset)
         self.write_state()
 
+    def _supervised(self) -> list[Service]:
+        return list(self.services.values()) + ([self.nats_supervision] if self.nats is not None else [])
+
     def dead(self) -> list[str]:
         return [
             s.name
-            for s in self.services.values()
+            for s in self._supervised()
             if not s.stopped and s.process is not None and s.process.poll() is not None
         ]
 
-    async def supervise(self, stop: asyncio.Event, backoff_s: float = 0.2) -> None:
-        """Restart any service that died, after a short back-off, as Kubernetes restarts a crashed pod."""
+    async def supervise(self, stop: asyncio.Event, backoff_s: float | None = None) -> None:
+        """Restart whatever it started that died, nats-server included, as Kubernetes restarts a crashed pod.
+
+        Each process gets its own back-off (`self.backoff`: at once after a long life, then 0.2 s doubling to
+        10 s while it keeps dying within 10 s of its start), so one crash-looping service neither spins nor
+        delays the others' restarts.
+        `backoff_s` overrides the base delay.
+        """
+        policy = (
+            self.backoff
+            if backoff_s is None
+            else Backoff(backoff_s, self.backoff.cap_s, self.backoff.stable_s)
+        )
+        nats_restart: asyncio.Task[None] | None = None
         while not stop.is_set():
-            for name in self.dead():
-                await asyncio.sleep(backoff_s)
-                self.restart(name, wait=False)
+            now = time.monotonic()
+            for service in self._supervised():
+                if service is self.nats_supervision and nats_restart is not None and not nats_restart.done():
+                    continue  # starting: waiting for its readiness must not hold up the other restarts
+                if service.stopped or service.process is None or service.process.poll() is None:
+                    service.restart_at = None  # alive (or restarted by hand): nothing pending
+                    continue
+                if service.restart_at is None:
+                    service.delay_s = policy.next(service.delay_s, now - service.started_at)
+                    service.restart_at = now + service.delay_s
+                elif now >= service.restart_at:
+                    service.restart_at = None
+                    if service is self.nats_supervision:
+                        nats_restart = asyncio.create_task(self._restart_nats())
+                    else:
+                        self.restart(service.name, wait=False)
             try:
-                await asyncio.wait_for(stop.wait(), timeout=0.1)
+                await asyncio.wait_for(stop.wait(), timeout=0.05)
             except TimeoutError:
                 pass
+        if nats_restart is not None:
+            await nats_restart
+
+    async def _restart_nats(self) -> None:
+        """The same port and file store: clients reconnect to the URL they know, and nothing acked is lost."""
+        assert self.nats is not None
+        service = self.nats_supervision
+        service.restarts += 1
+        try:
+            await asyncio.to_thread(self.nats.start)
+        except RuntimeError:
+            # It died again while starting (or never got ready): the next round backs off further.
+            service.started_at = time.monotonic()
+            service.process = self.nats.process
+            return
+        self._track_nats()
+        self.write_state()
+
+    def _entry(self, service: Service) -> dict[str, Any]:
+        alive = service.process is not None and service.process.poll() is None
+        return {
+            "name": service.name,
+            "service": service.base,
+            "pid": service.process.pid if service.process else None,
+            "restarts": service.restarts,
+            "identity": service.identity.to_json() if service.identity and alive else None,
+        }
 
     def write_state(self) -> None:
+        me = ProcessIdentity.of(os.getpid())
         state = {
+            "status": self.status,
             "nats_url": self.nats_url,
             "gateway_url": self.gateway_url,
             "sandbox_url": self.sandbox_url,
             "namespace": self.namespace,
             "supervisor_pid": os.getpid(),
-            "services": [
-                {"name": s.name, "pid": s.process.pid if s.process else None, "restarts": s.restarts}
-                for s in self.services.values()
-            ]
-            + (
-                [
-                    {
-                        "name": "nats-server",
-                        "pid": self.nats.process.pid if self.nats.process else None,
-                        "restarts": 0,
-                    }
-                ]
-                if self.nats
-                else []
-            ),
+            "supervisor": me.to_json() if me else None,
+            "services": [self._entry(s) for s in self._supervised()],
         }
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_dir / "stack.json.tmp"
@@ -266,5 +467,8 @@ class Stack:
                     service.process.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     self.kill(service.name)
+        self.nats_supervision.stopped = True
         if self.nats is not None:
             self.nats.stop()
+        self.status = "stopped"
+        self.write_state()

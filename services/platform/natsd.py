@@ -6,14 +6,18 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _LISTENING = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 _READY = "Server is ready"
+_META_LEADER = re.compile(
+    r"JetStream cluster new metadata leader|Self is new JetStream cluster metadata leader"
+)
 
 
 class NatsServerNotFound(RuntimeError):
@@ -33,31 +37,62 @@ def nats_server_binary() -> str:
     )
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass
 class NatsServer:
-    """A running nats-server with JetStream on a file store; `restart()` keeps its port and store."""
+    """A running nats-server with JetStream on a file store; `restart()` keeps its port and store.
+
+    With a `cluster_port` it is one node of a JetStream cluster: it listens for routes there and dials `routes`.
+    """
 
     store_dir: Path
     port: int = 0
     sync_always: bool = False
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    server_name: str | None = None
+    cluster_name: str = "crashsafe"
+    cluster_port: int = 0
+    routes: tuple[int, ...] = ()
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> NatsServer:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        conf = self.store_dir / "nats-server.conf"
+    def config(self) -> str:
         # sync_interval: "always" fsyncs every write (power-loss safe); the default fsyncs every 2 minutes.
         sync_line = "  sync_interval: always\n" if self.sync_always else ""
-        conf.write_text(
-            "listen: 127.0.0.1:%d\n"
-            "jetstream {\n  store_dir: %s\n  max_memory_store: 256MB\n%s}\n"
-            "max_payload: 1MB\n"
-            % (self.port if self.port else -1, str(self.store_dir / "jetstream"), sync_line)
-        )
+        lines = [
+            f"listen: 127.0.0.1:{self.port if self.port else -1}",
+            "jetstream {\n  store_dir: %s\n  max_memory_store: 256MB\n%s}"
+            % (str(self.store_dir / "jetstream"), sync_line),
+            "max_payload: 1MB",
+        ]
+        if self.server_name:
+            lines.insert(0, f"server_name: {self.server_name}")
+        if self.cluster_port:
+            routes = "\n".join(f"    nats-route://127.0.0.1:{p}" for p in self.routes)
+            lines.append(
+                "cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  routes: [\n%s\n  ]\n}"
+                % (self.cluster_name, self.cluster_port, routes)
+            )
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout_s: float = 20.0) -> NatsServer:
+        self.spawn()
+        self.await_ready(timeout_s)
+        return self
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (a cluster's nodes start together)."""
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(self.config())
         self.log_path = self.store_dir / "nats-server.log"
         log = open(self.log_path, "wb")  # fresh per start: readiness is read from this start's lines
         self.process = subprocess.Popen(
@@ -68,10 +103,8 @@ class NatsServer:
             start_new_session=True,
         )
         log.close()
-        self._await_ready(timeout_s)
-        return self
 
-    def _await_ready(self, timeout_s: float) -> None:
+    def await_ready(self, timeout_s: float = 20.0) -> None:
         assert self.log_path is not None and self.process is not None
         deadline = time.monotonic() + timeout_s
         seen_port: int | None = None
@@ -87,6 +120,9 @@ class NatsServer:
                 return
             time.sleep(0.02)
         raise RuntimeError(f"nats-server not ready after {timeout_s}s; see {self.log_path}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     def kill(self) -> None:
         """SIGKILL: the server dies mid-write, as in a crash; its file store is what survives."""
@@ -105,3 +141,61 @@ class NatsServer:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@dataclass
+class NatsCluster:
+    """A JetStream cluster of `size` nats-server nodes on loopback, each with its own store under `root`.
+
+    Client and route ports are fixed when the cluster is first started, so a node killed and started again
+    comes back where its peers and its clients look for it, on its own store.
+    """
+
+    root: Path
+    size: int = 3
+    name: str = "crashsafe"
+    nodes: list[NatsServer] = field(default_factory=list)
+
+    def start(self, timeout_s: float = 30.0) -> NatsCluster:
+        if not self.nodes:
+            routes = tuple(free_port() for _ in range(self.size))
+            self.nodes = [
+                NatsServer(
+                    self.root / f"n{i}",
+                    port=free_port(),
+                    server_name=f"n{i}",
+                    cluster_name=self.name,
+                    cluster_port=routes[i],
+                    routes=tuple(p for j, p in enumerate(routes) if j != i),
+                )
+                for i in range(self.size)
+            ]
+        for node in self.nodes:
+            node.spawn()
+        for node in self.nodes:
+            node.await_ready(timeout_s)
+        self.await_meta_leader(timeout_s)
+        return self
+
+    def await_meta_leader(self, timeout_s: float = 30.0) -> None:
+        """JetStream answers only once the nodes elected a metadata leader; read that from their logs."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(_META_LEADER.search(node.log_text()) for node in self.nodes):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(
+            f"no JetStream metadata leader after {timeout_s}s; see {self.root}/n*/nats-server.log"
+        )
+
+    @property
+    def url(self) -> str:
+        """One node's URL: a client learns the others from it (the server's INFO gossip) and fails over to them."""
+        return self.nodes[0].url
+
+    def node(self, server_name: str) -> NatsServer:
+        return next(n for n in self.nodes if n.server_name == server_name)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

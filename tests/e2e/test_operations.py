@@ -16,7 +16,7 @@ import httpx
 
 from contracts.subjects import StreamKind
 from services.platform.jetstream import Broker
-from tests.support.stack import StackClient, cli_env, crashsafe
+from tests.support.stack import StackClient, cli_env, crashsafe, guest_event
 from tests.support.waiting import eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -40,39 +40,87 @@ def _alive(pid: int) -> bool:
 
 
 async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
+    """`crashsafe up --scale runtime=2` restarts a killed runtime and its own killed nats-server (same port, same
+    store: a run submitted afterwards completes); `down` stops every process and stack.json says so."""
     state = tmp_path / "state"
     up = subprocess.Popen(
-        [sys.executable, "-m", "crashsafe.cli", "up", "--state-dir", str(state)],
+        [sys.executable, "-m", "crashsafe.cli", "up", "--state-dir", str(state), "--scale", "runtime=2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
         stack = await eventually(lambda: _stack_json(state), what=f"{state / 'stack.json'} to be written")
+        assert stack["status"] == "running"
         assert stack["gateway_url"].startswith("http://127.0.0.1:") and stack["nats_url"].startswith(
             "nats://"
         )
+        runtimes = [s for s in stack["services"] if s["service"] == "runtime"]
+        assert [s["name"] for s in runtimes] == ["runtime-0", "runtime-1"]
+        assert len({s["pid"] for s in runtimes}) == 2 and all(_alive(s["pid"]) for s in runtimes)
         async with httpx.AsyncClient(timeout=5) as http:
             assert (await http.get(stack["gateway_url"] + "/readyz")).status_code == 200
-        runtime_pid = _pid_of(stack, "runtime")
+        runtime_pid = _pid_of(stack, "runtime-0")
         os.kill(runtime_pid, signal.SIGKILL)
 
-        def restarted_runtime() -> dict[str, Any] | None:
-            current = _stack_json(state)
-            return current if current and _pid_of(current, "runtime") != runtime_pid else None
+        def restarted(name: str, pid: int) -> Callable[[], dict[str, Any] | None]:
+            def check() -> dict[str, Any] | None:
+                current = _stack_json(state)
+                return current if current and _pid_of(current, name) != pid else None
 
-        restarted = await eventually(
-            restarted_runtime, what="the supervisor to restart the runtime", timeout_s=30
+            return check
+
+        after = await eventually(
+            restarted("runtime-0", runtime_pid), what="the supervisor to restart runtime-0", timeout_s=30
         )
-        assert next(s for s in restarted["services"] if s["name"] == "runtime")["restarts"] == 1
+        assert next(s for s in after["services"] if s["name"] == "runtime-0")["restarts"] == 1
+
+        nats_pid = _pid_of(after, "nats-server")
+        os.kill(nats_pid, signal.SIGKILL)
+        after = await eventually(
+            restarted("nats-server", nats_pid), what="the supervisor to restart nats-server", timeout_s=30
+        )
+        assert after["nats_url"] == stack["nats_url"], "nats-server must come back on the same port"
+        assert next(s for s in after["services"] if s["name"] == "nats-server")["restarts"] == 1
+        assert await _book_and_finish(stack["gateway_url"]) == "completed"
+
         down = await crashsafe("down", "--state-dir", str(state))
         assert down.returncode == 0, down.stdout + down.stderr
         assert await asyncio.to_thread(up.wait, 30) == 0
-        for service in restarted["services"]:
+        final = _stack_json(state)
+        assert final is not None and final["status"] == "stopped"
+        for service in after["services"]:
             assert not _alive(int(service["pid"])), f"{service['name']} still running after down"
+        again = await crashsafe("down", "--state-dir", str(state))
+        assert again.returncode == 0 and "already stopped" in again.stdout
     finally:
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+async def _book_and_finish(gateway_url: str) -> str:
+    """Submit one booking as a careful client would (retrying the same key) and wait for its end."""
+    body = guest_event(guest_id="guest-after-broker-kill")
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as gateway:
+
+        async def accepted() -> str | None:
+            try:
+                response = await gateway.post("/v1/events", json=body)
+            except httpx.TransportError:
+                return None
+            return str(response.json()["run_id"]) if response.status_code == 202 else None
+
+        run_id = await eventually(accepted, what="the gateway to accept a run", timeout_s=30, every_s=0.2)
+
+        async def ended() -> str | None:
+            try:
+                response = await gateway.get(f"/v1/runs/{run_id}")
+            except httpx.TransportError:
+                return None
+            status = response.json()["status"] if response.status_code == 200 else "running"
+            return None if status == "running" else str(status)
+
+        return await eventually(ended, what=f"run {run_id} to end", timeout_s=60)
 
 
 async def test_one_guest_message_is_one_trace_and_the_cli_shows_it(

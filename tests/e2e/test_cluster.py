@@ -1,0 +1,87 @@
+"""A three-node JetStream cluster, every stream at R3: one node SIGKILLed under booking load and brought back on
+its own store. No accepted run is lost and no provider effect happens twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contracts.subjects import Namespace, StreamKind
+from services.platform.jetstream import Broker
+from services.platform.natsd import NatsCluster
+from tests.support.stack import StackClient, open_stack, supervised
+from tests.support.waiting import eventually
+from tests.support.world import effects_per_run
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
+    started = await asyncio.to_thread(NatsCluster(tmp_path / "cluster", size=3).start)
+    try:
+        yield started
+    finally:
+        await asyncio.to_thread(started.stop)
+
+
+async def _runs_leader(broker: Broker, ns: Namespace) -> str:
+    info = await broker.js.stream_info(ns.stream(StreamKind.RUNS))
+    assert info.config.num_replicas == 3 and info.cluster is not None and info.cluster.leader
+    return info.cluster.leader
+
+
+async def test_r3_cluster_loses_a_node_under_load(tmp_path: Path, cluster: NatsCluster) -> None:
+    env = {"CRASHSAFE_STREAM_REPLICAS": "3", "CRASHSAFE_ACK_WAIT_S": "1"}
+    async with open_stack(tmp_path / "stack", nats_url=cluster.url, env=env) as client:
+        broker = await Broker.connect(cluster.url, "cluster-test")
+        try:
+            async with supervised(client.stack):
+                await _load_with_a_node_killed(client, broker, cluster)
+        finally:
+            await broker.close()
+
+
+async def _load_with_a_node_killed(client: StackClient, broker: Broker, cluster: NatsCluster) -> None:
+    first = [asyncio.create_task(client.submit(guest_id=f"guest-a{i}")) for i in range(15)]
+    run_ids = list(await asyncio.gather(*first))
+
+    async def under_way() -> bool:
+        going = 0
+        for run_id in run_ids[:5]:
+            try:
+                going += len(await client.events(run_id)) >= 3
+            except httpx.HTTPStatusError:  # not journaled yet
+                pass
+        return going >= 3
+
+    await eventually(under_way, what="the first runs to get going", every_s=0.05)
+    # The leader of the journal stream: losing it forces an election while runs append to it.
+    victim = cluster.node(await _runs_leader(broker, client.ns))
+    victim.kill()
+    still_running = [r for r in run_ids if ((await client.summary(r)) or {}).get("status") == "running"]
+    assert still_running, "the node must die under load, with runs mid-flight"
+    # Runs keep arriving while the cluster is one node short.
+    run_ids += await asyncio.gather(*(client.submit(guest_id=f"guest-b{i}") for i in range(10)))
+    await asyncio.to_thread(victim.start)  # back on its port and its own store, as a rescheduled pod
+    run_ids += await asyncio.gather(*(client.submit(guest_id=f"guest-c{i}") for i in range(5)))
+    summaries = await asyncio.gather(*(client.wait_terminal(r, timeout_s=90) for r in run_ids))
+
+    assert Counter(s["status"] for s in summaries) == {"completed": len(run_ids)}, summaries
+    entries = (await client.ledger())["entries"]
+    per_key = Counter(e["key"] for e in entries)
+    assert [k for k, n in per_key.items() if n > 1] == [], "no provider effect twice"
+    effects = effects_per_run(entries)
+    for run_id in run_ids:
+        assert effects[run_id].get("booking") == 1 and effects[run_id].get("charge") == 1, effects[run_id]
+
+    # The node that came back catches up: both followers of the journal are current again.
+    async def caught_up() -> bool:
+        info = await broker.js.stream_info(client.ns.stream(StreamKind.RUNS))
+        followers = (info.cluster.replicas or []) if info.cluster else []
+        return len(followers) == 2 and all(f.current and not f.offline for f in followers)
+
+    await eventually(caught_up, what=f"{victim.server_name} to catch up on the journal", timeout_s=30)

@@ -1,0 +1,130 @@
+"""The supervisor as an operator relies on it: crash loops back off, replicas all serve, `down` spares strangers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from crashsafe.stack import Backoff, ProcessIdentity, ScaleError, Stack, parse_scale
+from tests.support.stack import StackClient, crashsafe, supervised
+from tests.support.waiting import eventually
+
+
+def test_backoff_restarts_a_crash_at_once_doubles_for_a_crash_loop_and_resets_after_a_stable_life() -> None:
+    policy = Backoff(base_s=0.2, cap_s=10.0, stable_s=10.0)
+    delays: list[float] = []
+    delay: float | None = None
+    for _ in range(9):
+        delay = policy.next(delay, uptime_s=0.5)
+        delays.append(delay)
+    assert delays == [0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
+    assert policy.next(10.0, uptime_s=10.0) == 0.0, "a process that stayed up a while starts afresh"
+    assert policy.next(0.0, uptime_s=0.5) == 0.2
+
+
+def test_scale_is_parsed_and_checked_against_the_stack(tmp_path: Path) -> None:
+    assert parse_scale("executor-payment=3, runtime=2") == {"executor-payment": 3, "runtime": 2}
+    for bad in ("runtime", "runtime=0", "runtime=x", "=2"):
+        with pytest.raises(ScaleError):
+            parse_scale(bad)
+    with pytest.raises(ScaleError, match="no service executor-nope"):
+        Stack(tmp_path, scale={"executor-nope": 2})
+    with pytest.raises(ScaleError, match="gateway listens on one port"):
+        Stack(tmp_path, scale={"gateway": 2})
+    stack = Stack(tmp_path, scale={"executor-payment": 3, "runtime": 2})
+    assert [s.name for s in stack.replicas("executor-payment")] == [
+        "executor-payment-0",
+        "executor-payment-1",
+        "executor-payment-2",
+    ]
+    envs = [stack.env_for(s) for s in stack.replicas("executor-payment")]
+    differing = {k for e in envs for k in e if any(e.get(k) != other.get(k) for other in envs)}
+    assert differing == {"CRASHSAFE_WORKER_ID"}, "replicas start as a Deployment's pods: one environment"
+
+
+async def test_a_crash_looping_service_backs_off(
+    start_stack: Callable[..., Awaitable[StackClient]],
+) -> None:
+    client = await start_stack(executors=(), backoff=Backoff(base_s=0.1, cap_s=0.8, stable_s=30.0))
+    stack = client.stack
+    looping = stack.services["reconciler"]
+    looping.args = ["no-such-service"]  # every life from now on exits at once (argparse refuses it)
+    stack.kill("reconciler")
+    restarted_at: list[float] = []
+    async with supervised(stack):
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:  # the observation window: note when each restart happens
+            if looping.restarts > len(restarted_at):
+                restarted_at.append(time.monotonic())
+            await asyncio.sleep(0.01)
+    gaps = [later - earlier for earlier, later in zip(restarted_at, restarted_at[1:], strict=False)]
+    # Each life lasts ~0.2-0.5 s (an interpreter that exits in argparse); the delays between lives grow
+    # 0.1, 0.2, 0.4, 0.8, 0.8…, so the gaps between restarts grow too, and the count stays small.
+    assert 4 <= len(restarted_at) <= 9, f"{len(restarted_at)} restarts in 5 s, gaps {gaps}"
+    assert gaps[-1] - gaps[0] >= 0.5, f"the gaps must grow by the back-off: {gaps}"
+    assert looping.delay_s == 0.8, "the delay reached its cap"
+    assert stack.services["runtime"].restarts == 0, "the others are untouched"
+
+
+async def test_scaled_replicas_are_listed_and_each_one_serves(
+    start_stack: Callable[..., Awaitable[StackClient]],
+) -> None:
+    client = await start_stack(scale={"executor-payment": 2, "runtime": 2})
+    stack = client.stack
+    listed = json.loads((stack.state_dir / "stack.json").read_text())
+    by_service: dict[str, list[int]] = {}
+    for entry in listed["services"]:
+        by_service.setdefault(entry["service"], []).append(entry["pid"])
+    assert len(set(by_service["executor-payment"])) == 2 and len(set(by_service["runtime"])) == 2
+    for base in ("executor-payment", "runtime"):
+        for serving in stack.replicas(base):
+            # Only this replica of its service is up: a booking that completes was served by it.
+            others = [s for s in stack.replicas(base) if s is not serving]
+            for other in others:
+                stack.kill(other.name)
+            run_id = await client.submit(guest_id=f"guest-{serving.name}")
+            assert (await client.wait_terminal(run_id, timeout_s=60))["status"] == "completed", serving.name
+            for other in others:
+                await asyncio.to_thread(stack.restart, other.name)
+    counts = await client.counts()
+    assert counts["charge"] == 4 and counts["booking"] == 4, counts
+
+
+async def test_down_signals_only_the_processes_it_started(tmp_path: Path) -> None:
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        ours_id = await eventually(lambda: ProcessIdentity.of(ours.pid), what="our process to show in /proc")
+        stranger_id = await eventually(lambda: ProcessIdentity.of(stranger.pid), what="the stranger")
+        # What stack.json says of a pid whose process exited and whose number the kernel gave to another one:
+        recycled = {**stranger_id.to_json(), "start_ticks": stranger_id.start_ticks - 1}
+        state = {
+            "status": "running",
+            "supervisor_pid": 999_999_999,
+            "supervisor": None,
+            "services": [
+                {"name": "runtime", "pid": ours.pid, "identity": ours_id.to_json()},
+                {"name": "gateway", "pid": stranger.pid, "identity": recycled},
+                {"name": "sandbox", "pid": stranger.pid, "identity": None},
+            ],
+        }
+        (tmp_path / "stack.json").write_text(json.dumps(state))
+        down = await crashsafe("down", "--state-dir", str(tmp_path))
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert await asyncio.to_thread(ours.wait, 10) == -signal.SIGTERM
+        assert stranger.poll() is None, "a pid that is not the process we started is never signalled"
+        assert f"gateway: pid {stranger.pid} is not the process crashsafe started" in down.stdout
+        assert json.loads((tmp_path / "stack.json").read_text())["status"] == "stopped"
+    finally:
+        for process in (ours, stranger):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
