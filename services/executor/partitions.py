@@ -32,6 +32,9 @@ from services.platform.settings import Settings
 Acquired = Callable[[int, int], Awaitable[None]]  # (partition, fencing token): open its store, subscribe
 Released = Callable[[int], Awaitable[None]]  # partition: unsubscribe, let its keys finish, close its store
 
+# The first lease round is retried this many times, 0.25 s apart (a new R3 bucket electing its leader).
+FIRST_ROUND_ATTEMPTS = 40
+
 
 class PartitionKeeper:
     """Every `lease_s / 3`: renew this replica's member key and leases, release what it should no longer hold,
@@ -81,7 +84,16 @@ class PartitionKeeper:
 
     async def start(self) -> None:
         await self.broker.ensure_kv(self.spec)
-        await self.tick()  # take what is free now; what others hold comes later, without holding up start-up
+        # Take what is free now; what others hold comes later, without holding up start-up. A bucket just created
+        # on a cluster answers 503 until its stream has elected a leader: the first round waits for that.
+        for attempt in range(FIRST_ROUND_ATTEMPTS):
+            try:
+                await self.tick()
+                break
+            except BrokerUnavailable:
+                if attempt == FIRST_ROUND_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.25)
         self._loop_task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
