@@ -32,6 +32,9 @@ class ErrorCode(StrEnum):
     # A handler raised something that is not a CrashsafeError (a bug) on every delivery: a dead letter's code.
     HANDLER_FAILED = "handler_failed"
     INVALID_SETTING = "invalid_setting"
+    TOOL_ARGUMENTS_TOO_LARGE = "tool_arguments_too_large"
+    TOOL_ARGUMENTS_TOO_DEEP = "tool_arguments_too_deep"
+    MODEL_ANSWER_TOO_LARGE = "model_answer_too_large"
 
 
 class RetryClass(StrEnum):
