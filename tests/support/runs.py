@@ -19,6 +19,8 @@ from contracts.run_events import (
     Budget,
     RunEvent,
     ModelAnswered,
+    ModelAsked,
+    ModelRejected,
     RunNudged,
     RunResumed,
     RunStarted,
@@ -33,6 +35,7 @@ from services.runtime.core.decide import (
     Idle,
     ModelReply,
     model_answered,
+    model_asked,
     next_move,
 )
 from services.runtime.core.fold import fold_run, replay
@@ -261,7 +264,17 @@ def assert_replays(journal: list[RunEvent]) -> None:
         assert state is not None
         if isinstance(event, RunResumed | RunNudged):
             continue
+        if isinstance(event, ModelAnswered | ModelRejected) and isinstance(journal[i - 1], ModelAsked):
+            # The answer was asked for by the ask before it: check the decision against the state before the ask.
+            state = replay(journal[: i - 1])
+            assert state is not None
         move = next_move(state, agent, event.at)
+        if isinstance(event, ModelAsked):
+            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
+            continue
+        if isinstance(event, ModelRejected):
+            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
+            continue
         if isinstance(event, ActionCompleted):
             if state.pending_step(event.step_no) is None:
                 assert state.is_completed(event.step_no), (
@@ -323,7 +336,9 @@ def drive(
                 return run
             case Append(events=events):
                 run.add(*events)
-            case AskModel():
+            case AskModel(input=items):
+                # As the runtime does: the ask is journaled before the call, the answer after it.
+                run.add(model_asked(run.state, "test-model", len(json.dumps(items)), run.now))
                 run.add(model_answered(run.state, model(run.state), run.now))
             case AwaitActions(pending=pending):
                 request = pending[pick(len(pending))]
