@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -107,8 +108,10 @@ async def runs_show(state_dir: Path, run_id: str, as_json: bool) -> int:
         await broker.close()
     console = Console()
     if not events:
-        console.print(
-            f"[red]no run {run_id}[/red] in namespace {settings.namespace.name} at {settings.nats_url}"
+        # One plain line on stderr: a console would wrap it at the terminal's width.
+        print(
+            f"crashsafe: no run {run_id} in namespace {settings.namespace.name} at {settings.nats_url}",
+            file=sys.stderr,
         )
         return 1
     if as_json:
