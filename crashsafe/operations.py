@@ -53,10 +53,11 @@ async def reconcile(state_dir: Path, run_id: str | None) -> int:
             run_ids = [run_id]
         else:
             journals = await RunJournal(broker, settings.namespace).read_all()
+            # Open runs, and ended runs that left an action pending at hand-off (a deadline passed under it).
             run_ids = [
                 rid
                 for rid, events in journals.items()
-                if (s := replay(events)) is not None and not s.terminal
+                if (s := replay(events)) is not None and (not s.terminal or s.pending)
             ]
         for rid in run_ids:
             done = await reconcile_run(broker, settings, rid, by="operator:cli")

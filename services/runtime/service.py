@@ -208,10 +208,15 @@ class Runtime:
         run = await self._load(wake.run_id, ctx, fresh=True, mark_resume=False)
         if run is None:
             return
-        if run.state.terminal and not any(
-            run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys
+        if (
+            run.state.terminal
+            and not any(
+                run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys
+            )
+            and not any(p.key in wake.keys for p in run.state.pending)
         ):
-            return  # an ended run is nudged only about its unknown outcomes, as evidence of who asked
+            # An ended run is nudged only about its unknown outcomes and what it left pending at hand-off.
+            return
         nudged = RunNudged(run_id=wake.run_id, at=utcnow(), by=wake.by, reason=wake.reason, keys=wake.keys)
         try:
             self._apply(run, nudged, await self.journal.append(nudged, run.seq, headers_for(ctx)))

@@ -25,6 +25,7 @@ from contracts.run_events import (
     RunCompleted,
     RunEvent,
     RunHandedOff,
+    RunNudged,
     RunStarted,
     ToolCall,
     ToolRejected,
@@ -33,7 +34,7 @@ from contracts.run_events import (
 )
 from contracts.subjects import Namespace
 from contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
-from services.platform.asks import wake_run
+from services.platform.asks import reconcile_run, wake_run
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
@@ -179,6 +180,18 @@ async def test_past_its_deadline_a_run_hands_off_and_a_late_failed_payment_relea
         (handed,) = [e for e in events if isinstance(e, RunHandedOff)]
         assert handed.reason == "deadline" and pay.key in handed.detail
         assert not any(isinstance(e, ActionRequested) and e.origin == Origin.COMPENSATION for e in events)
+
+        # An operator's `crashsafe reconcile` still asks about the key the ended run left pending, and the
+        # runtime journals the nudge as evidence of who asked.
+        done = await reconcile_run(broker, settings, run_id, by="operator:test")
+        assert (done.status, done.asked) == ("handed_off", [pay.key])
+
+        async def nudged() -> bool:
+            events = await _events(journal, run_id)
+            after = events[events.index(handed) + 1 :]
+            return any(isinstance(e, RunNudged) and e.by == "operator:test" for e in after)
+
+        await eventually(nudged, what="the nudge after the hand-off")
 
         # The reconciler's ask by key settles the payment late, as failed: the hold is released.
         await broker.publish(namespace.outcomes(run_id), _outcome(pay, OutcomeStatus.FAILED, {}))
