@@ -89,6 +89,28 @@ def test_any_argument_string_never_raises_in_the_check(arguments: str) -> None:
     assert isinstance(result, dict | ErrorInfo)
 
 
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+_FIELDS = st.sampled_from(
+    ["booking_id", "hotel_id", "check_in", "check_out", "city", "amount_cents", "payment_id", "guest_id"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_planning_any_arguments_for_any_booking_tool_never_raises(data: st.DataObject) -> None:
+    run, booking_id = booked_run()
+    tool = data.draw(st.sampled_from(sorted(BOOKING.tools)))
+    args = data.draw(
+        st.dictionaries(_FIELDS, _JSON | st.just(booking_id) | st.just("2026-12-01"), max_size=5)
+    )
+    (event,) = plan_calls(run.state, BOOKING, (call(tool, json.dumps(args)),), run.tick())
+    assert isinstance(event, ActionRequested | ToolRejected)
+
+
 def test_an_oversized_call_is_a_typed_rejection_before_any_intent_and_costs_a_step() -> None:
     run, booking_id = booked_run()
     before = run.state.steps_used
