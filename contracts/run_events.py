@@ -163,12 +163,14 @@ class RunCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.completed")
 
 
 class ModelAsked(RunEventBase, frozen=True, kw_only=True, tag="run.model_asked"):
-    """Journaled before every model call: a call whose answer is never journaled (a crash, an error, an answer too
-    large) still counts against the step and token budgets. `input_bytes` is what the call sent."""
+    """A model call whose answer may never reach the journal, so that it still counts against the step and token
+    budgets: journaled before the call when the run is at risk (it was resumed, or lost an ask before), and after
+    a call that failed (`failed` says how). `input_bytes` is what the call sent. Does not take a step number."""
 
     step_no: int
     model: str = ""
     input_bytes: int = 0
+    failed: str = ""  # empty: asked, answer to follow; else the call failed and its answer is lost
 
 
 class ModelRejected(RunEventBase, frozen=True, kw_only=True, tag="run.model_rejected"):

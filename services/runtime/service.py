@@ -7,12 +7,13 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, PoisonMessage, RunVersionConflict
+from contracts.errors import CrashsafeError, ModelUnavailable, PoisonMessage, RunVersionConflict
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.run_events import (
     MAX_EVENT_BYTES,
@@ -50,11 +51,14 @@ from services.runtime.core.decide import (
     AskModel,
     AwaitActions,
     Idle,
+    ModelReply,
+    ask_at_risk,
     model_answered,
     model_asked,
     model_rejected,
     next_move,
 )
+from services.runtime.core.agent import Agent
 from services.runtime.core.fold import fold_run, replay
 from services.runtime.core.state import RunState
 from services.runtime.model import Model
@@ -251,13 +255,7 @@ class Runtime:
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
                     case AskModel(input=items):
-                        # Journaled before the call, so the call counts against the budgets even if its answer
-                        # never reaches the journal (a crash, a model error, an answer too large).
-                        asked = model_asked(
-                            run.state, self.settings.model, len(_sizer.encode(items)), utcnow()
-                        )
-                        self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
-                        reply = await self.model.answer(agent, items)
+                        reply = await self._ask(run, agent, items, ctx)
                         crash_point("runtime.after_model_answer")
                         answered: RunEvent = model_answered(run.state, reply, utcnow())
                         size = len(event_encoder.encode(answered))
@@ -322,6 +320,25 @@ class Runtime:
         for handle in self._deadlines.values():
             handle.cancel()
         self._deadlines.clear()
+
+    async def _ask(
+        self, run: _Run, agent: Agent, items: tuple[dict[str, Any], ...], ctx: Context
+    ) -> ModelReply:
+        """Call the model so that the call counts against the budgets even if its answer never reaches the
+        journal: journaled before the call when the run is at risk of a crash, and after a call that failed."""
+        size = len(_sizer.encode(items))
+        if ask_at_risk(run.state):
+            asked = model_asked(run.state, self.settings.model, size, utcnow())
+            self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
+        try:
+            return await self.model.answer(agent, items)
+        except ModelUnavailable as exc:
+            failed = model_asked(run.state, self.settings.model, size, utcnow(), failed=exc.message[:500])
+            try:
+                self._apply(run, failed, await self.journal.append(failed, run.seq, headers_for(ctx)))
+            except CrashsafeError:
+                pass  # the run moved, or the broker is down: the model's failure is what the caller must see
+            raise
 
     async def _publish_request(self, intent: ActionRequested, ctx: Context) -> None:
         subject = self.ns.actions_for_key(intent.family, intent.key, self.settings.partitions)

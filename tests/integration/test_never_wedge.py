@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import ErrorCode
+from contracts.errors import ErrorCode, ModelUnavailable
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -147,8 +147,8 @@ async def test_an_unknown_event_type_is_kept_skipped_and_never_dead_letters_an_o
     ]  # still in the journal
     assert any(isinstance(e, ActionCompleted) and e.key == search.key for e in events)
     # The unknown event took step 3: the runtime never reuses that step number (nor so its action key).
-    asked = [e for e in events if isinstance(e, ModelAsked)]
-    assert asked and asked[0].step_no == 4
+    answered = [e for e in events if isinstance(e, ModelAnswered)]
+    assert [a.step_no for a in answered] == [1, 4]
     assert await dead_letters(broker, namespace) == []
     # The audit reads every journal tolerantly and names the run instead of failing.
     assert unknown_events(await journal.read_all()) == {run_id: ["run.reflection.v2"]}
@@ -239,12 +239,9 @@ async def test_oversized_arguments_and_an_answer_too_large_for_the_journal_never
     kinds = [type(e) for e in events]
     assert kinds == [
         RunStarted,
-        ModelAsked,
         ModelAnswered,
         ToolRejected,
-        ModelAsked,
         ModelRejected,
-        ModelAsked,
         ModelAnswered,
         RunCompleted,
     ], kinds
@@ -257,3 +254,39 @@ async def test_oversized_arguments_and_an_answer_too_large_for_the_journal_never
     state = replay(events)
     assert state is not None and state.steps_used == 4  # answer, rejection, refused answer, final answer
     assert await dead_letters(broker, namespace) == []
+
+
+class Failing(Answers):
+    """A model that fails its first `n` calls, as an unavailable provider does."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply:
+        if self.calls < self.n:
+            self.calls += 1
+            raise ModelUnavailable("model m did not answer: 503", model="m")
+        return await super().answer(agent, items)
+
+
+async def test_every_failed_model_call_is_journaled_and_counts_against_the_step_budget(
+    settings: Settings, broker: Broker, journal: RunJournal, namespace: Namespace
+) -> None:
+    model = Failing(3)
+    async with inprocess.runtime(settings, model) as worker:
+        await worker.start()
+        run_id = await submit_inbound(broker, namespace, unique("ev"), agent="booking", text="hello")
+
+        async def ended() -> list[JournalEvent] | None:
+            events = await _events(journal, run_id)
+            state = replay(events)
+            return events if state is not None and state.terminal else None
+
+        events = await eventually(ended, what="the run to end")
+    state = replay(events)
+    assert state is not None and state.status == "completed"
+    assert model.calls == 4
+    failed = [e for e in events if isinstance(e, ModelAsked) and e.failed]
+    assert len(failed) == 3 and all("did not answer" in e.failed for e in failed)
+    assert state.lost_asks == 3 and state.steps_used == 4  # three lost calls and the answer

@@ -34,6 +34,7 @@ from services.runtime.core.decide import (
     AwaitActions,
     Idle,
     ModelReply,
+    ask_at_risk,
     model_answered,
     model_asked,
     next_move,
@@ -337,8 +338,9 @@ def drive(
             case Append(events=events):
                 run.add(*events)
             case AskModel(input=items):
-                # As the runtime does: the ask is journaled before the call, the answer after it.
-                run.add(model_asked(run.state, "test-model", len(json.dumps(items)), run.now))
+                # As the runtime does: a run at risk journals its ask before the call, the answer after it.
+                if ask_at_risk(run.state):
+                    run.add(model_asked(run.state, "test-model", len(json.dumps(items)), run.now))
                 run.add(model_answered(run.state, model(run.state), run.now))
             case AwaitActions(pending=pending):
                 request = pending[pick(len(pending))]

@@ -23,6 +23,7 @@ from contracts.run_events import (
     RunEvent,
     RunHandedOff,
     RunNudged,
+    RunResumed,
     ToolRejected,
     UnknownEvent,
     decode_event,
@@ -36,6 +37,7 @@ from services.runtime.core.decide import (
     AskModel,
     AwaitActions,
     Idle,
+    ask_at_risk,
     model_asked,
     model_rejected,
     next_move,
@@ -145,7 +147,9 @@ def test_model_calls_whose_answers_are_never_journaled_still_spend_the_step_budg
         move = next_move(run.state, BOOKING, run.tick())
         if not isinstance(move, AskModel):
             break
-        calls += 1  # the runtime journals the ask, calls the model, and crashes before journaling the answer
+        calls += (
+            1  # a run at risk journals the ask, calls the model, and crashes before journaling the answer
+        )
         run.add(model_asked(run.state, "m", 4000, run.now))
     assert calls == 20, "a 20-step budget allows 20 model calls, answered or not"
     assert isinstance(move, Append)
@@ -154,6 +158,30 @@ def test_model_calls_whose_answers_are_never_journaled_still_spend_the_step_budg
     assert "never answered" in handed.detail
     assert run.state.next_step == 1  # no step number was spent: keys stay run_id:step_no of journaled steps
     assert run.state.tokens_used == 19 * 1000  # each lost ask is charged its input (4000 bytes / 4)
+
+
+def test_failed_model_calls_spend_the_step_budget_and_put_the_run_at_risk() -> None:
+    run = Run(started(budget=Budget(max_steps=20)))
+    assert not ask_at_risk(run.state)  # the happy path journals no ask
+    calls = 0
+    for _ in range(100):
+        move = next_move(run.state, BOOKING, run.tick())
+        if not isinstance(move, AskModel):
+            break
+        calls += 1  # as the runtime does: an ask first if at risk, then the call fails and that is journaled
+        if ask_at_risk(run.state):
+            run.add(model_asked(run.state, "m", 400, run.now))
+        run.add(model_asked(run.state, "m", 400, run.now, failed="model m did not answer: 503"))
+        assert not run.state.asking and ask_at_risk(run.state)
+    assert calls == 20 and run.state.lost_asks == 20
+    assert run.state.tokens_used == 20 * 100
+    assert isinstance(move, Append) and isinstance(move.events[0], RunHandedOff)
+
+
+def test_a_resumed_run_is_at_risk() -> None:
+    run = Run(started())
+    run.add(RunResumed(run_id=RUN, at=run.tick(), worker="w2", next_step=1, reason="picked up"))
+    assert ask_at_risk(run.state)
 
 
 def test_an_answer_too_large_for_the_journal_is_a_refused_step_the_model_is_told_about() -> None:

@@ -177,11 +177,22 @@ def over_budget(state: RunState, now: datetime) -> tuple[HandOffReason, str] | N
     return None
 
 
-def model_asked(state: RunState, model: str, input_bytes: int, now: datetime) -> ModelAsked:
-    """Journaled before the call: the call counts against the budgets whether or not its answer is journaled."""
+def model_asked(state: RunState, model: str, input_bytes: int, now: datetime, failed: str = "") -> ModelAsked:
+    """A model call that counts against the budgets whether or not its answer is journaled."""
     return ModelAsked(
-        run_id=state.run_id, at=now, step_no=state.next_step, model=model, input_bytes=input_bytes
+        run_id=state.run_id,
+        at=now,
+        step_no=state.next_step,
+        model=model,
+        input_bytes=input_bytes,
+        failed=failed,
     )
+
+
+def ask_at_risk(state: RunState) -> bool:
+    """Whether to journal an ask before the call: the run has been resumed (a worker died under it once) or has
+    lost an ask already. A run on the happy path journals no ask; a failed call is journaled after the fact."""
+    return state.resumes > 0 or state.lost_asks > 0
 
 
 def model_rejected(state: RunState, reply: ModelReply, answer_bytes: int, now: datetime) -> ModelRejected:

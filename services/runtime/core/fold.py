@@ -61,16 +61,27 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
     match event:
         case RunStarted():
             return replace(state, **base)  # a second start is never appended; tolerate it in old journals
-        case ModelAsked(input_bytes=sent):
+        case ModelAsked(input_bytes=sent, failed=failed):
+            cost = sent // BYTES_PER_TOKEN
+            if failed:
+                # A call that failed: it is the open ask if one was journaled for it, else one of its own.
+                return replace(
+                    state,
+                    **base,
+                    lost_asks=state.lost_asks + 1,
+                    tokens_used=state.tokens_used + (state.asked_tokens if state.asking else cost),
+                    asking=False,
+                    asked_tokens=0,
+                )
             if state.asking:  # the ask before this one never got an answer journaled: it still cost a step
                 return replace(
                     state,
                     **base,
                     lost_asks=state.lost_asks + 1,
                     tokens_used=state.tokens_used + state.asked_tokens,
-                    asked_tokens=sent // BYTES_PER_TOKEN,
+                    asked_tokens=cost,
                 )
-            return replace(state, **base, asking=True, asked_tokens=sent // BYTES_PER_TOKEN)
+            return replace(state, **base, asking=True, asked_tokens=cost)
         case ModelRejected(step_no=step, error=error):
             note = (
                 f"(runtime) your previous answer was refused and not acted on: {error.message}. "
