@@ -3,6 +3,7 @@ print one clear line and exit non-zero within seconds; a missing run is one line
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -80,7 +81,17 @@ async def test_audit_reports_a_run_holding_an_event_type_it_does_not_know_instea
             "CRASHSAFE_SANDBOX_URL": sandbox_url,
         }
         result = await crashsafe("audit", "--state-dir", str(tmp_path), env=env)
-    assert result.returncode == 0, result.stdout + result.stderr  # nothing wrong: a note is not a finding
+        assert result.returncode == 0, result.stdout + result.stderr  # nothing wrong: a note is not a finding
+        shown = await crashsafe("runs", "show", first.run_id, "--state-dir", str(tmp_path), env=env)
+        as_json = await crashsafe(
+            "runs", "show", first.run_id, "--json", "--state-dir", str(tmp_path), env=env
+        )
+    assert shown.returncode == 0, shown.stderr
+    assert "kept but not understood by this version: run.reflection.v2" in shown.stdout
+    assert [json.loads(line)["type"] for line in as_json.stdout.splitlines()] == [
+        "run.started",
+        "run.reflection.v2",
+    ]
     assert "Traceback" not in result.stderr, result.stderr
     assert f"NOTE run {first.run_id}: 1 event(s) of a type this version does not know" in result.stdout
     assert "run.reflection.v2" in result.stdout
