@@ -44,7 +44,7 @@ from services.runtime.core.decide import (
     plan_calls,
 )
 from services.runtime.core.fold import fold_run, replay
-from tests.support.runs import BOOKING, RUN, T0, Run, booked_run, call, reply_of, started
+from tests.support.runs import BOOKING, RUN, T0, Run, assert_replays, booked_run, call, reply_of, started
 
 LIMITS = ArgumentLimits()
 
@@ -329,3 +329,14 @@ def test_journal_events_encode_as_before() -> None:
     assert decode_event(event_encoder.encode(nudged)) == nudged
     asked = ModelAsked(run_id=RUN, at=T0, step_no=3)
     assert decode_event(event_encoder.encode(asked)) == asked
+
+
+def test_a_journal_with_asks_failed_calls_and_a_refused_answer_replays() -> None:
+    run = Run(started())
+    run.add(model_asked(run.state, "m", 400, run.tick(), failed="model m did not answer: 503"))
+    run.add(model_asked(run.state, "m", 400, run.tick()))
+    run.add(model_rejected(run.state, reply_of(text="x"), 2_000_000, run.tick()))
+    run.add(model_asked(run.state, "m", 400, run.tick()))
+    run.answer(text="Which city?")
+    run.decide()
+    assert_replays(run.events)
