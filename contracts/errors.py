@@ -34,6 +34,9 @@ class ErrorCode(StrEnum):
     INVALID_SETTING = "invalid_setting"
     PARTITION_NOT_OWNED = "partition_not_owned"
     LEASE_CONFLICT = "lease_conflict"
+    TOOL_ARGUMENTS_TOO_LARGE = "tool_arguments_too_large"
+    TOOL_ARGUMENTS_TOO_DEEP = "tool_arguments_too_deep"
+    MODEL_ANSWER_TOO_LARGE = "model_answer_too_large"
 
 
 class RetryClass(StrEnum):

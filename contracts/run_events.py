@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, get_args
 
 import msgspec
 
@@ -36,6 +37,21 @@ class HandOffReason(StrEnum):
     DEADLINE = "deadline"
     OUTCOME_UNKNOWN = "outcome_unknown"  # reconcile by key before anything else
     COMPENSATION_FAILED = "compensation_failed"  # a person must undo the effect
+
+
+# What one tool call's arguments may be before the runtime even decodes them. A default here, in the contract,
+# because `Budget` is pinned by the `run.started` golden; an agent may declare its own `argument_limits`.
+MAX_TOOL_ARGUMENT_BYTES = 16 * 1024
+MAX_TOOL_ARGUMENT_DEPTH = 32
+# The largest event the runtime journals: the broker's default max payload (1 MB) less room for headers.
+MAX_EVENT_BYTES = 1024 * 1024 - 16 * 1024
+
+
+class ArgumentLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """How large (UTF-8 bytes) and how deeply nested one tool call's arguments may be; past either: rejected."""
+
+    max_bytes: int = MAX_TOOL_ARGUMENT_BYTES
+    max_depth: int = MAX_TOOL_ARGUMENT_DEPTH
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,6 +162,29 @@ class RunCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.completed")
     reply: str
 
 
+class ModelAsked(RunEventBase, frozen=True, kw_only=True, tag="run.model_asked"):
+    """A model call whose answer may never reach the journal, so that it still counts against the step and token
+    budgets: journaled before the call when the run is at risk (it was resumed, or lost an ask before), and after
+    a call that failed (`failed` says how). `input_bytes` is what the call sent. Does not take a step number."""
+
+    step_no: int
+    model: str = ""
+    input_bytes: int = 0
+    failed: str = ""  # empty: asked, answer to follow; else the call failed and its answer is lost
+
+
+class ModelRejected(RunEventBase, frozen=True, kw_only=True, tag="run.model_rejected"):
+    """The model answered, but the runtime refused to journal the answer (too large for the journal): a step."""
+
+    step_no: int
+    model: str
+    response_id: str
+    error: ErrorInfo
+    answer_bytes: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
 class RunHandedOff(RunEventBase, frozen=True, kw_only=True, tag="run.handed_off"):
     """The run stopped short of completion and is handed to a person, with the reason."""
 
@@ -160,6 +199,8 @@ RunEvent: TypeAlias = (
     | ActionRequested
     | ToolRejected
     | ActionCompleted
+    | ModelAsked
+    | ModelRejected
     | RunNudged
     | RunResumed
     | RunCompleted
@@ -183,5 +224,46 @@ def request_for(intent: ActionRequested) -> ActionRequest:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class UnknownEvent:
+    """A journal event whose tag this version does not know (a newer replica wrote it): kept, skipped by the fold.
+
+    Never encoded by this version; `data` is the event as it was journaled. `step_no`, if the event carries one,
+    keeps the fold from ever reusing that step number (and so its action key)."""
+
+    type: str
+    run_id: str
+    at: datetime
+    data: bytes
+    step_no: int | None = None
+
+
+# What a journal read gives: every event this version knows, and the ones it does not, in journal order.
+JournalEvent: TypeAlias = RunEvent | UnknownEvent
+
+
+class _Envelope(msgspec.Struct, kw_only=True):
+    type: str
+    run_id: str
+    at: datetime
+    step_no: int | None = None
+
+
 event_encoder = msgspec.json.Encoder()
 event_decoder = msgspec.json.Decoder(RunEvent)
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+KNOWN_TAGS = frozenset(str(t.__struct_config__.tag) for t in get_args(RunEvent))
+
+
+def decode_event(data: bytes) -> JournalEvent:
+    """Decode one journal event tolerantly: an unknown tag becomes an `UnknownEvent`; a known tag that does not
+    decode, or bytes that are not an event at all, still raise `msgspec.DecodeError` (that is corruption)."""
+    try:
+        return event_decoder.decode(data)
+    except msgspec.ValidationError:
+        envelope = _envelope_decoder.decode(data)  # raises if this is not an event envelope
+        if envelope.type in KNOWN_TAGS:
+            raise
+        return UnknownEvent(
+            type=envelope.type, run_id=envelope.run_id, at=envelope.at, data=data, step_no=envelope.step_no
+        )

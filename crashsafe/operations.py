@@ -5,23 +5,27 @@ from __future__ import annotations
 import json
 import signal
 import time
+import sys
 from pathlib import Path
+from typing import cast
 
 import msgspec
 from rich.console import Console
 
+from contracts.run_events import RunEvent, UnknownEvent
 from contracts.streams import stream_specs
+from crashsafe.stack import ProcessIdentity
+from crashsafe.timeline import timeline
 from sandbox.listing import SandboxListing
 from services import registry as registries
+from services.platform.asks import reconcile_run
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.providers import Providers
 from services.platform.settings import Settings
-from services.platform.asks import reconcile_run
+from services.reconciler.audit import unknown_events
 from services.reconciler.service import audit_all
 from services.runtime.core.fold import replay, summarize
-from crashsafe.stack import ProcessIdentity
-from crashsafe.timeline import timeline
 
 
 def stack_file(state_dir: Path) -> dict[str, object]:
@@ -44,16 +48,17 @@ def settings_for(state_dir: Path) -> Settings:
 
 async def reconcile(state_dir: Path, run_id: str | None) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-reconcile")
+    broker = await Broker.connect(settings.nats_url, "crashsafe-reconcile", fail_fast=True)
     try:
         if run_id:
             run_ids = [run_id]
         else:
             journals = await RunJournal(broker, settings.namespace).read_all()
+            # Open runs, and ended runs that left an action pending at hand-off (a deadline passed under it).
             run_ids = [
                 rid
                 for rid, events in journals.items()
-                if (s := replay(events)) is not None and not s.terminal
+                if (s := replay(events)) is not None and (not s.terminal or s.pending)
             ]
         for rid in run_ids:
             done = await reconcile_run(broker, settings, rid, by="operator:cli")
@@ -69,11 +74,13 @@ async def reconcile(state_dir: Path, run_id: str | None) -> int:
 async def audit(state_dir: Path) -> int:
     settings = settings_for(state_dir)
     registry = registries.load(settings.registry)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-audit")
+    broker = await Broker.connect(settings.nats_url, "crashsafe-audit", fail_fast=True)
     try:
         async with Providers.connect(settings.sandbox_url) as providers:
             listing = SandboxListing(providers.http)
             findings, stats = await audit_all(broker, settings, registry, providers, listing)
+        # Runs a newer writer journaled events for that this version cannot read: named, never fatal.
+        unreadable = unknown_events(await RunJournal(broker, settings.namespace).read_all())
     finally:
         await broker.close()
     listed = f", {stats.listed_effects} provider effects listed" if stats.listed_effects is not None else ""
@@ -82,6 +89,11 @@ async def audit(state_dir: Path) -> int:
     )
     for finding in findings:
         print(f"WRONG {finding.kind}: run {finding.run_id} key {finding.key}: {finding.detail}")
+    for run_id, tags in sorted(unreadable.items()):
+        print(
+            f"NOTE run {run_id}: {len(tags)} event(s) of a type this version does not know "
+            f"({', '.join(sorted(set(tags)))}): kept and skipped; audit them with a newer crashsafe"
+        )
     if not findings:
         print(
             "nothing wrong: every effect has one journaled intent and every journaled success has its effect"
@@ -91,22 +103,33 @@ async def audit(state_dir: Path) -> int:
 
 async def runs_show(state_dir: Path, run_id: str, as_json: bool) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-cli")
+    broker = await Broker.connect(settings.nats_url, "crashsafe-cli", fail_fast=True)
     try:
         events = await RunJournal(broker, settings.namespace).read_with_seqs(run_id)
     finally:
         await broker.close()
     console = Console()
     if not events:
-        console.print(
-            f"[red]no run {run_id}[/red] in namespace {settings.namespace.name} at {settings.nats_url}"
+        # One plain line on stderr: a console would wrap it at the terminal's width.
+        print(
+            f"crashsafe: no run {run_id} in namespace {settings.namespace.name} at {settings.nats_url}",
+            file=sys.stderr,
         )
         return 1
     if as_json:
         for seq, event in events:
-            print(json.dumps({"seq": seq, **msgspec.to_builtins(event)}))
+            body = (
+                msgspec.json.decode(event.data)
+                if isinstance(event, UnknownEvent)
+                else msgspec.to_builtins(event)
+            )
+            print(json.dumps({"seq": seq, **body}))
         return 0
-    console.print(timeline(events, title=f"run {run_id}"))
+    # The timeline names an event type it does not know by its class; the note below says which tag it was.
+    console.print(timeline(cast(list[tuple[int, RunEvent]], events), title=f"run {run_id}"))
+    unknown = sorted({e.type for _, e in events if isinstance(e, UnknownEvent)})
+    if unknown:
+        console.print(f"[yellow]kept but not understood by this version:[/yellow] {', '.join(unknown)}")
     state = replay(e for _, e in events)
     assert state is not None
     s = summarize(state)
@@ -174,7 +197,7 @@ def _write_stack_file(state_dir: Path, state: dict[str, object]) -> None:
 
 async def infra_apply() -> int:
     settings = Settings.from_env()
-    broker = await Broker.connect(settings.nats_url, "crashsafe-infra")
+    broker = await Broker.connect(settings.nats_url, "crashsafe-infra", fail_fast=True)
     try:
         for spec in stream_specs(settings.namespace, settings.stream_replicas):
             await broker.ensure_stream(spec)

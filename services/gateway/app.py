@@ -16,7 +16,7 @@ from opentelemetry.context import Context
 from contracts.errors import CrashsafeError, RunNotFound, SubjectFull, UnknownAgent
 from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import is_run_id
-from contracts.run_events import RunEvent, RunStarted, event_decoder
+from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
 from contracts.streams import stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
 from services.gateway.core import Admission, admit, conflict, status_for
@@ -78,7 +78,7 @@ async def _matches_journal(broker: Broker, ns: Namespace, admission: Admission) 
     first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(admission.run_id))
     if first is None:
         return False
-    started = event_decoder.decode(first.data)
+    started = decode_event(first.data)
     if not isinstance(started, RunStarted) or started.input_hash != admission.input_hash:
         raise conflict(admission.key, admission.run_id)
     return True
@@ -123,7 +123,12 @@ def _not_a_run_id(run_id: str) -> RunNotFound:
     )
 
 
-async def _journal(state: State, run_id: str) -> list[tuple[int, RunEvent]]:
+def _as_json(event: JournalEvent) -> Any:
+    """An event as JSON: one this version does not know is shown as it was journaled."""
+    return msgspec.json.decode(event.data) if isinstance(event, UnknownEvent) else msgspec.to_builtins(event)
+
+
+async def _journal(state: State, run_id: str) -> list[tuple[int, JournalEvent]]:
     if not is_run_id(run_id):
         raise _not_a_run_id(run_id)
     journal = RunJournal(state.broker, state.settings.namespace)
@@ -150,9 +155,7 @@ async def get_run_events(state: State, run_id: str) -> Response[Any]:
         events = await _journal(state, run_id)
     except CrashsafeError as exc:
         return _error(exc)
-    return Response(
-        content={"run_id": run_id, "events": [{"seq": seq, **msgspec.to_builtins(e)} for seq, e in events]}
-    )
+    return Response(content={"run_id": run_id, "events": [{"seq": seq, **_as_json(e)} for seq, e in events]})
 
 
 @post("/v1/runs/{run_id:str}/reconcile", status_code=202)

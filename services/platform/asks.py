@@ -63,8 +63,10 @@ async def reconcile_run(broker: Broker, settings: Settings, run_id: str, by: str
     if state is None:
         raise RunNotFound(f"no run {run_id} to reconcile", run_id=run_id)
     if state.terminal:
-        # An ended run may still hold unknown outcomes: ask by key, so its journal learns what really happened.
+        # An ended run may still hold unknown outcomes, or actions pending when it handed off (a deadline): ask
+        # by key, so its journal learns what really happened (and a late failure is still compensated).
         unknown = [req for req, done in state.completed if done.status == OutcomeStatus.UNKNOWN]
+        unknown += list(state.pending)
         for request in unknown:
             await ask_to_resolve(broker, settings, request, by)
         if unknown:

@@ -109,24 +109,34 @@ class Broker:
         self._ack_counter = 0
 
     @classmethod
-    async def connect(cls, url: str, name: str) -> Broker:
+    async def connect(cls, url: str, name: str, fail_fast: bool = False) -> Broker:
+        """Connect to NATS. A service reconnects forever (a broker restart is expected); a one-shot command
+        (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting."""
+
         async def on_error(exc: Exception) -> None:
             # Reconnects are expected (a broker restart); say so in one line, not a traceback.
-            log.warning("nats connection: %s: %s", type(exc).__name__, exc)
+            if not fail_fast:
+                log.warning("nats connection: %s: %s", type(exc).__name__, exc)
 
         try:
-            nc = await nats.connect(
-                url,
-                name=name,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                connect_timeout=5,
-                allow_reconnect=True,
-                error_cb=on_error,
+            # nats-py's initial connect cycles its server pool until a server is discarded: one attempt per server
+            # after the first (`max_reconnect_attempts=1`) is what makes it give up; the outer timeout bounds it.
+            nc = await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    max_reconnect_attempts=1 if fail_fast else -1,
+                    reconnect_time_wait=0.25,
+                    connect_timeout=2 if fail_fast else 5,
+                    allow_reconnect=not fail_fast,
+                    error_cb=on_error,
+                ),
+                timeout=8 if fail_fast else None,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            reason = str(exc) or type(exc).__name__
             raise BrokerUnavailable(
-                f"cannot reach NATS at {url}: {exc}; start nats-server or set CRASHSAFE_NATS_URL", url=url
+                f"cannot reach NATS at {url}: {reason}; start nats-server or set CRASHSAFE_NATS_URL", url=url
             ) from exc
         return cls(nc)
 

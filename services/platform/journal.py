@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.run_events import RunEvent, event_decoder, event_encoder
+from contracts.run_events import JournalEvent, RunEvent, decode_event, event_encoder
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 
@@ -15,21 +15,23 @@ class RunJournal:
         self.ns = ns
         self.stream = ns.stream(StreamKind.RUNS)
 
-    async def read(self, run_id: str) -> tuple[list[RunEvent], int]:
-        """The run's events and the stream sequence of the last one (0 for a run that does not exist)."""
+    async def read(self, run_id: str) -> tuple[list[JournalEvent], int]:
+        """The run's events and the stream sequence of the last one (0 for a run that does not exist).
+
+        Decoded tolerantly: an event type a newer writer added comes back as an `UnknownEvent`, never an error."""
         stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
-        events = [event_decoder.decode(m.data) for m in stored]
+        events = [decode_event(m.data) for m in stored]
         return events, (stored[-1].seq if stored else 0)
 
-    async def read_with_seqs(self, run_id: str) -> list[tuple[int, RunEvent]]:
+    async def read_with_seqs(self, run_id: str) -> list[tuple[int, JournalEvent]]:
         stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
-        return [(m.seq, event_decoder.decode(m.data)) for m in stored]
+        return [(m.seq, decode_event(m.data)) for m in stored]
 
-    async def read_all(self) -> dict[str, list[RunEvent]]:
+    async def read_all(self) -> dict[str, list[JournalEvent]]:
         """Every run's journal, grouped by run (for audits and manual reconciliation; not for the hot path)."""
-        runs: dict[str, list[RunEvent]] = {}
+        runs: dict[str, list[JournalEvent]] = {}
         for message in await self.broker.read_subject(self.stream, self.ns.run_events_all, batch=1000):
-            event = event_decoder.decode(message.data)
+            event = decode_event(message.data)
             runs.setdefault(event.run_id, []).append(event)
         return runs
 

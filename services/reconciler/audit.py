@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from contracts.audit import Finding, FindingKind, Intent, ProviderEffect
-from contracts.run_events import ActionCompleted, ActionRequested, RunCompleted, RunEvent, RunHandedOff
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    JournalEvent,
+    RunCompleted,
+    RunHandedOff,
+    UnknownEvent,
+)
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import Effect
 from services.registry import AuditRule, Tool
 
 
-def intents(journals: Mapping[str, list[RunEvent]]) -> dict[str, Intent]:
+def intents(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, Intent]:
     """Every keyed action any run journaled, by idempotency key, with its receipt if one was journaled."""
     out: dict[str, Intent] = {}
     for run_id, events in journals.items():
@@ -31,7 +38,7 @@ def audited(intent: Intent, tools: Mapping[str, Tool]) -> bool:
 
 
 def audit(
-    journals: Mapping[str, list[RunEvent]],
+    journals: Mapping[str, Sequence[JournalEvent]],
     effects: Iterable[ProviderEffect] | None,
     found_by_key: Mapping[str, bool],
     tools: Mapping[str, Tool],
@@ -82,6 +89,16 @@ def audit(
     for rule in rules:
         findings.extend(rule(known))
     return findings
+
+
+def unknown_events(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, list[str]]:
+    """Runs whose journal holds event types this version does not know (a newer writer's): reported, not fatal."""
+    out: dict[str, list[str]] = {}
+    for run_id, events in journals.items():
+        tags = [e.type for e in events if isinstance(e, UnknownEvent)]
+        if tags:
+            out[run_id] = tags
+    return out
 
 
 def _run_of(key: str) -> str:

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
+    JournalEvent,
     RunCompleted,
-    RunEvent,
     RunHandedOff,
     RunStarted,
 )
@@ -27,7 +27,8 @@ class OpenWork:
     """Non-terminal runs and their actions with no completion; folded from the RUNS stream."""
 
     runs: dict[str, OpenRun] = field(default_factory=dict)
-    # Actions whose journaled outcome is unknown, in any run, ended or not: asked about until they settle.
+    # Actions whose journaled outcome is unknown, in any run, ended or not, and actions still pending when their
+    # run handed off (a deadline): asked about by key until they settle.
     unknown: dict[str, ActionRequested] = field(default_factory=dict)
     requests: dict[str, ActionRequested] = field(default_factory=dict)
     times_asked: dict[str, int] = field(default_factory=dict)
@@ -36,12 +37,22 @@ class OpenWork:
     woken: dict[str, datetime] = field(default_factory=dict)
 
 
-def observe(work: OpenWork, event: RunEvent) -> None:
-    """Fold one journal event into the projection (mutates: this is the reconciler's private read model)."""
+def observe(work: OpenWork, event: JournalEvent) -> None:
+    """Fold one journal event into the projection (mutates: this is the reconciler's private read model).
+
+    An event type this version does not know (`UnknownEvent`) only shows the run is alive."""
     match event:
         case RunStarted():
             work.runs[event.run_id] = OpenRun(last_at=event.at)
-        case RunCompleted() | RunHandedOff():
+        case RunHandedOff():
+            run = work.runs.pop(event.run_id, None)
+            if run is not None:
+                # Handed off with actions in flight (past its deadline): nobody else will ask about them, so
+                # they are watched like unknown outcomes until a receipt settles them.
+                for request in run.pending.values():
+                    work.unknown[request.key] = request
+            work.woken.pop(event.run_id, None)
+        case RunCompleted():
             run = work.runs.pop(event.run_id, None)
             if run is not None:
                 for request in run.pending.values():
@@ -57,6 +68,8 @@ def observe(work: OpenWork, event: RunEvent) -> None:
             else:
                 work.unknown.pop(event.key, None)
                 work.times_asked.pop(event.key, None)
+                work.asked.pop(event.key, None)
+                work.requests.pop(event.key, None)
             run = work.runs.get(event.run_id)
             if run is not None:
                 run.last_at = max(run.last_at, event.at)

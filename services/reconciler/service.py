@@ -10,7 +10,7 @@ from typing import Protocol
 
 from nats.aio.msg import Msg
 
-from contracts.run_events import event_decoder
+from contracts.run_events import decode_event
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
@@ -58,7 +58,8 @@ class Reconciler:
         log(self.logger, logging.INFO, "reconciler ready")
 
     async def _on_event(self, msg: Msg) -> None:
-        observe(self.work, event_decoder.decode(msg.data))
+        # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
+        observe(self.work, decode_event(msg.data))
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every `tick_s` until `stop` is set."""

@@ -23,6 +23,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         await runtime.start()
         print("ready: runtime", flush=True)
         await stop.wait()
+        runtime.stop_timers()
         await runtime.deliveries.drain()
     finally:
         await model.close()

@@ -7,20 +7,26 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.errors import PoisonMessage, RunVersionConflict
+from contracts.errors import CrashsafeError, ModelUnavailable, PoisonMessage, RunVersionConflict
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.run_events import (
+    MAX_EVENT_BYTES,
     ActionCompleted,
     ActionRequested,
     Budget,
+    Origin,
     RunEvent,
     RunNudged,
     RunResumed,
     RunStarted,
+    UnknownEvent,
+    event_encoder,
     request_for,
 )
 from contracts.streams import runtime_consumers, stream_specs
@@ -31,6 +37,7 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services.platform.asks import wake_run
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
@@ -39,13 +46,27 @@ from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
 from services.registry import Registry
-from services.runtime.core.decide import Append, AskModel, AwaitActions, Idle, model_answered, next_move
+from services.runtime.core.decide import (
+    Append,
+    AskModel,
+    AwaitActions,
+    Idle,
+    ModelReply,
+    ask_at_risk,
+    model_answered,
+    model_asked,
+    model_rejected,
+    next_move,
+)
+from services.runtime.core.agent import Agent
 from services.runtime.core.fold import fold_run, replay
 from services.runtime.core.state import RunState
 from services.runtime.model import Model
 
 MAX_CACHED_RUNS = 50_000
+_sizer = msgspec.json.Encoder()  # measures what a model call sends, for the budget's token estimate
 MAX_CONFLICT_RETRIES = 20
+DEADLINE_SLACK_S = 0.05  # wake just after the deadline, so `next_move` sees it passed
 
 
 def utcnow() -> datetime:
@@ -75,6 +96,9 @@ class Runtime:
         self.worker = settings.worker_id
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        # A wake at the deadline of each run this worker saw waiting on actions (see `_arm_deadline`).
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._wakes: set[asyncio.Task[None]] = set()
         self.deliveries = Deliveries(
             broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s
         )
@@ -188,10 +212,15 @@ class Runtime:
         run = await self._load(wake.run_id, ctx, fresh=True, mark_resume=False)
         if run is None:
             return
-        if run.state.terminal and not any(
-            run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys
+        if (
+            run.state.terminal
+            and not any(
+                run.state.unknown_step(r.step_no) for r, _ in run.state.completed if r.key in wake.keys
+            )
+            and not any(p.key in wake.keys for p in run.state.pending)
         ):
-            return  # an ended run is nudged only about its unknown outcomes, as evidence of who asked
+            # An ended run is nudged only about its unknown outcomes and what it left pending at hand-off.
+            return
         nudged = RunNudged(run_id=wake.run_id, at=utcnow(), by=wake.by, reason=wake.reason, keys=wake.keys)
         try:
             self._apply(run, nudged, await self.journal.append(nudged, run.seq, headers_for(ctx)))
@@ -226,9 +255,20 @@ class Runtime:
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
                     case AskModel(input=items):
-                        reply = await self.model.answer(agent, items)
+                        reply = await self._ask(run, agent, items, ctx)
                         crash_point("runtime.after_model_answer")
-                        answered = model_answered(run.state, reply, utcnow())
+                        answered: RunEvent = model_answered(run.state, reply, utcnow())
+                        size = len(event_encoder.encode(answered))
+                        if size > MAX_EVENT_BYTES:
+                            answered = model_rejected(run.state, reply, size, utcnow())
+                            log(
+                                self.logger,
+                                logging.WARNING,
+                                "model answer too large for the journal; refused",
+                                run_id=run.state.run_id,
+                                step_no=run.state.next_step,
+                                bytes=size,
+                            )
                         self._apply(
                             run, answered, await self.journal.append(answered, run.seq, headers_for(ctx))
                         )
@@ -237,12 +277,68 @@ class Runtime:
                             if request.key not in run.published:
                                 await self._publish_request(request, ctx)
                                 run.published.add(request.key)
+                        self._arm_deadline(run.state)
                         return
             except RunVersionConflict:
                 conflicts += 1
                 if conflicts > MAX_CONFLICT_RETRIES:
                     raise
                 run = await self._reload(run, ctx)
+
+    def _arm_deadline(self, state: RunState) -> None:
+        """Wake the run at its deadline if it is still waiting then: `next_move` hands it off and leaves what is
+        pending to the reconciler. The wake goes through the outcomes stream, so any replica may handle it; if
+        this worker dies first, the reconciler's wakes for overdue actions reach the same decision later."""
+        if state.terminal or state.run_id in self._deadlines:
+            return
+        if all(p.origin == Origin.COMPENSATION for p in state.pending):
+            return  # compensations are exempt from the deadline
+        run_id = state.run_id
+        delay = max((state.deadline_at - utcnow()).total_seconds(), 0.0) + DEADLINE_SLACK_S
+
+        def fire() -> None:
+            self._deadlines.pop(run_id, None)
+            task = asyncio.get_running_loop().create_task(self._wake_at_deadline(run_id))
+            self._wakes.add(task)
+            task.add_done_callback(self._wakes.discard)
+
+        self._deadlines[run_id] = asyncio.get_running_loop().call_later(delay, fire)
+
+    async def _wake_at_deadline(self, run_id: str) -> None:
+        try:
+            await wake_run(
+                self.broker,
+                self.settings,
+                run_id,
+                "deadline passed with actions pending",
+                f"runtime:{self.worker}",
+            )
+        except CrashsafeError as exc:  # the broker is down: the reconciler's wakes are the backstop
+            log(self.logger, logging.WARNING, "deadline wake not sent", run_id=run_id, error=exc.message)
+
+    def stop_timers(self) -> None:
+        for handle in self._deadlines.values():
+            handle.cancel()
+        self._deadlines.clear()
+
+    async def _ask(
+        self, run: _Run, agent: Agent, items: tuple[dict[str, Any], ...], ctx: Context
+    ) -> ModelReply:
+        """Call the model so that the call counts against the budgets even if its answer never reaches the
+        journal: journaled before the call when the run is at risk of a crash, and after a call that failed."""
+        size = len(_sizer.encode(items))
+        if ask_at_risk(run.state):
+            asked = model_asked(run.state, self.settings.model, size, utcnow())
+            self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
+        try:
+            return await self.model.answer(agent, items)
+        except ModelUnavailable as exc:
+            failed = model_asked(run.state, self.settings.model, size, utcnow(), failed=exc.message[:500])
+            try:
+                self._apply(run, failed, await self.journal.append(failed, run.seq, headers_for(ctx)))
+            except CrashsafeError:
+                pass  # the run moved, or the broker is down: the model's failure is what the caller must see
+            raise
 
     async def _publish_request(self, intent: ActionRequested, ctx: Context) -> None:
         subject = self.ns.actions_for_key(intent.family, intent.key, self.settings.partitions)
@@ -262,8 +358,8 @@ class Runtime:
             lock = self._locks[run_id] = asyncio.Lock()
         return lock
 
-    def _apply(self, run: _Run, event: RunEvent, seq: int) -> None:
-        run.state = fold_run(run.state, event)  # type: ignore[arg-type]
+    def _apply(self, run: _Run, event: RunEvent | UnknownEvent, seq: int) -> None:
+        run.state = fold_run(run.state, event)
         run.seq = seq
 
     def _remember(self, run: _Run) -> _Run:

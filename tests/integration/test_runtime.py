@@ -4,17 +4,27 @@ append each decision once, because every append carries the version it was decid
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from contracts.keys import run_id_for
-from contracts.run_events import ActionRequested, Budget, RunEvent, RunStarted
+from contracts.run_events import (
+    ActionRequested,
+    Budget,
+    JournalEvent,
+    ModelAnswered,
+    RunEvent,
+    RunStarted,
+    UnknownEvent,
+)
 from contracts.subjects import Namespace
 from tests.support.inprocess import REGISTRY
 from services.platform.jetstream import Broker
@@ -25,6 +35,7 @@ from services.runtime.core.fold import fold_run, replay
 from services.runtime.model import ResponsesModel
 from services.runtime.service import Runtime
 from tests.support import inprocess
+from tests.support.broker import dead_letters, submit_inbound
 from tests.support.journals import decision_steps
 from tests.support.runs import assert_replays
 from tests.support.waiting import eventually, unique
@@ -91,7 +102,7 @@ async def _a_run_whose_model_has_answered(workers: Workers, guest: str) -> str:
     return started.run_id
 
 
-async def _journal(workers: Workers, run_id: str) -> list[RunEvent]:
+async def _journal(workers: Workers, run_id: str) -> list[JournalEvent]:
     events, _ = await workers.journal.read(run_id)
     return events
 
@@ -141,3 +152,60 @@ async def test_two_workers_deciding_the_same_run_at_once_journal_one_decision(wo
     assert sorted(e["key"] for e in ledger["entries"]) == sorted(
         r.key for r in requested if r.tool != "search_hotels"
     )
+
+
+class _NewerJournal:
+    """The journal of a newer runtime replica: after each model answer it journals an event type only it knows."""
+
+    def __init__(self, journal: RunJournal) -> None:
+        self._journal = journal
+        self.wrote = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._journal, name)
+
+    async def append(self, event: RunEvent, expected_seq: int, headers: dict[str, str] | None = None) -> int:
+        seq = await self._journal.append(event, expected_seq, headers)
+        if isinstance(event, ModelAnswered):
+            future = {"type": "run.reflection.v2", "run_id": event.run_id, "at": event.at.isoformat()}
+            published = await self._journal.broker.publish(
+                self._journal.ns.run_events(event.run_id),
+                json.dumps(future).encode(),
+                expected_subject_seq=seq,
+            )
+            self.wrote += 1
+            seq = published.seq
+        return seq
+
+
+async def test_an_old_and_a_new_replica_side_by_side_finish_a_booking_once(
+    workers: Workers, broker: Broker, namespace: Namespace
+) -> None:
+    """A rolling upgrade: the new replica journals an event type the old one does not know; the old one keeps
+    folding the run (skipping it), journals the outcomes it takes, and nothing is dead-lettered."""
+    newer = _NewerJournal(workers.second.journal)
+    workers.second.journal = newer  # type: ignore[assignment]
+    for worker in (workers.first, workers.second):
+        await worker.start()
+    event_id = unique("ev")
+    run_ids = [
+        await submit_inbound(broker, namespace, f"{event_id}-{i}", agent="booking", text=BOOKING_TEXT)
+        for i in range(4)
+    ]
+
+    async def ended() -> list[list[JournalEvent]] | None:
+        journals = [(await workers.journal.read(run_id))[0] for run_id in run_ids]
+        states = [replay(events) for events in journals]
+        return journals if all(s is not None and s.terminal for s in states) else None
+
+    journals = await eventually(ended, what="every run to end")
+    assert newer.wrote > 0, "the new replica never answered a step"
+    for run_id, events in zip(run_ids, journals, strict=True):
+        state = replay(events)
+        assert state is not None and state.status == "completed", (run_id, state)
+        assert {e.type for e in events if isinstance(e, UnknownEvent)} <= {"run.reflection.v2"}
+        ledger = await workers.sandbox.ledger(f"guest-{event_id}-{run_ids.index(run_id)}")
+        assert ledger["counts"] == BOOKED_AND_PAID, (run_id, ledger["counts"])
+    unknown = sum(isinstance(e, UnknownEvent) for events in journals for e in events)
+    assert unknown == newer.wrote
+    assert await dead_letters(broker, namespace) == []

@@ -19,6 +19,8 @@ from contracts.run_events import (
     Budget,
     RunEvent,
     ModelAnswered,
+    ModelAsked,
+    ModelRejected,
     RunNudged,
     RunResumed,
     RunStarted,
@@ -32,7 +34,9 @@ from services.runtime.core.decide import (
     AwaitActions,
     Idle,
     ModelReply,
+    ask_at_risk,
     model_answered,
+    model_asked,
     next_move,
 )
 from services.runtime.core.fold import fold_run, replay
@@ -259,9 +263,19 @@ def assert_replays(journal: list[RunEvent]) -> None:
         batch = []
         state = replay(journal[:i])
         assert state is not None
-        if isinstance(event, RunResumed | RunNudged):
-            continue
+        if isinstance(event, RunResumed | RunNudged) or (isinstance(event, ModelAsked) and event.failed):
+            continue  # markers, and a failed model call: inputs from outside, like a receipt
+        if isinstance(event, ModelAnswered | ModelRejected) and isinstance(journal[i - 1], ModelAsked):
+            # The answer was asked for by the ask before it: check the decision against the state before the ask.
+            state = replay(journal[: i - 1])
+            assert state is not None
         move = next_move(state, agent, event.at)
+        if isinstance(event, ModelAsked):
+            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
+            continue
+        if isinstance(event, ModelRejected):
+            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
+            continue
         if isinstance(event, ActionCompleted):
             if state.pending_step(event.step_no) is None:
                 assert state.is_completed(event.step_no), (
@@ -323,7 +337,10 @@ def drive(
                 return run
             case Append(events=events):
                 run.add(*events)
-            case AskModel():
+            case AskModel(input=items):
+                # As the runtime does: a run at risk journals its ask before the call, the answer after it.
+                if ask_at_risk(run.state):
+                    run.add(model_asked(run.state, "test-model", len(json.dumps(items)), run.now))
                 run.add(model_answered(run.state, model(run.state), run.now))
             case AwaitActions(pending=pending):
                 request = pending[pick(len(pending))]

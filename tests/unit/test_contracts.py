@@ -29,6 +29,8 @@ from contracts.run_events import (
     Budget,
     RunEvent,
     ModelAnswered,
+    ModelAsked,
+    ModelRejected,
     RunCompleted,
     RunHandedOff,
     RunNudged,
@@ -122,6 +124,22 @@ SAMPLES: list[msgspec.Struct] = [
         ],
     ),
     RunNudged(run_id=RUN, at=AT, by="reconciler:r1", reason="1 action(s) past their timeout", keys=[KEY]),
+    ModelAsked(run_id=RUN, at=AT, step_no=5, model="scripted-booking", input_bytes=2048),
+    ModelRejected(
+        run_id=RUN,
+        at=AT,
+        step_no=5,
+        model="scripted-booking",
+        response_id="resp_2",
+        error=ErrorInfo(
+            code="model_answer_too_large",
+            message="the answer is 1200000 bytes, over the journal's limit of 1032192",
+            details={"bytes": 1_200_000, "limit": 1_032_192},
+        ),
+        answer_bytes=1_200_000,
+        input_tokens=120,
+        output_tokens=300_000,
+    ),
     RunResumed(
         run_id=RUN,
         at=AT,
@@ -194,6 +212,8 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             | ActionRequested()
             | ToolRejected()
             | ActionCompleted()
+            | ModelAsked()
+            | ModelRejected()
             | RunNudged()
             | RunResumed()
             | RunCompleted()

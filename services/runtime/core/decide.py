@@ -11,19 +11,25 @@ import msgspec
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.keys import action_key, compensation_key, input_hash
 from contracts.run_events import (
+    MAX_EVENT_BYTES,
     ActionRequested,
+    ArgumentLimits,
     HandOffReason,
     ModelAnswered,
+    ModelAsked,
+    ModelRejected,
     Origin,
     RunCompleted,
     RunEvent,
     RunHandedOff,
+    RunStatus,
     ToolCall,
     ToolRejected,
 )
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent, Compensation
+from services.runtime.core.arguments import check_arguments
 from services.runtime.core.fold import fold_run
 from services.runtime.core.state import RunState
 
@@ -66,28 +72,42 @@ class ModelReply:
     output_tokens: int
 
 
+DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
+
+
+def argument_limits(agent: Agent) -> ArgumentLimits:
+    """The agent's own `argument_limits` if it declares them, else the contract's defaults (16 KiB, 32 deep)."""
+    limits = getattr(agent, "argument_limits", None)
+    return limits if isinstance(limits, ArgumentLimits) else DEFAULT_ARGUMENT_LIMITS
+
+
 def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
     if state.terminal:
-        return Idle()
+        return _after_the_end(state, agent, now)
     if state.unplanned:
         return Append(plan_calls(state, agent, state.unplanned, now))
     if state.pending:
-        return AwaitActions(state.pending)
-    failed = [
-        req.key
-        for req, done in state.completed
-        if req.origin == Origin.COMPENSATION and done.status != OutcomeStatus.SUCCEEDED
-    ]
-    failed += [call_id.removeprefix("comp:") for call_id in state.rejected_compensations]
-    if failed:
-        detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
-        return Append(
-            (
-                RunHandedOff(
-                    run_id=state.run_id, at=now, reason=HandOffReason.COMPENSATION_FAILED, detail=detail
-                ),
-            )
+        # Compensations are exempt from the deadline; anything else pending past it is left to the reconciler,
+        # which keeps asking by key, and the run hands off (after undoing what is known to need undoing).
+        if now < state.deadline_at or any(p.origin == Origin.COMPENSATION for p in state.pending):
+            return AwaitActions(state.pending)
+        failed = _failed_compensations(state)
+        if failed:
+            return _compensation_failed(state, failed, now)
+        undo = agent.compensations(state, ending=True)
+        if undo:
+            return Append(plan_compensations(state, agent, undo, now))
+        keys = ", ".join(p.key for p in state.pending)
+        detail = (
+            f"deadline {state.deadline_at.isoformat()} passed with {keys} pending; "
+            "the reconciler keeps asking by key"
         )
+        return Append(
+            (RunHandedOff(run_id=state.run_id, at=now, reason=HandOffReason.DEADLINE, detail=detail),)
+        )
+    failed = _failed_compensations(state)
+    if failed:
+        return _compensation_failed(state, failed, now)
     undo = agent.compensations(state, ending=False)
     if undo:
         return Append(plan_compensations(state, agent, undo, now))
@@ -115,15 +135,83 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
     return AskModel(step_no=state.next_step, input=state.transcript)
 
 
+def _after_the_end(state: RunState, agent: Agent, now: datetime) -> Move:
+    """An ended run still settles what it left open: a late receipt (a payment that failed after a deadline
+    hand-off) gets its compensation, and a pending compensation's request is (re)published."""
+    if state.status == RunStatus.HANDED_OFF:
+        if any(p.origin == Origin.COMPENSATION for p in state.pending):
+            return AwaitActions(state.pending)
+        undo = agent.compensations(state, ending=True)
+        if undo:
+            return Append(plan_compensations(state, agent, undo, now))
+    if state.pending:
+        return AwaitActions(state.pending)
+    return Idle()
+
+
+def _failed_compensations(state: RunState) -> list[str]:
+    failed = [
+        req.key
+        for req, done in state.completed
+        if req.origin == Origin.COMPENSATION and done.status != OutcomeStatus.SUCCEEDED
+    ]
+    return failed + [call_id.removeprefix("comp:") for call_id in state.rejected_compensations]
+
+
+def _compensation_failed(state: RunState, failed: list[str], now: datetime) -> Append:
+    detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
+    return Append(
+        (RunHandedOff(run_id=state.run_id, at=now, reason=HandOffReason.COMPENSATION_FAILED, detail=detail),)
+    )
+
+
 def over_budget(state: RunState, now: datetime) -> tuple[HandOffReason, str] | None:
     budget = state.budget
     if state.steps_used >= budget.max_steps:
-        return HandOffReason.BUDGET_STEPS, f"used {state.steps_used} of {budget.max_steps} steps"
-    if state.tokens_used >= budget.max_tokens:
-        return HandOffReason.BUDGET_TOKENS, f"used {state.tokens_used} of {budget.max_tokens} tokens"
+        lost = f" ({state.lost_asks} model call(s) never answered)" if state.lost_asks else ""
+        return HandOffReason.BUDGET_STEPS, f"used {state.steps_used} of {budget.max_steps} steps{lost}"
+    if state.tokens_charged >= budget.max_tokens:
+        return HandOffReason.BUDGET_TOKENS, f"used {state.tokens_charged} of {budget.max_tokens} tokens"
     if now >= state.deadline_at:
         return HandOffReason.DEADLINE, f"deadline {state.deadline_at.isoformat()} passed"
     return None
+
+
+def model_asked(state: RunState, model: str, input_bytes: int, now: datetime, failed: str = "") -> ModelAsked:
+    """A model call that counts against the budgets whether or not its answer is journaled."""
+    return ModelAsked(
+        run_id=state.run_id,
+        at=now,
+        step_no=state.next_step,
+        model=model,
+        input_bytes=input_bytes,
+        failed=failed,
+    )
+
+
+def ask_at_risk(state: RunState) -> bool:
+    """Whether to journal an ask before the call: the run has been resumed (a worker died under it once) or has
+    lost an ask already. A run on the happy path journals no ask; a failed call is journaled after the fact."""
+    return state.resumes > 0 or state.lost_asks > 0
+
+
+def model_rejected(state: RunState, reply: ModelReply, answer_bytes: int, now: datetime) -> ModelRejected:
+    """The answer's event would be over the journal's limit: refuse it as a step, tell the model, act on nothing."""
+    return ModelRejected(
+        run_id=state.run_id,
+        at=now,
+        step_no=state.next_step,
+        model=reply.model,
+        response_id=reply.response_id,
+        error=ErrorInfo(
+            code=ErrorCode.MODEL_ANSWER_TOO_LARGE,
+            message=f"the answer is {answer_bytes} bytes, over the journal's limit of {MAX_EVENT_BYTES}",
+            details={"bytes": answer_bytes, "limit": MAX_EVENT_BYTES},
+        ),
+        answer_bytes=answer_bytes,
+        input_tokens=reply.input_tokens,
+        output_tokens=reply.output_tokens,
+    )
 
 
 def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAnswered:
@@ -156,15 +244,15 @@ def plan_calls(
     for call in calls:
         step = planned.next_step
         stop: tuple[HandOffReason, str] | None = None
-        if step > state.budget.max_steps:
+        if step + planned.lost_asks > state.budget.max_steps:
             stop = (
                 HandOffReason.BUDGET_STEPS,
-                f"tool call {call.name} would be step {step} of {state.budget.max_steps}",
+                f"tool call {call.name[:200]} would be step {step + planned.lost_asks} of {state.budget.max_steps}",
             )
         elif now >= state.deadline_at:
             stop = (
                 HandOffReason.DEADLINE,
-                f"tool call {call.name} came after the deadline {state.deadline_at.isoformat()}",
+                f"tool call {call.name[:200]} came after the deadline {state.deadline_at.isoformat()}",
             )
         if stop:
             events.append(RunHandedOff(run_id=state.run_id, at=now, reason=stop[0], detail=stop[1]))
@@ -208,7 +296,7 @@ def _plan_one(
     key: str,
 ) -> ActionRequested | ToolRejected:
     def reject(code: ErrorCode, message: str) -> ToolRejected:
-        return rejected(ErrorInfo(code=code, message=message, details={"tool": call.name}))
+        return rejected(ErrorInfo(code=code, message=message, details={"tool": call.name[:200]}))
 
     def rejected(error: ErrorInfo) -> ToolRejected:
         return ToolRejected(
@@ -223,13 +311,12 @@ def _plan_one(
 
     contract = tools.get(call.name)
     if contract is None:
-        return reject(ErrorCode.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {sorted(tools)}")
-    try:
-        args = msgspec.json.decode(call.arguments) if call.arguments else {}
-    except msgspec.DecodeError:
-        return reject(ErrorCode.INVALID_TOOL_ARGUMENTS, f"arguments for {call.name} are not JSON")
-    if not isinstance(args, dict):
-        return reject(ErrorCode.INVALID_TOOL_ARGUMENTS, f"arguments for {call.name} must be a JSON object")
+        return reject(
+            ErrorCode.UNKNOWN_TOOL, f"no tool named {call.name[:200]!r}; available: {sorted(tools)}"
+        )
+    args = check_arguments(call.name, call.arguments, argument_limits(agent))
+    if isinstance(args, ErrorInfo):
+        return rejected(args)
     prepared = agent.prepare(state, contract, args)
     if isinstance(prepared, ErrorInfo):
         return rejected(prepared)

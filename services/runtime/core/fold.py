@@ -13,6 +13,8 @@ from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ModelAnswered,
+    ModelAsked,
+    ModelRejected,
     Origin,
     RunCompleted,
     RunEvent,
@@ -22,6 +24,7 @@ from contracts.run_events import (
     RunStarted,
     RunStatus,
     ToolRejected,
+    UnknownEvent,
 )
 from contracts.tool_messages import OutcomeStatus
 from services.runtime.core.state import RunState, Summary
@@ -33,7 +36,12 @@ def _output_item(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call_id, "output": _json.encode(payload).decode()}
 
 
-def fold_run(state: RunState | None, event: RunEvent) -> RunState:
+# An ask whose answer never reached the journal is charged this many tokens per byte it sent (about 4 bytes a
+# token for English JSON): the provider billed it, even if we never learnt its usage.
+BYTES_PER_TOKEN = 4
+
+
+def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState:
     """Apply one journaled event. Events that cannot apply (a duplicate completion) leave the state as it is."""
     if state is None:
         if not isinstance(event, RunStarted):
@@ -53,6 +61,47 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
     match event:
         case RunStarted():
             return replace(state, **base)  # a second start is never appended; tolerate it in old journals
+        case ModelAsked(input_bytes=sent, failed=failed):
+            cost = sent // BYTES_PER_TOKEN
+            if failed:
+                # A call that failed: it is the open ask if one was journaled for it, else one of its own.
+                return replace(
+                    state,
+                    **base,
+                    lost_asks=state.lost_asks + 1,
+                    tokens_used=state.tokens_used + (state.asked_tokens if state.asking else cost),
+                    asking=False,
+                    asked_tokens=0,
+                )
+            if state.asking:  # the ask before this one never got an answer journaled: it still cost a step
+                return replace(
+                    state,
+                    **base,
+                    lost_asks=state.lost_asks + 1,
+                    tokens_used=state.tokens_used + state.asked_tokens,
+                    asked_tokens=cost,
+                )
+            return replace(state, **base, asking=True, asked_tokens=cost)
+        case ModelRejected(step_no=step, error=error):
+            note = (
+                f"(runtime) your previous answer was refused and not acted on: {error.message}. "
+                "Answer again, shorter."
+            )
+            return replace(
+                state,
+                **base,
+                asking=False,
+                asked_tokens=0,
+                next_step=max(state.next_step, step + 1),
+                tokens_used=state.tokens_used + event.input_tokens + event.output_tokens,
+                transcript=state.transcript + ({"role": "user", "content": note},),
+                unplanned=(),
+                final_reply=None,
+                model_steps=state.model_steps + 1,
+            )
+        case UnknownEvent(type=tag, step_no=step):
+            next_step = state.next_step if step is None else max(state.next_step, step + 1)
+            return replace(state, **base, next_step=next_step, unknown_events=state.unknown_events + (tag,))
         case ModelAnswered(step_no=step, tool_calls=calls, reply=reply):
             items = [
                 {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
@@ -69,6 +118,8 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
                 unplanned=tuple(calls),
                 final_reply=reply if not calls else None,
                 model_steps=state.model_steps + 1,
+                asking=False,
+                asked_tokens=0,
             )
         case ActionRequested(step_no=step, call_id=call_id):
             if state.pending_step(step) or state.is_completed(step):
@@ -155,7 +206,7 @@ def fold_run(state: RunState | None, event: RunEvent) -> RunState:
     raise TypeError(f"fold_run has no case for {type(event).__name__}")
 
 
-def replay(events: Iterable[RunEvent]) -> RunState | None:
+def replay(events: Iterable[RunEvent | UnknownEvent]) -> RunState | None:
     """The state a journal folds to: the same function the runtime, the CLI and the tests use."""
     return reduce(fold_run, events, None)
 

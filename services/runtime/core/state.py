@@ -36,6 +36,13 @@ class RunState:
     resumes: int = 0
     model_steps: int = 0
     action_steps: int = 0
+    # Model calls journaled as asked (`run.model_asked`) whose answer never reached the journal: each one
+    # counts as a step, and its input as tokens, though no step number is spent on it.
+    asking: bool = False  # the latest ask has no answer (yet)
+    asked_tokens: int = 0  # what the open ask is charged if it never gets an answer
+    lost_asks: int = 0
+    # Events a newer writer journaled that this version does not know: kept in the journal, skipped here.
+    unknown_events: tuple[str, ...] = ()
 
     @property
     def budget(self) -> Budget:
@@ -51,7 +58,14 @@ class RunState:
 
     @property
     def steps_used(self) -> int:
-        return self.next_step - 1
+        """Step numbers spent, plus every model call whose answer never reached the journal (an open ask at
+        decision time is one: the shell journals the answer before it decides again)."""
+        return self.next_step - 1 + self.lost_asks + int(self.asking)
+
+    @property
+    def tokens_charged(self) -> int:
+        """Tokens the journal accounts for, plus the estimate for an open ask that may never be answered."""
+        return self.tokens_used + (self.asked_tokens if self.asking else 0)
 
     def pending_step(self, step_no: int) -> ActionRequested | None:
         return next((p for p in self.pending if p.step_no == step_no), None)
