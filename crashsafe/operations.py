@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import sys
+import time
 from pathlib import Path
 from typing import cast
 
