@@ -37,6 +37,14 @@ test *args:
 test-unit *args:
     {{bin}}/pytest -m unit tests/unit {{args}}
 
+# mutation testing of contracts and the pure cores on tests/unit (mutmut, 2 workers); ARGS: mutant names or globs
+mutate *args:
+    {{bin}}/python -c 'import mutmut' 2>/dev/null || {{bin}}/pip install -q -e '.[dev,mutation]'
+    {{bin}}/mutmut run --max-children 2 {{args}}
+    @{{bin}}/mutmut export-cicd-stats >/dev/null && cat mutants/mutmut-cicd-stats.json && echo
+    @echo "not killed (mutmut show NAME for the diff):"
+    @{{bin}}/mutmut results
+
 # ruff (lint and format) and mypy (strict on contracts and the pure cores), as CI runs them
 lint:
     {{bin}}/ruff check .
