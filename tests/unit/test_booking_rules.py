@@ -10,8 +10,8 @@ import pytest
 from contracts.errors import ErrorCode
 from contracts.keys import action_key, compensation_key, input_hash
 from contracts.run_events import ActionRequested, RunHandedOff, ToolRejected
-from services.runtime.core.decide import AskModel, next_move
-from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, started
+from services.runtime.core.decide import AskModel, model_answered, next_move
+from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
 
 
 # Typed rejections: nothing bad ever reaches an executor -------------------------------------------------------
@@ -190,3 +190,78 @@ def test_a_refused_compensation_ends_the_run_instead_of_looping() -> None:
             break
         run.decide()
     assert run.state.status == "handed_off", [type(e).__name__ for e in run.events[-5:]]
+
+
+def test_a_charge_for_a_released_booking_is_refunded_once_with_the_amount_charged() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    (failed,) = run.decide()
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    run.complete(release.step_no)
+    # The model pays the released booking again, and this time the provider takes the money.
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested) and payment.tool == "create_payment"
+    charged = run.complete(payment.step_no)
+
+    (refund,) = run.decide()
+
+    assert isinstance(refund, ActionRequested)
+    assert (refund.tool, refund.origin, refund.key) == (
+        "refund_payment",
+        "compensation",
+        compensation_key(payment.key, "refund"),
+    )
+    assert refund.args == {
+        "payment_id": charged.result["payment_id"],
+        "amount_cents": payment.args["amount_cents"],
+        "booking_id": booking_id,
+    }
+    assert payment.args["amount_cents"] == 2 * NIGHTLY
+    assert BOOKING.compensations(run.state, ending=True) == ()  # in flight: not asked for again
+    run.complete(refund.step_no)
+    assert BOOKING.compensations(run.state, ending=True) == ()  # done: not asked for again
+    assert isinstance(next_move(run.state, BOOKING, run.tick()), AskModel)
+
+
+def test_a_release_in_flight_or_refused_is_no_release_and_its_charge_is_kept() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    (failed,) = run.decide()
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    # A payment journaled while the release is still in flight (the runtime waits for it; the rule must too).
+    again = reply_of((call("create_payment", {"booking_id": booking_id}, "call_pay_again"),))
+    run.add(model_answered(run.state, again, run.tick()))
+    (payment,) = run.decide()
+    run.complete(payment.step_no)
+    assert BOOKING.compensations(run.state, ending=True) == ()
+    run.complete(release.step_no, status="failed")
+    assert BOOKING.compensations(run.state, ending=True) == ()
+
+
+def test_a_released_booking_is_refunded_next_to_a_hold_that_is_kept() -> None:
+    run = Run(started())
+    run.answer(BOOK)
+    (first,) = run.decide()
+    run.complete(first.step_no)  # held, not paid, and the run goes on: nothing to undo yet
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+    )
+    (second,) = run.decide()
+    booking_id = run.complete(second.step_no).result["booking_id"]
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    (failed,) = run.decide()
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    assert release.args == {"booking_id": booking_id}  # type: ignore[union-attr]
+    run.complete(release.step_no)
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
+    (payment,) = run.decide()
+    run.complete(payment.step_no)
+
+    (refund,) = run.decide()
+
+    assert isinstance(refund, ActionRequested)
+    assert (refund.tool, refund.args["booking_id"]) == ("refund_payment", booking_id)
