@@ -10,7 +10,7 @@ import importlib
 import json
 import os
 import pkgutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -419,75 +419,85 @@ def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
 
 
 @pytest.mark.parametrize(
-    ("error", "code", "retry", "details"),
+    ("make", "code", "retry", "details"),
     [
-        (InvalidRequest("unreadable", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
-        (UnprocessableBody("bad field"), "invalid_request", "none", {}),
+        (lambda: InvalidRequest("unreadable", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
+        (lambda: UnprocessableBody("bad field"), "invalid_request", "none", {}),
         (
-            UnknownAgent("concierge", known=["booking"]),
+            lambda: UnknownAgent("concierge", known=["booking"]),
             "invalid_request",
             "none",
             {"agent": "concierge", "known": ["booking"]},
         ),
-        (UnknownAgent("a" * 100, known=[]), "invalid_request", "none", {"agent": "a" * 64, "known": []}),
         (
-            InvalidSetting(variable="CRASHSAFE_PARTITIONS", value="x" * 300, expected="0-3"),
+            lambda: UnknownAgent("a" * 100, known=[]),
+            "invalid_request",
+            "none",
+            {"agent": "a" * 64, "known": []},
+        ),
+        (
+            lambda: InvalidSetting(variable="CRASHSAFE_PARTITIONS", value="x" * 300, expected="0-3"),
             "invalid_setting",
             "none",
             {"variable": "CRASHSAFE_PARTITIONS", "value": "x" * 200, "expected": "0-3"},
         ),
         (
-            BodyTooLarge(size=20_000, limit=16_384),
+            lambda: BodyTooLarge(size=20_000, limit=16_384),
             "body_too_large",
             "none",
             {"size": 20_000, "limit": 16_384},
         ),
         (
-            IdempotencyConflict(key="k-1", run_id="run_x"),
+            lambda: IdempotencyConflict(key="k-1", run_id="run_x"),
             "idempotency_conflict",
             "none",
             {"key": "k-1", "run_id": "run_x"},
         ),
-        (RunNotFound(run_id="run_x"), "run_not_found", "none", {"run_id": "run_x"}),
+        (lambda: RunNotFound(run_id="run_x"), "run_not_found", "none", {"run_id": "run_x"}),
         (
-            RunVersionConflict(subject="crashsafe.run.run_x", expected_seq=3),
+            lambda: RunVersionConflict(subject="crashsafe.run.run_x", expected_seq=3),
             "run_version_conflict",
             "retry_later",
             {"subject": "crashsafe.run.run_x", "expected_seq": 3},
         ),
         (
-            SubjectFull(subject="crashsafe.inbound.run_x"),
+            lambda: SubjectFull(subject="crashsafe.inbound.run_x"),
             "subject_full",
             "none",
             {"subject": "crashsafe.inbound.run_x"},
         ),
         (
-            BrokerUnavailable("no JetStream", url="nats://n:4222"),
+            lambda: BrokerUnavailable("no JetStream", url="nats://n:4222"),
             "broker_unavailable",
             "retry_later",
             {"url": "nats://n:4222"},
         ),
         (
-            BrokerUnavailable("no JetStream", subject="s"),
+            lambda: BrokerUnavailable("no JetStream", subject="s"),
             "broker_unavailable",
             "retry_later",
             {"subject": "s"},
         ),
-        (ModelUnavailable("timed out", model="m-1"), "model_unavailable", "retry_later", {"model": "m-1"}),
         (
-            PoisonMessage("undecodable", key="k-1", run_id="run_x", missing=["booking_id"]),
+            lambda: ModelUnavailable("timed out", model="m-1"),
+            "model_unavailable",
+            "retry_later",
+            {"model": "m-1"},
+        ),
+        (
+            lambda: PoisonMessage("undecodable", key="k-1", run_id="run_x", missing=["booking_id"]),
             "poison_message",
             "poison",
             {"key": "k-1", "run_id": "run_x", "missing": ["booking_id"]},
         ),
-        (PoisonMessage("undecodable"), "poison_message", "poison", {}),
-        (CrashsafeError("legacy", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
+        (lambda: PoisonMessage("undecodable"), "poison_message", "poison", {}),
+        (lambda: CrashsafeError("legacy", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
     ],
-    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None,
 )
 def test_an_error_travels_as_its_code_retry_class_and_facts(
-    error: CrashsafeError, code: str, retry: str, details: dict[str, Any]
+    make: Callable[[], CrashsafeError], code: str, retry: str, details: dict[str, Any]
 ) -> None:
+    error = make()  # built here, not at import: a constructor's mutant is live only while a test runs
     info = error.info()
     assert (info.code, info.retry, info.details) == (code, retry, details)
     assert info.message == error.message
