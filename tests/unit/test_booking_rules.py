@@ -378,3 +378,30 @@ def test_two_refused_compensations_of_one_decision_take_consecutive_steps_and_ar
     assert compensation_key(first.key, "release") in handed.detail  # type: ignore[union-attr]
     assert compensation_key(second.key, "release") in handed.detail  # type: ignore[union-attr]
     assert run.state.next_step == second.step_no + 4
+
+
+def test_each_charge_for_a_released_booking_gets_its_own_refund() -> None:
+    """A refund already asked for one charge must not stand in for another charge's refund."""
+    run = Run(started())
+    run.answer(
+        BOOK,
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"}),
+    )
+    bookings = run.decide()
+    first, second = (run.complete(b.step_no).result["booking_id"] for b in bookings)
+    refunds = []
+    for booking_id in (first, second):
+        run.answer(call("create_payment", {"booking_id": booking_id}, f"pay_{booking_id}"))
+        (failed,) = run.decide()
+        run.complete(failed.step_no, status="failed")
+        (release,) = run.decide()
+        run.complete(release.step_no)
+        run.answer(call("create_payment", {"booking_id": booking_id}, f"pay_again_{booking_id}"))
+        (payment,) = run.decide()
+        run.complete(payment.step_no)
+        (refund,) = run.decide()
+        assert isinstance(refund, ActionRequested) and refund.tool == "refund_payment"
+        assert refund.key == compensation_key(payment.key, "refund")
+        run.complete(refund.step_no)
+        refunds.append(refund.args["booking_id"])
+    assert refunds == [first, second]

@@ -131,6 +131,13 @@ def test_a_summary_is_what_get_run_answers() -> None:
         handoff_reason="deadline",
         pending_actions=[email.key],
     )
+    asked = Run(started())
+    asked.answer(text="Which city?")
+    asked.decide()
+    assert (summarize(asked.state).status, summarize(asked.state).reply) == (
+        RunStatus.COMPLETED,
+        "Which city?",
+    )
 
 
 def test_duplicate_and_stray_completions_are_ignored() -> None:
