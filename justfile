@@ -37,6 +37,14 @@ test *args:
 test-unit *args:
     {{bin}}/pytest -m unit tests/unit {{args}}
 
+# mutation testing of contracts and the pure cores on tests/unit (mutmut, 2 workers); ARGS: mutant names or globs
+mutate *args:
+    {{bin}}/python -c 'import mutmut' 2>/dev/null || {{bin}}/pip install -q -e '.[dev,mutation]'
+    PATH="$PWD/{{bin}}:$PATH" {{bin}}/mutmut run --max-children 2 {{args}}  # mypy, for type_check_command
+    @echo "mutants by status:" && {{bin}}/mutmut results --all true | sed 's/.*: //' | sort | uniq -c
+    @echo "not killed (mutmut show NAME for the diff; docs/testing.md says why each is harmless):"
+    @{{bin}}/mutmut results | grep -v ': caught by type check$' || true
+
 # ruff (lint and format) and mypy (strict on contracts and the pure cores), as CI runs them
 lint:
     {{bin}}/ruff check .

@@ -4,6 +4,7 @@ Here `audit()` on hand-built journals; tests/e2e/test_audit_stack.py audits a wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -248,11 +249,32 @@ def test_two_journaled_charges_for_one_booking_are_a_double_charge() -> None:
 
     (finding,) = world.findings()
 
-    assert finding.kind == "double_charge" and finding.run_id == "run_a"
+    assert (finding.kind, finding.key, finding.run_id) == ("double_charge", keys["create_payment"], "run_a")
     assert (
         keys["create_payment"] in finding.detail
         and second in finding.detail
         and keys["booking_id"] in finding.detail
+    )
+
+
+def test_a_failed_charge_is_no_charge_and_does_not_hide_the_ones_after_it() -> None:
+    world = World()
+    run = Run("run_a")
+    run.act("create_booking", {"hotel_id": "lis-1"}, result={"booking_id": "bk_1"})
+    run.act("create_payment", {"booking_id": "bk_1"}, status="failed")
+    first = run.act("create_payment", {"booking_id": "bk_1"}, result={"payment_id": "pay_1"})
+    second = run.act("create_payment", {"booking_id": "bk_1"}, result={"payment_id": "pay_2"})
+    world.runs.append(run.end())
+    world.effect("booking", action_key("run_a", 1), "bk_1")
+    world.found[action_key("run_a", 2)] = False
+    world.effect("charge", first, "pay_1")
+    world.effect("charge", second, "pay_2")
+
+    (finding,) = world.findings()
+
+    assert (finding.kind, finding.key, finding.run_id) == ("double_charge", first, "run_a")
+    assert (
+        first in finding.detail and second in finding.detail and action_key("run_a", 2) not in finding.detail
     )
 
 
@@ -296,6 +318,30 @@ def test_a_refunded_charge_for_a_released_booking_is_consistent() -> None:
 def test_a_released_booking_whose_refund_is_still_coming_is_not_yet_an_orphan() -> None:
     world, _ = _released_after_payment(refund=False, end=False)
     assert world.findings() == []
+
+
+def test_a_duplicate_effect_under_a_compensation_key_names_the_run() -> None:
+    world, keys = _released_after_payment(refund=False, end=False)
+    release = compensation_key(keys["create_booking"], "release")
+    world.ledger.append({"kind": "booking_release", "key": release, "ref": keys["booking_id"]})
+
+    (finding,) = world.findings()
+
+    assert (finding.kind, finding.key, finding.run_id) == ("duplicate_effect", release, "run_a")
+
+
+def test_a_tool_with_no_record_to_check_or_not_in_this_deployment_is_not_judged() -> None:
+    world = World()
+    run = Run("run_a")
+    key = run.act("create_payment", {"booking_id": "bk_1"}, result={"payment_id": "pay_1"})
+    world.runs.append(run.end())
+    world.found[key] = False  # a success the provider does not hold: a finding, if the tool can be checked
+    journals = {r.run_id: r.events for r in world.runs}
+    unaudited = dataclasses.replace(STAYHUB.tools["create_payment"], audited=False)
+
+    assert [f.kind for f in world.findings()] == ["success_without_effect"]
+    assert audit(journals, None, world.found, {"create_payment": unaudited}) == []
+    assert audit(journals, None, world.found, {}) == []
 
 
 def test_reads_and_keys_nobody_could_look_up_are_not_judged() -> None:

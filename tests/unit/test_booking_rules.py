@@ -10,8 +10,8 @@ import pytest
 from contracts.errors import ErrorCode
 from contracts.keys import action_key, compensation_key, input_hash
 from contracts.run_events import ActionRequested, RunHandedOff, ToolRejected
-from services.runtime.core.decide import AskModel, next_move
-from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, started
+from services.runtime.core.decide import AskModel, model_answered, next_move
+from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
 
 
 # Typed rejections: nothing bad ever reaches an executor -------------------------------------------------------
@@ -31,6 +31,11 @@ from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, cal
         (
             "create_booking",
             '{"hotel_id": "lis-1", "check_in": "2026-02-30", "check_out": "2026-03-02"}',
+            ErrorCode.INVALID_TOOL_ARGUMENTS,
+        ),
+        (
+            "create_booking",
+            '{"hotel_id": "lis-1", "check_in": "2026-12-01"}',
             ErrorCode.INVALID_TOOL_ARGUMENTS,
         ),
         (
@@ -98,6 +103,10 @@ def test_payment_amount_comes_from_the_journaled_booking() -> None:
     run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
     (again,) = run.decide()
     assert isinstance(again, ToolRejected) and "already paid" in again.error.message
+    assert (again.error.code, again.error.details) == (
+        ErrorCode.INVALID_TOOL_ARGUMENTS.value,
+        {"booking_id": booking_id},
+    )
 
 
 def test_two_payments_in_one_model_answer_request_one_charge() -> None:
@@ -122,7 +131,11 @@ def test_a_failed_booking_cannot_be_paid() -> None:
     run.complete(booking.step_no, status="failed", result={"booking_id": "bk_failed"})
     run.answer(call("create_payment", {"booking_id": "bk_failed"}))
     (rejected,) = run.decide()
-    assert isinstance(rejected, ToolRejected) and rejected.error.code == ErrorCode.UNKNOWN_BOOKING.value
+    assert isinstance(rejected, ToolRejected)
+    assert (rejected.error.code, rejected.error.details) == (
+        ErrorCode.UNKNOWN_BOOKING.value,
+        {"booking_id": "bk_failed"},
+    )
 
 
 def test_server_fields_override_what_the_model_sends() -> None:
@@ -190,3 +203,205 @@ def test_a_refused_compensation_ends_the_run_instead_of_looping() -> None:
             break
         run.decide()
     assert run.state.status == "handed_off", [type(e).__name__ for e in run.events[-5:]]
+
+
+def test_a_charge_for_a_released_booking_is_refunded_once_with_the_amount_charged() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    (failed,) = run.decide()
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    run.complete(release.step_no)
+    # The model pays the released booking again, and this time the provider takes the money.
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested) and payment.tool == "create_payment"
+    charged = run.complete(payment.step_no)
+
+    (refund,) = run.decide()
+
+    assert isinstance(refund, ActionRequested)
+    assert (refund.tool, refund.origin, refund.key) == (
+        "refund_payment",
+        "compensation",
+        compensation_key(payment.key, "refund"),
+    )
+    assert refund.args == {
+        "payment_id": charged.result["payment_id"],
+        "amount_cents": payment.args["amount_cents"],
+        "booking_id": booking_id,
+    }
+    assert payment.args["amount_cents"] == 2 * NIGHTLY
+    assert BOOKING.compensations(run.state, ending=True) == ()  # in flight: not asked for again
+    run.complete(refund.step_no)
+    assert BOOKING.compensations(run.state, ending=True) == ()  # done: not asked for again
+    assert isinstance(next_move(run.state, BOOKING, run.tick()), AskModel)
+
+
+def test_a_release_in_flight_or_refused_is_no_release_and_its_charge_is_kept() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    (failed,) = run.decide()
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    # A payment journaled while the release is still in flight (the runtime waits for it; the rule must too).
+    again = reply_of((call("create_payment", {"booking_id": booking_id}, "call_pay_again"),))
+    run.add(model_answered(run.state, again, run.tick()))
+    (payment,) = run.decide()
+    run.complete(payment.step_no)
+    assert BOOKING.compensations(run.state, ending=True) == ()
+    run.complete(release.step_no, status="failed")
+    assert BOOKING.compensations(run.state, ending=True) == ()
+
+
+def test_each_booking_of_a_run_is_compensated_on_its_own() -> None:
+    """A paid booking next to an unpaid one: the unpaid one is released, the paid one kept."""
+    run, paid = booked_run()
+    run.answer(call("create_payment", {"booking_id": paid}, "call_pay"))
+    (payment,) = run.decide()
+    run.complete(payment.step_no)
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+    )
+    (second,) = run.decide()
+    unpaid = run.complete(second.step_no).result["booking_id"]
+    run.answer(call("create_payment", {"booking_id": unpaid}, "call_pay_second"))
+    (other_payment,) = run.decide()
+    assert isinstance(other_payment, ActionRequested)  # a second booking may be paid: one payment per booking
+    run.complete(other_payment.step_no, status="failed")
+
+    (release,) = run.decide()
+
+    assert isinstance(release, ActionRequested)
+    assert (release.tool, release.args) == ("release_booking", {"booking_id": unpaid})
+
+
+def test_a_released_booking_is_refunded_next_to_a_hold_that_is_kept() -> None:
+    run = Run(started())
+    run.answer(BOOK)
+    (first,) = run.decide()
+    run.complete(first.step_no)  # held, not paid, and the run goes on: nothing to undo yet
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+    )
+    (second,) = run.decide()
+    booking_id = run.complete(second.step_no).result["booking_id"]
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    (failed,) = run.decide()
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    assert release.args == {"booking_id": booking_id}  # type: ignore[union-attr]
+    run.complete(release.step_no)
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
+    (payment,) = run.decide()
+    run.complete(payment.step_no)
+
+    (refund,) = run.decide()
+
+    assert isinstance(refund, ActionRequested)
+    assert (refund.tool, refund.args["booking_id"]) == ("refund_payment", booking_id)
+
+
+def test_two_bookings_paid_in_one_model_answer_are_two_payments() -> None:
+    run, first = booked_run()
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+    )
+    (second_booking,) = run.decide()
+    second = run.complete(second_booking.step_no).result["booking_id"]
+    run.answer(
+        call("create_payment", {"booking_id": first}, "call_pay_1"),
+        call("create_payment", {"booking_id": second}, "call_pay_2"),
+    )
+
+    payments = run.decide()
+
+    assert [type(p) for p in payments] == [ActionRequested, ActionRequested]
+    assert [p.args["booking_id"] for p in payments] == [first, second]  # type: ignore[union-attr]
+
+
+def test_a_booking_is_paid_in_the_currency_the_provider_held_it_in() -> None:
+    run = Run(started())
+    run.answer(BOOK)
+    (booking,) = run.decide()
+    run.complete(booking.step_no, result={"booking_id": "bk_gbp", "total_cents": 19_900, "currency": "GBP"})
+    run.answer(call("create_payment", {"booking_id": "bk_gbp"}))
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested)
+    assert (payment.args["amount_cents"], payment.args["currency"]) == (19_900, "GBP")
+
+
+def test_a_stay_of_no_nights_is_refused_with_the_dates_it_was_given() -> None:
+    run = Run(started())
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-1", "check_in": "2026-12-01", "check_out": "2026-12-01"})
+    )
+    (rejected,) = run.decide()
+    assert isinstance(rejected, ToolRejected)
+    assert (rejected.error.code, rejected.error.details) == (
+        ErrorCode.INVALID_TOOL_ARGUMENTS.value,
+        {"check_in": "2026-12-01", "check_out": "2026-12-01"},
+    )
+
+
+def test_a_release_the_provider_refused_hands_the_run_off_naming_it() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}))
+    (payment,) = run.decide()
+    run.complete(payment.step_no, status="failed")
+    (release,) = run.decide()
+    run.complete(release.step_no, status="failed")
+
+    (handed,) = run.decide()
+
+    assert isinstance(handed, RunHandedOff) and handed.reason == "compensation_failed"
+    assert release.key in handed.detail
+
+
+def test_two_refused_compensations_of_one_decision_take_consecutive_steps_and_are_both_named() -> None:
+    run = Run(started())
+    run.answer(
+        BOOK,
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"}),
+    )
+    first, second = run.decide()
+    run.complete(first.step_no, result={"status": "held"})  # providers answered 200 without the ids
+    run.complete(second.step_no, result={"status": "held"})
+    run.answer(text="Your rooms are held.")
+
+    refused = run.decide()  # the run ends: both holds are released, and neither release can be made
+
+    assert [type(e) for e in refused] == [ToolRejected, ToolRejected]
+    assert [e.step_no for e in refused] == [second.step_no + 2, second.step_no + 3]  # type: ignore[union-attr]
+    (handed,) = run.decide()
+    assert isinstance(handed, RunHandedOff) and handed.reason == "compensation_failed"
+    assert compensation_key(first.key, "release") in handed.detail  # type: ignore[union-attr]
+    assert compensation_key(second.key, "release") in handed.detail  # type: ignore[union-attr]
+    assert run.state.next_step == second.step_no + 4
+
+
+def test_each_charge_for_a_released_booking_gets_its_own_refund() -> None:
+    """A refund already asked for one charge must not stand in for another charge's refund."""
+    run = Run(started())
+    run.answer(
+        BOOK,
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"}),
+    )
+    bookings = run.decide()
+    first, second = (run.complete(b.step_no).result["booking_id"] for b in bookings)
+    refunds = []
+    for booking_id in (first, second):
+        run.answer(call("create_payment", {"booking_id": booking_id}, f"pay_{booking_id}"))
+        (failed,) = run.decide()
+        run.complete(failed.step_no, status="failed")
+        (release,) = run.decide()
+        run.complete(release.step_no)
+        run.answer(call("create_payment", {"booking_id": booking_id}, f"pay_again_{booking_id}"))
+        (payment,) = run.decide()
+        run.complete(payment.step_no)
+        (refund,) = run.decide()
+        assert isinstance(refund, ActionRequested) and refund.tool == "refund_payment"
+        assert refund.key == compensation_key(payment.key, "refund")
+        run.complete(refund.step_no)
+        refunds.append(refund.args["booking_id"])
+    assert refunds == [first, second]

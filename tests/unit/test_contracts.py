@@ -10,7 +10,7 @@ import importlib
 import json
 import os
 import pkgutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,23 @@ import pytest
 
 import contracts
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
-from contracts.errors import ErrorInfo
-from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from contracts.errors import (
+    BodyTooLarge,
+    BrokerUnavailable,
+    CrashsafeError,
+    ErrorInfo,
+    IdempotencyConflict,
+    InvalidRequest,
+    InvalidSetting,
+    ModelUnavailable,
+    PoisonMessage,
+    RunNotFound,
+    RunVersionConflict,
+    SubjectFull,
+    UnknownAgent,
+    UnprocessableBody,
+)
+from contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -40,12 +55,14 @@ from contracts.run_events import (
     ToolRejected,
     event_decoder,
     event_encoder,
+    request_for,
 )
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Evidence,
     OutcomeStatus,
+    RecordStatus,
     RuntimeMessage,
     RunWake,
     action_request_decoder,
@@ -372,3 +389,135 @@ def test_no_event_forbids_unknown_fields() -> None:
     """Events never forbid unknown fields; only the HTTP body may (GuestMessage)."""
     strict = {cls.__name__ for cls in _contract_structs() if cls.__struct_config__.forbid_unknown_fields}
     assert strict == {"GuestMessage"}
+
+
+# Messages built from other messages ---------------------------------------------------------------------------
+
+
+def test_a_request_rebuilt_from_its_journaled_intent_is_the_same_request() -> None:
+    """What the reconciler and a resumed runtime send again: the same key, input and deadline, every time."""
+    intent = next(s for s in SAMPLES if isinstance(s, ActionRequested))
+    request = request_for(intent)
+
+    assert request == ActionRequest(
+        run_id=intent.run_id,
+        step_no=intent.step_no,
+        tool=intent.tool,
+        family=intent.family,
+        args=intent.args,
+        key=intent.key,
+        input_hash=intent.input_hash,
+        timeout_s=intent.timeout_s,
+        deadline_at=intent.deadline_at,
+        requested_at=intent.at,
+    )
+    assert (request.key, request.requested_at) == (KEY, AT)
+
+
+def test_the_inbound_message_carries_the_guest_message_field_for_field() -> None:
+    guest = GuestMessage(event_id="evt-1", session_id="sess-1", guest_id="guest-1", text=BOOKING_TEXT)
+    assert InboundMessage.of(guest) == InboundMessage("evt-1", "sess-1", "guest-1", BOOKING_TEXT)
+
+
+@pytest.mark.parametrize(
+    ("status", "row"),
+    [
+        (OutcomeStatus.SUCCEEDED, RecordStatus.SUCCEEDED),
+        (OutcomeStatus.FAILED, RecordStatus.FAILED),
+        (OutcomeStatus.UNKNOWN, RecordStatus.UNKNOWN),
+        (OutcomeStatus.CONFLICT, RecordStatus.UNKNOWN),
+    ],
+)
+def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
+    status: OutcomeStatus, row: RecordStatus
+) -> None:
+    assert RecordStatus.of(status) is row
+    assert row.settled == (status in (OutcomeStatus.SUCCEEDED, OutcomeStatus.FAILED))
+
+
+# Errors travel as ErrorInfo: a stable code, a retry class and the facts (the message is for people) ------------
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "retry", "details"),
+    [
+        (lambda: InvalidRequest("unreadable", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
+        (lambda: UnprocessableBody("bad field"), "invalid_request", "none", {}),
+        (
+            lambda: UnknownAgent("concierge", known=["booking"]),
+            "invalid_request",
+            "none",
+            {"agent": "concierge", "known": ["booking"]},
+        ),
+        (
+            lambda: UnknownAgent("a" * 100, known=[]),
+            "invalid_request",
+            "none",
+            {"agent": "a" * 64, "known": []},
+        ),
+        (
+            lambda: InvalidSetting(variable="CRASHSAFE_PARTITIONS", value="x" * 300, expected="0-3"),
+            "invalid_setting",
+            "none",
+            {"variable": "CRASHSAFE_PARTITIONS", "value": "x" * 200, "expected": "0-3"},
+        ),
+        (
+            lambda: BodyTooLarge(size=20_000, limit=16_384),
+            "body_too_large",
+            "none",
+            {"size": 20_000, "limit": 16_384},
+        ),
+        (
+            lambda: IdempotencyConflict(key="k-1", run_id="run_x"),
+            "idempotency_conflict",
+            "none",
+            {"key": "k-1", "run_id": "run_x"},
+        ),
+        (lambda: RunNotFound(run_id="run_x"), "run_not_found", "none", {"run_id": "run_x"}),
+        (
+            lambda: RunVersionConflict(subject="crashsafe.run.run_x", expected_seq=3),
+            "run_version_conflict",
+            "retry_later",
+            {"subject": "crashsafe.run.run_x", "expected_seq": 3},
+        ),
+        (
+            lambda: SubjectFull(subject="crashsafe.inbound.run_x"),
+            "subject_full",
+            "none",
+            {"subject": "crashsafe.inbound.run_x"},
+        ),
+        (
+            lambda: BrokerUnavailable("no JetStream", url="nats://n:4222"),
+            "broker_unavailable",
+            "retry_later",
+            {"url": "nats://n:4222"},
+        ),
+        (
+            lambda: BrokerUnavailable("no JetStream", subject="s"),
+            "broker_unavailable",
+            "retry_later",
+            {"subject": "s"},
+        ),
+        (
+            lambda: ModelUnavailable("timed out", model="m-1"),
+            "model_unavailable",
+            "retry_later",
+            {"model": "m-1"},
+        ),
+        (
+            lambda: PoisonMessage("undecodable", key="k-1", run_id="run_x", missing=["booking_id"]),
+            "poison_message",
+            "poison",
+            {"key": "k-1", "run_id": "run_x", "missing": ["booking_id"]},
+        ),
+        (lambda: PoisonMessage("undecodable"), "poison_message", "poison", {}),
+        (lambda: CrashsafeError("legacy", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
+    ],
+)
+def test_an_error_travels_as_its_code_retry_class_and_facts(
+    make: Callable[[], CrashsafeError], code: str, retry: str, details: dict[str, Any]
+) -> None:
+    error = make()  # built here, not at import: a constructor's mutant is live only while a test runs
+    info = error.info()
+    assert (info.code, info.retry, info.details) == (code, retry, details)
+    assert info.message == error.message

@@ -6,12 +6,33 @@ from datetime import timedelta
 
 import pytest
 
+from contracts.errors import ErrorCode
 from contracts.keys import action_key
-from contracts.run_events import ActionRequested, Budget, RunCompleted, RunHandedOff
-from services.runtime.core.decide import Append, AskModel, AwaitActions, Idle, next_move, plan_calls
+from contracts.run_events import ActionRequested, Budget, RunCompleted, RunHandedOff, ToolCall, ToolRejected
+from services.runtime.core.decide import (
+    Append,
+    AskModel,
+    AwaitActions,
+    Idle,
+    model_answered,
+    next_move,
+    plan_calls,
+)
 from services.runtime.core.fold import fold_run
 from tests.support.journals import decision_steps
-from tests.support.runs import BOOK, BOOKING, RUN, SEARCH, STEPS5, T0, Run, booked_run, call, started
+from tests.support.runs import (
+    BOOK,
+    BOOKING,
+    RUN,
+    SEARCH,
+    STEPS5,
+    T0,
+    Run,
+    booked_run,
+    call,
+    reply_of,
+    started,
+)
 
 
 # Ended runs ---------------------------------------------------------------------------------------------------
@@ -25,7 +46,7 @@ def test_terminal_runs_are_idle() -> None:
     assert run.state.status == "completed" and run.state.outcome == "completed"
     assert next_move(run.state, BOOKING, run.tick()) == Idle()
     handed = fold_run(fold_run(None, started()), RunHandedOff(run_id=RUN, at=T0, reason="deadline"))
-    assert (handed.status, handed.handoff_reason) == ("handed_off", "deadline")
+    assert (handed.status, handed.outcome, handed.handoff_reason) == ("handed_off", "handed_off", "deadline")
     assert next_move(handed, BOOKING, T0) == Idle()
 
 
@@ -84,6 +105,83 @@ def test_deadline_hands_off_and_caps_each_action_timeout() -> None:
     assert payment.deadline_at == run.state.deadline_at
 
 
+def test_a_tool_call_the_model_made_before_the_deadline_is_not_planned_at_or_after_it() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}))
+    for now in (run.state.deadline_at, run.state.deadline_at + timedelta(seconds=5)):
+        move = next_move(run.state, BOOKING, now)
+        assert isinstance(move, Append)
+        (handed,) = move.events
+        assert (
+            isinstance(handed, RunHandedOff)
+            and handed.reason == "deadline"
+            and "create_payment" in handed.detail
+        )
+
+
+def test_a_step_gets_the_fraction_of_a_second_the_run_has_left() -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}))
+    move = next_move(run.state, BOOKING, run.state.deadline_at - timedelta(seconds=0.5))
+    assert isinstance(move, Append)
+    (payment,) = move.events
+    assert isinstance(payment, ActionRequested) and payment.timeout_s == pytest.approx(0.5)
+
+
+def test_a_compensation_gets_its_full_timeout_whatever_the_deadline() -> None:
+    """Undoing an effect must not be starved by the deadline that ended the run (a release takes up to 5 s)."""
+    late = Run(started())
+    late.answer(BOOK)
+    (booking,) = late.decide()
+    late.complete(booking.step_no)
+    late.now = late.state.deadline_at + timedelta(seconds=1)  # the run is over; its hold is never paid
+    (release,) = late.decide()
+    assert isinstance(release, ActionRequested) and release.tool == "release_booking"
+    assert (release.timeout_s, release.deadline_at) == (5.0, late.now + timedelta(seconds=5))
+
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id}))
+    (payment,) = run.decide()
+    run.complete(payment.step_no, status="failed")
+    run.now = run.state.deadline_at - timedelta(seconds=2)
+    (release,) = run.decide()
+    assert isinstance(release, ActionRequested) and release.tool == "release_booking"
+    assert release.timeout_s == 5.0
+
+
+# Reading the model's calls ------------------------------------------------------------------------------------
+
+
+def test_a_model_answer_with_tool_calls_journals_no_reply() -> None:
+    state = fold_run(None, started())
+    answered = model_answered(state, reply_of((SEARCH,), text="Let me look."), T0)
+    assert (answered.tool_calls, answered.reply) == ([SEARCH], None)
+    assert model_answered(state, reply_of((), text="Which city?"), T0).reply == "Which city?"
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "code"),
+    [
+        ("transfer_money", "{}", ErrorCode.UNKNOWN_TOOL),
+        ("search_hotels", "{not json", ErrorCode.INVALID_TOOL_ARGUMENTS),
+        ("search_hotels", '["Lisbon"]', ErrorCode.INVALID_TOOL_ARGUMENTS),
+    ],
+)
+def test_a_call_the_runtime_cannot_read_is_rejected_naming_the_tool(
+    name: str, arguments: str, code: ErrorCode
+) -> None:
+    state = fold_run(None, started())
+    (rejected,) = plan_calls(state, BOOKING, (ToolCall(call_id="c1", name=name, arguments=arguments),), T0)
+    assert isinstance(rejected, ToolRejected)
+    assert (rejected.error.code, rejected.error.details) == (code.value, {"tool": name})
+
+
+def test_a_call_with_empty_arguments_is_a_call_with_no_arguments() -> None:
+    state = fold_run(None, started(agent="steps5"))
+    (requested,) = plan_calls(state, STEPS5, (ToolCall(call_id="c1", name="noop", arguments=""),), T0)
+    assert isinstance(requested, ActionRequested) and requested.args == {"i": 0, "sleep_ms": 0}
+
+
 # The steps5 plan ----------------------------------------------------------------------------------------------
 
 
@@ -108,6 +206,13 @@ def test_steps5_plan_makes_five_actions_then_completes() -> None:
     assert [c["call_id"] for c in calls] == [
         f"plan-{i}" for i in range(1, 6)
     ]  # the plan's calls are in the model's view
+    assert calls[0] == {
+        "type": "function_call",
+        "call_id": "plan-1",
+        "name": "noop",
+        "arguments": '{"i":1,"sleep_ms":0}',
+    }
+    assert run.state.final_reply == "5 steps done"
     assert run.state.model_steps == 0 and run.state.action_steps == 5
 
 

@@ -9,9 +9,18 @@ import msgspec
 import pytest
 
 from contracts.keys import action_key
-from contracts.run_events import ActionRequested, RunCompleted, RunNudged, RunResumed, ToolRejected
+from contracts.run_events import (
+    ActionRequested,
+    RunCompleted,
+    RunHandedOff,
+    RunNudged,
+    RunResumed,
+    RunStatus,
+    ToolRejected,
+)
 from services.runtime.core.decide import next_move
-from services.runtime.core.fold import fold_run, replay
+from services.runtime.core.fold import fold_run, replay, summarize
+from services.runtime.core.state import Summary
 from tests.support.journals import decision_steps
 from tests.support.runs import BOOK, BOOKING, RUN, SEARCH, T0, Run, booked_run, call, receipt, started
 
@@ -68,6 +77,67 @@ def test_a_failed_receipt_reaches_the_model_as_an_error_output() -> None:
         "error": {"code": "sim_failed", "message": "simulated failed"},
         "status": "failed",
     }
+
+
+def test_a_failed_receipt_without_error_details_reaches_the_model_with_its_status_as_the_code() -> None:
+    run = Run(started())
+    run.answer(SEARCH)
+    (requested,) = run.decide()
+    run.add(msgspec.structs.replace(receipt(requested, run.tick(), "failed"), error=None))
+    assert json.loads(run.state.transcript[-1]["output"]) == {
+        "error": {"code": "failed", "message": ""},
+        "status": "failed",
+    }
+
+
+def test_a_second_run_started_in_an_old_journal_changes_nothing() -> None:
+    run = Run(started())
+    run.answer(SEARCH)
+    again = started(at=run.tick())
+    assert fold_run(run.state, again) == dataclasses.replace(
+        run.state, events=run.state.events + 1, last_event_at=again.at
+    )
+
+
+def test_a_summary_is_what_get_run_answers() -> None:
+    run, _ = booked_run()
+    run.answer(
+        call(
+            "send_confirmation_email",
+            {"booking_id": run.state.succeeded_results("create_booking")[0]["booking_id"]},
+        )
+    )
+    (email,) = run.decide()
+    assert summarize(run.state) == Summary(
+        run_id=RUN,
+        status=RunStatus.RUNNING,
+        agent="booking",
+        steps=6,
+        tokens_used=45,
+        outcome=None,
+        reply=None,
+        handoff_reason=None,
+        pending_actions=[email.key],
+    )
+    handed = run.add(RunHandedOff(run_id=RUN, at=run.tick(), reason="deadline"))
+    assert summarize(handed) == Summary(
+        run_id=RUN,
+        status=RunStatus.HANDED_OFF,
+        agent="booking",
+        steps=6,
+        tokens_used=45,
+        outcome=RunStatus.HANDED_OFF,
+        reply=None,
+        handoff_reason="deadline",
+        pending_actions=[email.key],
+    )
+    asked = Run(started())
+    asked.answer(text="Which city?")
+    asked.decide()
+    assert (summarize(asked.state).status, summarize(asked.state).reply) == (
+        RunStatus.COMPLETED,
+        "Which city?",
+    )
 
 
 def test_duplicate_and_stray_completions_are_ignored() -> None:
@@ -163,6 +233,7 @@ def test_only_an_unknown_outcome_is_settled_by_a_later_completion() -> None:
     found = receipt(payment, run.tick(), "succeeded")
     settled = fold_run(run.state, found)
     assert settled.completed[-1] == (payment, found) and unknown not in [d for _, d in settled.completed]
+    assert settled.completed[:-1] == run.state.completed[:-1]  # only that step learns its outcome
     assert settled.unknown_step(payment.step_no) is None
     assert settled.transcript == run.state.transcript  # the model already heard "unknown"; nothing is re-told
     assert settled.succeeded_results("create_payment") == [found.result]

@@ -72,3 +72,19 @@ def test_one_table_maps_every_other_error_to_its_status() -> None:
     assert status_for(RunVersionConflict(subject="crashsafe.run.run_x", expected_seq=3)) == 409
     assert status_for(BrokerUnavailable("no JetStream")) == 503
     assert status_for(ModelUnavailable("model down")) == 500  # not the gateway's to answer: no entry
+
+
+def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_413_with_the_sizes() -> None:
+    body = raw()
+    at_limit = body + b" " * (MAX_BODY_BYTES - len(body))  # trailing whitespace is still one JSON object
+    assert len(at_limit) == MAX_BODY_BYTES and admit(at_limit, None).key == "evt-1"
+    with pytest.raises(BodyTooLarge) as refused:
+        admit(at_limit + b" ", None)
+    assert refused.value.details() == {"size": MAX_BODY_BYTES + 1, "limit": MAX_BODY_BYTES}
+
+
+def test_a_key_of_exactly_200_characters_is_a_key_and_201_is_refused_naming_it() -> None:
+    assert admit(raw(), "k" * 200).key == "k" * 200
+    with pytest.raises(InvalidRequest) as refused:
+        admit(raw(), "k" * 201)
+    assert refused.value.details() == {"key": "k" * 200}  # the facts keep at most the first 200 characters

@@ -115,8 +115,20 @@ def test_events_of_a_run_started_before_the_look_back_window_are_ignored() -> No
     pay = intent("run_old", 6, t=3)
 
     work = fold(pay, RunNudged(run_id="run_old", at=at(5), by="r", reason="x"), done(pay, t=6))
+    observe(work, RunCompleted(run_id="run_old", at=at(7), reply="done"))
+    observe(work, RunHandedOff(run_id="run_older", at=at(7), reason="deadline"))
 
     assert work.runs == {} and work.requests == {} and work.unknown == {}
+
+
+def test_a_completion_journaled_twice_is_folded_once() -> None:
+    """An outcome redelivered can be journaled twice; the projection must take the second one in its stride."""
+    pay = intent("run_a", 6, t=3)
+    work = fold(started("run_a"), pay, done(pay, t=10))
+
+    observe(work, done(pay, t=11))
+
+    assert work.runs["run_a"] == OpenRun(last_at=at(11)) and work.requests == {} and work.unknown == {}
 
 
 def test_other_events_only_move_the_runs_clock() -> None:
@@ -182,6 +194,16 @@ def test_an_overdue_action_is_asked_about_again_with_a_doubling_pause() -> None:
     assert asked_at == [12, 22, 42, 82, 162]
 
 
+def test_every_overdue_action_is_found_whatever_comes_before_it() -> None:
+    slow = intent("run_a", 6, t=0, timeout_s=100)  # not yet due at 50 s
+    asked = intent("run_a", 7, t=0)  # due, but asked about 1 s ago
+    due = intent("run_a", 8, t=0)
+    work = fold(started("run_a"), slow, asked, due)
+    ask(work, asked, at(49))
+
+    assert overdue_actions(work, at(50), GRACE, REASK) == [due]
+
+
 def test_the_pause_between_asks_is_at_most_five_minutes() -> None:
     pay = intent("run_a", 6, t=0)
     work = fold(started("run_a"), pay)
@@ -240,8 +262,8 @@ def test_a_run_with_nothing_in_flight_and_a_quiet_journal_is_stalled() -> None:
 
 
 def test_a_run_waiting_on_an_action_is_not_stalled_however_quiet() -> None:
-    work = fold(started("run_a"), intent("run_a", 6, t=3))
-    assert stalled_runs(work, at(10_000), QUIET) == []
+    work = fold(started("run_a"), intent("run_a", 6, t=3), started("run_b"))
+    assert stalled_runs(work, at(10_000), QUIET) == ["run_b"]
 
 
 def test_a_woken_run_is_woken_again_only_after_another_quiet_period() -> None:

@@ -117,7 +117,9 @@ class BookingAgent:
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
     ) -> dict[str, Any] | ErrorInfo:
-        if "amount" in args or "amount_cents" in args:
+        # The model never names an amount. A compensation (never offered to the model) carries the amount of the
+        # journaled charge it undoes, which the server computed: `compensations` builds a refund's arguments.
+        if tool.name in self.tools and ("amount" in args or "amount_cents" in args):
             return _invalid("the amount is computed by the server from the booking; pass only booking_id")
         match tool.name:
             case "search_hotels":

@@ -1,0 +1,154 @@
+"""Keys, subjects, streams and consumers (contracts/keys.py, subjects.py, streams.py) are named once and never drift.
+
+A run id, an input hash or a partition computed by an older release must come out the same after an upgrade (a
+redelivery must find its run, its key's store, and its hash to compare), so the values are pinned, not recomputed."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.inbound import GuestMessage
+from contracts.keys import inbound_hash, input_hash, is_run_id, partition_of, run_id_for
+from contracts.streams import Retention, StreamSpec, executor_consumer, runtime_consumers, stream_specs
+from contracts.subjects import Namespace, StreamKind
+
+MESSAGE = GuestMessage(event_id="evt-1", session_id="s-1", guest_id="g-1", text="hi")
+
+
+# Keys ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_run_id_is_derived_from_the_inbound_key_and_never_changes() -> None:
+    assert run_id_for("evt-1") == "run_82d669b2bf3438bbe1277969"
+    assert is_run_id(run_id_for("evt-1")) and is_run_id(run_id_for("x" * 200))
+    assert not is_run_id("run_82d669b2bf3438bbe127796") and not is_run_id("run_*")
+
+
+def test_an_input_hash_is_sha256_of_sorted_canonical_json() -> None:
+    assert input_hash({"b": 1, "a": [2, "x"]}) == (
+        "bbb8e7667558a86d3622dafcc40ea84605d1835a87b06ee47ea8adac48be8d7a"  # sha256(b'{"a":[2,"x"],"b":1}')
+    )
+
+
+def test_an_inbound_key_is_bound_to_the_message_and_the_agent() -> None:
+    """The hash `run.started` keeps: the same key with another body or agent is a 409, never a second run."""
+    assert (
+        inbound_hash(MESSAGE, "booking") == "8c9ca16636e57dddf7c2da2f17fb1c3c044958d51b4936928d9e5797818cd6ff"
+    )
+    other_text = GuestMessage(event_id="evt-1", session_id="s-1", guest_id="g-1", text="hello")
+    assert inbound_hash(other_text, "booking") != inbound_hash(MESSAGE, "booking")
+    assert inbound_hash(MESSAGE, "steps5") != inbound_hash(MESSAGE, "booking")
+
+
+def test_a_key_always_lands_on_the_same_partition() -> None:
+    """Every delivery of a key reaches the one executor store that knows it: the mapping is part of the contract."""
+    assert [partition_of(f"run_x:{step}", 4) for step in range(1, 9)] == [0, 3, 0, 3, 2, 1, 1, 0]
+    assert partition_of("run_x:1", 1000) == 980
+    assert partition_of("run_x:2", 1) == 0
+    with pytest.raises(ValueError):
+        partition_of("run_x:1", 0)
+
+
+# Subjects and streams -----------------------------------------------------------------------------------------
+
+
+def test_subjects_and_stream_names_of_a_namespace() -> None:
+    ns = Namespace("stayhub")
+    run = run_id_for("evt-1")
+
+    assert [ns.stream(kind) for kind in StreamKind] == [
+        "STAYHUB_INBOUND",
+        "STAYHUB_RUNS",
+        "STAYHUB_ACTIONS",
+        "STAYHUB_OUTCOMES",
+        "STAYHUB_DEAD_LETTERS",
+    ]
+    assert (ns.inbound(run), ns.run_events(run), ns.outcomes(run)) == (
+        f"stayhub.inbound.{run}",
+        f"stayhub.run.{run}",
+        f"stayhub.outcome.{run}",
+    )
+    assert ns.actions_for_key("payment", "run_x:3", 4) == "stayhub.action.payment.0"
+    assert ns.actions_for_key("payment", "run_x:2", 4) == "stayhub.action.payment.3"
+    assert Namespace().name == "crashsafe"
+
+
+@pytest.mark.parametrize("token", ["*", ">", "run.x", "run x", ""])
+def test_a_run_id_that_is_not_a_literal_token_never_reaches_a_subject(token: str) -> None:
+    ns = Namespace()
+    for subject in (ns.inbound, ns.run_events, ns.outcomes):
+        with pytest.raises(ValueError):
+            subject(token)
+
+
+@pytest.mark.parametrize("name", ["", "Stayhub", "stay-hub", "1stayhub", "s" * 42])
+def test_a_namespace_is_one_lower_case_token(name: str) -> None:
+    with pytest.raises(ValueError):
+        Namespace(name)
+
+
+def test_the_streams_of_a_namespace() -> None:
+    ns = Namespace("stayhub")
+    day = 86_400.0
+
+    assert stream_specs(ns, replicas=3) == [
+        # One message per run subject, refused (not replaced) when taken, kept 7 days: the inbound guard.
+        StreamSpec(
+            name="STAYHUB_INBOUND",
+            subjects=("stayhub.inbound.*",),
+            max_age_s=7 * day,
+            max_msgs_per_subject=1,
+            discard_new_per_subject=True,
+            replicas=3,
+        ),
+        StreamSpec(name="STAYHUB_RUNS", subjects=("stayhub.run.*",), replicas=3),
+        StreamSpec(
+            name="STAYHUB_ACTIONS",
+            subjects=("stayhub.action.>",),
+            retention=Retention.WORK_QUEUE,
+            replicas=3,
+        ),
+        StreamSpec(
+            name="STAYHUB_OUTCOMES",
+            subjects=("stayhub.outcome.*",),
+            retention=Retention.WORK_QUEUE,
+            replicas=3,
+        ),
+        StreamSpec(name="STAYHUB_DEAD_LETTERS", subjects=("stayhub.dead.*",), max_age_s=30 * day, replicas=3),
+    ]
+    assert {spec.replicas for spec in stream_specs(ns)} == {1}
+
+
+def test_the_durable_consumers_a_deploy_resumes() -> None:
+    """A durable renamed is a new consumer: every message would be delivered again from the start."""
+    ns = Namespace("stayhub")
+
+    inbound, outcomes = runtime_consumers(ns, ack_wait_s=1.0)
+    assert (inbound.stream, inbound.durable, inbound.filter_subject, inbound.ack_wait_s) == (
+        "STAYHUB_INBOUND",
+        "runtime_inbound",
+        "stayhub.inbound.*",
+        1.0,
+    )
+    assert (outcomes.stream, outcomes.durable, outcomes.filter_subject, outcomes.ack_wait_s) == (
+        "STAYHUB_OUTCOMES",
+        "runtime_outcomes",
+        "stayhub.outcome.*",
+        1.0,
+    )
+
+    payment = executor_consumer(ns, "payment", 2, ack_wait_s=1.0, max_deliver=7)
+    assert (
+        payment.stream,
+        payment.durable,
+        payment.filter_subject,
+        payment.ack_wait_s,
+        payment.max_deliver,
+    ) == (
+        "STAYHUB_ACTIONS",
+        "executor_payment_p2",
+        "stayhub.action.payment.2",
+        1.0,
+        7,
+    )
+    assert payment.deliver_subject == "_deliver.STAYHUB_ACTIONS.executor_payment_p2"

@@ -1,0 +1,116 @@
+"""The registry (services/registry.py): which agents a deployment runs and the one definition of each tool.
+
+Built here inside each test, not at import: what a test module builds at import time no mutant can reach."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.workloads import NOOP, StepsAgent
+from contracts.errors import UnknownAgent
+from services.agents import booking, stayhub
+from services.agents.booking.agent import BookingAgent
+from services.agents.booking.audit import money_rules
+from services.agents.booking.tools import CREATE_PAYMENT, TOOLS
+from services.registry import (
+    Registration,
+    Registry,
+    compensation_contracts,
+    load,
+    model_contracts,
+)
+
+BOOKING_TOOLS = {
+    "search_hotels",
+    "create_booking",
+    "create_payment",
+    "send_confirmation_email",
+    "update_crm",
+    "release_booking",
+    "refund_payment",
+}
+
+
+def steps5() -> Registration:
+    return Registration(agent=StepsAgent(5), tools=(NOOP,))
+
+
+def test_a_registry_holds_every_agent_and_tool_and_the_first_agent_is_the_default() -> None:
+    registry = Registry.of(booking.registration(), steps5())
+
+    assert set(registry.agents) == {"booking", "steps5"}
+    assert isinstance(registry.agents["booking"], BookingAgent)
+    assert registry.agents["steps5"].name == "steps5"
+    assert set(registry.tools) == BOOKING_TOOLS | {"noop"}
+    assert registry.tools["create_payment"] is CREATE_PAYMENT
+    assert registry.contracts["create_payment"] == CREATE_PAYMENT.contract
+    assert set(registry.contracts) == set(registry.tools)
+    assert registry.audit_rules == (money_rules,)
+    assert registry.families == frozenset({"booking", "payment", "notify", "noop"})
+    assert registry.default_agent == "booking"
+    assert Registry.of(steps5(), booking.registration()).default_agent == "steps5"
+
+
+def test_a_tool_two_agents_share_is_one_tool_and_a_shared_audit_rule_runs_once() -> None:
+    again = dataclasses.replace(booking.registration(), agent=StepsAgent(1))
+    registry = Registry.of(booking.registration(), again)
+
+    assert set(registry.agents) == {"booking", "steps1"}
+    assert set(registry.tools) == BOOKING_TOOLS
+    assert registry.audit_rules == (money_rules,)
+
+
+def test_a_registry_refuses_no_agent_an_agent_twice_and_a_tool_defined_twice_differently() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Registry.of()
+    with pytest.raises(ValueError, match="'booking'"):
+        Registry.of(booking.registration(), booking.registration())
+    other_payment = dataclasses.replace(CREATE_PAYMENT, audited=False)
+    with pytest.raises(ValueError, match="'create_payment'"):
+        Registry.of(booking.registration(), Registration(agent=StepsAgent(1), tools=(other_payment,)))
+
+
+def test_an_agent_the_deployment_does_not_run_is_unknown_with_the_ones_it_does() -> None:
+    registry = Registry.of(booking.registration(), steps5())
+
+    assert isinstance(registry.agent("booking"), BookingAgent)
+    with pytest.raises(UnknownAgent) as unknown:
+        registry.agent("concierge")
+    assert unknown.value.details() == {"agent": "concierge", "known": ["booking", "steps5"]}
+
+
+def test_an_executor_serves_one_family_of_tools() -> None:
+    registry = stayhub()
+
+    assert set(registry.tools_of("payment")) == {"create_payment", "refund_payment"}
+    assert set(registry.tools_of("booking")) == {"search_hotels", "create_booking", "release_booking"}
+    assert registry.tools_of("noop") == {}
+
+
+def test_the_model_never_sees_a_compensation_tool() -> None:
+    assert set(model_contracts(TOOLS)) == BOOKING_TOOLS - {"release_booking", "refund_payment"}
+    assert set(compensation_contracts(TOOLS)) == {"release_booking", "refund_payment"}
+    assert model_contracts(TOOLS)["create_payment"] == CREATE_PAYMENT.contract
+
+
+def test_a_tool_names_the_arguments_its_call_cannot_be_made_without() -> None:
+    args = {"booking_id": "bk_1", "guest_id": "", "amount_cents": 24000}
+
+    assert CREATE_PAYMENT.missing(args) == ["guest_id", "currency"]
+    assert CREATE_PAYMENT.missing(args | {"guest_id": "g", "currency": "EUR"}) == []
+
+
+def test_a_deployment_is_loaded_by_module_and_function() -> None:
+    assert set(load("services.agents:stayhub").agents) == {"booking"}
+    assert set(load("bench.workloads:registry").agents) >= {"booking", "steps5"}
+    for spec in (
+        "services.agents",
+        ":stayhub",
+        "services.agents:",
+        "services.agents:nobody",
+        "contracts.keys:RUN_ID",
+    ):
+        with pytest.raises(ValueError, match="registry"):
+            load(spec)
