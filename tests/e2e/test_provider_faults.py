@@ -345,9 +345,16 @@ async def unknown_run(
                 summary = await eventually(ended, what="the unknown payment to be handed off", every_s=0.25)
                 events = await client.events(run_id)
                 request, _ = step(events, "create_payment")
-                await client.clear_faults()
+                # An operator reconciles while the provider still cannot say: the run is nudged about its unknown
+                # key. (Reconciling only once the lookups are back races the wake against the settling receipt,
+                # and a run whose step is already settled is not nudged.)
                 response = await client.reconcile(run_id)
                 assert response.status_code == 202, response.text
+                await eventually(
+                    lambda: _operator_nudges(client, run_id), what="an operator nudge in the journal"
+                )
+                await client.clear_faults()
+                assert (await client.reconcile(run_id)).status_code == 202  # now it is found by key
                 yield UnknownRun(
                     client=client,
                     settings=settings,
