@@ -13,10 +13,10 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -32,6 +32,8 @@ from services.platform.journal import RunJournal
 from services.platform.providers import Providers
 from services.platform.settings import Settings
 from services.reconciler.service import audit_all
+
+T = TypeVar("T")
 
 BOOKING = "Book a room in {city} from 2026-12-{d1:02d} to 2026-12-{d2:02d}"
 CITIES = ("Lisbon", "Berlin", "Paris")
@@ -180,7 +182,7 @@ async def soak(
                 report.findings.append(f"lost: {run_id} not terminal after {drain_timeout_s:.0f}s")
         async with Providers.connect(str(state["sandbox_url"])) as providers:
             listing = SandboxListing(providers.http)
-            _count_effects((await listing.view()).entries, report)
+            _count_effects((await _when_back(listing.view)).entries, report)
             settings = Settings(
                 nats_url=str(state["nats_url"]),
                 namespace=Namespace(str(state["namespace"])),
@@ -197,6 +199,18 @@ async def soak(
         await asyncio.to_thread(stop_up, up)
     report.total_s = time.monotonic() - started
     return report
+
+
+async def _when_back(read: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+    """Read once the process is back: a sandbox killed in the last round is restarted by the supervisor, not us."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await read()
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def _submit_all(

@@ -44,8 +44,12 @@ class Answer(StrEnum):
     """The answer to one question (`Evidence.answer`; `str` on the wire: open), and a provider answer's kind."""
 
     OK = "ok"  # call: the provider did it
-    REJECTED = "rejected"  # call: the provider said no
-    UNKNOWN = "unknown"  # call or lookup: no answer we can trust (timeout, dropped connection, 5xx, garbage)
+    REJECTED = (
+        "rejected"  # call: the provider said no; lookup: it holds the key's record as refused (declined)
+    )
+    # call or lookup: no answer we can trust (timeout, dropped connection, 5xx, 408, 429, key in use, a body that
+    # is not the provider's, a record still pending, a key past the provider's retention)
+    UNKNOWN = "unknown"
     FOUND = "found"  # lookup: the provider holds an effect for the key
     ABSENT = "absent"  # lookup: the provider never saw the key
     REPLAYED = "replayed"  # store: the stored receipt was sent again
@@ -55,7 +59,7 @@ class Answer(StrEnum):
 
 # What a provider call and a provider lookup can answer.
 CallAnswer: TypeAlias = Literal[Answer.OK, Answer.REJECTED, Answer.UNKNOWN]
-LookupAnswer: TypeAlias = Literal[Answer.FOUND, Answer.ABSENT, Answer.UNKNOWN]
+LookupAnswer: TypeAlias = Literal[Answer.FOUND, Answer.ABSENT, Answer.UNKNOWN, Answer.REJECTED]
 
 
 class RecordStatus(StrEnum):

@@ -38,7 +38,15 @@ class ToolContract(msgspec.Struct, frozen=True, kw_only=True):
     compensation: str | None = None
     description: str = ""
     parameters: dict[str, Any] = {}
+    # How long a request whose answer was unknown may still be in the provider's hands (and commit). Until it
+    # has passed, a lookup saying "never saw the key" is not proof, and the key is not called again.
+    # None: twice the timeout.
+    in_flight_s: float | None = None
 
     @property
     def keyed(self) -> bool:
         return self.key_rule is not KeyRule.NONE
+
+    @property
+    def in_flight_window_s(self) -> float:
+        return self.in_flight_s if self.in_flight_s is not None else 2 * self.timeout_s

@@ -32,7 +32,7 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.service == "sandbox":
         from sandbox.app import serve
 
-        await serve(host="127.0.0.1", port=settings.sandbox_port)
+        await serve(host="127.0.0.1", port=settings.sandbox_port, data_dir=settings.data_dir / "sandbox")
         return 0
     try:
         registry = registries.load(settings.registry)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -20,9 +21,18 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import scripted_model
 from sandbox.listing import LEDGER_PATH
-from sandbox.errors import ErrorCode, InvalidRequest, SandboxError
-from sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
-from sandbox.ledger import Outcome, SandboxLedger, check_idempotency_key
+from sandbox.books import SqliteBooks
+from sandbox.errors import CardDeclined, ErrorCode, InvalidRequest, KeyInUse, SandboxError
+from sandbox.faults import (
+    AfterCommit,
+    BeforeHandling,
+    ChargeFate,
+    FaultBoard,
+    FaultSpec,
+    FaultTarget,
+    Refusal,
+)
+from sandbox.ledger import KEY_RETENTION, Outcome, SandboxLedger, check_idempotency_key
 from sandbox.records import (
     BookingRequest,
     CrmUpdateRequest,
@@ -32,6 +42,7 @@ from sandbox.records import (
     PaymentRequest,
     RefundBody,
     RefundRequest,
+    Payment,
     ReleaseRequest,
 )
 
@@ -58,7 +69,18 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.GUEST_MISMATCH: 422,
     ErrorCode.REFUND_EXCEEDS_PAYMENT: 422,
     ErrorCode.INJECTED_FAULT: 503,
+    ErrorCode.KEY_NOT_FOUND: 404,
+    ErrorCode.KEY_EXPIRED: 410,
+    ErrorCode.IDEMPOTENCY_KEY_IN_USE: 409,
+    ErrorCode.CARD_DECLINED: 402,
+    ErrorCode.RATE_LIMITED: 429,
 }
+
+# The endpoints that write, and so claim their Idempotency-Key while a request is in progress.
+WRITE_TARGETS = frozenset({FaultTarget.PAYMENTS, FaultTarget.BOOKINGS, FaultTarget.EMAILS, FaultTarget.CRM})
+
+# What a load balancer in front of the provider says for a route it does not know: not the provider's shape.
+GATEWAY_404 = b"<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found</h1></center><hr><center>nginx</center></body></html>"
 
 # A body that starts like JSON and stops: what a proxy cutting a response short looks like.
 MALFORMED_BODY = b'{"status": "ok", "data": {"id": '
@@ -83,9 +105,15 @@ def _decode(raw: bytes, body_type: type[T]) -> T:
 
 
 def _written(outcome: Outcome[Any], created: int = 201) -> Response[bytes]:
-    if outcome.replayed:
-        return _json(outcome.record, 200, {REPLAYED_HEADER: "true"})
-    return _json(outcome.record, created)
+    headers = {REPLAYED_HEADER: "true"} if outcome.replayed else None
+    record = outcome.record
+    if isinstance(record, Payment) and record.status == ChargeFate.DECLINED:
+        # A declined charge is a record (the lookup finds it, declined) answered as a refusal, replays too.
+        error = CardDeclined(record.payment_id, record.key)
+        return _json(error.to_body(), STATUS_BY_CODE[error.code], headers)
+    if isinstance(record, Payment) and record.status == ChargeFate.PENDING:
+        return _json(record, 202, headers)
+    return _json(record, 200 if outcome.replayed else created, headers)
 
 
 async def _key_and_body(
@@ -109,29 +137,83 @@ def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes
     status = exc.status_code
     if code is None or isinstance(exc, ValidationException):
         code, status = ErrorCode.INVALID_REQUEST, 422
-    return _json({"error": {"code": code.value, "message": str(exc.detail)}}, status)
+    return _json(
+        {"error": {"type": "invalid_request_error", "code": code.value, "message": str(exc.detail)}}, status
+    )
 
 
 class FaultInjection(ASGIMiddleware):
-    """Applies the armed faults around a handler: latency and 503 before it, drops and bad bodies after."""
+    """The provider's front door: claims a write's key while it is in progress (a second request with it
+    answers 409 `idempotency_key_in_use`), and applies the armed faults around the handler: refusals,
+    latency and slow commits before it, drops and bad bodies after. A request whose caller hangs up is
+    still carried out: its body is read first, and the handler runs to the end whoever is listening."""
 
     scopes = (ScopeType.HTTP,)
 
     def __init__(self, board: FaultBoard) -> None:
         self.board = board
+        self.in_flight: set[tuple[FaultTarget, str]] = set()
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         target: FaultTarget | None = scope["route_handler"].opt.get(FAULT_TARGET)
-        before = self.board.before(target)
-        if before.latency_ms:
-            await asyncio.sleep(before.latency_ms / 1000)
-        if before.fail_5xx:
-            await _send_now(send, 503, _injected_fault(target))
-            return
-        if target is None or not self.board.armed:
+        claim = _write_claim(scope, target)
+        if target is None or (claim is None and not self.board.armed):
             await next_app(scope, receive, send)  # the benchmark path: nothing armed, nothing wrapped
             return
+        before = self.board.before(target)
+        if before.latency_ms and claim is None:
+            await asyncio.sleep(before.latency_ms / 1000)
+        if before.refusal is Refusal.FAIL_5XX:
+            await _send_now(send, 503, _injected_fault(target))
+            return
+        if before.refusal is Refusal.THROTTLE:
+            await _send_now(send, 429, _throttled(before.retry_after_s), retry_after=before.retry_after_s)
+            return
+        if before.refusal is Refusal.ROUTE_404:
+            await _send_now(send, 404, GATEWAY_404, content_type=b"text/html")
+            return
+        if claim is not None:
+            if claim in self.in_flight:
+                await _send_now(send, 409, KeyInUse(claim[1]).to_body())
+                return
+            self.in_flight.add(claim)
+        # Shielded: a caller that hangs up (or a cancelled read) never stops a write half-way.
+        await asyncio.shield(self._carried_out(scope, receive, send, next_app, target, claim, before))
 
+    async def _carried_out(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        next_app: ASGIApp,
+        target: FaultTarget,
+        claim: tuple[FaultTarget, str] | None,
+        before: BeforeHandling,
+    ) -> None:
+        connection = receive  # uvicorn's own: what aborting the connection needs
+        try:
+            if claim is not None:
+                receive = await _buffered(receive)
+                delay_ms = before.latency_ms + before.commit_delay_ms
+                if delay_ms:
+                    await asyncio.sleep(delay_ms / 1000)
+            await self._handled(scope, receive, send, next_app, target, connection)
+        finally:
+            if claim is not None:
+                self.in_flight.discard(claim)
+
+    async def _handled(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        next_app: ASGIApp,
+        target: FaultTarget,
+        connection: Receive,
+    ) -> None:
+        if not self.board.armed:
+            await next_app(scope, receive, send)
+            return
         action = AfterCommit.DELIVER
 
         async def faulty_send(message: Message) -> None:
@@ -141,7 +223,7 @@ class FaultInjection(ASGIMiddleware):
                 if message["status"] < 400:
                     action = self.board.after_commit(target)
                 if action is AfterCommit.DROP:
-                    await _drop_connection(receive)
+                    await _drop_connection(connection)
                     return
                 if action is AfterCommit.MALFORMED:
                     headers = [
@@ -163,9 +245,53 @@ class FaultInjection(ASGIMiddleware):
             await _await_disconnect(receive)
 
 
+def _write_claim(scope: Scope, target: FaultTarget | None) -> tuple[FaultTarget, str] | None:
+    """(endpoint group, key) of a keyed write; None for reads, lookups and keyless requests."""
+    if target not in WRITE_TARGETS or scope.get("method") != "POST":
+        return None
+    for name, value in scope.get("headers", ()):
+        if name == IDEMPOTENCY_KEY_HEADER.encode():
+            return target, value.decode("latin-1")  # type: ignore[return-value]
+    return None
+
+
+async def _buffered(receive: Receive) -> Receive:
+    """Read the whole request body now, and hand the handler a `receive` that gives it back: a body read
+    after the caller hung up would fail, and the provider would drop a request it had already accepted."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    replayed = False
+
+    async def again() -> Any:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        return await receive()
+
+    return again
+
+
+def _throttled(retry_after_s: int) -> dict[str, Any]:
+    return {
+        "error": {
+            "type": "rate_limit_error",
+            "code": ErrorCode.RATE_LIMITED.value,
+            "message": f"Too many requests; nothing was done. Retry after {retry_after_s} s.",
+        }
+    }
+
+
 def _injected_fault(target: FaultTarget | None) -> dict[str, Any]:
     return {
         "error": {
+            "type": "api_error",
             "code": ErrorCode.INJECTED_FAULT.value,
             "message": "Injected fault: the sandbox refused this request before doing anything; retrying is safe.",
             "target": target.value if target else None,
@@ -173,9 +299,18 @@ def _injected_fault(target: FaultTarget | None) -> dict[str, Any]:
     }
 
 
-async def _send_now(send: Send, status: int, payload: Any) -> None:
-    body = _encoder.encode(payload)
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+async def _send_now(
+    send: Send,
+    status: int,
+    payload: Any,
+    *,
+    content_type: bytes = b"application/json",
+    retry_after: int | None = None,
+) -> None:
+    body = payload if isinstance(payload, bytes) else _encoder.encode(payload)
+    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+    if retry_after is not None:
+        headers.append((b"retry-after", b"%d" % retry_after))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -208,9 +343,11 @@ def _utc_now() -> datetime:
 
 
 def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = None) -> Litestar:
-    """The sandbox as an ASGI app; pass a ledger to inspect or pre-seed state in tests."""
+    """The sandbox as an ASGI app; pass a ledger to inspect or pre-seed state, or to make it durable."""
     books = ledger if ledger is not None else SandboxLedger(now=_utc_now)
     board = faults if faults is not None else FaultBoard()
+
+    front_door = FaultInjection(board)
 
     def target(name: FaultTarget) -> dict[str, Any]:
         return {FAULT_TARGET: name}
@@ -236,7 +373,8 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
     @post("/payments", opt=target(FaultTarget.PAYMENTS))
     async def create_payment(request: Request[Any, Any, Any]) -> Response[bytes]:
         key, body = await _key_and_body(request, PaymentRequest)
-        return _written(books.create_payment(key, body))
+        fate, pending_ms = board.charge_fate()
+        return _written(books.create_payment(key, body, fate, timedelta(milliseconds=pending_ms)))
 
     @post("/payments/{payment_id:str}/refund", opt=target(FaultTarget.PAYMENTS))
     async def refund_payment(request: Request[Any, Any, Any], payment_id: FromPath[str]) -> Response[bytes]:
@@ -258,7 +396,7 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
     def lookup(path: str, kind: EffectKind) -> Any:
         @get(path, opt=target(FaultTarget.LOOKUPS), name=f"lookup-{kind.value}")
         async def by_key(key: FromPath[str]) -> Response[bytes]:
-            return _json(books.lookup(kind, key))
+            return _json(books.lookup(kind, key, timedelta(milliseconds=board.lookup_lag_ms())))
 
         return by_key
 
@@ -314,7 +452,9 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
 
     @get("/_faults")
     async def read_faults() -> Response[bytes]:
-        return _json({"faults": board.snapshot()})
+        # Also the keys whose write is in progress, so a test can wait for a request to be in the provider's hands.
+        in_flight = sorted(key for _, key in front_door.in_flight)
+        return _json({"faults": board.snapshot(), "in_flight": in_flight})
 
     @put("/_faults")
     async def arm_faults(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -351,7 +491,7 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             reset,
         ],
         exception_handlers={SandboxError: _sandbox_error, HTTPException: _http_error},
-        middleware=[FaultInjection(board)],
+        middleware=[front_door],
         state=State({"ledger": books, "faults": board}),
         openapi_config=None,
         logging_config=None,
@@ -379,8 +519,16 @@ async def serve(
     ready: Callable[[int], None] | None = None,
     *,
     ledger: SandboxLedger | None = None,
+    data_dir: Path | None = None,
+    key_retention: timedelta = KEY_RETENTION,
 ) -> None:
-    """Run the sandbox until cancelled (or SIGINT/SIGTERM); `port=0` picks a free port, given to `ready`."""
+    """Run the sandbox until cancelled (or SIGINT/SIGTERM); `port=0` picks a free port, given to `ready`.
+
+    With `data_dir` the books are durable (SQLite there): a killed, restarted sandbox remembers every
+    effect and key, as a real provider does. Without, they live in memory. Keys are kept `key_retention`."""
+    durable = SqliteBooks.in_dir(data_dir) if data_dir is not None and ledger is None else None
+    if ledger is None:
+        ledger = SandboxLedger(now=_utc_now, books=durable, retention=key_retention)
     # Binding and listening ourselves makes the real port known before uvicorn starts, and
     # announcing it then is truthful: the kernel queues connections until uvicorn accepts them.
     config = uvicorn.Config(
@@ -410,3 +558,6 @@ async def serve(
         server.should_exit = True
         await serving
         raise
+    finally:
+        if durable is not None:
+            durable.close()

@@ -25,6 +25,37 @@ class ErrorCode(StrEnum):
     STREAMING_UNSUPPORTED = "streaming_unsupported"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INJECTED_FAULT = "injected_fault"
+    # A lookup by key: the provider holds no write made with that key (the one answer that means "absent").
+    KEY_NOT_FOUND = "key_not_found"
+    # A lookup by key older than the retention window: the provider no longer says what became of it.
+    KEY_EXPIRED = "key_expired"
+    # A write whose key is still being processed by an earlier request: ask again later.
+    IDEMPOTENCY_KEY_IN_USE = "idempotency_key_in_use"
+    CARD_DECLINED = "card_declined"
+    RATE_LIMITED = "rate_limited"
+
+
+class ErrorType(StrEnum):
+    """The family of a refusal, as Stripe's `error.type`: what kind of problem, before which one (`code`)."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    IDEMPOTENCY = "idempotency_error"
+    CARD = "card_error"
+    RATE_LIMIT = "rate_limit_error"
+    API = "api_error"
+
+
+_TYPE_BY_CODE: dict[ErrorCode, ErrorType] = {
+    ErrorCode.IDEMPOTENCY_CONFLICT: ErrorType.IDEMPOTENCY,
+    ErrorCode.IDEMPOTENCY_KEY_IN_USE: ErrorType.IDEMPOTENCY,
+    ErrorCode.CARD_DECLINED: ErrorType.CARD,
+    ErrorCode.RATE_LIMITED: ErrorType.RATE_LIMIT,
+    ErrorCode.INJECTED_FAULT: ErrorType.API,
+}
+
+
+def error_type(code: ErrorCode) -> ErrorType:
+    return _TYPE_BY_CODE.get(code, ErrorType.INVALID_REQUEST)
 
 
 # Context values stay scalar so every error body is flat, language-neutral JSON.
@@ -41,7 +72,14 @@ class SandboxError(Exception):
         self.context = context
 
     def to_body(self) -> dict[str, dict[str, Context]]:
-        return {"error": {"code": self.code.value, "message": self.message, **self.context}}
+        return {
+            "error": {
+                "type": error_type(self.code).value,
+                "code": self.code.value,
+                "message": self.message,
+                **self.context,
+            }
+        }
 
 
 class MissingIdempotencyKey(SandboxError):
@@ -80,3 +118,41 @@ class NotFound(SandboxError):
 
 class StateConflict(SandboxError):
     """The request is well formed but the resource's state forbids it (sold out, already released)."""
+
+
+class KeyExpired(SandboxError):
+    """A lookup by a key the provider saw, but longer ago than it keeps keys: it cannot say what became of it."""
+
+    def __init__(self, key: str, kind: str, retention_s: int) -> None:
+        super().__init__(
+            ErrorCode.KEY_EXPIRED,
+            f"Idempotency-Key {key!r} is older than the {retention_s} s this provider keeps keys; "
+            "what it did is no longer known by key. Reconcile from your own records or the provider's listing.",
+            key=key,
+            kind=kind,
+            retention_s=retention_s,
+        )
+
+
+class KeyInUse(SandboxError):
+    """Another request with this key is still being processed; nothing is decided yet."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            ErrorCode.IDEMPOTENCY_KEY_IN_USE,
+            f"A request with Idempotency-Key {key!r} is still in progress; retry after it finishes "
+            "(the same key will then answer with its result).",
+            key=key,
+        )
+
+
+class CardDeclined(SandboxError):
+    """The charge was attempted and refused by the card's issuer: a definitive answer, no money moved."""
+
+    def __init__(self, payment_id: str, key: str) -> None:
+        super().__init__(
+            ErrorCode.CARD_DECLINED,
+            "The card was declined; ask the guest for another payment method.",
+            payment_id=payment_id,
+            key=key,
+        )

@@ -36,9 +36,34 @@ class FaultSpec(msgspec.Struct, forbid_unknown_fields=True):
     drop_after_commit: Count = 0
     # The next N successful requests commit, then answer 200 with a body that is not JSON.
     malformed: Count = 0
+    # Writes commit this long after they arrive (their key in use meanwhile), whether or not the caller waits.
+    commit_delay_ms: Count = 0
+    # On lookups: a by-key lookup says "no such key" for this long after the key's write committed.
+    lookup_lag_ms: Count = 0
+    # The next N requests answer 429 with `Retry-After: retry_after_s`, doing nothing.
+    throttle: Count = 0
+    retry_after_s: Count = 1
+    # The next N requests answer 404 from "a gateway in front": an HTML body, not the provider's error shape.
+    route_404: Count = 0
+    # On payments: the next N charges are declined by the card (402 card_declined; the record says declined).
+    decline: Count = 0
+    # On payments: the next N charges are accepted as pending; they settle as captured after pending_ms.
+    pending: Count = 0
+    pending_ms: Count = 2000
 
     def is_idle(self) -> bool:
-        return not (self.latency_ms or self.fail_5xx or self.drop_after_commit or self.malformed)
+        return not (
+            self.latency_ms
+            or self.fail_5xx
+            or self.drop_after_commit
+            or self.malformed
+            or self.commit_delay_ms
+            or self.lookup_lag_ms
+            or self.throttle
+            or self.route_404
+            or self.decline
+            or self.pending
+        )
 
 
 class AfterCommit(StrEnum):
@@ -47,12 +72,31 @@ class AfterCommit(StrEnum):
     MALFORMED = "malformed"
 
 
+class Refusal(StrEnum):
+    """An answer given instead of handling the request: nothing is committed."""
+
+    NONE = "none"
+    FAIL_5XX = "fail_5xx"
+    THROTTLE = "throttle"
+    ROUTE_404 = "route_404"
+
+
 class BeforeHandling(NamedTuple):
     latency_ms: int
-    fail_5xx: bool
+    refusal: Refusal = Refusal.NONE
+    retry_after_s: int = 0
+    commit_delay_ms: int = 0
 
 
-NO_FAULT = BeforeHandling(0, False)
+class ChargeFate(StrEnum):
+    """What the card does with the next charge."""
+
+    CAPTURED = "captured"
+    DECLINED = "declined"
+    PENDING = "pending"
+
+
+NO_FAULT = BeforeHandling(0)
 
 
 class FaultBoard:
@@ -79,17 +123,46 @@ class FaultBoard:
         return {target.value: spec for target, spec in self._specs.items()}
 
     def before(self, target: FaultTarget | None) -> BeforeHandling:
-        """Latency to add and whether to refuse with 503; consumes one `fail_5xx`."""
+        """Latency to add, a refusal to give instead of handling (consumes one count), a commit delay."""
         if not self._specs or target is None:
             return NO_FAULT  # the benchmark path: one dict truth test
         specs = self._applicable(target)
         latency = next((s.latency_ms for s in specs if s.latency_ms), 0)
+        delay = next((s.commit_delay_ms for s in specs if s.commit_delay_ms), 0)
         for spec in specs:
             if spec.fail_5xx:
                 spec.fail_5xx -= 1
                 self._tidy(spec)
-                return BeforeHandling(latency, True)
-        return BeforeHandling(latency, False)
+                return BeforeHandling(latency, Refusal.FAIL_5XX)
+            if spec.throttle:
+                spec.throttle -= 1
+                self._tidy(spec)
+                return BeforeHandling(latency, Refusal.THROTTLE, retry_after_s=spec.retry_after_s)
+            if spec.route_404:
+                spec.route_404 -= 1
+                self._tidy(spec)
+                return BeforeHandling(latency, Refusal.ROUTE_404)
+        return BeforeHandling(latency, commit_delay_ms=delay)
+
+    def lookup_lag_ms(self) -> int:
+        """How long after a commit a by-key lookup still says "no such key" (armed on `lookups` only)."""
+        spec = self._specs.get(FaultTarget.LOOKUPS)
+        return spec.lookup_lag_ms if spec is not None else 0
+
+    def charge_fate(self) -> tuple[ChargeFate, int]:
+        """The next charge's fate, and how long a pending one stays pending; consumes one count."""
+        spec = self._specs.get(FaultTarget.PAYMENTS)
+        if spec is None:
+            return ChargeFate.CAPTURED, 0
+        if spec.decline:
+            spec.decline -= 1
+            self._tidy(spec)
+            return ChargeFate.DECLINED, 0
+        if spec.pending:
+            spec.pending -= 1
+            self._tidy(spec)
+            return ChargeFate.PENDING, spec.pending_ms
+        return ChargeFate.CAPTURED, 0
 
     def after_commit(self, target: FaultTarget | None) -> AfterCommit:
         """What happens to a successful response; drops are consumed before malformed bodies."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from datetime import UTC, date, datetime
-from typing import Generic, NamedTuple, TypeVar
+from datetime import UTC, date, datetime, timedelta
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -13,10 +13,12 @@ from sandbox.errors import (
     ErrorCode,
     IdempotencyConflict,
     InvalidRequest,
+    KeyExpired,
     MissingIdempotencyKey,
     NotFound,
     StateConflict,
 )
+from sandbox.faults import ChargeFate
 from sandbox.records import (
     Booking,
     BookingRequest,
@@ -37,6 +39,7 @@ from sandbox.records import (
 )
 
 MAX_KEY_LENGTH = 255  # Stripe's limit; long enough for "<run_id>:<step>:<tool>" keys.
+KEY_RETENTION = timedelta(hours=24)  # Stripe's: a key is remembered (replayed, looked up) for a day
 
 # A fixed catalogue keeps demos and tests reproducible. The third hotel of each city is
 # sold out so the "first available" choice is a real decision, not always index 0.
@@ -62,12 +65,31 @@ class Outcome(NamedTuple, Generic[R]):
     replayed: bool
 
 
-class _Stored(NamedTuple):
+class Stored(NamedTuple):
     fingerprint: bytes
     ref: str
     # The response as first given: a replay answers with it even if the resource moved on,
     # exactly as Stripe replays the saved response.
     record: Record
+    committed_at: datetime
+
+
+class Snapshot(NamedTuple):
+    """Everything the books hold, as a durable store gives it back after a restart."""
+
+    writes: dict[EffectKind, dict[str, Stored]]
+    resources: list[Record]
+    entries: list[LedgerEntry]
+
+
+class Books(Protocol):
+    """Where the ledger's writes are made durable (sandbox/books.py: SQLite); the ledger itself does no I/O."""
+
+    def load(self) -> Snapshot: ...
+
+    def commit(self, kind: EffectKind, key: str, stored: Stored, entry: LedgerEntry | None) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 def check_idempotency_key(key: str | None) -> str:
@@ -80,6 +102,19 @@ def check_idempotency_key(key: str | None) -> str:
 def _fingerprint(body: msgspec.Struct) -> bytes:
     # Deterministic order sorts free-form dicts (CRM fields), so key order in JSON is not a "different body".
     return hashlib.sha256(msgspec.json.encode(body, order="deterministic")).digest()
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _ref_of(record: Record) -> str:
+    match record:
+        case Booking(booking_id=ref) | Payment(payment_id=ref) | Refund(refund_id=ref):
+            return ref
+        case Email(email_id=ref) | CrmUpdate(crm_update_id=ref):
+            return ref
+    raise AssertionError(f"unhandled record {record!r}")
 
 
 def _resource_id(prefix: str, kind: EffectKind, key: str) -> str:
@@ -112,14 +147,52 @@ def stay_nights(check_in: str, check_out: str) -> int:
 
 
 class SandboxLedger:
-    """In-memory provider state. Every method runs to completion without awaiting, so under one event
-    loop each write is atomic and two requests with one key cannot both perform the effect."""
+    """Provider state, in memory and (given `books`) durable. Every method runs to completion without
+    awaiting, so under one event loop each write is atomic and two requests with one key cannot both
+    perform the effect; a write is durable before its answer is given."""
 
-    def __init__(self, now: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        now: Callable[[], datetime],
+        *,
+        books: Books | None = None,
+        retention: timedelta = KEY_RETENTION,
+    ) -> None:
         self._now = now
-        self.reset()
+        self._writing_at = datetime.min.replace(tzinfo=UTC)  # the clock reading of the write in progress
+        self._books = books
+        self.retention = retention
+        self._clear()
+        if books is not None:
+            self._restore(books.load())
 
     def reset(self) -> None:
+        self._clear()
+        if self._books is not None:
+            self._books.clear()
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        for kind, writes in snapshot.writes.items():
+            self._writes[kind].update(writes)
+        for record in snapshot.resources:
+            self._table(record)[_ref_of(record)] = record
+        for refund in self._refunds.values():
+            self._refunded_cents[refund.payment_id] = (
+                self._refunded_cents.get(refund.payment_id, 0) + refund.amount_cents
+            )
+        self._entries.extend(snapshot.entries)
+
+    def _table(self, record: Record) -> dict[str, Record]:
+        tables: dict[type, dict[str, Record]] = {
+            Booking: self._bookings,  # type: ignore[dict-item]
+            Payment: self._payments,  # type: ignore[dict-item]
+            Refund: self._refunds,  # type: ignore[dict-item]
+            Email: self._emails,  # type: ignore[dict-item]
+            CrmUpdate: self._crm_updates,  # type: ignore[dict-item]
+        }
+        return tables[type(record)]
+
+    def _clear(self) -> None:
         self._hotels = {hotel.hotel_id: hotel for hotel in HOTELS}
         self._bookings: dict[str, Booking] = {}
         self._payments: dict[str, Payment] = {}
@@ -127,7 +200,7 @@ class SandboxLedger:
         self._refunded_cents: dict[str, int] = {}
         self._emails: dict[str, Email] = {}
         self._crm_updates: dict[str, CrmUpdate] = {}
-        self._writes: dict[EffectKind, dict[str, _Stored]] = {kind: {} for kind in EffectKind}
+        self._writes: dict[EffectKind, dict[str, Stored]] = {kind: {} for kind in EffectKind}
         self._entries: list[LedgerEntry] = []
         self._replays: dict[EffectKind, int] = dict.fromkeys(EffectKind, 0)
 
@@ -139,12 +212,17 @@ class SandboxLedger:
         wanted = city.strip().casefold()
         return [hotel for hotel in self._hotels.values() if hotel.city.casefold() == wanted]
 
-    def lookup(self, kind: EffectKind, key: str) -> Record:
-        """The current state of whatever `key` created: the reconciliation path after an unknown outcome."""
+    def lookup(self, kind: EffectKind, key: str, lag: timedelta = timedelta(0)) -> Record:
+        """The current state of whatever `key` created: the reconciliation path after an unknown outcome.
+
+        `lag` is a lagging read replica: a write younger than it is not seen yet (says "no such key")."""
         stored = self._writes[kind].get(key)
-        if stored is None:
+        now = self._now()
+        if stored is not None and now - stored.committed_at >= self.retention:
+            raise KeyExpired(key, kind.value, int(self.retention.total_seconds()))
+        if stored is None or now - stored.committed_at < lag:
             raise NotFound(
-                ErrorCode.NOT_FOUND,
+                ErrorCode.KEY_NOT_FOUND,
                 f"No {kind} was made with Idempotency-Key {key!r}; the request never took effect here.",
                 key=key,
                 kind=kind.value,
@@ -157,7 +235,14 @@ class SandboxLedger:
             EffectKind.EMAIL: self._emails,
             EffectKind.CRM_UPDATE: self._crm_updates,
         }[kind]  # type: ignore[assignment]
-        return current[stored.ref]
+        return self._settled(current[stored.ref], now)
+
+    def _settled(self, record: Record, now: datetime) -> Record:
+        """A pending charge reads as captured once its settlement time has passed."""
+        match record:
+            case Payment(status=ChargeFate.PENDING, settles_at=str(at)) if now >= datetime.fromisoformat(at):
+                return msgspec.structs.replace(record, status=ChargeFate.CAPTURED.value, settles_at=None)
+        return record
 
     def view(self, guest_id: str | None = None) -> LedgerView:
         entries = self._entries if guest_id is None else [e for e in self._entries if e.guest_id == guest_id]
@@ -232,8 +317,16 @@ class SandboxLedger:
 
         return self._idempotent(EffectKind.BOOKING_RELEASE, key, body, effect)
 
-    def create_payment(self, key: str, body: PaymentRequest) -> Outcome[Payment]:
-        def effect() -> tuple[str, Payment, LedgerEntry]:
+    def create_payment(
+        self,
+        key: str,
+        body: PaymentRequest,
+        fate: ChargeFate = ChargeFate.CAPTURED,
+        pending_for: timedelta = timedelta(0),
+    ) -> Outcome[Payment]:
+        """A charge; `fate` is what the card does with it (declined: a record with no money moved, no entry)."""
+
+        def effect() -> tuple[str, Payment, LedgerEntry | None]:
             booking = self._held_booking(body.booking_id)
             self._check_guest(body.guest_id, booking)
             if body.currency is not None and body.currency != booking.currency:
@@ -259,10 +352,13 @@ class SandboxLedger:
                 guest_id=booking.guest_id,
                 amount_cents=body.amount_cents,
                 currency=booking.currency,
-                status="captured",
+                status=fate.value,
                 key=key,
+                settles_at=_iso(self._writing_at + pending_for) if fate is ChargeFate.PENDING else None,
             )
             self._payments[payment.payment_id] = payment
+            if fate is ChargeFate.DECLINED:
+                return payment.payment_id, payment, None
             entry = self._entry(
                 EffectKind.CHARGE,
                 key,
@@ -361,11 +457,14 @@ class SandboxLedger:
         kind: EffectKind,
         key: str,
         body: msgspec.Struct,
-        effect: Callable[[], tuple[str, R, LedgerEntry]],
+        effect: Callable[[], tuple[str, R, LedgerEntry | None]],
     ) -> Outcome[R]:
         check_idempotency_key(key)
         fingerprint = _fingerprint(body)
         stored = self._writes[kind].get(key)
+        now = self._writing_at = self._now()
+        if stored is not None and now - stored.committed_at >= self.retention:
+            stored = None  # past the retention window the key is forgotten: a write with it is a new one
         if stored is not None:
             if stored.fingerprint != fingerprint:
                 raise IdempotencyConflict(key, kind.value)
@@ -374,15 +473,18 @@ class SandboxLedger:
         # A refused request stores nothing (like Stripe's validation failures), so the key stays
         # free for a corrected retry; `effect` raises before touching state when it refuses.
         ref, record, entry = effect()
-        self._writes[kind][key] = _Stored(fingerprint, ref, record)
-        self._entries.append(entry)
+        written = Stored(fingerprint, ref, record, now)
+        if self._books is not None:
+            self._books.commit(kind, key, written, entry)
+        self._writes[kind][key] = written
+        if entry is not None:
+            self._entries.append(entry)
         return Outcome(record, replayed=False)
 
     def _entry(
         self, kind: EffectKind, key: str, guest_id: str, amount_cents: int, currency: str | None, ref: str
     ) -> LedgerEntry:
-        at = self._now().astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        return LedgerEntry(kind, key, guest_id, amount_cents, currency, ref, at)
+        return LedgerEntry(kind, key, guest_id, amount_cents, currency, ref, _iso(self._writing_at))
 
     def _booking(self, booking_id: str) -> Booking:
         booking = self._bookings.get(booking_id)

@@ -98,14 +98,15 @@ class Booking(msgspec.Struct, frozen=True):
     key: str
 
 
-class Payment(msgspec.Struct, frozen=True):
+class Payment(msgspec.Struct, frozen=True, omit_defaults=True):
     payment_id: str
     booking_id: str
     guest_id: str
     amount_cents: int
     currency: str
-    status: str  # "captured"
+    status: str  # "captured" | "declined" | "pending" (until settles_at, then "captured")
     key: str
+    settles_at: str | None = None
 
 
 class Refund(msgspec.Struct, frozen=True):

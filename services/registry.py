@@ -35,6 +35,15 @@ class HttpOperation:
     ref_field: str | None
     # Arguments the call cannot be made without: checked before any intent is committed.
     requires: tuple[str, ...] = ()
+    # How the provider's answers are read. A record is read by its own status: `failed_statuses` mean the
+    # provider refused it (a declined charge), `pending_statuses` that it has not decided yet.
+    status_field: str = "status"
+    failed_statuses: frozenset[str] = frozenset()
+    pending_statuses: frozenset[str] = frozenset()
+    # The provider's typed error codes for "no write was made with this key" (the only answer read as absent)
+    # and for "a request with this key is still in progress" (unknown: ask again later).
+    absent_codes: frozenset[str] = frozenset({"key_not_found"})
+    in_use_codes: frozenset[str] = frozenset({"idempotency_key_in_use"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,8 @@ class ProviderAnswer:
     body: dict[str, Any]
     ref: str | None = None
     detail: str = ""
+    # The provider's Retry-After: how long to wait before asking it again (a 429, a key in use).
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

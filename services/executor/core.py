@@ -108,12 +108,16 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class LookUp:
-    """The write's outcome is unknown: ask the provider by the same key before anything else."""
+    """The write's outcome is unknown: ask the provider by the same key before anything else (after
+    `delay_s`, the provider's Retry-After)."""
+
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class CallAgain:
-    """The provider confirmed it never saw the key: calling again with the same key is safe."""
+    """Call again with the same key after `delay_s`: a read that failed, or a write the provider says it has no
+    record of, once no earlier call of ours can still be in its hands."""
 
     delay_s: float
 
@@ -149,27 +153,29 @@ def after_call(
             )
         )
     if answer.kind == Answer.REJECTED:
-        error = ErrorInfo(
-            code=str(answer.body.get("code", ErrorCode.PROVIDER_REJECTED.value)),
-            message=str(answer.body.get("message", answer.detail)),
-            details={"provider": answer.body},
-        )
-        return Done(
-            _outcome(
-                request, OutcomeStatus.FAILED, error=error, via=via, attempts=attempts, deliveries=deliveries
-            )
-        )
+        return Done(_refused_by_provider(request, answer, via, attempts, deliveries))
     if contract.keyed:
-        return LookUp()
+        return LookUp(delay_s=answer.retry_after_s or 0.0)
     # A read that failed: retry it while the contract allows, else a definitive failure (reads have no effect).
     if attempts < contract.max_attempts:
-        return CallAgain(delay_s=_backoff(attempts))
+        return CallAgain(delay_s=max(_backoff(attempts), answer.retry_after_s or 0.0))
     return Done(_unavailable(request, answer, attempts, deliveries))
 
 
 def after_lookup(
-    request: ActionRequest, contract: ToolContract, lookup: ProviderAnswer, attempts: int, deliveries: int
+    request: ActionRequest,
+    contract: ToolContract,
+    lookup: ProviderAnswer,
+    attempts: int,
+    deliveries: int,
+    in_flight_left_s: float = 0.0,
 ) -> Next:
+    """What the answer to "what became of this key?" means, asked after an unknown answer (or a previous life).
+
+    `in_flight_left_s`: how long an earlier call of ours whose answer was unknown may still be in the provider's
+    hands (the tool's in-flight window, less the time since it was sent). An "absent" is never proof that no
+    effect exists, since that call may yet commit: the key is called again only once the window has passed,
+    and with the attempts spent the outcome stays unknown (the run hands off; the reconciler keeps asking)."""
     if lookup.kind == Answer.FOUND:
         return Done(
             _outcome(
@@ -182,12 +188,29 @@ def after_lookup(
                 deliveries=deliveries,
             )
         )
+    if lookup.kind == Answer.REJECTED:  # the provider holds the key's record, refused (a declined charge)
+        return Done(_refused_by_provider(request, lookup, Via.PROVIDER_LOOKUP, attempts, deliveries))
     if lookup.kind == Answer.ABSENT:
         if attempts < contract.max_attempts:
-            return CallAgain(delay_s=_backoff(attempts))
-        # The provider never saw the key and the attempts are spent: a definitive failure, no effect exists.
-        return Done(_unavailable(request, lookup, attempts, deliveries))
+            return CallAgain(delay_s=max(_backoff(attempts), in_flight_left_s, 0.0))
+        return StillUnknown(
+            detail=f"the provider has no record of the key after {attempts} attempt(s) whose answers were"
+            " unknown; one may still commit, so this is not a failure"
+        )
     return StillUnknown(detail=lookup.detail or "provider lookup gave no answer")
+
+
+def _refused_by_provider(
+    request: ActionRequest, answer: ProviderAnswer, via: Via, attempts: int, deliveries: int
+) -> ActionOutcome:
+    error = ErrorInfo(
+        code=str(answer.body.get("code", ErrorCode.PROVIDER_REJECTED.value)),
+        message=str(answer.body.get("message", answer.detail)),
+        details={"provider": answer.body},
+    )
+    return _outcome(
+        request, OutcomeStatus.FAILED, error=error, via=via, attempts=attempts, deliveries=deliveries
+    )
 
 
 def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveries: int) -> ActionOutcome:
@@ -221,12 +244,12 @@ def _backoff(attempts: int) -> float:
 def _unavailable(
     request: ActionRequest, answer: ProviderAnswer, attempts: int, deliveries: int
 ) -> ActionOutcome:
+    """A read that never got an answer: it has no effect, so giving up is a definitive failure."""
     error = ErrorInfo(
         code=ErrorCode.PROVIDER_UNAVAILABLE,
         message=(
             f"{request.tool} did not succeed after {attempts} attempt(s)"
-            f" ({answer.detail or 'the provider answered, by key, that it never saw the request'});"
-            f" the provider holds no effect for key {request.key}"
+            f" ({answer.detail or 'no answer'}); a read leaves no effect behind for key {request.key}"
         ),
         details={"key": request.key},
     )

@@ -322,7 +322,7 @@ class Executor:
             await store.mark_unknown(request.key)
             if deliveries >= self.max_deliver - 1:
                 # Out of redeliveries: tell the run the outcome is unknown (it hands off); the reconciler goes on asking.
-                outcome = unknown_outcome(request, "provider and lookup unavailable", attempts, deliveries)
+                outcome = unknown_outcome(request, exc.message, attempts, deliveries)
                 await self._publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
                 return
             raise
@@ -341,8 +341,12 @@ class Executor:
         look_first: bool,
         store: ActionStore | None = None,
     ) -> ActionOutcome:
-        """Call, and on an unknown answer look up by key; call again only once the provider says it never saw it."""
+        """Call, and on an unknown answer look up by key; call again (same key) only once the provider has no
+        record of it and no earlier call whose answer was unknown can still be in its hands."""
         trail: list[Evidence] = []
+        contract = tool.contract
+        # When the last call whose answer was unknown was sent (monotonic): it may commit until the window passes.
+        unknown_sent_at: float | None = None
 
         def note(asked: str, answer: ProviderAnswer) -> ProviderAnswer:
             trail.append(
@@ -356,39 +360,47 @@ class Executor:
             )
             return answer
 
-        contract = tool.contract
-        timeout = self._timeout(request, contract)
-        if look_first:
-            step: Next = LookUp()
-        else:
-            answer = note(Asked.PROVIDER_CALL, await self.providers.call(tool, request, timeout))
-            step = after_call(request, contract, answer, attempts, deliveries)
+        async def call() -> Next:
+            nonlocal unknown_sent_at
+            sent_at = time.monotonic()
+            answer = note(
+                Asked.PROVIDER_CALL,
+                await self.providers.call(tool, request, self._timeout(request, contract)),
+            )
+            if answer.kind == Answer.UNKNOWN:
+                unknown_sent_at = sent_at
+            return after_call(request, contract, answer, attempts, deliveries)
+
+        def in_flight_left() -> float:
+            if unknown_sent_at is None:
+                return 0.0
+            return max(contract.in_flight_window_s - (time.monotonic() - unknown_sent_at), 0.0)
+
+        step: Next = LookUp() if look_first else await call()
         while True:
             match step:
                 case Done(outcome=outcome):
                     return msgspec.structs.replace(outcome, evidence=trail)
-                case LookUp():
+                case LookUp(delay_s=delay):
                     if not self.providers.can_look_up(tool):
                         raise OutcomeStillUnknown(
                             f"{request.tool} has no lookup; cannot resolve {request.key}",
                             trail,
                             key=request.key,
                         )
+                    if delay:
+                        await asyncio.sleep(delay)  # the provider's Retry-After
                     answer = note(
                         Asked.PROVIDER_LOOKUP,
                         await self.providers.lookup(tool, request.key, self._timeout(request, contract)),
                     )
-                    step = after_lookup(request, contract, answer, attempts, deliveries)
+                    step = after_lookup(request, contract, answer, attempts, deliveries, in_flight_left())
                 case CallAgain(delay_s=delay):
                     await asyncio.sleep(delay)
                     attempts += 1
                     if store is not None:
                         await store.attempt(request.key, attempts)
-                    answer = note(
-                        Asked.PROVIDER_CALL,
-                        await self.providers.call(tool, request, self._timeout(request, contract)),
-                    )
-                    step = after_call(request, contract, answer, attempts, deliveries)
+                    step = await call()
                 case StillUnknown(detail=detail):
                     raise OutcomeStillUnknown(
                         f"outcome of {request.key} still unknown: {detail}", trail, key=request.key

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -9,8 +11,12 @@ from httpx_aiohttp import HttpxAiohttpClient
 
 from contracts.subjects import Header
 from contracts.tool_messages import ActionRequest, Answer
-from services.registry import ProviderAnswer
-from services.registry import HttpOperation, LocalOperation, Tool
+from services.registry import HttpOperation, LocalOperation, ProviderAnswer, Tool
+
+
+# Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
+_NOT_NOW = frozenset({408, 425, 429})
+_MAX_RETRY_AFTER_S = 60.0
 
 
 def _json(response: httpx.Response) -> dict[str, Any] | None:
@@ -21,26 +27,90 @@ def _json(response: httpx.Response) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def read_answer(response: httpx.Response, ref_field: str | None) -> ProviderAnswer:
-    """What a provider's HTTP answer means: 5xx or a body we cannot read is unknown, never a failure."""
-    body = _json(response)
-    if response.status_code >= 500:
-        return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"provider answered {response.status_code}")
-    if body is None:
-        return ProviderAnswer(
-            Answer.UNKNOWN,
-            {},
-            detail=f"provider answered {response.status_code} with a body that is not JSON",
-        )
-    if 200 <= response.status_code < 300:
-        return ProviderAnswer(
-            Answer.OK, body, ref=str(body.get(ref_field)) if ref_field and body.get(ref_field) else None
-        )
-    error = body.get("error", body)
+def _provider_error(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The provider's own typed error (`{"error": {"code": "...", ...}}`); None for any other shape, which a
+    proxy, a load balancer or a framework in front of it may have written."""
+    error = body.get("error") if body is not None else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str) and error["code"]:
+        return error
+    return None
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The Retry-After header in seconds (delta-seconds or an HTTP date), bounded; None if absent or unreadable."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+
+
+def _unknown(response: httpx.Response, why: str) -> ProviderAnswer:
     return ProviderAnswer(
-        Answer.REJECTED,
-        error if isinstance(error, dict) else {"message": str(error)},
-        detail=f"provider answered {response.status_code}",
+        Answer.UNKNOWN,
+        {},
+        detail=f"provider answered {response.status_code}{why}",
+        retry_after_s=retry_after_s(response),
+    )
+
+
+def _by_status(operation: HttpOperation, record: dict[str, Any], found: Answer) -> ProviderAnswer:
+    """A record the provider holds, read by its own status: refused, not decided yet, or done."""
+    status = record.get(operation.status_field)
+    ref = record.get(operation.ref_field) if operation.ref_field else None
+    if isinstance(status, str) and status in operation.failed_statuses:
+        error = {
+            "code": status,
+            "message": f"the provider holds this record as {status}",
+            "record": record,
+        }
+        return ProviderAnswer(
+            Answer.REJECTED, error, ref=str(ref) if ref else None, detail=f"record {status}"
+        )
+    if isinstance(status, str) and status in operation.pending_statuses:
+        return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"the provider holds the record as {status}")
+    return ProviderAnswer(found, record, ref=str(ref) if ref else None)  # type: ignore[arg-type]
+
+
+def read_answer(response: httpx.Response, operation: HttpOperation) -> ProviderAnswer:
+    """What a provider's answer to a call means. Only its typed refusal is a failure; 5xx, 408, 429, a key in
+    use and any body that is not the provider's are unknown (the write may or may not have happened)."""
+    status = response.status_code
+    if status >= 500 or status in _NOT_NOW:
+        return _unknown(response, "")
+    body = _json(response)
+    if body is None:
+        return _unknown(response, " with a body that is not JSON")
+    if 200 <= status < 300:
+        return _by_status(operation, body, Answer.OK)
+    error = _provider_error(body)
+    if status < 400 or error is None:
+        return _unknown(response, " with a body that is not the provider's")
+    if error["code"] in operation.in_use_codes:
+        return _unknown(response, f" {error['code']}: an earlier request with this key is still in progress")
+    return ProviderAnswer(Answer.REJECTED, error, detail=f"provider answered {status}")
+
+
+def read_lookup(response: httpx.Response, operation: HttpOperation) -> ProviderAnswer:
+    """What a provider's answer to "what became of key K?" means. Absent only from its typed "no such key";
+    a bare 404 (a wrong route, a gateway), an expired key or anything else unreadable is unknown."""
+    status = response.status_code
+    body = _json(response)
+    error = _provider_error(body)
+    if status == 404 and error is not None and error["code"] in operation.absent_codes:
+        return ProviderAnswer(Answer.ABSENT, {}, detail=f"provider: {error['code']}")
+    if 200 <= status < 300 and body is not None:
+        return _by_status(operation, body, Answer.FOUND)
+    if error is not None:
+        return _unknown(response, f" {error['code']}")
+    return _unknown(
+        response, " with a body that is not the provider's" if body is None or status < 500 else ""
     )
 
 
@@ -84,7 +154,7 @@ class Providers:
                 except httpx.HTTPError as exc:
                     # Timeout or dropped connection after sending: the provider may or may not have committed it.
                     return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{type(exc).__name__}: {exc}")
-                return read_answer(response, operation.ref_field)
+                return read_answer(response, operation)
 
     def can_look_up(self, tool: Tool) -> bool:
         """A local effect leaves nothing to ask about: asking says `absent`, and calling again is the same as once."""
@@ -97,17 +167,12 @@ class Providers:
                 return ProviderAnswer(Answer.ABSENT, {})
             case HttpOperation(lookup_path=None):
                 return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name} has no lookup by key")
-            case HttpOperation(lookup_path=str(path), ref_field=ref_field):
+            case HttpOperation(lookup_path=str(path)) as operation:
                 try:
                     response = await self.http.get(path.format(key=key), timeout=timeout)
                 except httpx.HTTPError as exc:
                     return ProviderAnswer(
                         Answer.UNKNOWN, {}, detail=f"lookup failed: {type(exc).__name__}: {exc}"
                     )
-                if response.status_code == 404:
-                    return ProviderAnswer(Answer.ABSENT, {})
-                answer = read_answer(response, ref_field)
-                if answer.kind == Answer.OK:
-                    return ProviderAnswer(Answer.FOUND, answer.body, answer.ref)
-                return ProviderAnswer(Answer.UNKNOWN, {}, detail=answer.detail)
+                return read_lookup(response, operation)
         raise AssertionError(f"unhandled operation {tool.operation!r}")

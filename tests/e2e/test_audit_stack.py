@@ -49,8 +49,8 @@ async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_as
     client = await start_stack()
     stack = client.stack
     run_ids: list[str] = []
-    for fault in ({}, {}, {"drop_after_commit": 1}, {"fail_5xx": 50}):
-        # Clean runs, a charge recovered by key, and a payment refused for good with its booking released.
+    for fault in ({}, {}, {"drop_after_commit": 1}, {"decline": 1}):
+        # Clean runs, a charge recovered by key, and a card declined (a typed refusal) with its booking released.
         if fault:
             await client.arm("payments", **fault)
         run_id, guest = await client.start_run()

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from bench.soak import soak
 
-# The sandbox keeps its books in memory until the durable sandbox lands: killed, it forgets every effect and the
-# ledger checks below stop meaning anything (the audit finds every journaled success "without effect"). Turn this
-# on with the durable sandbox.
-KILL_SANDBOX = False
+# The sandbox keeps its books in SQLite under the stack's data dir, as a real provider remembers every effect and
+# key: it is killed like everything else.
+KILL_SANDBOX = True
 
 
 async def test_chaos_soak_short(tmp_path) -> None:

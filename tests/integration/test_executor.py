@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
-from services.executor.service import Executor
+from services.executor.service import Executor, OutcomeStillUnknown
 from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
 from services.platform.natsd import NatsServer
@@ -73,10 +74,12 @@ class Harness:
             worker_id="test-executor",
         )
 
-    async def start(self, *families: str) -> None:
+    async def start(self, *families: str, registry: Any = None, max_deliver: int | None = None) -> None:
         for family in families:
             self.executors[family] = await self.running.enter_async_context(
-                inprocess.executor(self.settings, family)
+                inprocess.executor(
+                    self.settings, family, registry=registry or inprocess.REGISTRY, max_deliver=max_deliver
+                )
             )
 
     def request(self, tool: str, family: str, args: dict[str, Any], key: str | None = None) -> ActionRequest:
@@ -286,7 +289,7 @@ async def test_a_charge_whose_answer_was_lost_is_found_by_key(harness: Harness) 
 
 
 async def test_a_refused_write_is_looked_up_then_called_again_with_the_same_key(harness: Harness) -> None:
-    await harness.start("booking")
+    await harness.start("booking", registry=FAST)
     await harness.world.arm("bookings", fail_5xx=1)
     request = harness.request("create_booking", "booking", book_args())
     await harness.publish(request)
@@ -496,3 +499,234 @@ async def test_intents_left_by_a_dead_executor_are_settled_at_start(harness: Har
     assert sorted(e["key"] for e in ledger["entries"]) == sorted([reached.key, lost.key])
     for request in (reached, lost):
         assert (_row(harness.store_path("booking", request.key), request.key) or ("",))[0] == "succeeded"
+
+
+# Reading providers' answers as a careful engineer would ---------------------------------------------------------
+#
+# The product's writes are slow to time out (a payment: 10 s, so a 20 s in-flight window); these tests run the
+# same operations under contracts with a short timeout and window, so "after the window" comes in a second.
+
+FAST_TIMEOUT_S, FAST_WINDOW_S = 0.5, 1.5
+
+
+def fast(registry: Any) -> Any:
+    """The registry with create_payment and create_booking timing out in half a second, in flight for 1.5 s."""
+    tools = dict(registry.tools)
+    for name in ("create_payment", "create_booking"):
+        tool = tools[name]
+        contract = msgspec.structs.replace(tool.contract, timeout_s=FAST_TIMEOUT_S, in_flight_s=FAST_WINDOW_S)
+        tools[name] = dataclasses.replace(tool, contract=contract)
+    return dataclasses.replace(registry, tools=tools)
+
+
+FAST = fast(inprocess.REGISTRY)
+
+
+def trail_of(outcome: ActionOutcome | OutcomeStillUnknown) -> list[tuple[str, str]]:
+    return [(e.asked, e.answer) for e in outcome.evidence]
+
+
+async def charges(harness: Harness) -> list[dict[str, Any]]:
+    return [e for e in (await harness.world.ledger())["entries"] if e["kind"] == "charge"]
+
+
+async def test_a_commit_landing_after_the_timeout_is_waited_out_and_found_never_failed(
+    harness: Harness,
+) -> None:
+    """The provider commits a second after the caller gave up. Right after the timeout the lookup says it has no
+    record: the executor waits out the in-flight window before calling again, and then finds the charge."""
+    await harness.start("payment", registry=FAST)
+    booking = await harness.booking()
+    await harness.world.arm("payments", commit_delay_ms=1000)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+
+    await inprocess.deliver(harness.executors["payment"], request, 1)
+
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via, outcome.attempts) == (OutcomeStatus.SUCCEEDED, "provider_lookup", 2)
+    assert trail_of(outcome) == [
+        ("provider.call", "unknown"),
+        ("provider.lookup", "absent"),
+        ("provider.call", "unknown"),
+        ("provider.lookup", "found"),
+    ]
+    first_call, absent, second_call, _ = outcome.evidence
+    # The second call went out only once the first call's window had passed (not 50 ms after the absent).
+    assert (second_call.at - first_call.at).total_seconds() >= FAST_WINDOW_S - 0.1
+    (charge,) = await charges(harness)
+    assert charge["key"] == request.key and charge["ref"] == outcome.provider_ref
+
+
+async def test_absent_after_every_unknown_attempt_is_unknown_at_the_last_delivery_never_failed(
+    harness: Harness,
+) -> None:
+    """Slow commits and a lookup that lags behind them: timeout, absent, timeout, absent. Today's rule said
+    `failed` (and the run released the room the charge then landed on); the outcome is unknown, and settles
+    as succeeded when the lookup catches up."""
+    await harness.start("payment", registry=FAST, max_deliver=3)
+    executor = harness.executors["payment"]
+    booking = await harness.booking()
+    await harness.world.arm("payments", commit_delay_ms=1000)
+    await harness.world.arm("lookups", lookup_lag_ms=600_000)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+
+    with pytest.raises(OutcomeStillUnknown) as comes_back:
+        await inprocess.deliver(executor, request, 1)
+    assert trail_of(comes_back.value) == [
+        ("provider.call", "unknown"),
+        ("provider.lookup", "absent"),
+        ("provider.call", "unknown"),
+        ("provider.lookup", "absent"),
+    ]
+    await inprocess.deliver(executor, request, inprocess.last_delivery(executor))
+    (unknown,) = await harness.outcomes_for(request.key)
+    assert (unknown.status, unknown.via) == (OutcomeStatus.UNKNOWN, "unresolved")
+    assert len(await charges(harness)) == 1  # the charge landed: `failed` would have been a lie
+
+    await harness.world.clear_faults()  # the lookup catches up; the reconciler's next ask settles it
+    await inprocess.deliver(executor, request, 1)
+    _, settled = await harness.outcomes_for(request.key, 2)
+    assert (settled.status, settled.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
+    assert not [o for o in harness.outcomes if o.status == OutcomeStatus.FAILED]
+
+
+async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unknown_not_failed(
+    harness: Harness,
+) -> None:
+    """A delivery died mid-call; the next one finds the intent: the lookup says absent (the provider is still
+    processing), the call with the same key answers 409 idempotency_key_in_use. That is not a refusal: the
+    outcome stays unknown until the provider has decided, and then it is found."""
+    await harness.start("payment", registry=FAST, max_deliver=3)
+    executor = harness.executors["payment"]
+    booking = await harness.booking()
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    assert await executor._store_for(request.key).begin(request, stream_seq=1)
+    await harness.world.arm("payments", commit_delay_ms=2000)
+    previous_life = asyncio.create_task(
+        harness.sandbox.post("/payments", json=request.args, headers={"Idempotency-Key": request.key})
+    )
+    await eventually(
+        lambda: _in_flight(harness, request.key),
+        what="the previous call in the provider's hands",
+        every_s=0.02,
+    )
+
+    with pytest.raises(OutcomeStillUnknown) as comes_back:
+        await inprocess.deliver(executor, request, 1)
+    in_use = [e for e in comes_back.value.evidence if e.asked == "provider.call"]
+    assert in_use and all(e.answer == "unknown" and "in progress" in e.detail for e in in_use)
+    assert (await previous_life).status_code == 201
+    await harness.world.clear_faults()
+    await inprocess.deliver(executor, request, 2)
+    found = [o for o in await harness.outcomes_for(request.key) if o.status == OutcomeStatus.SUCCEEDED]
+    assert found and found[-1].via == "provider_lookup"
+    assert not [o for o in harness.outcomes if o.status == OutcomeStatus.FAILED]
+    assert len(await charges(harness)) == 1
+
+
+async def _in_flight(harness: Harness, key: str) -> bool:
+    return key in await harness.world.in_flight()
+
+
+async def test_a_429_is_unknown_and_its_retry_after_is_honoured(harness: Harness) -> None:
+    await harness.start("payment", registry=FAST)
+    booking = await harness.booking()
+    await harness.world.arm("payments", throttle=1, retry_after_s=1)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+
+    await inprocess.deliver(harness.executors["payment"], request, 1)
+
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via, outcome.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
+    throttled, lookup, _ = outcome.evidence
+    assert (throttled.answer, lookup.answer) == ("unknown", "absent") and "429" in throttled.detail
+    assert (lookup.at - throttled.at).total_seconds() >= 0.9  # asked again only after Retry-After
+    assert len(await charges(harness)) == 1
+
+
+@pytest.mark.parametrize("fault", ["fail_5xx", "route_404"])
+async def test_a_5xx_or_a_body_that_is_not_the_providers_is_unknown_and_never_a_refusal(
+    harness: Harness, fault: str
+) -> None:
+    await harness.start("payment", registry=FAST)
+    booking = await harness.booking()
+    await harness.world.arm("payments", **{fault: 1})
+    request = harness.request("create_payment", "payment", pay_args(booking))
+
+    await inprocess.deliver(harness.executors["payment"], request, 1)
+
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via, outcome.attempts) == (OutcomeStatus.SUCCEEDED, "call", 2)
+    assert trail_of(outcome) == [
+        ("provider.call", "unknown"),
+        ("provider.lookup", "absent"),
+        ("provider.call", "ok"),
+    ]
+    assert len(await charges(harness)) == 1
+
+
+async def test_a_gateway_404_on_the_lookup_is_unknown_never_absent(harness: Harness) -> None:
+    """The charge went through and its answer was lost; the lookup meets a load balancer's bare 404. Read as
+    "absent" with the attempts spent, that was a `failed` charge (and a release); it is unknown."""
+    await harness.start("payment", registry=FAST)
+    booking = await harness.booking()
+    await harness.world.arm("payments", drop_after_commit=1)
+    await harness.world.arm("lookups", route_404=1)
+    request = harness.request("create_payment", "payment", pay_args(booking))
+
+    with pytest.raises(OutcomeStillUnknown) as comes_back:
+        await inprocess.deliver(harness.executors["payment"], request, 1)
+    assert trail_of(comes_back.value) == [("provider.call", "unknown"), ("provider.lookup", "unknown")]
+
+    await inprocess.deliver(harness.executors["payment"], request, 2)  # the redelivery asks again
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
+    assert len(await charges(harness)) == 1
+
+
+async def test_a_declined_card_is_a_definitive_failure_by_call_and_by_lookup(harness: Harness) -> None:
+    await harness.start("payment", registry=FAST)
+    await harness.world.arm("payments", decline=1)
+    request = harness.request("create_payment", "payment", pay_args(await harness.booking()))
+    await inprocess.deliver(harness.executors["payment"], request, 1)
+    (declined,) = await harness.outcomes_for(request.key)
+    assert (declined.status, declined.via) == (OutcomeStatus.FAILED, "call")
+    assert declined.error is not None and declined.error.code == "card_declined"
+
+    # A previous life's charge was declined and its answer lost: the lookup finds the record, declined.
+    lost = harness.request("create_payment", "payment", pay_args(await harness.booking()))
+    store = await ActionStore.open(harness.store_path("payment", lost.key))
+    assert await store.begin(lost, stream_seq=1)
+    await store.close()
+    await harness.world.arm("payments", decline=1)
+    made = await harness.sandbox.post("/payments", json=lost.args, headers={"Idempotency-Key": lost.key})
+    assert made.status_code == 402
+    await inprocess.deliver(harness.executors["payment"], lost, 2)
+    found = [o for o in await harness.outcomes_for(lost.key) if o.via == "provider_lookup"]
+    assert found and found[0].status == OutcomeStatus.FAILED
+    assert found[0].error is not None and found[0].error.code == "declined"
+    assert await charges(harness) == []  # nothing moved
+
+
+async def test_a_pending_charge_is_unknown_until_the_provider_settles_it(harness: Harness) -> None:
+    await harness.start("payment", registry=FAST)
+    await harness.world.arm("payments", pending=1, pending_ms=1500)
+    request = harness.request("create_payment", "payment", pay_args(await harness.booking()))
+    executor = harness.executors["payment"]
+
+    with pytest.raises(OutcomeStillUnknown) as comes_back:
+        await inprocess.deliver(executor, request, 1)
+    assert trail_of(comes_back.value) == [("provider.call", "unknown"), ("provider.lookup", "unknown")]
+    assert "pending" in comes_back.value.evidence[0].detail
+
+    async def settled() -> bool:
+        try:
+            await inprocess.deliver(executor, request, 2)
+        except OutcomeStillUnknown:
+            return False
+        return True
+
+    await eventually(settled, what="the pending charge to settle", timeout_s=20, every_s=0.3)
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert (outcome.status, outcome.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
+    assert outcome.result["status"] == "captured"

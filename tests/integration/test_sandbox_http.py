@@ -3,9 +3,12 @@ behind the real `openai` client. (The pure cores are tested in tests/unit/test_s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -13,8 +16,9 @@ import openai
 import pytest
 import pytest_asyncio
 
+from sandbox.app import serve
 from tests.support.inprocess import sandbox_server
-from tests.support.waiting import unique
+from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT as LISBON
 from tests.support.world import BOOKING_TOOLS as TOOL_NAMES
 from tests.support.world import OFFERED_TOOLS as TOOLS
@@ -103,7 +107,7 @@ async def test_http_idempotent_replay_conflict_and_lookup(http: httpx.AsyncClien
     found = await http.get(f"/bookings/by-key/{key}")
     assert found.status_code == 200 and found.json() == created.json()
     missing = await http.get(f"/bookings/by-key/{unique('never')}")
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found"
 
     ledger = await sandbox.ledger(guest)
     assert ledger["counts"]["booking"] == 1 and [e["kind"] for e in ledger["entries"]] == ["booking"]
@@ -206,7 +210,7 @@ async def test_http_fail_5xx_refuses_without_committing(http: httpx.AsyncClient)
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "injected_fault"
     assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
     assert (await http.post("/bookings", json=body, headers={"Idempotency-Key": key})).status_code == 201
-    assert (await http.get("/_faults")).json() == {"faults": {}}
+    assert (await http.get("/_faults")).json() == {"faults": {}, "in_flight": []}
 
 
 async def test_http_drop_after_commit_loses_the_response_but_not_the_charge(
@@ -358,5 +362,157 @@ async def test_reset_clears_state_and_faults(http: httpx.AsyncClient, sandbox: S
     await http.put("/_faults", json={"target": "model", "latency_ms": 10})
     assert (await http.post("/_reset")).json() == {"reset": True}
     assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
-    assert (await http.get("/_faults")).json() == {"faults": {}}
+    assert (await http.get("/_faults")).json() == {"faults": {}, "in_flight": []}
     assert (await sandbox.ledger())["entries"] == []
+
+
+# Stripe-grade semantics: keys in flight, callers that hang up, refusals in front, records with a status -------
+
+
+async def pay_body(http: httpx.AsyncClient, guest: str) -> dict[str, Any]:
+    booking = await book(http, guest)
+    return {"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": 24000, "currency": "EUR"}
+
+
+async def test_http_a_key_in_flight_answers_409_in_use_and_the_first_request_still_wins(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest = unique("guest")
+    body, key = await pay_body(http, guest), unique("p")
+    await sandbox.arm("payments", commit_delay_ms=1500)  # both arrive while the first holds the key
+
+    answers = await asyncio.gather(
+        *(http.post("/payments", json=body, headers={"Idempotency-Key": key}) for _ in range(2))
+    )
+
+    in_use, made = sorted(answers, key=lambda r: -r.status_code)
+    assert (in_use.status_code, made.status_code) == (409, 201)
+    error = in_use.json()["error"]
+    assert (error["type"], error["code"], error["key"]) == (
+        "idempotency_error",
+        "idempotency_key_in_use",
+        key,
+    )
+    assert (await sandbox.ledger(guest))["counts"]["charge"] == 1
+    await sandbox.clear_faults()
+    after = await http.post("/payments", json=body, headers={"Idempotency-Key": key})
+    assert after.status_code == 200 and after.headers["Idempotent-Replayed"] == "true"
+
+
+async def test_http_a_write_whose_caller_hung_up_still_commits(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest = unique("guest")
+    body, key = await pay_body(http, guest), unique("p")
+    await sandbox.arm("payments", commit_delay_ms=500)
+    with pytest.raises(httpx.ReadTimeout):
+        await http.post("/payments", json=body, headers={"Idempotency-Key": key}, timeout=0.1)
+    assert (await http.get(f"/payments/by-key/{key}")).status_code == 404  # not yet: the commit is slow
+
+    found = await eventually(
+        lambda: _found(http, f"/payments/by-key/{key}"), what="the abandoned charge to commit", timeout_s=10
+    )
+    assert found["amount_cents"] == 24000
+    assert (await sandbox.ledger(guest))["counts"]["charge"] == 1
+
+
+async def _found(http: httpx.AsyncClient, path: str) -> dict[str, Any] | None:
+    response = await http.get(path)
+    return dict(response.json()) if response.status_code == 200 else None
+
+
+async def test_http_throttle_answers_429_with_retry_after_and_does_nothing(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest = unique("guest")
+    body, key = await pay_body(http, guest), unique("p")
+    await sandbox.arm("payments", throttle=1, retry_after_s=2)
+    throttled = await http.post("/payments", json=body, headers={"Idempotency-Key": key})
+    assert throttled.status_code == 429 and throttled.headers["Retry-After"] == "2"
+    assert throttled.json()["error"]["type"] == "rate_limit_error"
+    assert (await sandbox.ledger(guest))["counts"]["charge"] == 0
+    assert (await http.post("/payments", json=body, headers={"Idempotency-Key": key})).status_code == 201
+
+
+async def test_http_a_gateway_404_is_not_the_providers_answer(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    key = unique("k")
+    await book(http, unique("guest"), key)
+    await sandbox.arm("lookups", route_404=1)
+    gateway = await http.get(f"/bookings/by-key/{key}")
+    assert gateway.status_code == 404 and gateway.headers["content-type"].startswith("text/html")
+    with pytest.raises(ValueError):
+        gateway.json()
+    assert (await http.get(f"/bookings/by-key/{key}")).status_code == 200
+
+
+async def test_http_declined_and_pending_charges_are_records_with_their_own_status(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest = unique("guest")
+    body = await pay_body(http, guest)
+    await sandbox.arm("payments", decline=1)
+    declined_key = unique("p")
+    declined = await http.post("/payments", json=body, headers={"Idempotency-Key": declined_key})
+    assert declined.status_code == 402
+    assert (declined.json()["error"]["type"], declined.json()["error"]["code"]) == (
+        "card_error",
+        "card_declined",
+    )
+    record = await http.get(f"/payments/by-key/{declined_key}")
+    assert record.status_code == 200 and record.json()["status"] == "declined"
+    replay = await http.post("/payments", json=body, headers={"Idempotency-Key": declined_key})
+    assert replay.status_code == 402 and replay.headers["Idempotent-Replayed"] == "true"
+
+    await sandbox.arm("payments", pending=1, pending_ms=300)
+    pending_key = unique("p")
+    pending = await http.post("/payments", json=body, headers={"Idempotency-Key": pending_key})
+    assert pending.status_code == 202 and pending.json()["status"] == "pending"
+
+    async def captured() -> bool:
+        return (await http.get(f"/payments/by-key/{pending_key}")).json()["status"] == "captured"
+
+    await eventually(captured, what="the pending charge to settle", timeout_s=10)
+    assert (await sandbox.ledger(guest))["counts"]["charge"] == 1  # the declined one moved no money
+
+
+async def test_http_a_lagging_lookup_says_no_such_key_for_a_while(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    await sandbox.arm("lookups", lookup_lag_ms=400)
+    key = unique("k")
+    await book(http, unique("guest"), key)
+    lagging = await http.get(f"/bookings/by-key/{key}")
+    assert lagging.status_code == 404 and lagging.json()["error"]["code"] == "key_not_found"
+    await eventually(
+        lambda: _found(http, f"/bookings/by-key/{key}"), what="the lookup to catch up", timeout_s=10
+    )
+
+
+async def test_http_a_lookup_past_the_retention_window_says_the_key_expired() -> None:
+    async with short_memory_sandbox() as url, httpx.AsyncClient(base_url=url, timeout=5) as http:
+        key = unique("k")
+        await book(http, unique("guest"), key)
+        assert (await http.get(f"/bookings/by-key/{key}")).status_code == 200
+
+        async def expired() -> httpx.Response | None:
+            response = await http.get(f"/bookings/by-key/{key}")
+            return response if response.status_code == 410 else None
+
+        gone = await eventually(expired, what="the key to expire", timeout_s=10)
+        assert gone.json()["error"]["code"] == "key_expired"
+
+
+@contextlib.asynccontextmanager
+async def short_memory_sandbox() -> AsyncIterator[str]:
+    """A sandbox that keeps keys for half a second."""
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(serve(port=0, ready=ready.set_result, key_retention=timedelta(seconds=0.5)))
+    await asyncio.wait([server, ready], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        yield f"http://127.0.0.1:{ready.result()}"
+    finally:
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server

@@ -57,6 +57,12 @@ class Sandbox:
         response.raise_for_status()
         return dict(response.json()["faults"])
 
+    async def in_flight(self) -> list[str]:
+        """The keys whose write the providers are processing right now (they answer 409 in use meanwhile)."""
+        response = await self.http.get(f"{self.url}{_FAULTS}")
+        response.raise_for_status()
+        return list(response.json()["in_flight"])
+
     async def clear_faults(self) -> None:
         response = await self.http.delete(f"{self.url}{_FAULTS}")
         assert response.status_code == 200, response.text

@@ -241,6 +241,7 @@ def test_an_unknown_answer_to_a_read_is_retried_with_a_growing_pause_then_fails(
     assert outcome.error is not None and outcome.error.code == "provider_unavailable"
     assert outcome.error.details == {"key": FIND.key}
     assert "after 3 attempt(s)" in outcome.error.message and "ReadTimeout" in outcome.error.message
+    assert "a read leaves no effect" in outcome.error.message
 
 
 def test_the_pause_between_attempts_doubles_up_to_one_second() -> None:
@@ -283,15 +284,66 @@ def test_a_key_the_provider_never_saw_is_called_again_while_attempts_remain() ->
     assert after_lookup(PAY, PAYMENT, absent, attempts=1, deliveries=1) == CallAgain(delay_s=0.05)
 
 
-def test_a_key_never_seen_with_its_attempts_spent_is_a_failure_that_left_no_effect() -> None:
+def test_absent_with_the_attempts_spent_is_still_unknown_never_a_failure() -> None:
+    """Every lookup follows a call whose answer was unknown (or a previous life's): that call may still commit,
+    so "no record of the key" never proves that no effect exists. Nothing is failed, nothing compensated."""
     step = after_lookup(PAY, PAYMENT, ProviderAnswer("absent", {}), attempts=2, deliveries=1)
+
+    assert isinstance(step, StillUnknown)
+    assert "not a failure" in step.detail and "2 attempt(s)" in step.detail
+
+
+def test_absent_inside_the_in_flight_window_waits_it_out_before_calling_again() -> None:
+    """Right after a timeout the provider may still be processing the call: the key is called again only once
+    that call's in-flight window (twice the timeout unless the contract says) has passed."""
+    absent = ProviderAnswer("absent", {})
+    assert PAYMENT.in_flight_window_s == 2 * PAYMENT.timeout_s == 20.0
+
+    assert after_lookup(PAY, PAYMENT, absent, 1, 1, in_flight_left_s=12.5) == CallAgain(delay_s=12.5)
+    assert after_lookup(PAY, PAYMENT, absent, 1, 1, in_flight_left_s=0.0) == CallAgain(delay_s=0.05)
+    assert after_lookup(PAY, PAYMENT, absent, 2, 1, in_flight_left_s=12.5) == after_lookup(
+        PAY, PAYMENT, absent, 2, 1
+    )
+
+
+def test_the_in_flight_window_is_the_contracts_or_twice_its_timeout() -> None:
+    assert TOOL_CONTRACTS["send_confirmation_email"].in_flight_window_s == 6.0
+    patient = ToolContract(
+        name="x", family="f", effect=Effect.MONEY, timeout_s=1.0, retry=RetryRule.NEVER_BLIND, in_flight_s=7.0
+    )
+    assert patient.in_flight_window_s == 7.0
+
+
+def test_a_record_the_provider_holds_as_refused_is_a_failure_via_the_lookup() -> None:
+    """A declined charge exists, but moved no money: the lookup reads it by its status, as a refusal."""
+    declined = {"code": "declined", "message": "the provider holds this record as declined", "record": {}}
+
+    step = after_lookup(
+        PAY, PAYMENT, ProviderAnswer("rejected", declined, ref="pay_1"), attempts=1, deliveries=2
+    )
 
     assert isinstance(step, Done)
     outcome = step.outcome
-    assert (outcome.status, outcome.via, outcome.attempts) == (OutcomeStatus.FAILED, "call", 2)
-    assert outcome.error is not None and outcome.error.code == "provider_unavailable"
-    assert "never saw the request" in outcome.error.message
-    assert f"holds no effect for key {PAY.key}" in outcome.error.message
+    assert (outcome.status, outcome.via, outcome.attempts, outcome.deliveries) == (
+        OutcomeStatus.FAILED,
+        "provider_lookup",
+        1,
+        2,
+    )
+    assert outcome.error == ErrorInfo(
+        code="declined", message="the provider holds this record as declined", details={"provider": declined}
+    )
+
+
+def test_retry_after_is_the_pause_before_asking_again() -> None:
+    """A 429 (or a key in use) says when to ask again: the lookup of a write waits that long, and so does the
+    next attempt of a read when it is longer than the backoff."""
+    throttled = ProviderAnswer("unknown", {}, detail="provider answered 429", retry_after_s=3.0)
+
+    assert after_call(PAY, PAYMENT, throttled, attempts=1, deliveries=1) == LookUp(delay_s=3.0)
+    assert after_call(FIND, SEARCH, throttled, attempts=1, deliveries=1) == CallAgain(delay_s=3.0)
+    short = ProviderAnswer("unknown", {}, retry_after_s=0.01)
+    assert after_call(FIND, SEARCH, short, attempts=2, deliveries=1) == CallAgain(delay_s=0.1)
 
 
 @pytest.mark.parametrize(

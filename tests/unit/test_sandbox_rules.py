@@ -14,15 +14,17 @@ import msgspec
 import pytest
 
 from sandbox import scripted_model
+from sandbox.books import SqliteBooks
 from sandbox.errors import (
     ErrorCode,
     IdempotencyConflict,
     InvalidRequest,
+    KeyExpired,
     MissingIdempotencyKey,
     NotFound,
     SandboxError,
 )
-from sandbox.faults import AfterCommit, FaultBoard, FaultSpec, FaultTarget
+from sandbox.faults import AfterCommit, ChargeFate, FaultBoard, FaultSpec, FaultTarget, Refusal
 from sandbox.ledger import HOTELS, SandboxLedger
 from sandbox.records import (
     BookingRequest,
@@ -170,7 +172,7 @@ def test_released_booking_cannot_be_paid_and_lookup_shows_current_state() -> Non
     assert ledger.lookup(EffectKind.BOOKING, "b").status == "released"
     with pytest.raises(NotFound) as missing:
         ledger.lookup(EffectKind.BOOKING, "never-sent")
-    assert missing.value.code is ErrorCode.NOT_FOUND
+    assert missing.value.code is ErrorCode.KEY_NOT_FOUND
 
 
 def test_refunds_are_bounded_by_what_was_paid() -> None:
@@ -213,6 +215,115 @@ def test_ledger_records_every_effect_in_order_with_the_injected_clock() -> None:
     assert ledger.view().entries == []
 
 
+def test_durable_books_remember_every_effect_key_and_state_across_a_restart(tmp_path: Path) -> None:
+    """A second ledger over the same file is the provider after a restart: the same records, entries and keys."""
+    clock = Clock()
+    books = SqliteBooks.in_dir(tmp_path)
+    ledger = SandboxLedger(now=clock, books=books)
+    booking = ledger.create_booking("b", lisbon_booking()).record
+    payment = ledger.create_payment("p", PaymentRequest(booking.booking_id, "g1", 24000)).record
+    ledger.refund_payment("r", RefundRequest(payment.payment_id, 4000))
+    other = ledger.create_booking("b2", lisbon_booking(guest="g2")).record
+    ledger.release_booking("rel", ReleaseRequest(other.booking_id))
+    ledger.update_crm("c", CrmUpdateRequest("g1", booking.booking_id, {"a": 1}))
+    before = ledger.view()
+    books.close()
+
+    reborn = SandboxLedger(now=clock, books=SqliteBooks.in_dir(tmp_path))
+
+    assert reborn.view().entries == before.entries
+    assert reborn.lookup(EffectKind.CHARGE, "p") == payment
+    assert reborn.lookup(EffectKind.BOOKING, "b2").status == "released"  # the resource as it is now
+    again = reborn.create_payment("p", PaymentRequest(booking.booking_id, "g1", 24000))
+    assert again.replayed and again.record == payment  # the key is remembered: no second charge
+    with pytest.raises(IdempotencyConflict):
+        reborn.create_booking("b", lisbon_booking(hotel="lis-2"))
+    with pytest.raises(InvalidRequest) as refused:  # what was refunded is remembered too
+        reborn.refund_payment("r2", RefundRequest(payment.payment_id, 20001))
+    assert refused.value.code is ErrorCode.REFUND_EXCEEDS_PAYMENT
+    assert reborn.view().counts == before.counts
+    reborn.reset()
+    assert SandboxLedger(now=clock, books=SqliteBooks.in_dir(tmp_path)).view().entries == []
+
+
+def test_a_key_past_the_retention_window_is_looked_up_as_expired_and_is_new_to_a_write() -> None:
+    clock = Clock()  # one second per reading
+    ledger = SandboxLedger(now=clock, retention=timedelta(seconds=5))
+    first = ledger.create_booking("b", lisbon_booking()).record
+    assert ledger.lookup(EffectKind.BOOKING, "b") == first
+    clock.t += timedelta(seconds=10)
+
+    with pytest.raises(KeyExpired) as expired:
+        ledger.lookup(EffectKind.BOOKING, "b")
+    assert expired.value.code is ErrorCode.KEY_EXPIRED
+    assert expired.value.to_body()["error"] | {"message": ""} == {
+        "type": "invalid_request_error",
+        "code": "key_expired",
+        "message": "",
+        "key": "b",
+        "kind": "booking",
+        "retention_s": 5,
+    }
+    # Like Stripe after 24 h: the provider no longer knows the key, so the same key makes a second effect.
+    assert not ledger.create_booking("b", lisbon_booking()).replayed
+    assert ledger.view().counts["booking"] == 2
+
+
+def test_a_lagging_lookup_says_no_such_key_until_the_lag_has_passed() -> None:
+    clock = Clock()
+    ledger = SandboxLedger(now=clock)
+    ledger.create_booking("b", lisbon_booking())
+    with pytest.raises(NotFound) as lagging:
+        ledger.lookup(EffectKind.BOOKING, "b", lag=timedelta(seconds=30))
+    assert lagging.value.code is ErrorCode.KEY_NOT_FOUND
+    clock.t += timedelta(seconds=30)
+    assert ledger.lookup(EffectKind.BOOKING, "b", lag=timedelta(seconds=30)).key == "b"
+
+
+def test_a_declined_charge_is_a_record_that_moved_no_money() -> None:
+    ledger = new_ledger()
+    booking = ledger.create_booking("b", lisbon_booking()).record
+    declined = ledger.create_payment(
+        "p", PaymentRequest(booking.booking_id, "g1", 24000), ChargeFate.DECLINED
+    )
+    assert declined.record.status == "declined"
+    assert ledger.lookup(EffectKind.CHARGE, "p").status == "declined"
+    assert ledger.create_payment("p", PaymentRequest(booking.booking_id, "g1", 24000)).replayed
+    assert ledger.view().counts["charge"] == 0
+
+
+def test_a_pending_charge_reads_as_captured_once_it_settles() -> None:
+    clock = Clock()
+    ledger = SandboxLedger(now=clock)
+    booking = ledger.create_booking("b", lisbon_booking()).record
+    request = PaymentRequest(booking.booking_id, "g1", 24000)
+    pending = ledger.create_payment("p", request, ChargeFate.PENDING, timedelta(seconds=10)).record
+    assert pending.status == "pending" and pending.settles_at is not None
+    assert ledger.lookup(EffectKind.CHARGE, "p").status == "pending"
+    clock.t += timedelta(seconds=10)
+    settled = ledger.lookup(EffectKind.CHARGE, "p")
+    assert (settled.status, settled.settles_at) == ("captured", None)  # type: ignore[union-attr]
+    assert ledger.view().counts["charge"] == 1
+
+
+def test_refusal_faults_and_charge_fates_count_down_one_request_at_a_time() -> None:
+    board = FaultBoard()
+    board.arm(
+        FaultSpec(target=FaultTarget.PAYMENTS, throttle=1, retry_after_s=3, route_404=1, commit_delay_ms=50)
+    )
+    assert board.before(FaultTarget.PAYMENTS) == (0, Refusal.THROTTLE, 3, 0)
+    assert board.before(FaultTarget.PAYMENTS) == (0, Refusal.ROUTE_404, 0, 0)
+    assert board.before(FaultTarget.PAYMENTS) == (0, Refusal.NONE, 0, 50)  # a slow commit stays until cleared
+    board.arm(FaultSpec(target=FaultTarget.PAYMENTS, decline=1, pending=1, pending_ms=700))
+    assert board.charge_fate() == (ChargeFate.DECLINED, 0)
+    assert board.charge_fate() == (ChargeFate.PENDING, 700)
+    assert board.charge_fate() == (ChargeFate.CAPTURED, 0)
+    assert not board.armed
+    assert board.lookup_lag_ms() == 0
+    board.arm(FaultSpec(target=FaultTarget.LOOKUPS, lookup_lag_ms=250))
+    assert board.lookup_lag_ms() == 250 and board.armed
+
+
 def imported_roots(path: Path) -> set[str]:
     roots = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -225,7 +336,7 @@ def imported_roots(path: Path) -> set[str]:
 
 def test_cores_import_no_web_or_network_library() -> None:
     forbidden = {"litestar", "uvicorn", "httpx", "openai", "nats", "aiosqlite", "asyncio", "socket"}
-    for name in ("ledger.py", "scripted_model.py", "faults.py", "records.py", "errors.py"):
+    for name in ("ledger.py", "scripted_model.py", "faults.py", "records.py", "errors.py", "books.py"):
         assert not imported_roots(SANDBOX_DIR / name) & forbidden, name
 
 
@@ -237,9 +348,9 @@ def test_fault_countdowns_are_consumed_one_request_at_a_time() -> None:
     board.arm(
         FaultSpec(target=FaultTarget.PAYMENTS, latency_ms=20, fail_5xx=1, drop_after_commit=1, malformed=1)
     )
-    assert board.before(FaultTarget.PAYMENTS) == (20, True)
-    assert board.before(FaultTarget.PAYMENTS) == (20, False)
-    assert board.before(FaultTarget.BOOKINGS) == (0, False)
+    assert board.before(FaultTarget.PAYMENTS) == (20, Refusal.FAIL_5XX, 0, 0)
+    assert board.before(FaultTarget.PAYMENTS) == (20, Refusal.NONE, 0, 0)
+    assert board.before(FaultTarget.BOOKINGS) == (0, Refusal.NONE, 0, 0)
     assert board.after_commit(FaultTarget.PAYMENTS) is AfterCommit.DROP
     assert board.after_commit(FaultTarget.PAYMENTS) is AfterCommit.MALFORMED
     assert board.after_commit(FaultTarget.PAYMENTS) is AfterCommit.DELIVER
@@ -251,11 +362,11 @@ def test_fault_countdowns_are_consumed_one_request_at_a_time() -> None:
 def test_wildcard_faults_spare_the_reconciliation_lookups() -> None:
     board = FaultBoard()
     board.arm(FaultSpec(target=FaultTarget.ALL, fail_5xx=2))
-    assert board.before(FaultTarget.LOOKUPS).fail_5xx is False
-    assert board.before(None).fail_5xx is False
-    assert board.before(FaultTarget.MODEL).fail_5xx is True
+    assert board.before(FaultTarget.LOOKUPS).refusal is Refusal.NONE
+    assert board.before(None).refusal is Refusal.NONE
+    assert board.before(FaultTarget.MODEL).refusal is Refusal.FAIL_5XX
     board.arm(FaultSpec(target=FaultTarget.LOOKUPS, fail_5xx=1))
-    assert board.before(FaultTarget.LOOKUPS).fail_5xx is True
+    assert board.before(FaultTarget.LOOKUPS).refusal is Refusal.FAIL_5XX
 
 
 # Pure core: scripted model

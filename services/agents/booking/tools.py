@@ -13,6 +13,9 @@ def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 
 _STR = {"type": "string"}
+# A money record is read by its own status: a declined charge is a refusal, a pending one is not decided yet.
+CHARGE_REFUSED = frozenset({"declined", "failed", "canceled"})
+CHARGE_UNDECIDED = frozenset({"pending", "processing", "requires_action"})
 _DATE = {"type": "string", "description": "ISO date, YYYY-MM-DD"}
 
 SEARCH_HOTELS = Tool(
@@ -77,6 +80,8 @@ CREATE_PAYMENT = Tool(
         lookup_path="/payments/by-key/{key}",
         ref_field="payment_id",
         requires=("booking_id", "guest_id", "amount_cents", "currency"),
+        failed_statuses=CHARGE_REFUSED,
+        pending_statuses=CHARGE_UNDECIDED,
     ),
 )
 
@@ -170,6 +175,8 @@ REFUND_PAYMENT = Tool(
         lookup_path="/refunds/by-key/{key}",
         ref_field="refund_id",
         requires=("payment_id", "amount_cents"),
+        failed_statuses=CHARGE_REFUSED,
+        pending_statuses=CHARGE_UNDECIDED,
     ),
     compensation_only=True,
 )
