@@ -13,7 +13,7 @@ import msgspec
 from rich.console import Console
 
 from contracts.run_events import RunEvent, UnknownEvent
-from contracts.streams import stream_specs
+from contracts.streams import leases_spec, stream_specs
 from crashsafe.stack import ProcessIdentity
 from crashsafe.timeline import timeline
 from sandbox.listing import SandboxListing
@@ -202,6 +202,9 @@ async def infra_apply() -> int:
         for spec in stream_specs(settings.namespace, settings.stream_replicas):
             await broker.ensure_stream(spec)
             print(f"stream {spec.name}: {', '.join(spec.subjects)}")
+        leases = leases_spec(settings.namespace, settings.stream_replicas)
+        await broker.ensure_kv(leases)
+        print(f"key-value bucket {leases.bucket}: executor partition leases")
     finally:
         await broker.close()
     return 0

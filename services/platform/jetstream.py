@@ -123,7 +123,8 @@ class Broker:
             # after the first (`max_reconnect_attempts=1`) is what makes it give up; the outer timeout bounds it.
             nc = await asyncio.wait_for(
                 nats.connect(
-                    url,
+                    # A cluster's seed URLs, comma-separated: a service restarted while one node is down still connects.
+                    [server.strip() for server in url.split(",") if server.strip()],
                     name=name,
                     max_reconnect_attempts=1 if fail_fast else -1,
                     reconnect_time_wait=0.25,

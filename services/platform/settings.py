@@ -28,7 +28,11 @@ class Variable:
 
 # The README's configuration table lists exactly these (tests/…/test_settings.py checks it).
 VARIABLES: tuple[Variable, ...] = (
-    Variable("CRASHSAFE_NATS_URL", "nats://127.0.0.1:4222", "the NATS server"),
+    Variable(
+        "CRASHSAFE_NATS_URL",
+        "nats://127.0.0.1:4222",
+        "the NATS server (a cluster: its URLs, comma-separated)",
+    ),
     Variable("CRASHSAFE_NAMESPACE", DEFAULT_NAMESPACE, "prefix of every subject and stream"),
     Variable("CRASHSAFE_REGISTRY", "services.agents:stayhub", "the agents and tools this deployment runs"),
     Variable(
