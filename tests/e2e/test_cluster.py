@@ -21,7 +21,14 @@ from tests.support.world import effects_per_run
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
-    started = await asyncio.to_thread(NatsCluster(tmp_path / "cluster", size=3).start)
+    # Ports are picked free and bound a moment later by three processes: another process can take one in
+    # between. A cluster that could not start is started once more on fresh ports (its logs stay for reading).
+    first = NatsCluster(tmp_path / "cluster", size=3)
+    try:
+        started = await asyncio.to_thread(first.start)
+    except RuntimeError:
+        await asyncio.to_thread(first.stop)
+        started = await asyncio.to_thread(NatsCluster(tmp_path / "cluster-again", size=3).start)
     try:
         yield started
     finally:
@@ -61,8 +68,9 @@ async def _load_with_a_node_killed(client: StackClient, broker: Broker, cluster:
     await eventually(under_way, what="the first runs to get going", every_s=0.05)
     # The leader of the journal stream: losing it forces an election while runs append to it.
     victim = cluster.node(await _runs_leader(broker, client.ns))
-    victim.kill()
+    # Read before the kill: while the stream elects a new leader the gateway rightly answers 503 (retry later).
     still_running = [r for r in run_ids if ((await client.summary(r)) or {}).get("status") == "running"]
+    victim.kill()
     assert still_running, "the node must die under load, with runs mid-flight"
     # Runs keep arriving while the cluster is one node short.
     run_ids += await asyncio.gather(*(client.submit(guest_id=f"guest-b{i}") for i in range(10)))
