@@ -17,7 +17,7 @@ import pytest
 
 from contracts.keys import partition_of
 from contracts.subjects import Namespace, StreamKind
-from contracts.tool_messages import ActionRequest, Asked, Via, runtime_message_decoder
+from contracts.tool_messages import Answer, ActionRequest, Asked, Via, runtime_message_decoder
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from tests.e2e.test_executor_replicas import PARTITIONS, Payments, owners, replicas
@@ -123,7 +123,13 @@ async def test_scaling_replicas_up_and_down_under_load_charges_every_key_once(
             assert first.evidence[0].asked == Asked.PROVIDER_LOOKUP, first
         else:
             assert first.via == Via.CALL, first
-            assert [e.asked for e in first.evidence] == [Asked.PROVIDER_CALL], first
+            # A key called once: either straight away, or (a key requested before its partition moved to a store
+            # that cannot know it) after the provider said by key that it never saw it.
+            asked = [(e.asked, e.answer) for e in first.evidence]
+            assert asked in (
+                [(Asked.PROVIDER_CALL, Answer.OK)],
+                [(Asked.PROVIDER_LOOKUP, Answer.ABSENT), (Asked.PROVIDER_CALL, Answer.OK)],
+            ), first
 
     # The ledger: one charge per key, none twice, and no key called twice (a replay is a second call).
     ledger = await sandbox.ledger()
