@@ -31,6 +31,10 @@ class Header(StrEnum):
     # Per-message TTL (nats-server 2.11+): a lease or membership key the server removes unless it is renewed.
     MSG_TTL = "Nats-TTL"
     KV_OPERATION = "KV-Operation"
+    # What a direct get answers with, beside the stored message.
+    SEQUENCE = "Nats-Sequence"
+    SUBJECT = "Nats-Subject"
+    NUM_PENDING = "Nats-Num-Pending"
 
 
 class StreamKind(StrEnum):

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 
 from contracts.subjects import DEFAULT_NAMESPACE
-from services.platform.natsd import NatsServer
+from services.platform.natsd import NatsServer, free_port
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify")
 NATS = "nats-server"
@@ -131,12 +130,6 @@ class ProcessIdentity:
         finally:
             os.close(fd)
         return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _import_root(registry: str) -> str | None:

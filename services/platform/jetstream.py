@@ -430,12 +430,12 @@ class Broker:
                     )
                 messages.append(
                     StoredMessage(
-                        seq=int(headers["Nats-Sequence"]),
-                        subject=headers.get("Nats-Subject", subject),
+                        seq=int(headers[Header.SEQUENCE]),
+                        subject=headers.get(Header.SUBJECT, subject),
                         data=msg.data,
                         headers=headers,
                     )
                 )
-                more = int(headers.get("Nats-Num-Pending", "0")) > 0
+                more = int(headers.get(Header.NUM_PENDING, "0")) > 0
         finally:
             await sub.unsubscribe()
