@@ -38,11 +38,16 @@ class ConsumerSpec:
     max_deliver: int = 20
     max_ack_pending: int = 1000
     backoff_s: tuple[float, ...] = field(default=())
+    # A pull consumer delivers only to a process that asks, for at most `pull_expires_s` per request: a paused
+    # process stops asking, so it stops taking messages once its last request expires (a push queue group
+    # would keep handing it half the redeliveries until the server noticed the dead connection, minutes on).
+    pull: bool = False
+    pull_expires_s: float = 2.0
 
     @property
-    def deliver_subject(self) -> str:
+    def deliver_subject(self) -> str | None:
         """Where a push consumer delivers; replicas share it through the deliver group named after the durable."""
-        return f"_deliver.{self.stream}.{self.durable}"
+        return None if self.pull else f"_deliver.{self.stream}.{self.durable}"
 
 
 def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
@@ -97,14 +102,23 @@ def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerS
 
 
 def executor_consumer(
-    ns: Namespace, family: str, partition: int, ack_wait_s: float = 30.0, max_deliver: int = 20
+    ns: Namespace,
+    family: str,
+    partition: int,
+    ack_wait_s: float = 30.0,
+    max_deliver: int = 20,
+    lease_s: float = 5.0,
 ) -> ConsumerSpec:
+    """A partition's consumer, pulled by its lease holder only. A pull request lives less than half a lease, so
+    a holder paused past its lease has no request left on the server by the time another replica takes over."""
     return ConsumerSpec(
         stream=ns.stream(StreamKind.ACTIONS),
         durable=ns.executor_consumer(family, partition),
         filter_subject=ns.actions(family, partition),
         ack_wait_s=ack_wait_s,
         max_deliver=max_deliver,
+        pull=True,
+        pull_expires_s=max(min(lease_s / 2, 2.0), 0.2),
     )
 
 

@@ -197,7 +197,7 @@ class Executor:
                 self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
             )
         consumer = executor_consumer(
-            self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver
+            self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
         )
         await self.broker.ensure_consumer(consumer)
         self._subscriptions[partition] = await self.broker.subscribe(

@@ -30,6 +30,7 @@ from nats.js.api import (
 from contracts.errors import BrokerUnavailable, LeaseConflict, RunVersionConflict, SubjectFull
 from contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 from contracts.subjects import Header
+from services.platform.pull_feed import PullFeed
 
 log = logging.getLogger("crashsafe.jetstream")
 
@@ -93,8 +94,9 @@ class KvEntry:
 class Subscription:
     """A handle on one subscription, to stop it (a released partition's consumer)."""
 
-    def __init__(self, sub: object) -> None:
+    def __init__(self, sub: object | None = None, feed: PullFeed | None = None) -> None:
         self._sub = sub
+        self._feed = feed
 
 
 class Broker:
@@ -104,6 +106,7 @@ class Broker:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=10)
         self._subs: list[object] = []
+        self._feeds: set[PullFeed] = set()
         self._acks: dict[str, asyncio.Future[Msg]] = {}
         self._ack_prefix: str | None = None
         self._ack_counter = 0
@@ -142,6 +145,9 @@ class Broker:
         return cls(nc)
 
     async def close(self) -> None:
+        for feed in list(self._feeds):
+            await feed.stop()  # no pull request is left asking for messages nobody here will handle
+        self._feeds.clear()
         try:
             await self.nc.drain()
         except (TimeoutError, nats.errors.Error, OSError):
@@ -189,10 +195,12 @@ class Broker:
             return False
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
+        """Create the durable, or bring it to `spec`. A change the server cannot make in place (push to pull)
+        recreates it from just after its ack floor: nothing acknowledged comes back, nothing unacknowledged is lost."""
         config = ConsumerConfig(
             durable_name=spec.durable,
             deliver_subject=spec.deliver_subject,
-            deliver_group=spec.durable,
+            deliver_group=None if spec.pull else spec.durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=spec.ack_wait_s,
             max_deliver=spec.max_deliver,
@@ -203,11 +211,24 @@ class Broker:
         try:
             await self.js.add_consumer(spec.stream, config)
         except nats.js.errors.BadRequestError:
+            info = await self.js.consumer_info(spec.stream, spec.durable)
+            config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
+            log.warning(
+                "consumer %s cannot change in place; recreated from stream sequence %d",
+                spec.durable,
+                config.opt_start_seq,
+            )
             await self.js.delete_consumer(spec.stream, spec.durable)
             await self.js.add_consumer(spec.stream, config)
 
     async def subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> Subscription:
         """Deliver the consumer's messages to `handler`; replicas sharing the durable share the work."""
+        if spec.pull:
+            feed = PullFeed(self.nc, spec, handler)
+            await feed.start()
+            self._feeds.add(feed)
+            return Subscription(feed=feed)
         sub = await self.js.subscribe(
             spec.filter_subject,
             queue=spec.durable,
@@ -221,6 +242,10 @@ class Broker:
 
     async def unsubscribe(self, handle: Subscription) -> None:
         """Stop a subscription: nothing more is delivered to its handler; unacked messages come back to others."""
+        if handle._feed is not None:
+            self._feeds.discard(handle._feed)
+            await handle._feed.stop()
+            return
         sub = handle._sub
         if sub in self._subs:
             self._subs.remove(sub)

@@ -151,4 +151,6 @@ def test_the_durable_consumers_a_deploy_resumes() -> None:
         1.0,
         7,
     )
-    assert payment.deliver_subject == "_deliver.STAYHUB_ACTIONS.executor_payment_p2"
+    # Pulled by the partition's lease holder only, each request living under half a lease.
+    assert (payment.pull, payment.deliver_subject, payment.pull_expires_s) == (True, None, 2.0)
+    assert executor_consumer(ns, "payment", 2, lease_s=1).pull_expires_s == 0.5

@@ -1,0 +1,88 @@
+"""A pull consumer's messages handed to a handler as they arrive, for as long as this process keeps asking."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from contracts.streams import ConsumerSpec
+
+log = logging.getLogger("crashsafe.jetstream")
+
+# How many messages one pull request asks for. The handler's own bound (Deliveries) caps the work in hand.
+PULL_BATCH = 64
+_HEARTBEAT = "100"
+
+
+class PullFeed:
+    """One outstanding pull request at a time, each for at most `spec.pull_expires_s`.
+
+    nats-py's `fetch` waits for a whole batch before it returns; here every message goes to the handler the
+    moment it arrives, and the next request is sent once the last one is filled or ends (a 408 when it expires,
+    a 409 when the server drops it). A request lost with a broker restart is replaced after its expiry."""
+
+    def __init__(self, nc: Client, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> None:
+        self.nc = nc
+        self.spec = spec
+        self.handler = handler
+        self._inbox = nc.new_inbox()
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
+        self._asked = 0
+        self._received = 0
+        self._request_over = asyncio.Event()
+        self._last_status = ""
+        self._sub: object | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_message)
+        self._task = asyncio.create_task(self._ask_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()  # type: ignore[attr-defined]
+            except (nats.errors.Error, OSError) as exc:
+                log.warning("unsubscribe: %s: %s", type(exc).__name__, exc)
+
+    async def _on_message(self, msg: Msg) -> None:
+        status = (msg.headers or {}).get("Status")
+        if status is not None:
+            if status != _HEARTBEAT:
+                self._last_status = status
+                self._request_over.set()  # expired (408), dropped (409), or nothing more to give (404)
+            return
+        self._received += 1
+        if self._received >= self._asked:
+            self._request_over.set()
+        await self.handler(msg)
+
+    async def _ask_forever(self) -> None:
+        expires_s = self.spec.pull_expires_s
+        request = json.dumps({"batch": PULL_BATCH, "expires": int(expires_s * 1e9)}).encode()
+        while True:
+            self._asked, self._received = PULL_BATCH, 0
+            self._request_over.clear()
+            try:
+                await self.nc.publish(self._next_subject, request, reply=self._inbox)
+            except (nats.errors.Error, OSError):
+                await asyncio.sleep(expires_s)  # disconnected: nats-py reconnects; ask again then
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._request_over.wait(), expires_s + 1.0)
+            if self._last_status.startswith("409"):
+                # Dropped (a leader change, too many waiting requests): ask again, but not in a tight loop.
+                log.info("pull request on %s ended: %s", self.spec.durable, self._last_status)
+                self._last_status = ""
+                await asyncio.sleep(0.2)
