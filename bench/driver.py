@@ -136,12 +136,13 @@ class RawGateway:
     not get. This client spends a few tens of microseconds, so the gateway path measures the gateway.
     """
 
-    def __init__(self, base_url: str, agent: str) -> None:
+    def __init__(self, base_url: str, agent: str, api_key: str) -> None:
         url = httpx.URL(base_url)
         self.host, self.port = url.host, url.port or 80
         query = f"?agent={agent}" if agent != "booking" else ""
         self._head = (
             f"POST /v1/events{query} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {api_key}\r\n"
         ).encode()
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.retries = 0
@@ -204,11 +205,11 @@ class RawGateway:
         self._idle.clear()
 
 
-def jetstream_submitter(broker: Broker, ns: Namespace, agent: str) -> Submit:
+def jetstream_submitter(broker: Broker, ns: Namespace, agent: str, tenant: str) -> Submit:
     """What the gateway does after admitting a request, minus the HTTP hop and its post-publish journal read."""
 
     async def submit(message: GuestMessage) -> None:
-        run_id = run_id_for(message.event_id)
+        run_id = run_id_for(tenant, message.event_id)
         event = InboundEvent(
             key=message.event_id,
             run_id=run_id,
@@ -216,6 +217,7 @@ def jetstream_submitter(broker: Broker, ns: Namespace, agent: str) -> Submit:
             message=InboundMessage.of(message),
             agent=agent,
             received_at=datetime.now(UTC),
+            tenant=tenant,
         )
         published = await broker.publish(
             ns.inbound(run_id),
@@ -241,6 +243,7 @@ async def closed_loop(
     messages: Sequence[GuestMessage],
     concurrency: int,
     run_timeout_s: float,
+    tenant: str,
 ) -> LoopResult:
     """`concurrency` workers; each submits a run and waits for its journal to end before taking the next."""
     pending = iter(messages)
@@ -248,7 +251,7 @@ async def closed_loop(
 
     async def worker() -> None:
         for message in pending:
-            trace = watcher.track(run_id_for(message.event_id))
+            trace = watcher.track(run_id_for(tenant, message.event_id))
             traces.append(trace)
             trace.submitted = perf_counter()
             try:

@@ -24,7 +24,8 @@ AGENT = "steps5x100ms"
 
 
 async def _submit(stack: Stack, n: int) -> set[str]:
-    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as client:
+    auth = {"authorization": f"Bearer {stack.api_key}"}
+    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30, headers=auth) as client:
 
         async def one(i: int) -> str:
             body = {

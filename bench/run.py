@@ -44,7 +44,7 @@ from bench.probes import (
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from bench.workloads import REGISTRY
-from crashsafe.stack import EXECUTOR_FAMILIES, Stack
+from crashsafe.stack import EXECUTOR_FAMILIES, STACK_TENANT, Stack
 
 BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
 RSS_BAR_MB = 100.0
@@ -136,12 +136,13 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
 
     broker = await Broker.connect(stack.nats_url, "bench-driver")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    client = httpx.AsyncClient(base_url=stack.gateway_url, limits=limits, timeout=30.0)
+    auth = {"authorization": f"Bearer {stack.api_key}"}
+    client = httpx.AsyncClient(base_url=stack.gateway_url, limits=limits, timeout=30.0, headers=auth)
     watcher = JournalWatcher(broker, ns)
-    raw = RawGateway(stack.gateway_url, workload.agent)
+    raw = RawGateway(stack.gateway_url, workload.agent, stack.api_key)
     submitters = {
         "gateway": gateway_submitter(client, workload.agent) if http == "httpx" else raw.submit,
-        "jetstream": jetstream_submitter(broker, ns, workload.agent),
+        "jetstream": jetstream_submitter(broker, ns, workload.agent, STACK_TENANT),
     }
     labels = {"gateway": f"gateway/{http}", "jetstream": "jetstream"}
     pids = {name: s.process.pid for name, s in stack.services.items() if s.process is not None}
@@ -165,7 +166,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
             await asyncio.sleep(1.0)  # let py-spy attach before the load starts
         before = {k: cpu_seconds(p) for k, p in pids.items()}
         machine_before = machine_cpu_seconds()
-        result = await closed_loop(watcher, submitters[via], messages, width, args.run_timeout)
+        result = await closed_loop(watcher, submitters[via], messages, width, args.run_timeout, STACK_TENANT)
         used = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
         # Everything else the machine did meanwhile (other users, py-spy, the kernel): a bench on a busy box lies.
         used["not ours"] = max(machine_cpu_seconds() - machine_before - sum(used.values()), 0.0)

@@ -23,7 +23,7 @@ import httpx
 from contracts.errors import CrashsafeError
 from contracts.run_events import RunCompleted, RunHandedOff
 from contracts.subjects import Namespace
-from crashsafe.stack import NATS, ProcessIdentity
+from crashsafe.stack import API_KEY_FILE, NATS, ProcessIdentity
 from sandbox.listing import SandboxListing
 from sandbox.records import LedgerEntry
 from services.agents import stayhub
@@ -107,6 +107,11 @@ class UpStack:
     def gateway_url(self) -> str:
         return str(self.state()["gateway_url"])
 
+    @property
+    def api_key(self) -> str:
+        """The admin key `crashsafe up` wrote for its own clients (never in stack.json)."""
+        return (self.state_dir / API_KEY_FILE).read_text().strip()
+
 
 def start_up(
     state_dir: Path, scale: Mapping[str, int], env: Mapping[str, str], timeout_s: float = 90.0
@@ -163,7 +168,9 @@ async def soak(
     accepted: set[str] = set()
     try:
         broker = await Broker.connect(str(state["nats_url"]), "chaos")
-        submitter = asyncio.create_task(_submit_all(up.gateway_url, runs, duration_s, rng, accepted, report))
+        submitter = asyncio.create_task(
+            _submit_all(up.gateway_url, up.api_key, runs, duration_s, rng, accepted, report)
+        )
         await _kill_loop(up, duration_s, kill_every_s, rng, report, kill_nats, kill_sandbox)
         last_kill = time.monotonic()
         await submitter
@@ -215,6 +222,7 @@ async def _when_back(read: Callable[[], Awaitable[T]], timeout_s: float = 60.0) 
 
 async def _submit_all(
     gateway_url: str,
+    api_key: str,
     runs: int,
     duration_s: float,
     rng: random.Random,
@@ -233,7 +241,12 @@ async def _submit_all(
             "guest_id": f"guest-{i}",
             "text": BOOKING.format(city=rng.choice(CITIES), d1=d1, d2=d1 + rng.randint(1, 5)),
         }
-        async with slots, httpx.AsyncClient(base_url=gateway_url, timeout=5) as client:
+        async with (
+            slots,
+            httpx.AsyncClient(
+                base_url=gateway_url, timeout=5, headers={"authorization": f"Bearer {api_key}"}
+            ) as client,
+        ):
             deadline = time.monotonic() + duration_s + 120
             while time.monotonic() < deadline:
                 try:

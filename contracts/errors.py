@@ -37,6 +37,10 @@ class ErrorCode(StrEnum):
     TOOL_ARGUMENTS_TOO_LARGE = "tool_arguments_too_large"
     TOOL_ARGUMENTS_TOO_DEEP = "tool_arguments_too_deep"
     MODEL_ANSWER_TOO_LARGE = "model_answer_too_large"
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
+    RATE_LIMITED = "rate_limited"
+    TOO_MANY_ACTIVE_RUNS = "too_many_active_runs"
 
 
 class RetryClass(StrEnum):
@@ -310,3 +314,75 @@ class LeaseConflict(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"key": self.key, "expected_revision": self.expected_revision}
+
+
+# Clients and quotas at the gateway ----------------------------------------------------------------------------
+
+
+class Unauthenticated(CrashsafeError):
+    """No usable API key (HTTP 401). `reason`: missing, malformed, invalid (unknown id or wrong secret: one answer,
+    so a guess learns nothing) or revoked (said only to a holder of the right secret). Never carries the key."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+    def __init__(self, reason: str) -> None:
+        advice = {
+            "missing": "send Authorization: Bearer <key> (crashsafe keys create makes one)",
+            "malformed": "the key is csk_<key_id>_<secret>, as crashsafe keys create printed it",
+            "invalid": "this key is not known; check it, or ask an operator for a new one",
+            "revoked": "this key was revoked; ask an operator for a new one",
+        }[reason]
+        super().__init__(f"not authenticated ({reason}): {advice}")
+        self.reason = reason
+
+    def details(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+
+class Forbidden(CrashsafeError):
+    """The key is good but lacks the scope this call needs (HTTP 403)."""
+
+    code = ErrorCode.FORBIDDEN
+
+    def __init__(self, *, scope: str, key_id: str) -> None:
+        super().__init__(f"key {key_id} lacks scope {scope!r}; ask an operator for a key that has it")
+        self.scope = scope
+        self.key_id = key_id
+
+    def details(self) -> dict[str, Any]:
+        return {"scope": self.scope, "key_id": self.key_id}
+
+
+class RateLimited(CrashsafeError):
+    """Too many requests for one `limit` (client, guest, run) right now (HTTP 429, `Retry-After`)."""
+
+    code = ErrorCode.RATE_LIMITED
+    retry = RetryClass.RETRY_LATER
+
+    def __init__(self, *, limit: str, retry_after_s: float, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"too many requests for this {limit}; retry after {retry_after_s:.1f} s with the same body"
+        )
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+    def details(self) -> dict[str, Any]:
+        return {"limit": self.limit, "retry_after_s": round(self.retry_after_s, 3)}
+
+
+class TooManyActiveRuns(RateLimited):
+    """A guest or a session already has `cap` runs under way (HTTP 429): wait for one to end."""
+
+    code = ErrorCode.TOO_MANY_ACTIVE_RUNS
+
+    def __init__(self, *, limit: str, cap: int, retry_after_s: float) -> None:
+        super().__init__(
+            limit=limit,
+            retry_after_s=retry_after_s,
+            message=f"this {limit} already has {cap} runs under way; send it again once one has ended",
+        )
+        self.cap = cap
+
+    def details(self) -> dict[str, Any]:
+        return super().details() | {"cap": self.cap}

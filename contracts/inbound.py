@@ -44,6 +44,8 @@ class InboundEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     message: InboundMessage
     agent: str = "booking"
     received_at: datetime
+    # The tenant of the client that sent it (its API key's); part of the run's identity (`run_id_for`).
+    tenant: str = ""
 
 
 inbound_encoder = msgspec.json.Encoder()

@@ -30,9 +30,10 @@ def inbound_hash(message: Any, agent: str) -> str:
     return input_hash({"agent": agent, "message": message})
 
 
-def run_id_for(idempotency_key: str) -> str:
-    """The run a guest event lands on; derived, so a redelivery after any dedup window finds the same run."""
-    return "run_" + hashlib.sha256(b"inbound:" + idempotency_key.encode()).hexdigest()[:24]
+def run_id_for(tenant: str, inbound_key: str) -> str:
+    """The run a guest event lands on: derived from (tenant, the event's id), so a redelivery after any dedup
+    window finds the same run and two tenants' event ids never meet. A tenant never holds `/` (TENANT)."""
+    return "run_" + hashlib.sha256(f"inbound:{tenant}/{inbound_key}".encode()).hexdigest()[:24]
 
 
 def action_key(run_id: str, step_no: int) -> str:

@@ -88,6 +88,8 @@ class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     text: str
     budget: Budget = Budget()
     deadline_at: datetime
+    # The tenant whose client started the run (from the inbound event): who may read it.
+    tenant: str = ""
 
 
 class ModelAnswered(RunEventBase, frozen=True, kw_only=True, tag="run.model_answered"):

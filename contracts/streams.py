@@ -140,3 +140,13 @@ class KvSpec:
 def leases_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """Partition leases, holders and members of every executor family of a namespace."""
     return KvSpec(bucket=ns.leases_bucket, replicas=replicas)
+
+
+def clients_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """API client keys (hashed), `client.<key_id>`."""
+    return KvSpec(bucket=ns.clients_bucket, replicas=replicas)
+
+
+def active_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Active runs per guest and per session, `guest.<tenant>.<hash>` / `session.<tenant>.<hash>`."""
+    return KvSpec(bucket=ns.active_bucket, replicas=replicas)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,6 +29,9 @@ class Header(StrEnum):
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
+    AUTHORIZATION = "Authorization"
+    RETRY_AFTER = "Retry-After"
+    CONTENT_LENGTH = "Content-Length"
     # Per-message TTL (nats-server 2.11+): a lease or membership key the server removes unless it is renewed.
     MSG_TTL = "Nats-TTL"
     KV_OPERATION = "KV-Operation"
@@ -137,6 +141,34 @@ class Namespace:
 
     def members_of(self, family: str) -> str:
         return f"member.{_literal(family)}.*"
+
+    # API client keys: one record per key, written by the operator, read by every gateway on every request.
+    @property
+    def clients_bucket(self) -> str:
+        return f"{self.name}_clients"
+
+    def client_key(self, key_id: str) -> str:
+        return f"client.{_literal(key_id)}"
+
+    @property
+    def clients_all(self) -> str:
+        return "client.*"
+
+    # Active runs per guest and per session (the caps): the gateway adds a run, the runtime removes it.
+    @property
+    def active_bucket(self) -> str:
+        return f"{self.name}_active"
+
+    def guest_active_key(self, tenant: str, guest_id: str) -> str:
+        return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
+
+    def session_active_key(self, tenant: str, session_id: str) -> str:
+        return f"session.{_literal(tenant)}.{_digest(session_id)}"
+
+
+def _digest(value: str) -> str:
+    """An id of any spelling as one key token (a guest id may hold `@`, `:` and `.`)."""
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
 def worker_token(worker_id: str) -> str:

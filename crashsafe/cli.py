@@ -7,7 +7,9 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from types import ModuleType
 
+from contracts.clients import Scope
 from contracts.errors import CrashsafeError
 from services.platform.crashpoints import SEAMS
 
@@ -61,6 +63,17 @@ async def _serve(args: argparse.Namespace) -> int:
 
             await reconciler.run(settings, registry, stop)
     return 0
+
+
+async def _keys(operations: ModuleType, args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir)
+    match args.keys_command:
+        case "create":
+            return int(await operations.keys_create(state_dir, args.tenant, args.scope, args.name))
+        case "list":
+            return int(await operations.keys_list(state_dir))
+        case _:
+            return int(await operations.keys_revoke(state_dir, args.key_id))
 
 
 def _scale(text: str) -> dict[str, int]:
@@ -123,6 +136,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
+    keys = sub.add_parser("keys", help="API keys of the gateway's clients")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="mint a key (printed once; only its hash is stored)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument(
+        "--scope",
+        action="append",
+        required=True,
+        choices=[s.value for s in Scope],
+        help="repeat for several scopes",
+    )
+    create.add_argument("--name", default="", help="what the key is for (shown by `keys list`)")
+    listing = keys_sub.add_parser("list", help="every key: id, tenant, scopes, state (never a secret)")
+    revoke = keys_sub.add_parser("revoke", help="refuse a key from every gateway's next request on")
+    revoke.add_argument("key_id")
+    for command in (create, listing, revoke):
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
     infra_sub.add_parser("apply", help="create or update every stream (idempotent)")
@@ -157,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(operations.reconcile(Path(args.state_dir), args.run_id)))
             case "audit":
                 sys.exit(asyncio.run(operations.audit(Path(args.state_dir))))
+            case "keys":
+                sys.exit(asyncio.run(_keys(operations, args)))
     except CrashsafeError as exc:
         # A setting or an argument the product cannot use: one line that says what to change, no traceback.
         sys.exit(f"crashsafe: {exc.message}")

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from contracts.tool_messages import Asked
-from crashsafe.stack import ScaleError, Stack
+from crashsafe.stack import API_KEY_FILE, STACK_TENANT, ScaleError, Stack
 from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
@@ -40,9 +40,7 @@ async def _post_event(client: httpx.AsyncClient, body: dict[str, str], attempts:
     """Send the guest message like a careful client: on a dropped connection, retry with the same key."""
     for attempt in range(attempts):
         try:
-            response = await client.post(
-                "/v1/events", json=body, headers={"Idempotency-Key": body["event_id"]}
-            )
+            response = await client.post("/v1/events", json=body)
             if response.status_code == 202:
                 return dict(response.json())
             raise RuntimeError(f"gateway answered {response.status_code}: {response.text}")
@@ -77,7 +75,9 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     process = stack.services[victim].process
     first_pid = process.pid if process is not None else None
     try:
-        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10) as client:
+        async with httpx.AsyncClient(
+            base_url=stack.gateway_url, timeout=10, headers={"authorization": f"Bearer {stack.api_key}"}
+        ) as client:
             body = {
                 "event_id": f"evt-demo-{int(time.time())}",
                 "session_id": "sess-ana",
@@ -194,6 +194,7 @@ async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | 
         raise
     console.print(
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
+        f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
     )
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)

@@ -12,13 +12,15 @@ from typing import cast
 import msgspec
 from rich.console import Console
 
+from contracts.clients import Scope
 from contracts.run_events import RunEvent, UnknownEvent
-from contracts.streams import leases_spec, stream_specs
-from crashsafe.stack import ProcessIdentity
+from contracts.streams import active_spec, clients_spec, leases_spec, stream_specs
+from crashsafe.stack import API_KEY_FILE, ProcessIdentity
 from crashsafe.timeline import timeline
 from sandbox.listing import SandboxListing
 from services import registry as registries
 from services.platform.asks import reconcile_run
+from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.providers import Providers
@@ -44,6 +46,67 @@ def settings_for(state_dir: Path) -> Settings:
         "sandbox_url": "CRASHSAFE_SANDBOX_URL",
     }
     return Settings.from_env(defaults={var: str(stack[key]) for key, var in known.items() if stack.get(key)})
+
+
+def api_key_for(state_dir: Path) -> str | None:
+    """The key a script talks to the gateway with: CRASHSAFE_API_KEY, else the one `crashsafe up` wrote."""
+    settings = Settings.from_env()
+    if settings.api_key:
+        return settings.api_key
+    path = state_dir / API_KEY_FILE
+    return path.read_text().strip() or None if path.exists() else None
+
+
+async def keys_create(state_dir: Path, tenant: str, scopes: list[str], name: str) -> int:
+    """Mint a key; the key is printed once, here, and stored only as the hash of its secret."""
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-keys", fail_fast=True)
+    try:
+        keys = ClientKeys(broker, settings.namespace, settings.stream_replicas)
+        await keys.ensure()
+        minted = await keys.create(tenant, [Scope(s) for s in scopes], name)
+    finally:
+        await broker.close()
+    record = minted.record
+    print(minted.key)
+    print(
+        f"key {record.key_id} for tenant {record.tenant}, scopes {', '.join(record.scopes)}: shown once, keep it"
+        " secret (only a hash of it is stored)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def keys_list(state_dir: Path) -> int:
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-keys", fail_fast=True)
+    try:
+        records = await ClientKeys(broker, settings.namespace).all()
+    finally:
+        await broker.close()
+    for r in sorted(records, key=lambda r: r.created_at):
+        state = f"revoked {r.revoked_at:%Y-%m-%d %H:%M:%S}" if r.revoked_at else "active"
+        print(
+            f"{r.key_id}  tenant {r.tenant}  scopes {','.join(r.scopes)}  {state}  "
+            f"created {r.created_at:%Y-%m-%d %H:%M:%S}  {r.name}".rstrip()
+        )
+    if not records:
+        print("no keys")
+    return 0
+
+
+async def keys_revoke(state_dir: Path, key_id: str) -> int:
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(settings.nats_url, "crashsafe-keys", fail_fast=True)
+    try:
+        revoked = await ClientKeys(broker, settings.namespace).revoke(key_id)
+    finally:
+        await broker.close()
+    if revoked is None:
+        print(f"crashsafe: no key {key_id} in namespace {settings.namespace.name}", file=sys.stderr)
+        return 1
+    print(f"key {key_id} revoked: every gateway refuses it from its next request")
+    return 0
 
 
 async def reconcile(state_dir: Path, run_id: str | None) -> int:
@@ -205,6 +268,12 @@ async def infra_apply() -> int:
         leases = leases_spec(settings.namespace, settings.stream_replicas)
         await broker.ensure_kv(leases)
         print(f"key-value bucket {leases.bucket}: executor partition leases")
+        for bucket, what in (
+            (clients_spec(settings.namespace, settings.stream_replicas), "API client keys (hashed)"),
+            (active_spec(settings.namespace, settings.stream_replicas), "active runs per guest and session"),
+        ):
+            await broker.ensure_kv(bucket)
+            print(f"key-value bucket {bucket.bucket}: {what}")
     finally:
         await broker.close()
     return 0

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ EXECUTOR_FAMILIES = ("booking", "payment", "notify")
 NATS = "nats-server"
 # These bind one fixed port each (the URL in stack.json); replicas of them need a load balancer, not `--scale`.
 SINGLE_PORT = ("sandbox", "gateway")
+# The tenant of the admin key a stack mints for its own use (the demo, the tests, the scripts).
+STACK_TENANT = "demo"
+API_KEY_FILE = "api_key"
 
 
 class ScaleError(ValueError):
@@ -195,6 +199,7 @@ class Stack:
         self.base_env = dict(env or {})
         self.backoff = backoff
         self.status = "starting"
+        self.api_key = ""  # the admin key minted by start(); also in <state>/api_key, never in stack.json
         self.services: dict[str, Service] = {}
         crash = crash or {}
         plan: list[tuple[str, list[str]]] = [
@@ -272,6 +277,7 @@ class Stack:
             self.nats = NatsServer(self.state_dir / "nats", sync_always=self.sync_always).start()
             self.nats_url = self.nats.url
             self._track_nats()
+        self.api_key = self._mint_api_key()
         for service in self.services.values():
             self.spawn(service.name)
             if service.name in SINGLE_PORT:
@@ -282,6 +288,25 @@ class Stack:
         self.status = "running"
         self.write_state()
         return self
+
+    def _mint_api_key(self) -> str:
+        """An admin key for this stack's own clients, written to `<state>/api_key` (0600, the key alone on one
+        line); the key a previous start left there is revoked. Runs its own event loop in its own thread, since
+        `start` may be called from a thread that already runs one."""
+        from services.platform.clients import replace_stack_key
+
+        path = self.state_dir / API_KEY_FILE
+        previous = path.read_text().strip() if path.exists() else None
+        with ThreadPoolExecutor(1, thread_name_prefix="mint-api-key") as pool:
+            key = pool.submit(
+                asyncio.run, replace_stack_key(self.nats_url, self.namespace, STACK_TENANT, previous)
+            ).result()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(key + "\n")
+        os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
+        return key
 
     def _track_nats(self) -> None:
         assert self.nats is not None and self.nats.process is not None

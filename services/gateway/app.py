@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -13,13 +15,27 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, RunNotFound, SubjectFull, UnknownAgent
-from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from contracts.active import entry_deadline
+from contracts.clients import Scope
+from contracts.errors import (
+    BodyTooLarge,
+    CrashsafeError,
+    RateLimited,
+    RunNotFound,
+    SubjectFull,
+    Unauthenticated,
+    UnknownAgent,
+)
+from contracts.inbound import MAX_BODY_BYTES, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import is_run_id
 from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from contracts.streams import stream_specs
+from contracts.streams import active_spec, stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
-from services.gateway.core import Admission, admit, conflict, status_for
+from services.gateway.access import Client, authenticate, parse_bearer, require
+from services.gateway.core import Admission, admit, conflict, status_for, too_large
+from services.gateway.quotas import Rate, TokenBuckets
+from services.platform.active_runs import Caps, claim
+from services.platform.clients import ClientKeys
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
@@ -35,29 +51,95 @@ logger = logging.getLogger("crashsafe.gateway")
 
 def _error(exc: CrashsafeError) -> Response[Any]:
     body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details()}}
-    return Response(content=body, status_code=status_for(exc))
+    headers = (
+        {Header.RETRY_AFTER.value: str(max(1, math.ceil(exc.retry_after_s)))}
+        if isinstance(exc, RateLimited)
+        else None
+    )
+    return Response(content=body, status_code=status_for(exc), headers=headers)
+
+
+class Door:
+    """What every request passes: its key checked against the stored record, its scope, and the rates."""
+
+    def __init__(self, keys: ClientKeys, settings: Settings) -> None:
+        self.keys = keys
+        self.clients = TokenBuckets(Rate.of(settings.rate_per_client))
+        self.guests = TokenBuckets(Rate.of(settings.rate_per_guest))
+        per_run = settings.reconcile_per_minute / 60
+        self.reconciles = TokenBuckets(Rate(per_run, max(settings.reconcile_per_minute / 2, 1.0)))
+
+    async def client(self, request: Request[Any, Any, Any], scope: Scope) -> Client:
+        try:
+            key_id, secret = parse_bearer(request.headers.get(Header.AUTHORIZATION))
+            # A direct get on every request: a revocation reaches every replica with its next request.
+            client = authenticate(key_id, secret, await self.keys.get(key_id), datetime.now(UTC))
+        except Unauthenticated as exc:
+            log(logger, logging.INFO, "refused", reason=exc.reason, path=request.url.path)
+            raise
+        require(client, scope)
+        self.limit(self.clients, client.key_id, "client")
+        return client
+
+    @staticmethod
+    def limit(buckets: TokenBuckets, key: str, limit: str) -> None:
+        wait = buckets.take(key, time.monotonic())
+        if wait:
+            raise RateLimited(limit=limit, retry_after_s=wait)
+
+
+async def _read_body(request: Request[Any, Any, Any]) -> bytes:
+    """The body, refused before it is read if its announced length is too large, and as soon as more than the
+    limit has arrived if it is sent without one (chunked): a 10 MB body is never taken in."""
+    refused = too_large(request.headers.get(Header.CONTENT_LENGTH))
+    if refused is not None:
+        raise refused
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge(size=size, limit=MAX_BODY_BYTES)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
     broker: Broker = state.broker
     settings: Settings = state.settings
+    door: Door = state.door
     ns = settings.namespace
     registry: Registry = state.registry
+    client = await door.client(request, Scope.EVENTS_WRITE)
     agent = request.query_params.get("agent", registry.default_agent)
-    admission = admit(await request.body(), request.headers.get(Header.IDEMPOTENCY_KEY), agent)
+    admission = admit(await _read_body(request), client.tenant, agent)
     if agent not in registry.agents:
         raise UnknownAgent(agent, known=sorted(registry.agents))
+    message = admission.message
+    door.limit(door.guests, f"{client.tenant}/{message.guest_id}", "guest")
     ctx = context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)
     if not duplicate:
+        received_at = datetime.now(UTC)
+        await claim(
+            broker,
+            ns,
+            state.caps,
+            tenant=client.tenant,
+            guest_id=message.guest_id,
+            session_id=message.session_id,
+            run_id=admission.run_id,
+            until=entry_deadline(received_at),
+        )
         event = InboundEvent(
             key=admission.key,
             run_id=admission.run_id,
             input_hash=admission.input_hash,
-            message=InboundMessage.of(admission.message),
+            message=InboundMessage.of(message),
             agent=agent,
-            received_at=datetime.now(UTC),
+            received_at=received_at,
+            tenant=client.tenant,
         )
         duplicate = await _publish_once(broker, ns, event, ctx)
     crash_point("gateway.after_publish")
@@ -108,7 +190,8 @@ async def _publish_once(broker: Broker, ns: Namespace, event: InboundEvent, ctx:
     return True
 
 
-@post("/v1/events")
+# The body limit is ours (_read_body, before the body is read), not Litestar's 10 MB default and untyped 413.
+@post("/v1/events", request_max_body_size=None)
 async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
     try:
         return await _accept(state, request)
@@ -128,20 +211,28 @@ def _as_json(event: JournalEvent) -> Any:
     return msgspec.json.decode(event.data) if isinstance(event, UnknownEvent) else msgspec.to_builtins(event)
 
 
-async def _journal(state: State, run_id: str) -> list[tuple[int, JournalEvent]]:
+def _visible(client: Client, run_id: str, first: JournalEvent | None) -> None:
+    """Another tenant's run is not found, with the very answer a run that does not exist gets."""
+    if not isinstance(first, RunStarted) or not client.sees(first.tenant):
+        raise RunNotFound(run_id=run_id)
+
+
+async def _journal(
+    state: State, request: Request[Any, Any, Any], run_id: str
+) -> list[tuple[int, JournalEvent]]:
+    client = await state.door.client(request, Scope.RUNS_READ)
     if not is_run_id(run_id):
         raise _not_a_run_id(run_id)
     journal = RunJournal(state.broker, state.settings.namespace)
     events = await journal.read_with_seqs(run_id)
-    if not events:
-        raise RunNotFound(run_id=run_id)
+    _visible(client, run_id, events[0][1] if events else None)
     return events
 
 
 @get("/v1/runs/{run_id:str}")
-async def get_run(state: State, run_id: str) -> Response[Any]:
+async def get_run(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
     try:
-        events = await _journal(state, run_id)
+        events = await _journal(state, request, run_id)
     except CrashsafeError as exc:
         return _error(exc)
     run = replay(e for _, e in events)
@@ -150,20 +241,27 @@ async def get_run(state: State, run_id: str) -> Response[Any]:
 
 
 @get("/v1/runs/{run_id:str}/events")
-async def get_run_events(state: State, run_id: str) -> Response[Any]:
+async def get_run_events(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
     try:
-        events = await _journal(state, run_id)
+        events = await _journal(state, request, run_id)
     except CrashsafeError as exc:
         return _error(exc)
     return Response(content={"run_id": run_id, "events": [{"seq": seq, **_as_json(e)} for seq, e in events]})
 
 
 @post("/v1/runs/{run_id:str}/reconcile", status_code=202)
-async def post_reconcile(state: State, run_id: str) -> Response[Any]:
+async def post_reconcile(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
     """For an operator after an incident: resolve the run's open actions by key, then let it continue."""
+    door: Door = state.door
     try:
+        client = await door.client(request, Scope.RUNS_OPERATE)
         if not is_run_id(run_id):
             raise _not_a_run_id(run_id)
+        ns = state.settings.namespace
+        first = await state.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+        _visible(client, run_id, decode_event(first.data) if first is not None else None)
+        # Each reconcile journals a run.nudged, kept forever: limited per run, so nobody can grow a journal at will.
+        door.limit(door.reconciles, f"{client.tenant}/{run_id}", "run")
         done = await reconcile_run(state.broker, state.settings, run_id, by="operator:http")
     except CrashsafeError as exc:
         return _error(exc)
@@ -200,6 +298,11 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
         broker = await Broker.connect(settings.nats_url, f"gateway-{settings.worker_id}")
         for spec in stream_specs(settings.namespace, settings.stream_replicas):
             await broker.ensure_stream(spec)
+        keys = ClientKeys(broker, settings.namespace, settings.stream_replicas)
+        await keys.ensure()
+        await broker.ensure_kv(active_spec(settings.namespace, settings.stream_replicas))
+        app.state.door = Door(keys, settings)
+        app.state.caps = Caps(settings.active_runs_per_guest, settings.active_runs_per_session)
         app.state.broker = broker
         app.state.settings = settings
         app.state.registry = registry

@@ -23,9 +23,13 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         log_level="warning",
         access_log=False,
         lifespan="on",
+        # HTTPS when both files are configured (Settings refuses one without the other); plaintext otherwise.
+        ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
+        ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
     )
     server = uvicorn.Server(config)
-    print(f"gateway listening on http://{settings.gateway_host}:{settings.gateway_port}", flush=True)
+    scheme = "https" if settings.tls_cert_file else "http"
+    print(f"gateway listening on {scheme}://{settings.gateway_host}:{settings.gateway_port}", flush=True)
     serving = asyncio.create_task(server.serve())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,4 +1,8 @@
-"""The gateway's pure rules: which key a request carries, which run it lands on, how errors map to HTTP."""
+"""The gateway's pure rules: which key a request carries, which run it lands on, how errors map to HTTP.
+
+The inbound identity is (tenant, event_id) and nothing else: an `Idempotency-Key` header is ignored, because a
+proxy or an HTTP library that adds a fresh one per retry would otherwise start a second run of the same event
+(docs/architecture.md, "Keys")."""
 
 from __future__ import annotations
 
@@ -10,16 +14,17 @@ from contracts.errors import (
     BodyTooLarge,
     BrokerUnavailable,
     CrashsafeError,
+    Forbidden,
     IdempotencyConflict,
     InvalidRequest,
     RunNotFound,
+    RateLimited,
     RunVersionConflict,
+    Unauthenticated,
     UnprocessableBody,
 )
 from contracts.inbound import MAX_BODY_BYTES, GuestMessage, guest_message_decoder
 from contracts.keys import inbound_hash, run_id_for
-
-MAX_KEY_LENGTH = 200
 
 # The one table from error to HTTP status; nothing else picks a status. Keyed by error class, not code, because
 # one wire code can need two statuses (invalid_request: 400 unreadable, 422 readable but wrong); the most
@@ -32,6 +37,9 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     RunNotFound: 404,
     BrokerUnavailable: 503,
     RunVersionConflict: 409,
+    Unauthenticated: 401,
+    Forbidden: 403,
+    RateLimited: 429,
 }
 UNLISTED = 500
 
@@ -48,7 +56,7 @@ class Admission:
     message: GuestMessage
 
 
-def admit(body: bytes, idempotency_key: str | None, agent: str = "booking") -> Admission:
+def admit(body: bytes, tenant: str, agent: str = "booking") -> Admission:
     """Parse and bind a guest event to its run; raises typed errors and publishes nothing on bad input."""
     if len(body) > MAX_BODY_BYTES:
         raise BodyTooLarge(size=len(body), limit=MAX_BODY_BYTES)
@@ -61,16 +69,24 @@ def admit(body: bytes, idempotency_key: str | None, agent: str = "booking") -> A
         ) from exc
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}; send one JSON object") from exc
-    key = idempotency_key if idempotency_key is not None else message.event_id
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidRequest(
-            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters; send such a key, or no header to use"
-            " the event_id",
-            key=key[:MAX_KEY_LENGTH],
-        )
+    key = message.event_id
     return Admission(
-        key=key, run_id=run_id_for(key), input_hash=inbound_hash(message, agent), message=message
+        key=key,
+        run_id=run_id_for(tenant, key),
+        input_hash=inbound_hash(message, agent),
+        message=message,
     )
+
+
+def too_large(content_length: str | None) -> BodyTooLarge | None:
+    """The refusal a announced `Content-Length` earns before a byte of the body is read, if any."""
+    if content_length is None:
+        return None
+    try:
+        size = int(content_length)
+    except ValueError:
+        return None  # the HTTP server refuses an unreadable length itself
+    return BodyTooLarge(size=size, limit=MAX_BODY_BYTES) if size > MAX_BODY_BYTES else None
 
 
 def conflict(key: str, run_id: str) -> IdempotencyConflict:

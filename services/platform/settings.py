@@ -61,6 +61,20 @@ VARIABLES: tuple[Variable, ...] = (
         "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
     ),
     Variable("OPENAI_BASE_URL", "unset", "that provider's base URL"),
+    Variable(
+        "CRASHSAFE_API_KEY",
+        "unset",
+        "a gateway client's key (the CLI and scripts; else `<state-dir>/api_key`)",
+    ),
+    Variable("CRASHSAFE_TLS_CERT_FILE", "unset", "gateway HTTPS: its certificate chain (PEM)"),
+    Variable("CRASHSAFE_TLS_KEY_FILE", "unset", "gateway HTTPS: its private key (PEM)"),
+    Variable("CRASHSAFE_RATE_PER_CLIENT", "2000", "requests/s per API key, per gateway replica (0: none)"),
+    Variable("CRASHSAFE_RATE_PER_GUEST", "20", "guest events/s per guest, per gateway replica (0: none)"),
+    Variable(
+        "CRASHSAFE_RECONCILE_PER_MINUTE", "6", "reconciles per run and minute, per gateway replica (0: none)"
+    ),
+    Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
+    Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -107,6 +121,15 @@ class Settings:
     stream_replicas: int = 1
     log_level: str = "INFO"
     crash_at: str | None = None
+    # Gateway clients and quotas (issue 8).
+    api_key: str | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    rate_per_client: float = 2000.0
+    rate_per_guest: float = 20.0
+    reconcile_per_minute: float = 6.0
+    active_runs_per_guest: int = 10
+    active_runs_per_session: int = 5
 
     @classmethod
     def from_env(
@@ -157,6 +180,30 @@ class Settings:
 
             return parse
 
+        def non_negative_float(raw: str) -> float:
+            value = float(raw)
+            if not value >= 0:
+                raise ValueError(raw)
+            return value
+
+        def non_negative_int(raw: str) -> int:
+            value = int(raw)
+            if value < 0:
+                raise ValueError(raw)
+            return value
+
+        def existing_file(raw: str) -> Path:
+            if not Path(raw).is_file():
+                raise ValueError(raw)
+            return Path(raw)
+
+        tls_cert = read("CRASHSAFE_TLS_CERT_FILE", None, existing_file, "the path of a PEM file that exists")
+        tls_key = read("CRASHSAFE_TLS_KEY_FILE", None, existing_file, "the path of a PEM file that exists")
+        if (tls_cert is None) != (tls_key is None):
+            missing = "CRASHSAFE_TLS_KEY_FILE" if tls_key is None else "CRASHSAFE_TLS_CERT_FILE"
+            raise InvalidSetting(
+                variable=missing, value="", expected="set together with its pair, or neither"
+            )
         sandbox_url = get("CRASHSAFE_SANDBOX_URL") or cls.sandbox_url
         api_key = get("OPENAI_API_KEY")
         base_url = get("OPENAI_BASE_URL")
@@ -200,6 +247,33 @@ class Settings:
             stream_replicas=read("CRASHSAFE_STREAM_REPLICAS", cls.stream_replicas, positive_int, "1, 3 or 5"),
             log_level=read("CRASHSAFE_LOG_LEVEL", cls.log_level, one_of(LOG_LEVELS), ", ".join(LOG_LEVELS)),
             crash_at=get("CRASHSAFE_CRASH_AT"),
+            api_key=get("CRASHSAFE_API_KEY"),
+            tls_cert_file=tls_cert,
+            tls_key_file=tls_key,
+            rate_per_client=read(
+                "CRASHSAFE_RATE_PER_CLIENT", cls.rate_per_client, non_negative_float, "a number >= 0"
+            ),
+            rate_per_guest=read(
+                "CRASHSAFE_RATE_PER_GUEST", cls.rate_per_guest, non_negative_float, "a number >= 0"
+            ),
+            reconcile_per_minute=read(
+                "CRASHSAFE_RECONCILE_PER_MINUTE",
+                cls.reconcile_per_minute,
+                non_negative_float,
+                "a number >= 0",
+            ),
+            active_runs_per_guest=read(
+                "CRASHSAFE_ACTIVE_RUNS_PER_GUEST",
+                cls.active_runs_per_guest,
+                non_negative_int,
+                "a whole number >= 0",
+            ),
+            active_runs_per_session=read(
+                "CRASHSAFE_ACTIVE_RUNS_PER_SESSION",
+                cls.active_runs_per_session,
+                non_negative_int,
+                "a whole number >= 0",
+            ),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -29,7 +29,7 @@ from contracts.run_events import (
     event_encoder,
     request_for,
 )
-from contracts.streams import runtime_consumers, stream_specs
+from contracts.streams import active_spec, runtime_consumers, stream_specs
 from contracts.tool_messages import (
     ActionOutcome,
     OutcomeStatus,
@@ -37,6 +37,7 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services.platform.active_runs import release_active
 from services.platform.asks import wake_run
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
@@ -106,6 +107,7 @@ class Runtime:
     async def start(self) -> None:
         for stream in stream_specs(self.ns, self.settings.stream_replicas):
             await self.broker.ensure_stream(stream)
+        await self.broker.ensure_kv(active_spec(self.ns, self.settings.stream_replicas))
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
         for spec in (inbound, outcomes):
             await self.broker.ensure_consumer(spec)
@@ -152,6 +154,7 @@ class Runtime:
                 text=event.message.text,
                 budget=budget,
                 deadline_at=now + timedelta(seconds=budget.deadline_s),
+                tenant=event.tenant,
             )
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))
@@ -245,6 +248,7 @@ class Runtime:
             try:
                 match move:
                     case Idle():
+                        await release_active(self.broker, self.ns, run.state, self.logger)
                         self._settle(run)
                         return
                     case Append(events=events):

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from contracts.inbound import inbound_decoder
 from contracts.keys import partition_of, run_id_for
+from crashsafe.stack import STACK_TENANT
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
 from contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
 from services.platform.jetstream import Broker, Published, SubjectFull
@@ -209,7 +210,7 @@ async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_o
     world: StackClient, broker: Broker
 ) -> None:
     event_id, guest = unique("ev"), unique("g")
-    run_id = run_id_for(event_id)
+    run_id = run_id_for(STACK_TENANT, event_id)
     copies: list[asyncio.Task[Published]] = []
 
     async def echo(msg: Msg) -> None:

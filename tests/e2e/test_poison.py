@@ -11,6 +11,7 @@ import pytest
 from contracts.dead_letters import DeadLetter
 from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
 from contracts.keys import inbound_hash, run_id_for
+from crashsafe.stack import STACK_TENANT
 from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker
@@ -156,7 +157,7 @@ async def test_guest_event_for_an_unknown_agent_is_refused_at_the_door(shared: S
     response = await shared.post_event(event_id, unique("g"), agent="no_such_agent")
 
     assert response.status_code == 422, response.text
-    assert await shared.summary(run_id_for(event_id)) is None
+    assert await shared.summary(run_id_for(STACK_TENANT, event_id)) is None
 
 
 async def test_inbound_event_for_an_unknown_agent_is_dead_lettered_and_never_starts_a_run(
@@ -168,7 +169,7 @@ async def test_inbound_event_for_an_unknown_agent_is_dead_lettered_and_never_sta
     message = InboundMessage(event_id=key, session_id="s", guest_id=unique("g"), text=BOOKING_TEXT)
     event = InboundEvent(
         key=key,
-        run_id=run_id_for(key),
+        run_id=run_id_for(STACK_TENANT, key),
         input_hash=inbound_hash(message, "booking"),
         message=message,
         agent="no_such_agent",

@@ -57,7 +57,7 @@ async def world(
 async def _journal_a_payment_intent(world: World, booking: dict[str, Any]) -> ActionRequested:
     """A booking run that journaled its intent to charge for a held booking (the steps before are not needed)."""
     key = unique("ev")
-    run_id, now = run_id_for(key), datetime.now(UTC)
+    run_id, now = run_id_for("", key), datetime.now(UTC)
     started = RunStarted(
         run_id=run_id,
         at=now,

@@ -82,7 +82,7 @@ async def _a_run_whose_model_has_answered(workers: Workers, guest: str) -> str:
     key = unique("ev")
     now = datetime.now(UTC)
     started = RunStarted(
-        run_id=run_id_for(key),
+        run_id=run_id_for("", key),
         at=now,
         agent="booking",
         session_id=f"s-{key}",

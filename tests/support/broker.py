@@ -45,7 +45,7 @@ async def submit_inbound(broker: Broker, ns: Namespace, event_id: str, *, agent:
     message = InboundMessage(
         event_id=event_id, session_id=f"sess-{event_id}", guest_id=f"guest-{event_id}", text=text
     )
-    run_id = run_id_for(event_id)
+    run_id = run_id_for("", event_id)  # no tenant: published past the gateway
     event = InboundEvent(
         key=event_id,
         run_id=run_id,

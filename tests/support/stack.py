@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from contracts.subjects import Namespace
-from crashsafe.stack import Stack
+from crashsafe.stack import STACK_TENANT, Stack
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
@@ -44,6 +44,11 @@ def guest_event(
     }
 
 
+def auth_header(api_key: str) -> dict[str, str]:
+    """What a client of the gateway sends with every request."""
+    return {"authorization": f"Bearer {api_key}"}
+
+
 class StackClient:
     """The gateway and the sandbox of one stack, over HTTP; `stack` is the processes themselves."""
 
@@ -51,7 +56,12 @@ class StackClient:
         self.stack = stack
         self.ns = Namespace(stack.namespace)
         self.http = httpx.AsyncClient(timeout=20.0)
-        self.gateway = httpx.AsyncClient(base_url=stack.gateway_url, timeout=20.0)
+        # The stack's own admin key (tenant `demo`), as every client of the gateway must send one.
+        self.api_key = stack.api_key
+        self.tenant = STACK_TENANT
+        self.gateway = httpx.AsyncClient(
+            base_url=stack.gateway_url, timeout=20.0, headers=auth_header(stack.api_key)
+        )
         self.sandbox = Sandbox(self.http, stack.sandbox_url)
 
     async def aclose(self) -> None:

@@ -16,10 +16,14 @@ from contracts.errors import (
     ModelUnavailable,
     RunNotFound,
     RunVersionConflict,
+    Forbidden,
+    RateLimited,
+    TooManyActiveRuns,
+    Unauthenticated,
 )
 from contracts.inbound import MAX_BODY_BYTES, GuestMessage
 from contracts.keys import inbound_hash, run_id_for
-from services.gateway.core import UnprocessableBody, admit, conflict, status_for
+from services.gateway.core import UnprocessableBody, admit, conflict, status_for, too_large
 from tests.support.stack import guest_event
 from tests.support.world import BOOKING_TEXT
 
@@ -28,39 +32,32 @@ def raw(**fields: object) -> bytes:
     return json.dumps(guest_event("evt-1", **fields)).encode()  # type: ignore[arg-type]
 
 
-def test_an_event_is_bound_to_the_run_of_its_key_and_the_hash_of_its_body() -> None:
-    admission = admit(raw(), None)
+def test_an_event_is_bound_to_the_run_of_its_tenant_and_event_id_and_the_hash_of_its_body() -> None:
+    admission = admit(raw(), "acme")
 
-    assert (admission.key, admission.run_id) == ("evt-1", run_id_for("evt-1"))
+    assert (admission.key, admission.run_id) == ("evt-1", run_id_for("acme", "evt-1"))
     assert admission.message == GuestMessage(
         event_id="evt-1", session_id="s-evt-1", guest_id="guest-1", text=BOOKING_TEXT
     )
     assert admission.input_hash == inbound_hash(admission.message, "booking")
-    assert admit(raw(), None, agent="steps5").input_hash == inbound_hash(admission.message, "steps5")
-
-
-def test_the_idempotency_key_header_is_the_key_when_present() -> None:
-    admission = admit(raw(), "hdr-1")
-    assert (admission.key, admission.run_id) == ("hdr-1", run_id_for("hdr-1"))
-    assert admission.message.event_id == "evt-1"
+    assert admit(raw(), "acme", agent="steps5").input_hash == inbound_hash(admission.message, "steps5")
+    assert admit(raw(), "globex").run_id != admission.run_id  # another tenant's same event id is another run
 
 
 @pytest.mark.parametrize(
-    ("body", "key", "error", "status"),
+    ("body", "error", "status"),
     [
-        pytest.param(b'{"event_id": ', None, InvalidRequest, 400, id="malformed-json"),
-        pytest.param(raw(guest_id=42), None, UnprocessableBody, 422, id="wrong-type"),
-        pytest.param(raw(amount_cents=1), None, UnprocessableBody, 422, id="unknown-field"),
-        pytest.param(b" " * (MAX_BODY_BYTES + 1), None, BodyTooLarge, 413, id="too-large"),
-        pytest.param(raw(), "", InvalidRequest, 400, id="empty-key"),
-        pytest.param(raw(), "k" * 201, InvalidRequest, 400, id="key-too-long"),
+        pytest.param(b'{"event_id": ', InvalidRequest, 400, id="malformed-json"),
+        pytest.param(raw(guest_id=42), UnprocessableBody, 422, id="wrong-type"),
+        pytest.param(raw(amount_cents=1), UnprocessableBody, 422, id="unknown-field"),
+        pytest.param(b" " * (MAX_BODY_BYTES + 1), BodyTooLarge, 413, id="too-large"),
     ],
 )
 def test_bad_input_is_a_typed_error_with_its_status(
-    body: bytes, key: str | None, error: type[CrashsafeError], status: int
+    body: bytes, error: type[CrashsafeError], status: int
 ) -> None:
     with pytest.raises(error) as refused:
-        admit(body, key)
+        admit(body, "acme")
     assert type(refused.value) is error and status_for(refused.value) == status
 
 
@@ -77,14 +74,21 @@ def test_one_table_maps_every_other_error_to_its_status() -> None:
 def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_413_with_the_sizes() -> None:
     body = raw()
     at_limit = body + b" " * (MAX_BODY_BYTES - len(body))  # trailing whitespace is still one JSON object
-    assert len(at_limit) == MAX_BODY_BYTES and admit(at_limit, None).key == "evt-1"
+    assert len(at_limit) == MAX_BODY_BYTES and admit(at_limit, "acme").key == "evt-1"
     with pytest.raises(BodyTooLarge) as refused:
-        admit(at_limit + b" ", None)
+        admit(at_limit + b" ", "acme")
     assert refused.value.details() == {"size": MAX_BODY_BYTES + 1, "limit": MAX_BODY_BYTES}
 
 
-def test_a_key_of_exactly_200_characters_is_a_key_and_201_is_refused_naming_it() -> None:
-    assert admit(raw(), "k" * 200).key == "k" * 200
-    with pytest.raises(InvalidRequest) as refused:
-        admit(raw(), "k" * 201)
-    assert refused.value.details() == {"key": "k" * 200}  # the facts keep at most the first 200 characters
+def test_an_announced_length_over_the_limit_is_refused_before_the_body_is_read() -> None:
+    assert too_large(None) is None and too_large(str(MAX_BODY_BYTES)) is None and too_large("x") is None
+    refused = too_large(str(10 * 1024 * 1024))
+    assert refused is not None and status_for(refused) == 413
+    assert refused.details() == {"size": 10 * 1024 * 1024, "limit": MAX_BODY_BYTES}
+
+
+def test_client_errors_have_their_statuses() -> None:
+    assert status_for(Unauthenticated("missing")) == 401
+    assert status_for(Forbidden(scope="runs:operate", key_id="0" * 16)) == 403
+    assert status_for(RateLimited(limit="client", retry_after_s=0.5)) == 429
+    assert status_for(TooManyActiveRuns(limit="guest", cap=3, retry_after_s=12.0)) == 429

@@ -18,9 +18,10 @@ MESSAGE = GuestMessage(event_id="evt-1", session_id="s-1", guest_id="g-1", text=
 # Keys ---------------------------------------------------------------------------------------------------------
 
 
-def test_a_run_id_is_derived_from_the_inbound_key_and_never_changes() -> None:
-    assert run_id_for("evt-1") == "run_82d669b2bf3438bbe1277969"
-    assert is_run_id(run_id_for("evt-1")) and is_run_id(run_id_for("x" * 200))
+def test_a_run_id_is_derived_from_the_tenant_and_the_inbound_key_and_never_changes() -> None:
+    assert run_id_for("acme", "evt-1") == "run_52d3190a321d3578e4388350"  # sha256("inbound:acme/evt-1")[:24]
+    assert run_id_for("acme", "evt-1") != run_id_for("globex", "evt-1")  # two tenants' event ids never meet
+    assert is_run_id(run_id_for("acme", "evt-1")) and is_run_id(run_id_for("acme", "x" * 200))
     assert not is_run_id("run_82d669b2bf3438bbe127796") and not is_run_id("run_*")
 
 
@@ -54,7 +55,7 @@ def test_a_key_always_lands_on_the_same_partition() -> None:
 
 def test_subjects_and_stream_names_of_a_namespace() -> None:
     ns = Namespace("stayhub")
-    run = run_id_for("evt-1")
+    run = run_id_for("acme", "evt-1")
 
     assert [ns.stream(kind) for kind in StreamKind] == [
         "STAYHUB_INBOUND",

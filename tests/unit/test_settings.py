@@ -41,7 +41,10 @@ def test_nothing_but_settings_reads_the_environment() -> None:
     assert not readers, f"environment read outside Settings: {readers}"
 
 
-def test_every_variable_is_read_and_checked() -> None:
+def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
+    cert, key = tmp_path / "gateway.crt", tmp_path / "gateway.key"
+    cert.write_text("cert")
+    key.write_text("key")
     env = {
         "CRASHSAFE_NATS_URL": "nats://nats:4222",
         "CRASHSAFE_NAMESPACE": "stayhub",
@@ -62,6 +65,14 @@ def test_every_variable_is_read_and_checked() -> None:
         "CRASHSAFE_MODEL": "gpt-x",
         "OPENAI_API_KEY": "sk-test",
         "OPENAI_BASE_URL": "https://models.example/v1",
+        "CRASHSAFE_API_KEY": "csk_0123456789abcdef_" + "s" * 43,
+        "CRASHSAFE_TLS_CERT_FILE": str(cert),
+        "CRASHSAFE_TLS_KEY_FILE": str(key),
+        "CRASHSAFE_RATE_PER_CLIENT": "50",
+        "CRASHSAFE_RATE_PER_GUEST": "0",
+        "CRASHSAFE_RECONCILE_PER_MINUTE": "2.5",
+        "CRASHSAFE_ACTIVE_RUNS_PER_GUEST": "3",
+        "CRASHSAFE_ACTIVE_RUNS_PER_SESSION": "0",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -85,6 +96,9 @@ def test_every_variable_is_read_and_checked() -> None:
         "gpt-x",
     )
     assert (s.openai_api_key, s.openai_base_url) == ("sk-test", "https://models.example/v1")
+    assert (s.api_key, s.tls_cert_file, s.tls_key_file) == (env["CRASHSAFE_API_KEY"], cert, key)
+    assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
+    assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -114,6 +128,9 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_GATEWAY_PORT", "70000"),
         ("CRASHSAFE_STREAM_REPLICAS", "many"),
         ("CRASHSAFE_LOG_LEVEL", "loud"),
+        ("CRASHSAFE_RATE_PER_CLIENT", "-1"),
+        ("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "1.5"),
+        ("CRASHSAFE_TLS_CERT_FILE", "/no/such/file.pem"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
@@ -121,6 +138,15 @@ def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, val
         Settings.from_env({name: value})
     assert raised.value.variable == name
     assert raised.value.message.startswith(f"{name}={value!r} is not usable: ")
+
+
+def test_gateway_tls_wants_both_files_or_neither(tmp_path: Path) -> None:
+    cert = tmp_path / "gateway.crt"
+    cert.write_text("cert")
+    with pytest.raises(InvalidSetting) as raised:
+        Settings.from_env({"CRASHSAFE_TLS_CERT_FILE": str(cert)})
+    assert raised.value.variable == "CRASHSAFE_TLS_KEY_FILE"
+    assert Settings.from_env({}).tls_cert_file is None  # plaintext is the default
 
 
 def test_partitions_spec() -> None:

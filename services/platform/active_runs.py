@@ -1,0 +1,116 @@
+"""Active runs per guest and per session in the `{ns}_active` bucket: claimed by the gateway, released by the runtime.
+
+Each record is read and written with compare-and-set on its revision, so two gateway replicas admitting runs for
+one guest at once never both take its last slot. Entries carry a deadline, so a run whose end is never recorded
+(a runtime killed at the wrong moment) stops counting by itself."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from contracts.active import ActiveRuns, active_decoder, active_encoder
+from contracts.errors import CrashsafeError, LeaseConflict, TooManyActiveRuns
+from contracts.streams import active_spec
+from contracts.subjects import Namespace
+from services.platform.jetstream import Broker
+from services.platform.logs import log
+from services.runtime.core.state import RunState
+
+# Compare-and-set rounds before giving up on a record many writers fight over (each round is one read, one write).
+MAX_ROUNDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """How many runs may be under way at once; 0 for no cap."""
+
+    per_guest: int
+    per_session: int
+
+
+async def _update(
+    broker: Broker, ns: Namespace, key: str, change: str, run_id: str, until: datetime, cap: int, limit: str
+) -> bool:
+    """Add (`change="add"`) or remove the run in one record; True if the record was written."""
+    spec = active_spec(ns)
+    for _ in range(MAX_ROUNDS):
+        now = datetime.now(UTC)
+        entry = await broker.kv_get(spec, key)
+        record = active_decoder.decode(entry.value) if entry is not None and entry.value else ActiveRuns()
+        live = record.live(now)
+        if change == "add":
+            if run_id in live:
+                return False  # the same event again: it already counts, once
+            if cap and len(live) >= cap:
+                raise TooManyActiveRuns(limit=limit, cap=cap, retry_after_s=record.retry_after_s(now))
+            updated = record.with_run(run_id, until, now)
+        else:
+            if run_id not in record.runs:
+                return False
+            updated = record.without_run(run_id, now)
+        try:
+            await broker.kv_write(
+                spec, key, active_encoder.encode(updated), revision=entry.revision if entry else 0
+            )
+            return True
+        except LeaseConflict:
+            continue  # another writer moved it: read again
+    raise LeaseConflict(key=key, expected_revision=0)
+
+
+async def claim(
+    broker: Broker,
+    ns: Namespace,
+    caps: Caps,
+    *,
+    tenant: str,
+    guest_id: str,
+    session_id: str,
+    run_id: str,
+    until: datetime,
+) -> None:
+    """Count a new run against its guest and its session, or raise TooManyActiveRuns; the same run twice counts once."""
+    guest_key = ns.guest_active_key(tenant, guest_id)
+    added = await _update(broker, ns, guest_key, "add", run_id, until, caps.per_guest, "guest")
+    try:
+        await _update(
+            broker,
+            ns,
+            ns.session_active_key(tenant, session_id),
+            "add",
+            run_id,
+            until,
+            caps.per_session,
+            "session",
+        )
+    except TooManyActiveRuns:
+        if added:
+            await _update(broker, ns, guest_key, "remove", run_id, until, 0, "guest")
+        raise
+
+
+async def release_active(broker: Broker, ns: Namespace, state: RunState, logger: logging.Logger) -> None:
+    """The runtime's hook once a run has ended: it no longer counts against its guest and session.
+
+    A failure is logged, not raised: the entry stops counting at its deadline anyway, and the ended run's message
+    must not be redelivered for a quota's sake."""
+    tenant = state.started.tenant
+    if not tenant:
+        return  # a run admitted before tenants: never claimed
+    now = datetime.now(UTC)
+    try:
+        for key in (
+            ns.guest_active_key(tenant, state.guest_id),
+            ns.session_active_key(tenant, state.session_id),
+        ):
+            await _update(broker, ns, key, "remove", state.run_id, now, 0, "")
+    except CrashsafeError as exc:
+        log(
+            logger,
+            logging.WARNING,
+            "could not release an ended run's active slot",
+            run_id=state.run_id,
+            error=exc.code.value,
+        )

@@ -1,0 +1,148 @@
+"""The gateway's pure rules about clients (services/gateway/access.py), quotas (services/gateway/quotas.py) and the
+active-runs record (contracts/active.py). Over real HTTP: tests/e2e/test_trust.py."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from contracts.active import GRACE_S, ActiveRuns, entry_deadline
+from contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
+from contracts.errors import Forbidden, Unauthenticated
+from services.gateway.access import Client, authenticate, parse_bearer, require
+from services.gateway.quotas import Rate, TokenBuckets
+
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+KEY_ID = "0123456789abcdef"
+SECRET = secrets.token_urlsafe(32)
+
+
+def record(**changes: object) -> ApiKeyRecord:
+    fields: dict[str, object] = {
+        "key_id": KEY_ID,
+        "tenant": "acme",
+        "scopes": ["events:write", "runs:read"],
+        "secret_sha256": secret_hash(SECRET),
+        "created_at": NOW - timedelta(days=1),
+    }
+    return ApiKeyRecord(**(fields | changes))  # type: ignore[arg-type]
+
+
+# Keys ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_key_is_its_id_and_its_secret_and_parses_back() -> None:
+    key = format_key(KEY_ID, SECRET)
+    assert key.startswith(f"csk_{KEY_ID}_") and split_key(key) == (KEY_ID, SECRET)
+    assert parse_bearer(f"Bearer {key}") == (KEY_ID, SECRET)
+    assert parse_bearer(f"bearer   {key} ") == (KEY_ID, SECRET)  # the scheme is case-insensitive
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        pytest.param(None, "missing", id="no-header"),
+        pytest.param("  ", "missing", id="blank"),
+        pytest.param(f"Basic {format_key(KEY_ID, SECRET)}", "malformed", id="other-scheme"),
+        pytest.param("Bearer ", "malformed", id="no-key"),
+        pytest.param(f"Bearer xsk_{KEY_ID}_{SECRET}", "malformed", id="other-prefix"),
+        pytest.param(f"Bearer csk_{KEY_ID[:-1]}_{SECRET}", "malformed", id="short-id"),
+        pytest.param(f"Bearer csk_{KEY_ID}_short", "malformed", id="short-secret"),
+        pytest.param(f"Bearer csk_{KEY_ID}_{SECRET[:-1]}*", "malformed", id="bad-character"),
+    ],
+)
+def test_an_unreadable_authorization_is_unauthenticated_naming_why(header: str | None, reason: str) -> None:
+    with pytest.raises(Unauthenticated) as refused:
+        parse_bearer(header)
+    assert refused.value.details() == {"reason": reason}
+    assert SECRET not in refused.value.message
+
+
+def test_the_right_secret_authenticates_its_tenant_and_scopes() -> None:
+    client = authenticate(KEY_ID, SECRET, record(), NOW)
+    assert client == Client(KEY_ID, "acme", frozenset({"events:write", "runs:read"}))
+
+
+@pytest.mark.parametrize(
+    ("secret", "stored", "reason"),
+    [
+        pytest.param(SECRET, None, "invalid", id="unknown-id"),
+        pytest.param(secrets.token_urlsafe(32), record(), "invalid", id="wrong-secret"),
+        pytest.param(SECRET, record(key_id="f" * 16), "invalid", id="record-of-another-id"),
+        pytest.param(SECRET, record(revoked_at=NOW - timedelta(seconds=1)), "revoked", id="revoked"),
+        # Only the holder of the right secret learns that a key was revoked.
+        pytest.param(secrets.token_urlsafe(32), record(revoked_at=NOW), "invalid", id="revoked-wrong-secret"),
+    ],
+)
+def test_a_key_that_proves_nothing_is_unauthenticated(
+    secret: str, stored: ApiKeyRecord | None, reason: str
+) -> None:
+    with pytest.raises(Unauthenticated) as refused:
+        authenticate(KEY_ID, secret, stored, NOW)
+    assert refused.value.reason == reason
+
+
+def test_a_scope_is_required_and_admin_holds_every_scope_and_tenant() -> None:
+    client = authenticate(KEY_ID, SECRET, record(), NOW)
+    require(client, Scope.EVENTS_WRITE)
+    with pytest.raises(Forbidden) as refused:
+        require(client, Scope.RUNS_OPERATE)
+    assert refused.value.details() == {"scope": "runs:operate", "key_id": KEY_ID}
+    assert client.sees("acme") and not client.sees("globex") and not client.sees("")
+    admin = authenticate(KEY_ID, SECRET, record(scopes=["admin"]), NOW)
+    for scope in Scope:
+        require(admin, scope)
+    assert admin.sees("globex") and admin.sees("")
+
+
+def test_a_scope_a_newer_writer_granted_is_kept_and_never_matches_a_known_one() -> None:
+    client = authenticate(KEY_ID, SECRET, record(scopes=["runs:approve"]), NOW)
+    assert not any(client.may(scope) for scope in Scope)
+
+
+# Rates --------------------------------------------------------------------------------------------------------
+
+
+def test_a_bucket_grants_its_burst_then_one_token_per_interval() -> None:
+    buckets = TokenBuckets(Rate(per_s=2.0, burst=3.0))
+    assert [buckets.take("a", 0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert buckets.take("a", 0.0) == pytest.approx(0.5)  # the next token comes in half a second
+    assert buckets.take("b", 0.0) == 0.0  # another key has its own bucket
+    assert buckets.take("a", 0.5) == 0.0
+    assert buckets.take("a", 0.5) == pytest.approx(0.5)
+    assert [buckets.take("a", 100.0) for _ in range(4)][:3] == [
+        0.0,
+        0.0,
+        0.0,
+    ]  # refilled, never past the burst
+
+
+def test_a_rate_of_zero_is_no_limit_and_idle_buckets_are_forgotten() -> None:
+    unlimited = TokenBuckets(Rate.of(0.0))
+    assert all(unlimited.take("a", 0.0) == 0.0 for _ in range(10_000))
+    small = TokenBuckets(Rate(per_s=1.0, burst=1.0), max_keys=2)
+    for key in ("a", "b", "c"):
+        assert small.take(key, 0.0) == 0.0
+    assert small.take("a", 0.0) == 0.0  # "a" was the least recently used: forgotten, so full again
+    assert small.take("c", 0.0) > 0.0
+
+
+# Active runs --------------------------------------------------------------------------------------------------
+
+
+def test_an_active_run_counts_once_until_its_deadline_or_its_end() -> None:
+    until = entry_deadline(NOW)
+    assert until == NOW + timedelta(seconds=90 + GRACE_S)
+    one = ActiveRuns().with_run("run_a", until, NOW)
+    again = one.with_run("run_a", until + timedelta(hours=1), NOW)
+    assert again.live(NOW) == {"run_a": until}  # the same run twice counts once, with its first deadline
+    two = again.with_run("run_b", until, NOW)
+    assert len(two.live(NOW)) == 2 and two.without_run("run_a", NOW).live(NOW) == {"run_b": until}
+    # Past its deadline an entry no longer counts (a crash never wedges a guest), and the next write drops it.
+    later = until + timedelta(seconds=1)
+    assert two.live(later) == {} and two.with_run(
+        "run_c", later + timedelta(minutes=2), later
+    ).runs.keys() == {"run_c"}
+    assert two.retry_after_s(NOW) == pytest.approx(90 + GRACE_S) and ActiveRuns().retry_after_s(NOW) == 1.0
