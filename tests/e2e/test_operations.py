@@ -16,7 +16,7 @@ import httpx
 
 from contracts.subjects import StreamKind
 from services.platform.jetstream import Broker
-from tests.support.stack import StackClient, cli_env, crashsafe, guest_event
+from tests.support.stack import auth_header, StackClient, cli_env, crashsafe, guest_event
 from tests.support.waiting import eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -81,7 +81,13 @@ async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
         )
         assert after["nats_url"] == stack["nats_url"], "nats-server must come back on the same port"
         assert next(s for s in after["services"] if s["name"] == "nats-server")["restarts"] == 1
-        assert await _book_and_finish(stack["gateway_url"]) == "completed"
+        # `up` minted an admin key for its own clients: the key alone on one line, readable by its owner only.
+        key_file = state / "api_key"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        api_key = key_file.read_text()
+        assert api_key.endswith("\n") and api_key.count("\n") == 1 and api_key.startswith("csk_")
+        assert api_key.strip() not in (state / "stack.json").read_text()
+        assert await _book_and_finish(stack["gateway_url"], api_key.strip()) == "completed"
 
         down = await crashsafe("down", "--state-dir", str(state))
         assert down.returncode == 0, down.stdout + down.stderr
@@ -98,10 +104,10 @@ async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
             up.wait()
 
 
-async def _book_and_finish(gateway_url: str) -> str:
+async def _book_and_finish(gateway_url: str, api_key: str) -> str:
     """Submit one booking as a careful client would (retrying the same key) and wait for its end."""
     body = guest_event(guest_id="guest-after-broker-kill")
-    async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as gateway:
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=10, headers=auth_header(api_key)) as gateway:
 
         async def accepted() -> str | None:
             try:

@@ -1,0 +1,393 @@
+"""Clients and tenants at the gateway, over real HTTP on a real stack: who may call, what each may see, and the
+quotas. (The pure rules: tests/unit/test_gateway_access.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.active import active_decoder
+from contracts.clients import Scope, format_key
+from contracts.inbound import MAX_BODY_BYTES
+from contracts.keys import run_id_for
+from contracts.streams import active_spec
+from crashsafe.stack import STACK_TENANT
+from services.platform.clients import ClientKeys
+from services.platform.jetstream import Broker
+from services.platform.natsd import NatsServer
+from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
+from tests.support.waiting import eventually
+from tests.support.world import BOOKING_TEXT
+
+HELLO = "hello"  # a run that asks the scripted model once and completes: no executors needed
+# Limits of this module's stack: low enough to reach in a test, and per key/guest/session/run so tests stay apart.
+LIMITS = {
+    "CRASHSAFE_RATE_PER_CLIENT": "40",  # burst 80
+    "CRASHSAFE_RATE_PER_GUEST": "4",  # burst 8
+    "CRASHSAFE_RECONCILE_PER_MINUTE": "6",  # burst 3
+    "CRASHSAFE_ACTIVE_RUNS_PER_GUEST": "3",
+    "CRASHSAFE_ACTIVE_RUNS_PER_SESSION": "2",
+}
+
+
+@pytest.fixture(scope="module")
+async def world(
+    nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[StackClient]:
+    async with open_stack(
+        tmp_path_factory.mktemp("trust"),
+        nats_url=nats_server.url,
+        namespace=f"k{uuid.uuid4().hex[:10]}",
+        executors=(),
+        reconciler=False,
+        env=LIMITS,
+    ) as client:
+        yield client
+
+
+async def new_key(broker: Broker, world: StackClient, tenant: str, *scopes: Scope) -> str:
+    """A key minted the way `crashsafe keys create` mints one (the CLI itself is tested below)."""
+    keys = ClientKeys(broker, world.ns)
+    return (await keys.create(tenant, list(scopes), name="test")).key
+
+
+def gateway(world: StackClient, key: str | None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=world.stack.gateway_url, timeout=20.0, headers=auth_header(key) if key else None
+    )
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"] and set(response.json()) == {"error"}
+    return dict(error)
+
+
+def hello(event_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    return guest_event(event_id, text=HELLO, guest_id=f"g-{uuid.uuid4().hex[:8]}", **fields)
+
+
+# Who may call -------------------------------------------------------------------------------------------------
+
+
+async def test_an_anonymous_caller_gets_401_on_every_endpoint_but_the_probes(world: StackClient) -> None:
+    run_id = run_id_for(STACK_TENANT, "evt-anything")
+    async with gateway(world, None) as anonymous:
+        for method, path in [
+            ("POST", "/v1/events"),
+            ("GET", f"/v1/runs/{run_id}"),
+            ("GET", f"/v1/runs/{run_id}/events"),
+            ("POST", f"/v1/runs/{run_id}/reconcile"),
+        ]:
+            response = await anonymous.request(method, path, json=hello() if method == "POST" else None)
+            assert assert_error(response, 401, "unauthenticated")["details"] == {"reason": "missing"}
+        assert (await anonymous.get("/healthz")).status_code == 200
+        assert (await anonymous.get("/readyz")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("authorization", "reason"),
+    [
+        pytest.param("Bearer not-a-key", "malformed", id="malformed"),
+        pytest.param(f"Basic {format_key('0' * 16, 's' * 43)}", "malformed", id="other-scheme"),
+        pytest.param(
+            f"Bearer {format_key(secrets.token_hex(8), secrets.token_urlsafe(32))}", "invalid", id="unknown"
+        ),
+    ],
+)
+async def test_a_key_that_proves_nothing_is_401_and_publishes_nothing(
+    world: StackClient, authorization: str, reason: str
+) -> None:
+    sent = hello()
+    async with gateway(world, None) as http:
+        response = await http.post("/v1/events", json=sent, headers={"authorization": authorization})
+    error = assert_error(response, 401, "unauthenticated")
+    assert error["details"] == {"reason": reason}
+    assert authorization.split()[-1] not in response.text  # the key is never echoed
+    assert await world.summary(run_id_for(STACK_TENANT, sent["event_id"])) is None
+
+
+async def test_the_right_key_id_with_a_wrong_secret_is_the_same_401_as_an_unknown_key(
+    world: StackClient, broker: Broker
+) -> None:
+    key = await new_key(broker, world, "acme", Scope.EVENTS_WRITE)
+    forged = key[: -len(key.split("_", 2)[2])] + secrets.token_urlsafe(32)
+    async with gateway(world, forged) as http:
+        error = assert_error(await http.post("/v1/events", json=hello()), 401, "unauthenticated")
+    assert error["details"] == {"reason": "invalid"}
+
+
+async def test_keys_made_listed_and_revoked_with_the_cli_and_the_very_next_request_is_401(
+    world: StackClient,
+) -> None:
+    env = cli_env(world.stack, sandbox=False)
+    made = await crashsafe(
+        "keys", "create", "--tenant", "initech", "--scope", "events:write", "--scope", "runs:read",
+        "--name", "booking-frontend", env=env,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    assert key.startswith("csk_") and len(made.stdout.splitlines()) == 1  # the key alone on stdout, once
+    key_id, secret = key.split("_", 2)[1:]
+    listed = await crashsafe("keys", "list", env=env)
+    assert listed.returncode == 0 and key_id in listed.stdout and "initech" in listed.stdout
+    assert secret not in listed.stdout and "events:write,runs:read" in listed.stdout
+    async with gateway(world, key) as http:
+        accepted = await http.post("/v1/events", json=hello())
+        assert accepted.status_code == 202, accepted.text
+        revoked = await crashsafe("keys", "revoke", key_id, env=env)
+        assert revoked.returncode == 0, revoked.stderr
+        error = assert_error(await http.post("/v1/events", json=hello()), 401, "unauthenticated")
+        assert error["details"] == {"reason": "revoked"}
+        assert_error(await http.get(f"/v1/runs/{accepted.json()['run_id']}"), 401, "unauthenticated")
+    listed = await crashsafe("keys", "list", env=env)
+    assert f"{key_id}  tenant initech" in listed.stdout and "revoked" in listed.stdout
+    assert (await crashsafe("keys", "revoke", "f" * 16, env=env)).returncode == 1
+
+
+async def test_a_missing_scope_is_403_naming_it(world: StackClient, broker: Broker) -> None:
+    writer = await new_key(broker, world, "acme", Scope.EVENTS_WRITE)
+    reader = await new_key(broker, world, "acme", Scope.RUNS_READ)
+    async with gateway(world, writer) as w, gateway(world, reader) as r:
+        run_id = (await w.post("/v1/events", json=hello())).json()["run_id"]
+        assert (
+            assert_error(await w.get(f"/v1/runs/{run_id}"), 403, "forbidden")["details"]["scope"]
+            == "runs:read"
+        )
+        refused = await r.post("/v1/events", json=hello())
+        assert assert_error(refused, 403, "forbidden")["details"]["scope"] == "events:write"
+        refused = await r.post(f"/v1/runs/{run_id}/reconcile")
+        assert assert_error(refused, 403, "forbidden")["details"]["scope"] == "runs:operate"
+        summary = await eventually(
+            lambda: _summary(r, run_id, "completed"), what=f"run {run_id} to complete", timeout_s=30
+        )
+        assert summary["run_id"] == run_id
+
+
+async def _summary(http: httpx.AsyncClient, run_id: str, status: str) -> dict[str, Any] | None:
+    response = await http.get(f"/v1/runs/{run_id}")
+    return (
+        dict(response.json()) if response.status_code == 200 and response.json()["status"] == status else None
+    )
+
+
+# Tenants ------------------------------------------------------------------------------------------------------
+
+
+async def test_another_tenants_run_is_404_with_the_very_body_of_a_run_that_does_not_exist(
+    world: StackClient, broker: Broker
+) -> None:
+    acme = await new_key(broker, world, "acme", Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    globex = await new_key(broker, world, "globex", Scope.RUNS_READ, Scope.RUNS_OPERATE)
+    async with gateway(world, acme) as a, gateway(world, globex) as g:
+        run_id = (await a.post("/v1/events", json=hello())).json()["run_id"]
+        await eventually(
+            lambda: _summary(a, run_id, "completed"), what="the acme run to complete", timeout_s=30
+        )
+        missing = run_id_for("globex", f"never-{uuid.uuid4().hex}")
+        for template in ("/v1/runs/{}", "/v1/runs/{}/events"):
+            theirs, nothing = await g.get(template.format(run_id)), await g.get(template.format(missing))
+            assert_error(theirs, 404, "run_not_found")
+            assert theirs.text == nothing.text.replace(missing, run_id)
+            assert dict(theirs.headers).keys() == dict(nothing.headers).keys()
+        theirs = await g.post(f"/v1/runs/{run_id}/reconcile")
+        nothing = await g.post(f"/v1/runs/{missing}/reconcile")
+        assert_error(theirs, 404, "run_not_found")
+        assert theirs.text == nothing.text.replace(missing, run_id)
+    # An admin key reads every tenant's runs.
+    assert (await world.summary(run_id)) is not None
+
+
+async def test_one_event_id_in_two_tenants_is_two_runs_each_seen_only_by_its_own(
+    world: StackClient, broker: Broker
+) -> None:
+    acme = await new_key(broker, world, "acme", Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    globex = await new_key(broker, world, "globex", Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    sent = hello()
+    async with gateway(world, acme) as a, gateway(world, globex) as g:
+        first, second = await a.post("/v1/events", json=sent), await g.post("/v1/events", json=sent)
+        assert (first.status_code, second.status_code) == (202, 202)
+        assert first.json() == {"run_id": run_id_for("acme", sent["event_id"]), "duplicate": False}
+        assert second.json() == {"run_id": run_id_for("globex", sent["event_id"]), "duplicate": False}
+        for own, other, run_id, tenant in (
+            (a, g, first.json()["run_id"], "acme"),
+            (g, a, second.json()["run_id"], "globex"),
+        ):
+            await eventually(
+                lambda own=own, run_id=run_id: _summary(own, run_id, "completed"),
+                what=f"{run_id} to complete",
+                timeout_s=30,
+            )
+            started = (await own.get(f"/v1/runs/{run_id}/events")).json()["events"][0]
+            assert (started["type"], started["tenant"], started["event_id"]) == (
+                "run.started",
+                tenant,
+                sent["event_id"],
+            )
+            assert (await other.get(f"/v1/runs/{run_id}")).status_code == 404
+
+
+async def test_a_proxy_adding_a_fresh_idempotency_key_per_retry_makes_one_run(
+    world: StackClient, broker: Broker
+) -> None:
+    key = await new_key(broker, world, "acme", Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    sent = hello()
+    async with gateway(world, key) as http:
+        answers = [
+            (await http.post("/v1/events", json=sent, headers={"Idempotency-Key": uuid.uuid4().hex})).json()
+            for _ in range(3)
+        ]
+        run_id = run_id_for("acme", sent["event_id"])
+        assert [a["run_id"] for a in answers] == [run_id] * 3 and [a["duplicate"] for a in answers] == [
+            False,
+            True,
+            True,
+        ]
+        await eventually(
+            lambda: _summary(http, run_id, "completed"), what="the run to complete", timeout_s=30
+        )
+        events = (await http.get(f"/v1/runs/{run_id}/events")).json()["events"]
+        assert [e["type"] for e in events].count("run.started") == 1
+
+
+# Quotas -------------------------------------------------------------------------------------------------------
+
+
+async def test_a_client_over_its_rate_gets_429_with_retry_after(world: StackClient, broker: Broker) -> None:
+    key = await new_key(broker, world, "acme", Scope.RUNS_READ)
+    missing = run_id_for("acme", "nothing")
+    async with gateway(world, key) as http:
+        answers = await asyncio.gather(*(http.get(f"/v1/runs/{missing}") for _ in range(100)))
+    statuses = [a.status_code for a in answers]
+    assert set(statuses) == {404, 429} and statuses.count(404) >= 80  # the burst, then refused
+    limited = next(a for a in answers if a.status_code == 429)
+    error = assert_error(limited, 429, "rate_limited")
+    assert error["details"]["limit"] == "client" and int(limited.headers["retry-after"]) >= 1
+
+
+async def test_a_guest_over_its_rate_gets_429_with_retry_after(world: StackClient) -> None:
+    """Every request counts, a retry of the same event too (that one would not count against the active cap)."""
+    sent = hello()
+    answers = [await world.gateway.post("/v1/events", json=sent) for _ in range(12)]
+    statuses = [a.status_code for a in answers]
+    assert statuses[:8] == [202] * 8 and 429 in statuses[8:], statuses
+    limited = next(a for a in answers if a.status_code == 429)
+    assert assert_error(limited, 429, "rate_limited")["details"]["limit"] == "guest"
+    assert int(limited.headers["retry-after"]) >= 1
+    # Another guest of the same client is not held back.
+    assert (await world.gateway.post("/v1/events", json=hello())).status_code == 202
+
+
+async def test_active_runs_are_capped_per_session_and_per_guest_and_a_duplicate_counts_once(
+    world: StackClient, broker: Broker
+) -> None:
+    """Booking runs on a stack without executors wait on their first tool: they stay under way."""
+    guest = f"g-{uuid.uuid4().hex[:8]}"
+    session = f"s-{uuid.uuid4().hex[:8]}"
+
+    def booking(session_id: str) -> dict[str, Any]:
+        return guest_event(guest_id=guest, session_id=session_id, text=BOOKING_TEXT)
+
+    first, second = booking(session), booking(session)
+    for sent in (first, second):
+        assert (await world.gateway.post("/v1/events", json=sent)).status_code == 202
+    refused = await world.gateway.post("/v1/events", json=booking(session))
+    error = assert_error(refused, 429, "too_many_active_runs")
+    assert (error["details"]["limit"], error["details"]["cap"]) == ("session", 2)
+    assert int(refused.headers["retry-after"]) >= 1
+    again = await world.gateway.post(
+        "/v1/events", json=first
+    )  # the same event: already counted, never refused
+    assert again.status_code == 202 and again.json()["duplicate"] is True
+    assert (await world.gateway.post("/v1/events", json=booking("other-session"))).status_code == 202
+    refused = await world.gateway.post("/v1/events", json=booking("third-session"))
+    error = assert_error(refused, 429, "too_many_active_runs")
+    assert (error["details"]["limit"], error["details"]["cap"]) == ("guest", 3)
+    entry = await broker.kv_get(active_spec(world.ns), world.ns.guest_active_key(STACK_TENANT, guest))
+    assert entry is not None and len(active_decoder.decode(entry.value).runs) == 3
+
+
+async def test_an_ended_run_frees_its_slot(world: StackClient, broker: Broker) -> None:
+    guest, session = f"g-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    for _ in range(4):  # twice the session's cap, one after the other
+        sent = guest_event(guest_id=guest, session_id=session, text=HELLO)
+        response = await world.gateway.post("/v1/events", json=sent)
+        assert response.status_code == 202, response.text
+        await world.wait_status(response.json()["run_id"], "completed", timeout_s=30)
+
+        async def released() -> bool:
+            entry = await broker.kv_get(
+                active_spec(world.ns), world.ns.session_active_key(STACK_TENANT, session)
+            )
+            return entry is not None and not active_decoder.decode(entry.value).runs
+
+        await eventually(released, what="the runtime to release the ended run's slot", timeout_s=10)
+
+
+async def test_reconcile_is_limited_per_run(world: StackClient) -> None:
+    run_id = (await world.gateway.post("/v1/events", json=hello())).json()["run_id"]
+    await world.wait_status(run_id, "completed", timeout_s=30)
+    answers = [await world.reconcile(run_id) for _ in range(4)]
+    assert [a.status_code for a in answers[:3]] == [202, 202, 202], [a.text for a in answers]
+    error = assert_error(answers[3], 429, "rate_limited")
+    assert error["details"]["limit"] == "run" and int(answers[3].headers["retry-after"]) >= 1
+    other = (await world.gateway.post("/v1/events", json=hello())).json()["run_id"]
+    await world.wait_status(other, "completed", timeout_s=30)
+    assert (await world.reconcile(other)).status_code == 202  # another run has its own allowance
+
+
+# The body limit, before the body is read ----------------------------------------------------------------------
+
+
+async def _raw_exchange(world: StackClient, head: bytes, body: bytes) -> tuple[int, dict[str, Any]]:
+    """Send a request's head and only `body` of its body, never the rest, and read the answer: a server that
+    waited for the whole body would never answer (the read times out)."""
+    url = httpx.URL(world.stack.gateway_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout=10)
+        headers: dict[str, str] = {}
+        while (line := await asyncio.wait_for(reader.readline(), timeout=10)) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        payload = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), timeout=10)
+        return int(status_line.split()[1]), json.loads(payload)
+    finally:
+        writer.close()
+
+
+def _head(world: StackClient, framing: str) -> bytes:
+    url = httpx.URL(world.stack.gateway_url)
+    return (
+        f"POST /v1/events HTTP/1.1\r\nhost: {url.host}:{url.port}\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {world.api_key}\r\n{framing}\r\n\r\n"
+    ).encode()
+
+
+async def test_an_announced_oversized_body_is_413_before_a_byte_of_it_is_read(world: StackClient) -> None:
+    status, body = await _raw_exchange(world, _head(world, f"content-length: {10 * 1024 * 1024}"), b"{")
+    assert status == 413
+    assert body["error"]["code"] == "body_too_large"
+    assert body["error"]["details"] == {"size": 10 * 1024 * 1024, "limit": MAX_BODY_BYTES}
+
+
+async def test_a_chunked_oversized_body_is_413_once_the_limit_has_arrived(world: StackClient) -> None:
+    chunk = b" " * 4096
+    sent = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(MAX_BODY_BYTES // len(chunk) + 2))
+    status, body = await _raw_exchange(
+        world, _head(world, "transfer-encoding: chunked"), sent
+    )  # no last chunk
+    assert status == 413
+    assert body["error"]["code"] == "body_too_large" and body["error"]["details"]["limit"] == MAX_BODY_BYTES
+    assert body["error"]["details"]["size"] > MAX_BODY_BYTES
