@@ -51,7 +51,9 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
 
     files = [p for p in stack.state_dir.rglob("*") if p.is_file() and p.name != "api_key"]
     assert any(p.name == "stack.json" for p in files) and any(p.suffix == ".log" for p in files)
-    assert any(run_id.encode() in p.read_bytes() for p in files if p.suffix == ".log"), "the logs were written"
+    assert any(run_id.encode() in p.read_bytes() for p in files if p.suffix == ".log"), (
+        "the logs were written"
+    )
     assert (stack.state_dir / "api_key").read_text().strip() == client.api_key
     leaks = [
         f"{what} in {where}"

@@ -55,6 +55,8 @@ PURE = (
     "services.reconciler.core",
     "services.reconciler.audit",
     "services.gateway.core",
+    "services.gateway.access",
+    "services.gateway.quotas",
     "services.agents",
 )
 
