@@ -23,6 +23,7 @@ import httpx
 from contracts.errors import CrashsafeError
 from contracts.run_events import RunCompleted, RunHandedOff
 from contracts.subjects import Namespace
+from crashsafe.operations import api_key_for
 from crashsafe.stack import API_KEY_FILE, NATS, ProcessIdentity
 from sandbox.listing import SandboxListing
 from sandbox.records import LedgerEntry
@@ -110,7 +111,9 @@ class UpStack:
     @property
     def api_key(self) -> str:
         """The admin key `crashsafe up` wrote for its own clients (never in stack.json)."""
-        return (self.state_dir / API_KEY_FILE).read_text().strip()
+        key = api_key_for(self.state_dir)
+        assert key, f"no API key in CRASHSAFE_API_KEY or {self.state_dir / API_KEY_FILE}"
+        return key
 
 
 def start_up(

@@ -73,7 +73,7 @@ class Door:
         try:
             key_id, secret = parse_bearer(request.headers.get(Header.AUTHORIZATION))
             # A direct get on every request: a revocation reaches every replica with its next request.
-            client = authenticate(key_id, secret, await self.keys.get(key_id), datetime.now(UTC))
+            client = authenticate(key_id, secret, await self.keys.get(key_id))
         except Unauthenticated as exc:
             log(logger, logging.INFO, "refused", reason=exc.reason, path=request.url.path)
             raise

@@ -17,6 +17,7 @@ from contracts.errors import (
     Forbidden,
     IdempotencyConflict,
     InvalidRequest,
+    LeaseConflict,
     RunNotFound,
     RateLimited,
     RunVersionConflict,
@@ -40,6 +41,8 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     Unauthenticated: 401,
     Forbidden: 403,
     RateLimited: 429,
+    # An active-runs record many writers fought over for every compare-and-set round: try again shortly.
+    LeaseConflict: 503,
 }
 UNLISTED = 500
 
