@@ -391,3 +391,25 @@ async def test_a_chunked_oversized_body_is_413_once_the_limit_has_arrived(world:
     assert status == 413
     assert body["error"]["code"] == "body_too_large" and body["error"]["details"]["limit"] == MAX_BODY_BYTES
     assert body["error"]["details"]["size"] > MAX_BODY_BYTES
+
+
+async def test_concurrent_new_runs_never_take_more_than_the_cap(world: StackClient, broker: Broker) -> None:
+    """Eight new runs of one session at once (within the guest's rate burst): compare-and-set lets exactly the cap
+    through."""
+    guest, session = f"g-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    answers = await asyncio.gather(
+        *(
+            world.gateway.post(
+                "/v1/events", json=guest_event(guest_id=guest, session_id=session, text=BOOKING_TEXT)
+            )
+            for _ in range(8)
+        )
+    )
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [202, 202] + [429] * 6, [a.text for a in answers]
+    assert {a.json()["error"]["code"] for a in answers if a.status_code == 429} == {"too_many_active_runs"}
+    entry = await broker.kv_get(active_spec(world.ns), world.ns.session_active_key(STACK_TENANT, session))
+    assert entry is not None
+    assert set(active_decoder.decode(entry.value).runs) == {
+        a.json()["run_id"] for a in answers if a.status_code == 202
+    }
