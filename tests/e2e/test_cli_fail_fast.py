@@ -32,7 +32,15 @@ def _lines(text: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "command",
-    [("runs", "show", "run_000000000000000000000000"), ("audit",), ("reconcile",), ("infra", "apply")],
+    [
+        ("runs", "show", "run_000000000000000000000000"),
+        ("audit",),
+        ("reconcile",),
+        ("infra", "apply"),
+        ("keys", "create", "--tenant", "acme", "--scope", "admin"),
+        ("keys", "list"),
+        ("keys", "revoke", "0123456789abcdef"),
+    ],
     ids=lambda c: " ".join(c[:2]),
 )
 async def test_with_no_reachable_nats_a_one_shot_command_says_so_in_one_line_within_seconds(
