@@ -294,12 +294,16 @@ class Stack:
         line); the key a previous start left there is revoked. Runs its own event loop in its own thread, since
         `start` may be called from a thread that already runs one."""
         from services.platform.clients import replace_stack_key
+        from services.platform.settings import Settings
 
+        # The bucket gets the replicas the services would give it (a cluster's `CRASHSAFE_STREAM_REPLICAS=3`).
+        replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas
         path = self.state_dir / API_KEY_FILE
         previous = path.read_text().strip() if path.exists() else None
         with ThreadPoolExecutor(1, thread_name_prefix="mint-api-key") as pool:
             key = pool.submit(
-                asyncio.run, replace_stack_key(self.nats_url, self.namespace, STACK_TENANT, previous)
+                asyncio.run,
+                replace_stack_key(self.nats_url, self.namespace, STACK_TENANT, previous, replicas),
             ).result()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,10 +20,13 @@ from contracts.clients import (
     secret_hash,
     split_key,
 )
-from contracts.errors import InvalidRequest
+from contracts.errors import BrokerUnavailable, InvalidRequest
 from contracts.streams import clients_spec
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+
+
+MINT_ATTEMPTS = 60  # 15 s at 0.25 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +98,23 @@ class ClientKeys:
         return revoked
 
 
-async def replace_stack_key(nats_url: str, namespace: str, tenant: str, previous: str | None) -> str:
+async def replace_stack_key(
+    nats_url: str, namespace: str, tenant: str, previous: str | None, replicas: int = 1
+) -> str:
     """`crashsafe up`'s own admin key: a new one, and the one a previous start left behind revoked."""
     broker = await Broker.connect(nats_url, "crashsafe-up", fail_fast=True)
     try:
-        keys = ClientKeys(broker, Namespace(namespace))
+        keys = ClientKeys(broker, Namespace(namespace), replicas)
         await keys.ensure()
-        minted = await keys.create(tenant, [Scope.ADMIN], name="crashsafe up")
+        # A bucket just created on a cluster answers once its replicas have elected a leader (a second or so).
+        for attempt in range(MINT_ATTEMPTS):
+            try:
+                minted = await keys.create(tenant, [Scope.ADMIN], name="crashsafe up")
+                break
+            except BrokerUnavailable:
+                if attempt == MINT_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.25)
         old = split_key(previous) if previous else None
         if old is not None:
             await keys.revoke(old[0])

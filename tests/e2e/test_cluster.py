@@ -46,6 +46,9 @@ async def test_r3_cluster_loses_a_node_under_load(tmp_path: Path, cluster: NatsC
     async with open_stack(tmp_path / "stack", nats_url=cluster.url, env=env) as client:
         broker = await Broker.connect(cluster.url, "cluster-test")
         try:
+            # The gateway's buckets (API keys, active runs) are replicated like the streams: a node lost is no outage.
+            for bucket in (client.ns.clients_bucket, client.ns.active_bucket):
+                assert (await broker.js.stream_info(f"KV_{bucket}")).config.num_replicas == 3
             async with supervised(client.stack):
                 await _load_with_a_node_killed(client, broker, cluster)
         finally:
