@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +25,7 @@ from contracts.streams import active_spec
 from crashsafe.stack import STACK_TENANT
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
+from services.platform.natsd import NatsServer, free_port
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually
 from tests.support.world import BOOKING_TEXT
@@ -152,6 +156,54 @@ async def test_keys_made_listed_and_revoked_with_the_cli_and_the_very_next_reque
     listed = await crashsafe("keys", "list", env=env)
     assert f"{key_id}  tenant initech" in listed.stdout and "revoked" in listed.stdout
     assert (await crashsafe("keys", "revoke", "f" * 16, env=env)).returncode == 1
+
+
+async def test_a_revocation_holds_on_every_gateway_replica_from_its_next_request(
+    world: StackClient, broker: Broker, tmp_path: Path
+) -> None:
+    """A second gateway process on the same namespace, as a second pod behind the load balancer."""
+    port = free_port()
+    env = {
+        **os.environ,
+        **cli_env(world.stack, sandbox=False),
+        "CRASHSAFE_GATEWAY_PORT": str(port),
+        "CRASHSAFE_WORKER_ID": "gateway-replica",
+    }
+    with open(tmp_path / "gateway-replica.log", "wb") as log:
+        replica = subprocess.Popen(
+            [sys.executable, "-m", "crashsafe.cli", "serve", "gateway"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    key = await new_key(broker, world, "acme", Scope.RUNS_READ)
+    missing = run_id_for("acme", "nothing-here")
+    try:
+        async with (
+            gateway(world, key) as first,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth_header(key)) as second,
+        ):
+
+            async def up() -> bool:
+                try:
+                    return (await second.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await eventually(up, what="the second gateway replica to be ready", timeout_s=30)
+            for http in (first, second):
+                assert (await http.get(f"/v1/runs/{missing}")).status_code == 404  # known, not found
+            revoked = await crashsafe(
+                "keys", "revoke", key.split("_")[1], env=cli_env(world.stack, sandbox=False)
+            )
+            assert revoked.returncode == 0, revoked.stderr
+            for http in (first, second):
+                error = assert_error(await http.get(f"/v1/runs/{missing}"), 401, "unauthenticated")
+                assert error["details"] == {"reason": "revoked"}
+    finally:
+        replica.terminate()
+        replica.wait(timeout=10)
 
 
 async def test_a_missing_scope_is_403_naming_it(world: StackClient, broker: Broker) -> None:
