@@ -37,6 +37,8 @@ class ErrorCode(StrEnum):
     TOOL_ARGUMENTS_TOO_LARGE = "tool_arguments_too_large"
     TOOL_ARGUMENTS_TOO_DEEP = "tool_arguments_too_deep"
     MODEL_ANSWER_TOO_LARGE = "model_answer_too_large"
+    CAPABILITY_REFUSED = "capability_refused"
+    OUTCOME_REFUSED = "outcome_refused"
 
 
 class RetryClass(StrEnum):
@@ -310,3 +312,64 @@ class LeaseConflict(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"key": self.key, "expected_revision": self.expected_revision}
+
+
+# Trust boundaries ---------------------------------------------------------------------------------------------
+
+
+class CapabilityRefused(CrashsafeError):
+    """An executor refused an action request whose capability is missing, forged, altered, expired or of the
+    wrong origin (`reason`, a `contracts.capabilities.Refusal`). Nothing was attempted and no outcome is sent:
+    whoever published it could otherwise inject an answer into a real run. Dead-lettered."""
+
+    code = ErrorCode.CAPABILITY_REFUSED
+    retry = RetryClass.POISON
+
+    def __init__(self, *, reason: str, key: str, tool: str, run_id: str, family: str) -> None:
+        super().__init__(
+            f"capability refused ({reason}) for {tool} with key {key}: nothing was attempted; only the runtime "
+            "signs action requests: check who published it, or that executors hold the runtime's current "
+            "verification key (CRASHSAFE_CAPABILITY_VERIFY_KEYS)"
+        )
+        self.reason = reason
+        self.key = key
+        self.tool = tool
+        self.run_id = run_id
+        self.family = family
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "key": self.key,
+            "tool": self.tool,
+            "run_id": self.run_id,
+            "family": self.family,
+        }
+
+
+class OutcomeRefused(CrashsafeError):
+    """The runtime refused an outcome its run never asked for, or one from an executor family that does not own
+    the tool (`reason`, a `contracts.capabilities.OutcomeRefusal`). Not journaled; dead-lettered."""
+
+    code = ErrorCode.OUTCOME_REFUSED
+    retry = RetryClass.POISON
+
+    def __init__(self, *, reason: str, key: str, tool: str, run_id: str, source: str) -> None:
+        super().__init__(
+            f"outcome refused ({reason}) for {tool} with key {key} from {source!r}: not journaled; outcomes are "
+            "accepted only for journaled requests, from the family that owns the tool"
+        )
+        self.reason = reason
+        self.key = key
+        self.tool = tool
+        self.run_id = run_id
+        self.source = source
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "key": self.key,
+            "tool": self.tool,
+            "run_id": self.run_id,
+            "source": self.source,
+        }

@@ -61,6 +61,16 @@ VARIABLES: tuple[Variable, ...] = (
         "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
     ),
     Variable("OPENAI_BASE_URL", "unset", "that provider's base URL"),
+    Variable(
+        "CRASHSAFE_CAPABILITY_SIGNING_KEY",
+        "unset",
+        "runtime only: its Ed25519 private key (PEM) that signs every action request; required",
+    ),
+    Variable(
+        "CRASHSAFE_CAPABILITY_VERIFY_KEYS",
+        "unset",
+        "executors: the runtime's public key(s) (PEM), one path or two comma-separated during a rotation",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -107,6 +117,8 @@ class Settings:
     stream_replicas: int = 1
     log_level: str = "INFO"
     crash_at: str | None = None
+    capability_signing_key: Path | None = None
+    capability_verify_keys: tuple[Path, ...] = ()
 
     @classmethod
     def from_env(
@@ -200,6 +212,14 @@ class Settings:
             stream_replicas=read("CRASHSAFE_STREAM_REPLICAS", cls.stream_replicas, positive_int, "1, 3 or 5"),
             log_level=read("CRASHSAFE_LOG_LEVEL", cls.log_level, one_of(LOG_LEVELS), ", ".join(LOG_LEVELS)),
             crash_at=get("CRASHSAFE_CRASH_AT"),
+            capability_signing_key=(
+                Path(raw) if (raw := get("CRASHSAFE_CAPABILITY_SIGNING_KEY")) is not None else None
+            ),
+            capability_verify_keys=tuple(
+                Path(p.strip())
+                for p in (get("CRASHSAFE_CAPABILITY_VERIFY_KEYS") or "").split(",")
+                if p.strip()
+            ),
         )
 
     def with_partitions(self, spec: str) -> Settings:

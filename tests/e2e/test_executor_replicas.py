@@ -31,6 +31,7 @@ from tests.support import inprocess
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
+from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = Settings.lease_s  # what a replica started from the environment uses
@@ -175,7 +176,9 @@ class Payments:
 
     async def publish(self, request: ActionRequest) -> None:
         subject = self.ns.actions("payment", partition_of(request.key, PARTITIONS))
-        await self.broker.publish(subject, tool_encoder.encode(request), msg_id=f"test:{uuid.uuid4().hex}")
+        await self.broker.publish(
+            subject, tool_encoder.encode(signed(request)), msg_id=f"test:{uuid.uuid4().hex}"
+        )
 
     def of(self, key: str) -> list[ActionOutcome]:
         return [o for o in self.outcomes if o.key == key]

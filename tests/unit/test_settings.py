@@ -62,6 +62,8 @@ def test_every_variable_is_read_and_checked() -> None:
         "CRASHSAFE_MODEL": "gpt-x",
         "OPENAI_API_KEY": "sk-test",
         "OPENAI_BASE_URL": "https://models.example/v1",
+        "CRASHSAFE_CAPABILITY_SIGNING_KEY": "/keys/capability.key",
+        "CRASHSAFE_CAPABILITY_VERIFY_KEYS": "/keys/old.pub, /keys/new.pub",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -85,6 +87,8 @@ def test_every_variable_is_read_and_checked() -> None:
         "gpt-x",
     )
     assert (s.openai_api_key, s.openai_base_url) == ("sk-test", "https://models.example/v1")
+    assert s.capability_signing_key == Path("/keys/capability.key")
+    assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
