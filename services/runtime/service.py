@@ -190,7 +190,9 @@ class Runtime:
     async def record_outcome(self, outcome: ActionOutcome, ctx: Context, source: str) -> None:
         """Journal an executor's outcome. `source` is the family token of the subject it came on: an outcome is
         journaled only for a request the run journaled, with its tool and step, from the family it was sent to."""
-        run = await self._load(outcome.run_id, ctx)
+        # Not marked resumed before the outcome is known to be the run's: a refused one leaves the journal as it was.
+        resuming = outcome.run_id not in self._runs
+        run = await self._load(outcome.run_id, ctx, mark_resume=False)
         if run is None:
             raise OutcomeRefused(
                 reason=OutcomeRefusal.UNREQUESTED,
@@ -207,6 +209,8 @@ class Runtime:
             raise OutcomeRefused(
                 reason=refusal, key=outcome.key, tool=outcome.tool, run_id=outcome.run_id, source=source
             )
+        if resuming and not run.state.terminal:
+            await self._mark_resumed(run, ctx)
         for _ in range(MAX_CONFLICT_RETRIES):
             settles_unknown = (
                 run.state.unknown_step(outcome.step_no) is not None
