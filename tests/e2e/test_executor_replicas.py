@@ -31,7 +31,7 @@ from tests.support import inprocess
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
-from tests.support.capabilities import signed
+from tests.support.capabilities import executor_env, signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = Settings.lease_s  # what a replica started from the environment uses
@@ -85,6 +85,7 @@ async def replicas(
             "CRASHSAFE_SANDBOX_URL": sandbox_url,
             "CRASHSAFE_DATA_DIR": str(data_dir),
             "PYTHONPATH": str(ROOT),
+            **executor_env(root / "keys"),
         }
         log_file = log_path.open("wb")
         proc = await asyncio.create_subprocess_exec(

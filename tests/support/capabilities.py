@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.serialization import (
 from bench.workloads import registry as bench_registry
 from contracts.capabilities import GRACE_S, CapabilityIssuer, CapabilityOrigin, CapabilityVerifier
 from contracts.tool_messages import ActionRequest
-from services.platform.capability_keys import public_path
+from services.platform.capability_keys import VERIFY_KEYS_VARIABLE, public_path
 from services.registry import Registry
 
 _COMPENSATION_TOOLS = bench_registry().compensation_only
@@ -62,3 +62,12 @@ def install(private_path: Path) -> None:
         out.write(pem)
     public = _SESSION_KEY.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
     public_path(private_path).write_bytes(public)
+
+
+def executor_env(directory: Path) -> dict[str, str]:
+    """The environment an executor process started by a test needs to verify the session's capabilities: the
+    session's public key written under `directory`."""
+    path = directory / "capability.pub"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_SESSION_KEY.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    return {VERIFY_KEYS_VARIABLE: str(path)}
