@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
 
-class DeadLetter(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="dead_letter"):
+class DeadLetter(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="dead_letter"
+):
     service: str
     subject: str
     stream_seq: int
@@ -16,6 +19,8 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", ta
     code: str
     payload: str
     at: datetime
+    # The error's typed facts (`CrashsafeError.details()`): a refused capability's `reason`, `key`, `tool`.
+    details: dict[str, Any] = {}
 
 
 dead_letter_encoder = msgspec.json.Encoder()

@@ -41,6 +41,8 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "forbidden"
     RATE_LIMITED = "rate_limited"
     TOO_MANY_ACTIVE_RUNS = "too_many_active_runs"
+    CAPABILITY_REFUSED = "capability_refused"
+    OUTCOME_REFUSED = "outcome_refused"
 
 
 class RetryClass(StrEnum):
@@ -386,3 +388,62 @@ class TooManyActiveRuns(RateLimited):
 
     def details(self) -> dict[str, Any]:
         return super().details() | {"cap": self.cap}
+# Trust boundaries ---------------------------------------------------------------------------------------------
+
+
+class CapabilityRefused(CrashsafeError):
+    """An executor refused an action request whose capability is missing, forged, altered, expired or of the
+    wrong origin (`reason`, a `contracts.capabilities.Refusal`). Nothing was attempted and no outcome is sent:
+    whoever published it could otherwise inject an answer into a real run. Dead-lettered."""
+
+    code = ErrorCode.CAPABILITY_REFUSED
+    retry = RetryClass.POISON
+
+    def __init__(self, *, reason: str, key: str, tool: str, run_id: str, family: str) -> None:
+        super().__init__(
+            f"capability refused ({reason}) for {tool} with key {key}: nothing was attempted; only the runtime "
+            "signs action requests: check who published it, or that executors hold the runtime's current "
+            "verification key (CRASHSAFE_CAPABILITY_VERIFY_KEYS)"
+        )
+        self.reason = reason
+        self.key = key
+        self.tool = tool
+        self.run_id = run_id
+        self.family = family
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "key": self.key,
+            "tool": self.tool,
+            "run_id": self.run_id,
+            "family": self.family,
+        }
+
+
+class OutcomeRefused(CrashsafeError):
+    """The runtime refused an outcome its run never asked for, or one from an executor family that does not own
+    the tool (`reason`, a `contracts.capabilities.OutcomeRefusal`). Not journaled; dead-lettered."""
+
+    code = ErrorCode.OUTCOME_REFUSED
+    retry = RetryClass.POISON
+
+    def __init__(self, *, reason: str, key: str, tool: str, run_id: str, source: str) -> None:
+        super().__init__(
+            f"outcome refused ({reason}) for {tool} with key {key} from {source!r}: not journaled; outcomes are "
+            "accepted only for journaled requests, from the family that owns the tool"
+        )
+        self.reason = reason
+        self.key = key
+        self.tool = tool
+        self.run_id = run_id
+        self.source = source
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "key": self.key,
+            "tool": self.tool,
+            "run_id": self.run_id,
+            "source": self.source,
+        }

@@ -25,6 +25,11 @@ def input_hash(value: Any) -> str:
     return hashlib.sha256(_canonical.encode(value)).hexdigest()
 
 
+def tool_input_hash(tool: str, args: dict[str, Any]) -> str:
+    """What an action's key is bound to (`ActionRequested.input_hash`): the tool and its exact arguments."""
+    return input_hash({"tool": tool, "args": args})
+
+
 def inbound_hash(message: Any, agent: str) -> str:
     """What an inbound key is bound to: the guest message and the agent asked to handle it."""
     return input_hash({"agent": agent, "message": message})

@@ -13,6 +13,8 @@ DEFAULT_NAMESPACE = "crashsafe"
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 # A subject token that is a literal: no wildcard, separator, space or control character.
 _LITERAL = re.compile(r"^[A-Za-z0-9_\-]+$")
+# The outcome-subject token of wake-ups: `_` first, so no tool family can ever take it.
+WAKE_TOKEN = "_wake"
 
 
 def _literal(token: str) -> str:
@@ -92,13 +94,30 @@ class Namespace:
     def actions_all(self) -> str:
         return f"{self.name}.action.>"
 
-    # Messages for the runtime about one run: action outcomes and wake-ups.
-    def outcomes(self, run_id: str) -> str:
-        return f"{self.name}.outcome.{_literal(run_id)}"
+    # Messages for the runtime about one run: each executor family's outcomes on its own subjects (so who sent
+    # an outcome is part of where it arrived, and NATS permissions can say which family may publish where), and
+    # wake-ups on `_wake`, which can never be a family (a family starts with a letter).
+    def outcomes(self, family: str, run_id: str) -> str:
+        if not _TOKEN.match(family):
+            raise ValueError(f"tool family {family!r} must match {_TOKEN.pattern}")
+        return f"{self.name}.outcome.{family}.{_literal(run_id)}"
+
+    def wakes(self, run_id: str) -> str:
+        return f"{self.name}.outcome.{WAKE_TOKEN}.{_literal(run_id)}"
 
     @property
     def outcomes_all(self) -> str:
-        return f"{self.name}.outcome.*"
+        return f"{self.name}.outcome.>"
+
+    def outcome_source(self, subject: str) -> tuple[str, str] | None:
+        """(family or `_wake`, run id) of a subject under `outcomes_all`; None for anything else."""
+        prefix = f"{self.name}.outcome."
+        if not subject.startswith(prefix):
+            return None
+        source, dot, run_id = subject[len(prefix) :].partition(".")
+        if not dot or not run_id or "." in run_id:
+            return None
+        return source, run_id
 
     def dead_letters(self, service: str) -> str:
         return f"{self.name}.dead.{service}"

@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
+from contracts.capabilities import Capability
 from contracts.errors import ErrorInfo
 
 
@@ -111,6 +112,9 @@ class ActionRequest(ToolMessage, frozen=True, kw_only=True, tag="action.request"
     timeout_s: float
     deadline_at: datetime
     requested_at: datetime
+    # The runtime's signed permission for exactly this request (contracts/capabilities.py). An executor refuses
+    # a request without one; the default only keeps requests journaled or stored before it existed decodable.
+    capability: Capability | None = None
 
 
 class ActionOutcome(ToolMessage, frozen=True, kw_only=True, tag="action.outcome"):
@@ -132,7 +136,8 @@ class ActionOutcome(ToolMessage, frozen=True, kw_only=True, tag="action.outcome"
 
 
 class RunWake(ToolMessage, frozen=True, kw_only=True, tag="run.wake"):
-    """Ask the runtime to re-fold a run and continue it (sent by the reconciler for runs that stopped moving)."""
+    """Ask the runtime to re-fold a run and continue it (the reconciler, an operator, the runtime's own deadline
+    timer). `keys`: journaled actions to resolve; the runtime re-sends their requests with a fresh capability."""
 
     run_id: str
     reason: str

@@ -153,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     for command in (create, listing, revoke):
         command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    capability_key = sub.add_parser("capability-key", help="the runtime's capability signing keys")
+    capability_key_sub = capability_key.add_subparsers(dest="capability_key_command", required=True)
+    new_key = capability_key_sub.add_parser(
+        "new", help="write a new Ed25519 key pair: PATH (0600, for the runtime) and PATH.pub (for executors)"
+    )
+    new_key.add_argument("--out", required=True, help="the private key's path, e.g. keys/capability-2.key")
 
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(operations.audit(Path(args.state_dir))))
             case "keys":
                 sys.exit(asyncio.run(_keys(operations, args)))
+            case "capability-key":
+                sys.exit(operations.capability_key_new(Path(args.out)))
     except CrashsafeError as exc:
         # A setting or an argument the product cannot use: one line that says what to change, no traceback.
         sys.exit(f"crashsafe: {exc.message}")

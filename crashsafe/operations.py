@@ -277,3 +277,15 @@ async def infra_apply() -> int:
     finally:
         await broker.close()
     return 0
+
+
+def capability_key_new(out: Path) -> int:
+    """`crashsafe capability-key new --out PATH`: a key pair for a rotation (docs/security.md#capabilities)."""
+    from services.platform.capability_keys import public_path, write_key_pair
+
+    if out.exists():
+        sys.exit(f"crashsafe: {out} exists; a key is never overwritten: choose another path")
+    kid = write_key_pair(out)
+    Console().print(f"key id {kid}\nprivate {out} (0600: the runtime's CRASHSAFE_CAPABILITY_SIGNING_KEY)")
+    Console().print(f"public  {public_path(out)} (the executors' CRASHSAFE_CAPABILITY_VERIFY_KEYS)")
+    return 0

@@ -19,6 +19,12 @@ from typing import Any
 import httpx
 
 from contracts.subjects import DEFAULT_NAMESPACE
+from services.platform.capability_keys import (
+    SIGNING_KEY_VARIABLE,
+    VERIFY_KEYS_VARIABLE,
+    ensure_key_pair,
+    public_path,
+)
 from services.platform.natsd import NatsServer, free_port
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify")
@@ -240,6 +246,11 @@ class Stack:
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
 
+    @property
+    def capability_key(self) -> Path:
+        """The runtime's signing key (0600), made once per state dir; executors get only `capability.pub`."""
+        return self.state_dir / "keys" / "capability.key"
+
     def replicas(self, base: str) -> list[Service]:
         return [s for s in self.services.values() if s.base == base]
 
@@ -258,6 +269,13 @@ class Stack:
             }
         )
         env.pop("CRASHSAFE_CRASH_AT", None)
+        # Capabilities: only runtimes get the signing key; executors the public key; nobody else either.
+        env.pop(SIGNING_KEY_VARIABLE, None)
+        env.pop(VERIFY_KEYS_VARIABLE, None)
+        if service.base == "runtime":
+            env[SIGNING_KEY_VARIABLE] = str(self.capability_key)
+        elif service.base.startswith("executor-"):
+            env[VERIFY_KEYS_VARIABLE] = str(public_path(self.capability_key))
         if self.registry:
             env["CRASHSAFE_REGISTRY"] = self.registry
             where = _import_root(self.registry)
@@ -273,6 +291,7 @@ class Stack:
 
     def start(self) -> Stack:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        ensure_key_pair(self.capability_key)
         if not self.nats_url:
             self.nats = NatsServer(self.state_dir / "nats", sync_always=self.sync_always).start()
             self.nats_url = self.nats.url

@@ -157,6 +157,11 @@ class Registry:
         return {name: t for name, t in self.tools.items() if t.contract.family == family}
 
     @property
+    def compensation_only(self) -> frozenset[str]:
+        """The tools an executor serves only with a compensation capability."""
+        return frozenset(name for name, t in self.tools.items() if t.compensation_only)
+
+    @property
     def contracts(self) -> dict[str, ToolContract]:
         return {name: t.contract for name, t in self.tools.items()}
 

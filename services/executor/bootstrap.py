@@ -6,6 +6,7 @@ import asyncio
 
 from services.executor.service import Executor
 from services.platform import crashpoints
+from services.platform.capability_keys import load_verifier
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.providers import Providers
@@ -16,10 +17,11 @@ from services.registry import Registry
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure(f"executor.{family}", settings.log_level)
+    verifier = load_verifier(settings.capability_verify_keys, registry.compensation_only)
     broker = await Broker.connect(settings.nats_url, f"executor-{family}-{settings.worker_id}")
     try:
         async with Providers.connect(settings.sandbox_url) as providers:
-            executor = Executor(broker, settings, registry, family, providers, logger)
+            executor = Executor(broker, settings, registry, family, providers, logger, verifier)
             await executor.start()
             print(f"ready: executor {family}", flush=True)
             await stop.wait()

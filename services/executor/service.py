@@ -15,7 +15,9 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
+from contracts.capabilities import CapabilityVerifier
 from contracts.errors import (
+    CapabilityRefused,
     CrashsafeError,
     ErrorCode,
     ErrorInfo,
@@ -96,9 +98,12 @@ class Executor:
         family: str,
         providers: Providers,
         logger: logging.Logger,
+        verifier: CapabilityVerifier,
         max_deliver: int = MAX_DELIVER,
     ) -> None:
         self.broker = broker
+        # Checks the runtime's signature on every request before anything else is done with it.
+        self.verifier = verifier
         self.settings = settings
         self.ns = settings.namespace
         self.family = family
@@ -248,6 +253,20 @@ class Executor:
         await self.handle(request, ctx, meta.sequence.stream, meta.num_delivered)
 
     async def handle(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
+        # Before the tool lookup, the argument check and the intent row: a request the runtime did not sign for
+        # exactly this run, key, tool and input, or one past its expiry, is refused with no outcome at all (an
+        # outcome would let its sender inject an answer into a real run) and never reaches a provider. A
+        # `resolve` capability is the runtime re-sending a journaled request: the store decides, as for any
+        # redelivery.
+        refusal = self.verifier.check(request, datetime.now(UTC))
+        if refusal is not None:
+            raise CapabilityRefused(
+                reason=refusal,
+                key=request.key[:200],
+                tool=request.tool[:200],
+                run_id=request.run_id[:200],
+                family=request.family[:200],
+            )
         tool = self.tools.get(request.tool)
         if tool is None:
             raise PoisonMessage(f"executor {self.family} has no tool {request.tool!r}", key=request.key)
@@ -474,7 +493,7 @@ class Executor:
 
     async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:
         await self.broker.publish(
-            self.ns.outcomes(outcome.run_id),
+            self.ns.outcomes(self.family, outcome.run_id),
             tool_encoder.encode(outcome),
             msg_id=f"outcome:{outcome.key}:{outcome.status}",
             headers=headers_for(ctx),

@@ -129,7 +129,8 @@ class ActionStore:
                 request.run_id,
                 request.step_no,
                 request.tool,
-                tool_encoder.encode(request),
+                # The capability was checked once, on delivery; it is not kept (nor needed to settle the intent).
+                tool_encoder.encode(msgspec.structs.replace(request, capability=None)),
                 RecordStatus.STARTED.value,
                 stream_seq,
                 now,

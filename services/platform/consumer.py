@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 import nats.errors
@@ -84,7 +85,7 @@ class Deliveries:
             await self.dead_letter(msg, f"cannot decode: {exc}", ErrorCode.POISON_MESSAGE)
         except CrashsafeError as exc:
             if exc.retry is RetryClass.POISON or deliveries >= self.max_deliver:
-                await self.dead_letter(msg, exc.message, exc.code)
+                await self.dead_letter(msg, exc.message, exc.code, exc.details())
             else:
                 log(
                     self.logger,
@@ -119,7 +120,9 @@ class Deliveries:
                     except (nats.errors.Error, OSError):
                         pass
 
-    async def dead_letter(self, msg: Msg, reason: str, code: ErrorCode) -> None:
+    async def dead_letter(
+        self, msg: Msg, reason: str, code: ErrorCode, details: dict[str, Any] | None = None
+    ) -> None:
         letter = DeadLetter(
             service=self.service,
             subject=msg.subject,
@@ -129,6 +132,7 @@ class Deliveries:
             code=code,
             payload=msg.data.decode("utf-8", "replace")[:8192],
             at=datetime.now(UTC),
+            details=details or {},
         )
         await self.broker.publish(self.ns.dead_letters(self.service), dead_letter_encoder.encode(letter))
         log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=code.value)

@@ -75,6 +75,15 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
+        "CRASHSAFE_CAPABILITY_SIGNING_KEY",
+        "unset",
+        "runtime only: its Ed25519 private key (PEM) that signs every action request; required",
+    ),
+    Variable(
+        "CRASHSAFE_CAPABILITY_VERIFY_KEYS",
+        "unset",
+        "executors: the runtime's public key(s) (PEM), one path or two comma-separated during a rotation",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -130,6 +139,8 @@ class Settings:
     reconcile_per_minute: float = 6.0
     active_runs_per_guest: int = 10
     active_runs_per_session: int = 5
+    capability_signing_key: Path | None = None
+    capability_verify_keys: tuple[Path, ...] = ()
 
     @classmethod
     def from_env(
@@ -273,6 +284,14 @@ class Settings:
                 cls.active_runs_per_session,
                 non_negative_int,
                 "a whole number >= 0",
+            ),
+            capability_signing_key=(
+                Path(raw) if (raw := get("CRASHSAFE_CAPABILITY_SIGNING_KEY")) is not None else None
+            ),
+            capability_verify_keys=tuple(
+                Path(p.strip())
+                for p in (get("CRASHSAFE_CAPABILITY_VERIFY_KEYS") or "").split(",")
+                if p.strip()
             ),
         )
 

@@ -16,7 +16,7 @@ from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
 from services.registry import ProviderAnswer
-from services.platform.asks import ask_to_resolve, wake_run
+from services.platform.asks import wake_run
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
@@ -72,22 +72,23 @@ class Reconciler:
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
         overdue = overdue_actions(self.work, now, self.grace_s, self.reask_s)
+        asked: dict[str, list[str]] = {}
         for request in overdue + unsettled_unknowns(self.work, now, self.reask_s):
             self.work.asked[request.key] = now
             self.work.times_asked[request.key] = self.work.times_asked.get(request.key, 0) + 1
+            asked.setdefault(request.run_id, []).append(request.key)
+        overdue_runs = {r.run_id for r in overdue}
+        for run_id in sorted(asked):
             crash_point("reconciler.mid_resolution")
-            await ask_to_resolve(self.broker, self.settings, request, self.worker)
-            self.resolutions += 1
-        for run_id in sorted({r.run_id for r in overdue}):
-            keys = [r.key for r in overdue if r.run_id == run_id]
-            await wake_run(
-                self.broker,
-                self.settings,
-                run_id,
-                f"{len(keys)} action(s) past their timeout with no outcome",
-                self.worker,
-                keys,
+            # Only the runtime publishes action requests: the wake names the keys, the runtime re-sends them.
+            keys = asked[run_id]
+            reason = (
+                f"{len(keys)} action(s) past their timeout with no outcome"
+                if run_id in overdue_runs
+                else f"{len(keys)} unknown outcome(s) to resolve by key"
             )
+            await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys)
+            self.resolutions += len(keys)
         for run_id in stalled_runs(self.work, now, self.quiet_s):
             self.work.woken[run_id] = now
             await wake_run(

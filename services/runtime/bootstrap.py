@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from services.platform import crashpoints
+from services.platform.capability_keys import load_issuer
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.settings import Settings
@@ -16,10 +17,11 @@ from services.runtime.service import Runtime
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("runtime", settings.log_level)
+    issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
     model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
     broker = await Broker.connect(settings.nats_url, f"runtime-{settings.worker_id}")
     try:
-        runtime = Runtime(broker, settings, registry, model, logger)
+        runtime = Runtime(broker, settings, registry, model, logger, issuer)
         await runtime.start()
         print("ready: runtime", flush=True)
         await stop.wait()

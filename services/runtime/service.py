@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,14 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.errors import CrashsafeError, ModelUnavailable, PoisonMessage, RunVersionConflict
+from contracts.capabilities import CapabilityIssuer, OutcomeRefusal
+from contracts.errors import (
+    CrashsafeError,
+    ModelUnavailable,
+    OutcomeRefused,
+    PoisonMessage,
+    RunVersionConflict,
+)
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.run_events import (
     MAX_EVENT_BYTES,
@@ -30,6 +38,7 @@ from contracts.run_events import (
     request_for,
 )
 from contracts.streams import active_spec, runtime_consumers, stream_specs
+from contracts.subjects import WAKE_TOKEN
 from contracts.tool_messages import (
     ActionOutcome,
     OutcomeStatus,
@@ -60,6 +69,7 @@ from services.runtime.core.decide import (
     next_move,
 )
 from services.runtime.core.agent import Agent
+from services.runtime.core.authority import Terms, outcome_refusal, resend_terms, terms_for, to_resolve
 from services.runtime.core.fold import fold_run, replay
 from services.runtime.core.state import RunState
 from services.runtime.model import Model
@@ -85,9 +95,17 @@ class _Run:
 
 class Runtime:
     def __init__(
-        self, broker: Broker, settings: Settings, registry: Registry, model: Model, logger: logging.Logger
+        self,
+        broker: Broker,
+        settings: Settings,
+        registry: Registry,
+        model: Model,
+        logger: logging.Logger,
+        issuer: CapabilityIssuer,
     ) -> None:
         self.broker = broker
+        # Signs every action request this runtime publishes; the only holder of the signing key.
+        self.issuer = issuer
         self.settings = settings
         self.registry = registry
         self.ns = settings.namespace
@@ -126,9 +144,16 @@ class Runtime:
     async def _on_runtime_message(self, msg: Msg) -> None:
         message = runtime_message_decoder.decode(msg.data)
         ctx = context_from(msg.headers)
+        source, subject_run = self.ns.outcome_source(msg.subject) or ("", "")
+        key, tool = (message.key, message.tool) if isinstance(message, ActionOutcome) else ("", "")
+        if subject_run != message.run_id or isinstance(message, ActionOutcome) == (source == WAKE_TOKEN):
+            # A message for one run on another's subject, an outcome posing as a wake-up, or the reverse.
+            raise OutcomeRefused(
+                reason=OutcomeRefusal.WRONG_SUBJECT, key=key, tool=tool, run_id=message.run_id, source=source
+            )
         async with self._lock(message.run_id):
             if isinstance(message, ActionOutcome):
-                await self.record_outcome(message, ctx)
+                await self.record_outcome(message, ctx, source)
             else:
                 await self.wake(message, ctx)
 
@@ -165,29 +190,36 @@ class Runtime:
         if run is not None:
             await self._drive(run, ctx)
 
-    async def record_outcome(self, outcome: ActionOutcome, ctx: Context) -> None:
-        run = await self._load(outcome.run_id, ctx)
+    async def record_outcome(self, outcome: ActionOutcome, ctx: Context, source: str) -> None:
+        """Journal an executor's outcome. `source` is the family token of the subject it came on: an outcome is
+        journaled only for a request the run journaled, with its tool and step, from the family it was sent to."""
+        # Not marked resumed before the outcome is known to be the run's: a refused one leaves the journal as it was.
+        resuming = outcome.run_id not in self._runs
+        run = await self._load(outcome.run_id, ctx, mark_resume=False)
         if run is None:
-            raise PoisonMessage(
-                f"outcome for {outcome.key} names run {outcome.run_id}, which has no journal", key=outcome.key
+            raise OutcomeRefused(
+                reason=OutcomeRefusal.UNREQUESTED,
+                key=outcome.key,
+                tool=outcome.tool,
+                run_id=outcome.run_id,
+                source=source,
             )
-        if run.state.pending_step(outcome.step_no) is None and not run.state.is_completed(outcome.step_no):
+        if outcome_refusal(run.state, outcome, source) is not None:
             # Our copy may be stale (another replica moved the run on): never drop an outcome on a stale view.
             run = await self._reload(run, ctx)
+        refusal = outcome_refusal(run.state, outcome, source)
+        if refusal is not None:
+            raise OutcomeRefused(
+                reason=refusal, key=outcome.key, tool=outcome.tool, run_id=outcome.run_id, source=source
+            )
+        if resuming and not run.state.terminal:
+            await self._mark_resumed(run, ctx)
         for _ in range(MAX_CONFLICT_RETRIES):
             settles_unknown = (
                 run.state.unknown_step(outcome.step_no) is not None
                 and outcome.status != OutcomeStatus.UNKNOWN
             )
             if run.state.pending_step(outcome.step_no) is None and not settles_unknown:
-                if not run.state.is_completed(outcome.step_no):
-                    log(
-                        self.logger,
-                        logging.WARNING,
-                        "outcome for a step the journal never requested",
-                        run_id=outcome.run_id,
-                        key=outcome.key,
-                    )
                 break  # already journaled (a redelivery): nothing to record
             crash_point("runtime.after_outcome_received")
             completed = ActionCompleted(
@@ -230,6 +262,12 @@ class Runtime:
         except RunVersionConflict:
             run = await self._reload(run, ctx)
         run.published.clear()  # a wake means something may have been lost: publish pending requests again
+        # Only the runtime publishes action requests: the keys a wake names are re-sent from the journal, with a
+        # fresh capability and a fresh message id (so they pass the duplicate window), to the owning executor,
+        # which answers from its receipt or asks the provider by key.
+        for intent in to_resolve(run.state, wake.keys):
+            await self._publish_request(intent, ctx, resend_terms(utcnow()), f"resolve:{uuid.uuid4().hex}")
+            run.published.add(intent.key)
         await self._drive(run, ctx)
 
     # The loop -----------------------------------------------------------------------------------------------
@@ -344,13 +382,18 @@ class Runtime:
                 pass  # the run moved, or the broker is down: the model's failure is what the caller must see
             raise
 
-    async def _publish_request(self, intent: ActionRequested, ctx: Context) -> None:
+    async def _publish_request(
+        self, intent: ActionRequested, ctx: Context, terms: Terms | None = None, msg_id: str = "request"
+    ) -> None:
+        """Sign the journaled request and send it to the executor owning its key. Nats-Msg-Id
+        (`<msg_id>:<key>`) dedups a re-publish inside the window; the executor's store dedups it forever."""
         subject = self.ns.actions_for_key(intent.family, intent.key, self.settings.partitions)
-        # Nats-Msg-Id dedups a re-publish inside the window; the executor's store dedups it forever.
+        terms = terms or terms_for(intent, utcnow())
+        request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at)
         await self.broker.publish(
             subject,
-            tool_encoder.encode(request_for(intent)),
-            msg_id=f"request:{intent.key}",
+            tool_encoder.encode(request),
+            msg_id=f"{msg_id}:{intent.key}",
             headers=headers_for(ctx),
         )
 

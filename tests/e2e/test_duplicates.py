@@ -138,7 +138,7 @@ async def test_action_request_redelivered_after_completion_is_answered_from_the_
             seen.append(message)
 
     # A plain subscription sees the executor's answer even if the outcomes stream drops it as a duplicate.
-    sub = await broker.nc.subscribe(ns.outcomes(run_id), cb=collect)
+    sub = await broker.nc.subscribe(ns.outcomes(request.family, run_id), cb=collect)
     try:
         published = await broker.publish(
             ns.actions(request.family, partition), tool_encoder.encode(request), msg_id=unique("again")
@@ -189,9 +189,8 @@ async def test_outcome_redelivered_after_completion_leaves_the_journal_unchanged
     assert completed is not None
     outcome = action_outcome_from(requested, completed)
 
-    published = await broker.publish(
-        world.ns.outcomes(run_id), tool_encoder.encode(outcome), msg_id=unique("again")
-    )
+    subject = world.ns.outcomes(requested["family"], run_id)
+    published = await broker.publish(subject, tool_encoder.encode(outcome), msg_id=unique("again"))
     assert not published.duplicate
 
     assert await eventually(
@@ -202,7 +201,7 @@ async def test_outcome_redelivered_after_completion_leaves_the_journal_unchanged
     assert not [
         d
         for d in await dead_letters(broker, world.ns)
-        if d.stream_seq == published.seq and d.subject == world.ns.outcomes(run_id)
+        if d.stream_seq == published.seq and d.subject == subject
     ]
 
 
@@ -222,7 +221,7 @@ async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_o
                     asyncio.create_task(broker.publish(msg.subject, msg.data, msg_id=unique("copy")))
                 )
 
-    sub = await broker.nc.subscribe(world.ns.outcomes(run_id), cb=echo)
+    sub = await broker.nc.subscribe(world.ns.outcomes("payment", run_id), cb=echo)
     try:
         response = await world.post_event(event_id, guest)
         assert response.json()["run_id"] == run_id
@@ -255,9 +254,7 @@ async def test_wake_for_a_completed_run_leaves_the_journal_unchanged(
     run_id, guest, events = await _completed_run(world)
     wake = RunWake(run_id=run_id, reason="test: duplicate wake", at=datetime.now(UTC), by="test")
 
-    published = await broker.publish(
-        world.ns.outcomes(run_id), tool_encoder.encode(wake), msg_id=unique("wake")
-    )
+    published = await broker.publish(world.ns.wakes(run_id), tool_encoder.encode(wake), msg_id=unique("wake"))
 
     assert await eventually(
         lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the wake"
@@ -279,7 +276,7 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
     )
 
     for _ in range(2):  # and the same wake twice
-        await broker.publish(world.ns.outcomes(run_id), tool_encoder.encode(wake), msg_id=unique("wake"))
+        await broker.publish(world.ns.wakes(run_id), tool_encoder.encode(wake), msg_id=unique("wake"))
     summary = await world.wait_terminal(run_id)
     events = await world.events(run_id)
 

@@ -31,6 +31,7 @@ from tests.support import inprocess
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
+from tests.support.capabilities import executor_env, signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = Settings.lease_s  # what a replica started from the environment uses
@@ -84,6 +85,7 @@ async def replicas(
             "CRASHSAFE_SANDBOX_URL": sandbox_url,
             "CRASHSAFE_DATA_DIR": str(data_dir),
             "PYTHONPATH": str(ROOT),
+            **executor_env(root / "keys"),
         }
         log_file = log_path.open("wb")
         proc = await asyncio.create_subprocess_exec(
@@ -175,7 +177,9 @@ class Payments:
 
     async def publish(self, request: ActionRequest) -> None:
         subject = self.ns.actions("payment", partition_of(request.key, PARTITIONS))
-        await self.broker.publish(subject, tool_encoder.encode(request), msg_id=f"test:{uuid.uuid4().hex}")
+        await self.broker.publish(
+            subject, tool_encoder.encode(signed(request)), msg_id=f"test:{uuid.uuid4().hex}"
+        )
 
     def of(self, key: str) -> list[ActionOutcome]:
         return [o for o in self.outcomes if o.key == key]

@@ -10,13 +10,14 @@ import pytest
 
 from contracts.dead_letters import DeadLetter
 from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import inbound_hash, run_id_for
+from contracts.keys import inbound_hash, run_id_for, tool_input_hash
 from crashsafe.stack import STACK_TENANT
 from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from tests.support.broker import action_subject, consumer_settled, dead_letters
+from tests.support.capabilities import signed
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKED_AND_PAID, BOOKING_TEXT
@@ -60,7 +61,7 @@ TARGETS: dict[str, Target] = {
         "executor_payment",
     ),
     "outcome": lambda ns: (
-        ns.outcomes(f"run_x{uuid.uuid4().hex[:8]}"),
+        ns.outcomes("payment", f"run_x{uuid.uuid4().hex[:8]}"),
         ns.stream(StreamKind.OUTCOMES),
         ns.runtime_outcomes_consumer,
         "runtime",
@@ -112,26 +113,23 @@ async def test_action_request_for_a_tool_the_executor_lacks_is_dead_lettered(
     ns = shared.ns
     now = datetime.now(UTC)
     key = f"{unique('run_poison')}:1"
+    args = {"hotel_id": "lis-1", "guest_id": "g-poison", "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    # Signed as the runtime would: the capability is good, so what is refused is the tool, not the signature.
     request = ActionRequest(
         run_id=key.split(":")[0],
         step_no=1,
         tool=tool,
         family="payment",
-        args={
-            "hotel_id": "lis-1",
-            "guest_id": "g-poison",
-            "check_in": "2026-12-01",
-            "check_out": "2026-12-03",
-        },
+        args=args,
         key=key,
-        input_hash="0" * 64,
+        input_hash=tool_input_hash(tool, args),
         timeout_s=5.0,
         deadline_at=now + timedelta(seconds=5),
         requested_at=now,
     )
     subject = ns.actions("payment", 0)
 
-    published = await broker.publish(subject, tool_encoder.encode(request), msg_id=unique("poison"))
+    published = await broker.publish(subject, tool_encoder.encode(signed(request)), msg_id=unique("poison"))
     await _completes_booked_and_paid(shared)
 
     letter = await eventually(
@@ -203,14 +201,14 @@ async def test_request_with_unusable_args_is_poison_and_leaves_the_executor_rest
         family="booking",
         args={},  # release_booking needs booking_id
         key=key,
-        input_hash="0" * 64,
+        input_hash=tool_input_hash("release_booking", {}),
         timeout_s=5.0,
         deadline_at=now + timedelta(seconds=5),
         requested_at=now,
     )
     log = stack.logs_dir / "executor-booking.log"
     subject = action_subject(namespace, "booking", key)
-    published = await broker.publish(subject, tool_encoder.encode(request), msg_id=unique("badargs"))
+    published = await broker.publish(subject, tool_encoder.encode(signed(request)), msg_id=unique("badargs"))
 
     async def first_attempt_over() -> bool:
         return b"handler failed" in log.read_bytes() or bool(
@@ -246,7 +244,7 @@ async def test_outcome_reporting_an_effect_for_a_run_with_no_journal_is_dead_let
         result={"payment_id": "pay_ghost", "amount_cents": 24000},
         provider_ref="pay_ghost",
     )
-    subject = ns.outcomes(run_id)
+    subject = ns.outcomes("payment", run_id)
 
     published = await broker.publish(subject, tool_encoder.encode(outcome), msg_id=unique("ghost"))
     assert await eventually(
@@ -259,3 +257,4 @@ async def test_outcome_reporting_an_effect_for_a_run_with_no_journal_is_dead_let
     letter = await _letter_for(broker, ns, subject, published.seq)  # written before the message is settled
     assert letter is not None, "the outcome was acked and dropped"
     assert letter.service == "runtime"
+    assert letter.code == "outcome_refused" and letter.details["reason"] == "unrequested"

@@ -36,6 +36,7 @@ from services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
+from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
@@ -101,7 +102,7 @@ class Harness:
     async def publish(self, request: ActionRequest, msg_id: str | None = None) -> Published:
         subject = self.ns.actions(request.family, partition_of(request.key, PARTITIONS))
         return await self.broker.publish(
-            subject, tool_encoder.encode(request), msg_id=msg_id or f"test:{uuid.uuid4().hex}"
+            subject, tool_encoder.encode(signed(request)), msg_id=msg_id or f"test:{uuid.uuid4().hex}"
         )
 
     async def outcomes_for(self, key: str, count: int = 1, deadline_s: float = 15.0) -> list[ActionOutcome]:

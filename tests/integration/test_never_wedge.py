@@ -130,7 +130,8 @@ async def test_an_unknown_event_type_is_kept_skipped_and_never_dead_letters_an_o
         await worker.start()
         # The receipt for the pending search arrives after the unknown event: it must be journaled, not dead-lettered.
         await broker.publish(
-            namespace.outcomes(run_id), _outcome(search, OutcomeStatus.SUCCEEDED, {"hotels": []})
+            namespace.outcomes(search.family, run_id),
+            _outcome(search, OutcomeStatus.SUCCEEDED, {"hotels": []}),
         )
 
         async def ended() -> list[JournalEvent] | None:
@@ -194,7 +195,7 @@ async def test_past_its_deadline_a_run_hands_off_and_a_late_failed_payment_relea
         await eventually(nudged, what="the nudge after the hand-off")
 
         # The reconciler's ask by key settles the payment late, as failed: the hold is released.
-        await broker.publish(namespace.outcomes(run_id), _outcome(pay, OutcomeStatus.FAILED, {}))
+        await broker.publish(namespace.outcomes(pay.family, run_id), _outcome(pay, OutcomeStatus.FAILED, {}))
 
         async def released() -> list[JournalEvent] | None:
             events = await _events(journal, run_id)

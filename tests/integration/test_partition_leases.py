@@ -29,6 +29,7 @@ from services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
+from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = 2  # short, so a hand-over takes seconds; the fence stops acting 0.5 s before it could expire
@@ -88,7 +89,9 @@ class Replicas:
 
     async def publish(self, request: ActionRequest) -> None:
         subject = self.ns.actions(request.family, partition_of(request.key, PARTITIONS))
-        await self.broker.publish(subject, tool_encoder.encode(request), msg_id=f"test:{uuid.uuid4().hex}")
+        await self.broker.publish(
+            subject, tool_encoder.encode(signed(request)), msg_id=f"test:{uuid.uuid4().hex}"
+        )
 
     async def outcome(self, key: str, timeout_s: float = 30.0) -> ActionOutcome:
         def got() -> ActionOutcome | None:

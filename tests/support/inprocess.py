@@ -38,6 +38,7 @@ from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
 from services.runtime.model import ResponsesModel
 from services.runtime.service import Runtime
+from tests.support import capabilities
 
 # The agents in-process services run: the product's booking agent and the benchmark's plan agents (steps5).
 REGISTRY = bench_registry()
@@ -130,6 +131,7 @@ async def executor(
         family,
         providers,
         logging.getLogger(f"tests.executor.{family}"),
+        capabilities.verifier(registry),
         max_deliver=max_deliver or executor_service.MAX_DELIVER,
     )
     try:
@@ -149,8 +151,11 @@ def last_delivery(worker: Executor) -> int:
 
 
 async def deliver(worker: Executor, request: ActionRequest, deliveries: int, stream_seq: int = 1) -> None:
-    """Hand the executor one delivery of `request`, as its consumer does (with the broker's delivery count).
-    Returns when the delivery would be acknowledged; raises what would make it come back (nak) or dead-letter."""
+    """Hand the executor one delivery of `request`, as its consumer does (with the broker's delivery count),
+    signed as the runtime would unless it carries a capability already. Returns when the delivery would be
+    acknowledged; raises what would make it come back (nak) or dead-letter."""
+    if request.capability is None:
+        request = capabilities.signed(request)
     await worker.handle(request, context_from(None), stream_seq, deliveries)
 
 
@@ -170,6 +175,7 @@ async def runtime(
         registry,
         model or NoModel(),
         logging.getLogger(f"tests.runtime.{settings.worker_id}"),
+        capabilities.ISSUER,
     )
     try:
         yield worker

@@ -21,6 +21,7 @@ from contracts.run_events import (
     request_for,
 )
 from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
+from tests.support.capabilities import signed
 
 # The events that take a step number: the fold numbers them 1, 2, 3 ... with no gap and no repeat.
 DECISIONS = (ModelAnswered, ActionRequested, ToolRejected)
@@ -59,10 +60,11 @@ def trail(completed: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def action_request_from(requested: dict[str, Any]) -> ActionRequest:
-    """Rebuild the message the runtime published for a journaled run.action_requested (the product's rule)."""
+    """Rebuild the message the runtime published for a journaled run.action_requested (the product's rule),
+    signed as the runtime signs it."""
     intent = event_decoder.decode(msgspec.json.encode(requested))
     assert isinstance(intent, ActionRequested)
-    return request_for(intent)
+    return signed(request_for(intent))
 
 
 def action_outcome_from(requested: dict[str, Any], completed: dict[str, Any]) -> ActionOutcome:

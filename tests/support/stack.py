@@ -21,6 +21,7 @@ import httpx
 
 from contracts.subjects import Namespace
 from crashsafe.stack import STACK_TENANT, Stack
+from tests.support import capabilities
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
@@ -199,6 +200,7 @@ async def open_stack(
     Without a namespace the stack gets its own, so tests sharing a nats-server never see each other's messages.
     """
     stack = Stack(state_dir, nats_url=nats_url, namespace=namespace or f"t{uuid.uuid4().hex[:10]}", **kwargs)
+    capabilities.install(stack.capability_key)  # the stack signs with the key the tests sign with
     try:
         await asyncio.to_thread(stack.start)
     except BaseException:

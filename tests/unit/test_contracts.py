@@ -20,6 +20,7 @@ import msgspec.inspect
 import pytest
 
 import contracts
+from contracts.capabilities import Capability
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
 from contracts.errors import (
     BodyTooLarge,
@@ -80,6 +81,18 @@ RUN = "run_94cb296d1a30794270b8b64f"
 KEY = f"{RUN}:6"
 ERROR = ErrorInfo(
     code="amount_mismatch", message="charge exactly 24000", retry="none", details={"expected_cents": 24000}
+)
+
+CAPABILITY = Capability(
+    run_id=RUN,
+    key=KEY,
+    tool="create_payment",
+    family="payment",
+    input_hash="a" * 64,
+    origin="plan",
+    expires_at=LATER,
+    kid="0123456789abcdef",
+    sig="s" * 86,
 )
 
 # One fixed instance of every message that crosses a process boundary, named by its tag.
@@ -177,7 +190,9 @@ SAMPLES: list[msgspec.Struct] = [
         timeout_s=10.0,
         deadline_at=LATER,
         requested_at=AT,
+        capability=CAPABILITY,
     ),
+    CAPABILITY,
     ActionOutcome(
         run_id=RUN,
         step_no=6,
@@ -245,6 +260,8 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return inbound_encoder, inbound_decoder
         case DeadLetter():
             return dead_letter_encoder, dead_letter_decoder
+        case Capability():
+            return tool_encoder, msgspec.json.Decoder(Capability)
     raise AssertionError(f"no codec for {type(sample).__name__}")
 
 

@@ -64,11 +64,19 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         "STAYHUB_OUTCOMES",
         "STAYHUB_DEAD_LETTERS",
     ]
-    assert (ns.inbound(run), ns.run_events(run), ns.outcomes(run)) == (
+    assert (ns.inbound(run), ns.run_events(run), ns.outcomes("payment", run), ns.wakes(run)) == (
         f"stayhub.inbound.{run}",
         f"stayhub.run.{run}",
-        f"stayhub.outcome.{run}",
+        f"stayhub.outcome.payment.{run}",
+        f"stayhub.outcome._wake.{run}",
     )
+    assert ns.outcomes_all == "stayhub.outcome.>"
+    # Where an outcome came from is where it arrived: the family token, or `_wake` for a wake-up.
+    assert ns.outcome_source(ns.outcomes("payment", run)) == ("payment", run)
+    assert ns.outcome_source(ns.wakes(run)) == ("_wake", run)
+    assert ns.outcome_source(f"stayhub.outcome.{run}") is None
+    assert ns.outcome_source(f"stayhub.outcome.payment.{run}.x") is None
+    assert ns.outcome_source(f"other.outcome.payment.{run}") is None
     assert ns.actions_for_key("payment", "run_x:3", 4) == "stayhub.action.payment.0"
     assert ns.actions_for_key("payment", "run_x:2", 4) == "stayhub.action.payment.3"
     assert Namespace().name == "crashsafe"
@@ -77,9 +85,15 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
 @pytest.mark.parametrize("token", ["*", ">", "run.x", "run x", ""])
 def test_a_run_id_that_is_not_a_literal_token_never_reaches_a_subject(token: str) -> None:
     ns = Namespace()
-    for subject in (ns.inbound, ns.run_events, ns.outcomes):
+    for subject in (ns.inbound, ns.run_events, ns.wakes, lambda run: ns.outcomes("payment", run)):
         with pytest.raises(ValueError):
             subject(token)
+
+
+@pytest.mark.parametrize("family", ["_wake", "Payment", "pay.ment", "*", ""])
+def test_a_family_that_is_not_a_name_never_reaches_an_outcome_subject(family: str) -> None:
+    with pytest.raises(ValueError):
+        Namespace().outcomes(family, run_id_for("evt-1"))
 
 
 @pytest.mark.parametrize("name", ["", "Stayhub", "stay-hub", "1stayhub", "s" * 42])
@@ -111,7 +125,7 @@ def test_the_streams_of_a_namespace() -> None:
         ),
         StreamSpec(
             name="STAYHUB_OUTCOMES",
-            subjects=("stayhub.outcome.*",),
+            subjects=("stayhub.outcome.>",),
             retention=Retention.WORK_QUEUE,
             replicas=3,
         ),
@@ -134,7 +148,7 @@ def test_the_durable_consumers_a_deploy_resumes() -> None:
     assert (outcomes.stream, outcomes.durable, outcomes.filter_subject, outcomes.ack_wait_s) == (
         "STAYHUB_OUTCOMES",
         "runtime_outcomes",
-        "stayhub.outcome.*",
+        "stayhub.outcome.>",
         1.0,
     )
 

@@ -73,6 +73,8 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_RECONCILE_PER_MINUTE": "2.5",
         "CRASHSAFE_ACTIVE_RUNS_PER_GUEST": "3",
         "CRASHSAFE_ACTIVE_RUNS_PER_SESSION": "0",
+        "CRASHSAFE_CAPABILITY_SIGNING_KEY": "/keys/capability.key",
+        "CRASHSAFE_CAPABILITY_VERIFY_KEYS": "/keys/old.pub, /keys/new.pub",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -99,6 +101,8 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.api_key, s.tls_cert_file, s.tls_key_file) == (env["CRASHSAFE_API_KEY"], cert, key)
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
     assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
+    assert s.capability_signing_key == Path("/keys/capability.key")
+    assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ErrorCode, ErrorInfo
-from contracts.keys import action_key, compensation_key, input_hash
+from contracts.keys import action_key, compensation_key, tool_input_hash
 from contracts.run_events import (
     MAX_EVENT_BYTES,
     ActionRequested,
@@ -337,7 +337,7 @@ def _plan_one(
         family=contract.family,
         args=prepared,
         key=key,
-        input_hash=input_hash({"tool": contract.name, "args": prepared}),
+        input_hash=tool_input_hash(contract.name, prepared),
         timeout_s=timeout,
         deadline_at=now + timedelta(seconds=timeout),
         origin=origin,

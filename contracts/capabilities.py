@@ -1,0 +1,189 @@
+"""Run-scoped tool capabilities: what the runtime signs for each action request, and how an executor checks it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from contracts.keys import tool_input_hash
+
+if TYPE_CHECKING:
+    from contracts.tool_messages import ActionRequest
+
+# Domain separation: these bytes never mean anything else, and a v2 layout gets a new prefix.
+SIGNED_PREFIX = b"crashsafe.capability.v1\x00"
+# How long after an action's deadline its capability still holds: covers clock skew between runtime and
+# executor hosts and a request that waited in the queue while its executor restarted.
+GRACE_S = 60.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class CapabilityOrigin(StrEnum):
+    """Why the runtime signed (`Capability.origin`; `str` on the wire: an executor refuses one it does not know)."""
+
+    PLAN = "plan"  # a tool call the run planned (the model's or an agent's script)
+    COMPENSATION = "compensation"  # the runtime undoing an effect: the only way to a compensation-only tool
+    RESOLVE = "resolve"  # the runtime re-sending a journaled request (a wake, a reconciliation)
+
+
+class Refusal(StrEnum):
+    """Why an executor refused a request before doing anything with it (the dead letter's `reason`)."""
+
+    MISSING = "missing"  # no capability at all
+    UNKNOWN_KEY = "unknown_key"  # signed with a key this executor does not hold (`kid`)
+    BAD_SIGNATURE = "bad_signature"  # the signature does not verify over the capability's fields
+    ALTERED = "altered"  # a signed field (run, key, tool, family, input hash) differs from the request's
+    INPUT_MISMATCH = "input_mismatch"  # the request's args do not hash to the signed input hash
+    EXPIRED = "expired"
+    WRONG_ORIGIN = "wrong_origin"  # a compensation-only tool without a compensation capability, or vice versa
+
+
+class OutcomeRefusal(StrEnum):
+    """Why the runtime refused to journal an outcome (the dead letter's `reason`)."""
+
+    UNREQUESTED = "unrequested"  # the run's journal holds no request with this key
+    WRONG_TOOL = "wrong_tool"  # the journaled request with this key is for another tool
+    WRONG_STEP = "wrong_step"  # ... or another step
+    WRONG_FAMILY = "wrong_family"  # it arrived on another family's subject than the request's
+    WRONG_SUBJECT = "wrong_subject"  # its subject names another run, or a wake-up came on a family's subject
+
+
+class Capability(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="action.capability"):
+    """The runtime's signed permission for one action: this run, this key, this tool with this input, until then.
+
+    `sig` is Ed25519 over `signed_bytes` (base64url, no padding); `kid` names the runtime key that made it."""
+
+    run_id: str
+    key: str
+    tool: str
+    family: str
+    input_hash: str
+    origin: str  # a CapabilityOrigin
+    expires_at: datetime
+    kid: str
+    sig: str
+
+
+def _micros(at: datetime) -> int:
+    """A time as whole microseconds since the Unix epoch: the same integer in any language, any time zone."""
+    if at.tzinfo is None:
+        raise ValueError("a capability's expiry must carry a time zone")
+    return (at - _EPOCH) // timedelta(microseconds=1)
+
+
+_signed_encoder = msgspec.json.Encoder()
+
+
+def signed_bytes(cap: Capability) -> bytes:
+    """What the signature covers: the prefix, then a JSON array of every field but `sig`, in this fixed order."""
+    fields = (
+        cap.run_id,
+        cap.key,
+        cap.tool,
+        cap.family,
+        cap.input_hash,
+        cap.origin,
+        _micros(cap.expires_at),
+        cap.kid,
+    )
+    return SIGNED_PREFIX + _signed_encoder.encode(fields)
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """First 16 hex digits of SHA-256 over the raw 32-byte public key."""
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class CapabilityIssuer:
+    """The runtime's half: holds the signing key, signs a capability for a request it is about to publish."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        self.kid = key_id(private_key.public_key())
+
+    def __repr__(self) -> str:  # never the key itself, in a log line or a traceback
+        return f"CapabilityIssuer(kid={self.kid})"
+
+    def issue(self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime) -> Capability:
+        unsigned = Capability(
+            run_id=request.run_id,
+            key=request.key,
+            tool=request.tool,
+            family=request.family,
+            input_hash=request.input_hash,
+            origin=origin.value,
+            expires_at=expires_at,
+            kid=self.kid,
+            sig="",
+        )
+        return msgspec.structs.replace(unsigned, sig=_b64(self._key.sign(signed_bytes(unsigned))))
+
+    def grant(self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime) -> ActionRequest:
+        """The request with its capability attached."""
+        return msgspec.structs.replace(request, capability=self.issue(request, origin, expires_at))
+
+
+class CapabilityVerifier:
+    """An executor's half: the verification keys it accepts (two during a rotation), and the check itself."""
+
+    def __init__(self, public_keys: Iterable[Ed25519PublicKey], compensation_tools: Iterable[str]) -> None:
+        self.keys = {key_id(k): k for k in public_keys}
+        if not self.keys:
+            raise ValueError("a verifier needs at least one public key")
+        self.compensation_tools = frozenset(compensation_tools)
+
+    def check(self, request: ActionRequest, now: datetime) -> Refusal | None:
+        """None if the request carries a valid capability for exactly itself; else why not. Checks run cheapest
+        first, except that nothing about the request is trusted before the signature verifies."""
+        cap = request.capability
+        if cap is None:
+            return Refusal.MISSING
+        public = self.keys.get(cap.kid)
+        if public is None:
+            return Refusal.UNKNOWN_KEY
+        try:
+            public.verify(_unb64(cap.sig), signed_bytes(cap))
+        except (InvalidSignature, ValueError, binascii.Error):
+            return Refusal.BAD_SIGNATURE
+        signed = (cap.run_id, cap.key, cap.tool, cap.family, cap.input_hash)
+        if signed != (request.run_id, request.key, request.tool, request.family, request.input_hash):
+            return Refusal.ALTERED
+        # Recomputed, never trusted: a valid capability with swapped args must not pass.
+        if tool_input_hash(request.tool, request.args) != cap.input_hash:
+            return Refusal.INPUT_MISMATCH
+        if now >= cap.expires_at:
+            return Refusal.EXPIRED
+        if not _origin_fits(cap.origin, request.tool in self.compensation_tools):
+            return Refusal.WRONG_ORIGIN
+        return None
+
+
+def _origin_fits(origin: str, compensation_only: bool) -> bool:
+    """A compensation-only tool needs a compensation capability (or the runtime's re-send of one it journaled);
+    a compensation capability is good for nothing else."""
+    if origin == CapabilityOrigin.RESOLVE:
+        return True
+    if origin == CapabilityOrigin.COMPENSATION:
+        return compensation_only
+    if origin == CapabilityOrigin.PLAN:
+        return not compensation_only
+    return False  # an origin this version does not know

@@ -1,0 +1,72 @@
+"""What the runtime vouches for: the terms of each capability it signs, and which outcomes it accepts. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from contracts.capabilities import GRACE_S, CapabilityOrigin, OutcomeRefusal
+from contracts.run_events import ActionRequested, Origin
+from contracts.subjects import WAKE_TOKEN
+from contracts.tool_messages import ActionOutcome
+from services.runtime.core.state import RunState
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """The origin and expiry of one capability."""
+
+    origin: CapabilityOrigin
+    expires_at: datetime
+
+
+def terms_for(intent: ActionRequested, now: datetime) -> Terms:
+    """A journaled request as the run's loop publishes it: its own origin until its deadline plus the grace. Past
+    that (a runtime resuming a run long after the request was made), a re-send of a journaled intent is what
+    a resolve is, with a fresh expiry."""
+    expires_at = intent.deadline_at + timedelta(seconds=GRACE_S)
+    if now >= expires_at:
+        return resend_terms(now)
+    origin = CapabilityOrigin.COMPENSATION if intent.origin == Origin.COMPENSATION else CapabilityOrigin.PLAN
+    return Terms(origin, expires_at)
+
+
+def resend_terms(now: datetime) -> Terms:
+    """A journaled request sent again to be resolved by key (a wake naming it)."""
+    return Terms(CapabilityOrigin.RESOLVE, now + timedelta(seconds=GRACE_S))
+
+
+def to_resolve(state: RunState, keys: list[str]) -> tuple[ActionRequested, ...]:
+    """The journaled requests a wake names that still need an answer: pending, or completed as unknown."""
+    wanted = set(keys)
+    pending = [p for p in state.pending if p.key in wanted]
+    unknown = [r for r, _ in state.completed if r.key in wanted and state.unknown_step(r.step_no) is not None]
+    return tuple(pending + unknown)
+
+
+def requested(state: RunState, key: str) -> ActionRequested | None:
+    """The journaled request with this key, pending or completed."""
+    for request in state.pending:
+        if request.key == key:
+            return request
+    for request, _ in state.completed:
+        if request.key == key:
+            return request
+    return None
+
+
+def outcome_refusal(state: RunState, outcome: ActionOutcome, source: str) -> OutcomeRefusal | None:
+    """None if the run asked for this outcome's key, for this tool and step, and it came on the subject of the
+    family the request went to (`source`, the subject's family token); else why it must not be journaled."""
+    if source == WAKE_TOKEN or outcome.run_id != state.run_id:
+        return OutcomeRefusal.WRONG_SUBJECT
+    request = requested(state, outcome.key)
+    if request is None:
+        return OutcomeRefusal.UNREQUESTED
+    if request.tool != outcome.tool:
+        return OutcomeRefusal.WRONG_TOOL
+    if request.step_no != outcome.step_no:
+        return OutcomeRefusal.WRONG_STEP
+    if request.family != source:
+        return OutcomeRefusal.WRONG_FAMILY
+    return None
