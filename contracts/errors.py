@@ -388,6 +388,8 @@ class TooManyActiveRuns(RateLimited):
 
     def details(self) -> dict[str, Any]:
         return super().details() | {"cap": self.cap}
+
+
 # Trust boundaries ---------------------------------------------------------------------------------------------
 
 

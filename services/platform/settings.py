@@ -75,6 +75,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
+    Variable(
         "CRASHSAFE_CAPABILITY_SIGNING_KEY",
         "unset",
         "runtime only: its Ed25519 private key (PEM) that signs every action request; required",

@@ -75,7 +75,7 @@ class World:
             "amount_cents": booking["total_cents"] if amount is None else amount,
             "currency": "EUR",
         }
-        return _request("create_payment", args, action_key(run_id_for(unique("ev")), 6))
+        return _request("create_payment", args, action_key(run_id_for("", unique("ev")), 6))
 
     async def publish(self, request: ActionRequest) -> tuple[str, Published]:
         subject = self.ns.actions(request.family, partition_of(request.key, DEFAULT_ACTION_PARTITIONS))
@@ -161,7 +161,7 @@ def _altered_amount(w: World, booking: dict[str, Any]) -> ActionRequest:
 
 
 def _another_tool(w: World, booking: dict[str, Any]) -> ActionRequest:
-    refund = _request("refund_payment", {"payment_id": "pay_x"}, f"{run_id_for(unique('ev'))}:6:refund")
+    refund = _request("refund_payment", {"payment_id": "pay_x"}, f"{run_id_for('', unique('ev'))}:6:refund")
     good = signed(refund)  # a genuine capability, for a refund, moved onto a payment request
     return msgspec.structs.replace(w.payment(booking), capability=good.capability)
 
@@ -178,7 +178,7 @@ def _expired(w: World, booking: dict[str, Any]) -> ActionRequest:
 
 
 def _refund_with_a_plan_capability(w: World, booking: dict[str, Any]) -> ActionRequest:
-    key = compensation_key(action_key(run_id_for(unique("ev")), 6), CompensationKind.REFUND)
+    key = compensation_key(action_key(run_id_for("", unique("ev")), 6), CompensationKind.REFUND)
     refund = _request("refund_payment", {"payment_id": "pay_anyone"}, key)
     return signed(refund, origin=CapabilityOrigin.PLAN)
 
@@ -238,7 +238,7 @@ async def test_the_same_payment_signed_by_the_runtime_is_charged(world: World) -
 async def _booking_run_waiting_on_its_booking(world: World) -> tuple[str, ActionRequested]:
     """A run whose journal holds a pending `create_booking` (booking family): nothing paid."""
     event = unique("ev")
-    run_id, now = run_id_for(event), datetime.now(UTC)
+    run_id, now = run_id_for("", event), datetime.now(UTC)
     started = RunStarted(
         run_id=run_id,
         at=now,

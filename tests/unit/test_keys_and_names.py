@@ -93,7 +93,7 @@ def test_a_run_id_that_is_not_a_literal_token_never_reaches_a_subject(token: str
 @pytest.mark.parametrize("family", ["_wake", "Payment", "pay.ment", "*", ""])
 def test_a_family_that_is_not_a_name_never_reaches_an_outcome_subject(family: str) -> None:
     with pytest.raises(ValueError):
-        Namespace().outcomes(family, run_id_for("evt-1"))
+        Namespace().outcomes(family, run_id_for("", "evt-1"))
 
 
 @pytest.mark.parametrize("name", ["", "Stayhub", "stay-hub", "1stayhub", "s" * 42])
