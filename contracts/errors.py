@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     TOOL_ARGUMENTS_TOO_LARGE = "tool_arguments_too_large"
     TOOL_ARGUMENTS_TOO_DEEP = "tool_arguments_too_deep"
     MODEL_ANSWER_TOO_LARGE = "model_answer_too_large"
+    STREAM_MISSING = "stream_missing"
 
 
 class RetryClass(StrEnum):
@@ -310,3 +311,20 @@ class LeaseConflict(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"key": self.key, "expected_revision": self.expected_revision}
+
+
+class StreamMissing(CrashsafeError):
+    """A stream or bucket a service needs was never provisioned; services do not create streams."""
+
+    code = ErrorCode.STREAM_MISSING
+    retry = RetryClass.RETRY_LATER
+
+    def __init__(self, *, stream: str) -> None:
+        super().__init__(
+            f"stream {stream} does not exist: run `crashsafe infra apply` (as the operator) to provision the"
+            " namespace's streams and buckets, then start this service again"
+        )
+        self.stream = stream
+
+    def details(self) -> dict[str, Any]:
+        return {"stream": self.stream}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,10 +28,20 @@ from nats.js.api import (
 )
 
 # SubjectFull is importable from here too, where it lived before it joined the error family.
-from contracts.errors import BrokerUnavailable, LeaseConflict, RunVersionConflict, SubjectFull
+from contracts.errors import (
+    BrokerUnavailable,
+    InvalidSetting,
+    LeaseConflict,
+    RunVersionConflict,
+    StreamMissing,
+    SubjectFull,
+)
+from contracts.nats_permissions import inbox_prefix
 from contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 from contracts.subjects import Header
+from services.platform.nats_users import CREDS_VARIABLE, read_credential
 from services.platform.pull_feed import PullFeed
+from services.platform.settings import NatsAccess
 
 log = logging.getLogger("crashsafe.jetstream")
 
@@ -99,6 +110,30 @@ class Subscription:
         self._feed = feed
 
 
+def _identity(access: NatsAccess, url: str) -> dict[str, object]:
+    """nats-py connect options for this process's credential (its nkey and private inbox) and TLS."""
+    options: dict[str, object] = {}
+    if access.creds is not None:
+        credential = read_credential(access.creds)
+        options["nkeys_seed_str"] = credential.seed
+        options["inbox_prefix"] = inbox_prefix(credential.user)
+    if access.tls or url.startswith("tls://"):
+        context = ssl.create_default_context(
+            cafile=str(access.tls_ca_file) if access.tls_ca_file else None
+        )
+        if access.tls_cert_file is not None and access.tls_key_file is not None:
+            try:
+                context.load_cert_chain(str(access.tls_cert_file), str(access.tls_key_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise InvalidSetting(
+                    variable="CRASHSAFE_NATS_TLS_CERT_FILE",
+                    value=str(access.tls_cert_file),
+                    expected=f"a PEM certificate matching CRASHSAFE_NATS_TLS_KEY_FILE ({exc})",
+                ) from None
+        options["tls"] = context
+    return options
+
+
 class Broker:
     """A connection to NATS with JetStream, and the only place library exceptions are translated."""
 
@@ -112,9 +147,14 @@ class Broker:
         self._ack_counter = 0
 
     @classmethod
-    async def connect(cls, url: str, name: str, fail_fast: bool = False) -> Broker:
+    async def connect(
+        cls, url: str, name: str, fail_fast: bool = False, *, access: NatsAccess | None = None
+    ) -> Broker:
         """Connect to NATS. A service reconnects forever (a broker restart is expected); a one-shot command
-        (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting."""
+        (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting.
+
+        `access` says who this process is (its role's credential file) and how to check the server (TLS)."""
+        identity = _identity(access or NatsAccess(), url)
 
         async def on_error(exc: Exception) -> None:
             # Reconnects are expected (a broker restart); say so in one line, not a traceback.
@@ -134,9 +174,16 @@ class Broker:
                     connect_timeout=2 if fail_fast else 5,
                     allow_reconnect=not fail_fast,
                     error_cb=on_error,
+                    **identity,
                 ),
                 timeout=8 if fail_fast else None,
             )
+        except nats.errors.AuthorizationError as exc:
+            raise InvalidSetting(
+                variable=CREDS_VARIABLE,
+                value=str(access.creds if access else None),
+                expected=f"credentials the NATS server at {url} admits ({exc})",
+            ) from exc
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             reason = str(exc) or type(exc).__name__
             raise BrokerUnavailable(
@@ -187,6 +234,19 @@ class Broker:
                 " with JetStream enabled, then start again"
             ) from exc
 
+    async def require_stream(self, name: str) -> None:
+        """A service's check that a stream (or a bucket's `KV_` stream) it uses was provisioned; services never
+        create streams (only the operator may: `crashsafe infra apply`)."""
+        try:
+            await self.js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            raise StreamMissing(stream=name) from None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer about stream {name}: {exc}; check that nats-server runs with"
+                " JetStream enabled and that this role may read it",
+            ) from exc
+
     async def stream_exists(self, name: str) -> bool:
         try:
             await self.js.stream_info(name)
@@ -198,6 +258,8 @@ class Broker:
         """Create the durable, or bring it to `spec`. A change the server cannot make in place (push to pull)
         recreates it from just after its ack floor: nothing acknowledged comes back, nothing unacknowledged is lost."""
         config = ConsumerConfig(
+            # Named: the create subject then carries the filter, which is what a role's permission checks.
+            name=spec.durable,
             durable_name=spec.durable,
             deliver_subject=spec.deliver_subject,
             deliver_group=None if spec.pull else spec.durable,
