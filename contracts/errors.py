@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     TOOL_ARGUMENTS_TOO_DEEP = "tool_arguments_too_deep"
     MODEL_ANSWER_TOO_LARGE = "model_answer_too_large"
     STREAM_MISSING = "stream_missing"
+    NOT_PERMITTED = "not_permitted"
 
 
 class RetryClass(StrEnum):
@@ -328,3 +329,21 @@ class StreamMissing(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"stream": self.stream}
+
+
+class NotPermitted(CrashsafeError):
+    """NATS refused this process's user a publish: its role may not send there (docs/security.md)."""
+
+    code = ErrorCode.NOT_PERMITTED
+    retry = RetryClass.POISON
+
+    def __init__(self, *, user: str, subject: str) -> None:
+        super().__init__(
+            f"NATS user {user} may not publish to {subject}; nothing was stored. If this role should, change"
+            " contracts/nats_permissions.py and regenerate the credentials' server config"
+        )
+        self.user = user
+        self.subject = subject
+
+    def details(self) -> dict[str, Any]:
+        return {"user": self.user, "subject": self.subject}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from contracts.errors import (
     BrokerUnavailable,
     InvalidSetting,
     LeaseConflict,
+    NotPermitted,
     RunVersionConflict,
     StreamMissing,
     SubjectFull,
@@ -50,6 +52,8 @@ _WRONG_LAST_SEQUENCE = 10071
 _STREAM_NOT_FOUND = 10059
 _CONSUMER_NOT_FOUND = 10014
 _MAX_MSGS_PER_SUBJECT = 10077
+# How nats-server says a user's permissions refused something (nats-py hands it to the error callback).
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.IGNORECASE)
 
 
 class _ApiError(msgspec.Struct):
@@ -137,8 +141,10 @@ def _identity(access: NatsAccess, url: str) -> dict[str, object]:
 class Broker:
     """A connection to NATS with JetStream, and the only place library exceptions are translated."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, user: object = None) -> None:
         self.nc = nc
+        self.user = str(user).removeprefix("_INBOX.") if user else "anonymous"
+        self._publishing: dict[str, str] = {}  # reply subject -> the subject its publish went to
         self.js: JetStreamContext = nc.jetstream(timeout=10)
         self._subs: list[object] = []
         self._feeds: set[PullFeed] = set()
@@ -156,7 +162,13 @@ class Broker:
         `access` says who this process is (its role's credential file) and how to check the server (TLS)."""
         identity = _identity(access or NatsAccess(), url)
 
+        made: list[Broker] = []
+
         async def on_error(exc: Exception) -> None:
+            refused = _VIOLATION.search(str(exc))
+            if refused and made:
+                made[0]._refused(refused.group(1), refused.group(2))
+                return
             # Reconnects are expected (a broker restart); say so in one line, not a traceback.
             if not fail_fast:
                 log.warning("nats connection: %s: %s", type(exc).__name__, exc)
@@ -178,7 +190,11 @@ class Broker:
                 ),
                 timeout=8 if fail_fast else None,
             )
-        except nats.errors.AuthorizationError as exc:
+        except (nats.errors.AuthorizationError, nats.errors.Error) as exc:
+            if not isinstance(exc, nats.errors.AuthorizationError) and "Authorization Violation" not in str(exc):
+                raise BrokerUnavailable(
+                    f"cannot reach NATS at {url}: {exc}; start nats-server or set CRASHSAFE_NATS_URL", url=url
+                ) from exc
             raise InvalidSetting(
                 variable=CREDS_VARIABLE,
                 value=str(access.creds if access else None),
@@ -189,7 +205,9 @@ class Broker:
             raise BrokerUnavailable(
                 f"cannot reach NATS at {url}: {reason}; start nats-server or set CRASHSAFE_NATS_URL", url=url
             ) from exc
-        return cls(nc)
+        broker = cls(nc, user=identity.get("inbox_prefix"))
+        made.append(broker)
+        return broker
 
     async def close(self) -> None:
         for feed in list(self._feeds):
@@ -402,10 +420,13 @@ class Broker:
         reply = await self._reply_subject()
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self._acks[reply] = future
+        self._publishing[reply] = subject
         expire = asyncio.get_running_loop().call_later(timeout_s, _expire, future)
         try:
             await self.nc.publish(subject, payload, reply=reply, headers=hdrs or None)
             msg = await future
+        except NotPermitted:
+            raise
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise BrokerUnavailable(
                 f"JetStream did not acknowledge a publish to {subject}: {exc!r}; it may have landed, so publish"
@@ -415,6 +436,7 @@ class Broker:
         finally:
             expire.cancel()
             self._acks.pop(reply, None)
+            self._publishing.pop(reply, None)
         if not msg.data:
             status = (msg.headers or {}).get("Status", "")
             raise BrokerUnavailable(
@@ -443,6 +465,16 @@ class Broker:
             self._ack_prefix = prefix
         self._ack_counter += 1
         return f"{self._ack_prefix}.{self._ack_counter}"
+
+    def _refused(self, action: str, subject: str) -> None:
+        """The server refused this user a publish or subscription: fail what waits on it at once, typed."""
+        log.error("nats refused %s %s to %s: this role may not; see docs/security.md", self.user, action, subject)
+        if action.lower() != "publish":
+            return
+        for reply, sent_to in list(self._publishing.items()):
+            future = self._acks.get(reply)
+            if sent_to == subject and future is not None and not future.done():
+                future.set_exception(NotPermitted(user=self.user, subject=subject))
 
     async def _on_ack(self, msg: Msg) -> None:
         future = self._acks.pop(msg.subject, None)

@@ -41,7 +41,10 @@ def test_nothing_but_settings_reads_the_environment() -> None:
     assert not readers, f"environment read outside Settings: {readers}"
 
 
-def test_every_variable_is_read_and_checked() -> None:
+def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
+    files = {name: tmp_path / name for name in ("nats.creds", "ca.pem", "cert.pem", "key.pem")}
+    for path in files.values():
+        path.write_text("x")
     env = {
         "CRASHSAFE_NATS_URL": "nats://nats:4222",
         "CRASHSAFE_NAMESPACE": "stayhub",
@@ -62,6 +65,10 @@ def test_every_variable_is_read_and_checked() -> None:
         "CRASHSAFE_MODEL": "gpt-x",
         "OPENAI_API_KEY": "sk-test",
         "OPENAI_BASE_URL": "https://models.example/v1",
+        "CRASHSAFE_NATS_CREDS": str(files["nats.creds"]),
+        "CRASHSAFE_NATS_TLS_CA_FILE": str(files["ca.pem"]),
+        "CRASHSAFE_NATS_TLS_CERT_FILE": str(files["cert.pem"]),
+        "CRASHSAFE_NATS_TLS_KEY_FILE": str(files["key.pem"]),
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -85,6 +92,13 @@ def test_every_variable_is_read_and_checked() -> None:
         "gpt-x",
     )
     assert (s.openai_api_key, s.openai_base_url) == ("sk-test", "https://models.example/v1")
+    access = s.nats_access
+    assert (access.creds, access.tls_ca_file, access.tls_cert_file, access.tls_key_file) == (
+        files["nats.creds"],
+        files["ca.pem"],
+        files["cert.pem"],
+        files["key.pem"],
+    )
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -114,6 +128,8 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_GATEWAY_PORT", "70000"),
         ("CRASHSAFE_STREAM_REPLICAS", "many"),
         ("CRASHSAFE_LOG_LEVEL", "loud"),
+        ("CRASHSAFE_NATS_CREDS", "/nonexistent/operator.creds"),
+        ("CRASHSAFE_NATS_TLS_CA_FILE", "/nonexistent/ca.pem"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
