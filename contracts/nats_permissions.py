@@ -28,8 +28,12 @@ class Role(StrEnum):
     RUNTIME = "runtime"
     EXECUTOR = "executor"
     RECONCILER = "reconciler"
-    OPERATOR = "operator"  # the CLI: provisions streams and buckets, manages keys, reads, reconciles; an admin
-    ANALYTICS = "analytics"  # an outside reader of the RUNS stream: its own consumers, direct gets, nothing else
+    OPERATOR = (
+        "operator"  # the CLI: provisions streams and buckets, manages keys, reads, reconciles; an admin
+    )
+    ANALYTICS = (
+        "analytics"  # an outside reader of the RUNS stream: its own consumers, direct gets, nothing else
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +143,9 @@ DESTRUCTIVE = (
 )
 
 
-def _user(role: Role, publish: Iterable[str], subscribe: Iterable[str] = (), family: str | None = None) -> NatsUser:
+def _user(
+    role: Role, publish: Iterable[str], subscribe: Iterable[str] = (), family: str | None = None
+) -> NatsUser:
     name = user_name(role, family)
     deny = () if role is Role.OPERATOR else DESTRUCTIVE
     return NatsUser(
@@ -214,7 +220,10 @@ def users(
                     s.kv("leases", f"lease.{family}.*"),
                     s.kv("leases", f"holder.{family}.*"),
                     s.kv("leases", f"member.{family}.*"),
-                    *(stream_info(s.stream(k)) for k in (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)),
+                    *(
+                        stream_info(s.stream(k))
+                        for k in (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)
+                    ),
                     stream_info(s.kv_stream("leases")),
                     *(subject for c in consumers for subject in own_consumer(c)),
                     *direct_get(s.kv_stream("leases")),

@@ -16,7 +16,9 @@ from services.registry import Registry
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure(f"executor.{family}", settings.log_level)
-    broker = await Broker.connect(settings.nats_url, f"executor-{family}-{settings.worker_id}")
+    broker = await Broker.connect(
+        settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access
+    )
     try:
         async with Providers.connect(settings.sandbox_url) as providers:
             executor = Executor(broker, settings, registry, family, providers, logger)

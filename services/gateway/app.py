@@ -22,6 +22,7 @@ from contracts.subjects import Header, Namespace, StreamKind
 from services.gateway.core import Admission, admit, conflict, status_for
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
@@ -197,9 +198,10 @@ async def readyz(state: State) -> Response[Any]:
 def build_app(settings: Settings, registry: Registry) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        broker = await Broker.connect(settings.nats_url, f"gateway-{settings.worker_id}")
-        for spec in stream_specs(settings.namespace, settings.stream_replicas):
-            await broker.ensure_stream(spec)
+        broker = await Broker.connect(
+            settings.nats_url, f"gateway-{settings.worker_id}", access=settings.nats_access
+        )
+        await require(broker, all_streams(settings.namespace))
         app.state.broker = broker
         app.state.settings = settings
         app.state.registry = registry

@@ -122,9 +122,7 @@ def _identity(access: NatsAccess, url: str) -> dict[str, object]:
         options["nkeys_seed_str"] = credential.seed
         options["inbox_prefix"] = inbox_prefix(credential.user)
     if access.tls or url.startswith("tls://"):
-        context = ssl.create_default_context(
-            cafile=str(access.tls_ca_file) if access.tls_ca_file else None
-        )
+        context = ssl.create_default_context(cafile=str(access.tls_ca_file) if access.tls_ca_file else None)
         if access.tls_cert_file is not None and access.tls_key_file is not None:
             try:
                 context.load_cert_chain(str(access.tls_cert_file), str(access.tls_key_file))
@@ -190,17 +188,13 @@ class Broker:
                 ),
                 timeout=8 if fail_fast else None,
             )
-        except (nats.errors.AuthorizationError, nats.errors.Error) as exc:
-            if not isinstance(exc, nats.errors.AuthorizationError) and "Authorization Violation" not in str(exc):
-                raise BrokerUnavailable(
-                    f"cannot reach NATS at {url}: {exc}; start nats-server or set CRASHSAFE_NATS_URL", url=url
-                ) from exc
-            raise InvalidSetting(
-                variable=CREDS_VARIABLE,
-                value=str(access.creds if access else None),
-                expected=f"credentials the NATS server at {url} admits ({exc})",
-            ) from exc
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            if isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(exc):
+                raise InvalidSetting(
+                    variable=CREDS_VARIABLE,
+                    value=str(access.creds if access else None),
+                    expected=f"credentials the NATS server at {url} admits ({exc})",
+                ) from exc
             reason = str(exc) or type(exc).__name__
             raise BrokerUnavailable(
                 f"cannot reach NATS at {url}: {reason}; start nats-server or set CRASHSAFE_NATS_URL", url=url
@@ -468,7 +462,9 @@ class Broker:
 
     def _refused(self, action: str, subject: str) -> None:
         """The server refused this user a publish or subscription: fail what waits on it at once, typed."""
-        log.error("nats refused %s %s to %s: this role may not; see docs/security.md", self.user, action, subject)
+        log.error(
+            "nats refused %s %s to %s: this role may not; see docs/security.md", self.user, action, subject
+        )
         if action.lower() != "publish":
             return
         for reply, sent_to in list(self._publishing.items()):

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-import nkeys
+import nkeys  # type: ignore[import-untyped]
 
 from contracts.errors import InvalidSetting
 from contracts.nats_permissions import NatsUser
@@ -48,7 +48,9 @@ def read_credential(path: Path, variable: str = CREDS_VARIABLE) -> Credential:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise InvalidSetting(variable=variable, value=str(path), expected=f"{expected}: {exc.strerror}") from None
+        raise InvalidSetting(
+            variable=variable, value=str(path), expected=f"{expected}: {exc.strerror}"
+        ) from None
     fields = dict(
         (key.strip(), value.strip())
         for line in text.splitlines()

@@ -81,14 +81,6 @@ class NatsAuth:
         return authorization_block(self.users, self.credentials)
 
 
-def default_families() -> frozenset[str]:
-    """The tool families of the default registry (CRASHSAFE_REGISTRY's default), for a server told nothing else."""
-    from services import registry as registries
-    from services.platform.settings import Settings
-
-    return registries.load(Settings.registry).families
-
-
 @dataclass(frozen=True, slots=True)
 class ServerTls:
     """The server's certificate and key (PEM); clients then must speak TLS (`tls://`)."""
@@ -114,7 +106,9 @@ class NatsServer:
     cluster_port: int = 0
     routes: tuple[int, ...] = ()
     # Users and permissions: on unless `open_access` (then any client may do anything, as before issue 8).
+    # Without `auth`, users for any namespace and the executor families in `families`.
     auth: NatsAuth | None = None
+    families: tuple[str, ...] = ()
     open_access: bool = False
     tls: ServerTls | None = None
     # The HTTP monitoring port (`/varz`, `/connz`): off unless set, and on loopback unless told otherwise.
@@ -123,7 +117,7 @@ class NatsServer:
 
     def __post_init__(self) -> None:
         if self.auth is None and not self.open_access:
-            self.auth = NatsAuth.for_deployment(self.store_dir / "auth", None, default_families())
+            self.auth = NatsAuth.for_deployment(self.store_dir / "auth", None, self.families)
 
     @property
     def url(self) -> str:
@@ -231,11 +225,12 @@ class NatsCluster:
     nodes: list[NatsServer] = field(default_factory=list)
     # The same users on every node (one credential per role works against any node).
     auth: NatsAuth | None = None
+    families: tuple[str, ...] = ()
     open_access: bool = False
 
     def __post_init__(self) -> None:
         if self.auth is None and not self.open_access:
-            self.auth = NatsAuth.for_deployment(self.root / "auth", None, default_families())
+            self.auth = NatsAuth.for_deployment(self.root / "auth", None, self.families)
 
     def start(self, timeout_s: float = 30.0) -> NatsCluster:
         if not self.nodes:

@@ -66,8 +66,14 @@ VARIABLES: tuple[Variable, ...] = (
         "unset",
         "this process's NATS credential file (0600; `crashsafe up` and `crashsafe infra nats-auth` write one per role)",
     ),
-    Variable("CRASHSAFE_NATS_TLS_CA_FILE", "unset", "CA bundle (PEM) to verify the NATS server by; implies TLS"),
-    Variable("CRASHSAFE_NATS_TLS_CERT_FILE", "unset", "client certificate (PEM) if the NATS server verifies clients"),
+    Variable(
+        "CRASHSAFE_NATS_TLS_CA_FILE", "unset", "CA bundle (PEM) to verify the NATS server by; implies TLS"
+    ),
+    Variable(
+        "CRASHSAFE_NATS_TLS_CERT_FILE",
+        "unset",
+        "client certificate (PEM) if the NATS server verifies clients",
+    ),
     Variable("CRASHSAFE_NATS_TLS_KEY_FILE", "unset", "that certificate's private key (PEM)"),
 )
 _KNOWN = {v.name for v in VARIABLES}
@@ -187,6 +193,7 @@ class Settings:
             # No real provider configured: the sandbox's scripted model answers on the real OpenAI protocol.
             base_url = base_url or f"{sandbox_url}/v1"
             api_key = "sandbox"
+
         def readable_file(name: str) -> Path | None:
             raw = get(name)
             if raw is None:
@@ -203,7 +210,9 @@ class Settings:
         )
         if (nats_access.tls_cert_file is None) != (nats_access.tls_key_file is None):
             raise InvalidSetting(
-                variable="CRASHSAFE_NATS_TLS_KEY_FILE" if nats_access.tls_cert_file else "CRASHSAFE_NATS_TLS_CERT_FILE",
+                variable="CRASHSAFE_NATS_TLS_KEY_FILE"
+                if nats_access.tls_cert_file
+                else "CRASHSAFE_NATS_TLS_CERT_FILE",
                 value="unset",
                 expected="CRASHSAFE_NATS_TLS_CERT_FILE and CRASHSAFE_NATS_TLS_KEY_FILE set together",
             )

@@ -17,7 +17,9 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     crashpoints.arm(settings.crash_at)
     logger = configure("runtime", settings.log_level)
     model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
-    broker = await Broker.connect(settings.nats_url, f"runtime-{settings.worker_id}")
+    broker = await Broker.connect(
+        settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
+    )
     try:
         runtime = Runtime(broker, settings, registry, model, logger)
         await runtime.start()

@@ -29,7 +29,7 @@ from contracts.run_events import (
     event_encoder,
     request_for,
 )
-from contracts.streams import runtime_consumers, stream_specs
+from contracts.streams import runtime_consumers
 from contracts.tool_messages import (
     ActionOutcome,
     OutcomeStatus,
@@ -41,6 +41,7 @@ from services.platform.asks import wake_run
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
@@ -104,8 +105,7 @@ class Runtime:
         )
 
     async def start(self) -> None:
-        for stream in stream_specs(self.ns, self.settings.stream_replicas):
-            await self.broker.ensure_stream(stream)
+        await require(self.broker, all_streams(self.ns))
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
         for spec in (inbound, outcomes):
             await self.broker.ensure_consumer(spec)

@@ -102,7 +102,9 @@ async def test_a_forged_outcome_from_the_wrong_family_is_refused(as_role) -> Non
     for role, family in ((Role.EXECUTOR, "booking"), (Role.GATEWAY, None), (Role.ANALYTICS, None)):
         broker = await as_role(role, family)
         with pytest.raises(NotPermitted):
-            await broker.publish(f"{NS.name}.outcome.payment.r-victim", tool_encoder.encode(outcome), timeout_s=5)
+            await broker.publish(
+                f"{NS.name}.outcome.payment.r-victim", tool_encoder.encode(outcome), timeout_s=5
+            )
         with pytest.raises(NotPermitted):
             await broker.publish(NS.run_events("r-victim"), b"{}", timeout_s=5)  # nor append to a journal
     payment = await as_role(Role.EXECUTOR, "payment")

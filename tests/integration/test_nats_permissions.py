@@ -87,23 +87,55 @@ def probes() -> list[Probe]:
             json.dumps({"name": "SWEEP_PROBE", "subjects": ["sweep.probe.>"], "storage": "memory"}).encode(),
         ),
         Probe("streams", f"info {RUNS}", f"{API}.STREAM.INFO.{RUNS}"),
-        *(Probe("direct get", f"direct get on {s}", f"{API}.DIRECT.GET.{s}", b'{"seq":1}') for s in (
-            INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD, KV_LEASES, KV_CLIENTS, KV_ACTIVE,
-        )),
+        *(
+            Probe("direct get", f"direct get on {s}", f"{API}.DIRECT.GET.{s}", b'{"seq":1}')
+            for s in (
+                INBOUND,
+                RUNS,
+                ACTIONS,
+                OUTCOMES,
+                DEAD,
+                KV_LEASES,
+                KV_CLIENTS,
+                KV_ACTIVE,
+            )
+        ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
         _consumer(OUTCOMES, "runtime_outcomes", "sweep.outcome.>"),
         *(_consumer(ACTIONS, f"executor_{f}_p0", f"sweep.action.{f}.0") for f in FAMILIES),
         _consumer(ACTIONS, "executor_booking_p1", "sweep.action.payment.1"),  # its own name, payment's work
         _consumer(ACTIONS, "executor_booking_p2", "sweep.action.booking.2", legacy=True),
-        *(_consumer(s, "probe", f) for s, f in (
-            (INBOUND, "sweep.inbound.*"), (RUNS, "sweep.run.*"), (ACTIONS, "sweep.action.>"),
-            (OUTCOMES, "sweep.outcome.>"), (DEAD, "sweep.dead.*"),
-        )),
-        Probe("consumers", f"ephemeral consumer on {RUNS}", f"{API}.CONSUMER.CREATE.{RUNS}",
-              json.dumps({"stream_name": RUNS, "config": {"ack_policy": "none"}}).encode()),
-        *(Probe("consumers", f"pull next from `executor_{f}_p0`", f"{API}.CONSUMER.MSG.NEXT.{ACTIONS}.executor_{f}_p0",
-                b'{"batch":1,"no_wait":true}') for f in FAMILIES),
-        Probe("subscribe", "the runtime's push deliveries (inbound)", f"_deliver.{INBOUND}.runtime_inbound", subscribe=True),
+        *(
+            _consumer(s, "probe", f)
+            for s, f in (
+                (INBOUND, "sweep.inbound.*"),
+                (RUNS, "sweep.run.*"),
+                (ACTIONS, "sweep.action.>"),
+                (OUTCOMES, "sweep.outcome.>"),
+                (DEAD, "sweep.dead.*"),
+            )
+        ),
+        Probe(
+            "consumers",
+            f"ephemeral consumer on {RUNS}",
+            f"{API}.CONSUMER.CREATE.{RUNS}",
+            json.dumps({"stream_name": RUNS, "config": {"ack_policy": "none"}}).encode(),
+        ),
+        *(
+            Probe(
+                "consumers",
+                f"pull next from `executor_{f}_p0`",
+                f"{API}.CONSUMER.MSG.NEXT.{ACTIONS}.executor_{f}_p0",
+                b'{"batch":1,"no_wait":true}',
+            )
+            for f in FAMILIES
+        ),
+        Probe(
+            "subscribe",
+            "the runtime's push deliveries (inbound)",
+            f"_deliver.{INBOUND}.runtime_inbound",
+            subscribe=True,
+        ),
         Probe("subscribe", "raw `sweep.action.>` (snoop requests)", "sweep.action.>", subscribe=True),
         Probe("subscribe", "the runtime's reply inbox", "_INBOX.runtime.>", subscribe=True),
         # Destructive ones last: the operator really does them.
@@ -113,7 +145,9 @@ def probes() -> list[Probe]:
             "streams",
             f"update {RUNS}",
             f"{API}.STREAM.UPDATE.{RUNS}",
-            json.dumps({"name": RUNS, "subjects": ["sweep.run.*"], "storage": "file", "allow_direct": True}).encode(),
+            json.dumps(
+                {"name": RUNS, "subjects": ["sweep.run.*"], "storage": "file", "allow_direct": True}
+            ).encode(),
         ),
         Probe("streams", f"delete {RUNS}", f"{API}.STREAM.DELETE.{RUNS}"),
     ]
@@ -203,7 +237,9 @@ def _table(results: dict[str, dict[str, bool]], all_users: list[NatsUser]) -> st
 async def test_every_role_can_do_exactly_what_it_needs(sweep_server: tuple[NatsServer, NatsAuth]) -> None:
     server, auth = sweep_server
     all_users = users(NS, FAMILIES)
-    operator = await Broker.connect(server.url, "sweep-operator", access=NatsAccess(creds=auth.creds(Role.OPERATOR)))
+    operator = await Broker.connect(
+        server.url, "sweep-operator", access=NatsAccess(creds=auth.creds(Role.OPERATOR))
+    )
     try:
         for spec in stream_specs(NS):
             await operator.ensure_stream(spec)

@@ -112,10 +112,14 @@ async def test_a_service_connects_over_tls_with_settings_from_the_environment(
         await gateway.close()
 
 
-async def test_a_client_that_does_not_trust_the_ca_is_refused(tls_server: tuple[NatsServer, NatsAuth, Path]) -> None:
+async def test_a_client_that_does_not_trust_the_ca_is_refused(
+    tls_server: tuple[NatsServer, NatsAuth, Path],
+) -> None:
     server, auth, _ = tls_server
     with pytest.raises(BrokerUnavailable):
-        await Broker.connect(server.url, "untrusting", fail_fast=True, access=NatsAccess(creds=auth.creds(Role.GATEWAY)))
+        await Broker.connect(
+            server.url, "untrusting", fail_fast=True, access=NatsAccess(creds=auth.creds(Role.GATEWAY))
+        )
 
 
 async def test_a_plaintext_client_is_refused(tls_server: tuple[NatsServer, NatsAuth, Path]) -> None:
