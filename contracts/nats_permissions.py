@@ -198,6 +198,7 @@ def users(
             f"{n}.run.*",  # only the runtime appends to run journals
             *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act
             f"{n}.dead.runtime",
+            wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it
             s.kv(ACTIVE, ">"),
             *(stream_info(x) for x in all_streams),
             stream_info(s.kv_stream(ACTIVE)),

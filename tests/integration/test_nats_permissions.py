@@ -166,6 +166,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {f"direct get on {s}" for s in (INBOUND, RUNS, KV_CLIENTS, KV_ACTIVE)}
     elif role is Role.RUNTIME:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
+        allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {f"action request: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE)}
         allowed |= {p.label for p in probes() if "`runtime_" in p.label}
