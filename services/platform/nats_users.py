@@ -70,7 +70,7 @@ def read_credential(path: Path, variable: str = CREDS_VARIABLE) -> Credential:
 
 def write_private(path: Path, text: str) -> None:
     """Write a secret file readable by its owner only, never for a moment by anyone else."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new directory: its owner alone lists it
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
