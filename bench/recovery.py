@@ -17,6 +17,7 @@ import httpx
 from contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+from services.platform.settings import NatsAccess
 from bench.workloads import REGISTRY
 from crashsafe.stack import Stack
 
@@ -55,7 +56,9 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
             registry=REGISTRY,
         )
         await asyncio.to_thread(stack.start)
-        broker = await Broker.connect(stack.nats_url, "bench-recovery")
+        broker = await Broker.connect(
+            stack.nats_url, "bench-recovery", access=NatsAccess(creds=stack.creds_for("operator"))
+        )
         started: set[str] = set()
         done: set[str] = set()
         all_started = asyncio.Event()

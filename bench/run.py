@@ -43,6 +43,7 @@ from bench.probes import (
 )
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+from services.platform.settings import NatsAccess
 from bench.workloads import REGISTRY
 from crashsafe.stack import EXECUTOR_FAMILIES, STACK_TENANT, Stack
 
@@ -134,7 +135,9 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
     http = workload.http if args.http == "default" else args.http
     prefix = f"bench-{secrets.token_hex(3)}"
 
-    broker = await Broker.connect(stack.nats_url, "bench-driver")
+    broker = await Broker.connect(
+        stack.nats_url, "bench-driver", access=NatsAccess(creds=stack.creds_for("operator"))
+    )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     auth = {"authorization": f"Bearer {stack.api_key}"}
     client = httpx.AsyncClient(base_url=stack.gateway_url, limits=limits, timeout=30.0, headers=auth)

@@ -29,6 +29,7 @@ from sandbox.listing import SandboxListing
 from sandbox.records import LedgerEntry
 from services.agents import stayhub
 from services.platform.jetstream import Broker
+from services.platform.settings import NatsAccess
 from services.platform.journal import RunJournal
 from services.platform.providers import Providers
 from services.platform.settings import Settings
@@ -170,7 +171,13 @@ async def soak(
     broker: Broker | None = None
     accepted: set[str] = set()
     try:
-        broker = await Broker.connect(str(state["nats_url"]), "chaos")
+        broker = await Broker.connect(
+            str(state["nats_url"]),
+            "chaos",
+            access=NatsAccess(
+                creds=Path(str(state["operator_creds"])) if state.get("operator_creds") else None
+            ),
+        )
         submitter = asyncio.create_task(
             _submit_all(up.gateway_url, up.api_key, runs, duration_s, rng, accepted, report)
         )

@@ -43,6 +43,8 @@ class ErrorCode(StrEnum):
     TOO_MANY_ACTIVE_RUNS = "too_many_active_runs"
     CAPABILITY_REFUSED = "capability_refused"
     OUTCOME_REFUSED = "outcome_refused"
+    STREAM_MISSING = "stream_missing"
+    NOT_PERMITTED = "not_permitted"
 
 
 class RetryClass(StrEnum):
@@ -449,3 +451,38 @@ class OutcomeRefused(CrashsafeError):
             "run_id": self.run_id,
             "source": self.source,
         }
+
+
+class StreamMissing(CrashsafeError):
+    """A stream or bucket a service needs was never provisioned; services do not create streams."""
+
+    code = ErrorCode.STREAM_MISSING
+    retry = RetryClass.RETRY_LATER
+
+    def __init__(self, *, stream: str) -> None:
+        super().__init__(
+            f"stream {stream} does not exist: run `crashsafe infra apply` (as the operator) to provision the"
+            " namespace's streams and buckets, then start this service again"
+        )
+        self.stream = stream
+
+    def details(self) -> dict[str, Any]:
+        return {"stream": self.stream}
+
+
+class NotPermitted(CrashsafeError):
+    """NATS refused this process's user a publish: its role may not send there (docs/security.md)."""
+
+    code = ErrorCode.NOT_PERMITTED
+    retry = RetryClass.POISON
+
+    def __init__(self, *, user: str, subject: str) -> None:
+        super().__init__(
+            f"NATS user {user} may not publish to {subject}; nothing was stored. If this role should, change"
+            " contracts/nats_permissions.py and regenerate the credentials' server config"
+        )
+        self.user = user
+        self.subject = subject
+
+    def details(self) -> dict[str, Any]:
+        return {"user": self.user, "subject": self.subject}

@@ -162,7 +162,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
-    infra_sub.add_parser("apply", help="create or update every stream (idempotent)")
+    apply = infra_sub.add_parser(
+        "apply", help="create or update every stream and bucket (idempotent; operator)"
+    )
+    apply.add_argument(
+        "--state-dir", default=None, help="a running stack's (its URL and operator credential)"
+    )
+    nats_auth = infra_sub.add_parser(
+        "nats-auth", help="write NATS users (server config fragment) and per-role credentials for a cluster"
+    )
+    nats_auth.add_argument("--out", required=True, help="directory for auth.conf and creds/<user>.creds")
+    nats_auth.add_argument("--namespace", default="crashsafe")
+    nats_auth.add_argument("--registry", default="services.agents:stayhub")
+    nats_auth.add_argument("--partitions", type=int, default=4, help="CRASHSAFE_ACTION_PARTITIONS")
     return parser
 
 
@@ -188,8 +200,13 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(operations.down(Path(args.state_dir)))
             case "runs":
                 sys.exit(asyncio.run(operations.runs_show(Path(args.state_dir), args.run_id, args.json)))
+            case "infra" if args.infra_command == "nats-auth":
+                sys.exit(
+                    operations.infra_nats_auth(Path(args.out), args.namespace, args.registry, args.partitions)
+                )
             case "infra":
-                sys.exit(asyncio.run(operations.infra_apply()))
+                state = Path(args.state_dir) if args.state_dir else None
+                sys.exit(asyncio.run(operations.infra_apply(state)))
             case "reconcile":
                 sys.exit(asyncio.run(operations.reconcile(Path(args.state_dir), args.run_id)))
             case "audit":

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from contracts.clients import Scope
 from contracts.run_events import RunEvent, UnknownEvent
-from contracts.streams import active_spec, clients_spec, leases_spec, stream_specs
+from contracts.subjects import Namespace
 from crashsafe.stack import API_KEY_FILE, ProcessIdentity
 from crashsafe.timeline import timeline
 from sandbox.listing import SandboxListing
@@ -22,6 +22,9 @@ from services import registry as registries
 from services.platform.asks import reconcile_run
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
+from services.platform.nats_users import creds_path, write_private
+from services.platform.natsd import NatsAuth
+from services.platform.provisioning import provision
 from services.platform.journal import RunJournal
 from services.platform.providers import Providers
 from services.platform.settings import Settings
@@ -44,6 +47,8 @@ def settings_for(state_dir: Path) -> Settings:
         "nats_url": "CRASHSAFE_NATS_URL",
         "namespace": "CRASHSAFE_NAMESPACE",
         "sandbox_url": "CRASHSAFE_SANDBOX_URL",
+        # The operator's NATS credential `up` wrote (a path; the seed stays in its 0600 file).
+        "operator_creds": "CRASHSAFE_NATS_CREDS",
     }
     return Settings.from_env(defaults={var: str(stack[key]) for key, var in known.items() if stack.get(key)})
 
@@ -111,7 +116,9 @@ async def keys_revoke(state_dir: Path, key_id: str) -> int:
 
 async def reconcile(state_dir: Path, run_id: str | None) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-reconcile", fail_fast=True)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-reconcile", fail_fast=True, access=settings.nats_access
+    )
     try:
         if run_id:
             run_ids = [run_id]
@@ -137,7 +144,9 @@ async def reconcile(state_dir: Path, run_id: str | None) -> int:
 async def audit(state_dir: Path) -> int:
     settings = settings_for(state_dir)
     registry = registries.load(settings.registry)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-audit", fail_fast=True)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-audit", fail_fast=True, access=settings.nats_access
+    )
     try:
         async with Providers.connect(settings.sandbox_url) as providers:
             listing = SandboxListing(providers.http)
@@ -166,7 +175,9 @@ async def audit(state_dir: Path) -> int:
 
 async def runs_show(state_dir: Path, run_id: str, as_json: bool) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-cli", fail_fast=True)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-cli", fail_fast=True, access=settings.nats_access
+    )
     try:
         events = await RunJournal(broker, settings.namespace).read_with_seqs(run_id)
     finally:
@@ -258,24 +269,33 @@ def _write_stack_file(state_dir: Path, state: dict[str, object]) -> None:
     tmp.replace(state_dir / "stack.json")
 
 
-async def infra_apply() -> int:
-    settings = Settings.from_env()
-    broker = await Broker.connect(settings.nats_url, "crashsafe-infra", fail_fast=True)
+async def infra_apply(state_dir: Path | None = None) -> int:
+    """Provision the namespace's streams and buckets, as the operator (the only role that may)."""
+    settings = settings_for(state_dir) if state_dir is not None else Settings.from_env()
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-infra", fail_fast=True, access=settings.nats_access
+    )
     try:
-        for spec in stream_specs(settings.namespace, settings.stream_replicas):
-            await broker.ensure_stream(spec)
-            print(f"stream {spec.name}: {', '.join(spec.subjects)}")
-        leases = leases_spec(settings.namespace, settings.stream_replicas)
-        await broker.ensure_kv(leases)
-        print(f"key-value bucket {leases.bucket}: executor partition leases")
-        for bucket, what in (
-            (clients_spec(settings.namespace, settings.stream_replicas), "API client keys (hashed)"),
-            (active_spec(settings.namespace, settings.stream_replicas), "active runs per guest and session"),
-        ):
-            await broker.ensure_kv(bucket)
-            print(f"key-value bucket {bucket.bucket}: {what}")
+        streams, buckets = await provision(broker, settings.namespace, settings.stream_replicas)
     finally:
         await broker.close()
+    for spec in streams:
+        print(f"stream {spec.name}: {', '.join(spec.subjects)}")
+    for kv in buckets:
+        print(f"key-value bucket {kv.bucket}")
+    return 0
+
+
+def infra_nats_auth(out: Path, namespace: str, registry: str, partitions: int) -> int:
+    """Users, permissions and credentials for a real cluster: `auth.conf` to include in nats-server's config,
+    and one credential file per role under `creds/` (0600) to mount as a Kubernetes secret."""
+    auth = NatsAuth.for_deployment(
+        out / "creds", Namespace(namespace), registries.load(registry).families, partitions
+    )
+    write_private(out / "auth.conf", auth.config() + "\n")
+    for user in auth.users:
+        print(f"{user.name}: {creds_path(auth.directory, user.name)}")
+    print(f"server config fragment: {out / 'auth.conf'} (include it in nats-server.conf)")
     return 0
 
 

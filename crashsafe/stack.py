@@ -18,14 +18,15 @@ from typing import Any
 
 import httpx
 
-from contracts.subjects import DEFAULT_NAMESPACE
+from contracts.subjects import DEFAULT_NAMESPACE, Namespace
 from services.platform.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
     ensure_key_pair,
     public_path,
 )
-from services.platform.natsd import NatsServer, free_port
+from services.platform.nats_users import creds_path
+from services.platform.natsd import NatsAuth, NatsServer, free_port
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify")
 NATS = "nats-server"
@@ -192,6 +193,7 @@ class Stack:
         reconciler: bool = True,
         registry: str | None = None,
         backoff: Backoff = Backoff(),
+        nats_creds_dir: Path | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.registry = registry
@@ -200,6 +202,9 @@ class Stack:
         self.nats_url = nats_url or ""
         self.nats_supervision = Service(name=NATS, args=[], base=NATS)
         self.sync_always = sync_always
+        # Each role's NATS credential file: made here for the embedded server (`<state>/nats/creds`), or those
+        # of the server at `nats_url` (None: that server admits anyone).
+        self.nats_creds_dir = nats_creds_dir if nats_url else self.state_dir / "nats" / "creds"
         self.gateway_port = free_port()
         self.sandbox_port = free_port()
         self.base_env = dict(env or {})
@@ -282,10 +287,52 @@ class Stack:
             if where:
                 # A registry outside the installed packages (the benchmark's) must import in every service too.
                 env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
+        env.pop("CRASHSAFE_NATS_CREDS", None)
+        creds = self.creds_for(service.base)
+        if creds is not None:
+            env["CRASHSAFE_NATS_CREDS"] = str(creds)
         env.update(self.base_env)
         env.update(service.env)
         env.update(service.once_env)
         return env
+
+    def creds_for(self, base: str) -> Path | None:
+        """The credential file of the NATS user a service of `base` runs as (the sandbox speaks no NATS)."""
+        if self.nats_creds_dir is None or base == "sandbox":
+            return None
+        return creds_path(self.nats_creds_dir, base)  # a service's name is its user's: `executor-payment`
+
+    def _nats_auth(self) -> NatsAuth:
+        from services import registry as registries
+        from services.platform.settings import Settings
+
+        settings = Settings.from_env({**os.environ, **self.base_env})
+        families = registries.load(self.registry or settings.registry).families
+        assert self.nats_creds_dir is not None
+        return NatsAuth.for_deployment(
+            self.nats_creds_dir, Namespace(self.namespace), families, settings.partitions
+        )
+
+    def provision(self) -> None:
+        """Streams and buckets, made by the operator before any service starts (services may not make them)."""
+        env = dict(os.environ)
+        env.update({"CRASHSAFE_NATS_URL": self.nats_url, "CRASHSAFE_NAMESPACE": self.namespace})
+        env.pop("CRASHSAFE_NATS_CREDS", None)
+        operator = self.creds_for("operator")
+        if operator is not None:
+            env["CRASHSAFE_NATS_CREDS"] = str(operator)
+        env.update(self.base_env)
+        with open(self.logs_dir / "provision.log", "ab") as log:
+            done = subprocess.run(
+                [sys.executable, "-m", "crashsafe.cli", "infra", "apply"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+            )
+        if done.returncode != 0:
+            raise RuntimeError(f"provisioning failed; see {self.logs_dir / 'provision.log'}")
 
     # Lifecycle ----------------------------------------------------------------------------------------------
 
@@ -293,9 +340,12 @@ class Stack:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         ensure_key_pair(self.capability_key)
         if not self.nats_url:
-            self.nats = NatsServer(self.state_dir / "nats", sync_always=self.sync_always).start()
+            self.nats = NatsServer(
+                self.state_dir / "nats", sync_always=self.sync_always, auth=self._nats_auth()
+            ).start()
             self.nats_url = self.nats.url
             self._track_nats()
+        self.provision()
         self.api_key = self._mint_api_key()
         for service in self.services.values():
             self.spawn(service.name)
@@ -313,7 +363,7 @@ class Stack:
         line); the key a previous start left there is revoked. Runs its own event loop in its own thread, since
         `start` may be called from a thread that already runs one."""
         from services.platform.clients import replace_stack_key
-        from services.platform.settings import Settings
+        from services.platform.settings import NatsAccess, Settings
 
         # The bucket gets the replicas the services would give it (a cluster's `CRASHSAFE_STREAM_REPLICAS=3`).
         replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas
@@ -322,7 +372,14 @@ class Stack:
         with ThreadPoolExecutor(1, thread_name_prefix="mint-api-key") as pool:
             key = pool.submit(
                 asyncio.run,
-                replace_stack_key(self.nats_url, self.namespace, STACK_TENANT, previous, replicas),
+                replace_stack_key(
+                    self.nats_url,
+                    self.namespace,
+                    STACK_TENANT,
+                    previous,
+                    replicas,
+                    NatsAccess(creds=self.creds_for("operator")),
+                ),
             ).result()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -488,6 +545,8 @@ class Stack:
             "gateway_url": self.gateway_url,
             "sandbox_url": self.sandbox_url,
             "namespace": self.namespace,
+            # Where the operator's NATS credential is (a path; the secret stays in its 0600 file).
+            "operator_creds": str(operator) if (operator := self.creds_for("operator")) else None,
             "supervisor_pid": os.getpid(),
             "supervisor": me.to_json() if me else None,
             "services": [self._entry(s) for s in self._supervised()],

@@ -19,10 +19,15 @@ import pytest
 
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
+from contracts.nats_permissions import Role
+from services.platform.natsd import NatsAuth, NatsServer
+from tests.support.inprocess import REGISTRY
+from tests.support.nats_users import access, admit
 from tests.support.stack import StackClient, open_stack
 
 KINDS = ("unit", "integration", "e2e")
+# Tool families only a test's own registry has (tests/integration/test_composition.py's `stamps`).
+TEST_ONLY_FAMILIES = frozenset({"stamps"})
 # A unit test that asks for one of these is not a unit test.
 NOT_PURE = {"nats_server", "broker", "start_stack"}
 
@@ -43,7 +48,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path_factory.mktemp("nats")).start()
+    """Users on, as in a deployment: one per role, for any namespace (each test has its own) and every tool
+    family the tests' registries have (tests/integration/test_nats_permissions.py sweeps one namespace's)."""
+    root = tmp_path_factory.mktemp("nats")
+    auth = NatsAuth.for_deployment(root / "auth", None, REGISTRY.families | TEST_ONLY_FAMILIES)
+    server = NatsServer(root, auth=auth).start()
+    admit(server)
     yield server
     server.stop()
 
@@ -56,7 +66,8 @@ def namespace() -> Namespace:
 
 @pytest.fixture
 async def broker(nats_server: NatsServer) -> AsyncIterator[Broker]:
-    b = await Broker.connect(nats_server.url, "tests")
+    """The test's own connection, as the operator: tests inject what no service may (tests/support/nats_users.py)."""
+    b = await Broker.connect(nats_server.url, "tests", access=access(nats_server.url, Role.OPERATOR))
     yield b
     await b.close()
 

@@ -18,7 +18,9 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
     crashpoints.arm(settings.crash_at)
     logger = configure(f"executor.{family}", settings.log_level)
     verifier = load_verifier(settings.capability_verify_keys, registry.compensation_only)
-    broker = await Broker.connect(settings.nats_url, f"executor-{family}-{settings.worker_id}")
+    broker = await Broker.connect(
+        settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access
+    )
     try:
         async with Providers.connect(settings.sandbox_url) as providers:
             executor = Executor(broker, settings, registry, family, providers, logger, verifier)

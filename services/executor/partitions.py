@@ -83,7 +83,7 @@ class PartitionKeeper:
             raise PartitionNotOwned(family=self.family, partition=partition, key=key, why=why)
 
     async def start(self) -> None:
-        await self.broker.ensure_kv(self.spec)
+        await self.broker.require_stream(self.spec.stream)  # the operator made the bucket (`infra apply`)
         # Take what is free now; what others hold comes later, without holding up start-up. A bucket just created
         # on a cluster answers 503 until its stream has elected a leader: the first round waits for that.
         for attempt in range(FIRST_ROUND_ATTEMPTS):

@@ -27,7 +27,7 @@ from contracts.errors import (
     RetryClass,
 )
 from contracts.keys import partition_of
-from contracts.streams import executor_consumer, leases_spec, stream_specs
+from contracts.streams import executor_consumer, leases_spec
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -61,6 +61,7 @@ from services.executor.store import ActionStore
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, Subscription
+from services.platform.provisioning import executor_streams, require
 from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.settings import Settings
@@ -151,8 +152,7 @@ class Executor:
         return sorted(self.stores)
 
     async def start(self) -> None:
-        for stream in stream_specs(self.ns, self.settings.stream_replicas):
-            await self.broker.ensure_stream(stream)
+        await require(self.broker, executor_streams(self.ns))
         # Takes the partitions that are free now and returns; the keeper takes the rest as others let go.
         await self.keeper.start()
         log(self.logger, logging.INFO, "executor ready", family=self.family, partitions=self.partitions)

@@ -29,7 +29,7 @@ from contracts.errors import (
 from contracts.inbound import MAX_BODY_BYTES, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import is_run_id
 from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from contracts.streams import active_spec, stream_specs
+from contracts.streams import active_spec, clients_spec, stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
 from services.gateway.access import Client, authenticate, parse_bearer, require
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
@@ -38,6 +38,8 @@ from services.platform.active_runs import Caps, claim
 from services.platform.clients import ClientKeys
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.provisioning import all_streams
+from services.platform.provisioning import require as require_streams
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
@@ -295,12 +297,12 @@ async def readyz(state: State) -> Response[Any]:
 def build_app(settings: Settings, registry: Registry) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        broker = await Broker.connect(settings.nats_url, f"gateway-{settings.worker_id}")
-        for spec in stream_specs(settings.namespace, settings.stream_replicas):
-            await broker.ensure_stream(spec)
-        keys = ClientKeys(broker, settings.namespace, settings.stream_replicas)
-        await keys.ensure()
-        await broker.ensure_kv(active_spec(settings.namespace, settings.stream_replicas))
+        broker = await Broker.connect(
+            settings.nats_url, f"gateway-{settings.worker_id}", access=settings.nats_access
+        )
+        ns = settings.namespace
+        await require_streams(broker, [*all_streams(ns), clients_spec(ns).stream, active_spec(ns).stream])
+        keys = ClientKeys(broker, ns, settings.stream_replicas)
         app.state.door = Door(keys, settings)
         app.state.caps = Caps(settings.active_runs_per_guest, settings.active_runs_per_session)
         app.state.broker = broker

@@ -24,6 +24,7 @@ from contracts.errors import BrokerUnavailable, InvalidRequest
 from contracts.streams import clients_spec
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+from services.platform.settings import NatsAccess
 
 
 MINT_ATTEMPTS = 60  # 15 s at 0.25 s
@@ -99,10 +100,16 @@ class ClientKeys:
 
 
 async def replace_stack_key(
-    nats_url: str, namespace: str, tenant: str, previous: str | None, replicas: int = 1
+    nats_url: str,
+    namespace: str,
+    tenant: str,
+    previous: str | None,
+    replicas: int = 1,
+    access: NatsAccess | None = None,
 ) -> str:
-    """`crashsafe up`'s own admin key: a new one, and the one a previous start left behind revoked."""
-    broker = await Broker.connect(nats_url, "crashsafe-up", fail_fast=True)
+    """`crashsafe up`'s own admin key, minted as the operator: a new one, and the one a previous start left
+    behind revoked."""
+    broker = await Broker.connect(nats_url, "crashsafe-up", fail_fast=True, access=access)
     try:
         keys = ClientKeys(broker, Namespace(namespace), replicas)
         await keys.ensure()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,10 +29,21 @@ from nats.js.api import (
 )
 
 # SubjectFull is importable from here too, where it lived before it joined the error family.
-from contracts.errors import BrokerUnavailable, LeaseConflict, RunVersionConflict, SubjectFull
+from contracts.errors import (
+    BrokerUnavailable,
+    InvalidSetting,
+    LeaseConflict,
+    NotPermitted,
+    RunVersionConflict,
+    StreamMissing,
+    SubjectFull,
+)
+from contracts.nats_permissions import inbox_prefix
 from contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 from contracts.subjects import Header
+from services.platform.nats_users import CREDS_VARIABLE, read_credential
 from services.platform.pull_feed import PullFeed
+from services.platform.settings import NatsAccess
 
 log = logging.getLogger("crashsafe.jetstream")
 
@@ -39,6 +52,8 @@ _WRONG_LAST_SEQUENCE = 10071
 _STREAM_NOT_FOUND = 10059
 _CONSUMER_NOT_FOUND = 10014
 _MAX_MSGS_PER_SUBJECT = 10077
+# How nats-server says a user's permissions refused something (nats-py hands it to the error callback).
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.IGNORECASE)
 
 
 class _ApiError(msgspec.Struct):
@@ -99,11 +114,35 @@ class Subscription:
         self._feed = feed
 
 
+def _identity(access: NatsAccess, url: str) -> dict[str, object]:
+    """nats-py connect options for this process's credential (its nkey and private inbox) and TLS."""
+    options: dict[str, object] = {}
+    if access.creds is not None:
+        credential = read_credential(access.creds)
+        options["nkeys_seed_str"] = credential.seed
+        options["inbox_prefix"] = inbox_prefix(credential.user)
+    if access.tls or url.startswith("tls://"):
+        context = ssl.create_default_context(cafile=str(access.tls_ca_file) if access.tls_ca_file else None)
+        if access.tls_cert_file is not None and access.tls_key_file is not None:
+            try:
+                context.load_cert_chain(str(access.tls_cert_file), str(access.tls_key_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise InvalidSetting(
+                    variable="CRASHSAFE_NATS_TLS_CERT_FILE",
+                    value=str(access.tls_cert_file),
+                    expected=f"a PEM certificate matching CRASHSAFE_NATS_TLS_KEY_FILE ({exc})",
+                ) from None
+        options["tls"] = context
+    return options
+
+
 class Broker:
     """A connection to NATS with JetStream, and the only place library exceptions are translated."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, user: object = None) -> None:
         self.nc = nc
+        self.user = str(user).removeprefix("_INBOX.") if user else "anonymous"
+        self._publishing: dict[str, str] = {}  # reply subject -> the subject its publish went to
         self.js: JetStreamContext = nc.jetstream(timeout=10)
         self._subs: list[object] = []
         self._feeds: set[PullFeed] = set()
@@ -112,11 +151,22 @@ class Broker:
         self._ack_counter = 0
 
     @classmethod
-    async def connect(cls, url: str, name: str, fail_fast: bool = False) -> Broker:
+    async def connect(
+        cls, url: str, name: str, fail_fast: bool = False, *, access: NatsAccess | None = None
+    ) -> Broker:
         """Connect to NATS. A service reconnects forever (a broker restart is expected); a one-shot command
-        (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting."""
+        (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting.
+
+        `access` says who this process is (its role's credential file) and how to check the server (TLS)."""
+        identity = _identity(access or NatsAccess(), url)
+
+        made: list[Broker] = []
 
         async def on_error(exc: Exception) -> None:
+            refused = _VIOLATION.search(str(exc))
+            if refused and made:
+                made[0]._refused(refused.group(1), refused.group(2))
+                return
             # Reconnects are expected (a broker restart); say so in one line, not a traceback.
             if not fail_fast:
                 log.warning("nats connection: %s: %s", type(exc).__name__, exc)
@@ -134,15 +184,24 @@ class Broker:
                     connect_timeout=2 if fail_fast else 5,
                     allow_reconnect=not fail_fast,
                     error_cb=on_error,
+                    **identity,
                 ),
                 timeout=8 if fail_fast else None,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            if isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(exc):
+                raise InvalidSetting(
+                    variable=CREDS_VARIABLE,
+                    value=str(access.creds if access else None),
+                    expected=f"credentials the NATS server at {url} admits ({exc})",
+                ) from exc
             reason = str(exc) or type(exc).__name__
             raise BrokerUnavailable(
                 f"cannot reach NATS at {url}: {reason}; start nats-server or set CRASHSAFE_NATS_URL", url=url
             ) from exc
-        return cls(nc)
+        broker = cls(nc, user=identity.get("inbox_prefix"))
+        made.append(broker)
+        return broker
 
     async def close(self) -> None:
         for feed in list(self._feeds):
@@ -187,6 +246,19 @@ class Broker:
                 " with JetStream enabled, then start again"
             ) from exc
 
+    async def require_stream(self, name: str) -> None:
+        """A service's check that a stream (or a bucket's `KV_` stream) it uses was provisioned; services never
+        create streams (only the operator may: `crashsafe infra apply`)."""
+        try:
+            await self.js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            raise StreamMissing(stream=name) from None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer about stream {name}: {exc}; check that nats-server runs with"
+                " JetStream enabled and that this role may read it",
+            ) from exc
+
     async def stream_exists(self, name: str) -> bool:
         try:
             await self.js.stream_info(name)
@@ -198,6 +270,8 @@ class Broker:
         """Create the durable, or bring it to `spec`. A change the server cannot make in place (push to pull)
         recreates it from just after its ack floor: nothing acknowledged comes back, nothing unacknowledged is lost."""
         config = ConsumerConfig(
+            # Named: the create subject then carries the filter, which is what a role's permission checks.
+            name=spec.durable,
             durable_name=spec.durable,
             deliver_subject=spec.deliver_subject,
             deliver_group=None if spec.pull else spec.durable,
@@ -340,10 +414,13 @@ class Broker:
         reply = await self._reply_subject()
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self._acks[reply] = future
+        self._publishing[reply] = subject
         expire = asyncio.get_running_loop().call_later(timeout_s, _expire, future)
         try:
             await self.nc.publish(subject, payload, reply=reply, headers=hdrs or None)
             msg = await future
+        except NotPermitted:
+            raise
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise BrokerUnavailable(
                 f"JetStream did not acknowledge a publish to {subject}: {exc!r}; it may have landed, so publish"
@@ -353,6 +430,7 @@ class Broker:
         finally:
             expire.cancel()
             self._acks.pop(reply, None)
+            self._publishing.pop(reply, None)
         if not msg.data:
             status = (msg.headers or {}).get("Status", "")
             raise BrokerUnavailable(
@@ -381,6 +459,18 @@ class Broker:
             self._ack_prefix = prefix
         self._ack_counter += 1
         return f"{self._ack_prefix}.{self._ack_counter}"
+
+    def _refused(self, action: str, subject: str) -> None:
+        """The server refused this user a publish or subscription: fail what waits on it at once, typed."""
+        log.error(
+            "nats refused %s %s to %s: this role may not; see docs/security.md", self.user, action, subject
+        )
+        if action.lower() != "publish":
+            return
+        for reply, sent_to in list(self._publishing.items()):
+            future = self._acks.get(reply)
+            if sent_to == subject and future is not None and not future.done():
+                future.set_exception(NotPermitted(user=self.user, subject=subject))
 
     async def _on_ack(self, msg: Msg) -> None:
         future = self._acks.pop(msg.subject, None)

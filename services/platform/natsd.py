@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -10,8 +11,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from contracts.nats_permissions import NatsUser, Role, user_name, users
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from services.platform.nats_users import Credential, authorization_block, creds_path, ensure_credentials
 
 _LISTENING = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 _READY = "Server is ready"
@@ -44,6 +50,46 @@ def free_port() -> int:
 
 
 @dataclass
+class NatsAuth:
+    """The users a server admits (public nkeys and permissions) and, under `directory`, each one's credential
+    file (0600) to hand to the process of that role."""
+
+    users: list[NatsUser]
+    directory: Path
+    credentials: dict[str, Credential] = field(default_factory=dict)
+
+    @classmethod
+    def for_deployment(
+        cls,
+        directory: Path,
+        ns: Namespace | None,
+        families: Iterable[str],
+        partitions: int = DEFAULT_ACTION_PARTITIONS,
+    ) -> NatsAuth:
+        return cls(users(ns, families, partitions), directory)
+
+    def prepare(self) -> None:
+        if not self.credentials:
+            self.credentials = ensure_credentials(self.directory, self.users)
+
+    def creds(self, role: Role, family: str | None = None) -> Path:
+        self.prepare()
+        return creds_path(self.directory, user_name(role, family))
+
+    def config(self) -> str:
+        self.prepare()
+        return authorization_block(self.users, self.credentials)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """The server's certificate and key (PEM); clients then must speak TLS (`tls://`)."""
+
+    cert_file: Path
+    key_file: Path
+
+
+@dataclass
 class NatsServer:
     """A running nats-server with JetStream on a file store; `restart()` keeps its port and store.
 
@@ -59,10 +105,23 @@ class NatsServer:
     cluster_name: str = "crashsafe"
     cluster_port: int = 0
     routes: tuple[int, ...] = ()
+    # Users and permissions: on unless `open_access` (then any client may do anything, as before issue 8).
+    # Without `auth`, users for any namespace and the executor families in `families`.
+    auth: NatsAuth | None = None
+    families: tuple[str, ...] = ()
+    open_access: bool = False
+    tls: ServerTls | None = None
+    # The HTTP monitoring port (`/varz`, `/connz`): off unless set, and on loopback unless told otherwise.
+    monitor_port: int | None = None
+    monitor_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if self.auth is None and not self.open_access:
+            self.auth = NatsAuth.for_deployment(self.store_dir / "auth", None, self.families)
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.port}"
 
     def config(self) -> str:
         # sync_interval: "always" fsyncs every write (power-loss safe); the default fsyncs every 2 minutes.
@@ -81,6 +140,15 @@ class NatsServer:
                 "cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  routes: [\n%s\n  ]\n}"
                 % (self.cluster_name, self.cluster_port, routes)
             )
+        if self.monitor_port is not None:
+            lines.append(f"http: {self.monitor_host}:{self.monitor_port}")
+        if self.tls is not None:
+            lines.append(
+                "tls {\n  cert_file: %s\n  key_file: %s\n  timeout: 2\n}"
+                % (json.dumps(str(self.tls.cert_file)), json.dumps(str(self.tls.key_file)))
+            )
+        if self.auth is not None:
+            lines.append(self.auth.config())
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_s: float = 20.0) -> NatsServer:
@@ -155,6 +223,14 @@ class NatsCluster:
     size: int = 3
     name: str = "crashsafe"
     nodes: list[NatsServer] = field(default_factory=list)
+    # The same users on every node (one credential per role works against any node).
+    auth: NatsAuth | None = None
+    families: tuple[str, ...] = ()
+    open_access: bool = False
+
+    def __post_init__(self) -> None:
+        if self.auth is None and not self.open_access:
+            self.auth = NatsAuth.for_deployment(self.root / "auth", None, self.families)
 
     def start(self, timeout_s: float = 30.0) -> NatsCluster:
         if not self.nodes:
@@ -167,6 +243,8 @@ class NatsCluster:
                     cluster_name=self.name,
                     cluster_port=routes[i],
                     routes=tuple(p for j, p in enumerate(routes) if j != i),
+                    auth=self.auth,
+                    open_access=self.open_access,
                 )
                 for i in range(self.size)
             ]

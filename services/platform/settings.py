@@ -85,6 +85,20 @@ VARIABLES: tuple[Variable, ...] = (
         "unset",
         "executors: the runtime's public key(s) (PEM), one path or two comma-separated during a rotation",
     ),
+    Variable(
+        "CRASHSAFE_NATS_CREDS",
+        "unset",
+        "this process's NATS credential file (0600; `crashsafe up` and `crashsafe infra nats-auth` write one per role)",
+    ),
+    Variable(
+        "CRASHSAFE_NATS_TLS_CA_FILE", "unset", "CA bundle (PEM) to verify the NATS server by; implies TLS"
+    ),
+    Variable(
+        "CRASHSAFE_NATS_TLS_CERT_FILE",
+        "unset",
+        "client certificate (PEM) if the NATS server verifies clients",
+    ),
+    Variable("CRASHSAFE_NATS_TLS_KEY_FILE", "unset", "that certificate's private key (PEM)"),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -101,6 +115,20 @@ def parse_partitions(spec: str, total: int) -> tuple[int, ...]:
     if bad or not owned:
         raise ValueError(f"partitions {bad} outside 0..{total - 1}")
     return tuple(sorted(owned))
+
+
+@dataclass(frozen=True, slots=True)
+class NatsAccess:
+    """How this process proves who it is to NATS, and how it checks the server: plain data, read by Broker.connect."""
+
+    creds: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_ca_file is not None or self.tls_cert_file is not None
 
 
 @dataclass(frozen=True)
@@ -142,6 +170,7 @@ class Settings:
     active_runs_per_session: int = 5
     capability_signing_key: Path | None = None
     capability_verify_keys: tuple[Path, ...] = ()
+    nats_access: NatsAccess = field(default_factory=NatsAccess)
 
     @classmethod
     def from_env(
@@ -223,6 +252,29 @@ class Settings:
             # No real provider configured: the sandbox's scripted model answers on the real OpenAI protocol.
             base_url = base_url or f"{sandbox_url}/v1"
             api_key = "sandbox"
+
+        def readable_file(name: str) -> Path | None:
+            raw = get(name)
+            if raw is None:
+                return None
+            if not os.access(raw, os.R_OK) or not Path(raw).is_file():
+                raise InvalidSetting(variable=name, value=raw, expected="a file this process can read")
+            return Path(raw)
+
+        nats_access = NatsAccess(
+            creds=readable_file("CRASHSAFE_NATS_CREDS"),
+            tls_ca_file=readable_file("CRASHSAFE_NATS_TLS_CA_FILE"),
+            tls_cert_file=readable_file("CRASHSAFE_NATS_TLS_CERT_FILE"),
+            tls_key_file=readable_file("CRASHSAFE_NATS_TLS_KEY_FILE"),
+        )
+        if (nats_access.tls_cert_file is None) != (nats_access.tls_key_file is None):
+            raise InvalidSetting(
+                variable="CRASHSAFE_NATS_TLS_KEY_FILE"
+                if nats_access.tls_cert_file
+                else "CRASHSAFE_NATS_TLS_CERT_FILE",
+                value="unset",
+                expected="CRASHSAFE_NATS_TLS_CERT_FILE and CRASHSAFE_NATS_TLS_KEY_FILE set together",
+            )
         partitions = read(
             "CRASHSAFE_ACTION_PARTITIONS", DEFAULT_ACTION_PARTITIONS, positive_int, "a whole number >= 1"
         )
@@ -294,6 +346,7 @@ class Settings:
                 for p in (get("CRASHSAFE_CAPABILITY_VERIFY_KEYS") or "").split(",")
                 if p.strip()
             ),
+            nats_access=nats_access,
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -17,7 +17,9 @@ TICK_S = 1.0
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("reconciler", settings.log_level)
-    broker = await Broker.connect(settings.nats_url, f"reconciler-{settings.worker_id}")
+    broker = await Broker.connect(
+        settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access
+    )
     try:
         reconciler = Reconciler(broker, settings, logger)
         await reconciler.start()

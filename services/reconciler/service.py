@@ -11,7 +11,6 @@ from typing import Protocol
 from nats.aio.msg import Msg
 
 from contracts.run_events import decode_event
-from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -19,6 +18,7 @@ from services.registry import ProviderAnswer
 from services.platform.asks import wake_run
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
@@ -49,8 +49,7 @@ class Reconciler:
         self.worker = f"reconciler:{settings.worker_id}"
 
     async def start(self) -> None:
-        for spec in stream_specs(self.ns, self.settings.stream_replicas):
-            await self.broker.ensure_stream(spec)
+        await require(self.broker, all_streams(self.ns))
         since = datetime.now(UTC) - timedelta(seconds=self.lookback_s)
         await self.broker.follow(
             self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since

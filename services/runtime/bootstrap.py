@@ -19,7 +19,9 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     logger = configure("runtime", settings.log_level)
     issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
     model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
-    broker = await Broker.connect(settings.nats_url, f"runtime-{settings.worker_id}")
+    broker = await Broker.connect(
+        settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
+    )
     try:
         runtime = Runtime(broker, settings, registry, model, logger, issuer)
         await runtime.start()

@@ -37,7 +37,7 @@ from contracts.run_events import (
     event_encoder,
     request_for,
 )
-from contracts.streams import active_spec, runtime_consumers, stream_specs
+from contracts.streams import active_spec, runtime_consumers
 from contracts.subjects import WAKE_TOKEN
 from contracts.tool_messages import (
     ActionOutcome,
@@ -51,6 +51,7 @@ from services.platform.asks import wake_run
 from services.platform.consumer import Deliveries
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
@@ -123,9 +124,7 @@ class Runtime:
         )
 
     async def start(self) -> None:
-        for stream in stream_specs(self.ns, self.settings.stream_replicas):
-            await self.broker.ensure_stream(stream)
-        await self.broker.ensure_kv(active_spec(self.ns, self.settings.stream_replicas))
+        await require(self.broker, [*all_streams(self.ns), active_spec(self.ns).stream])
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
         for spec in (inbound, outcomes):
             await self.broker.ensure_consumer(spec)

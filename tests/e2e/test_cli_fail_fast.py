@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from contracts.nats_permissions import Role
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
+from tests.support.nats_users import access
 from tests.support import inprocess
 from tests.support.broker import ensure_streams
 from tests.support.runs import started
@@ -61,7 +63,11 @@ async def test_with_no_reachable_nats_a_one_shot_command_says_so_in_one_line_wit
 async def test_a_missing_run_is_one_clear_line(
     nats_server: NatsServer, namespace: Namespace, tmp_path: Path
 ) -> None:
-    env = {"CRASHSAFE_NATS_URL": nats_server.url, "CRASHSAFE_NAMESPACE": namespace.name}
+    env = {
+        "CRASHSAFE_NATS_URL": nats_server.url,
+        "CRASHSAFE_NAMESPACE": namespace.name,
+        "CRASHSAFE_NATS_CREDS": str(access(nats_server.url, Role.OPERATOR).creds),
+    }
     applied = await crashsafe("infra", "apply", env=env)
     assert applied.returncode == 0, applied.stderr
     missing = "run_000000000000000000000000"
@@ -86,6 +92,7 @@ async def test_audit_reports_a_run_holding_an_event_type_it_does_not_know_instea
         env = {
             "CRASHSAFE_NATS_URL": nats_server.url,
             "CRASHSAFE_NAMESPACE": namespace.name,
+            "CRASHSAFE_NATS_CREDS": str(access(nats_server.url, Role.OPERATOR).creds),
             "CRASHSAFE_SANDBOX_URL": sandbox_url,
         }
         result = await crashsafe("audit", "--state-dir", str(tmp_path), env=env)

@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from contracts.subjects import Namespace, StreamKind
+from crashsafe.stack import EXECUTOR_FAMILIES
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsCluster
-from tests.support.stack import StackClient, open_stack, supervised
+from tests.support.nats_users import admit
+from tests.support.stack import StackClient, open_stack, operator_access, supervised
 from tests.support.waiting import eventually
 from tests.support.world import effects_per_run
 
@@ -23,12 +25,16 @@ from tests.support.world import effects_per_run
 async def cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
     # Ports are picked free and bound a moment later by three processes: another process can take one in
     # between. A cluster that could not start is started once more on fresh ports (its logs stay for reading).
-    first = NatsCluster(tmp_path / "cluster", size=3)
+    first = NatsCluster(tmp_path / "cluster", size=3, families=EXECUTOR_FAMILIES)
     try:
         started = await asyncio.to_thread(first.start)
+        admit(started)
     except RuntimeError:
         await asyncio.to_thread(first.stop)
-        started = await asyncio.to_thread(NatsCluster(tmp_path / "cluster-again", size=3).start)
+        started = await asyncio.to_thread(
+            NatsCluster(tmp_path / "cluster-again", size=3, families=EXECUTOR_FAMILIES).start
+        )
+        admit(started)
     try:
         yield started
     finally:
@@ -44,7 +50,7 @@ async def _runs_leader(broker: Broker, ns: Namespace) -> str:
 async def test_r3_cluster_loses_a_node_under_load(tmp_path: Path, cluster: NatsCluster) -> None:
     env = {"CRASHSAFE_STREAM_REPLICAS": "3", "CRASHSAFE_ACK_WAIT_S": "1"}
     async with open_stack(tmp_path / "stack", nats_url=cluster.url, env=env) as client:
-        broker = await Broker.connect(cluster.url, "cluster-test")
+        broker = await Broker.connect(cluster.url, "cluster-test", access=operator_access(client.stack))
         try:
             # The gateway's buckets (API keys, active runs) are replicated like the streams: a node lost is no outage.
             for bucket in (client.ns.clients_bucket, client.ns.active_bucket):

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from contracts.nats_permissions import Role
 from contracts.keys import action_key, input_hash, partition_of
 from contracts.streams import leases_spec
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
@@ -28,6 +29,8 @@ from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from tests.support import inprocess
+from tests.support.broker import ensure_streams
+from tests.support.nats_users import access
 from tests.support.paths import ROOT
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
@@ -84,6 +87,7 @@ async def replicas(
             "CRASHSAFE_NAMESPACE": ns.name,
             "CRASHSAFE_SANDBOX_URL": sandbox_url,
             "CRASHSAFE_DATA_DIR": str(data_dir),
+            "CRASHSAFE_NATS_CREDS": str(access(nats_url, Role.EXECUTOR, "payment").creds),
             "PYTHONPATH": str(ROOT),
             **executor_env(root / "keys"),
         }
@@ -189,6 +193,7 @@ class Payments:
 async def world(
     nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
 ) -> AsyncIterator[tuple[Sandbox, Payments, Callable[[str], Any]]]:
+    await ensure_streams(broker, namespace)  # as the operator: executors only check their streams exist
     async with (
         inprocess.sandbox_server() as url,
         httpx.AsyncClient(base_url=url, timeout=10.0) as http,

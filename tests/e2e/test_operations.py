@@ -16,7 +16,8 @@ import httpx
 
 from contracts.subjects import StreamKind
 from services.platform.jetstream import Broker
-from tests.support.stack import auth_header, StackClient, cli_env, crashsafe, guest_event
+from services.platform.nats_users import read_credential
+from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event
 from tests.support.waiting import eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -56,6 +57,13 @@ async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
         )
         runtimes = [s for s in stack["services"] if s["service"] == "runtime"]
         assert [s["name"] for s in runtimes] == ["runtime-0", "runtime-1"]
+        # NATS users on: one private credential per role; stack.json names the operator's, never a seed.
+        creds = {p.stem: p for p in (state / "nats" / "creds").glob("*.creds")}
+        assert {"gateway", "runtime", "executor-payment", "reconciler", "operator", "analytics"} <= set(creds)
+        assert all(p.stat().st_mode & 0o777 == 0o600 for p in creds.values())
+        assert stack["operator_creds"] == str(creds["operator"])
+        text = (state / "stack.json").read_text() + (state / "nats" / "nats-server.conf").read_text()
+        assert not [p for p in creds.values() if read_credential(p).seed in text]
         assert len({s["pid"] for s in runtimes}) == 2 and all(_alive(s["pid"]) for s in runtimes)
         async with httpx.AsyncClient(timeout=5) as http:
             assert (await http.get(stack["gateway_url"] + "/readyz")).status_code == 200

@@ -28,7 +28,7 @@ from tests.support.journals import decision_steps, receipt_of
 from tests.support.runs import (
     assert_replays,
 )  # the same replay check the pure tests use, here on real journals
-from tests.support.stack import StackClient, open_stack, supervised
+from tests.support.stack import StackClient, open_stack, operator_access, supervised
 from tests.support.waiting import eventually
 from tests.support.world import EFFECTS
 
@@ -174,7 +174,9 @@ async def race(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
     async with open_stack(
         tmp_path_factory.mktemp("race"), nats_url=nats_server.url, runtimes=2, reconciler=False
     ) as client:
-        broker = await Broker.connect(client.stack.nats_url, "tests-race")
+        broker = await Broker.connect(
+            client.stack.nats_url, "tests-race", access=operator_access(client.stack)
+        )
         try:
             run_ids = list(await asyncio.gather(*(client.submit(guest_id=f"guest-{i}") for i in range(6))))
             summaries = await settle(client, run_ids)

@@ -9,6 +9,7 @@ from contracts.errors import ErrorInfo
 from contracts.run_events import RunCompleted, ToolCall
 from contracts.subjects import Namespace
 from contracts.tools import Effect, RetryRule, ToolContract
+from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.registry import LocalOperation, Registration, Registry, Tool
@@ -47,7 +48,7 @@ class TwoStamps:
 
 
 async def test_a_runtime_and_an_executor_composed_with_an_agent_of_the_tests_own(
-    nats_server: NatsServer, namespace: Namespace, tmp_path: Path
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
 ) -> None:
     stamped: list[str] = []
 
@@ -62,7 +63,7 @@ async def test_a_runtime_and_an_executor_composed_with_an_agent_of_the_tests_own
         inprocess.executor(settings, "stamps", registry=registry),
     ):
         await runtime.start()
-        run_id = await submit_inbound(runtime.broker, namespace, "evt-1", agent="two_stamps", text="stamp")
+        run_id = await submit_inbound(broker, namespace, "evt-1", agent="two_stamps", text="stamp")
         journal = RunJournal(runtime.broker, namespace)
 
         async def ended() -> bool:

@@ -7,15 +7,14 @@ from datetime import UTC, datetime
 from contracts.dead_letters import DeadLetter, dead_letter_decoder
 from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
 from contracts.keys import inbound_hash, run_id_for
-from contracts.streams import stream_specs
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
 from services.platform.jetstream import Broker
+from services.platform.provisioning import provision
 
 
 async def ensure_streams(broker: Broker, ns: Namespace) -> None:
-    """Every stream of the namespace, as `crashsafe infra apply` creates them."""
-    for spec in stream_specs(ns):
-        await broker.ensure_stream(spec)
+    """Every stream and bucket of the namespace, as `crashsafe infra apply` creates them (`broker`: the operator)."""
+    await provision(broker, ns)
 
 
 def action_subject(ns: Namespace, family: str, key: str) -> str:

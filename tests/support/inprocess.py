@@ -26,7 +26,10 @@ from bench.workloads import registry as bench_registry
 from sandbox.app import serve
 from services.executor import service as executor_service
 from services.executor.service import Executor
+from contracts.nats_permissions import Role
 from services.platform.jetstream import Broker
+from services.platform.provisioning import provision
+from tests.support.nats_users import access
 from services.platform.settings import Settings
 from services.platform.tracing import context_from
 from contracts.audit import Finding
@@ -65,6 +68,24 @@ def settings_for(
         openai_api_key="sandbox",
         worker_id=worker_id,
     )
+
+
+_PROVISIONED: set[tuple[str, str]] = set()
+
+
+async def provisioned(settings: Settings) -> None:
+    """The namespace's streams and buckets, made as the operator before a service starts: services only check
+    that they exist (their NATS users may not create them), as `crashsafe up` provisions before starting them."""
+    if (settings.nats_url, settings.namespace.name) in _PROVISIONED:
+        return
+    broker = await Broker.connect(
+        settings.nats_url, "tests-operator", access=access(settings.nats_url, Role.OPERATOR)
+    )
+    try:
+        await provision(broker, settings.namespace, settings.stream_replicas)
+    finally:
+        await broker.close()
+    _PROVISIONED.add((settings.nats_url, settings.namespace.name))
 
 
 # The outside world --------------------------------------------------------------------------------------------
@@ -122,7 +143,10 @@ async def executor(
     outcome stays unknown, so "the last delivery" comes in a second instead of ~40 s.
     """
     assert settings.data_dir != _REPOSITORY_DATA, "give the executor a data_dir under the test's tmp_path"
-    broker = await Broker.connect(settings.nats_url, f"tests-executor-{family}")
+    await provisioned(settings)
+    broker = await Broker.connect(
+        settings.nats_url, f"tests-executor-{family}", access=access(settings.nats_url, Role.EXECUTOR, family)
+    )
     providers = Providers.connect(settings.sandbox_url)
     worker = Executor(
         broker,
@@ -168,7 +192,12 @@ async def runtime(
 ) -> AsyncIterator[Runtime]:
     """A runtime worker named `settings.worker_id`, not yet consuming (call `start()` to take work from the
     streams, or call its use cases directly)."""
-    broker = await Broker.connect(settings.nats_url, f"tests-runtime-{settings.worker_id}")
+    await provisioned(settings)
+    broker = await Broker.connect(
+        settings.nats_url,
+        f"tests-runtime-{settings.worker_id}",
+        access=access(settings.nats_url, Role.RUNTIME),
+    )
     worker = Runtime(
         broker,
         settings,
@@ -259,7 +288,12 @@ async def reconciler(
 ) -> AsyncIterator[Reconciler]:
     """A reconciler following every journal of the namespace. It never ticks by itself: the test calls
     `tick(now)` with the time it wants, so "overdue" and "ask again later" happen when the test says."""
-    broker = await Broker.connect(settings.nats_url, f"tests-reconciler-{settings.worker_id}")
+    await provisioned(settings)
+    broker = await Broker.connect(
+        settings.nats_url,
+        f"tests-reconciler-{settings.worker_id}",
+        access=access(settings.nats_url, Role.RECONCILER),
+    )
     worker = Reconciler(
         broker,
         settings,

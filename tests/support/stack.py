@@ -22,6 +22,8 @@ import httpx
 from contracts.subjects import Namespace
 from crashsafe.stack import STACK_TENANT, Stack
 from tests.support import capabilities
+from services.platform.settings import NatsAccess
+from tests.support.nats_users import creds_dir
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
@@ -199,6 +201,8 @@ async def open_stack(
     Starting waits on every service's readiness, so it runs in a thread and the test's event loop keeps going.
     Without a namespace the stack gets its own, so tests sharing a nats-server never see each other's messages.
     """
+    if nats_url:  # a server the test started: its users' credentials, one per service role
+        kwargs.setdefault("nats_creds_dir", creds_dir(nats_url))
     stack = Stack(state_dir, nats_url=nats_url, namespace=namespace or f"t{uuid.uuid4().hex[:10]}", **kwargs)
     capabilities.install(stack.capability_key)  # the stack signs with the key the tests sign with
     try:
@@ -236,9 +240,17 @@ class CliResult:
     stderr: str
 
 
+def operator_access(stack: Stack) -> NatsAccess:
+    """How a test connects to a stack's NATS as the operator (to read consumer state, inject, inspect)."""
+    return NatsAccess(creds=stack.creds_for("operator"))
+
+
 def cli_env(stack: Stack, *, sandbox: bool = True) -> dict[str, str]:
     """What points `crashsafe …` at this stack."""
     env = {"CRASHSAFE_NATS_URL": stack.nats_url, "CRASHSAFE_NAMESPACE": stack.namespace}
+    operator = stack.creds_for("operator")
+    if operator is not None:
+        env["CRASHSAFE_NATS_CREDS"] = str(operator)
     if sandbox:
         env["CRASHSAFE_SANDBOX_URL"] = stack.sandbox_url
     return env

@@ -45,6 +45,9 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     cert, key = tmp_path / "gateway.crt", tmp_path / "gateway.key"
     cert.write_text("cert")
     key.write_text("key")
+    files = {name: tmp_path / name for name in ("nats.creds", "ca.pem", "cert.pem", "key.pem")}
+    for path in files.values():
+        path.write_text("x")
     env = {
         "CRASHSAFE_NATS_URL": "nats://nats:4222",
         "CRASHSAFE_NAMESPACE": "stayhub",
@@ -75,6 +78,10 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_ACTIVE_RUNS_PER_SESSION": "0",
         "CRASHSAFE_CAPABILITY_SIGNING_KEY": "/keys/capability.key",
         "CRASHSAFE_CAPABILITY_VERIFY_KEYS": "/keys/old.pub, /keys/new.pub",
+        "CRASHSAFE_NATS_CREDS": str(files["nats.creds"]),
+        "CRASHSAFE_NATS_TLS_CA_FILE": str(files["ca.pem"]),
+        "CRASHSAFE_NATS_TLS_CERT_FILE": str(files["cert.pem"]),
+        "CRASHSAFE_NATS_TLS_KEY_FILE": str(files["key.pem"]),
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -103,6 +110,13 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
     assert s.capability_signing_key == Path("/keys/capability.key")
     assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
+    access = s.nats_access
+    assert (access.creds, access.tls_ca_file, access.tls_cert_file, access.tls_key_file) == (
+        files["nats.creds"],
+        files["ca.pem"],
+        files["cert.pem"],
+        files["key.pem"],
+    )
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -135,6 +149,8 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_RATE_PER_CLIENT", "-1"),
         ("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "1.5"),
         ("CRASHSAFE_TLS_CERT_FILE", "/no/such/file.pem"),
+        ("CRASHSAFE_NATS_CREDS", "/nonexistent/operator.creds"),
+        ("CRASHSAFE_NATS_TLS_CA_FILE", "/nonexistent/ca.pem"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:

@@ -1,0 +1,268 @@
+"""Who may publish and subscribe what on NATS: one user per service role, least privilege, as plain data.
+
+The server's configuration (services/platform/nats_users.py), the permission table in docs/security.md and the
+sweep test all read `users()`; nothing else spells a role's subjects. Every JetStream API subject used here is
+listed in docs/security.md with what it does (read from nats-server's server/jetstream_api.go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from contracts.streams import ConsumerSpec, executor_consumer, runtime_consumers
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
+
+API = "$JS.API"
+# The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
+CLIENTS = "clients"
+ACTIVE = "active"
+
+
+class Role(StrEnum):
+    """A NATS user's role; an executor's user name carries its family (`executor-payment`)."""
+
+    GATEWAY = "gateway"
+    RUNTIME = "runtime"
+    EXECUTOR = "executor"
+    RECONCILER = "reconciler"
+    OPERATOR = (
+        "operator"  # the CLI: provisions streams and buckets, manages keys, reads, reconciles; an admin
+    )
+    ANALYTICS = (
+        "analytics"  # an outside reader of the RUNS stream: its own consumers, direct gets, nothing else
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NatsUser:
+    name: str
+    role: Role
+    family: str | None
+    permissions: Permissions
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Replies to this user (PubAcks, direct gets, pull deliveries) come here; no other user may listen."""
+        return inbox_prefix(self.name)
+
+
+def inbox_prefix(user: str) -> str:
+    return f"_INBOX.{user}"
+
+
+def user_name(role: Role, family: str | None = None) -> str:
+    return f"{role.value}-{family}" if role is Role.EXECUTOR else role.value
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The subjects of one namespace, or of every namespace (`ns=None`: `*` in place of each namespace token,
+    for the test suite's shared server, whose tests each use a fresh namespace). A deployment uses its own."""
+
+    ns: Namespace | None
+
+    @property
+    def n(self) -> str:
+        return self.ns.name if self.ns else "*"
+
+    def stream(self, kind: StreamKind) -> str:
+        return self.ns.stream(kind) if self.ns else "*"
+
+    def bucket(self, name: str) -> str:
+        return f"{self.ns.name}_{name}" if self.ns else "*"
+
+    def kv_stream(self, name: str) -> str:
+        return f"KV_{self.ns.name}_{name}" if self.ns else "*"
+
+    def kv(self, name: str, keys: str) -> str:
+        return f"$KV.{self.bucket(name)}.{keys}"
+
+    def consumer(self, spec: ConsumerSpec) -> ConsumerSpec:
+        """`spec` with this scope's stream token (the spec is built for a concrete namespace)."""
+        if self.ns:
+            return spec
+        kind = next(k for k in StreamKind if spec.stream.endswith(k.value.upper()))
+        return ConsumerSpec(
+            stream=self.stream(kind),
+            durable=spec.durable,
+            filter_subject="*." + spec.filter_subject.split(".", 1)[1],
+            pull=spec.pull,
+        )
+
+
+# JetStream API subjects -----------------------------------------------------------------------------------------
+
+
+def stream_info(stream: str) -> str:
+    return f"{API}.STREAM.INFO.{stream}"
+
+
+def direct_get(stream: str) -> list[str]:
+    """A direct get with a JSON body (by sequence, next by subject, a batch), and the last-by-subject form."""
+    return [f"{API}.DIRECT.GET.{stream}", f"{API}.DIRECT.GET.{stream}.>"]
+
+
+def consumer_create(spec: ConsumerSpec) -> str:
+    """The named create, whose subject carries the filter: the server refuses a body whose filter differs, so
+    this permission bounds what the consumer may read (the legacy DURABLE.CREATE subject does not)."""
+    return f"{API}.CONSUMER.CREATE.{spec.stream}.{spec.durable}.{spec.filter_subject}"
+
+
+def own_consumer(spec: ConsumerSpec) -> list[str]:
+    """Create, inspect, recreate (delete) and settle one's own durable; pull from it if it is a pull consumer."""
+    subjects = [
+        consumer_create(spec),
+        f"{API}.CONSUMER.INFO.{spec.stream}.{spec.durable}",
+        f"{API}.CONSUMER.DELETE.{spec.stream}.{spec.durable}",
+        f"$JS.ACK.{spec.stream}.{spec.durable}.>",
+    ]
+    if spec.pull:
+        subjects.append(f"{API}.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}")
+    return subjects
+
+
+# What no service role may ever ask for: only the operator changes or removes streams and their messages.
+DESTRUCTIVE = (
+    f"{API}.STREAM.CREATE.>",
+    f"{API}.STREAM.UPDATE.>",
+    f"{API}.STREAM.DELETE.>",
+    f"{API}.STREAM.PURGE.>",
+    f"{API}.STREAM.MSG.DELETE.>",
+    f"{API}.STREAM.RESTORE.>",
+    f"{API}.ACCOUNT.PURGE.>",
+)
+
+
+def _user(
+    role: Role, publish: Iterable[str], subscribe: Iterable[str] = (), family: str | None = None
+) -> NatsUser:
+    name = user_name(role, family)
+    deny = () if role is Role.OPERATOR else DESTRUCTIVE
+    return NatsUser(
+        name=name,
+        role=role,
+        family=family,
+        permissions=Permissions(
+            publish=tuple(dict.fromkeys(publish)),
+            subscribe=(f"{inbox_prefix(name)}.>", *dict.fromkeys(subscribe)),
+            publish_deny=deny,
+        ),
+    )
+
+
+def users(
+    ns: Namespace | None, families: Iterable[str], partitions: int = DEFAULT_ACTION_PARTITIONS
+) -> list[NatsUser]:
+    """Every user of a deployment: its namespace (None: any), its registry's tool families and partitions."""
+    s = Scope(ns)
+    n = s.n
+    families = sorted(set(families))
+    all_streams = [s.stream(k) for k in StreamKind]
+    runs, inbound = s.stream(StreamKind.RUNS), s.stream(StreamKind.INBOUND)
+    wakes = f"{n}.outcome.{WAKE_TOKEN}.*"
+    concrete = ns or Namespace()
+    inbound_consumer, outcomes_consumer = (s.consumer(c) for c in runtime_consumers(concrete))
+    # The runtime's outcome consumer covers every family's outcomes and the wakes (`{ns}.outcome.>`).
+    outcomes_consumer = ConsumerSpec(
+        stream=outcomes_consumer.stream, durable=outcomes_consumer.durable, filter_subject=f"{n}.outcome.>"
+    )
+
+    gateway = _user(
+        Role.GATEWAY,
+        [
+            f"{n}.inbound.*",
+            wakes,  # its reconcile endpoint wakes a run; the runtime re-sends what the run still needs
+            s.kv(ACTIVE, ">"),
+            *(stream_info(x) for x in all_streams),
+            stream_info(s.kv_stream(CLIENTS)),
+            stream_info(s.kv_stream(ACTIVE)),
+            *direct_get(inbound),
+            *direct_get(runs),
+            *direct_get(s.kv_stream(CLIENTS)),
+            *direct_get(s.kv_stream(ACTIVE)),
+        ],
+    )
+    runtime = _user(
+        Role.RUNTIME,
+        [
+            f"{n}.run.*",  # only the runtime appends to run journals
+            *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act
+            f"{n}.dead.runtime",
+            wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it
+            s.kv(ACTIVE, ">"),
+            *(stream_info(x) for x in all_streams),
+            stream_info(s.kv_stream(ACTIVE)),
+            *own_consumer(inbound_consumer),
+            *own_consumer(outcomes_consumer),
+            *direct_get(runs),
+            *direct_get(s.kv_stream(ACTIVE)),
+        ],
+        [inbound_consumer.deliver_subject or "", outcomes_consumer.deliver_subject or ""],
+    )
+    executors = []
+    for family in families:
+        consumers = [s.consumer(executor_consumer(concrete, family, p)) for p in range(partitions)]
+        executors.append(
+            _user(
+                Role.EXECUTOR,
+                [
+                    f"{n}.outcome.{family}.*",  # outcomes of its own family only
+                    f"{n}.dead.executor_{family}",
+                    s.kv("leases", f"lease.{family}.*"),
+                    s.kv("leases", f"holder.{family}.*"),
+                    s.kv("leases", f"member.{family}.*"),
+                    *(
+                        stream_info(s.stream(k))
+                        for k in (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)
+                    ),
+                    stream_info(s.kv_stream("leases")),
+                    *(subject for c in consumers for subject in own_consumer(c)),
+                    *direct_get(s.kv_stream("leases")),
+                ],
+                family=family,
+            )
+        )
+    reconciler = _user(
+        Role.RECONCILER,
+        [
+            wakes,
+            *(stream_info(x) for x in all_streams),
+            f"{API}.CONSUMER.CREATE.{runs}",  # the ordered (ephemeral) consumer it follows every journal with
+            f"$JS.FC.{runs}.>",  # that consumer's flow control answers
+            *direct_get(runs),
+        ],
+    )
+    operator = _user(
+        Role.OPERATOR,
+        [f"{API}.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", f"{n}.>"],
+        [f"{n}.>"],
+    )
+    analytics = _user(
+        Role.ANALYTICS,
+        [
+            stream_info(runs),
+            f"{API}.CONSUMER.CREATE.{runs}",  # ephemeral and ordered consumers
+            f"{API}.CONSUMER.CREATE.{runs}.>",  # named (durable) consumers, any filter within RUNS
+            f"{API}.CONSUMER.DURABLE.CREATE.{runs}.*",
+            f"{API}.CONSUMER.INFO.{runs}.*",
+            f"{API}.CONSUMER.MSG.NEXT.{runs}.*",
+            f"$JS.ACK.{runs}.>",
+            f"$JS.FC.{runs}.>",
+            *direct_get(runs),
+        ],
+    )
+    return [gateway, runtime, *executors, reconciler, operator, analytics]
+
+
+def user_for(all_users: Iterable[NatsUser], role: Role, family: str | None = None) -> NatsUser:
+    name = user_name(role, family)
+    return next(u for u in all_users if u.name == name)

@@ -1,0 +1,44 @@
+"""Declares a namespace's streams and buckets: the operator's job (`crashsafe infra apply`, `crashsafe up`).
+
+Services never create or change streams (their NATS users may not); each checks at start that what it uses
+exists (`required_streams`) and stops with `StreamMissing`, telling the operator to run `crashsafe infra apply`.
+"""
+
+from __future__ import annotations
+
+from contracts.streams import KvSpec, StreamSpec, active_spec, clients_spec, leases_spec, stream_specs
+from contracts.subjects import Namespace, StreamKind
+from services.platform.jetstream import Broker
+
+
+def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
+    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session."""
+    return [leases_spec(ns, replicas), clients_spec(ns, replicas), active_spec(ns, replicas)]
+
+
+async def provision(
+    broker: Broker, ns: Namespace, replicas: int = 1
+) -> tuple[list[StreamSpec], list[KvSpec]]:
+    """Create or bring in line every stream and bucket of `ns` (idempotent); needs the operator's user."""
+    streams = stream_specs(ns, replicas)
+    for spec in streams:
+        await broker.ensure_stream(spec)
+    kvs = buckets(ns, replicas)
+    for kv in kvs:
+        await broker.ensure_kv(kv)
+    return streams, kvs
+
+
+async def require(broker: Broker, streams: list[str]) -> None:
+    """Stop with StreamMissing (naming `crashsafe infra apply`) unless every one of `streams` exists."""
+    for name in streams:
+        await broker.require_stream(name)
+
+
+def executor_streams(ns: Namespace) -> list[str]:
+    kinds = (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)
+    return [ns.stream(k) for k in kinds] + [leases_spec(ns).stream]
+
+
+def all_streams(ns: Namespace) -> list[str]:
+    return [ns.stream(k) for k in StreamKind]

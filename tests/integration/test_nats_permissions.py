@@ -1,0 +1,286 @@
+"""Every NATS role tried against every subject class and JetStream API call on a real nats-server with the
+generated users: what is allowed and refused must be exactly the intended matrix, and docs/security.md shows it.
+
+Regenerate the table after an intended change: `UPDATE_DOCS=1 pytest tests/integration/test_nats_permissions.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from contracts.nats_permissions import NatsUser, Role, users
+from contracts.streams import KvSpec, leases_spec, stream_specs
+from contracts.subjects import Namespace, StreamKind
+from services.platform.jetstream import Broker
+from services.platform.nats_users import read_credential
+from services.platform.natsd import NatsAuth, NatsServer
+from services.platform.settings import NatsAccess
+from tests.support.paths import ROOT
+
+NS = Namespace("sweep")
+FAMILIES = ("booking", "notify", "payment")  # services.agents:stayhub's tool families
+API = "$JS.API"
+DOC = ROOT / "docs/security.md"
+START, END = "<!-- nats-permissions:start -->", "<!-- nats-permissions:end -->"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One thing a user might try: publish (a JetStream publish or API request) or subscribe to `subject`."""
+
+    group: str
+    label: str
+    subject: str
+    body: bytes = b""
+    subscribe: bool = False
+
+
+def _stream(kind: StreamKind) -> str:
+    return NS.stream(kind)
+
+
+def _consumer(stream: str, name: str, filter_subject: str, *, legacy: bool = False) -> Probe:
+    config = {"name": name, "durable_name": name, "filter_subject": filter_subject, "ack_policy": "explicit"}
+    subject = (
+        f"{API}.CONSUMER.DURABLE.CREATE.{stream}.{name}"
+        if legacy
+        else f"{API}.CONSUMER.CREATE.{stream}.{name}.{filter_subject}"
+    )
+    how = "legacy DURABLE.CREATE " if legacy else ""
+    return Probe(
+        "consumers",
+        f"{how}create `{name}` on {stream} (filter `{filter_subject}`)",
+        subject,
+        json.dumps({"stream_name": stream, "config": config}).encode(),
+    )
+
+
+INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (_stream(k) for k in StreamKind)
+KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
+
+
+def probes() -> list[Probe]:
+    out = [
+        Probe("publish", "inbound event", NS.inbound("r1")),
+        Probe("publish", "run journal append", NS.run_events("r1")),
+        *(Probe("publish", f"action request: {f}", f"sweep.action.{f}.0") for f in FAMILIES),
+        *(Probe("publish", f"outcome: {f}", f"sweep.outcome.{f}.r1") for f in FAMILIES),
+        Probe("publish", "wake a run", "sweep.outcome._wake.r1"),
+        Probe("publish", "dead letter: runtime", NS.dead_letters("runtime")),
+        *(Probe("publish", f"dead letter: executor_{f}", NS.dead_letters(f"executor_{f}")) for f in FAMILIES),
+        *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
+        Probe("publish", "KV clients: `client.k1`", "$KV.sweep_clients.client.k1"),
+        Probe("publish", "KV active: `guest.t1.h`", "$KV.sweep_active.guest.t1.h"),
+        Probe(
+            "streams",
+            "create a stream",
+            f"{API}.STREAM.CREATE.SWEEP_PROBE",
+            json.dumps({"name": "SWEEP_PROBE", "subjects": ["sweep.probe.>"], "storage": "memory"}).encode(),
+        ),
+        Probe("streams", f"info {RUNS}", f"{API}.STREAM.INFO.{RUNS}"),
+        *(
+            Probe("direct get", f"direct get on {s}", f"{API}.DIRECT.GET.{s}", b'{"seq":1}')
+            for s in (
+                INBOUND,
+                RUNS,
+                ACTIONS,
+                OUTCOMES,
+                DEAD,
+                KV_LEASES,
+                KV_CLIENTS,
+                KV_ACTIVE,
+            )
+        ),
+        _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
+        _consumer(OUTCOMES, "runtime_outcomes", "sweep.outcome.>"),
+        *(_consumer(ACTIONS, f"executor_{f}_p0", f"sweep.action.{f}.0") for f in FAMILIES),
+        _consumer(ACTIONS, "executor_booking_p1", "sweep.action.payment.1"),  # its own name, payment's work
+        _consumer(ACTIONS, "executor_booking_p2", "sweep.action.booking.2", legacy=True),
+        *(
+            _consumer(s, "probe", f)
+            for s, f in (
+                (INBOUND, "sweep.inbound.*"),
+                (RUNS, "sweep.run.*"),
+                (ACTIONS, "sweep.action.>"),
+                (OUTCOMES, "sweep.outcome.>"),
+                (DEAD, "sweep.dead.*"),
+            )
+        ),
+        Probe(
+            "consumers",
+            f"ephemeral consumer on {RUNS}",
+            f"{API}.CONSUMER.CREATE.{RUNS}",
+            json.dumps({"stream_name": RUNS, "config": {"ack_policy": "none"}}).encode(),
+        ),
+        *(
+            Probe(
+                "consumers",
+                f"pull next from `executor_{f}_p0`",
+                f"{API}.CONSUMER.MSG.NEXT.{ACTIONS}.executor_{f}_p0",
+                b'{"batch":1,"no_wait":true}',
+            )
+            for f in FAMILIES
+        ),
+        Probe(
+            "subscribe",
+            "the runtime's push deliveries (inbound)",
+            f"_deliver.{INBOUND}.runtime_inbound",
+            subscribe=True,
+        ),
+        Probe("subscribe", "raw `sweep.action.>` (snoop requests)", "sweep.action.>", subscribe=True),
+        Probe("subscribe", "the runtime's reply inbox", "_INBOX.runtime.>", subscribe=True),
+        # Destructive ones last: the operator really does them.
+        Probe("streams", f"delete message 1 of {RUNS}", f"{API}.STREAM.MSG.DELETE.{RUNS}", b'{"seq":1}'),
+        Probe("streams", f"purge {RUNS}", f"{API}.STREAM.PURGE.{RUNS}", b"{}"),
+        Probe(
+            "streams",
+            f"update {RUNS}",
+            f"{API}.STREAM.UPDATE.{RUNS}",
+            json.dumps(
+                {"name": RUNS, "subjects": ["sweep.run.*"], "storage": "file", "allow_direct": True}
+            ).encode(),
+        ),
+        Probe("streams", f"delete {RUNS}", f"{API}.STREAM.DELETE.{RUNS}"),
+    ]
+    return out
+
+
+def intended(user: NatsUser, probe: Probe) -> bool:
+    """The matrix, written from the issue's rules (independently of contracts/nats_permissions.py)."""
+    if user.role is Role.OPERATOR:
+        # The admin does anything in its namespace, but never listens on another user's deliveries or inbox.
+        return not (probe.subscribe and not probe.subject.startswith("sweep."))
+    role, family, label = user.role, user.family, probe.label
+    allowed: set[str] = set()
+    if role is Role.GATEWAY:
+        allowed = {"inbound event", "wake a run", "KV active: `guest.t1.h`", f"info {RUNS}"}
+        allowed |= {f"direct get on {s}" for s in (INBOUND, RUNS, KV_CLIENTS, KV_ACTIVE)}
+    elif role is Role.RUNTIME:
+        allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
+        allowed |= {"wake a run"}  # a run's deadline wake-up
+        allowed |= {f"action request: {f}" for f in FAMILIES}
+        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE)}
+        allowed |= {p.label for p in probes() if "`runtime_" in p.label}
+        allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
+    elif role is Role.EXECUTOR:
+        allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
+        allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
+        allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
+    elif role is Role.RECONCILER:
+        allowed = {"wake a run", f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
+    elif role is Role.ANALYTICS:
+        allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
+        allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}
+    return label in allowed
+
+
+async def _connect(server: NatsServer, auth: NatsAuth, user: NatsUser, violations: list[str]) -> Client:
+    credential = read_credential(auth.directory / f"{user.name}.creds")
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    return await nats.connect(
+        server.url,
+        nkeys_seed_str=credential.seed,
+        inbox_prefix=user.inbox_prefix,
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+
+
+async def _try(nc: Client, probe: Probe, violations: list[str]) -> bool:
+    """True if the server let the user do it; a permission refusal arrives before the flush's PONG."""
+    before = len(violations)
+    if probe.subscribe:
+        sub = await nc.subscribe(probe.subject)
+        await nc.flush()
+        await asyncio.sleep(0.02)
+        await sub.unsubscribe()
+        word = "subscription"
+    else:
+        await nc.publish(probe.subject, probe.body, reply=nc.new_inbox())
+        await nc.flush()
+        await asyncio.sleep(0.02)
+        word = "publish"
+    refused = [v for v in violations[before:] if "permissions violation" in v.lower() and word in v.lower()]
+    return not refused
+
+
+@pytest.fixture(scope="module")
+def sweep_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[NatsServer, NatsAuth]]:
+    root = tmp_path_factory.mktemp("sweep")
+    auth = NatsAuth.for_deployment(root / "auth", NS, FAMILIES)
+    server = NatsServer(root / "nats", auth=auth).start()
+    yield server, auth
+    server.stop()
+
+
+def _table(results: dict[str, dict[str, bool]], all_users: list[NatsUser]) -> str:
+    names = [u.name for u in all_users]
+    lines = ["| group | attempt | " + " | ".join(f"`{n}`" for n in names) + " |"]
+    lines.append("|---|---|" + "---|" * len(names))
+    for probe in probes():
+        cells = " | ".join("allowed" if results[n][probe.label] else "refused" for n in names)
+        lines.append(f"| {probe.group} | {probe.label} | {cells} |")
+    return "\n".join(lines)
+
+
+async def test_every_role_can_do_exactly_what_it_needs(sweep_server: tuple[NatsServer, NatsAuth]) -> None:
+    server, auth = sweep_server
+    all_users = users(NS, FAMILIES)
+    operator = await Broker.connect(
+        server.url, "sweep-operator", access=NatsAccess(creds=auth.creds(Role.OPERATOR))
+    )
+    try:
+        for spec in stream_specs(NS):
+            await operator.ensure_stream(spec)
+        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active")):
+            await operator.ensure_kv(bucket)
+        await operator.publish(NS.run_events("r0"), b"{}")
+    finally:
+        await operator.close()
+    # The operator goes last: it really purges and deletes the RUNS stream.
+    ordered = sorted(all_users, key=lambda u: u.role is Role.OPERATOR)
+    results: dict[str, dict[str, bool]] = {}
+    for user in ordered:
+        violations: list[str] = []
+        nc = await _connect(server, auth, user, violations)
+        try:
+            results[user.name] = {p.label: await _try(nc, p, violations) for p in probes()}
+        finally:
+            await nc.close()
+    wrong = [
+        f"{user.name}: {probe.label} was {'allowed' if results[user.name][probe.label] else 'refused'}"
+        for user in all_users
+        for probe in probes()
+        if results[user.name][probe.label] != intended(user, probe)
+    ]
+    assert not wrong, "\n".join(wrong)
+    _check_doc(_table(results, all_users))
+
+
+def _check_doc(table: str) -> None:
+    text = DOC.read_text()
+    current = text.split(START, 1)[1].split(END, 1)[0].strip() if START in text else ""
+    if os.environ.get("UPDATE_DOCS") and current != table:
+        head, _, rest = text.partition(START)
+        tail = rest.split(END, 1)[1] if rest else "\n"
+        DOC.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+        return
+    assert current == table, "docs/security.md's NATS permission table is stale: rerun with UPDATE_DOCS=1"
+
+
+def test_the_doc_names_every_role() -> None:
+    text = Path(DOC).read_text()
+    for user in users(NS, FAMILIES):
+        assert f"`{user.name}`" in text

@@ -1,0 +1,72 @@
+"""The pure permission table: the issue's least-privilege rules hold for any namespace and registry."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.nats_permissions import DESTRUCTIVE, Role, user_for, users
+from contracts.subjects import Namespace
+
+# Family names that cannot collide with a fixed subject token (`action`, `lease`, the namespace).
+FAMILIES = st.sets(st.from_regex(r"fam[a-z0-9]{1,6}", fullmatch=True), min_size=1, max_size=4)
+
+
+@given(FAMILIES)
+def test_only_the_runtime_and_the_operator_append_journals_or_ask_for_actions(families: set[str]) -> None:
+    ns = Namespace("prod")
+    for user in users(ns, families):
+        publishes = user.permissions.publish
+        if user.role is Role.OPERATOR:
+            continue  # the administrator (docs/security.md)
+        journal = any(s.startswith("prod.run.") for s in publishes)
+        actions = any(s.startswith("prod.action.") for s in publishes)
+        assert journal == actions == (user.role is Role.RUNTIME), user.name
+
+
+@given(FAMILIES)
+def test_an_executor_publishes_and_consumes_only_its_own_family(families: set[str]) -> None:
+    all_users = users(Namespace("prod"), families)
+    for family in families:
+        executor = user_for(all_users, Role.EXECUTOR, family)
+        others = families - {family}
+        for subject in executor.permissions.publish:
+            tokens = subject.replace("_", ".").split(".")
+            assert not others & set(tokens), f"{executor.name} may reach {subject}"
+        assert f"prod.outcome.{family}.*" in executor.permissions.publish
+
+
+def test_no_service_role_may_change_or_remove_a_stream() -> None:
+    for user in users(Namespace("prod"), {"payment"}):
+        if user.role is Role.OPERATOR:
+            assert not user.permissions.publish_deny
+            continue
+        assert user.permissions.publish_deny == DESTRUCTIVE
+        assert not any(".STREAM.CREATE" in s or ".STREAM.UPDATE" in s for s in user.permissions.publish)
+
+
+def test_analytics_reads_the_runs_stream_and_publishes_nothing_in_the_namespace() -> None:
+    analytics = user_for(users(Namespace("prod"), {"payment"}), Role.ANALYTICS)
+    assert not [s for s in analytics.permissions.publish if s.startswith(("prod.", "$KV."))]
+    assert all("PROD_RUNS" in s for s in analytics.permissions.publish)
+
+
+def test_every_user_listens_only_on_its_own_inbox_and_its_own_deliveries() -> None:
+    for user in users(Namespace("prod"), {"payment"}):
+        inbox, *rest = user.permissions.subscribe
+        assert inbox == f"_INBOX.{user.name}.>"
+        if user.role is Role.RUNTIME:
+            assert rest == [
+                "_deliver.PROD_INBOUND.runtime_inbound",
+                "_deliver.PROD_OUTCOMES.runtime_outcomes",
+            ]
+        elif user.role is Role.OPERATOR:
+            assert rest == ["prod.>"]
+        else:
+            assert rest == []
+
+
+def test_the_any_namespace_scope_keeps_the_roles_apart() -> None:
+    gateway = user_for(users(None, {"payment"}), Role.GATEWAY)
+    assert "*.inbound.*" in gateway.permissions.publish
+    assert not any(".action." in s or ".run." in s for s in gateway.permissions.publish)
