@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -38,6 +37,7 @@ class PullFeed:
         self._received = 0
         self._request_over = asyncio.Event()
         self._last_status = ""
+        self._stopping = False
         self._sub: object | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -46,10 +46,14 @@ class PullFeed:
         self._task = asyncio.create_task(self._ask_forever())
 
     async def stop(self) -> None:
+        """Ask for nothing more, then drop the inbox. Never relies on cancellation alone: on Python 3.11 a
+        `wait_for` whose inner wait completes as the task is cancelled swallows the cancel (gh-86296), and a feed
+        that kept asking after its partition was put down would hold the partition's release forever."""
+        self._stopping = True
+        self._request_over.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=5.0)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()  # type: ignore[attr-defined]
@@ -63,6 +67,8 @@ class PullFeed:
                 self._last_status = status
                 self._request_over.set()  # expired (408), dropped (409), or nothing more to give (404)
             return
+        if self._stopping:
+            return  # not ours to handle any more: unacked, it comes back to whoever asks next
         self._received += 1
         if self._received >= self._asked:
             self._request_over.set()
@@ -71,7 +77,7 @@ class PullFeed:
     async def _ask_forever(self) -> None:
         expires_s = self.spec.pull_expires_s
         request = json.dumps({"batch": PULL_BATCH, "expires": int(expires_s * 1e9)}).encode()
-        while True:
+        while not self._stopping:
             self._asked, self._received = PULL_BATCH, 0
             self._request_over.clear()
             try:
@@ -79,8 +85,12 @@ class PullFeed:
             except (nats.errors.Error, OSError):
                 await asyncio.sleep(expires_s)  # disconnected: nats-py reconnects; ask again then
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._request_over.wait(), expires_s + 1.0)
+            # asyncio.wait, not wait_for: it never swallows a cancel (see stop).
+            over = asyncio.ensure_future(self._request_over.wait())
+            try:
+                await asyncio.wait({over}, timeout=expires_s + 1.0)
+            finally:
+                over.cancel()
             if self._last_status.startswith("409"):
                 # Dropped (a leader change, too many waiting requests): ask again, but not in a tight loop.
                 log.info("pull request on %s ended: %s", self.spec.durable, self._last_status)
