@@ -65,7 +65,9 @@ def api_key_for(state_dir: Path) -> str | None:
 async def keys_create(state_dir: Path, tenant: str, scopes: list[str], name: str) -> int:
     """Mint a key; the key is printed once, here, and stored only as the hash of its secret."""
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-keys", fail_fast=True)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-keys", fail_fast=True, access=settings.nats_access
+    )
     try:
         keys = ClientKeys(broker, settings.namespace, settings.stream_replicas)
         await keys.ensure()
@@ -84,7 +86,9 @@ async def keys_create(state_dir: Path, tenant: str, scopes: list[str], name: str
 
 async def keys_list(state_dir: Path) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-keys", fail_fast=True)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-keys", fail_fast=True, access=settings.nats_access
+    )
     try:
         records = await ClientKeys(broker, settings.namespace).all()
     finally:
@@ -102,7 +106,9 @@ async def keys_list(state_dir: Path) -> int:
 
 async def keys_revoke(state_dir: Path, key_id: str) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(settings.nats_url, "crashsafe-keys", fail_fast=True)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-keys", fail_fast=True, access=settings.nats_access
+    )
     try:
         revoked = await ClientKeys(broker, settings.namespace).revoke(key_id)
     finally:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from contracts.keys import partition_of
@@ -20,8 +19,7 @@ from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import Answer, ActionRequest, Asked, Via, runtime_message_decoder
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
-from tests.e2e.test_executor_replicas import PARTITIONS, Payments, owners, replicas
-from tests.support import inprocess
+from tests.support.payment_replicas import PARTITIONS, Payments, owners, payment_world
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
 
@@ -33,17 +31,8 @@ PER_PHASE = 8  # requests published at least in each phase: 2 replicas, 2 -> 3, 
 async def world(
     nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
 ) -> AsyncIterator[tuple[Sandbox, Payments, Callable[..., Any]]]:
-    async with (
-        inprocess.sandbox_server() as url,
-        httpx.AsyncClient(base_url=url, timeout=10.0) as http,
-        replicas(nats_server.url, namespace, url, tmp_path) as start,
-    ):
-        payments = Payments(broker, namespace, http)
-        sub = await broker.nc.subscribe(namespace.outcomes_all, cb=payments.collect)
-        try:
-            yield Sandbox(http, url), payments, start
-        finally:
-            await sub.unsubscribe()
+    async with payment_world(nats_server, broker, namespace, tmp_path) as made:
+        yield made
 
 
 async def test_scaling_replicas_up_and_down_under_load_charges_every_key_once(

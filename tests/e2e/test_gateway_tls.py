@@ -8,7 +8,7 @@ import os
 import ssl
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,10 +20,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from contracts.clients import Scope
+from contracts.nats_permissions import Role
 from contracts.subjects import Namespace
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer, free_port
+from services.platform.provisioning import provision
+from tests.support.nats_users import access
 from tests.support.stack import auth_header, guest_event
 from tests.support.waiting import eventually
 
@@ -62,10 +65,12 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def https_gateway(
-    tmp_path: Path, nats_server: NatsServer, namespace: Namespace
-) -> Iterator[tuple[str, Path, Path]]:
+async def https_gateway(
+    tmp_path: Path, nats_server: NatsServer, namespace: Namespace, broker: Broker
+) -> AsyncIterator[tuple[str, Path, Path]]:
     """`crashsafe serve gateway` with a certificate; yields (its https URL, the certificate, its log)."""
+    await provision(broker, namespace)  # the operator's job: the gateway's NATS user may not make streams
+    creds = access(nats_server.url, Role.GATEWAY).creds
     cert, key = self_signed(tmp_path)
     port = free_port()
     log = tmp_path / "gateway.log"
@@ -77,6 +82,7 @@ def https_gateway(
         "CRASHSAFE_TLS_CERT_FILE": str(cert),
         "CRASHSAFE_TLS_KEY_FILE": str(key),
         "CRASHSAFE_WORKER_ID": "gateway-tls",
+        **({"CRASHSAFE_NATS_CREDS": str(creds)} if creds is not None else {}),
     }
     with open(log, "wb") as out:
         process = subprocess.Popen(
