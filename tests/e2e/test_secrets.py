@@ -1,5 +1,7 @@
-"""No API key, in clear or hashed, in a log line, a journal event, a stream message, stack.json, an error body or
-any other file a stack writes (the one exception: `<state>/api_key`, whose job it is to hold the stack's key)."""
+"""No API key (in clear or hashed), NATS seed, capability signing key or capability in a log line, a journal event,
+a stream message, stack.json, an error body or any other file a stack writes. The exceptions are the files whose
+job it is to hold one (`<state>/api_key`, the 0600 credential and key files) and, for capabilities, the action
+requests that carry them (the ACTIONS stream, and nats-server's own store of it)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,13 @@ import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
 
+from nats.aio.msg import Msg
+
 from contracts.clients import secret_hash, split_key
 from contracts.streams import stream_specs
+from contracts.subjects import StreamKind
+from contracts.tool_messages import action_request_decoder
+from services.platform.nats_users import read_credential
 from services.platform.jetstream import Broker
 from tests.support.stack import StackClient, auth_header
 from tests.support.world import BOOKED_AND_PAID
@@ -31,6 +38,15 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
         "the forged secret's hash": secret_hash(forged),
     }
 
+    # Action requests leave the ACTIONS stream once acknowledged: watch them go by to learn their capabilities.
+    signatures: list[str] = []
+
+    async def carried(msg: Msg) -> None:
+        capability = action_request_decoder.decode(msg.data).capability
+        assert capability is not None and capability.sig
+        signatures.append(capability.sig)
+
+    watching = await broker.nc.subscribe(client.ns.actions_all, cb=carried)
     refused = await client.gateway.post("/v1/events", json={}, headers=auth_header(f"csk_{key_id}_{forged}"))
     assert refused.status_code == 401
     run_id, guest = await client.start_run()
@@ -39,6 +55,7 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     assert await client.counts(guest) == BOOKED_AND_PAID
     bodies = [refused.text, (await client.gateway.get(f"/v1/runs/{run_id}/events")).text]
     bodies.append((await client.reconcile(run_id)).text)
+    await watching.unsubscribe()
     await asyncio.to_thread(stack.stop)  # every log flushed and closed
 
     # Every message of every stream of the namespace: journals, inbound events, outcomes, dead letters.
@@ -46,10 +63,23 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     for spec in stream_specs(client.ns):
         for subject in spec.subjects:
             for message in await broker.read_subject(spec.name, subject):
+                if spec.name == client.ns.stream(StreamKind.ACTIONS):
+                    continue  # a capability's one home (and emptied as requests are acknowledged)
                 messages.append(message.data + repr(sorted(message.headers.items())).encode())
     assert any(b"run.completed" in m for m in messages), "the journal was read"
+    assert signatures, "the action requests were read"
 
-    files = [p for p in stack.state_dir.rglob("*") if p.is_file() and p.name != "api_key"]
+    # Each NATS user's seed and the runtime's private key: only their own 0600 files may hold them.
+    holders = {stack.state_dir / "api_key", stack.capability_key}
+    assert stack.nats_creds_dir is not None
+    for creds in stack.nats_creds_dir.glob("*"):
+        if creds.is_file():
+            holders.add(creds)
+            wanted[f"the NATS seed of {creds.name}"] = read_credential(creds).seed
+    pem = stack.capability_key.read_text().splitlines()
+    wanted["the capability signing key"] = "".join(line for line in pem if not line.startswith("-----"))
+
+    files = [p for p in stack.state_dir.rglob("*") if p.is_file() and p not in holders]
     assert any(p.name == "stack.json" for p in files) and any(p.suffix == ".log" for p in files)
     assert any(run_id.encode() in p.read_bytes() for p in files if p.suffix == ".log"), (
         "the logs were written"
@@ -66,3 +96,18 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
         if value.encode() in data
     ]
     assert not leaks, leaks
+
+    # A capability only in the message that carries it: not logged, journaled, written to stack.json or answered.
+    nats_store = stack.state_dir / "nats"
+    ours = [p for p in files if nats_store not in p.parents]
+    leaked = [
+        where
+        for sig in signatures
+        for where, data in [
+            *((str(p.relative_to(stack.state_dir)), p.read_bytes()) for p in ours),
+            *((f"stream message {i}", m) for i, m in enumerate(messages)),
+            *((f"response body {i}", b.encode()) for i, b in enumerate(bodies)),
+        ]
+        if sig.encode() in data
+    ]
+    assert not leaked, leaked
