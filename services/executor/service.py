@@ -495,7 +495,9 @@ class Executor:
         await self.broker.publish(
             self.ns.outcomes(self.family, outcome.run_id),
             tool_encoder.encode(outcome),
-            msg_id=f"outcome:{outcome.key}:{outcome.status}",
+            # No message id: JetStream deduplicates per stream, not per subject, so a predictable id would let any
+            # publisher to the outcomes stream (another family, a wake) reserve this one and have it dropped as a
+            # duplicate. The runtime records a repeated outcome once (record_outcome), which is all the id bought.
             headers=headers_for(ctx),
         )
         log(

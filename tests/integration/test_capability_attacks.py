@@ -343,3 +343,33 @@ async def test_the_booking_familys_own_outcome_for_the_same_key_is_journaled(wor
 
     events = await eventually(completed, what="the booking's outcome to be journaled")
     assert [e.key for e in events if isinstance(e, ActionCompleted)] == [booking.key]
+
+
+async def test_an_outcome_id_reserved_by_another_publisher_does_not_silence_the_real_outcome(
+    world: World,
+) -> None:
+    """JetStream deduplicates message ids per stream: anyone who may publish on the outcomes stream (another
+    family's executor, a waker) could reserve a predictable id and have the real outcome dropped. Outcomes carry
+    none, so the payment's outcome is stored whatever was published before it."""
+    booking = await world.held_booking()
+    request = signed(world.payment(booking))
+    for status in OutcomeStatus:  # as a notify executor may: on its own subject, with the ids one would guess
+        await world.broker.publish(
+            world.ns.outcomes("notify", request.run_id), b"{}", msg_id=f"outcome:{request.key}:{status}"
+        )
+
+    await world.publish(request)
+
+    await eventually(
+        lambda: [o for o in world.outcomes if o.key == request.key] or None, what="the payment's outcome"
+    )
+    # It reached the runtime (which refuses it: this run never asked, the harness plays the run): had the
+    # reserved id dropped it, the runtime would never have seen it and there would be no such dead letter.
+    refused = await eventually(
+        lambda: _refusals_of(world, request.key), what="the runtime to receive the real outcome"
+    )
+    assert refused[0].code == "outcome_refused"
+
+
+async def _refusals_of(world: World, key: str) -> list[DeadLetter]:
+    return [d for d in await dead_letters(world.broker, world.ns) if (d.details or {}).get("key") == key]
