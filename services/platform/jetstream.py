@@ -357,6 +357,13 @@ class Broker:
                 f"JetStream did not answer creating bucket {spec.bucket}: {exc}; check that nats-server runs"
                 " with JetStream enabled, then start again"
             ) from exc
+        # nats-py turns rollup headers on for every bucket. A `Nats-Rollup: all` on one key a user may write wipes
+        # every key of the bucket (another family's leases and holders, another tenant's active runs): no NATS
+        # permission can see a header, so the bucket refuses it. Nothing here ever rolls up (a delete is a marker).
+        info = await self.js.stream_info(spec.stream)
+        if info.config.allow_rollup_hdrs:
+            info.config.allow_rollup_hdrs = False
+            await self.js.update_stream(info.config)
 
     # Key-value ----------------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from contracts.errors import InvalidSetting, NotPermitted
+from contracts.errors import CrashsafeError, InvalidSetting, NotPermitted
 from contracts.nats_permissions import Role
 from contracts.streams import leases_spec, stream_specs
 from contracts.subjects import Namespace, StreamKind
@@ -141,3 +141,18 @@ async def test_a_client_without_credentials_or_with_a_bad_file_is_turned_away(
     assert garbled.value.variable == "CRASHSAFE_NATS_CREDS"
     with pytest.raises(InvalidSetting):
         await Broker.connect(server.url, "gone", fail_fast=True, access=NatsAccess(creds=tmp_path / "gone"))
+
+
+async def test_an_executor_cannot_roll_up_the_lease_bucket_to_wipe_another_familys_leases(as_role) -> None:  # type: ignore[no-untyped-def]
+    """A `Nats-Rollup: all` header on a key an executor may write would purge every key of the bucket; no NATS
+    permission sees headers, so the bucket itself refuses rollups."""
+    operator = await as_role(Role.OPERATOR)
+    leases = leases_spec(NS)
+    await operator.kv_write(leases, NS.holder_key("payment", 0), b'{"store":"s1"}', revision=None)
+    booking = await as_role(Role.EXECUTOR, "booking")
+    with pytest.raises(CrashsafeError):
+        await booking.publish(
+            leases.subject(NS.lease_key("booking", 0)), b"{}", headers={"Nats-Rollup": "all"}, timeout_s=5
+        )
+    held = await operator.kv_get(leases, NS.holder_key("payment", 0))
+    assert held is not None and held.value == b'{"store":"s1"}'
