@@ -33,7 +33,8 @@ class CapabilityOrigin(StrEnum):
 
     PLAN = "plan"  # a tool call the run planned (the model's or an agent's script)
     COMPENSATION = "compensation"  # the runtime undoing an effect: the only way to a compensation-only tool
-    RESOLVE = "resolve"  # the runtime re-sending a journaled request (a wake, a reconciliation)
+    # Signed by no version since re-sends keep their request's origin; still read (as a plan) if one arrives.
+    RESOLVE = "resolve"
 
 
 class Refusal(StrEnum):
@@ -178,12 +179,11 @@ class CapabilityVerifier:
 
 
 def _origin_fits(origin: str, compensation_only: bool) -> bool:
-    """A compensation-only tool needs a compensation capability (or the runtime's re-send of one it journaled);
-    a compensation capability is good for nothing else."""
-    if origin == CapabilityOrigin.RESOLVE:
-        return True
+    """A compensation-only tool needs a compensation capability; a compensation capability is good for nothing
+    else. `resolve` (no longer signed: a re-send keeps its request's own origin) is never a pass to a
+    compensation-only tool."""
     if origin == CapabilityOrigin.COMPENSATION:
         return compensation_only
-    if origin == CapabilityOrigin.PLAN:
+    if origin in (CapabilityOrigin.PLAN, CapabilityOrigin.RESOLVE):
         return not compensation_only
     return False  # an origin this version does not know

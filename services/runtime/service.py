@@ -265,7 +265,9 @@ class Runtime:
         # fresh capability and a fresh message id (so they pass the duplicate window), to the owning executor,
         # which answers from its receipt or asks the provider by key.
         for intent in to_resolve(run.state, wake.keys):
-            await self._publish_request(intent, ctx, resend_terms(utcnow()), f"resolve:{uuid.uuid4().hex}")
+            await self._publish_request(
+                intent, ctx, resend_terms(intent, utcnow()), f"resolve:{uuid.uuid4().hex}"
+            )
             run.published.add(intent.key)
         await self._drive(run, ctx)
 

@@ -42,7 +42,7 @@ from contracts.tool_messages import (
     action_request_decoder,
     tool_encoder,
 )
-from services.runtime.core.authority import outcome_refusal, terms_for, to_resolve
+from services.runtime.core.authority import outcome_refusal, resend_terms, terms_for, to_resolve
 from services.runtime.core.fold import replay
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
@@ -160,8 +160,8 @@ def test_compensation_tools_take_only_compensation_capabilities_and_those_fit_no
     assert VERIFIER.check(granted(refund, CapabilityOrigin.PLAN), NOW) == Refusal.WRONG_ORIGIN
     assert VERIFIER.check(granted(refund, CapabilityOrigin.COMPENSATION), NOW) is None
     assert VERIFIER.check(granted(request(), CapabilityOrigin.COMPENSATION), NOW) == Refusal.WRONG_ORIGIN
-    # The runtime re-sending a journaled request (a wake) may be either.
-    assert VERIFIER.check(granted(refund, CapabilityOrigin.RESOLVE), NOW) is None
+    # `resolve` (no longer signed: a re-send keeps its request's origin) is never a pass to a compensation tool.
+    assert VERIFIER.check(granted(refund, CapabilityOrigin.RESOLVE), NOW) == Refusal.WRONG_ORIGIN
     assert VERIFIER.check(granted(request(), CapabilityOrigin.RESOLVE), NOW) is None
 
 
@@ -254,9 +254,13 @@ def test_a_plan_step_is_signed_plan_and_a_compensation_compensation_until_its_de
     assert (t.origin, t.expires_at) == (CapabilityOrigin.PLAN, until)
     comp = terms_for(_intent(Origin.COMPENSATION), NOW)
     assert (comp.origin, comp.expires_at) == (CapabilityOrigin.COMPENSATION, until)
-    # Re-published after that (a runtime resuming the run much later): a resend, with a fresh expiry.
+    # Re-published after that (a runtime resuming the run much later): its own origin, with a fresh expiry.
     late = terms_for(_intent(), until)
-    assert (late.origin, late.expires_at) == (CapabilityOrigin.RESOLVE, until + timedelta(seconds=GRACE_S))
+    assert (late.origin, late.expires_at) == (CapabilityOrigin.PLAN, until + timedelta(seconds=GRACE_S))
+    late_comp = terms_for(_intent(Origin.COMPENSATION), until)
+    assert late_comp.origin == CapabilityOrigin.COMPENSATION
+    # A wake's re-send too: a plan's request for a compensation-only tool stays a plan's, and is refused.
+    assert resend_terms(_intent(Origin.MODEL), until).origin == CapabilityOrigin.PLAN
 
 
 def _run(*events: RunEvent) -> RunState:

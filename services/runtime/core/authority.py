@@ -20,20 +20,24 @@ class Terms:
     expires_at: datetime
 
 
+def _origin_of(intent: ActionRequested) -> CapabilityOrigin:
+    return CapabilityOrigin.COMPENSATION if intent.origin == Origin.COMPENSATION else CapabilityOrigin.PLAN
+
+
 def terms_for(intent: ActionRequested, now: datetime) -> Terms:
     """A journaled request as the run's loop publishes it: its own origin until its deadline plus the grace. Past
-    that (a runtime resuming a run long after the request was made), a re-send of a journaled intent is what
-    a resolve is, with a fresh expiry."""
+    that (a runtime resuming a run long after the request was made), it is sent as a re-send is."""
     expires_at = intent.deadline_at + timedelta(seconds=GRACE_S)
     if now >= expires_at:
-        return resend_terms(now)
-    origin = CapabilityOrigin.COMPENSATION if intent.origin == Origin.COMPENSATION else CapabilityOrigin.PLAN
-    return Terms(origin, expires_at)
+        return resend_terms(intent, now)
+    return Terms(_origin_of(intent), expires_at)
 
 
-def resend_terms(now: datetime) -> Terms:
-    """A journaled request sent again to be resolved by key (a wake naming it)."""
-    return Terms(CapabilityOrigin.RESOLVE, now + timedelta(seconds=GRACE_S))
+def resend_terms(intent: ActionRequested, now: datetime) -> Terms:
+    """A journaled request sent again to be resolved by key (a wake naming it): a fresh expiry, and the origin
+    it was journaled with, never a broader one: a re-send must not turn a plan's request for a
+    compensation-only tool into one the executor accepts."""
+    return Terms(_origin_of(intent), now + timedelta(seconds=GRACE_S))
 
 
 def to_resolve(state: RunState, keys: list[str]) -> tuple[ActionRequested, ...]:
