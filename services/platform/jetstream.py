@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import re
 import ssl
 from collections.abc import Awaitable, Callable
@@ -81,6 +82,32 @@ def _read_failed(subject: str) -> BrokerUnavailable:
 def _expire(future: asyncio.Future[Msg]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
+
+
+def _only_from(
+    spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]
+) -> Callable[[Msg], Awaitable[None]]:
+    """Hand over only the deliveries of `spec`'s own consumer. A push consumer's deliver subject is predictable,
+    and a role allowed to create consumers elsewhere (analytics, on the runs stream) could point one at it: those
+    messages are dropped unread and unacknowledged (they belong to someone else's consumer), never dead-lettered."""
+    noticed = 0.0
+
+    async def on_message(msg: Msg) -> None:
+        nonlocal noticed
+        try:
+            meta = msg.metadata
+            ours = meta.stream == spec.stream and meta.consumer == spec.durable
+        except (ValueError, IndexError, nats.errors.Error):
+            ours = False  # not a JetStream delivery at all
+        if ours:
+            await handler(msg)
+            return
+        now = time.monotonic()
+        if now - noticed > 60.0:  # one line a minute, however long the flood
+            noticed = now
+            log.warning("dropped a delivery on %s that is not from consumer %s", msg.subject, spec.durable)
+
+    return on_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +335,7 @@ class Broker:
             queue=spec.durable,
             stream=spec.stream,
             manual_ack=True,
-            cb=handler,
+            cb=_only_from(spec, handler),
             pending_msgs_limit=max(spec.max_ack_pending * 2, 1024),
         )
         self._subs.append(sub)

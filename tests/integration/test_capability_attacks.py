@@ -16,6 +16,7 @@ import httpx
 import msgspec
 import pytest
 from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from contracts.capabilities import CapabilityOrigin
 from contracts.dead_letters import DeadLetter
@@ -28,7 +29,9 @@ from contracts.keys import (
     tool_input_hash,
 )
 from contracts.run_events import ActionCompleted, ActionRequested, Budget, JournalEvent, RunStarted
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from contracts.nats_permissions import Role
+from contracts.streams import runtime_consumers
+from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -43,6 +46,7 @@ from services.platform.natsd import NatsServer
 from tests.support import inprocess
 from tests.support.broker import dead_letters
 from tests.support.capabilities import OTHER_ISSUER, signed
+from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
@@ -373,3 +377,38 @@ async def test_an_outcome_id_reserved_by_another_publisher_does_not_silence_the_
 
 async def _refusals_of(world: World, key: str) -> list[DeadLetter]:
     return [d for d in await dead_letters(world.broker, world.ns) if (d.details or {}).get("key") == key]
+
+
+async def test_a_consumer_pointed_at_the_runtimes_deliver_subject_is_dropped_unread(
+    world: World, nats_server: NatsServer
+) -> None:
+    """The runtime's push consumers deliver to a predictable subject; `analytics` may create consumers on the
+    runs stream. One aimed at the runtime's deliveries must not become a flood of dead letters (copying every
+    journal into the dead-letter stream): the runtime takes only its own consumers' deliveries."""
+    marker = unique("journal-text")
+    await world.broker.publish(world.ns.run_events("run_" + "0" * 24), msgspec.json.encode({"text": marker}))
+    analytics = await Broker.connect(
+        nats_server.url, "attacks-analytics", access=access(nats_server.url, Role.ANALYTICS)
+    )
+    try:
+        inbound, outcomes = runtime_consumers(world.ns)
+        for target in (inbound, outcomes):
+            await analytics.js.add_consumer(
+                world.ns.stream(StreamKind.RUNS),
+                ConsumerConfig(
+                    deliver_subject=target.deliver_subject,
+                    deliver_group=target.durable,
+                    ack_policy=AckPolicy.NONE,
+                ),
+            )
+        # The control: a real outcome on the runtime's own consumer still reaches it (and is refused: no such run).
+        booking = await world.held_booking()
+        request = signed(world.payment(booking))
+        await world.publish(request)
+        await eventually(
+            lambda: _refusals_of(world, request.key), what="the runtime to take its own deliveries"
+        )
+    finally:
+        await analytics.close()
+    letters = await dead_letters(world.broker, world.ns)
+    assert not [d for d in letters if marker in d.payload], "a foreign delivery was dead-lettered"
