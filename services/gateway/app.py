@@ -319,4 +319,5 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
         lifespan=[lifespan],
         debug=False,
         logging_config=None,
+        openapi_config=None,  # no unauthenticated /schema routes describing the API to anyone who asks
     )

@@ -96,6 +96,8 @@ async def test_an_anonymous_caller_gets_401_on_every_endpoint_but_the_probes(wor
             assert assert_error(response, 401, "unauthenticated")["details"] == {"reason": "missing"}
         assert (await anonymous.get("/healthz")).status_code == 200
         assert (await anonymous.get("/readyz")).status_code == 200
+        for schema in ("/schema", "/schema/openapi.json"):  # no description of the API for anyone who asks
+            assert (await anonymous.get(schema)).status_code == 404
 
 
 @pytest.mark.parametrize(
