@@ -126,7 +126,7 @@ def own_consumer(spec: ConsumerSpec) -> list[str]:
         f"$JS.ACK.{spec.stream}.{spec.durable}.>",
     ]
     if spec.pull:
-        subjects.append(f"{API}.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}")
+        subjects.append(spec.next_subject)
     return subjects
 
 

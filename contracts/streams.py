@@ -45,6 +45,11 @@ class ConsumerSpec:
     pull_expires_s: float = 2.0
 
     @property
+    def next_subject(self) -> str:
+        """Where a pull consumer is asked for its next messages (the JetStream API's MSG.NEXT)."""
+        return f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
+
+    @property
     def deliver_subject(self) -> str | None:
         """Where a push consumer delivers; replicas share it through the deliver group named after the durable."""
         return None if self.pull else f"_deliver.{self.stream}.{self.durable}"

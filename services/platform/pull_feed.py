@@ -32,7 +32,7 @@ class PullFeed:
         self.spec = spec
         self.handler = handler
         self._inbox = nc.new_inbox()
-        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
+        self._next_subject = spec.next_subject
         self._asked = 0
         self._received = 0
         self._request_over = asyncio.Event()
