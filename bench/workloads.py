@@ -6,6 +6,7 @@ Registered by the benchmark (and the tests that use the yardstick), never by the
 
 from __future__ import annotations
 
+from contracts.catalog import AgentConfig
 import asyncio
 from typing import Any
 
@@ -48,6 +49,7 @@ class StepsAgent:
         self.name = f"steps{steps}" + (f"x{step_ms}ms" if step_ms else "")
         self.tools = {NOOP.name: NOOP.contract}
         self.compensation_tools: dict[str, ToolContract] = {}
+        self.config = AgentConfig(agent=self.name)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
         return ()

@@ -45,6 +45,12 @@ class ErrorCode(StrEnum):
     OUTCOME_REFUSED = "outcome_refused"
     STREAM_MISSING = "stream_missing"
     NOT_PERMITTED = "not_permitted"
+    # A tool call in a model answer that was not run because a call before it waits for approval.
+    NOT_RUN = "not_run"
+    NOT_ALLOWED = "not_allowed"  # a policy rule refused the action (`run.policy_denied`)
+    APPROVAL_NOT_PENDING = "approval_not_pending"  # a decision on an approval already decided or expired
+    APPROVAL_NOT_FOUND = "approval_not_found"
+    INVALID_CATALOG = "invalid_catalog"
 
 
 class RetryClass(StrEnum):

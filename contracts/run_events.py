@@ -10,6 +10,7 @@ from typing import Any, TypeAlias, get_args
 import msgspec
 
 from contracts.errors import ErrorInfo
+from contracts.memory import GuestProfile, SessionTurn
 from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
 
 
@@ -37,6 +38,7 @@ class HandOffReason(StrEnum):
     DEADLINE = "deadline"
     OUTCOME_UNKNOWN = "outcome_unknown"  # reconcile by key before anything else
     COMPENSATION_FAILED = "compensation_failed"  # a person must undo the effect
+    LOOP = "loop"  # the model asked for the same call again and again
 
 
 # What one tool call's arguments may be before the runtime even decodes them. A default here, in the contract,
@@ -90,6 +92,20 @@ class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     deadline_at: datetime
     # The tenant whose client started the run (from the inbound event): who may read it.
     tenant: str = ""
+    # The catalog revision the run keeps to its end (0: the deployment's built-in catalog).
+    catalog_revision: int = 0
+    # What the run knew of its guest and session when it started (read once, so replay never reads again).
+    profile: GuestProfile | None = None
+    history: list[SessionTurn] = []
+
+
+class Passage(msgspec.Struct, frozen=True, kw_only=True):
+    """A piece of the agent's documents retrieved for a model call, journaled with the step it fed."""
+
+    doc: str
+    section: str
+    text: str
+    score: float
 
 
 class ModelAnswered(RunEventBase, frozen=True, kw_only=True, tag="run.model_answered"):
@@ -102,6 +118,11 @@ class ModelAnswered(RunEventBase, frozen=True, kw_only=True, tag="run.model_answ
     reply: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    # Which configured route answered, and the ones that failed before it ("route: why").
+    provider: str = ""
+    failovers: list[str] = []
+    # What retrieval gave the model for this step (placed before the answer in the model's view).
+    passages: list[Passage] = []
 
 
 class ActionRequested(RunEventBase, frozen=True, kw_only=True, tag="run.action_requested"):
@@ -192,6 +213,58 @@ class RunHandedOff(RunEventBase, frozen=True, kw_only=True, tag="run.handed_off"
 
     reason: str  # a HandOffReason
     detail: str = ""
+    reply: str = ""  # what the guest is told
+
+
+class PolicyDenied(RunEventBase, frozen=True, kw_only=True, tag="run.policy_denied"):
+    """A rule refused an action before it was journaled as requested: the model is told `not_allowed`. A step."""
+
+    step_no: int
+    call_id: str
+    tool: str
+    rule: str
+    reason: str
+    origin: str = Origin.MODEL.value
+
+
+class ApprovalRequested(RunEventBase, frozen=True, kw_only=True, tag="run.approval_requested"):
+    """A rule holds an action back until someone approves that exact action (its input hash and amount). A step.
+
+    `call` is the tool call as asked: once approved, it is planned again, and the approval holds only if it
+    prepares to the same input hash."""
+
+    step_no: int
+    approval_id: str
+    call: ToolCall
+    tool: str
+    args: dict[str, Any]
+    input_hash: str
+    amount_cents: int | None = None
+    currency: str = ""
+    approver: str  # an Approver
+    rule: str
+    reason: str
+    expires_at: datetime
+    question: str = ""  # what the guest (or the manager) is asked
+
+
+class ApprovalDecided(RunEventBase, frozen=True, kw_only=True, tag="run.approval_decided"):
+    """How an approval ended, as its record says (the record is decided once, by compare-and-set)."""
+
+    approval_id: str
+    decision: str  # an ApprovalStatus other than pending
+    decided_by: str
+    reason: str = ""
+    input_hash: str
+    # The guest's message this decision answered (a "yes" in the session), taken out of the run's inbox.
+    turn_event_id: str = ""
+
+
+class TurnReceived(RunEventBase, frozen=True, kw_only=True, tag="run.turn_received"):
+    """A further guest message of the run's session, handed to the run as its next turn (the session lane)."""
+
+    event_id: str
+    text: str
 
 
 # The run event family: what the journal holds, what the fold folds, what analytics consumers decode.
@@ -207,6 +280,10 @@ RunEvent: TypeAlias = (
     | RunResumed
     | RunCompleted
     | RunHandedOff
+    | PolicyDenied
+    | ApprovalRequested
+    | ApprovalDecided
+    | TurnReceived
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contracts.catalog import AgentConfig
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ class TwoStamps:
     instructions = ""
     tools = {STAMP.name: STAMP}
     compensation_tools: dict[str, ToolContract] = {}
+    config = AgentConfig(agent="two_stamps")
 
     def script(self, state: RunState) -> ScriptedStep | None:
         done = len(state.completed)

@@ -39,11 +39,25 @@ from contracts.errors import (
     UnprocessableBody,
 )
 from contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from contracts.policy import (
+    ApprovalAbove,
+    OneActiveHold,
+    RefundWithinPaid,
+    StayWindow,
+    ToolsAllowed,
+    VerifiedRecipient,
+    rule_decoder,
+    rule_encoder,
+)
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     Budget,
+    PolicyDenied,
     RunEvent,
+    TurnReceived,
     ModelAnswered,
     ModelAsked,
     ModelRejected,
@@ -179,6 +193,48 @@ SAMPLES: list[msgspec.Struct] = [
     ),
     RunCompleted(run_id=RUN, at=AT, reply="Booked and paid."),
     RunHandedOff(run_id=RUN, at=AT, reason="outcome_unknown", detail=f"outcome of {KEY} is unknown"),
+    PolicyDenied(
+        run_id=RUN,
+        at=AT,
+        step_no=4,
+        call_id="call_4",
+        tool="create_booking",
+        rule="stay_window",
+        reason="a stay of 360 nights is over the limit of 30",
+    ),
+    ApprovalRequested(
+        run_id=RUN,
+        at=AT,
+        step_no=6,
+        approval_id="apr_94cb296d1a30794270b8b64f_6",
+        call=ToolCall(call_id="call_6", name="create_payment", arguments='{"booking_id":"bk_1"}'),
+        tool="create_payment",
+        args={"booking_id": "bk_1", "guest_id": "guest-1", "amount_cents": 184000, "currency": "EUR"},
+        input_hash="b" * 64,
+        amount_cents=184000,
+        currency="EUR",
+        approver="manager",
+        rule="approval_above",
+        reason="1840.00 EUR is over the auto-approve limit of 1000.00 EUR",
+        expires_at=AT,
+        question="pay 1840.00 EUR for booking bk_1",
+    ),
+    ApprovalDecided(
+        run_id=RUN,
+        at=AT,
+        approval_id="apr_94cb296d1a30794270b8b64f_6",
+        decision="approved",
+        decided_by="manager:ana@corp.example",
+        reason="conference trip",
+        input_hash="b" * 64,
+    ),
+    TurnReceived(run_id=RUN, at=AT, event_id="evt-2", text="yes"),
+    ToolsAllowed(tools=["search_hotels", "create_booking"]),
+    StayWindow(max_nights=30),
+    ApprovalAbove(tool="create_payment", limit_cents=100000, approver="manager"),
+    VerifiedRecipient(),
+    OneActiveHold(),
+    RefundWithinPaid(),
     ActionRequest(
         run_id=RUN,
         step_no=6,
@@ -250,8 +306,21 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             | RunResumed()
             | RunCompleted()
             | RunHandedOff()
+            | PolicyDenied()
+            | ApprovalRequested()
+            | ApprovalDecided()
+            | TurnReceived()
         ):
             return event_encoder, event_decoder
+        case (
+            ToolsAllowed()
+            | StayWindow()
+            | ApprovalAbove()
+            | VerifiedRecipient()
+            | OneActiveHold()
+            | RefundWithinPaid()
+        ):
+            return rule_encoder, rule_decoder
         case ActionRequest():
             return tool_encoder, action_request_decoder
         case ActionOutcome() | RunWake():
@@ -403,9 +472,9 @@ def test_every_wire_message_has_an_explicit_unique_tag_and_a_golden() -> None:
 
 
 def test_no_event_forbids_unknown_fields() -> None:
-    """Events never forbid unknown fields; only the HTTP body may (GuestMessage)."""
+    """Events never forbid unknown fields; only HTTP bodies may (GuestMessage, ApprovalDecisionBody)."""
     strict = {cls.__name__ for cls in _contract_structs() if cls.__struct_config__.forbid_unknown_fields}
-    assert strict == {"GuestMessage"}
+    assert strict == {"GuestMessage", "ApprovalDecisionBody"}
 
 
 # Messages built from other messages ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contracts.catalog import AgentConfig
 import re
 from collections.abc import Sequence
 from datetime import date
@@ -60,6 +61,7 @@ class BookingAgent:
     instructions = INSTRUCTIONS
     tools = model_contracts(TOOLS)
     compensation_tools = compensation_contracts(TOOLS)
+    config = AgentConfig(agent="booking")
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides

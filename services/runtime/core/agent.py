@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from contracts.catalog import AgentConfig
 from contracts.errors import ErrorInfo
 from contracts.keys import CompensationKind
 from contracts.run_events import ToolCall
@@ -35,6 +36,8 @@ class Agent(Protocol):
     instructions: str
     tools: dict[str, ToolContract]  # what the model may call
     compensation_tools: dict[str, ToolContract]  # what only the runtime may call, to undo effects
+    # The built-in configuration (rules, budget, routes): the catalog's default for this agent.
+    config: AgentConfig
 
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]

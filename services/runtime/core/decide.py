@@ -8,17 +8,20 @@ from typing import Any
 
 import msgspec
 
+from contracts.catalog import AgentConfig
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.keys import action_key, compensation_key, tool_input_hash
 from contracts.run_events import (
     MAX_EVENT_BYTES,
     ActionRequested,
+    ApprovalRequested,
     ArgumentLimits,
     HandOffReason,
     ModelAnswered,
     ModelAsked,
     ModelRejected,
     Origin,
+    PolicyDenied,
     RunCompleted,
     RunEvent,
     RunHandedOff,
@@ -29,8 +32,10 @@ from contracts.run_events import (
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent, Compensation
+from services.runtime.core.approvals import guest_answer
 from services.runtime.core.arguments import check_arguments
 from services.runtime.core.fold import fold_run
+from services.runtime.core.policy import Deny, Hold, check_policy
 from services.runtime.core.state import RunState
 
 
@@ -57,7 +62,27 @@ class Idle:
     pass
 
 
-Move = AskModel | Append | AwaitActions | Idle
+@dataclass(frozen=True, slots=True)
+class AwaitApproval:
+    """The run waits for an approval, holding no worker: the shell makes sure the approval's record and its
+    expiry timer exist, journals the decision if the record already has one, else lets the run go."""
+
+    approval: ApprovalRequested
+
+
+@dataclass(frozen=True, slots=True)
+class DecideApproval:
+    """The guest's message answers a guest approval: the shell decides the record (compare-and-set, once) and
+    journals what the record then says (a manager or the expiry may have decided it first)."""
+
+    approval: ApprovalRequested
+    decision: str  # ApprovalStatus.APPROVED or REJECTED
+    decided_by: str
+    reason: str
+    turn_event_id: str
+
+
+Move = AskModel | Append | AwaitActions | Idle | AwaitApproval | DecideApproval
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +106,24 @@ def argument_limits(agent: Agent) -> ArgumentLimits:
     return limits if isinstance(limits, ArgumentLimits) else DEFAULT_ARGUMENT_LIMITS
 
 
-def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
+def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig | None = None) -> Move:
+    """`config`: the agent's configuration at the run's pinned catalog revision (None: the agent's built-in)."""
+    config = config or agent.config
     if state.terminal:
         return _after_the_end(state, agent, now)
+    if state.awaiting is not None:
+        answer = guest_answer(state, state.awaiting)
+        if answer is not None:
+            return DecideApproval(
+                state.awaiting,
+                answer.decision,
+                f"guest:{state.guest_id}",
+                answer.reason,
+                answer.turn_event_id,
+            )
+        return AwaitApproval(state.awaiting)
     if state.unplanned:
-        return Append(plan_calls(state, agent, state.unplanned, now))
+        return Append(plan_calls(state, agent, state.unplanned, now, config=config))
     if state.pending:
         # Compensations are exempt from the deadline; anything else pending past it is left to the reconciler,
         # which keeps asking by key, and the run hands off (after undoing what is known to need undoing).
@@ -130,7 +168,7 @@ def next_move(state: RunState, agent: Agent, now: datetime) -> Move:
     scripted = agent.script(state)
     if scripted is not None:
         if scripted.calls:
-            return Append(plan_calls(state, agent, scripted.calls, now, origin=Origin.PLAN))
+            return Append(plan_calls(state, agent, scripted.calls, now, origin=Origin.PLAN, config=config))
         return Append((RunCompleted(run_id=state.run_id, at=now, reply=scripted.reply or ""),))
     return AskModel(step_no=state.next_step, input=state.transcript)
 
@@ -234,14 +272,36 @@ def plan_calls(
     calls: tuple[ToolCall, ...],
     now: datetime,
     origin: Origin = Origin.MODEL,
+    config: AgentConfig | None = None,
 ) -> tuple[RunEvent, ...]:
-    """Turn tool calls into durable intents, or typed rejections; each gets its own step number.
+    """Turn tool calls into durable intents, typed rejections, policy denials or approval requests; each gets
+    its own step number.
 
     Each planned event is folded before the next call is planned, so a rule like "one payment per booking"
-    sees the calls before it in the same model answer."""
+    sees the calls before it in the same model answer. Calls after one held for approval are not run."""
+    config = config or agent.config
     events: list[RunEvent] = []
     planned = state
-    for call in calls:
+    for index, call in enumerate(calls):
+        if planned.awaiting is not None:
+            held = planned.awaiting.tool
+            for skipped in calls[index:]:
+                event: RunEvent = ToolRejected(
+                    run_id=state.run_id,
+                    at=now,
+                    step_no=planned.next_step,
+                    call_id=skipped.call_id,
+                    tool=skipped.name,
+                    error=ErrorInfo(
+                        code=ErrorCode.NOT_RUN,
+                        message=f"not run: {held} in the same answer waits for approval; ask again after it",
+                        details={"tool": skipped.name[:200]},
+                    ),
+                    origin=origin,
+                )
+                events.append(event)
+                planned = fold_run(planned, event)
+            break
         step = planned.next_step
         stop: tuple[HandOffReason, str] | None = None
         if step + planned.lost_asks > state.budget.max_steps:
@@ -258,7 +318,7 @@ def plan_calls(
             events.append(RunHandedOff(run_id=state.run_id, at=now, reason=stop[0], detail=stop[1]))
             break
         event = _plan_one(
-            planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step)
+            planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step), config
         )
         events.append(event)
         planned = fold_run(planned, event)
@@ -275,7 +335,15 @@ def plan_compensations(
         key = compensation_key(comp.undoes, comp.kind)
         call = ToolCall(call_id=f"comp:{key}", name=comp.tool, arguments=_json.encode(comp.args).decode())
         event = _plan_one(
-            planned, agent, agent.compensation_tools, call, planned.next_step, now, Origin.COMPENSATION, key
+            planned,
+            agent,
+            agent.compensation_tools,
+            call,
+            planned.next_step,
+            now,
+            Origin.COMPENSATION,
+            key,
+            agent.config,
         )
         events.append(event)
         planned = fold_run(planned, event)
@@ -283,6 +351,11 @@ def plan_compensations(
 
 
 _json = msgspec.json.Encoder(order="sorted")
+
+
+def approval_id_for(run_id: str, step_no: int) -> str:
+    """An approval's id: the step that asked for it, so deciding the step twice names one approval."""
+    return f"apr_{run_id.removeprefix('run_')}_{step_no}"
 
 
 def _plan_one(
@@ -294,7 +367,8 @@ def _plan_one(
     now: datetime,
     origin: Origin,
     key: str,
-) -> ActionRequested | ToolRejected:
+    config: AgentConfig,
+) -> ActionRequested | ToolRejected | PolicyDenied | ApprovalRequested:
     def reject(code: ErrorCode, message: str) -> ToolRejected:
         return rejected(ErrorInfo(code=code, message=message, details={"tool": call.name[:200]}))
 
@@ -320,6 +394,37 @@ def _plan_one(
     prepared = agent.prepare(state, contract, args)
     if isinstance(prepared, ErrorInfo):
         return rejected(prepared)
+    hashed = tool_input_hash(contract.name, prepared)
+    verdict = check_policy(state, config, contract, prepared, hashed, origin, now)
+    if isinstance(verdict, Deny):
+        return PolicyDenied(
+            run_id=state.run_id,
+            at=now,
+            step_no=step,
+            call_id=call.call_id,
+            tool=contract.name,
+            rule=verdict.rule,
+            reason=verdict.reason,
+            origin=origin,
+        )
+    if isinstance(verdict, Hold):
+        return ApprovalRequested(
+            run_id=state.run_id,
+            at=now,
+            step_no=step,
+            approval_id=approval_id_for(state.run_id, step),
+            call=call,
+            tool=contract.name,
+            args=prepared,
+            input_hash=hashed,
+            amount_cents=verdict.amount_cents,
+            currency=verdict.currency,
+            approver=verdict.approver,
+            rule=verdict.rule,
+            reason=verdict.reason,
+            expires_at=now + timedelta(seconds=verdict.ttl_s),
+            question=verdict.question,
+        )
     # The deadline is passed down: a step gets at most the run's remaining time, not its full timeout.
     # Compensations are exempt: undoing an effect must not be starved by the deadline that ended the run.
     remaining = max((state.deadline_at - now).total_seconds(), 0.0)
@@ -337,7 +442,7 @@ def _plan_one(
         family=contract.family,
         args=prepared,
         key=key,
-        input_hash=tool_input_hash(contract.name, prepared),
+        input_hash=hashed,
         timeout_s=timeout,
         deadline_at=now + timedelta(seconds=timeout),
         origin=origin,

@@ -9,21 +9,28 @@ from typing import Any
 
 import msgspec
 
+from contracts.approvals import ApprovalStatus
+from contracts.policy import Approver
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     ModelAnswered,
     ModelAsked,
     ModelRejected,
     Origin,
+    PolicyDenied,
     RunCompleted,
     RunEvent,
     RunHandedOff,
     RunNudged,
     RunResumed,
+    Passage,
     RunStarted,
     RunStatus,
     ToolRejected,
+    TurnReceived,
     UnknownEvent,
 )
 from contracts.tool_messages import OutcomeStatus
@@ -52,7 +59,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             guest_id=event.guest_id,
             session_id=event.session_id,
             started=event,
-            transcript=({"role": "user", "content": event.text},),
+            transcript=(*context_items(event), {"role": "user", "content": event.text}),
             last_event_at=event.at,
             events=1,
         )
@@ -103,7 +110,8 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             next_step = state.next_step if step is None else max(state.next_step, step + 1)
             return replace(state, **base, next_step=next_step, unknown_events=state.unknown_events + (tag,))
         case ModelAnswered(step_no=step, tool_calls=calls, reply=reply):
-            items = [
+            items = [passages_item(event.passages)] if event.passages else []
+            items += [
                 {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
                 for c in calls
             ]
@@ -160,7 +168,67 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 next_step=max(state.next_step, step + 1),
                 unplanned=tuple(c for c in state.unplanned if c.call_id != call_id),
                 transcript=state.transcript + (_output_item(call_id, {"error": msgspec.to_builtins(error)}),),
+                tool_errors=state.tool_errors + (event.origin == Origin.MODEL),
             )
+        case PolicyDenied(step_no=step, call_id=call_id):
+            refusal = {"code": "not_allowed", "rule": event.rule, "message": event.reason}
+            return _flushed(
+                replace(
+                    state,
+                    **base,
+                    next_step=max(state.next_step, step + 1),
+                    unplanned=tuple(c for c in state.unplanned if c.call_id != call_id),
+                    transcript=state.transcript + (_output_item(call_id, {"error": refusal}),),
+                    denials=state.denials + 1,
+                )
+            )
+        case ApprovalRequested(step_no=step):
+            # The call's function_call stays open in the model's view until the action's outcome (or the
+            # refusal) answers it; the model is not asked while the run waits.
+            return replace(
+                state,
+                **base,
+                next_step=max(state.next_step, step + 1),
+                unplanned=tuple(c for c in state.unplanned if c.call_id != event.call.call_id),
+                awaiting=event,
+                approval_requests=state.approval_requests + (event,),
+                final_reply=None,
+            )
+        case ApprovalDecided(approval_id=approval_id):
+            waiting = state.awaiting
+            if waiting is None or waiting.approval_id != approval_id:
+                return replace(state, **base)  # already decided (a redelivery): folded once
+            inbox = tuple(
+                t for t in state.inbox if t.event_id != event.turn_event_id or not event.turn_event_id
+            )
+            waited = max((event.at - waiting.at).total_seconds(), 0.0)
+            decided = replace(
+                state,
+                **base,
+                awaiting=None,
+                approvals=state.approvals + (event,),
+                inbox=inbox,
+                waited_s=state.waited_s + waited,
+            )
+            if event.decision == ApprovalStatus.APPROVED:
+                # Planned again: the approval holds only if the call prepares to the same input hash.
+                return replace(decided, unplanned=(waiting.call,) + decided.unplanned)
+            refusal = {
+                "code": f"approval_{event.decision}",
+                "message": event.reason or f"the approval for {waiting.tool} was {event.decision}",
+            }
+            decided = replace(
+                decided,
+                transcript=decided.transcript + (_output_item(waiting.call.call_id, {"error": refusal}),),
+            )
+            if event.decision == ApprovalStatus.EXPIRED or waiting.approver != Approver.GUEST:
+                # Nobody said yes in time, or the manager said no: the run ends with a defined reply (after
+                # the runtime undoes what the action would have completed, e.g. releases the hold).
+                return replace(decided, final_reply=approval_ended_reply(waiting, event))
+            return _flushed(decided)
+        case TurnReceived():
+            queued = replace(state, **base, inbox=state.inbox + (event,), turns=state.turns + 1)
+            return _flushed(queued)
         case ActionCompleted(step_no=step):
             request = state.pending_step(step)
             if request is None:
@@ -180,12 +248,14 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             transcript = state.transcript
             if request.origin != Origin.COMPENSATION:
                 transcript += (_output_item(request.call_id, payload),)
-            return replace(
-                state,
-                **base,
-                pending=tuple(p for p in state.pending if p.step_no != step),
-                completed=state.completed + ((request, event),),
-                transcript=transcript,
+            return _flushed(
+                replace(
+                    state,
+                    **base,
+                    pending=tuple(p for p in state.pending if p.step_no != step),
+                    completed=state.completed + ((request, event),),
+                    transcript=transcript,
+                )
             )
         case RunNudged():
             return replace(state, **base)
@@ -206,6 +276,44 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
     raise TypeError(f"fold_run has no case for {type(event).__name__}")
 
 
+def _flushed(state: RunState) -> RunState:
+    """Guest messages waiting in the inbox join the model's view once no call is open (nothing pending,
+    unplanned or awaiting approval): a function call and its output are never split by a user message."""
+    if not state.inbox or state.pending or state.unplanned or state.awaiting is not None:
+        return state
+    said = tuple({"role": "user", "content": turn.text} for turn in state.inbox)
+    return dataclasses.replace(state, inbox=(), transcript=state.transcript + said, final_reply=None)
+
+
+def context_items(started: RunStarted) -> tuple[dict[str, Any], ...]:
+    """What the run knew when it started, as the model sees it: the session's earlier runs and the guest's
+    profile (preferences), ahead of the guest's message."""
+    items: list[dict[str, Any]] = []
+    if started.history:
+        lines = [f"- guest: {t.text!r} -> you: {t.reply!r}" for t in started.history]
+        items.append({"role": "developer", "content": "Earlier in this session:\n" + "\n".join(lines)})
+    profile = started.profile
+    if profile is not None and profile.preferences:
+        prefs = ", ".join(f"{k}: {v}" for k, v in sorted(profile.preferences.items()))
+        items.append({"role": "developer", "content": f"The guest's remembered preferences: {prefs}"})
+    return tuple(items)
+
+
+def passages_item(passages: list[Passage]) -> dict[str, Any]:
+    """Retrieved passages as the model sees them: one developer message ahead of the step's answer."""
+    body = "\n\n".join(f"[{p.doc} § {p.section}]\n{p.text}" for p in passages)
+    return {"role": "developer", "content": "From StayHub's documents:\n" + body}
+
+
+def approval_ended_reply(waiting: ApprovalRequested, decided: ApprovalDecided) -> str:
+    """The defined reply of a run whose approval expired or was refused by the manager."""
+    what = waiting.question or f"{waiting.tool}"
+    if decided.decision == ApprovalStatus.EXPIRED:
+        return f"The approval for {what} was not given in time, so nothing was charged and the hold was released."
+    reason = f" ({decided.reason})" if decided.reason else ""
+    return f"The approval for {what} was declined by {decided.decided_by}{reason}; nothing was charged."
+
+
 def replay(events: Iterable[RunEvent | UnknownEvent]) -> RunState | None:
     """The state a journal folds to: the same function the runtime, the CLI and the tests use."""
     return reduce(fold_run, events, None)
@@ -222,4 +330,5 @@ def summarize(state: RunState) -> Summary:
         reply=state.final_reply,
         handoff_reason=state.handoff_reason,
         pending_actions=[p.key for p in state.pending],
+        awaiting_approval=state.awaiting.approval_id if state.awaiting else None,
     )

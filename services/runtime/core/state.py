@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunStarted, RunStatus, ToolCall
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
+    Budget,
+    RunStarted,
+    RunStatus,
+    ToolCall,
+    TurnReceived,
+)
 from contracts.tool_messages import OutcomeStatus
 
 
@@ -43,6 +53,19 @@ class RunState:
     lost_asks: int = 0
     # Events a newer writer journaled that this version does not know: kept in the journal, skipped here.
     unknown_events: tuple[str, ...] = ()
+    # The action a rule holds back until it is approved (the run waits, holding no worker), and every
+    # approval asked for and decided so far.
+    awaiting: ApprovalRequested | None = None
+    approval_requests: tuple[ApprovalRequested, ...] = ()
+    approvals: tuple[ApprovalDecided, ...] = ()
+    # Guest messages of the session that arrived while the run was mid-step: they join the model's view
+    # once nothing is pending (a function call and its output are never split by a user message).
+    inbox: tuple[TurnReceived, ...] = ()
+    turns: int = 1
+    # Seconds spent waiting for approvals: they do not count against the run's deadline.
+    waited_s: float = 0.0
+    denials: int = 0  # run.policy_denied
+    tool_errors: int = 0  # run.tool_rejected of the model's calls
 
     @property
     def budget(self) -> Budget:
@@ -50,7 +73,7 @@ class RunState:
 
     @property
     def deadline_at(self) -> datetime:
-        return self.started.deadline_at
+        return self.started.deadline_at + timedelta(seconds=self.waited_s)
 
     @property
     def terminal(self) -> bool:
@@ -105,3 +128,4 @@ class Summary:
     reply: str | None
     handoff_reason: str | None
     pending_actions: list[str] = field(default_factory=list)
+    awaiting_approval: str | None = None  # the approval id the run waits for
