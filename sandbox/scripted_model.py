@@ -49,6 +49,20 @@ class Say(NamedTuple):
     text: str
 
 
+class Calls(NamedTuple):
+    """The model asks for several tool calls in one answer."""
+
+    calls: tuple[Call, ...]
+
+
+# A hostile model's script, written in the guest's own message: the scripted model obeys every line, in order,
+# one answer per line (`obey+:` joins the line before it in the same answer). `$field` is the latest tool
+# output's value of that field in the turn (`$booking_id`). The evals and the attack tests use it to play a
+# model that does exactly what an injection in the guest's text asks.
+_OBEY = re.compile(r"^\s*obey(?P<join>\+)?:\s*(?P<name>[A-Za-z_][\w]*)\s*(?P<args>\{.*\})?\s*$", re.MULTILINE)
+_VAR = re.compile(r"\$(?P<field>[a-z_]+)")
+
+
 class _ToolResult(NamedTuple):
     name: str
     arguments: dict[str, Any]
@@ -62,12 +76,50 @@ def normalise_input(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return raw
 
 
-def decide(items: list[dict[str, Any]]) -> Call | Say:
+def _obeyed(text: str, turn: list[dict[str, Any]]) -> Call | Calls | Say | None:
+    """The next answer of a hostile script in the guest's text, or None if the text has none."""
+    lines = list(_OBEY.finditer(text))
+    if not lines:
+        return None
+    answers: list[list[re.Match[str]]] = []
+    for line in lines:
+        if line["join"] and answers:
+            answers[-1].append(line)
+        else:
+            answers.append([line])
+    answered = sum(1 for item in turn if item.get("type") == "function_call")
+    outputs = [_tool_output(i.get("output")) for i in turn if i.get("type") == "function_call_output"]
+    done = 0
+    for answer in answers:
+        if done >= answered:
+            calls = tuple(Call(m["name"], _filled(m["args"] or "{}", outputs)) for m in answer)
+            return calls[0] if len(calls) == 1 else Calls(calls)
+        done += len(answer)
+    summary = "; ".join(
+        str(o.get("error", {}).get("code") if isinstance(o.get("error"), dict) else "ok") for o in outputs
+    )
+    return Say(f"Done as asked: {summary}")
+
+
+def _filled(raw: str, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    def value(match: re.Match[str]) -> str:
+        for output in reversed(outputs):
+            if match["field"] in output:
+                return str(output[match["field"]])
+        return match.group(0)
+
+    return _json_object(_VAR.sub(value, raw))
+
+
+def decide(items: list[dict[str, Any]]) -> Call | Calls | Say:
     """The whole script. State is read from the input items alone, so any replay gives the same step."""
     last_user = max((i for i, item in enumerate(items) if item.get("role") == "user"), default=None)
     if last_user is None:
         return Say(CLARIFYING_QUESTION)
     turn = items[last_user + 1 :]
+    hostile = _obeyed(_text(items[last_user].get("content")), turn)
+    if hostile is not None:
+        return hostile
 
     calls: dict[str, tuple[str, dict[str, Any]]] = {}
     results: list[_ToolResult] = []
@@ -129,29 +181,43 @@ def respond(
     step = sum(1 for item in items if item.get("type") == "function_call")
 
     decision = decide(items)
-    if isinstance(decision, Call) and tools is not None and decision.name not in _tool_names(tools):
+    hostile = isinstance(decision, Calls) or _OBEY.search(_latest_user_text(items)) is not None
+    if (
+        isinstance(decision, Call)
+        and not hostile
+        and tools is not None
+        and decision.name not in _tool_names(tools)
+    ):
+        # A well-behaved model calls only the tools it was offered; a hostile one calls whatever it likes.
         decision = Say(f"I can't do that here: the {decision.name} tool is not available.")
 
-    output: dict[str, Any]
-    if isinstance(decision, Call):
-        arguments = json.dumps(decision.arguments, separators=(",", ":"), ensure_ascii=False)
-        output = {
-            "type": "function_call",
-            "id": f"fc_{_derive(seed, 'fc', step)}",
-            "call_id": f"call_{_derive(seed, 'call', step)}",
-            "name": decision.name,
-            "arguments": arguments,
-            "status": "completed",
-        }
-        produced = arguments
+    outputs: list[dict[str, Any]]
+    if isinstance(decision, (Call, Calls)):
+        calls = decision.calls if isinstance(decision, Calls) else (decision,)
+        outputs = []
+        for index, call in enumerate(calls):
+            arguments = json.dumps(call.arguments, separators=(",", ":"), ensure_ascii=False)
+            outputs.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{_derive(seed, 'fc', step + index)}",
+                    "call_id": f"call_{_derive(seed, 'call', step + index)}",
+                    "name": call.name,
+                    "arguments": arguments,
+                    "status": "completed",
+                }
+            )
+        produced = "".join(str(o["arguments"]) for o in outputs)
     else:
-        output = {
-            "type": "message",
-            "id": f"msg_{_derive(seed, 'msg', step)}",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": decision.text, "annotations": []}],
-        }
+        outputs = [
+            {
+                "type": "message",
+                "id": f"msg_{_derive(seed, 'msg', step)}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": decision.text, "annotations": []}],
+            }
+        ]
         produced = decision.text
 
     input_tokens = max(1, len(canonical) // 4)
@@ -163,7 +229,7 @@ def respond(
         "completed_at": CREATED_AT,
         "model": model,
         "status": "completed",
-        "output": [output],
+        "output": outputs,
         "usage": {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -182,6 +248,11 @@ def respond(
         "temperature": 1.0,
         "top_p": 1.0,
     }
+
+
+def _latest_user_text(items: list[dict[str, Any]]) -> str:
+    users = [item for item in items if item.get("role") == "user"]
+    return _text(users[-1].get("content")) if users else ""
 
 
 def _derive(seed: str, label: str, step: int) -> str:

@@ -10,6 +10,11 @@ from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.settings import Settings
 from services.registry import Registry
+from services.knowledge.library import Library
+from services.platform.guests import GuestProfiles
+from services.runtime.approvals import ApprovalDesk
+from services.runtime.catalog import RunCatalog
+from services.runtime.lanes import SessionLanes
 from services.runtime.model import ResponsesModel
 from services.runtime.service import Runtime
 
@@ -23,11 +28,26 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
     )
     try:
-        runtime = Runtime(broker, settings, registry, model, logger, issuer)
+        catalog = RunCatalog(registry)
+        await catalog.start()
+        runtime = Runtime(
+            broker,
+            settings,
+            registry,
+            model,
+            logger,
+            issuer,
+            catalog=catalog,
+            approvals=ApprovalDesk(),
+            lanes=SessionLanes(),
+            profiles=GuestProfiles(),
+            library=Library(),
+        )
         await runtime.start()
         print("ready: runtime", flush=True)
         await stop.wait()
         runtime.stop_timers()
+        await catalog.stop()
         await runtime.deliveries.drain()
     finally:
         await model.close()

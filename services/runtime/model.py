@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Protocol
 
 import httpx
 import msgspec
 import openai
 
+from contracts.catalog import AgentConfig
 from contracts.errors import ModelUnavailable
 from contracts.run_events import ToolCall
 from services.runtime.core.agent import Agent
@@ -15,7 +17,16 @@ from services.runtime.core.decide import ModelReply
 
 
 class Model(Protocol):
-    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply: ...
+    async def answer(
+        self,
+        agent: Agent,
+        items: tuple[dict[str, Any], ...],
+        config: AgentConfig | None = None,
+        deadline_at: datetime | None = None,
+    ) -> ModelReply:
+        """`config`: the run's pinned configuration (its routes, prompt and tools); `deadline_at`: the run's
+        deadline, which bounds each call's timeout."""
+        ...
 
 
 class _Usage(msgspec.Struct):
@@ -89,7 +100,13 @@ class ResponsesModel:
             ]
         return tools
 
-    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply:
+    async def answer(
+        self,
+        agent: Agent,
+        items: tuple[dict[str, Any], ...],
+        config: AgentConfig | None = None,
+        deadline_at: datetime | None = None,
+    ) -> ModelReply:
         body: dict[str, Any] = {
             "model": self.model,
             "input": list(items),

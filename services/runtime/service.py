@@ -27,7 +27,6 @@ from contracts.run_events import (
     MAX_EVENT_BYTES,
     ActionCompleted,
     ActionRequested,
-    Budget,
     Origin,
     RunEvent,
     RunNudged,
@@ -61,6 +60,8 @@ from services.runtime.core.decide import (
     Append,
     AskModel,
     AwaitActions,
+    AwaitApproval,
+    DecideApproval,
     Idle,
     ModelReply,
     ask_at_risk,
@@ -69,9 +70,17 @@ from services.runtime.core.decide import (
     model_rejected,
     next_move,
 )
+from contracts.catalog import AgentConfig
+from contracts.run_events import Passage
+from services.knowledge.library import Library
+from services.platform.guests import GuestProfiles
+from services.runtime.approvals import ApprovalDesk
+from services.runtime.catalog import RunCatalog
 from services.runtime.core.agent import Agent
+from services.runtime.core.retrieval import retrieval_query
+from services.runtime.lanes import SessionLanes
 from services.runtime.core.authority import Terms, outcome_refusal, resend_terms, terms_for, to_resolve
-from services.runtime.core.fold import fold_run, replay
+from services.runtime.core.fold import fold_run, passages_item, replay
 from services.runtime.core.state import RunState
 from services.runtime.model import Model
 
@@ -103,8 +112,20 @@ class Runtime:
         model: Model,
         logger: logging.Logger,
         issuer: CapabilityIssuer,
+        *,
+        catalog: RunCatalog | None = None,
+        approvals: ApprovalDesk | None = None,
+        lanes: SessionLanes | None = None,
+        profiles: GuestProfiles | None = None,
+        library: Library | None = None,
     ) -> None:
         self.broker = broker
+        # The parts around the loop; the composition root passes each in (the defaults are for tests).
+        self.catalog = catalog or RunCatalog(registry)
+        self.approvals = approvals or ApprovalDesk()
+        self.lanes = lanes or SessionLanes()
+        self.profiles = profiles or GuestProfiles()
+        self.library = library or Library()
         # Signs every action request this runtime publishes; the only holder of the signing key.
         self.issuer = issuer
         self.settings = settings
@@ -165,7 +186,12 @@ class Runtime:
             now = utcnow()
             if event.agent not in self.registry.agents:
                 raise PoisonMessage(f"inbound event names unknown agent {event.agent!r}", run_id=event.run_id)
-            budget = Budget()
+            revision, config = self.catalog.current(event.agent)
+            budget = config.budget
+            profile = (
+                await self.profiles.read(event.tenant, event.message.guest_id) if config.memory else None
+            )
+            history = await self.lanes.history(event.tenant, event.message.session_id)
             started = RunStarted(
                 run_id=event.run_id,
                 at=now,
@@ -179,6 +205,9 @@ class Runtime:
                 budget=budget,
                 deadline_at=now + timedelta(seconds=budget.deadline_s),
                 tenant=event.tenant,
+                catalog_revision=revision,
+                profile=profile,
+                history=history,
             )
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))
@@ -281,15 +310,30 @@ class Runtime:
                 f"run {run.state.run_id} names agent {run.state.agent!r}, which this deployment does not run",
                 run_id=run.state.run_id,
             )
+        config = await self.catalog.pinned(run.state.started.catalog_revision, run.state.agent)
         conflicts = 0
         while True:
-            move = next_move(run.state, agent, utcnow())
+            move = next_move(run.state, agent, utcnow(), config)
             try:
                 match move:
                     case Idle():
                         await release_active(self.broker, self.ns, run.state, self.logger)
+                        await self.lanes.release(run.state)
                         self._settle(run)
                         return
+                    case AwaitApproval(approval=approval):
+                        decided = await self.approvals.wait(run.state, approval, ctx)
+                        if decided is None:
+                            self._runs.pop(run.state.run_id, None)  # waits holding no worker and no memory
+                            return
+                        self._apply(
+                            run, decided, await self.journal.append(decided, run.seq, headers_for(ctx))
+                        )
+                    case DecideApproval():
+                        decided = await self.approvals.decide(run.state, move, ctx)
+                        self._apply(
+                            run, decided, await self.journal.append(decided, run.seq, headers_for(ctx))
+                        )
                     case Append(events=events):
                         for event in events:
                             self._apply(
@@ -298,9 +342,11 @@ class Runtime:
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
                     case AskModel(input=items):
-                        reply = await self._ask(run, agent, items, ctx)
+                        query = retrieval_query(run.state, config)
+                        passages = tuple(self.library.search(query)) if query else ()
+                        reply = await self._ask(run, agent, items, ctx, config, passages)
                         crash_point("runtime.after_model_answer")
-                        answered: RunEvent = model_answered(run.state, reply, utcnow())
+                        answered: RunEvent = model_answered(run.state, reply, utcnow(), passages)
                         size = len(event_encoder.encode(answered))
                         if size > MAX_EVENT_BYTES:
                             answered = model_rejected(run.state, reply, size, utcnow())
@@ -365,16 +411,25 @@ class Runtime:
         self._deadlines.clear()
 
     async def _ask(
-        self, run: _Run, agent: Agent, items: tuple[dict[str, Any], ...], ctx: Context
+        self,
+        run: _Run,
+        agent: Agent,
+        items: tuple[dict[str, Any], ...],
+        ctx: Context,
+        config: AgentConfig,
+        passages: tuple[Passage, ...] = (),
     ) -> ModelReply:
         """Call the model so that the call counts against the budgets even if its answer never reaches the
-        journal: journaled before the call when the run is at risk of a crash, and after a call that failed."""
+        journal: journaled before the call when the run is at risk of a crash, and after a call that failed.
+        Retrieved passages go in just before the answer's place, where the fold puts them on replay."""
+        if passages:
+            items = (*items, passages_item(list(passages)))
         size = len(_sizer.encode(items))
         if ask_at_risk(run.state):
             asked = model_asked(run.state, self.settings.model, size, utcnow())
             self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
         try:
-            return await self.model.answer(agent, items)
+            return await self.model.answer(agent, items, config, run.state.deadline_at)
         except ModelUnavailable as exc:
             failed = model_asked(run.state, self.settings.model, size, utcnow(), failed=exc.message[:500])
             try:

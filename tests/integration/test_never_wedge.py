@@ -56,7 +56,9 @@ class Answers:
         self.replies = list(replies)
         self.calls = 0
 
-    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply:
+    async def answer(
+        self, agent: Agent, items: tuple[dict[str, Any], ...], config: Any = None, deadline_at: Any = None
+    ) -> ModelReply:
         self.calls += 1
         if self.replies:
             return self.replies.pop(0)
@@ -264,7 +266,9 @@ class Failing(Answers):
         super().__init__()
         self.n = n
 
-    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply:
+    async def answer(
+        self, agent: Agent, items: tuple[dict[str, Any], ...], config: Any = None, deadline_at: Any = None
+    ) -> ModelReply:
         if self.calls < self.n:
             self.calls += 1
             raise ModelUnavailable("model m did not answer: 503", model="m")

@@ -111,7 +111,9 @@ async def sandbox_server() -> AsyncIterator[str]:
 class NoModel:
     """A model port for runs that must never ask the model (seeded, ended, or plan-driven runs)."""
 
-    async def answer(self, agent: Agent, items: tuple[dict[str, Any], ...]) -> ModelReply:
+    async def answer(
+        self, agent: Agent, items: tuple[dict[str, Any], ...], config: Any = None, deadline_at: Any = None
+    ) -> ModelReply:
         raise AssertionError("this run asked the model")
 
 

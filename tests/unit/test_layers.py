@@ -26,7 +26,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "services.runtime.core": {"contracts", "services.runtime.core"},
     "services.agents": {"contracts", "services.registry", "services.runtime.core", "services.agents"},
     "services.platform": {"contracts", "services.platform", "services.registry", "services.runtime.core"},
-    "services.runtime": {"contracts", "services.platform", "services.registry", "services.runtime"},
+    "services.runtime": {
+        "contracts",
+        "services.platform",
+        "services.registry",
+        "services.runtime",
+        "services.knowledge",
+    },
+    "services.knowledge": {"contracts", "services.knowledge"},
     "services.executor": {"contracts", "services.platform", "services.registry", "services.executor"},
     "services.gateway": {
         "contracts",

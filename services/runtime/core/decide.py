@@ -21,6 +21,7 @@ from contracts.run_events import (
     ModelAsked,
     ModelRejected,
     Origin,
+    Passage,
     PolicyDenied,
     RunCompleted,
     RunEvent,
@@ -95,6 +96,8 @@ class ModelReply:
     reply: str | None
     input_tokens: int
     output_tokens: int
+    provider: str = ""  # the route that answered
+    failovers: tuple[str, ...] = ()  # routes that failed before it, "name: why"
 
 
 DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
@@ -252,7 +255,9 @@ def model_rejected(state: RunState, reply: ModelReply, answer_bytes: int, now: d
     )
 
 
-def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAnswered:
+def model_answered(
+    state: RunState, reply: ModelReply, now: datetime, passages: tuple[Passage, ...] = ()
+) -> ModelAnswered:
     return ModelAnswered(
         run_id=state.run_id,
         at=now,
@@ -263,6 +268,9 @@ def model_answered(state: RunState, reply: ModelReply, now: datetime) -> ModelAn
         reply=reply.reply if not reply.tool_calls else None,
         input_tokens=reply.input_tokens,
         output_tokens=reply.output_tokens,
+        provider=reply.provider,
+        failovers=list(reply.failovers),
+        passages=list(passages),
     )
 
 

@@ -1,0 +1,1 @@
+"""Retrieval over an agent's documents, local and deterministic (no network)."""
