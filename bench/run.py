@@ -47,7 +47,7 @@ from services.platform.settings import NatsAccess
 from bench.workloads import REGISTRY
 from crashsafe.stack import EXECUTOR_FAMILIES, STACK_TENANT, Stack
 
-BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
+BOOKING_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"
 RSS_BAR_MB = 100.0
 
 

@@ -37,7 +37,7 @@ from services.reconciler.service import audit_all
 
 T = TypeVar("T")
 
-BOOKING = "Book a room in {city} from 2026-12-{d1:02d} to 2026-12-{d2:02d}"
+BOOKING = "Book a room in {city} from 2031-12-{d1:02d} to 2031-12-{d2:02d}"
 CITIES = ("Lisbon", "Berlin", "Paris")
 
 

@@ -21,7 +21,7 @@ from crashsafe.stack import API_KEY_FILE, STACK_TENANT, ScaleError, Stack
 from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
-GUEST_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
+GUEST_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"
 _event = msgspec.json.Decoder(RunEvent)
 
 

@@ -128,7 +128,7 @@ def _parse_date(field: str, value: str) -> date:
     except ValueError:
         raise InvalidRequest(
             ErrorCode.INVALID_DATES,
-            f"{field} must be an ISO date like 2026-12-01, got {value!r}.",
+            f"{field} must be an ISO date like 2031-12-01, got {value!r}.",
             field=field,
         ) from None
 

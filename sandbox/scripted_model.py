@@ -11,7 +11,7 @@ MODEL_NAME = "scripted-booking"
 # A wall-clock stamp would make two answers to one input differ; the date is arbitrary.
 CREATED_AT = 1767225600  # 2026-01-01T00:00:00Z
 
-CLARIFYING_QUESTION = "Which city and dates? e.g. 'Book a room in Lisbon from 2026-12-01 to 2026-12-03'"
+CLARIFYING_QUESTION = "Which city and dates? e.g. 'Book a room in Lisbon from 2031-12-01 to 2031-12-03'"
 
 _REQUEST = re.compile(
     r"book\s+a\s+room\s+in\s+(?P<city>[^\W\d_][\w .'-]*?)\s+"

@@ -85,8 +85,8 @@ async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_as
         json={
             "hotel_id": "lis-2",
             "guest_id": "g-rogue",
-            "check_in": "2026-12-01",
-            "check_out": "2026-12-03",
+            "check_in": "2031-12-01",
+            "check_out": "2031-12-03",
         },
     )
     assert charged.status_code == booked.status_code == 201, (charged.text, booked.text)

@@ -86,7 +86,7 @@ async def test_audit_reports_a_run_holding_an_event_type_it_does_not_know_instea
     journal = RunJournal(broker, namespace)
     first = started()
     seq = await journal.append(first, 0)
-    future = b'{"type":"run.reflection.v2","run_id":"%s","at":"2026-12-01T09:00:01Z"}' % first.run_id.encode()
+    future = b'{"type":"run.reflection.v2","run_id":"%s","at":"2031-12-01T09:00:01Z"}' % first.run_id.encode()
     await broker.publish(namespace.run_events(first.run_id), future, expected_subject_seq=seq)
     async with inprocess.sandbox_server() as sandbox_url:
         env = {

@@ -148,7 +148,7 @@ async def test_the_same_key_with_another_body_is_a_conflict(
     assert (await http.post("/v1/events", json=sent)).status_code == 202
     before = await inbound_count(broker, ns)
     clash = await http.post(
-        "/v1/events", json={**sent, "text": "Book a room in Paris from 2026-12-01 to 2026-12-02"}
+        "/v1/events", json={**sent, "text": "Book a room in Paris from 2031-12-01 to 2031-12-02"}
     )
     error = assert_error(clash, 409, "idempotency_conflict")
     assert key in error["message"] and error["details"] == {"key": key, "run_id": run_id}

@@ -142,7 +142,7 @@ async def test_one_guest_message_is_one_trace_and_the_cli_shows_it(
 ) -> None:
     client = await start_stack()
     run_id = await client.submit(
-        "Book a room in Paris from 2026-12-01 to 2026-12-02",
+        "Book a room in Paris from 2031-12-01 to 2031-12-02",
         guest_id="guest-trace",
         key="evt-trace",
         headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},

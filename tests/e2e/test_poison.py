@@ -113,7 +113,7 @@ async def test_action_request_for_a_tool_the_executor_lacks_is_dead_lettered(
     ns = shared.ns
     now = datetime.now(UTC)
     key = f"{unique('run_poison')}:1"
-    args = {"hotel_id": "lis-1", "guest_id": "g-poison", "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    args = {"hotel_id": "lis-1", "guest_id": "g-poison", "check_in": "2031-12-01", "check_out": "2031-12-03"}
     # Signed as the runtime would: the capability is good, so what is refused is the tool, not the signature.
     request = ActionRequest(
         run_id=key.split(":")[0],

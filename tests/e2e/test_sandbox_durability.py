@@ -17,7 +17,7 @@ from crashsafe.stack import free_port
 from tests.support.waiting import eventually, unique
 from tests.support.world import Sandbox
 
-DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+DATES = {"check_in": "2031-12-01", "check_out": "2031-12-03"}
 
 
 @asynccontextmanager

@@ -50,7 +50,7 @@ from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
-DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+DATES = {"check_in": "2031-12-01", "check_out": "2031-12-03"}
 
 
 @dataclass

@@ -39,7 +39,7 @@ from tests.support.world import Sandbox
 from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
-DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+DATES = {"check_in": "2031-12-01", "check_out": "2031-12-03"}
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the
 
     # Arm a refusal on the bookings endpoint: if the executor called the provider, the fault would be used up.
     await harness.world.arm("bookings", fail_5xx=1)
-    other = msgspec.structs.replace(request, args=book_args(check_out="2026-12-05"))
+    other = msgspec.structs.replace(request, args=book_args(check_out="2031-12-05"))
     other = msgspec.structs.replace(other, input_hash=input_hash({"tool": other.tool, "args": other.args}))
     await harness.publish(other)
     _, conflict = await harness.outcomes_for(request.key, 2)

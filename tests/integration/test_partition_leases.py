@@ -33,7 +33,7 @@ from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = 2  # short, so a hand-over takes seconds; the fence stops acting 0.5 s before it could expire
-DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+DATES = {"check_in": "2031-12-01", "check_out": "2031-12-03"}
 
 
 @dataclass

@@ -107,8 +107,8 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
         json={
             "hotel_id": "lis-1",
             "guest_id": unique("guest"),
-            "check_in": "2026-12-01",
-            "check_out": "2026-12-03",
+            "check_in": "2031-12-01",
+            "check_out": "2031-12-03",
         },
         headers={"Idempotency-Key": unique("setup")},
     )

@@ -45,7 +45,7 @@ def sandbox(http: httpx.AsyncClient, sandbox_url: str) -> Sandbox:
 
 
 async def book(http: httpx.AsyncClient, guest: str, key: str | None = None) -> dict[str, Any]:
-    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2031-12-01", "check_out": "2031-12-03"}
     response = await http.post("/bookings", json=body, headers={"Idempotency-Key": key or unique("bk")})
     assert response.status_code == 201, response.text
     booking: dict[str, Any] = response.json()
@@ -54,7 +54,7 @@ async def book(http: httpx.AsyncClient, guest: str, key: str | None = None) -> d
 
 async def test_http_search_returns_hotels_with_availability(http: httpx.AsyncClient) -> None:
     response = await http.get(
-        "/hotels/search", params={"city": "paris", "check_in": "2026-12-01", "check_out": "2026-12-02"}
+        "/hotels/search", params={"city": "paris", "check_in": "2031-12-01", "check_out": "2031-12-02"}
     )
     assert response.status_code == 200
     hotels = response.json()["hotels"]
@@ -68,14 +68,14 @@ async def test_http_search_returns_hotels_with_availability(http: httpx.AsyncCli
     }
     assert [h["available"] for h in hotels] == [True, True, False]
     bad = await http.get(
-        "/hotels/search", params={"city": "Paris", "check_in": "2026-12-02", "check_out": "2026-12-01"}
+        "/hotels/search", params={"city": "Paris", "check_in": "2031-12-02", "check_out": "2031-12-01"}
     )
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_dates"
 
 
 async def test_http_idempotent_replay_conflict_and_lookup(http: httpx.AsyncClient, sandbox: Sandbox) -> None:
     guest, key = unique("guest"), unique("key")
-    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2031-12-01", "check_out": "2031-12-03"}
     created = await http.post("/bookings", json=body, headers={"Idempotency-Key": key})
     assert created.status_code == 201 and "idempotent-replayed" not in created.headers
     assert created.json() | {"booking_id": None} == {
@@ -84,8 +84,8 @@ async def test_http_idempotent_replay_conflict_and_lookup(http: httpx.AsyncClien
         "hotel_name": "Casa do Alfama",
         "city": "Lisbon",
         "guest_id": guest,
-        "check_in": "2026-12-01",
-        "check_out": "2026-12-03",
+        "check_in": "2031-12-01",
+        "check_out": "2031-12-03",
         "nights": 2,
         "total_cents": 24000,
         "currency": "EUR",
@@ -123,7 +123,7 @@ async def test_http_refusals_have_one_error_shape(http: httpx.AsyncClient) -> No
     assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "invalid_request"
     unknown = await http.post(
         "/bookings",
-        json={"hotel_id": "xx-9", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-02"},
+        json={"hotel_id": "xx-9", "guest_id": guest, "check_in": "2031-12-01", "check_out": "2031-12-02"},
         headers={"Idempotency-Key": unique("k")},
     )
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "hotel_not_found"
@@ -205,7 +205,7 @@ async def test_http_fail_5xx_refuses_without_committing(http: httpx.AsyncClient)
     guest, key = unique("guest"), unique("k")
     armed = await http.put("/_faults", json={"target": "bookings", "fail_5xx": 1})
     assert armed.json()["faults"]["bookings"]["fail_5xx"] == 1
-    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2026-12-01", "check_out": "2026-12-03"}
+    body = {"hotel_id": "lis-1", "guest_id": guest, "check_in": "2031-12-01", "check_out": "2031-12-03"}
     failed = await http.post("/bookings", json=body, headers={"Idempotency-Key": key})
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "injected_fault"
     assert (await http.get(f"/bookings/by-key/{key}")).status_code == 404
@@ -279,8 +279,8 @@ async def test_openai_client_drives_the_scripted_conversation_end_to_end(
         assert first.output[0].name == "search_hotels"
         assert json.loads(first.output[0].arguments) == {
             "city": "Lisbon",
-            "check_in": "2026-12-01",
-            "check_out": "2026-12-03",
+            "check_in": "2031-12-01",
+            "check_out": "2031-12-03",
         }
         assert first.usage is not None and first.usage.total_tokens > 0 and first.output_text == ""
         response = first
@@ -301,7 +301,7 @@ async def test_openai_client_drives_the_scripted_conversation_end_to_end(
     assert tools_called == TOOL_NAMES
     assert response.output[0].type == "message"
     assert response.output_text.startswith(
-        "Your room at Casa do Alfama in Lisbon from 2026-12-01 to 2026-12-03"
+        "Your room at Casa do Alfama in Lisbon from 2031-12-01 to 2031-12-03"
     )
     assert "(EUR 240.00)" in response.output_text
     ledger = await sandbox.ledger(guest)

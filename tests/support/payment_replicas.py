@@ -36,7 +36,7 @@ from tests.support.world import Sandbox
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = Settings.lease_s  # what a replica started from the environment uses
-DATES = {"check_in": "2026-12-01", "check_out": "2026-12-03"}
+DATES = {"check_in": "2031-12-01", "check_out": "2031-12-03"}
 
 
 class Replica:

@@ -222,10 +222,10 @@ class Run:
 
 
 SEARCH = call(
-    "search_hotels", {"city": "Lisbon", "check_in": "2026-12-01", "check_out": "2026-12-03"}, "call_search"
+    "search_hotels", {"city": "Lisbon", "check_in": "2031-12-01", "check_out": "2031-12-03"}, "call_search"
 )
 BOOK = call(
-    "create_booking", {"hotel_id": "lis-1", "check_in": "2026-12-01", "check_out": "2026-12-03"}, "call_book"
+    "create_booking", {"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}, "call_book"
 )
 
 

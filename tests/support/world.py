@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 # What a guest sends to get the whole booking: search, hold, pay, email, CRM.
-BOOKING_TEXT = "Book a room in Lisbon from 2026-12-01 to 2026-12-03"
+BOOKING_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"
 
 # The booking run's tools in the order the scripted model calls them, and offered to a model the way the
 # runtime's adapter offers them (the scripted model reads only the names).

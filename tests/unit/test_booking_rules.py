@@ -25,7 +25,7 @@ from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, cal
         ("create_booking", "[1, 2]", ErrorCode.INVALID_TOOL_ARGUMENTS),
         (
             "create_booking",
-            '{"hotel_id": "lis-1", "check_in": "2026-12-03", "check_out": "2026-12-01"}',
+            '{"hotel_id": "lis-1", "check_in": "2031-12-03", "check_out": "2031-12-01"}',
             ErrorCode.INVALID_TOOL_ARGUMENTS,
         ),
         (
@@ -35,12 +35,12 @@ from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, cal
         ),
         (
             "create_booking",
-            '{"hotel_id": "lis-1", "check_in": "2026-12-01"}',
+            '{"hotel_id": "lis-1", "check_in": "2031-12-01"}',
             ErrorCode.INVALID_TOOL_ARGUMENTS,
         ),
         (
             "search_hotels",
-            '{"check_in": "2026-12-01", "check_out": "2026-12-03"}',
+            '{"check_in": "2031-12-01", "check_out": "2031-12-03"}',
             ErrorCode.INVALID_TOOL_ARGUMENTS,
         ),
         ("create_payment", '{"booking_id": "bk_never_made"}', ErrorCode.UNKNOWN_BOOKING),
@@ -145,8 +145,8 @@ def test_server_fields_override_what_the_model_sends() -> None:
             "create_booking",
             {
                 "hotel_id": "lis-1",
-                "check_in": "2026-12-01",
-                "check_out": "2026-12-03",
+                "check_in": "2031-12-01",
+                "check_out": "2031-12-03",
                 "guest_id": "someone-else",
             },
         )
@@ -261,7 +261,7 @@ def test_each_booking_of_a_run_is_compensated_on_its_own() -> None:
     (payment,) = run.decide()
     run.complete(payment.step_no)
     run.answer(
-        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2031-12-05", "check_out": "2031-12-06"})
     )
     (second,) = run.decide()
     unpaid = run.complete(second.step_no).result["booking_id"]
@@ -282,7 +282,7 @@ def test_a_released_booking_is_refunded_next_to_a_hold_that_is_kept() -> None:
     (first,) = run.decide()
     run.complete(first.step_no)  # held, not paid, and the run goes on: nothing to undo yet
     run.answer(
-        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2031-12-05", "check_out": "2031-12-06"})
     )
     (second,) = run.decide()
     booking_id = run.complete(second.step_no).result["booking_id"]
@@ -305,7 +305,7 @@ def test_a_released_booking_is_refunded_next_to_a_hold_that_is_kept() -> None:
 def test_two_bookings_paid_in_one_model_answer_are_two_payments() -> None:
     run, first = booked_run()
     run.answer(
-        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"})
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2031-12-05", "check_out": "2031-12-06"})
     )
     (second_booking,) = run.decide()
     second = run.complete(second_booking.step_no).result["booking_id"]
@@ -334,13 +334,13 @@ def test_a_booking_is_paid_in_the_currency_the_provider_held_it_in() -> None:
 def test_a_stay_of_no_nights_is_refused_with_the_dates_it_was_given() -> None:
     run = Run(started())
     run.answer(
-        call("create_booking", {"hotel_id": "lis-1", "check_in": "2026-12-01", "check_out": "2026-12-01"})
+        call("create_booking", {"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-01"})
     )
     (rejected,) = run.decide()
     assert isinstance(rejected, ToolRejected)
     assert (rejected.error.code, rejected.error.details) == (
         ErrorCode.INVALID_TOOL_ARGUMENTS.value,
-        {"check_in": "2026-12-01", "check_out": "2026-12-01"},
+        {"check_in": "2031-12-01", "check_out": "2031-12-01"},
     )
 
 
@@ -362,7 +362,7 @@ def test_two_refused_compensations_of_one_decision_take_consecutive_steps_and_ar
     run = Run(started())
     run.answer(
         BOOK,
-        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"}),
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2031-12-05", "check_out": "2031-12-06"}),
     )
     first, second = run.decide()
     run.complete(first.step_no, result={"status": "held"})  # providers answered 200 without the ids
@@ -385,7 +385,7 @@ def test_each_charge_for_a_released_booking_gets_its_own_refund() -> None:
     run = Run(started())
     run.answer(
         BOOK,
-        call("create_booking", {"hotel_id": "lis-2", "check_in": "2026-12-05", "check_out": "2026-12-06"}),
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2031-12-05", "check_out": "2031-12-06"}),
     )
     bookings = run.decide()
     first, second = (run.complete(b.step_no).result["booking_id"] for b in bookings)

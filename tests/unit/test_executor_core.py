@@ -37,7 +37,7 @@ TOOL_CONTRACTS = stayhub().contracts
 PAYMENT = TOOL_CONTRACTS["create_payment"]  # money, keyed, 2 attempts
 SEARCH = TOOL_CONTRACTS["search_hotels"]  # a read, not keyed, 3 attempts
 PAY_ARGS = {"booking_id": "bk_1", "guest_id": "g1", "amount_cents": 24000, "currency": "EUR"}
-SEARCH_ARGS = {"city": "Lisbon", "check_in": "2026-12-01", "check_out": "2026-12-03"}
+SEARCH_ARGS = {"city": "Lisbon", "check_in": "2031-12-01", "check_out": "2031-12-03"}
 
 
 def request_of(tool: str, args: dict[str, Any], step_no: int = 6) -> ActionRequest:

@@ -107,7 +107,7 @@ def test_planning_any_arguments_for_any_booking_tool_never_raises(data: st.DataO
     run, booking_id = booked_run()
     tool = data.draw(st.sampled_from(sorted(BOOKING.tools)))
     args = data.draw(
-        st.dictionaries(_FIELDS, _JSON | st.just(booking_id) | st.just("2026-12-01"), max_size=5)
+        st.dictionaries(_FIELDS, _JSON | st.just(booking_id) | st.just("2031-12-01"), max_size=5)
     )
     (event,) = plan_calls(run.state, BOOKING, (call(tool, json.dumps(args)),), run.tick())
     assert isinstance(event, ActionRequested | ToolRejected)
@@ -253,7 +253,7 @@ def test_a_pending_compensation_is_awaited_past_the_deadline() -> None:
 
 # Unknown events -----------------------------------------------------------------------------------------------
 
-FUTURE = b'{"type":"run.thought.v9","run_id":"%s","at":"2026-12-01T09:00:05Z","step_no":7,"mood":"calm"}' % (
+FUTURE = b'{"type":"run.thought.v9","run_id":"%s","at":"2031-12-01T09:00:05Z","step_no":7,"mood":"calm"}' % (
     RUN.encode()
 )
 
@@ -263,7 +263,7 @@ def test_an_unknown_tag_decodes_as_an_unknown_event_and_a_broken_known_one_still
     assert isinstance(event, UnknownEvent) and event.type == "run.thought.v9" and event.step_no == 7
     assert event.data == FUTURE
     with pytest.raises(msgspec.DecodeError):
-        decode_event(b'{"type":"run.nudged","run_id":"r","at":"2026-12-01T09:00:05Z"}')  # `by` is missing
+        decode_event(b'{"type":"run.nudged","run_id":"r","at":"2031-12-01T09:00:05Z"}')  # `by` is missing
     with pytest.raises(msgspec.DecodeError):
         decode_event(b"not json")
 

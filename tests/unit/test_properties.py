@@ -27,7 +27,7 @@ CANDIDATE_CALLS = [
     ("create_booking", lambda s: BOOK.arguments),
     (
         "create_booking",
-        lambda s: '{"hotel_id": "lis-1", "check_in": "2026-12-05", "check_out": "2026-12-01"}',
+        lambda s: '{"hotel_id": "lis-1", "check_in": "2031-12-05", "check_out": "2031-12-01"}',
     ),
     ("create_payment", lambda s: json.dumps({"booking_id": _latest_booking(s)})),
     ("create_payment", lambda s: json.dumps({"booking_id": _latest_booking(s), "amount_cents": 5})),

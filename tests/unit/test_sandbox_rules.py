@@ -60,7 +60,7 @@ def new_ledger() -> SandboxLedger:
 
 
 def lisbon_booking(guest: str = "g1", hotel: str = "lis-1") -> BookingRequest:
-    return BookingRequest(hotel_id=hotel, guest_id=guest, check_in="2026-12-01", check_out="2026-12-03")
+    return BookingRequest(hotel_id=hotel, guest_id=guest, check_in="2031-12-01", check_out="2031-12-03")
 
 
 # Pure core: ledger
@@ -76,7 +76,7 @@ def test_search_is_case_insensitive_and_unknown_city_is_empty() -> None:
     assert [h.hotel_id for h in ledger.search("  LISBON ")] == ["lis-1", "lis-2", "lis-3"]
     assert ledger.search("Atlantis") == []
     with pytest.raises(InvalidRequest) as bad:
-        ledger.search("Lisbon", "2026-12-03", "2026-12-01")
+        ledger.search("Lisbon", "2031-12-03", "2031-12-01")
     assert bad.value.code is ErrorCode.INVALID_DATES
 
 
@@ -95,7 +95,7 @@ def test_booking_computes_nights_and_total_from_the_nightly_rate() -> None:
 
 @pytest.mark.parametrize(
     ("check_in", "check_out"),
-    [("2026-12-03", "2026-12-01"), ("2026-12-01", "2026-12-01"), ("soon", "2026-12-01")],
+    [("2031-12-03", "2031-12-01"), ("2031-12-01", "2031-12-01"), ("soon", "2031-12-01")],
 )
 def test_booking_refuses_stays_that_do_not_end_after_they_start(check_in: str, check_out: str) -> None:
     ledger = new_ledger()
@@ -435,7 +435,7 @@ def test_script_books_pays_emails_updates_crm_then_confirms() -> None:
     payment = ledger.lookup(EffectKind.CHARGE, "g1:2")
     assert isinstance(payment, Payment)
     assert final == (
-        "Your room at Casa do Alfama in Lisbon from 2026-12-01 to 2026-12-03 is booked and paid (EUR 240.00). "
+        "Your room at Casa do Alfama in Lisbon from 2031-12-01 to 2031-12-03 is booked and paid (EUR 240.00). "
         f"Booking {booking.booking_id}, payment {payment.payment_id}."
     )
     assert ledger.view().counts == {
