@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from contracts.memory import MEMORY_FAMILY
 from contracts.streams import ConsumerSpec, executor_consumer, runtime_consumers
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
 
@@ -18,6 +19,8 @@ API = "$JS.API"
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
 CLIENTS = "clients"
 ACTIVE = "active"
+# Guest profiles (`{ns}_guests`): the runtime reads them, the memory executor alone writes them.
+GUESTS = "guests"
 
 
 class Role(StrEnum):
@@ -205,6 +208,8 @@ def users(
             *own_consumer(outcomes_consumer),
             *direct_get(runs),
             *direct_get(s.kv_stream(ACTIVE)),
+            stream_info(s.kv_stream(GUESTS)),
+            *direct_get(s.kv_stream(GUESTS)),
         ],
         [inbound_consumer.deliver_subject or "", outcomes_consumer.deliver_subject or ""],
     )
@@ -227,6 +232,7 @@ def users(
                     stream_info(s.kv_stream("leases")),
                     *(subject for c in consumers for subject in own_consumer(c)),
                     *direct_get(s.kv_stream("leases")),
+                    *_profile_writes(s, family),
                 ],
                 family=family,
             )
@@ -261,6 +267,14 @@ def users(
         ],
     )
     return [gateway, runtime, *executors, reconciler, operator, analytics]
+
+
+def _profile_writes(s: Scope, family: str) -> list[str]:
+    """The memory family's executor writes guest profiles (compare-and-set): that bucket only, and no other
+    family's executor may touch it."""
+    if family != MEMORY_FAMILY:
+        return []
+    return [s.kv(GUESTS, ">"), stream_info(s.kv_stream(GUESTS)), *direct_get(s.kv_stream(GUESTS))]
 
 
 def user_for(all_users: Iterable[NatsUser], role: Role, family: str | None = None) -> NatsUser:

@@ -155,3 +155,8 @@ def clients_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 def active_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """Active runs per guest and per session, `guest.<tenant>.<hash>` / `session.<tenant>.<hash>`."""
     return KvSpec(bucket=ns.active_bucket, replicas=replicas)
+
+
+def guests_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Guest profiles, `guest.<tenant>.<hash>`: one record per guest, rewritten by compare-and-set."""
+    return KvSpec(bucket=ns.guests_bucket, replicas=replicas)

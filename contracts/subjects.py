@@ -184,6 +184,15 @@ class Namespace:
     def session_active_key(self, tenant: str, session_id: str) -> str:
         return f"session.{_literal(tenant)}.{_digest(session_id)}"
 
+    # Guest profiles (verified address, remembered preferences): the operator sets the address, the memory
+    # executor writes preferences, the runtime reads a profile when a run starts.
+    @property
+    def guests_bucket(self) -> str:
+        return f"{self.name}_guests"
+
+    def guest_key(self, tenant: str, guest_id: str) -> str:
+        return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
+
 
 def _digest(value: str) -> str:
     """An id of any spelling as one key token (a guest id may hold `@`, `:` and `.`)."""

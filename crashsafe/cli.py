@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from contracts.clients import Scope
-from contracts.errors import CrashsafeError
+from contracts.errors import CrashsafeError, InvalidSetting
 from services.platform.crashpoints import SEAMS
 
 DEFAULT_STATE_DIR = Path(".crashsafe")
@@ -153,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     for command in (create, listing, revoke):
         command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    guests = sub.add_parser("guests", help="guest profiles: verified address, corporate manager, preferences")
+    guests_sub = guests.add_subparsers(dest="guests_command", required=True)
+    guest_show = guests_sub.add_parser("show", help="a guest's profile as runs read it")
+    guest_set = guests_sub.add_parser("set", help="set a guest's verified email (and corporate manager)")
+    guest_set.add_argument("--email", default=None, help="the only address a message to the guest may go to")
+    guest_set.add_argument("--corporate", action="store_true", default=None, help="bookings need a manager")
+    guest_set.add_argument("--manager", default=None, help="who approves a corporate traveller's bookings")
+    for command in (guest_show, guest_set):
+        command.add_argument("guest_id")
+        command.add_argument("--tenant", default="demo", help="default: the stack's own tenant")
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     capability_key = sub.add_parser("capability-key", help="the runtime's capability signing keys")
     capability_key_sub = capability_key.add_subparsers(dest="capability_key_command", required=True)
     new_key = capability_key_sub.add_parser(
@@ -176,6 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
     nats_auth.add_argument("--registry", default="services.agents:stayhub")
     nats_auth.add_argument("--partitions", type=int, default=4, help="CRASHSAFE_ACTION_PARTITIONS")
     return parser
+
+
+async def _guests(args: argparse.Namespace) -> int:
+    from crashsafe import guests
+
+    if args.guests_command == "show":
+        return await guests.guests_show(Path(args.state_dir), args.tenant, args.guest_id)
+    if args.corporate and not args.manager:
+        raise InvalidSetting(variable="--manager", value="", expected="the manager of a corporate traveller")
+    return await guests.guests_set(
+        Path(args.state_dir),
+        args.tenant,
+        args.guest_id,
+        email=args.email,
+        corporate=args.corporate,
+        manager=args.manager,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(operations.audit(Path(args.state_dir))))
             case "keys":
                 sys.exit(asyncio.run(_keys(operations, args)))
+            case "guests":
+                sys.exit(asyncio.run(_guests(args)))
             case "capability-key":
                 sys.exit(operations.capability_key_new(Path(args.out)))
     except CrashsafeError as exc:

@@ -28,6 +28,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
     )
     try:
+        # The documents are indexed once, before the first run can search them.
+        library = Library.stayhub()
         catalog = RunCatalog(registry)
         await catalog.start()
         runtime = Runtime(
@@ -40,8 +42,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             catalog=catalog,
             approvals=ApprovalDesk(),
             lanes=SessionLanes(),
-            profiles=GuestProfiles(),
-            library=Library(),
+            profiles=GuestProfiles(broker, settings.namespace),
+            library=library,
         )
         await runtime.start()
         print("ready: runtime", flush=True)

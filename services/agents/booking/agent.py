@@ -14,6 +14,7 @@ from contracts.run_events import ActionCompleted, ActionRequested
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.agents.booking.tools import TOOLS
+from services.agents.memory import REMEMBER_PREFERENCE, prepare_preference
 from services.registry import compensation_contracts, model_contracts
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
@@ -59,9 +60,9 @@ def _string(args: dict[str, Any], name: str) -> str | ErrorInfo:
 class BookingAgent:
     name = "booking"
     instructions = INSTRUCTIONS
-    tools = model_contracts(TOOLS)
+    tools = model_contracts((*TOOLS, REMEMBER_PREFERENCE))
     compensation_tools = compensation_contracts(TOOLS)
-    config = AgentConfig(agent="booking")
+    config = AgentConfig(agent="booking", memory=True, retrieval=True)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
@@ -173,6 +174,8 @@ class BookingAgent:
                     "amount_cents": int(args.get("amount_cents") or 0),
                     "booking_id": str(args.get("booking_id", "")),
                 }
+            case "remember_preference":
+                return prepare_preference(state, args)
             case "send_confirmation_email" | "update_crm":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):

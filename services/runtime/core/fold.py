@@ -128,6 +128,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 model_steps=state.model_steps + 1,
                 asking=False,
                 asked_tokens=0,
+                searched_turns=state.turns - len(state.inbox),
             )
         case ActionRequested(step_no=step, call_id=call_id):
             if state.pending_step(step) or state.is_completed(step):

@@ -66,6 +66,9 @@ class RunState:
     waited_s: float = 0.0
     denials: int = 0  # run.policy_denied
     tool_errors: int = 0  # run.tool_rejected of the model's calls
+    # Guest turns in the transcript when the latest model answer was journaled: retrieval searches a turn's
+    # text once, before that turn's first answered model call (`core/retrieval.py`).
+    searched_turns: int = 0
 
     @property
     def budget(self) -> Budget:
