@@ -111,7 +111,7 @@ def prepare_preference(state: RunState, args: dict[str, Any]) -> dict[str, Any] 
         return _invalid(f"name must be one of {', '.join(PREFERENCE_NAMES)}", name=str(name)[:60])
     if not isinstance(value, str) or not value.strip():
         return _invalid("value is required and must be a short text")
-    value = " ".join(value.split())
+    value = re.sub(" +", " ", value.strip(" "))  # spaces only: a line break is not a plain value
     if len(value) > PREFERENCE_VALUE_MAX or not _VALUE.match(value):
         return _invalid(
             f"value must be at most {PREFERENCE_VALUE_MAX} characters of letters, digits, spaces, ':' and '-'",
