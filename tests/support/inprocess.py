@@ -34,6 +34,8 @@ from services.platform.settings import Settings
 from services.platform.tracing import context_from
 from contracts.audit import Finding
 from sandbox.listing import SandboxListing
+from services.knowledge.library import Library
+from services.platform.guests import GuestProfiles
 from services.platform.providers import Providers
 from services.registry import Registry
 from services.reconciler.service import AuditStats, Reconciler, audit_all
@@ -190,10 +192,15 @@ async def deliver(worker: Executor, request: ActionRequest, deliveries: int, str
 
 @asynccontextmanager
 async def runtime(
-    settings: Settings, model: Any | None = None, registry: Registry = REGISTRY
+    settings: Settings,
+    model: Any | None = None,
+    registry: Registry = REGISTRY,
+    *,
+    library: Library | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime worker named `settings.worker_id`, not yet consuming (call `start()` to take work from the
-    streams, or call its use cases directly)."""
+    streams, or call its use cases directly). Guest profiles are the namespace's real bucket; `library`: the
+    documents its runs search (none unless given)."""
     await provisioned(settings)
     broker = await Broker.connect(
         settings.nats_url,
@@ -207,6 +214,8 @@ async def runtime(
         model or NoModel(),
         logging.getLogger(f"tests.runtime.{settings.worker_id}"),
         capabilities.ISSUER,
+        profiles=GuestProfiles(broker, settings.namespace),
+        library=library,
     )
     try:
         yield worker
