@@ -27,7 +27,7 @@ from services.platform.settings import NatsAccess
 from tests.support.paths import ROOT
 
 NS = Namespace("sweep")
-FAMILIES = ("booking", "notify", "payment")  # services.agents:stayhub's tool families
+FAMILIES = ("booking", "memory", "notify", "payment")  # services.agents:stayhub's tool families
 API = "$JS.API"
 DOC = ROOT / "docs/security.md"
 START, END = "<!-- nats-permissions:start -->", "<!-- nats-permissions:end -->"
@@ -65,7 +65,9 @@ def _consumer(stream: str, name: str, filter_subject: str, *, legacy: bool = Fal
 
 
 INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (_stream(k) for k in StreamKind)
-KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
+KV_LEASES, KV_CLIENTS, KV_ACTIVE, KV_GUESTS = (
+    f"KV_sweep_{b}" for b in ("leases", "clients", "active", "guests")
+)
 
 
 def probes() -> list[Probe]:
@@ -80,6 +82,7 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
         Probe("publish", "KV clients: `client.k1`", "$KV.sweep_clients.client.k1"),
         Probe("publish", "KV active: `guest.t1.h`", "$KV.sweep_active.guest.t1.h"),
+        Probe("publish", "KV guests: `guest.t1.h` (a profile)", "$KV.sweep_guests.guest.t1.h"),
         Probe(
             "streams",
             "create a stream",
@@ -98,6 +101,7 @@ def probes() -> list[Probe]:
                 KV_LEASES,
                 KV_CLIENTS,
                 KV_ACTIVE,
+                KV_GUESTS,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -168,13 +172,15 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {f"action request: {f}" for f in FAMILIES}
-        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE)}
+        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_GUESTS)}  # reads profiles
         allowed |= {p.label for p in probes() if "`runtime_" in p.label}
         allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
         allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
+        if family == "memory":  # the one writer of guest profiles
+            allowed |= {"KV guests: `guest.t1.h` (a profile)", f"direct get on {KV_GUESTS}"}
     elif role is Role.RECONCILER:
         allowed = {"wake a run", f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
     elif role is Role.ANALYTICS:
