@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     APPROVAL_NOT_PENDING = "approval_not_pending"  # a decision on an approval already decided or expired
     APPROVAL_NOT_FOUND = "approval_not_found"
     INVALID_CATALOG = "invalid_catalog"
+    PROFILE_UNREADABLE = "profile_unreadable"  # a guest's KV record that does not decode (slice R)
 
 
 class RetryClass(StrEnum):

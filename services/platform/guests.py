@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from contracts.errors import CrashsafeError, LeaseConflict
+from contracts.errors import CrashsafeError, ErrorCode, LeaseConflict, RetryClass
 from contracts.memory import GuestProfile, profile_decoder, profile_encoder
 from contracts.streams import guests_spec
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+
+
+class ProfileUnreadable(CrashsafeError):
+    """A guest's record that does not decode as a profile (written past `crashsafe guests`): the run is retried
+    later rather than started without the guest's verified address; the operator rewrites the record."""
+
+    code = ErrorCode.PROFILE_UNREADABLE
+    retry = RetryClass.RETRY_LATER
+
+    def __init__(self, *, key: str, reason: str) -> None:
+        super().__init__(
+            f"guest profile {key} is unreadable ({reason}); rewrite it with `crashsafe guests set`"
+        )
+        self.key = key
+
+    def details(self) -> dict[str, Any]:
+        return {"key": self.key}
+
 
 # How many times an operator's edit re-reads the record after another writer (the memory executor) came first.
 MAX_CLASHES = 8
@@ -39,7 +59,10 @@ class GuestProfiles:
         entry = await self.broker.kv_get(guests_spec(self.ns), self.ns.guest_key(tenant, guest_id))
         if entry is None:
             return None
-        return profile_decoder.decode(entry.value), entry.revision
+        try:
+            return profile_decoder.decode(entry.value), entry.revision
+        except msgspec.DecodeError as exc:
+            raise ProfileUnreadable(key=self.ns.guest_key(tenant, guest_id), reason=str(exc)) from None
 
     async def set_identity(
         self,

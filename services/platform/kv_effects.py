@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from contracts.errors import CrashsafeError, LeaseConflict
 from contracts.subjects import Namespace
 from contracts.tool_messages import ActionRequest, Answer
@@ -11,6 +13,7 @@ from services.registry import KvOperation, ProviderAnswer
 # Clashes with other writers of the same record before the answer is "unknown" (the executor then looks up by
 # key, and calls again only once the record says the key never took effect).
 MAX_CLASHES = 8
+UNREADABLE = "record_unreadable"
 
 
 class KvEffects:
@@ -27,7 +30,17 @@ class KvEffects:
         try:
             for _ in range(MAX_CLASHES):
                 entry = await self.broker.kv_get(spec, key)
-                record, result = operation.apply(entry.value if entry else None, request.args, request.key)
+                try:
+                    record, result = operation.apply(
+                        entry.value if entry else None, request.args, request.key
+                    )
+                except msgspec.DecodeError as exc:
+                    # A record nobody can read (written by hand, past the CLI): refused, nothing was written.
+                    return ProviderAnswer(
+                        Answer.REJECTED,
+                        {"code": UNREADABLE, "message": f"record {key} is unreadable ({exc}); fix it first"},
+                        detail=UNREADABLE,
+                    )
                 if record is None:  # nothing to change (already applied, or the same value): no write
                     return ProviderAnswer(Answer.OK, result, ref=request.key)
                 try:
@@ -47,7 +60,10 @@ class KvEffects:
             entry = await self.broker.kv_get(spec, operation.record_key(self.ns, dict(args)))
         except CrashsafeError as exc:
             return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"lookup failed: {exc.code}: {exc.message}")
-        result = operation.applied(entry.value if entry else None, dict(args), request_key)
+        try:
+            result = operation.applied(entry.value if entry else None, dict(args), request_key)
+        except msgspec.DecodeError as exc:
+            return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{UNREADABLE}: {exc}")
         if result is None:
             return ProviderAnswer(Answer.ABSENT, {}, detail="the record holds no write with this key")
         return ProviderAnswer(Answer.FOUND, result, ref=request_key)

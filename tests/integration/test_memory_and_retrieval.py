@@ -33,7 +33,7 @@ from contracts.subjects import Namespace
 from contracts.tool_messages import ActionRequest, Via
 from services.agents.memory import REMEMBER_PREFERENCE
 from services.knowledge.library import Library
-from services.platform.guests import GuestProfiles
+from services.platform.guests import GuestProfiles, ProfileUnreadable
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.kv_effects import KvEffects
@@ -315,3 +315,20 @@ async def test_a_question_with_nothing_to_find_journals_no_passages(world: World
     answered = next(e for e in events if isinstance(e, ModelAnswered))
     assert answered.passages == []
     assert not any("StayHub's documents" in str(i.get("content", "")) for i in model.sent[0])
+
+
+async def test_a_record_written_past_the_cli_is_refused_never_overwritten(world: World) -> None:
+    guest = unique("guest")
+    key = world.ns.guest_key(TENANT, guest)
+    await world.broker.kv_write(guests_spec(world.ns), key, b'{"preferences": 3}', revision=0)
+    operation = REMEMBER_PREFERENCE.operation
+    assert isinstance(operation, KvOperation)
+    args = {"tenant": TENANT, "guest_id": guest, "name": "quiet_room", "value": "yes"}
+
+    answer = await KvEffects(world.broker, world.ns).call(operation, _request(args, "run_z:1"))
+
+    assert answer.kind == "rejected" and answer.body["code"] == "record_unreadable"
+    entry = await world.broker.kv_get(guests_spec(world.ns), key)
+    assert entry is not None and entry.value == b'{"preferences": 3}'
+    with pytest.raises(ProfileUnreadable):
+        await GuestProfiles(world.broker, world.ns).read(TENANT, guest)
