@@ -44,6 +44,11 @@ class GuestProfiles:
         self.broker = broker
         self.ns = ns or Namespace()
 
+    async def start(self) -> None:
+        """Stop with StreamMissing (naming `crashsafe infra apply`) unless the bucket was provisioned."""
+        if self.broker is not None:
+            await self.broker.require_stream(guests_spec(self.ns).stream)
+
     async def read(self, tenant: str, guest_id: str) -> GuestProfile | None:
         """The guest's profile as a run is told it, or None for a guest nobody has set anything for. The keys
         that wrote it are the executor's bookkeeping, not the run's: they stay out of the journal."""

@@ -30,6 +30,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     try:
         # The documents are indexed once, before the first run can search them.
         library = Library.stayhub()
+        profiles = GuestProfiles(broker, settings.namespace)
+        await profiles.start()
         catalog = RunCatalog(registry)
         await catalog.start()
         runtime = Runtime(
@@ -42,7 +44,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             catalog=catalog,
             approvals=ApprovalDesk(),
             lanes=SessionLanes(),
-            profiles=GuestProfiles(broker, settings.namespace),
+            profiles=profiles,
             library=library,
         )
         await runtime.start()
