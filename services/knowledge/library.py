@@ -61,8 +61,15 @@ def sections(doc: str, markdown: str) -> list[Section]:
     return found
 
 
+# A guest's message is bounded by the gateway, but a search needs no more than its first topic words.
+MAX_TERMS = 64
+
+
 def _terms(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+    """The topic words of `text`, lower-cased, each once, in order: only letters and digits ever reach the query
+    parser, so no guest text is read as query syntax (fields, ranges, boolean operators)."""
+    words = dict.fromkeys(w for w in _WORD.findall(text.lower()) if w not in STOPWORDS)
+    return list(words)[:MAX_TERMS]
 
 
 class Library:

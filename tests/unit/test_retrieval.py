@@ -67,6 +67,12 @@ def test_the_same_question_gives_the_same_passages_in_any_library_built_from_the
         assert len(first) <= 3
 
 
+def test_query_syntax_in_a_guests_text_is_only_words() -> None:
+    for text in ('title:"Corporate" AND body:[a TO z]', "cancellation^100 OR -refund*", "(((", "a" * 5000):
+        assert LIBRARY.search(text) == LIBRARY.search(text)  # never raises, never reads syntax
+    assert LIBRARY.search("title:cancellation") == LIBRARY.search("title cancellation")
+
+
 def test_limit_bounds_the_passages() -> None:
     assert len(LIBRARY.search("check-in check-out late early", limit=1)) == 1
     assert LIBRARY.search("cancellation", limit=0) == []
