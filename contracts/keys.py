@@ -46,6 +46,34 @@ def action_key(run_id: str, step_no: int) -> str:
     return f"{run_id}:{step_no}"
 
 
+class KeyScheme(StrEnum):
+    """How a run keys its actions (`RunStarted.key_scheme`, pinned for the run's life so a replay decides the
+    keys its journal holds; `str` on the wire: open)."""
+
+    STEP = ""  # every action `run_id:step_no`: the journals written before business keys
+    BUSINESS = "business"  # each tool by its KeyRule: business identity where it has one (tools.KeyRule)
+
+
+def business_key(kind: str, tenant: str, values: dict[str, Any], attempt: int = 1) -> str:
+    """The idempotency key of a business action: what it is (`kind`: hold, charge, ...), for whom (`tenant`) and
+    on what (`values`: the contract's identity fields from the prepared arguments). The same intent asked in
+    another step, a resumed run or another run of the tenant is the same key, so the executor's store answers
+    it with its receipt instead of acting twice. `attempt` > 1 names a deliberate new attempt at the same
+    intent (a hold asked again after it was released, a charge retried with approval after a decline):
+    `hold:<digest>:a2`. The digest is SHA-256 over the canonical JSON, so equal identities key equal anywhere."""
+    if attempt < 1:
+        raise ValueError("attempts count from 1")
+    digest = input_hash({"kind": kind, "tenant": tenant, "identity": values})
+    base = f"{kind}:{digest}"
+    return base if attempt == 1 else f"{base}:a{attempt}"
+
+
+def key_attempt(key: str) -> int:
+    """Which attempt a business key names (1 for a key with no `:aN` suffix, and for any non-business key)."""
+    head, sep, tail = key.rpartition(":a")
+    return int(tail) if sep and head and tail.isdigit() and ":" in head else 1
+
+
 class CompensationKind(StrEnum):
     """What undoing an effect does; the last token of a compensation's key (`run_…:4:release`)."""
 

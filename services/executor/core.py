@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from contracts.errors import ErrorCode, ErrorInfo, RetryClass
@@ -10,12 +11,17 @@ from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Answer,
+    Asked,
+    Evidence,
     OutcomeStatus,
     RecordStatus,
     Via,
 )
 from contracts.tools import ToolContract
 from services.registry import ProviderAnswer
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +89,13 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
         )
     if record.status.settled and record.outcome is not None:
         stored = record.outcome
+        # The receipt answers whoever asked now: a key names a business action, so another step or another run
+        # of the tenant may ask for it again, and must hear back on its own subject and step. Who first made it
+        # is said in the evidence (`first_asked_by`).
         return Replay(
             ActionOutcome(
-                run_id=stored.run_id,
-                step_no=stored.step_no,
+                run_id=request.run_id,
+                step_no=request.step_no,
                 tool=stored.tool,
                 key=stored.key,
                 status=stored.status,
@@ -96,9 +105,21 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
                 via=Via.REPLAY if stored.via == Via.CALL else stored.via,
                 attempts=stored.attempts,
                 deliveries=deliveries,
+                evidence=[*stored.evidence, first_asked_by(stored)],
             )
         )
     return Resolve(attempts=record.attempts)
+
+
+def first_asked_by(stored: ActionOutcome) -> Evidence:
+    """The evidence line a replay carries: the run and step whose request made the effect."""
+    return Evidence(
+        asked=Asked.STORE_RECEIPT,
+        key=stored.key,
+        answer=Answer.REPLAYED,
+        detail=f"first made for {stored.run_id} step {stored.step_no}",
+        at=stored.evidence[-1].at if stored.evidence else _EPOCH,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ OTHER_ISSUER = CapabilityIssuer(Ed25519PrivateKey.generate())
 
 def verifier(registry: Registry) -> CapabilityVerifier:
     """What an executor of this deployment checks capabilities with: the session's public key."""
-    return CapabilityVerifier([_SESSION_KEY.public_key()], registry.compensation_only)
+    return CapabilityVerifier([_SESSION_KEY.public_key()], registry.compensation_only, registry.model_tools)
 
 
 def signed(
