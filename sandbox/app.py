@@ -35,6 +35,7 @@ from sandbox.faults import (
 from sandbox.ledger import KEY_RETENTION, Outcome, SandboxLedger, check_idempotency_key
 from sandbox.records import (
     BookingRequest,
+    GuestPayments,
     CrmUpdateRequest,
     EffectKind,
     EmailRequest,
@@ -376,6 +377,11 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
         fate, pending_ms = board.charge_fate()
         return _written(books.create_payment(key, body, fate, timedelta(milliseconds=pending_ms)))
 
+    @get("/payments")  # a read of the ledger: faults are armed on the writes
+    async def find_payments(guest_id: FromQuery[str]) -> Response[bytes]:
+        # Only the named guest's payments: the caller (the support agent's prepare) names the run's own guest.
+        return _json(GuestPayments(payments=books.payments_of(guest_id)))
+
     @post("/payments/{payment_id:str}/refund", opt=target(FaultTarget.PAYMENTS))
     async def refund_payment(request: Request[Any, Any, Any], payment_id: FromPath[str]) -> Response[bytes]:
         key, body = await _key_and_body(request, RefundBody, empty=RefundBody())
@@ -479,6 +485,7 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             release_booking,
             create_payment,
             refund_payment,
+            find_payments,
             send_email,
             update_crm,
             *lookups,

@@ -188,7 +188,12 @@ REFUND_PAYMENT = Tool(
         key_rule=KeyRule.BUSINESS,
         identity_kind="refund",
         identity=("payment_id", "amount_cents"),
-        description="Refund a charge whose booking no longer exists.",
+        description=(
+            "Refund one of the guest's payments: all that is left of it, or amount_cents (in cents) of it."
+        ),
+        parameters=_obj(
+            {"payment_id": _STR, "amount_cents": {"type": "integer", "minimum": 1}}, ["payment_id"]
+        ),
     ),
     HttpOperation(
         request=lambda args: HttpRequest(
