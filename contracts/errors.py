@@ -51,9 +51,10 @@ class ErrorCode(StrEnum):
     APPROVAL_NOT_PENDING = "approval_not_pending"  # a decision on an approval already decided or expired
     APPROVAL_NOT_FOUND = "approval_not_found"
     INVALID_CATALOG = "invalid_catalog"
-    UNKNOWN_PAYMENT = (
-        "unknown_payment"  # a refund of a payment not among the guest's payments found in the run
-    )
+    # A refund of a payment not among the guest's payments found in the run.
+    UNKNOWN_PAYMENT = "unknown_payment"
+    # A replayed key whose effect a compensation undid (a released hold): no stale receipt, no effect.
+    ACTION_UNDONE = "action_undone"
 
 
 class RetryClass(StrEnum):

@@ -86,8 +86,24 @@ def compensation_key(original_key: str, kind: CompensationKind) -> str:
     return f"{original_key}:{kind}"  # StrEnum formats as its value
 
 
+def undone_by(key: str) -> str | None:
+    """The key a compensation key undoes (`hold:<d>:release` -> `hold:<d>`), or None for any other key."""
+    base, sep, kind = key.rpartition(":")
+    return base if sep and base and kind in set(CompensationKind) else None
+
+
+def partition_key(key: str) -> str:
+    """What a key is partitioned by: itself, except that the compensation of a business key goes with the key it
+    undoes, so one executor's store holds both and can tell a replay that the effect was undone. Step keys
+    (`run_…`) and their compensations keep partitioning by the whole key, as they always did."""
+    if key.startswith("run_"):
+        return key
+    return undone_by(key) or key
+
+
 def partition_of(key: str, partitions: int) -> int:
-    """First 4 bytes of SHA-256(key), big-endian, modulo the partition count: stable across languages."""
+    """First 4 bytes of SHA-256(partition_key(key)), big-endian, modulo the partition count: stable across
+    languages."""
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % partitions
+    return int.from_bytes(hashlib.sha256(partition_key(key).encode()).digest()[:4], "big") % partitions

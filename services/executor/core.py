@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from contracts.errors import ErrorCode, ErrorInfo, RetryClass
 from contracts.tool_messages import (
     ActionOutcome,
@@ -64,7 +66,11 @@ class Resolve:
 Plan = Execute | Replay | Conflict | Resolve
 
 
-def classify(record: Record | None, request: ActionRequest, deliveries: int) -> Plan:
+def classify(
+    record: Record | None, request: ActionRequest, deliveries: int, undone: Record | None = None
+) -> Plan:
+    """`undone`: the record of a compensation of this key (`<key>:release`, `<key>:refund`), if the store has
+    one: a settled success means the effect no longer exists, and a replay to another asker must say so."""
     if record is None:
         return Execute()
     if record.input_hash != request.input_hash:
@@ -89,6 +95,14 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
         )
     if record.status.settled and record.outcome is not None:
         stored = record.outcome
+        another_asker = (stored.run_id, stored.step_no) != (request.run_id, request.step_no)
+        if (
+            another_asker
+            and stored.status == OutcomeStatus.SUCCEEDED
+            and undone is not None
+            and undone.status == RecordStatus.SUCCEEDED
+        ):
+            return Replay(_undone(request, stored, undone.key, deliveries))
         # The receipt answers whoever asked now: a key names a business action, so another step or another run
         # of the tenant may ask for it again, and must hear back on its own subject and step. Who first made it
         # is said in the evidence (`first_asked_by`).
@@ -109,6 +123,23 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
             )
         )
     return Resolve(attempts=record.attempts)
+
+
+def _undone(request: ActionRequest, stored: ActionOutcome, undone_key: str, deliveries: int) -> ActionOutcome:
+    """A definitive answer with no effect: the key's effect was made, then undone by a compensation. The stale
+    receipt (a released booking's "held") is never handed to a new asker; the run may try a new attempt."""
+    error = ErrorInfo(
+        code=ErrorCode.ACTION_UNDONE,
+        message=(
+            f"{request.tool} for key {request.key} was done for {stored.run_id} and then undone ({undone_key});"
+            " nothing was sent to the provider. Ask again to act anew."
+        ),
+        details={"key": request.key, "undone_by": undone_key, "first_run_id": stored.run_id},
+    )
+    outcome = _outcome(
+        request, OutcomeStatus.FAILED, error=error, via=Via.REPLAY, attempts=0, deliveries=deliveries
+    )
+    return msgspec.structs.replace(outcome, evidence=[first_asked_by(stored)])
 
 
 def first_asked_by(stored: ActionOutcome) -> Evidence:

@@ -156,6 +156,32 @@ async def test_a_second_run_of_the_session_asking_the_same_hold_gets_the_stored_
     assert (counts["booking"], counts["charge"]) == (1, 1)
 
 
+async def test_a_hold_an_earlier_run_released_is_never_replayed_as_held(stack: Stack) -> None:
+    """The first run holds the room and ends unpaid (its hold is released); the session's next run asking for the
+    same room is told the hold was undone, not handed the released booking, and its next ask is a new hold."""
+    guest, session = unique("guest"), unique("sess")
+    first = await stack.ended(await stack.run(f"obey: create_booking {HOLD}", guest=guest, session=session))
+    (hold,) = _completed(first, "create_booking")
+    (release,) = _completed(first, "release_booking")
+    assert release.status == OutcomeStatus.SUCCEEDED and release.key == f"{hold.key}:release"
+    text = f"obey: create_booking {HOLD}\nobey: create_booking {HOLD}"
+    second = await stack.ended(await stack.run(text, guest=guest, session=session))
+    stale, fresh = _completed(second, "create_booking")
+    assert (stale.key, stale.status, stale.error and stale.error.code) == (
+        hold.key,
+        "failed",
+        "action_undone",
+    )
+    assert stale.result == {}  # never the released booking's "held"
+    assert (fresh.key, fresh.status) == (f"{hold.key}:a2", OutcomeStatus.SUCCEEDED)
+    assert fresh.result["booking_id"] != hold.result["booking_id"]
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["booking_release"]) == (
+        2,
+        2,
+    )  # the second run's unpaid hold is let go too
+
+
 async def test_paying_again_after_a_decline_waits_for_the_guest_and_charges_nothing(stack: Stack) -> None:
     guest = unique("guest")
     await stack.sandbox.arm("payments", decline=1)

@@ -5,13 +5,26 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import dataclasses
+
 import msgspec
 import pytest
 
 from contracts.approvals import ApprovalStatus
 from contracts.capabilities import CapabilityIssuer, CapabilityOrigin, CapabilityVerifier, Refusal
-from contracts.keys import KeyScheme, business_key, compensation_key, key_attempt, tool_input_hash
+from contracts.keys import (
+    KeyScheme,
+    business_key,
+    compensation_key,
+    key_attempt,
+    partition_key,
+    partition_of,
+    tool_input_hash,
+    undone_by,
+)
+from contracts.errors import ErrorInfo
 from contracts.run_events import (
+    ActionCompleted,
     ActionRequested,
     ApprovalDecided,
     ApprovalRequested,
@@ -337,3 +350,75 @@ def test_support_refunds_only_a_payment_found_for_its_guest_and_never_above_what
     }
     assert refund.key == business_key("refund", "acme", {"payment_id": "pay_1", "amount_cents": 180_000})
     assert refund.origin == Origin.MODEL
+
+
+# Undone effects are never replayed as if they stood --------------------------------------------------------
+
+
+def test_a_business_keys_compensation_shares_its_partition_and_step_keys_keep_theirs() -> None:
+    hold = business_key("hold", "acme", HOLD)
+    assert undone_by(f"{hold}:release") == hold and undone_by(hold) is None
+    assert partition_key(f"{hold}:release") == hold and partition_key(f"{hold}:a2:release") == f"{hold}:a2"
+    assert all(partition_of(f"{hold}:release", n) == partition_of(hold, n) for n in (1, 7, 16, 64))
+    step = f"{RUN}:4"
+    assert partition_key(f"{step}:release") == f"{step}:release"  # unchanged: journals from before
+
+
+def _stored(key: str, run_id: str = RUN, step_no: int = 3) -> Record:
+    outcome = ActionOutcome(
+        run_id=run_id,
+        step_no=step_no,
+        tool="create_booking",
+        key=key,
+        status=OutcomeStatus.SUCCEEDED,
+        result={"booking_id": "bk_1", "status": "held"},
+    )
+    return Record(
+        key=key,
+        input_hash=tool_input_hash("create_booking", HOLD),
+        status=RecordStatus.SUCCEEDED,
+        attempts=1,
+        outcome=outcome,
+    )
+
+
+def test_a_replay_of_a_released_hold_to_another_run_is_action_undone_not_the_stale_receipt() -> None:
+    key = business_key("hold", "acme", HOLD)
+    release = Record(
+        key=f"{key}:release", input_hash="0" * 64, status=RecordStatus.SUCCEEDED, attempts=1, outcome=None
+    )
+    later = "run_" + "e" * 24
+    plan = classify(_stored(key), _request(later, 2, key), deliveries=1, undone=release)
+    assert isinstance(plan, Replay)
+    answer = plan.outcome
+    assert (answer.run_id, answer.step_no, answer.status) == (later, 2, OutcomeStatus.FAILED)
+    assert answer.error is not None and answer.error.code == "action_undone" and answer.result == {}
+    # The run that made it still hears its own receipt on a redelivery; a release still in flight undoes nothing.
+    own = classify(_stored(key), _request(RUN, 3, key), deliveries=2, undone=release)
+    assert isinstance(own, Replay) and own.outcome.status == OutcomeStatus.SUCCEEDED
+    open_release = dataclasses.replace(release, status=RecordStatus.STARTED)
+    pending = classify(_stored(key), _request(later, 2, key), deliveries=1, undone=open_release)
+    assert isinstance(pending, Replay) and pending.outcome.status == OutcomeStatus.SUCCEEDED
+
+
+def test_after_an_action_undone_answer_the_next_ask_is_the_next_attempt() -> None:
+    run = Run(business())
+    run.answer(BOOK)
+    (hold,) = run.decide()
+    assert isinstance(hold, ActionRequested)
+    request = run.state.pending_step(hold.step_no)
+    assert request is not None
+    run.add(
+        ActionCompleted(
+            run_id=RUN,
+            at=run.tick(),
+            step_no=hold.step_no,
+            key=hold.key,
+            status=OutcomeStatus.FAILED,
+            error=ErrorInfo(code="action_undone", message="released by another run"),
+            via=Via.REPLAY,
+        )
+    )
+    run.answer(call("create_booking", HOLD, "call_book_again"))
+    (again,) = run.decide()
+    assert isinstance(again, ActionRequested) and again.key == hold.key + ":a2"

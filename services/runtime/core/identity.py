@@ -12,12 +12,11 @@ deliberate new attempt at the same intent (`:a2`, `:a3`, ...), both read from th
   (`run.approval_decided` approved, for a `RETRY_RULE` request, of exactly this prepared input). Until then the
   model asking again is held for the guest's approval: a new charge is never the model's decision.
 
-Limits (docs/architecture.md, "Keys"): the attempt counter lives in one run's journal. A later run of the session
-asking for a hold an earlier run released starts again at attempt 1 and gets that attempt's stored receipt
-(the released booking's id); the payment the model then asks for is refused by the provider, so no second
-effect and no charge for a released room, but the guest must start the booking again in a new session.
-A charge declined in an earlier run is answered, in a later run, by its stored failed receipt; asking again
-after that is held for approval as above."""
+Across runs the executor's store is the memory: a later run asking for a hold an earlier run released is
+answered `action_undone` (failed, no effect: the executor holds the release next to the hold, `keys.partition_key`)
+instead of the released booking's receipt, and its next ask is attempt 2. A charge declined in an earlier run
+is answered, in a later run, by its stored failed receipt; asking again after that is held for approval as
+above. Limits: docs/architecture.md, "Keys"."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.approvals import ApprovalStatus
+from contracts.errors import ErrorCode
 from contracts.keys import KeyScheme, business_key
 from contracts.policy import Approver
 from contracts.run_events import Origin
@@ -65,7 +65,13 @@ def _completed(state: RunState, key: str) -> list[OutcomeStatus]:
 
 
 def _undone(state: RunState, key: str) -> bool:
-    """A compensation of this key succeeded (`compensation_key(key, kind)`): its effect no longer exists."""
+    """A compensation of this key succeeded (`compensation_key(key, kind)`), here or, as the executor answered
+    a replay (`action_undone`), in another run: its effect no longer exists."""
+    if any(
+        req.key == key and done.error is not None and done.error.code == ErrorCode.ACTION_UNDONE
+        for req, done in state.completed
+    ):
+        return True
     prefix = key + ":"
     return any(
         req.origin == Origin.COMPENSATION
