@@ -3,7 +3,7 @@ charge is the guest's decision; an outcome binds to its own step; replays answer
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import dataclasses
 
@@ -11,6 +11,12 @@ import msgspec
 import pytest
 
 from contracts.approvals import ApprovalStatus
+from contracts.capabilities import (
+    SIGNED_PREFIX,
+    SIGNED_PREFIX_V2,
+    Capability,
+    signed_bytes,
+)
 from contracts.capabilities import CapabilityIssuer, CapabilityOrigin, CapabilityVerifier, Refusal
 from contracts.keys import (
     KeyScheme,
@@ -422,3 +428,26 @@ def test_after_an_action_undone_answer_the_next_ask_is_the_next_attempt() -> Non
     run.answer(call("create_booking", HOLD, "call_book_again"))
     (again,) = run.decide()
     assert isinstance(again, ActionRequested) and again.key == hold.key + ":a2"
+
+
+def test_a_capability_bound_to_an_agent_signs_the_v2_layout_and_an_unbound_one_the_v1_bytes() -> None:
+    """Pinned byte for byte, as the v1 layout is (tests/unit/test_capabilities.py)."""
+    unbound = Capability(
+        run_id=RUN,
+        key="charge:" + "b" * 64,
+        tool="refund_payment",
+        family="payment",
+        input_hash="a" * 64,
+        origin="plan",
+        expires_at=datetime(2026, 12, 1, 9, 31, 45, 123456, tzinfo=UTC),
+        kid="0123456789abcdef",
+        sig="ignored",
+    )
+    fields = (
+        b'["run_0123456789abcdef01234567","charge:' + b"b" * 64 + b'","refund_payment","payment",'
+        b'"' + b"a" * 64 + b'","plan",1796117505123456,"0123456789abcdef"'
+    )
+    assert signed_bytes(unbound) == SIGNED_PREFIX + fields + b"]"
+    bound = msgspec.structs.replace(unbound, agent="support")
+    assert signed_bytes(bound) == SIGNED_PREFIX_V2 + fields + b',"support"]'
+    assert SIGNED_PREFIX_V2 == b"crashsafe.capability.v2\x00"
