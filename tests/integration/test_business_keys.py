@@ -32,6 +32,7 @@ from services.runtime.core.identity import RETRY_RULE
 from services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
+from tests.support.runs import assert_replays
 from tests.support.waiting import eventually, unique
 from tests.support.world import Sandbox
 
@@ -120,6 +121,7 @@ async def test_the_same_room_booked_in_two_answers_is_one_hold_and_one_charge(st
     assert [h.via for h in holds] == [Via.CALL, Via.REPLAY]
     counts = await stack.sandbox.counts(guest)
     assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
+    assert_replays(events)  # the keys are decided again, the same, from the journal alone
 
 
 async def test_three_confirmation_emails_asked_are_one_email(stack: Stack) -> None:
@@ -175,6 +177,7 @@ async def test_a_hold_an_earlier_run_released_is_never_replayed_as_held(stack: S
     assert stale.result == {}  # never the released booking's "held"
     assert (fresh.key, fresh.status) == (f"{hold.key}:a2", OutcomeStatus.SUCCEEDED)
     assert fresh.result["booking_id"] != hold.result["booking_id"]
+    assert_replays(second)
     counts = await stack.sandbox.counts(guest)
     assert (counts["booking"], counts["booking_release"]) == (
         2,
