@@ -204,13 +204,14 @@ async def test_paying_again_after_a_decline_waits_for_the_guest_and_charges_noth
 async def test_support_refunds_the_guests_own_payment(stack: Stack) -> None:
     guest = unique("guest")
     _, payment_id = await _booked_and_paid(stack, guest, unique("sess"))
-    text = f'obey: find_payments {{}}\nobey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 1000}}'
+    refund = f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 1000}}'
+    text = f"obey: find_payments {{}}\n{refund}\n{refund}"  # the second ask is the first refund's receipt
     events = await stack.ended(await stack.run(text, agent="support", guest=guest, session=unique("sess")))
     (found,) = _completed(events, "find_payments")
     assert [p["payment_id"] for p in found.result["payments"]] == [payment_id]
-    (refund,) = _completed(events, "refund_payment")
-    assert refund.status == OutcomeStatus.SUCCEEDED, refund
-    assert refund.key.startswith("refund:")
+    refund, again = _completed(events, "refund_payment")
+    assert refund.status == again.status == OutcomeStatus.SUCCEEDED, (refund, again)
+    assert refund.key.startswith("refund:") and again.key == refund.key and again.via == Via.REPLAY
     refunds = [e for e in (await stack.sandbox.ledger(guest))["entries"] if e["kind"] == "refund"]
     assert [(r["amount_cents"], r["key"]) for r in refunds] == [(1000, refund.key)]
 

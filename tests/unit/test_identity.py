@@ -451,3 +451,16 @@ def test_a_capability_bound_to_an_agent_signs_the_v2_layout_and_an_unbound_one_t
     bound = msgspec.structs.replace(unbound, agent="support")
     assert signed_bytes(bound) == SIGNED_PREFIX_V2 + fields + b',"support"]'
     assert SIGNED_PREFIX_V2 == b"crashsafe.capability.v2\x00"
+
+
+def test_support_counts_the_refunds_it_asked_for_since_its_last_look() -> None:
+    run = _support_run()
+    (find,) = _ask(run, call("find_payments", {}))
+    run.complete(find.step_no, result={"payments": [PAID]})  # 180,000 left
+    (first,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 100_000}))
+    assert isinstance(first, ActionRequested)
+    run.complete(first.step_no, result={"refund_id": "re_1", "status": "succeeded"})
+    (over,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 80_001}))
+    assert isinstance(over, ToolRejected) and over.error.details["left_cents"] == 80_000
+    (rest,) = _ask(run, call("refund_payment", {"payment_id": "pay_1"}))  # no amount: what is left
+    assert isinstance(rest, ActionRequested) and rest.args["amount_cents"] == 80_000

@@ -13,6 +13,7 @@ from typing import Any
 from contracts.catalog import AgentConfig
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.policy import RefundWithinPaid
+from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.agents.booking.tools import REFUND_PAYMENT
 from services.agents.support.tools import FIND_PAYMENTS
@@ -35,18 +36,46 @@ def _invalid(code: ErrorCode, message: str, **details: Any) -> ErrorInfo:
     return ErrorInfo(code=code.value, message=message, details=details)
 
 
+def _latest_find(state: RunState) -> tuple[int, dict[str, Any]] | None:
+    """The step and answer of this run's latest successful `find_payments`."""
+    found = [
+        (req.step_no, done.result)
+        for req, done in state.completed
+        if req.tool == "find_payments" and done.status == OutcomeStatus.SUCCEEDED
+    ]
+    return max(found, key=lambda f: f[0]) if found else None
+
+
 def found_payment(state: RunState, payment_id: str) -> dict[str, Any] | None:
-    """The guest's payment as the latest `find_payments` answer of this run lists it, or None."""
-    for result in reversed(state.succeeded_results("find_payments")):
-        for payment in result.get("payments", []):
-            if (
-                isinstance(payment, dict)
-                and payment.get("payment_id") == payment_id
-                and payment.get("guest_id") == state.guest_id
-            ):
-                return payment
-        return None  # only the latest answer counts: an older one may not show the refunds made since
+    """The guest's payment as the latest `find_payments` answer of this run lists it, or None. Only the latest
+    answer counts: an older one may not show the refunds made since."""
+    latest = _latest_find(state)
+    if latest is None:
+        return None
+    for payment in latest[1].get("payments", []):
+        if (
+            isinstance(payment, dict)
+            and payment.get("payment_id") == payment_id
+            and payment.get("guest_id") == state.guest_id
+        ):
+            return payment
     return None
+
+
+def refunding_since_found(state: RunState, payment_id: str) -> int:
+    """Cents this run asked to refund of the payment after its latest `find_payments` (pending, done, or maybe
+    done): the listing's `refunded_cents` does not show them yet."""
+    latest = _latest_find(state)
+    since = latest[0] if latest is not None else 0
+    asked = [(req, None) for req in state.pending] + [(req, done) for req, done in state.completed]
+    return sum(
+        int(req.args.get("amount_cents", 0))
+        for req, done in asked
+        if req.tool == "refund_payment"
+        and req.step_no > since
+        and req.args.get("payment_id") == payment_id
+        and (done is None or done.status in (OutcomeStatus.SUCCEEDED, OutcomeStatus.UNKNOWN))
+    )
 
 
 class SupportAgent:
@@ -96,7 +125,7 @@ class SupportAgent:
                 f"payment {payment_id} is {payment.get('status')!r}: nothing was paid to refund",
                 payment_id=payment_id,
             )
-        left = paid - refunded
+        left = paid - refunded - refunding_since_found(state, payment_id)
         asked = args.get("amount_cents", left)
         if isinstance(asked, bool) or not isinstance(asked, int) or asked <= 0:
             return _invalid(
