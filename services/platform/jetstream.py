@@ -417,6 +417,14 @@ class Broker:
             return None
         return KvEntry(key, raw.seq or revision, raw.data or b"")
 
+    async def kv_history(self, spec: KvSpec, key: str) -> list[KvEntry]:
+        """Every value the bucket still holds for `key`, oldest first (deletes left out)."""
+        return [
+            KvEntry(key, m.seq, m.data)
+            for m in await self.read_subject(spec.stream, spec.subject(key))
+            if not m.headers.get(Header.KV_OPERATION)
+        ]
+
     async def kv_watch(self, spec: KvSpec, key: str, handler: Callable[[KvEntry], Awaitable[None]]) -> None:
         """Hand `handler` the key's latest value, then each new one as it is written (an ordered consumer, which
         recreates itself after a gap); deletes are skipped. Stops with the connection."""

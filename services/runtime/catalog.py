@@ -54,14 +54,19 @@ class RunCatalog:
         self.revision = 0  # the revision new runs are pinned to: the newest one that validated
 
     async def start(self) -> None:
-        """Load the newest revision (so the first run already gets it), then follow every new one."""
+        """Load the newest revision that validates (so the first run already gets it; a refused newest one
+        leaves the one before it in force, as it did in the runtime that saw it come), then follow new ones."""
         if self._broker is None or self._spec is None:
             return
         await self._broker.require_stream(self._spec.stream)  # provisioned by the operator, or StreamMissing
-        entry = await self._broker.kv_get(self._spec, self._key)
-        if entry is not None:
+        for entry in await self._broker.kv_history(self._spec, self._key):
             self._offered(entry)
         await self._broker.kv_watch(self._spec, self._key, self._on_entry)
+
+    @property
+    def refused(self) -> frozenset[int]:
+        """Revisions seen on the bucket that failed validation (logged when seen); never given to a run."""
+        return frozenset(self._refused)
 
     async def _on_entry(self, entry: KvEntry) -> None:
         self._offered(entry)
