@@ -4,8 +4,7 @@ Responses API or Chat Completions, through the real `openai` client (real protoc
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -16,6 +15,7 @@ import openai
 from contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from contracts.errors import ModelUnavailable
 from contracts.run_events import ToolCall
+from services.platform.settings import route_key
 from services.runtime.chat_completions import MalformedAnswer, chat_messages, chat_tools, read_completion
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
@@ -121,11 +121,11 @@ class ModelGateway:
         model: str,
         timeout_s: float = 30.0,
         *,
-        env: Mapping[str, str] | None = None,
+        keys: Callable[[str], str | None] = route_key,
     ) -> None:
         self._base_url = base_url or ""
         self._api_key = api_key
-        self._env = os.environ if env is None else env
+        self._keys = keys  # a route's key by its variable's name (the environment, read by Settings)
         self.model = model
         self.default_route = ModelRoute(name=DEFAULT_ROUTE, model=model, timeout_s=timeout_s)
         self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}
@@ -140,7 +140,7 @@ class ModelGateway:
         base_url = route.base_url or self._base_url
         client = self._clients.get((base_url, route.api_key_env))
         if client is None:
-            key = self._env.get(route.api_key_env) or (
+            key = self._keys(route.api_key_env) or (
                 self._api_key if route.api_key_env == DEFAULT_KEY_ENV else None
             )
             if not key:
