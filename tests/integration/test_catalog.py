@@ -12,6 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from contracts.run_events import RunNudged
+
 from contracts.catalog import Catalog, catalog_encoder
 from contracts.errors import CatalogRevisionGone, InvalidCatalog
 from contracts.policy import ApprovalAbove
@@ -23,7 +25,11 @@ from services.runtime.catalog import RunCatalog, publish_catalog, stored_catalog
 from services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.inprocess import REGISTRY
-from tests.support.waiting import eventually
+from tests.support.broker import dead_letters
+from tests.support.runs import started
+from tests.support.waiting import eventually, unique
+from services.platform.journal import RunJournal
+from services.platform.asks import wake_run
 
 BOOKING = REGISTRY.agent("booking").config
 
@@ -132,3 +138,23 @@ async def _fresh_catalog(runtime: Runtime, namespace: Namespace) -> AsyncIterato
     catalog = RunCatalog(REGISTRY, runtime.broker, namespace)
     await catalog.start()
     yield catalog
+
+
+async def test_a_run_pinned_to_a_lost_revision_is_dead_lettered_not_run_under_another(
+    runtime: Runtime, broker: Broker, namespace: Namespace
+) -> None:
+    """The runtime's consumer meets the run (a wake), cannot find its revision, and dead-letters the message
+    with `catalog_revision_gone`: no model call, no decision journaled under a revision the run never had."""
+    await publish_catalog(broker, namespace, REGISTRY, _catalog("current"))
+    lost = msgspec.structs.replace(started(), run_id=f"run_{unique('lost')}", catalog_revision=999_999)
+    journal = RunJournal(broker, namespace)
+    await journal.append(lost, 0)
+    await runtime.start()
+    await wake_run(broker, runtime.settings, lost.run_id, "test", "test")
+    letters = await eventually(
+        lambda: dead_letters(broker, namespace), what="the wake dead-lettered", timeout_s=30
+    )
+    assert [d.code for d in letters] == ["catalog_revision_gone"]
+    assert letters[0].details["revision"] == 999_999
+    events, _ = await journal.read(lost.run_id)
+    assert events[0] == lost and [type(e) for e in events[1:]] == [RunNudged]  # the wake's marker only
