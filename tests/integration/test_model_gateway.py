@@ -5,7 +5,7 @@ token accounting from the provider's own usage. Two sandboxes play two providers
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from aiohttp import web
 
 from contracts.catalog import AgentConfig, Catalog, ModelApi, ModelRoute
 from contracts.errors import ModelUnavailable
@@ -294,3 +295,55 @@ async def test_a_run_keeps_its_catalog_revision_while_a_new_one_is_published(wor
     # B offers no email tool: the well-behaved scripted model says so instead of calling it.
     assert "send_confirmation_email tool is not available" in (_answers(second)[-1].reply or "")
     assert (await world.primary.counts(guest_2))["email"] == 0
+
+
+@asynccontextmanager
+async def _recording_provider() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    """A stand-in for an outside provider that keeps every request body and answers with a minimal valid reply
+    in the dialect asked (the scripted model ignores the prompt, so this is how the prompt sent is seen)."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def responses(request: web.Request) -> web.Response:
+        seen.append(("responses", await request.json()))
+        return web.json_response({"id": "resp_1", "model": "m", "output": [], "usage": {"input_tokens": 1}})
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(("chat", await request.json()))
+        return web.json_response({"id": "c1", "choices": [{"message": {"content": "ok"}}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/v1", seen
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("api", [ModelApi.RESPONSES, ModelApi.CHAT])
+async def test_the_prompt_and_tools_sent_are_the_pinned_configurations(world: World, api: ModelApi) -> None:
+    items: tuple[dict[str, Any], ...] = ({"role": "user", "content": BOOKING_TEXT},)
+    async with _recording_provider() as (url, seen):
+        route = ModelRoute(name="r", model="m", api=api.value, base_url=url)
+        await world.model.answer(
+            BOOKING, items, _booking(routes=[route], instructions="Only Lisbon.", tools=["search_hotels"])
+        )
+        await world.model.answer(BOOKING, items, _booking(routes=[route]))
+    (kind_1, narrowed), (kind_2, default) = seen
+    assert kind_1 == kind_2 == ("chat" if api is ModelApi.CHAT else "responses")
+    if api is ModelApi.CHAT:
+        assert narrowed["messages"][0] == {"role": "system", "content": "Only Lisbon."}
+        assert [t["function"]["name"] for t in narrowed["tools"]] == ["search_hotels"]
+        assert default["messages"][0] == {"role": "system", "content": BOOKING.instructions}
+        assert [t["function"]["name"] for t in default["tools"]] == list(BOOKING.tools)
+    else:
+        assert narrowed["instructions"] == "Only Lisbon."
+        assert [t["name"] for t in narrowed["tools"]] == ["search_hotels"]
+        assert default["instructions"] == BOOKING.instructions
+        assert [t["name"] for t in default["tools"]] == list(BOOKING.tools)
+    assert narrowed["model"] == "m"
