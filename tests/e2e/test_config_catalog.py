@@ -13,20 +13,21 @@ import pytest
 from contracts.run_events import ModelAnswered, RunEvent, RunStarted
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from tests.support.stack import StackClient, cli_env, crashsafe, open_stack
+from tests.support.stack import StackClient, cli_env, crashsafe, open_stack, operator_access
 from tests.support.waiting import eventually
 from tests.support.world import EFFECTS
 
 
 @pytest.fixture
-async def stack(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[StackClient]:
-    async with open_stack(tmp_path / "stack", nats_url=nats_server.url, reconciler=False) as client:
+async def stack(tmp_path: Path) -> AsyncIterator[StackClient]:
+    """The stack's own nats-server, so its users are a deployment's: one namespace, the runtime allowed to read
+    and watch the catalog bucket and not to write it (the session server's users cover any namespace)."""
+    async with open_stack(tmp_path / "stack", nats_url=None, reconciler=False) as client:
         yield client
 
 
 async def test_a_catalog_is_validated_published_and_pinned_by_the_next_run(
-    stack: StackClient, broker: Broker, tmp_path: Path
+    stack: StackClient, tmp_path: Path
 ) -> None:
     env = cli_env(stack.stack)
     state = ("--state-dir", str(tmp_path / "cli"))
@@ -48,6 +49,7 @@ async def test_a_catalog_is_validated_published_and_pinned_by_the_next_run(
     assert revision > 0
 
     # The running runtime picks the revision up from its watch; the next run started after that is pinned to it.
+    broker = await Broker.connect(stack.stack.nats_url, "tests-config", access=operator_access(stack.stack))
     journal = RunJournal(broker, stack.ns)
 
     async def a_run_pinned_to_it() -> list[RunEvent] | None:
@@ -58,7 +60,10 @@ async def test_a_catalog_is_validated_published_and_pinned_by_the_next_run(
         assert isinstance(first, RunStarted)
         return events if first.catalog_revision == revision else None
 
-    events = await eventually(a_run_pinned_to_it, what=f"a run pinned to revision {revision}")
+    try:
+        events = await eventually(a_run_pinned_to_it, what=f"a run pinned to revision {revision}")
+    finally:
+        await broker.close()
     started = events[0]
     assert isinstance(started, RunStarted) and started.budget.max_steps == 15
     answers = [e for e in events if isinstance(e, ModelAnswered)]
