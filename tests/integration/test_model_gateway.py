@@ -233,17 +233,17 @@ async def test_every_route_failing_names_each_and_a_4xx_is_not_failed_over(world
 
 
 async def test_a_route_without_its_key_fails_over(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CRASHSAFE_TEST_NO_SUCH_KEY", raising=False)
+    monkeypatch.delenv("TEST_NO_SUCH_API_KEY", raising=False)
     items: tuple[dict[str, Any], ...] = ({"role": "user", "content": BOOKING_TEXT},)
     config = _booking(
         routes=[
-            _route("keyless", world.backup, api_key_env="CRASHSAFE_TEST_NO_SUCH_KEY"),
+            _route("keyless", world.backup, api_key_env="TEST_NO_SUCH_API_KEY"),
             _route("primary", world.primary),
         ]
     )
     reply = await world.model.answer(BOOKING, items, config)
     assert reply.provider == "primary"
-    assert reply.failovers == ("keyless: no API key: set $CRASHSAFE_TEST_NO_SUCH_KEY",)
+    assert reply.failovers == ("keyless: no API key: set $TEST_NO_SUCH_API_KEY",)
 
 
 async def test_a_run_keeps_its_catalog_revision_while_a_new_one_is_published(world: World) -> None:

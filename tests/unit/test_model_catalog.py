@@ -69,9 +69,12 @@ def test_the_built_in_catalog_is_valid_and_survives_the_wire() -> None:
         (_with(routes=[ModelRoute(name="", model="m")]), "name is empty"),
         (_with(routes=[ModelRoute(name="a", model="m", timeout_s=0)]), "timeout_s must be in (0, 600]"),
         (_with(routes=[ModelRoute(name="a", model="m", base_url="file:///etc")]), "must be an http(s) URL"),
+        (_with(routes=[ModelRoute(name="a", model="m", api_key_env="$(rm -rf)")]), "must name a `…_API_KEY`"),
+        # The key goes to the route's host: naming another secret's variable would send that secret there.
+        (_with(routes=[ModelRoute(name="a", model="m", api_key_env="AWS_SECRET_ACCESS_KEY")]), "_API_KEY"),
         (
-            _with(routes=[ModelRoute(name="a", model="m", api_key_env="$(rm -rf)")]),
-            "must name an environment",
+            _with(routes=[ModelRoute(name="a", model="m", api_key_env="CRASHSAFE_API_KEY")]),
+            "outside CRASHSAFE_",
         ),
     ],
 )

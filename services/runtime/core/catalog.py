@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -27,6 +28,7 @@ MAX_ROUTE_TIMEOUT_S = 600.0
 MAX_NIGHTS = 365
 MAX_REPEATS = 100
 _APIS = frozenset(api.value for api in ModelApi)
+_KEY_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
 
 
 class Agents(Protocol):
@@ -127,8 +129,12 @@ def _route_problems(where: str, routes: list[ModelRoute]) -> list[str]:
             problems.append(f"{at}.api {route.api!r} is not one of {sorted(_APIS)}")
         if route.base_url and not route.base_url.startswith(("http://", "https://")):
             problems.append(f"{at}.base_url must be an http(s) URL, not {route.base_url!r}")
-        if not route.api_key_env.replace("_", "").isalnum():
-            problems.append(f"{at}.api_key_env must name an environment variable, not {route.api_key_env!r}")
+        if not _KEY_VARIABLE.fullmatch(route.api_key_env) or route.api_key_env.startswith("CRASHSAFE_"):
+            # The key is sent to the route's base URL: a catalog naming any other variable (a signing key's path,
+            # a credential) would send it to whatever host the catalog names.
+            problems.append(
+                f"{at}.api_key_env must name a `…_API_KEY` variable outside CRASHSAFE_*, not {route.api_key_env!r}"
+            )
         if not _positive(route.timeout_s, MAX_ROUTE_TIMEOUT_S):
             problems.append(f"{at}.timeout_s must be in (0, {MAX_ROUTE_TIMEOUT_S:g}], not {route.timeout_s}")
     return problems
