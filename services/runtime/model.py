@@ -264,6 +264,10 @@ class ModelGateway:
 def _why(exc: BaseException, timeout_s: float) -> str:
     """A failover's reason as the journal keeps it: short, and naming what happened."""
     match exc:
+        case openai.APITimeoutError() if type(exc.__cause__).__name__ == "ConnectTimeout":
+            # The aiohttp transport reports a refused connection as a connect timeout (of whichever httpx the
+            # client bundles, hence the name): say what it was.
+            return f"connection failed: {exc.__cause__}"[:200]
         case TimeoutError() | openai.APITimeoutError():
             return f"timed out after {timeout_s:.1f}s"
         case openai.APIStatusError():

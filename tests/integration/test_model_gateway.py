@@ -347,3 +347,14 @@ async def test_the_prompt_and_tools_sent_are_the_pinned_configurations(world: Wo
         assert default["instructions"] == BOOKING.instructions
         assert [t["name"] for t in default["tools"]] == list(BOOKING.tools)
     assert narrowed["model"] == "m"
+
+
+async def test_a_provider_nobody_listens_on_is_failed_over(world: World) -> None:
+    items: tuple[dict[str, Any], ...] = ({"role": "user", "content": BOOKING_TEXT},)
+    dead = ModelRoute(name="dead", model="m", base_url=f"{inprocess.NO_SANDBOX}/v1")
+    reply = await world.model.answer(
+        BOOKING, items, _booking(routes=[dead, _route("primary", world.primary)])
+    )
+    assert reply.provider == "primary" and reply.tool_calls
+    (why,) = reply.failovers
+    assert why.startswith("dead: connection failed")
