@@ -19,7 +19,7 @@ from litestar.middleware import ASGIMiddleware
 from litestar.params import FromPath, FromQuery
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox import scripted_model
+from sandbox import chat, scripted_model
 from sandbox.listing import LEDGER_PATH
 from sandbox.books import SqliteBooks
 from sandbox.errors import CardDeclined, ErrorCode, InvalidRequest, KeyInUse, SandboxError
@@ -440,6 +440,25 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             )
         )
 
+    @post("/v1/chat/completions", opt=target(FaultTarget.MODEL), status_code=200)
+    async def create_chat_completion(request: Request[Any, Any, Any]) -> Response[bytes]:
+        body = _decode(await request.body(), dict[str, Any])
+        if body.get("stream"):
+            raise SandboxError(
+                ErrorCode.STREAMING_UNSUPPORTED, "The scripted model does not stream; omit stream."
+            )
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequest(ErrorCode.INVALID_REQUEST, "messages must be a list of message objects.")
+        tools = body.get("tools")
+        return _json(
+            chat.respond(
+                messages,
+                tools if isinstance(tools, list) else None,
+                model=str(body.get("model") or scripted_model.MODEL_NAME),
+            )
+        )
+
     @get("/v1/models", opt=target(FaultTarget.MODEL))
     async def list_models() -> Response[bytes]:
         model = {
@@ -490,6 +509,7 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             update_crm,
             *lookups,
             create_response,
+            create_chat_completion,
             list_models,
             read_ledger,
             read_faults,

@@ -436,13 +436,15 @@ class Runtime:
         if passages:
             items = (*items, passages_item(list(passages)))
         size = len(_sizer.encode(items))
+        # The model asked first: the pinned configuration's first route, else the deployment's.
+        model_name = config.routes[0].model if config.routes else self.settings.model
         if ask_at_risk(run.state):
-            asked = model_asked(run.state, self.settings.model, size, utcnow())
+            asked = model_asked(run.state, model_name, size, utcnow())
             self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
         try:
             return await self.model.answer(agent, items, config, run.state.deadline_at)
         except ModelUnavailable as exc:
-            failed = model_asked(run.state, self.settings.model, size, utcnow(), failed=exc.message[:500])
+            failed = model_asked(run.state, model_name, size, utcnow(), failed=exc.message[:500])
             try:
                 self._apply(run, failed, await self.journal.append(failed, run.seq, headers_for(ctx)))
             except CrashsafeError:
