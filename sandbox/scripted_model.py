@@ -86,66 +86,12 @@ PASSAGES_HEADER = "From StayHub's documents:"
 _SECTION = re.compile(r"^\[(?P<doc>[^\]]+?) § (?P<section>[^\]]+)\]\n", re.MULTILINE)
 _WORD = re.compile(r"[a-z0-9]+")
 # Words every question or every document has: they say nothing about which passage answers.
-_STOPWORDS = frozenset(
-    [
-        "a",
-        "about",
-        "after",
-        "am",
-        "an",
-        "and",
-        "any",
-        "are",
-        "as",
-        "at",
-        "be",
-        "before",
-        "by",
-        "can",
-        "could",
-        "do",
-        "does",
-        "for",
-        "from",
-        "have",
-        "how",
-        "i",
-        "if",
-        "in",
-        "is",
-        "it",
-        "its",
-        "me",
-        "my",
-        "of",
-        "on",
-        "or",
-        "our",
-        "policy",
-        "policies",
-        "rule",
-        "rules",
-        "stayhub",
-        "that",
-        "the",
-        "their",
-        "there",
-        "this",
-        "to",
-        "was",
-        "what",
-        "whats",
-        "when",
-        "where",
-        "which",
-        "who",
-        "why",
-        "will",
-        "with",
-        "you",
-        "your",
-    ]
+_COMMON = (
+    "a about after am an and any are as at be before by can could do does for from have how i if in is it "
+    "its me my of on or our policy policies rule rules stayhub that the their there this to was what whats "
+    "when where which who why will with you your"
 )
+_STOPWORDS = frozenset(_COMMON.split())
 NO_ANSWER = (
     "I don't know: I found nothing about that in StayHub's documents, and I won't guess at a policy. "
     "Please ask StayHub's support team."
