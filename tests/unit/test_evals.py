@@ -39,6 +39,24 @@ def test_charged_holds_only_for_the_right_count_at_the_servers_price() -> None:
     assert "charged 100, not a booking's price" in str(checks.Charged(1).check(seen(ledger=cheap)))
 
 
+def test_charged_none_allows_no_charge_or_one_per_booking_at_its_price() -> None:
+    booked = [entry("booking", 24000)]
+    assert checks.Charged(None).check(seen(ledger=booked)) is None
+    assert checks.Charged(None).check(seen(ledger=[*booked, entry("charge", 24000)])) is None
+    twice = [*booked, entry("charge", 24000), entry("charge", 24000)]
+    assert "expected at most 1" in str(checks.Charged(None).check(seen(ledger=twice)))
+    assert "not a booking's price" in str(
+        checks.Charged(None).check(seen(ledger=[*booked, entry("charge", 1)]))
+    )
+
+
+def test_scripted_checks_are_asked_only_of_the_scripted_model() -> None:
+    strict = checks.Scripted(checks.Charged(0))
+    charged = [entry("booking", 24000), entry("charge", 24000)]
+    assert strict.check(seen(ledger=charged)) is not None
+    assert strict.check(Observed(runs=[], ledger=charged, scripted=False)) is None
+
+
 def test_refunded_never_above_what_was_paid() -> None:
     paid = [entry("charge", 24000)]
     assert checks.Refunded(1).check(seen(ledger=[*paid, entry("refund", 24000)])) is None
