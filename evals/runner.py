@@ -177,6 +177,8 @@ class Conversation:
     async def act(self, action: Say | Decide | AwaitExpiry, scenario: Scenario) -> None:
         match action:
             case Say():
+                # A message while a run waits may be its answer ("yes"): the run is done only once it moved on.
+                self.answered |= await self.waiting()
                 await self.say(action)
                 await self.settle(SETTLE_S)
             case Decide():
@@ -185,7 +187,7 @@ class Conversation:
                     f"/v1/approvals/{approval}",
                     json={"decision": action.decision, "approver": action.approver, "reason": action.reason},
                 )
-                if response.status_code != 200:
+                if not response.is_success:
                     raise AssertionError(
                         f"POST /v1/approvals/{approval}: {response.status_code} {response.text}"
                     )
@@ -249,6 +251,15 @@ class Conversation:
                 shown = [(s or {}).get("status", "unknown") for s in summaries]
                 raise Settled(f"runs {self.runs} did not settle in {timeout_s:g}s: {shown}")
             await asyncio.sleep(POLL_S)
+
+    async def waiting(self) -> set[str]:
+        """The approvals the conversation's runs wait for now."""
+        summaries = [await self.summary(r) for r in self.runs]
+        return {
+            str(s["awaiting_approval"])
+            for s in summaries
+            if s and s.get("status") == "running" and s.get("awaiting_approval")
+        }
 
     async def awaited(self) -> str:
         """The approval the conversation's latest waiting run waits for."""

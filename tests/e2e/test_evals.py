@@ -10,17 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from evals.runner import ModelChoice, Result, run_suite, running_stack
-from evals.scenarios import SCENARIOS, Scenario
+from evals.checks import Charged, Effects, Status
+from evals.runner import EvalStack, ModelChoice, Result, play, run_suite, running_stack
+from evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
 from tests.support.paths import ROOT
 
 
 @pytest.fixture(scope="module")
-async def results(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Result]]:
-    """The whole suite, played once on one stack; each test below judges one scenario."""
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EvalStack]:
     async with running_stack(ModelChoice.SCRIPTED, tmp_path_factory.mktemp("evals")) as evals:
-        played = await run_suite(evals, SCENARIOS)
-    yield {r.scenario.name: r for r in played}
+        yield evals
+
+
+@pytest.fixture(scope="module")
+async def results(stack: EvalStack) -> dict[str, Result]:
+    """The whole suite, played once on one stack; each test below judges one scenario."""
+    return {r.scenario.name: r for r in await run_suite(stack, SCENARIOS)}
 
 
 @pytest.mark.timeout(900)
@@ -29,6 +34,24 @@ async def test_scenario_passes(results: dict[str, Result], scenario: Scenario) -
     result = results[scenario.name]
     assert not result.skipped
     assert result.passed, "\n".join(result.problems) + f"\nneeds: {', '.join(scenario.needs) or '-'}"
+
+
+@pytest.mark.timeout(300)
+async def test_a_scenario_whose_outcome_did_not_happen_fails_saying_what_was_wrong(
+    results: dict[str, Result], stack: EvalStack
+) -> None:
+    wrong = Scenario(
+        "expects what a booking does not do",
+        ScenarioClass.BOOKS,
+        (Say(TWO_NIGHTS),),
+        (Status("handed_off"), Effects("booking", 2), Charged(0)),
+    )
+    result = await play(stack, wrong, n=99)
+    assert result.problems == [
+        "last run is completed, expected handed_off",
+        "ledger has 1 booking, expected 2",
+        "ledger has 1 charges (24000), expected 0",
+    ]
 
 
 @pytest.mark.timeout(300)
