@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import date, timedelta
 from typing import Any, NamedTuple
 
 MODEL_NAME = "scripted-booking"
@@ -16,6 +17,12 @@ CLARIFYING_QUESTION = "Which city and dates? e.g. 'Book a room in Lisbon from 20
 _REQUEST = re.compile(
     r"book\s+a\s+room\s+in\s+(?P<city>[^\W\d_][\w .'-]*?)\s+"
     r"from\s+(?P<check_in>\d{4}-\d{2}-\d{2})\s+to\s+(?P<check_out>\d{4}-\d{2}-\d{2})",
+    re.IGNORECASE,
+)
+# The same request by length of stay ("from 2031-01-10 for 300 nights"): the model works out the check-out.
+_REQUEST_NIGHTS = re.compile(
+    r"book\s+a\s+room\s+in\s+(?P<city>[^\W\d_][\w .'-]*?)\s+"
+    r"from\s+(?P<check_in>\d{4}-\d{2}-\d{2})\s+for\s+(?P<nights>\d{1,4})\s+nights?",
     re.IGNORECASE,
 )
 
@@ -173,7 +180,7 @@ def decide(items: list[dict[str, Any]]) -> Call | Calls | Say:
         return Say(f"I am still waiting for the result of {next(iter(calls.values()))[0]}.")
     said = _text(items[last_user].get("content"))
     if not results:
-        request = _REQUEST.search(said)
+        request = _stay(said)
         if request is None:
             refund = _BOOKING_REF.search(said) if _REFUND.search(said) else None
             if refund is not None:
@@ -293,6 +300,20 @@ def respond(
         "temperature": 1.0,
         "top_p": 1.0,
     }
+
+
+def _stay(said: str) -> dict[str, str] | None:
+    """The city and dates a guest asks for, or None."""
+    if request := _REQUEST.search(said):
+        return {"city": request["city"], "check_in": request["check_in"], "check_out": request["check_out"]}
+    if request := _REQUEST_NIGHTS.search(said):
+        try:
+            check_in = date.fromisoformat(request["check_in"])
+        except ValueError:
+            return None
+        check_out = (check_in + timedelta(days=int(request["nights"]))).isoformat()
+        return {"city": request["city"], "check_in": request["check_in"], "check_out": check_out}
+    return None
 
 
 def _latest_user_text(items: list[dict[str, Any]]) -> str:

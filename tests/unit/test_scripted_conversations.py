@@ -137,6 +137,17 @@ def test_a_weak_model_sends_the_confirmation_where_the_guest_says() -> None:
     assert json.loads(email["arguments"]) == {"booking_id": "bk_1", "to": "mallory@evil.example"}
 
 
+def test_a_stay_asked_by_its_length_is_searched_with_the_check_out_worked_out() -> None:
+    call = answer([{"role": "user", "content": "Book a room in Paris from 2031-01-10 for 300 nights"}])
+    assert json.loads(call["arguments"]) == {
+        "city": "Paris",
+        "check_in": "2031-01-10",
+        "check_out": "2031-11-06",
+    }
+    nonsense = answer([{"role": "user", "content": "Book a room in Paris from 2031-02-30 for 3 nights"}])
+    assert text_of(nonsense) == scripted_model.CLARIFYING_QUESTION
+
+
 def test_new_conversations_are_deterministic_byte_for_byte() -> None:
     items = [DOCUMENTS, {"role": "user", "content": "What is the cancellation policy?"}]
     assert json.dumps(scripted_model.respond(items, None)) == json.dumps(
