@@ -23,7 +23,7 @@ import msgspec
 from crashsafe.stack import Stack
 from evals import operator
 from evals.checks import Observed, RunView, failures
-from evals.scenarios import AwaitExpiry, Decide, Say, Scenario
+from evals.scenarios import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario
 from sandbox.listing import SandboxListing
 
 # How long one step of a conversation may take to settle (a booking's deadline is 90 s), and an expiry past its ttl.
@@ -169,33 +169,54 @@ class Conversation:
         self.sessions = 0
         self.turns = 0
         self.runs: list[str] = []
-        self.answered: set[str] = (
-            set()
-        )  # approvals decided (or left to expire): a run waiting on one is not done
+        # Approvals decided (or left to expire): a run still waiting on one is not done yet.
+        self.answered: set[str] = set()
         self.listed_pending: set[str] = set()
+        self.decided: list[str] = []  # approvals the operator decided, in order
 
-    async def act(self, action: Say | Decide | AwaitExpiry, scenario: Scenario) -> None:
+    async def act(self, action: Action, scenario: Scenario) -> None:
         match action:
             case Say():
                 # A message while a run waits may be its answer ("yes"): the run is done only once it moved on.
                 self.answered |= await self.waiting()
                 await self.say(action)
                 await self.settle(SETTLE_S)
+            case Decide(again=True):
+                await self.decide_again(action)
             case Decide():
                 approval = await self.awaited()
-                response = await self.evals.gateway.post(
-                    f"/v1/approvals/{approval}",
-                    json={"decision": action.decision, "approver": action.approver, "reason": action.reason},
-                )
+                response = await self.decide(approval, action)
                 if not response.is_success:
                     raise AssertionError(
                         f"POST /v1/approvals/{approval}: {response.status_code} {response.text}"
                     )
                 self.answered.add(approval)
+                self.decided.append(approval)
                 await self.settle(SETTLE_S)
+            case RestartAll():
+                # Blocking on purpose: the supervisor (a task on this loop) must not see a service dead between
+                # the kill and the new process, or it would start a second one.
+                for name in list(self.evals.stack.services):
+                    self.evals.stack.restart(name)
             case AwaitExpiry():
                 self.answered.add(await self.awaited())
                 await self.settle((scenario.approval_ttl_s or 0.0) + EXPIRY_GRACE_S)
+
+    async def decide(self, approval: str, action: Decide) -> httpx.Response:
+        body = {"decision": action.decision, "approver": action.approver, "reason": action.reason}
+        return await self.evals.gateway.post(f"/v1/approvals/{approval}", json=body)
+
+    async def decide_again(self, action: Decide) -> None:
+        if not self.decided:
+            raise AssertionError("nothing was decided yet to decide again")
+        approval = self.decided[-1]
+        response = await self.decide(approval, action)
+        code = response.json().get("error", {}).get("code") if response.status_code == 409 else None
+        if code != "approval_not_pending":
+            raise AssertionError(
+                f"deciding {approval} again answered {response.status_code} {response.text}, "
+                "expected 409 approval_not_pending"
+            )
 
     async def say(self, said: Say) -> None:
         if said.new_session:

@@ -46,11 +46,18 @@ class Say:
 
 @dataclass(frozen=True)
 class Decide:
-    """A manager decides the approval the scenario's run waits for: `POST /v1/approvals/{id}`."""
+    """A manager decides the approval the scenario's run waits for: `POST /v1/approvals/{id}`. `again`: decide
+    the one already decided once more, which must be refused with 409 `approval_not_pending`."""
 
     decision: str  # approve | reject
     approver: str = "manager@acme.example"
     reason: str = ""
+    again: bool = False
+
+
+@dataclass(frozen=True)
+class RestartAll:
+    """Every service of the stack is killed (SIGKILL) and started again while the run waits."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ class AwaitExpiry:
     """Nobody answers: the scenario waits for the approval to expire (its catalog gives it a short ttl)."""
 
 
-Action = Say | Decide | AwaitExpiry
+Action = Say | Decide | AwaitExpiry | RestartAll
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         needs=("policy: approval above", "approvals", "session lanes"),
     ),
     Scenario(
+        "guest approves after every service restarted while the run waited",
+        ScenarioClass.APPROVAL,
+        (Say(FOURTEEN_NIGHTS), RestartAll(), Say("yes")),
+        (
+            *PAID,
+            Journal("run.approval_requested", {"tool": "create_payment", "approver": "guest"}),
+            Journal("run.approval_decided", {"decision": "approved"}),
+        ),
+        guest=VERIFIED,
+        needs=("policy: approval above", "approvals: durable wait", "session lanes"),
+    ),
+    Scenario(
         "guest declines a stay over the limit",
         ScenarioClass.APPROVAL,
         (Say(FOURTEEN_NIGHTS), Say("no, that is too expensive")),
@@ -214,7 +233,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "manager approves a corporate booking",
         ScenarioClass.APPROVAL,
-        (Say(TWO_NIGHTS), Decide("approve", reason="within travel policy")),
+        (
+            Say(TWO_NIGHTS),
+            Decide("approve", reason="within travel policy"),
+            Decide("reject", reason="changed my mind", again=True),
+        ),
         (
             *PAID,
             Journal("run.approval_requested", {"tool": "create_payment", "approver": "manager"}),
