@@ -104,6 +104,14 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Replied:
+    """The guest was told something at the end (a defined reply, also when the run was handed off)."""
+
+    def check(self, seen: Observed) -> str | None:
+        return None if seen.last and seen.last.reply.strip() else "the guest was told nothing"
+
+
+@dataclass(frozen=True)
 class Journal:
     """Some run of the scenario journaled an event of `kind` whose fields match: `fields` exactly, `contains`
     as a case-insensitive substring (a rule's name: `stay_window` matches `rule.stay_window`)."""

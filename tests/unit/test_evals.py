@@ -91,6 +91,8 @@ def test_handed_off_checks_the_reason_and_reply_falls_back_to_the_journal() -> N
     assert checks.HandedOff("loop").check(off) is None
     assert "handed off for loop" in str(checks.HandedOff("budget_steps").check(off))
     assert checks.Reply(("person will take over",)).check(off) is None
+    assert checks.Replied().check(off) is None
+    assert checks.Replied().check(seen(status="handed_off")) == "the guest was told nothing"
     assert checks.Status("completed").check(off) is not None
 
 
