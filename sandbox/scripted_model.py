@@ -89,6 +89,8 @@ _QUESTION = re.compile(
     r"\?\s*$|^\s*(?:what|what's|how|when|where|which|why|who|can|could|do|does|is|are|may|will)\b",
     re.IGNORECASE,
 )
+# "Can you book me something?": a booking without its city and dates, to clarify, not a question for the documents.
+_WANTS_ROOM = re.compile(r"\b(?:book|reserve)\b\s+(?:a|an|me|us|something|somewhere)\b", re.IGNORECASE)
 PASSAGES_HEADER = "From StayHub's documents:"
 _SECTION = re.compile(r"^\[(?P<doc>[^\]]+?) § (?P<section>[^\]]+)\]\n", re.MULTILINE)
 _WORD = re.compile(r"[a-z0-9]+")
@@ -185,7 +187,7 @@ def decide(items: list[dict[str, Any]]) -> Call | Calls | Say:
             refund = _BOOKING_REF.search(said) if _REFUND.search(said) else None
             if refund is not None:
                 return Call("find_payments", {"booking_id": refund["booking_id"]})
-            if _QUESTION.search(said):
+            if _QUESTION.search(said) and not _WANTS_ROOM.search(said):
                 return Say(_answer(said, _passages(items)))
             return Say(CLARIFYING_QUESTION)
         return Call(

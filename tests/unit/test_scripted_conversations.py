@@ -53,6 +53,13 @@ def test_without_a_relevant_passage_the_model_says_it_does_not_know(items: list[
     assert text_of(answer(items)) == scripted_model.NO_ANSWER
 
 
+@pytest.mark.parametrize("text", ["Can you book me something nice?", "Could you reserve a room for us?"])
+def test_a_booking_asked_as_a_question_is_clarified_not_looked_up(text: str) -> None:
+    assert (
+        text_of(answer([DOCUMENTS, {"role": "user", "content": text}])) == scripted_model.CLARIFYING_QUESTION
+    )
+
+
 def test_the_booking_ignores_retrieved_passages() -> None:
     call = answer([DOCUMENTS, {"role": "user", "content": BOOKING_TEXT}], OFFERED_TOOLS)
     assert call["name"] == "search_hotels"
