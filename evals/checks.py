@@ -222,15 +222,16 @@ class ListedPending:
 @dataclass(frozen=True)
 class Passages:
     """The model's answer was given with passages from the documents, journaled with its step
-    (`run.model_answered.passages`), one of them from a document whose name contains `doc`."""
+    (`run.model_answered.passages`), one of them from a document or section whose name contains `about`."""
 
-    doc: str = ""
+    about: str = ""
 
     def check(self, seen: Observed) -> str | None:
         used = [p for e in seen.events("run.model_answered") for p in e.get("passages") or []]
-        if any(self.doc.lower() in str(p.get("doc", "")).lower() for p in used):
+        if any(self.about.lower() in f"{p.get('doc', '')} {p.get('section', '')}".lower() for p in used):
             return None
-        return f"no journaled passage from {self.doc or 'any document'} (got {[p.get('doc') for p in used]})"
+        names = [f"{p.get('doc')} § {p.get('section')}" for p in used]
+        return f"no journaled passage about {self.about or 'anything'} (got {names})"
 
 
 @dataclass(frozen=True)

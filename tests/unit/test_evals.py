@@ -113,9 +113,13 @@ def test_listed_pending_needs_every_requested_approval_listed() -> None:
     assert checks.ListedPending().check(seen()) is not None  # nothing asked is not a pass
 
 
-def test_passages_need_one_from_the_named_document() -> None:
+def test_passages_need_one_from_the_named_document_or_section() -> None:
     answered = [{"type": "run.model_answered", "passages": [{"doc": "cancellation.md", "section": "Free"}]}]
     assert checks.Passages("cancel").check(seen(answered)) is None
+    by_section = [
+        {"type": "run.model_answered", "passages": [{"doc": "policies.md", "section": "Cancellation"}]}
+    ]
+    assert checks.Passages("cancel").check(seen(by_section)) is None
     assert checks.Passages("pets").check(seen(answered)) is not None
     assert checks.Passages().check(seen()) is not None
 
