@@ -21,6 +21,7 @@ CLIENTS = "clients"
 ACTIVE = "active"
 # Guest profiles (`{ns}_guests`): the runtime reads them, the memory executor alone writes them.
 GUESTS = "guests"
+CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 
 
 class Role(StrEnum):
@@ -210,6 +211,11 @@ def users(
             *direct_get(s.kv_stream(ACTIVE)),
             stream_info(s.kv_stream(GUESTS)),
             *direct_get(s.kv_stream(GUESTS)),
+            # The catalog: read (a pinned revision by sequence) and watched (an ordered consumer), never written.
+            stream_info(s.kv_stream(CATALOG)),
+            *direct_get(s.kv_stream(CATALOG)),
+            f"{API}.CONSUMER.CREATE.{s.kv_stream(CATALOG)}",
+            f"$JS.FC.{s.kv_stream(CATALOG)}.>",
         ],
         [inbound_consumer.deliver_subject or "", outcomes_consumer.deliver_subject or ""],
     )

@@ -20,7 +20,7 @@ from contracts.memory import (
 )
 from contracts.streams import guests_spec
 from contracts.subjects import Namespace
-from contracts.tools import Effect, RetryRule, ToolContract
+from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.registry import KvOperation, Tool
 from services.runtime.core.state import RunState
 
@@ -71,6 +71,11 @@ REMEMBER_PREFERENCE = Tool(
         timeout_s=3.0,
         retry=RetryRule.KEYED,
         max_attempts=3,
+        # Its business identity: this guest, this preference, this value. Asked again (in another step, or in
+        # the guest's next run), it is the same action, answered from the executor's store.
+        key_rule=KeyRule.BUSINESS,
+        identity_kind="preference",
+        identity=("guest_id", "name", "value"),
         # A write whose answer was lost can land late only against the revision it read; any later write
         # re-reads the record, so calling again at once never applies a preference twice.
         in_flight_s=0.0,

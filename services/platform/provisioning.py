@@ -10,6 +10,7 @@ from contracts.streams import (
     KvSpec,
     StreamSpec,
     active_spec,
+    catalog_spec,
     clients_spec,
     guests_spec,
     leases_spec,
@@ -20,12 +21,13 @@ from services.platform.jetstream import Broker
 
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
-    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session,
-    guest profiles."""
+    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session, the
+    configuration catalog, guest profiles."""
     return [
         leases_spec(ns, replicas),
         clients_spec(ns, replicas),
         active_spec(ns, replicas),
+        catalog_spec(ns, replicas),
         guests_spec(ns, replicas),
     ]
 

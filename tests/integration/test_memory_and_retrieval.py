@@ -216,7 +216,7 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
         heard.append(msgspec.json.decode(msg.data))
 
     listening = await world.broker.nc.subscribe(world.ns.outcomes("memory", run_id), cb=collect)
-    await runtime._publish_request(requested, context_from(None), msg_id="again")
+    await runtime._publish_request(requested, context_from(None), msg_id="again", agent="booking")
     await eventually(lambda: len(heard) >= 1, what="the second delivery answered")
     assert heard[0]["via"] == Via.REPLAY and heard[0]["status"] == "succeeded"
     assert await world.profile(guest) == (profile, revision)
@@ -225,19 +225,24 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
     # record by key first, finds the write, and answers from it; the record is not written again.
     await memory.close()
     await world.running.enter_async_context(inprocess.executor(world.settings("executor-b", "b"), "memory"))
-    await runtime._publish_request(requested, context_from(None), msg_id="after-loss")
+    await runtime._publish_request(requested, context_from(None), msg_id="after-loss", agent="booking")
     await eventually(lambda: len(heard) >= 2, what="the lost store's key looked up")
     await listening.unsubscribe()
     assert heard[1]["via"] == Via.PROVIDER_LOOKUP and heard[1]["status"] == "succeeded"
     assert await world.profile(guest) == (profile, revision)
 
-    # The next run of the guest is told the preference.
-    second = RecordingModel()
+    # The next run of the guest is told the preference; its model asking to remember it again is the same
+    # action (the guest, the preference, the value), answered from the store: no second write.
+    second = RecordingModel(script=[((_remember("quiet_room", "yes", 2),), None), ((), "Noted.")])
     runtime.model = second
     events = await world.finished(await world.send(guest, "Book again, please"))
     assert isinstance(events[0], RunStarted) and events[0].profile is not None
     assert events[0].profile.preferences == {"quiet_room": "yes"}
     assert any("quiet_room: yes" in str(i.get("content", "")) for i in second.sent[0])
+    again = next(e for e in events if isinstance(e, ActionRequested))
+    assert again.key == requested.key
+    assert next(e for e in events if isinstance(e, ActionCompleted)).status == "succeeded"
+    assert await world.profile(guest) == (profile, revision)
 
 
 async def test_a_preference_write_that_clashes_with_another_writer_is_applied_to_the_record_as_it_became(

@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from contracts.nats_permissions import NatsUser, Role, users
-from contracts.streams import KvSpec, leases_spec, stream_specs
+from contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 from services.platform.nats_users import read_credential
@@ -65,9 +65,9 @@ def _consumer(stream: str, name: str, filter_subject: str, *, legacy: bool = Fal
 
 
 INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (_stream(k) for k in StreamKind)
-KV_LEASES, KV_CLIENTS, KV_ACTIVE, KV_GUESTS = (
-    f"KV_sweep_{b}" for b in ("leases", "clients", "active", "guests")
-)
+KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
+KV_CATALOG = "KV_sweep_catalog"
+KV_GUESTS = "KV_sweep_guests"
 
 
 def probes() -> list[Probe]:
@@ -82,6 +82,7 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
         Probe("publish", "KV clients: `client.k1`", "$KV.sweep_clients.client.k1"),
         Probe("publish", "KV active: `guest.t1.h`", "$KV.sweep_active.guest.t1.h"),
+        Probe("publish", "KV catalog: publish a revision", "$KV.sweep_catalog.catalog"),
         Probe("publish", "KV guests: `guest.t1.h` (a profile)", "$KV.sweep_guests.guest.t1.h"),
         Probe(
             "streams",
@@ -101,6 +102,7 @@ def probes() -> list[Probe]:
                 KV_LEASES,
                 KV_CLIENTS,
                 KV_ACTIVE,
+                KV_CATALOG,
                 KV_GUESTS,
             )
         ),
@@ -124,6 +126,12 @@ def probes() -> list[Probe]:
             f"ephemeral consumer on {RUNS}",
             f"{API}.CONSUMER.CREATE.{RUNS}",
             json.dumps({"stream_name": RUNS, "config": {"ack_policy": "none"}}).encode(),
+        ),
+        Probe(
+            "consumers",
+            f"ephemeral consumer on {KV_CATALOG} (watch the catalog)",
+            f"{API}.CONSUMER.CREATE.{KV_CATALOG}",
+            json.dumps({"stream_name": KV_CATALOG, "config": {"ack_policy": "none"}}).encode(),
         ),
         *(
             Probe(
@@ -172,7 +180,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {f"action request: {f}" for f in FAMILIES}
-        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_GUESTS)}  # reads profiles
+        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG, KV_GUESTS)}  # reads profiles
+        allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
         allowed |= {p.label for p in probes() if "`runtime_" in p.label}
         allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
@@ -250,7 +259,7 @@ async def test_every_role_can_do_exactly_what_it_needs(sweep_server: tuple[NatsS
     try:
         for spec in stream_specs(NS):
             await operator.ensure_stream(spec)
-        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active")):
+        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active"), catalog_spec(NS)):
             await operator.ensure_kv(bucket)
         await operator.publish(NS.run_events("r0"), b"{}")
     finally:
