@@ -33,6 +33,10 @@ class GuestProfile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     # compare-and-set as their effect: "did key K take effect?" is answered from the record itself. Kept out
     # of `run.started` (the runtime journals the profile without them).
     applied: list[str] = []
+    # How many writes made this record (each compare-and-set adds one). A run journals the version it started
+    # from, and a preference's action key names it, so the same preference set again after it changed in
+    # between (yes, no, yes) is a new action, not the first one's stale receipt.
+    version: int = 0
 
 
 class SessionTurn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -20,6 +20,7 @@ from contracts.memory import (
 )
 from contracts.streams import guests_spec
 from contracts.subjects import Namespace
+from contracts.tool_messages import OutcomeStatus
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.registry import KvOperation, Tool
 from services.runtime.core.state import RunState
@@ -52,6 +53,7 @@ def apply_preference(
         profile,
         preferences={**profile.preferences, name: wanted},
         applied=[*profile.applied, key][-APPLIED_KEYS_KEPT:],
+        version=profile.version + 1,
     )
     return profile_encoder.encode(updated), _result(args)
 
@@ -71,11 +73,12 @@ REMEMBER_PREFERENCE = Tool(
         timeout_s=3.0,
         retry=RetryRule.KEYED,
         max_attempts=3,
-        # Its business identity: this guest, this preference, this value. Asked again (in another step, or in
-        # the guest's next run), it is the same action, answered from the executor's store.
+        # Its business identity: this guest setting this preference to this value, from the profile as this
+        # point of the run knows it (`basis`). Re-planned or asked again before it lands, it is the same action,
+        # answered from the executor's store; set again after the profile changed (yes, no, yes) it is a new one.
         key_rule=KeyRule.BUSINESS,
         identity_kind="preference",
-        identity=("guest_id", "name", "value"),
+        identity=("guest_id", "name", "value", "basis"),
         # A write whose answer was lost can land late only against the revision it read; any later write
         # re-reads the record, so calling again at once never applies a preference twice.
         in_flight_s=0.0,
@@ -124,4 +127,24 @@ def prepare_preference(state: RunState, args: dict[str, Any]) -> dict[str, Any] 
         )
     if not state.started.tenant or not state.guest_id:
         return _invalid("this run has no tenant and guest to remember anything for")
-    return {"tenant": state.started.tenant, "guest_id": state.guest_id, "name": name, "value": value}
+    return {
+        "tenant": state.started.tenant,
+        "guest_id": state.guest_id,
+        "name": name,
+        "value": value,
+        "basis": preference_basis(state),
+    }
+
+
+def preference_basis(state: RunState) -> str:
+    """The profile as this point of the run knows it: the version the run started from and how many preference
+    writes the run has made since (`v<version>.<writes>`). Read from the journal alone, so a replay prepares
+    the same arguments and the same key."""
+    profile = state.started.profile
+    version = profile.version if profile is not None else 0
+    writes = sum(
+        1
+        for request, done in state.completed
+        if request.tool == "remember_preference" and done.status == OutcomeStatus.SUCCEEDED
+    )
+    return f"v{version}.{writes}"

@@ -93,7 +93,7 @@ class GuestProfiles:
                 changes["corporate"] = corporate
             if manager is not None:
                 changes["manager"] = manager
-            updated = msgspec.structs.replace(profile, **changes)
+            updated = msgspec.structs.replace(profile, **changes, version=profile.version + 1)
             try:
                 await self.broker.kv_write(spec, key, profile_encoder.encode(updated), revision=revision)
             except LeaseConflict:

@@ -200,7 +200,14 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
     requested = next(e for e in events if isinstance(e, ActionRequested))
     completed = next(e for e in events if isinstance(e, ActionCompleted))
     assert requested.family == "memory"
-    assert requested.args == {"tenant": TENANT, "guest_id": guest, "name": "quiet_room", "value": "yes"}
+    # The basis: the profile's version the run started from (the operator's one write), no writes of its own.
+    assert requested.args == {
+        "tenant": TENANT,
+        "guest_id": guest,
+        "name": "quiet_room",
+        "value": "yes",
+        "basis": "v1.0",
+    }
     assert completed.status == "succeeded" and completed.result["remembered"] is True
     found = await world.profile(guest)
     assert found is not None
@@ -231,8 +238,8 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
     assert heard[1]["via"] == Via.PROVIDER_LOOKUP and heard[1]["status"] == "succeeded"
     assert await world.profile(guest) == (profile, revision)
 
-    # The next run of the guest is told the preference; its model asking to remember it again is the same
-    # action (the guest, the preference, the value), answered from the store: no second write.
+    # The next run of the guest is told the preference; its model asking to remember it again finds the
+    # profile already saying so: no second write.
     second = RecordingModel(script=[((_remember("quiet_room", "yes", 2),), None), ((), "Noted.")])
     runtime.model = second
     events = await world.finished(await world.send(guest, "Book again, please"))
@@ -240,7 +247,7 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
     assert events[0].profile.preferences == {"quiet_room": "yes"}
     assert any("quiet_room: yes" in str(i.get("content", "")) for i in second.sent[0])
     again = next(e for e in events if isinstance(e, ActionRequested))
-    assert again.key == requested.key
+    assert again.args["basis"] == "v2.0"
     assert next(e for e in events if isinstance(e, ActionCompleted)).status == "succeeded"
     assert await world.profile(guest) == (profile, revision)
 

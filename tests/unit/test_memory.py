@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from contracts.errors import ErrorCode, ErrorInfo
+from contracts.run_events import ActionCompleted, ActionRequested
 from contracts.memory import APPLIED_KEYS_KEPT, GuestProfile, profile_decoder, profile_encoder
 from services.agents.memory import (
     REMEMBER_PREFERENCE,
@@ -17,7 +18,7 @@ from services.runtime.core.fold import fold_run
 from services.runtime.core.state import RunState
 from tests.support.runs import BOOKING, started
 
-ARGS = {"tenant": "acme", "guest_id": "guest-1", "name": "quiet_room", "value": "yes"}
+ARGS = {"tenant": "acme", "guest_id": "guest-1", "name": "quiet_room", "value": "yes", "basis": "v0.0"}
 
 
 def _state(tenant: str = "acme") -> RunState:
@@ -97,6 +98,7 @@ def test_the_guest_and_tenant_come_from_the_run_never_from_the_model() -> None:
         "guest_id": "guest-1",
         "name": "late_check_in",
         "value": "after 23:00",
+        "basis": "v0.0",
     }
 
 
@@ -130,3 +132,56 @@ def test_the_booking_agent_offers_the_tool_and_prepares_it_through_the_memory_ru
     assert BOOKING.config.memory and BOOKING.config.retrieval
     prepared = BOOKING.prepare(_state(), REMEMBER_PREFERENCE.contract, {"name": "quiet_room", "value": "yes"})
     assert prepared == ARGS
+
+
+def _remembered(state: RunState, step: int, value: str, status: str = "succeeded") -> RunState:
+    """The run's own remember_preference of quiet_room = value, requested and completed."""
+    requested = ActionRequested(
+        run_id=state.run_id,
+        at=state.started.at,
+        step_no=step,
+        call_id=f"c{step}",
+        tool="remember_preference",
+        family="memory",
+        args={**ARGS, "value": value},
+        key=f"k{step}",
+        input_hash="0" * 64,
+        timeout_s=3.0,
+        deadline_at=state.started.deadline_at,
+    )
+    done = ActionCompleted(
+        run_id=state.run_id,
+        at=state.started.at,
+        step_no=step,
+        key=f"k{step}",
+        status=status,  # type: ignore[arg-type]
+    )
+    return fold_run(fold_run(state, requested), done)
+
+
+def test_a_preference_set_back_after_it_changed_is_a_new_action_asked_twice_before_it_lands_one() -> None:
+    profile = GuestProfile(guest_id="guest-1", preferences={"quiet_room": "no"}, version=7)
+    state = fold_run(None, msgspec.structs.replace(started(), tenant="acme", profile=profile))
+    ask = {"name": "quiet_room", "value": "yes"}
+
+    first = prepare_preference(state, ask)
+    assert isinstance(first, dict) and first["basis"] == "v7.0"  # the version the run started from
+    assert prepare_preference(state, ask) == first  # re-planned before it lands: one identity, one key
+
+    # yes, then no, then yes again: the third is not the first one's receipt replayed over a "no".
+    flipped = _remembered(_remembered(state, 1, "yes"), 2, "no")
+    again = prepare_preference(flipped, ask)
+    assert isinstance(again, dict) and again["basis"] == "v7.2" and again != first
+    # A write that failed changed nothing.
+    assert prepare_preference(_remembered(state, 1, "maybe", status="failed"), ask) == first
+    # A guest nobody wrote a profile for starts from version 0.
+    fresh = fold_run(None, msgspec.structs.replace(started(), tenant="acme"))
+    assert prepare_preference(fresh, ask) == {**first, "basis": "v0.0"}
+
+
+def test_every_write_of_the_record_moves_its_version() -> None:
+    record, _ = apply_preference(None, ARGS, "k1")
+    assert record is not None and profile_decoder.decode(record).version == 1
+    record, _ = apply_preference(record, {**ARGS, "value": "no"}, "k2")
+    assert record is not None and profile_decoder.decode(record).version == 2
+    assert apply_preference(record, {**ARGS, "value": "no"}, "k3")[0] is None  # nothing to change, no write
