@@ -170,7 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     guests_sub = guests.add_subparsers(dest="guests_command", required=True)
     guest_show = guests_sub.add_parser("show", help="a guest's profile as runs read it")
     guest_set = guests_sub.add_parser("set", help="set a guest's verified email (and corporate manager)")
-    guest_set.add_argument("--email", default=None, help="the only address a message to the guest may go to")
+    guest_set.add_argument(
+        "--email",
+        "--verified-email",
+        dest="email",
+        default=None,
+        help="the only address a message to the guest may go to",
+    )
     guest_set.add_argument("--corporate", action="store_true", default=None, help="bookings need a manager")
     guest_set.add_argument("--manager", default=None, help="who approves a corporate traveller's bookings")
     for command in (guest_show, guest_set):

@@ -64,7 +64,10 @@ async def test_the_memory_executor_killed_after_its_write_before_the_receipt_wri
     )
     env = cli_env(client.stack, sandbox=False)
     guest = unique("guest")
-    assert (await crashsafe("guests", "set", guest, "--email", "ana@example.com", env=env)).returncode == 0
+    # `--verified-email` is `--email`'s long name (the eval suite's operator uses it).
+    assert (
+        await crashsafe("guests", "set", guest, "--verified-email", "ana@example.com", env=env)
+    ).returncode == 0
     async with supervised(client.stack):
         run_id = await client.submit(REMEMBER, guest_id=guest)
         summary = await client.wait_terminal(run_id)
