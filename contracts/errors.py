@@ -492,3 +492,42 @@ class NotPermitted(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"user": self.user, "subject": self.subject}
+
+
+# Approvals ----------------------------------------------------------------------------------------------------
+
+
+class ApprovalNotFound(CrashsafeError):
+    """No approval with this id, or another tenant's (the same answer: HTTP 404)."""
+
+    code = ErrorCode.APPROVAL_NOT_FOUND
+    retry = RetryClass.NONE
+
+    def __init__(self, *, approval_id: str) -> None:
+        super().__init__(
+            f"no approval {approval_id}; list the pending ones with GET /v1/approvals?status=pending"
+        )
+        self.approval_id = approval_id
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id}
+
+
+class ApprovalNotPending(CrashsafeError):
+    """A decision on an approval that was already decided or has expired (HTTP 409): nothing changed."""
+
+    code = ErrorCode.APPROVAL_NOT_PENDING
+    retry = RetryClass.NONE
+
+    def __init__(self, *, approval_id: str, status: str, decided_by: str = "") -> None:
+        by = f" by {decided_by}" if decided_by else ""
+        super().__init__(
+            f"approval {approval_id} is {status}{by}, not pending: it can no longer be decided; a new"
+            " request of the action needs a new approval"
+        )
+        self.approval_id = approval_id
+        self.status = status
+        self.decided_by = decided_by
+
+    def details(self) -> dict[str, Any]:
+        return _facts(approval_id=self.approval_id, status=self.status, decided_by=self.decided_by)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import msgspec
 
 from contracts.errors import (
+    ApprovalNotFound,
+    ApprovalNotPending,
     BodyTooLarge,
     BrokerUnavailable,
     CrashsafeError,
@@ -43,6 +45,8 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     RateLimited: 429,
     # An active-runs record many writers fought over for every compare-and-set round: try again shortly.
     LeaseConflict: 503,
+    ApprovalNotFound: 404,
+    ApprovalNotPending: 409,
 }
 UNLISTED = 500
 

@@ -40,6 +40,8 @@ from services.reconciler.service import AuditStats, Reconciler, audit_all
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
 from services.runtime.model import ResponsesModel
+from services.runtime.approvals import ApprovalDesk
+from services.runtime.lanes import SessionLanes
 from services.runtime.service import Runtime
 from tests.support import capabilities
 
@@ -207,6 +209,8 @@ async def runtime(
         model or NoModel(),
         logging.getLogger(f"tests.runtime.{settings.worker_id}"),
         capabilities.ISSUER,
+        approvals=ApprovalDesk(broker, settings.namespace),
+        lanes=SessionLanes(broker, settings.namespace),
     )
     try:
         yield worker
