@@ -39,6 +39,7 @@ from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.platform.sessions import SessionRecords
 from services.platform.settings import Settings
+from services.reconciler.core import awaiting_runs
 from services.runtime.core import approvals as rules
 from services.runtime.core.decide import approval_id_for, model_answered
 from services.runtime.core.fold import fold_run, replay
@@ -323,3 +324,25 @@ async def test_concurrent_messages_of_one_session_are_each_journaled_once_by_one
     print(f"8 messages: {len(runs)} run(s), {turns} turn(s)")
     lane, _ = await world.sessions.get(TENANT, session)
     assert lane.run_id == ""
+
+
+async def test_a_decision_whose_wake_was_lost_is_journaled_by_the_reconcilers_backstop(world: World) -> None:
+    async with inprocess.reconciler(world.settings) as reconciler:
+        held = await _held_run(world, approver=Approver.MANAGER.value)
+        now = datetime.now(UTC)
+        # The gateway's compare-and-set landed, and the gateway died before it woke the run.
+        await world.records.move(
+            held.approval.approval_id, lambda r: rules.decide(r, "approved", "manager:ana", "", now)
+        )
+
+        async def seen() -> bool:
+            return any(w.approval_id == held.approval.approval_id for w in awaiting_runs(reconciler.work))
+
+        await eventually(seen, what="the reconciler follows the waiting run")
+        # Quiet for an hour: a waiting run is not stalled, and it is woken once for its decided record.
+        await reconciler.tick(datetime.now(UTC) + timedelta(hours=1))
+        events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert (decided.decision, decided.decided_by) == ("approved", "manager:ana")
+    # The test's own wake put the run to wait; the reconciler's is the one that found the decision.
+    assert [e.by for e in events if isinstance(e, RunNudged)] == ["test", reconciler.worker]
