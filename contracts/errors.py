@@ -50,6 +50,9 @@ class ErrorCode(StrEnum):
     NOT_ALLOWED = "not_allowed"  # a policy rule refused the action (`run.policy_denied`)
     APPROVAL_NOT_PENDING = "approval_not_pending"  # a decision on an approval already decided or expired
     APPROVAL_NOT_FOUND = "approval_not_found"
+    SESSION_OF_ANOTHER_GUEST = (
+        "session_of_another_guest"  # a message in a session whose run is another guest's
+    )
     INVALID_CATALOG = "invalid_catalog"
 
 
@@ -531,3 +534,21 @@ class ApprovalNotPending(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return _facts(approval_id=self.approval_id, status=self.status, decided_by=self.decided_by)
+
+
+class SessionOfAnotherGuest(CrashsafeError):
+    """A message names a session whose active run is another guest's (HTTP 409): it would become that run's turn
+    (and could answer its approval), so it is refused; nothing was published."""
+
+    code = ErrorCode.SESSION_OF_ANOTHER_GUEST
+    retry = RetryClass.POISON
+
+    def __init__(self, *, session_id: str, run_id: str) -> None:
+        super().__init__(
+            f"session {session_id} is in use by another guest's run {run_id}; use a session id of your own"
+        )
+        self.session_id = session_id
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "run_id": self.run_id}

@@ -28,6 +28,7 @@ from contracts.errors import (
     CrashsafeError,
     RateLimited,
     RunNotFound,
+    SessionOfAnotherGuest,
     SubjectFull,
     Unauthenticated,
     UnknownAgent,
@@ -148,6 +149,8 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         # active gets this message as that run's next turn (the runtime checks the lane again when it arrives).
         owner = await sessions.claim(client.tenant, message.session_id, admission.run_id)
         turn_of = "" if owner == admission.run_id else owner
+        if turn_of:
+            await _same_guest(broker, ns, turn_of, message.guest_id, message.session_id)
         if not turn_of:
             try:
                 await claim(
@@ -188,6 +191,15 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     if turn_of:
         body |= {"turn": True, "event_run_id": admission.run_id}
     return Response(content=body, status_code=202)
+
+
+async def _same_guest(broker: Broker, ns: Namespace, owner: str, guest_id: str, session_id: str) -> None:
+    """A turn joins only a run of the same guest: another guest's message in the session could answer its
+    approval. (The runtime checks again; a run not started yet is checked there.)"""
+    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
+    started = decode_event(first.data) if first is not None else None
+    if isinstance(started, RunStarted) and started.guest_id != guest_id:
+        raise SessionOfAnotherGuest(session_id=session_id[:128], run_id=owner)
 
 
 async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, run_id: str) -> None:

@@ -14,6 +14,7 @@ from contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
     BodyTooLarge,
+    SessionOfAnotherGuest,
     BrokerUnavailable,
     CrashsafeError,
     Forbidden,
@@ -47,6 +48,7 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     LeaseConflict: 503,
     ApprovalNotFound: 404,
     ApprovalNotPending: 409,
+    SessionOfAnotherGuest: 409,
 }
 UNLISTED = 500
 

@@ -21,6 +21,7 @@ from contracts.errors import (
     OutcomeRefused,
     PoisonMessage,
     RunVersionConflict,
+    SessionOfAnotherGuest,
 )
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.run_events import (
@@ -271,6 +272,9 @@ class Runtime:
         for _ in range(MAX_CONFLICT_RETRIES):
             if run is None or run.state.terminal:
                 return False
+            if event.message.guest_id != run.state.guest_id:
+                # Another guest's message in this session must never answer this run's approval.
+                raise SessionOfAnotherGuest(session_id=event.message.session_id[:128], run_id=owner)
             if event.message.event_id in run.state.turn_ids:
                 break  # journaled already (the message came again after a crash)
             turn = TurnReceived(

@@ -46,6 +46,7 @@ from services.runtime.core.fold import fold_run, replay
 from services.runtime.model import ResponsesModel
 from services.runtime.service import Runtime
 from tests.support import inprocess
+from tests.support.broker import dead_letters
 from tests.support.inprocess import REGISTRY
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT
@@ -103,6 +104,7 @@ async def world(
 class Held:
     run_id: str
     session_id: str
+    guest_id: str
     approval: ApprovalRequested
 
 
@@ -153,7 +155,7 @@ async def _held_run(world: World, *, ttl_s: float = 3600, approver: str = Approv
     await world.journal.append(held, seq)
     await wake_run(world.broker, world.settings, run_id, "the test held an action", "test")
     await eventually(lambda: world.records.get(held.approval_id), what="the approval's record")
-    return Held(run_id, session, held)
+    return Held(run_id, session, started.guest_id, held)
 
 
 async def _events(world: World, run_id: str) -> list[JournalEvent]:
@@ -174,14 +176,14 @@ def _decisions(events: list[JournalEvent]) -> list[ApprovalDecided]:
     return [e for e in events if isinstance(e, ApprovalDecided)]
 
 
-async def _say(world: World, session: str, text: str, guest: str = "g") -> str:
+async def _say(world: World, held: Held, text: str, guest: str | None = None) -> str:
     """A further guest message of `session`, as the gateway publishes it; returns its event id."""
     key = unique("turn")
     event = InboundEvent(
         key=key,
         run_id=run_id_for(TENANT, key),
         input_hash="1" * 64,
-        message=InboundMessage(key, session, guest, text),
+        message=InboundMessage(key, held.session_id, guest or held.guest_id, text),
         received_at=datetime.now(UTC),
         tenant=TENANT,
     )
@@ -240,7 +242,7 @@ async def test_an_approval_nobody_decides_expires_by_the_durable_timer(world: Wo
 
 async def test_the_guests_yes_in_the_same_session_reaches_the_run_that_asked(world: World) -> None:
     held = await _held_run(world)
-    said = await _say(world, held.session_id, "yes please")
+    said = await _say(world, held, "yes please")
     events = await _ended(world, held.run_id)
     (decided,) = _decisions(events)
     assert decided.decision == "approved" and decided.decided_by.startswith("guest:")
@@ -254,7 +256,7 @@ async def test_the_guests_yes_in_the_same_session_reaches_the_run_that_asked(wor
 
 async def test_the_guests_no_rejects_and_goes_to_the_model(world: World) -> None:
     held = await _held_run(world)
-    await _say(world, held.session_id, "no, Porto instead")
+    await _say(world, held, "no, Porto instead")
     events = await _ended(world, held.run_id)
     (decided,) = _decisions(events)
     assert (decided.decision, decided.reason, decided.turn_event_id) == ("rejected", "no, Porto instead", "")
@@ -272,7 +274,7 @@ async def test_a_decision_after_the_record_was_decided_changes_nothing(world: Wo
         held.approval.approval_id, lambda r: rules.decide(r, "rejected", "manager:ana", "", now)
     )
     # The guest's "yes" comes after the manager's "no": the record is the authority.
-    said = await _say(world, held.session_id, "yes")
+    said = await _say(world, held, "yes")
     events = await _ended(world, held.run_id)
     (decided,) = _decisions(events)
     assert (decided.decision, decided.decided_by) == ("rejected", "manager:ana")
@@ -346,3 +348,15 @@ async def test_a_decision_whose_wake_was_lost_is_journaled_by_the_reconcilers_ba
     assert (decided.decision, decided.decided_by) == ("approved", "manager:ana")
     # The test's own wake put the run to wait; the reconciler's is the one that found the decision.
     assert [e.by for e in events if isinstance(e, RunNudged)] == ["test", reconciler.worker]
+
+
+async def test_another_guests_yes_in_the_session_never_answers_the_run(world: World, broker: Broker) -> None:
+    held = await _held_run(world)
+    await _say(world, held, "yes", guest="mallory")
+    await eventually(lambda: dead_letters(broker, world.ns), what="the stranger's message dead-lettered")
+    (letter,) = await dead_letters(broker, world.ns)
+    assert letter.code == "session_of_another_guest"
+    state = replay(await _events(world, held.run_id))
+    assert state is not None and state.awaiting is not None and state.turn_ids == ()
+    stored = await world.records.get(held.approval.approval_id)
+    assert stored is not None and stored.record.status == ApprovalStatus.PENDING
