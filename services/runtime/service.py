@@ -234,8 +234,10 @@ class Runtime:
             return event.run_id  # it started its run already (a redelivery)
         for _ in range(MAX_CONFLICT_RETRIES):
             owner = await self.lanes.owner(tenant, session)
-            if owner in ("", event.run_id):
-                won = await self.lanes.take_over(tenant, session, event.run_id, owner, None)
+            if owner == event.run_id:
+                return owner  # the gateway claimed the session for this message's run
+            if not owner:
+                won = await self.lanes.take_over(tenant, session, event.run_id, "", None)
                 if won == event.run_id:
                     return won
                 continue

@@ -11,6 +11,7 @@ from contracts.approvals import ApprovalStatus
 from contracts.policy import Approver
 from contracts.run_events import ApprovalRequested, TurnReceived
 from services.runtime.core.approvals import (
+    approved_for,
     current_status,
     decide,
     decided_event,
@@ -154,3 +155,22 @@ def test_a_turn_is_folded_once_however_often_it_comes() -> None:
     assert (again.inbox, again.turns, again.turn_ids) == (state.inbox, state.turns, ("evt-2",))
     # The run's own first message is never a turn of it.
     assert fold_run(state, turn("evt-1", "Book a room in Lisbon")).inbox == state.inbox
+
+
+def test_an_approval_covers_only_the_exact_action_it_was_asked_for_and_only_once() -> None:
+    record = new_record(waiting(), held())
+    yes = decide(record, "approved", "guest:guest-1", "", T0 + timedelta(minutes=1))
+    assert yes is not None
+    approved = decided_event(yes, held(), T0 + timedelta(minutes=1), "evt-2")
+    assert approved is not None
+    state = fold_run(fold_run(waiting(), turn("evt-2", "yes")), approved)
+    assert approved_for(state, "create_payment", held().input_hash) == approved
+    # A changed action (another amount, another hotel) prepares to another hash: not approved.
+    assert approved_for(state, "create_payment", "x" * 64) is None
+    assert approved_for(state, "create_booking", held().input_hash) is None
+    # A rejection approves nothing.
+    no = decide(record, "rejected", "manager:ana", "", T0 + timedelta(minutes=1))
+    assert no is not None
+    refused = decided_event(no, held(), T0 + timedelta(minutes=1))
+    assert refused is not None
+    assert approved_for(fold_run(waiting(), refused), "create_payment", held().input_hash) is None
