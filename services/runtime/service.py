@@ -145,6 +145,8 @@ class Runtime:
         self.worker = settings.worker_id
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        # One lock per guest session with messages in hand, and how many handlers share it.
+        self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
         # A wake at the deadline of each run this worker saw waiting on actions (see `_arm_deadline`).
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._wakes: set[asyncio.Task[None]] = set()
@@ -210,7 +212,24 @@ class Runtime:
     async def admit(self, event: InboundEvent, ctx: Context) -> None:
         """A guest message, in its session's lane: it starts its own run if the session is free (or its owner
         has ended), else it becomes the next turn of the run that owns the session. The lane record decides
-        (compare-and-set), not the gateway's hint (`turn_of`), which may be stale by now."""
+        (compare-and-set), not the gateway's hint (`turn_of`), which may be stale by now.
+
+        Messages of one session are taken one at a time, in the order they were delivered (the session's lock is
+        taken before the first await, and asyncio's locks are fair)."""
+        session = f"{event.tenant}/{event.message.session_id}"
+        lock, users = self._sessions.get(session, (asyncio.Lock(), 0))
+        self._sessions[session] = (lock, users + 1)
+        try:
+            async with lock:
+                await self._admit(event, ctx)
+        finally:
+            lock, users = self._sessions[session]
+            if users <= 1:
+                del self._sessions[session]
+            else:
+                self._sessions[session] = (lock, users - 1)
+
+    async def _admit(self, event: InboundEvent, ctx: Context) -> None:
         for _ in range(MAX_CONFLICT_RETRIES):
             owner = await self._lane_owner(event, ctx)
             if owner == event.run_id:

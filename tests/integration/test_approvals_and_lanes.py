@@ -322,6 +322,23 @@ async def test_concurrent_messages_of_one_session_are_each_journaled_once_by_one
     spans = sorted(span(ev) for ev in runs.values())
     for (_, ended), (begun, _) in zip(spans, spans[1:], strict=False):
         assert begun >= ended
+    # In order: the session's messages are taken in the order the inbound stream holds them.
+    arrived = {
+        k: (
+            await world.broker.last_on_subject(
+                world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id_for(TENANT, k))
+            )
+        )
+        for k in keys
+    }
+    by_stream = sorted(keys, key=lambda k: arrived[k].seq if arrived[k] else 0)
+    taken = [
+        e.event_id
+        for ev in sorted(runs.values(), key=lambda ev: ev[0].at)
+        for e in ev
+        if isinstance(e, (RunStarted, TurnReceived))
+    ]
+    assert taken == by_stream
     turns = sum(isinstance(e, TurnReceived) for ev in runs.values() for e in ev)
     print(f"8 messages: {len(runs)} run(s), {turns} turn(s)")
     lane, _ = await world.sessions.get(TENANT, session)
