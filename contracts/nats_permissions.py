@@ -216,6 +216,7 @@ def users(
             s.kv(APPROVALS, "approval.*"),
             s.kv(SESSIONS, "session.*.*"),
             f"{n}.timer.approval.*",
+            f"{n}.timer.cancelled.*",  # purges a decided approval's schedule (`Nats-Schedule-Next: purge`)
             *(stream_info(x) for x in all_streams),
             stream_info(s.kv_stream(ACTIVE)),
             stream_info(s.kv_stream(APPROVALS)),

@@ -44,6 +44,9 @@ class Header(StrEnum):
     # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
     SCHEDULE = "Nats-Schedule"
     SCHEDULE_TARGET = "Nats-Schedule-Target"
+    # With `Nats-Schedule-Next: purge`, the schedule subject the server purges (a cancelled timer).
+    SCHEDULER = "Nats-Scheduler"
+    SCHEDULE_NEXT = "Nats-Schedule-Next"
 
 
 class StreamKind(StrEnum):
@@ -214,6 +217,10 @@ class Namespace:
     # only schedules to a subject of the schedule's own stream.
     def approval_timer(self, approval_id: str) -> str:
         return f"{self.name}.timer.approval.{_literal(approval_id)}"
+
+    def timer_cancelled(self, approval_id: str) -> str:
+        """Where the runtime asks the server to purge a decided approval's schedule (`Nats-Schedule-Next: purge`)."""
+        return f"{self.name}.timer.cancelled.{_literal(approval_id)}"
 
     def timer_fired(self, run_id: str) -> str:
         return f"{self.name}.timer.fired.{_literal(run_id)}"

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from contracts.approvals import ApprovalRecord
-from contracts.errors import LeaseConflict
+from contracts.errors import CrashsafeError, LeaseConflict
 from contracts.streams import approvals_spec
 from contracts.subjects import Header, Namespace, StreamKind
 from contracts.tool_messages import RunWake, tool_encoder
@@ -105,6 +105,22 @@ class ApprovalRecords:
             },
             timeout_s=5.0,
         )
+
+    async def cancel_timer(self, approval_id: str) -> None:
+        """Purge a decided approval's schedule, so it never fires a needless wake (best effort: a schedule that
+        fires anyway wakes a run that finds its approval decided, and does nothing)."""
+        try:
+            await self.broker.publish(
+                self.ns.timer_cancelled(approval_id),
+                b"",
+                headers={
+                    Header.SCHEDULE_NEXT.value: "purge",
+                    Header.SCHEDULER.value: self.ns.approval_timer(approval_id),
+                },
+                timeout_s=5.0,
+            )
+        except CrashsafeError:
+            pass
 
 
 def schedule_time(at: datetime) -> str:

@@ -43,6 +43,7 @@ class ApprovalDesk:
             if moved is None:
                 return None
             stored = moved
+        await self.records.cancel_timer(approval.approval_id)
         return decided_event(stored.record, approval, now)
 
     async def decide(self, state: RunState, move: DecideApproval, ctx: Context) -> ApprovalDecided:
@@ -60,6 +61,7 @@ class ApprovalDesk:
             ),
         )
         assert moved is not None  # created just above; records are never deleted
+        await self.records.cancel_timer(approval.approval_id)
         event = decided_event(moved.record, approval, utcnow(), move.turn_event_id)
         assert event is not None  # moved from pending, or already decided
         return event

@@ -224,6 +224,13 @@ async def test_a_managers_approval_lets_the_exact_call_run(world: World) -> None
     searches = [e for e in after if isinstance(e, ActionRequested) and e.tool == "search_hotels"]
     assert [s.input_hash for s in searches] == [held.approval.input_hash]
     assert isinstance(events[-1], RunCompleted)
+    # The decided approval's schedule is purged: it will never fire a needless wake.
+    assert (
+        await world.broker.last_on_subject(
+            world.ns.stream(StreamKind.TIMERS), world.ns.approval_timer(held.approval.approval_id)
+        )
+        is None
+    )
 
 
 async def test_an_approval_nobody_decides_expires_by_the_durable_timer(world: World) -> None:

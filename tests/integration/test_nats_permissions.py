@@ -92,6 +92,7 @@ def probes() -> list[Probe]:
         Probe("publish", "KV approvals: `approval.apr_1`", "$KV.sweep_approvals.approval.apr_1"),
         Probe("publish", "KV sessions: `session.t1.h`", "$KV.sweep_sessions.session.t1.h"),
         Probe("publish", "approval expiry schedule", NS.approval_timer("apr_1")),
+        Probe("publish", "cancel an approval's schedule", NS.timer_cancelled("apr_1")),
         Probe("publish", "fired timer (only the server's scheduler)", NS.timer_fired("r1")),
         Probe(
             "streams",
@@ -193,6 +194,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
             "KV approvals: `approval.apr_1`",
             "KV sessions: `session.t1.h`",
             "approval expiry schedule",
+            "cancel an approval's schedule",
         }
         allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
         allowed |= {f"direct get on {_stream(StreamKind.TIMERS)}"}
