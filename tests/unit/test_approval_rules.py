@@ -9,7 +9,7 @@ import pytest
 
 from contracts.approvals import ApprovalStatus
 from contracts.policy import Approver
-from contracts.run_events import ApprovalRequested, TurnReceived
+from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, TurnReceived
 from services.runtime.core.approvals import (
     approved_for,
     current_status,
@@ -23,7 +23,7 @@ from services.runtime.core.approvals import (
 from services.runtime.core.decide import AwaitApproval, DecideApproval, approval_id_for, next_move
 from services.runtime.core.fold import fold_run, summarize
 from services.runtime.core.state import RunState
-from tests.support.runs import BOOKING, RUN, T0, call, started
+from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, booked_run, call, started
 
 pytestmark = pytest.mark.unit
 
@@ -174,3 +174,48 @@ def test_an_approval_covers_only_the_exact_action_it_was_asked_for_and_only_once
     refused = decided_event(no, held(), T0 + timedelta(minutes=1))
     assert refused is not None
     assert approved_for(fold_run(waiting(), refused), "create_payment", held().input_hash) is None
+
+
+@pytest.mark.parametrize(
+    ("decision", "decided_by", "says"),
+    [("rejected", "manager:ana", "declined by manager:ana"), ("expired", "timer", "not given in time")],
+)
+def test_a_corporate_payment_refused_or_expired_releases_the_hold_and_ends_with_the_defined_reply(
+    decision: str, decided_by: str, says: str
+) -> None:
+    run, booking_id = booked_run()
+    pay = call("create_payment", {"booking_id": booking_id}, call_id="call_pay")
+    run.answer(pay)
+    waiting = ApprovalRequested(
+        run_id=RUN,
+        at=run.tick(),
+        step_no=run.state.next_step,
+        approval_id=approval_id_for(RUN, run.state.next_step),
+        call=pay,
+        tool="create_payment",
+        args={"booking_id": booking_id, "amount_cents": 2 * NIGHTLY, "currency": "EUR"},
+        input_hash="p" * 64,
+        amount_cents=2 * NIGHTLY,
+        currency="EUR",
+        approver=Approver.MANAGER.value,
+        rule="rule.approval_above",
+        reason="corporate bookings wait for the traveller's manager",
+        expires_at=run.now + timedelta(hours=24),
+    )
+    run.add(waiting)
+    assert isinstance(next_move(run.state, BOOKING, run.tick()), AwaitApproval)
+    record = new_record(run.state, waiting)
+    moved = decide(record, decision, decided_by, "", run.tick()) or expired(
+        record, run.now + timedelta(days=1)
+    )
+    assert moved is not None and moved.status == decision
+    ended = decided_event(moved, waiting, run.tick())
+    assert ended is not None
+    run.add(ended)
+    (release,) = run.decide()
+    assert isinstance(release, ActionRequested) and release.tool == "release_booking"
+    assert release.args == {"booking_id": booking_id}
+    run.complete(release.step_no)
+    (done,) = run.decide()
+    assert isinstance(done, RunCompleted) and says in done.reply
+    assert not any(isinstance(e, ActionRequested) and e.tool == "create_payment" for e in run.events)
