@@ -178,7 +178,7 @@ class Runtime:
     async def _on_inbound(self, msg: Msg) -> None:
         event = inbound_decoder.decode(msg.data)
         ctx = context_from(msg.headers)
-        await self.admit(event, ctx)
+        await self.admit(event, ctx, redelivered=msg.metadata.num_delivered > 1)
 
     async def _on_timer(self, msg: Msg) -> None:
         """A fired durable timer (an approval's expiry): a wake of its run, which then asks the record."""
@@ -209,7 +209,7 @@ class Runtime:
 
     # Use cases ----------------------------------------------------------------------------------------------
 
-    async def admit(self, event: InboundEvent, ctx: Context) -> None:
+    async def admit(self, event: InboundEvent, ctx: Context, redelivered: bool = False) -> None:
         """A guest message, in its session's lane: it starts its own run if the session is free (or its owner
         has ended), else it becomes the next turn of the run that owns the session. The lane record decides
         (compare-and-set), not the gateway's hint (`turn_of`), which may be stale by now.
@@ -221,6 +221,8 @@ class Runtime:
         self._sessions[session] = (lock, users + 1)
         try:
             async with lock:
+                if redelivered and await self._taken_already(event):
+                    return
                 await self._admit(event, ctx)
         finally:
             lock, users = self._sessions[session]
@@ -241,6 +243,20 @@ class Runtime:
                     return
             # The owner ended before the turn reached it: decide the lane again.
         raise RunVersionConflict(subject=self.ns.run_events(event.run_id), expected_seq=0)
+
+    async def _taken_already(self, event: InboundEvent) -> bool:
+        """A message that comes again (its handler died before the ack) may already be a turn of a run of its
+        session that has ended since: never start a second run of it. Asked only on a redelivery. Journals are
+        read for the session's owner and its last finished runs (at most 6)."""
+        if not event.tenant:
+            return False
+        owner = await self.lanes.owner(event.tenant, event.message.session_id)
+        history = await self.lanes.history(event.tenant, event.message.session_id)
+        for run_id in {owner, *(t.run_id for t in history)} - {"", event.run_id}:
+            state = await self._peek(run_id)
+            if state is not None and state.terminal and event.message.event_id in state.turn_ids:
+                return True  # (a run still active that holds it is driven again by the usual path)
+        return False
 
     async def _lane_owner(self, event: InboundEvent, ctx: Context) -> str:
         """The run this message belongs to: its own, or the session's active run."""

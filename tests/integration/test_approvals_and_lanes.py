@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from contracts.approvals import ApprovalStatus
-from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
+from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import run_id_for, tool_input_hash
 from contracts.policy import Approver
 from contracts.run_events import (
@@ -39,6 +39,7 @@ from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.platform.sessions import SessionRecords
 from services.platform.settings import Settings
+from services.platform.tracing import context_from
 from services.reconciler.core import awaiting_runs
 from services.runtime.core import approvals as rules
 from services.runtime.core.decide import approval_id_for, model_answered
@@ -384,3 +385,19 @@ async def test_another_guests_yes_in_the_session_never_answers_the_run(world: Wo
     assert state is not None and state.awaiting is not None and state.turn_ids == ()
     stored = await world.records.get(held.approval.approval_id)
     assert stored is not None and stored.record.status == ApprovalStatus.PENDING
+
+
+async def test_a_turn_that_comes_again_after_its_run_ended_starts_no_second_run(world: World) -> None:
+    held = await _held_run(world)
+    said = await _say(world, held, "yes")
+    await _ended(world, held.run_id)
+    stored = await world.broker.last_on_subject(
+        world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id_for(TENANT, said))
+    )
+    assert stored is not None
+    # The handler that journaled the turn died before its ack: the message comes again, after the run ended.
+    event = inbound_decoder.decode(stored.data)
+    await world.runtime.admit(event, context_from(None), redelivered=True)
+    assert await _events(world, run_id_for(TENANT, said)) == []
+    lane, _ = await world.sessions.get(TENANT, held.session_id)
+    assert lane.run_id == ""
