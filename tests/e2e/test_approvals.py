@@ -193,3 +193,28 @@ async def test_another_tenants_approval_is_not_found_and_the_cli_decides_through
     assert twice.returncode == 1 and "409 approval_not_pending" in twice.stderr and "rejected" in twice.stderr
     ended = await client.wait_terminal(run_id)
     assert "declined by manager:ana (no)" in ended["reply"]
+
+
+async def test_a_gateway_killed_between_its_decision_and_the_wake_still_gets_the_run_to_journal_it(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker
+) -> None:
+    client = await start_stack(crash={"gateway": "gateway.after_approval_decided"})
+    run_id, approval_id = await _held(client, broker, ttl_s=3600)
+    await eventually(lambda: _approval(client, approval_id), what="the approval's record")
+    async with supervised(client.stack):
+        with pytest.raises(httpx.TransportError):  # the gateway died after its compare-and-set
+            await client.gateway.post(
+                f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana"}
+            )
+        # Nobody woke the run: the reconciler's backstop finds the decided record and wakes it.
+        ended = await client.wait_terminal(run_id, timeout_s=120)
+        assert client.stack.services["gateway"].restarts >= 1
+        # The manager's client retries: the decision was taken, once.
+        again = await client.gateway.post(
+            f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana"}
+        )
+    assert again.status_code == 409 and again.json()["error"]["details"]["status"] == "approved"
+    events = await client.events(run_id)
+    (decided,) = _decisions(events)
+    assert decided["decided_by"] == "manager:ana" and ended["outcome"] == "completed"
+    assert any(e["type"] == "run.nudged" and e["by"].startswith("reconciler:") for e in events)
