@@ -401,3 +401,44 @@ async def test_a_turn_that_comes_again_after_its_run_ended_starts_no_second_run(
     assert await _events(world, run_id_for(TENANT, said)) == []
     lane, _ = await world.sessions.get(TENANT, held.session_id)
     assert lane.run_id == ""
+
+
+async def test_a_turn_that_overtakes_its_owners_first_message_starts_the_owner_first(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """The gateway claimed the session for message A and published it, and B (a turn of A) is handled first:
+    the runtime starts A from its inbound message, then journals B as A's turn (a runtime not consuming, driven
+    by hand, so the order is the test's)."""
+    async with inprocess.sandbox_server() as sandbox_url:
+        settings = inprocess.settings_for(
+            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data", worker_id="rt"
+        )
+        async with inprocess.scripted_model(settings) as model, inprocess.runtime(settings, model) as worker:
+            session = unique("s")
+
+            def message(key: str, text: str, turn_of: str = "") -> InboundEvent:
+                return InboundEvent(
+                    key=key,
+                    run_id=run_id_for(TENANT, key),
+                    input_hash="2" * 64,
+                    message=InboundMessage(key, session, "g-1", text),
+                    received_at=datetime.now(UTC),
+                    tenant=TENANT,
+                    turn_of=turn_of,
+                )
+
+            first = message(unique("a"), BOOKING_TEXT)
+            sessions = SessionRecords(broker, namespace)
+            assert await sessions.claim(TENANT, session, first.run_id) == first.run_id
+            await broker.publish(namespace.inbound(first.run_id), inbound_encoder.encode(first))
+            second = message(unique("b"), "a quiet room, please", turn_of=first.run_id)
+            await worker.admit(second, context_from(None))
+            journal = RunJournal(broker, namespace)
+            events, _ = await journal.read(first.run_id)
+            assert isinstance(events[0], RunStarted) and events[0].event_id == first.message.event_id
+            assert [e.event_id for e in events if isinstance(e, TurnReceived)] == [second.message.event_id]
+            assert (await journal.read(second.run_id))[0] == []
+            # A's own message, handled now, joins the run it already is.
+            await worker.admit(first, context_from(None))
+            events, _ = await journal.read(first.run_id)
+            assert sum(isinstance(e, RunStarted) for e in events) == 1
