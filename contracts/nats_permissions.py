@@ -21,6 +21,7 @@ ACTIVE = "active"
 # Approval records and session lanes (issue 9).
 APPROVALS = "approvals"
 SESSIONS = "sessions"
+CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 
 
 class Role(StrEnum):
@@ -229,6 +230,11 @@ def users(
             *direct_get(s.kv_stream(APPROVALS)),
             *direct_get(s.kv_stream(SESSIONS)),
             *direct_get(s.stream(StreamKind.TIMERS)),
+            # The catalog: read (a pinned revision by sequence) and watched (an ordered consumer), never written.
+            stream_info(s.kv_stream(CATALOG)),
+            *direct_get(s.kv_stream(CATALOG)),
+            f"{API}.CONSUMER.CREATE.{s.kv_stream(CATALOG)}",
+            f"$JS.FC.{s.kv_stream(CATALOG)}.>",
         ],
         [
             inbound_consumer.deliver_subject or "",

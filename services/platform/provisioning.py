@@ -11,6 +11,7 @@ from contracts.streams import (
     StreamSpec,
     active_spec,
     approvals_spec,
+    catalog_spec,
     clients_spec,
     leases_spec,
     sessions_spec,
@@ -21,11 +22,13 @@ from services.platform.jetstream import Broker
 
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
-    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session."""
+    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session, the
+    configuration catalog, approval records and session lanes."""
     return [
         leases_spec(ns, replicas),
         clients_spec(ns, replicas),
         active_spec(ns, replicas),
+        catalog_spec(ns, replicas),
         approvals_spec(ns, replicas),
         sessions_spec(ns, replicas),
     ]

@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from contracts.nats_permissions import NatsUser, Role, users
-from contracts.streams import KvSpec, leases_spec, stream_specs
+from contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 from services.platform.nats_users import read_credential
@@ -75,6 +75,7 @@ INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (
     )
 )
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
+KV_CATALOG = "KV_sweep_catalog"
 
 
 def probes() -> list[Probe]:
@@ -94,6 +95,7 @@ def probes() -> list[Probe]:
         Probe("publish", "approval expiry schedule", NS.approval_timer("apr_1")),
         Probe("publish", "cancel an approval's schedule", NS.timer_cancelled("apr_1")),
         Probe("publish", "fired timer (only the server's scheduler)", NS.timer_fired("r1")),
+        Probe("publish", "KV catalog: publish a revision", "$KV.sweep_catalog.catalog"),
         Probe(
             "streams",
             "create a stream",
@@ -115,6 +117,7 @@ def probes() -> list[Probe]:
                 "KV_sweep_approvals",
                 "KV_sweep_sessions",
                 _stream(StreamKind.TIMERS),
+                KV_CATALOG,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -137,6 +140,12 @@ def probes() -> list[Probe]:
             f"ephemeral consumer on {RUNS}",
             f"{API}.CONSUMER.CREATE.{RUNS}",
             json.dumps({"stream_name": RUNS, "config": {"ack_policy": "none"}}).encode(),
+        ),
+        Probe(
+            "consumers",
+            f"ephemeral consumer on {KV_CATALOG} (watch the catalog)",
+            f"{API}.CONSUMER.CREATE.{KV_CATALOG}",
+            json.dumps({"stream_name": KV_CATALOG, "config": {"ack_policy": "none"}}).encode(),
         ),
         *(
             Probe(
@@ -188,7 +197,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {f"action request: {f}" for f in FAMILIES}
-        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE)}
+        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG)}
+        allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
         # Approval records and their expiry schedules (never a fired timer), session lanes.
         allowed |= {
             "KV approvals: `approval.apr_1`",
@@ -274,7 +284,7 @@ async def test_every_role_can_do_exactly_what_it_needs(sweep_server: tuple[NatsS
     try:
         for spec in stream_specs(NS):
             await operator.ensure_stream(spec)
-        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active")):
+        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active"), catalog_spec(NS)):
             await operator.ensure_kv(bucket)
         await operator.publish(NS.run_events("r0"), b"{}")
     finally:
