@@ -183,6 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("guest_id")
         command.add_argument("--tenant", default="demo", help="default: the stack's own tenant")
         command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    approvals = sub.add_parser(
+        "approvals", help="actions held for a manager's approval (through the gateway)"
+    )
+    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
+    approvals_list = approvals_sub.add_parser("list", help="approvals of your tenant (an admin key: all)")
+    approvals_list.add_argument("--status", choices=["pending", "approved", "rejected", "expired"])
+    approve = approvals_sub.add_parser("approve", help="approve a pending approval (once; 409 if decided)")
+    reject = approvals_sub.add_parser("reject", help="reject a pending approval (once; 409 if decided)")
+    for command in (approve, reject):
+        command.add_argument("approval_id")
+        command.add_argument("--approver", required=True, help="who decides (journaled as manager:NAME)")
+        command.add_argument("--reason", default="")
+    for command in (approvals_list, approve, reject):
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+        command.add_argument("--gateway-url", default=None, help="default: the running stack's gateway")
     capability_key = sub.add_parser("capability-key", help="the runtime's capability signing keys")
     capability_key_sub = capability_key.add_subparsers(dest="capability_key_command", required=True)
     new_key = capability_key_sub.add_parser(
@@ -280,6 +295,25 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(_keys(operations, args)))
             case "guests":
                 sys.exit(asyncio.run(_guests(args)))
+            case "approvals" if args.approvals_command == "list":
+                sys.exit(
+                    asyncio.run(
+                        operations.approvals_list(Path(args.state_dir), args.status, args.gateway_url)
+                    )
+                )
+            case "approvals":
+                sys.exit(
+                    asyncio.run(
+                        operations.approvals_decide(
+                            Path(args.state_dir),
+                            args.approval_id,
+                            "approve" if args.approvals_command == "approve" else "reject",
+                            args.approver,
+                            args.reason,
+                            args.gateway_url,
+                        )
+                    )
+                )
             case "config":
                 sys.exit(asyncio.run(_config(args)))
             case "capability-key":

@@ -42,8 +42,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             logger,
             issuer,
             catalog=catalog,
-            approvals=ApprovalDesk(),
-            lanes=SessionLanes(),
+            approvals=ApprovalDesk(broker, settings.namespace),
+            lanes=SessionLanes(broker, settings.namespace),
             profiles=profiles,
             library=library,
         )

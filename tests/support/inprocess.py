@@ -41,7 +41,9 @@ from services.registry import Registry
 from services.reconciler.service import AuditStats, Reconciler, audit_all
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
+from services.runtime.approvals import ApprovalDesk
 from services.runtime.catalog import RunCatalog
+from services.runtime.lanes import SessionLanes
 from services.runtime.model import ModelGateway
 from services.runtime.service import Runtime
 from tests.support import capabilities
@@ -223,6 +225,8 @@ async def runtime(
         catalog=run_catalog,
         profiles=GuestProfiles(broker, settings.namespace),
         library=library,
+        approvals=ApprovalDesk(broker, settings.namespace),
+        lanes=SessionLanes(broker, settings.namespace),
     )
     try:
         if run_catalog is not None:

@@ -63,6 +63,7 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         "STAYHUB_ACTIONS",
         "STAYHUB_OUTCOMES",
         "STAYHUB_DEAD_LETTERS",
+        "STAYHUB_TIMERS",
     ]
     assert (ns.inbound(run), ns.run_events(run), ns.outcomes("payment", run), ns.wakes(run)) == (
         f"stayhub.inbound.{run}",
@@ -130,6 +131,14 @@ def test_the_streams_of_a_namespace() -> None:
             replicas=3,
         ),
         StreamSpec(name="STAYHUB_DEAD_LETTERS", subjects=("stayhub.dead.*",), max_age_s=30 * day, replicas=3),
+        # Schedules wait here for their time; the fired wakes go to `timer.fired.<run_id>` in the same stream.
+        StreamSpec(
+            name="STAYHUB_TIMERS",
+            subjects=("stayhub.timer.>",),
+            max_age_s=30 * day,
+            allow_msg_schedules=True,
+            replicas=3,
+        ),
     ]
     assert {spec.replicas for spec in stream_specs(ns)} == {1}
 
