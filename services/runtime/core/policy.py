@@ -241,9 +241,15 @@ def approved(state: RunState, tool: str, input_hash: str, approver: str) -> bool
 
 
 def _booking(state: RunState, booking_id: str) -> dict[str, Any]:
-    return next(
-        (r for r in state.succeeded_results("create_booking") if r.get("booking_id") == booking_id), {}
-    )
+    """A booking held in this run: what was asked (hotel, dates) under what the provider answered."""
+    for req, done in state.completed:
+        if (
+            req.tool == "create_booking"
+            and done.status == OutcomeStatus.SUCCEEDED
+            and done.result.get("booking_id") == booking_id
+        ):
+            return {**req.args, **done.result}
+    return {}
 
 
 def _approval_above(
