@@ -24,7 +24,15 @@ from services.platform.logs import log
 from services.platform.settings import Settings
 from services.registry import Registry, Tool
 from services.reconciler.audit import audit, audited, intents
-from services.reconciler.core import OpenWork, observe, overdue_actions, stalled_runs, unsettled_unknowns
+from services.reconciler.core import (
+    OpenWork,
+    due_tickets,
+    observe,
+    overdue_actions,
+    stalled_runs,
+    unsettled_unknowns,
+)
+from services.platform.tickets import publish_ticket
 
 
 class Reconciler:
@@ -98,6 +106,10 @@ class Reconciler:
                 self.worker,
             )
             self.wakes += 1
+        for ticket in due_tickets(self.work, now, self.grace_s):
+            # Idempotent: a ticket already standing refuses the second copy; one not taken is tried next tick.
+            if await publish_ticket(self.broker, self.ns, ticket, self.logger):
+                self.work.tickets.pop(ticket.run_id, None)
 
 
 class ProviderFacts(Protocol):
