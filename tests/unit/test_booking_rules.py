@@ -162,7 +162,7 @@ def test_a_failed_booking_cannot_be_paid() -> None:
     )
 
 
-def test_server_fields_override_what_the_model_sends() -> None:
+def test_a_server_field_named_by_the_model_is_refused_by_the_schema() -> None:
     run = Run(started())
     run.answer(
         call(
