@@ -55,6 +55,10 @@ lint:
 fmt:
     {{bin}}/ruff format .
 
+# the eval suite: StayHub conversations with expected outcomes, pass rate per class (ARGS: --class C, --model openai)
+eval *args:
+    {{bin}}/python -m evals {{args}}
+
 # --- measure ---
 
 # throughput and latency benchmarks (booking, steps5); figures go to docs/benchmarks.md

@@ -330,7 +330,8 @@ def _count_effects(entries: list[LedgerEntry], report: ChaosReport) -> None:
     report.duplicate_effects = sum(n - 1 for n in per_key.values() if n > 1)
     per_run: dict[str, Counter[str]] = {}
     for entry in entries:
-        per_run.setdefault(entry.key.split(":", 1)[0], Counter())[entry.kind.value] += 1
+        # Keys name business actions, not runs; each soak run has its own guest, so the guest ties them.
+        per_run.setdefault(entry.guest_id, Counter())[entry.kind.value] += 1
     for run_id, kinds in per_run.items():
         if kinds["charge"] > 1 or kinds["booking"] > 1:
             report.duplicate_effects += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 # Domain separation: these bytes never mean anything else, and a v2 layout gets a new prefix.
 SIGNED_PREFIX = b"crashsafe.capability.v1\x00"
+# A capability bound to the run's agent (`Capability.agent` set): the v1 fields, then the agent.
+SIGNED_PREFIX_V2 = b"crashsafe.capability.v2\x00"
 # How long after an action's deadline its capability still holds: covers clock skew between runtime and
 # executor hosts and a request that waited in the queue while its executor restarted.
 GRACE_S = 60.0
@@ -73,6 +75,9 @@ class Capability(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", ta
     expires_at: datetime
     kid: str
     sig: str
+    # The agent whose run asked (signed, v2 layout): lets an executor serve a tool that is compensation-only for
+    # most agents to the one agent whose model may ask for it (support's refund_payment). Empty: unbound (v1).
+    agent: str = ""
 
 
 def _micros(at: datetime) -> int:
@@ -86,8 +91,9 @@ _signed_encoder = msgspec.json.Encoder()
 
 
 def signed_bytes(cap: Capability) -> bytes:
-    """What the signature covers: the prefix, then a JSON array of every field but `sig`, in this fixed order."""
-    fields = (
+    """What the signature covers: the prefix, then a JSON array of every field but `sig`, in this fixed order
+    (v2, when the capability names its agent: the same array with the agent last)."""
+    fields: tuple[str | int, ...] = (
         cap.run_id,
         cap.key,
         cap.tool,
@@ -97,6 +103,8 @@ def signed_bytes(cap: Capability) -> bytes:
         _micros(cap.expires_at),
         cap.kid,
     )
+    if cap.agent:
+        return SIGNED_PREFIX_V2 + _signed_encoder.encode((*fields, cap.agent))
     return SIGNED_PREFIX + _signed_encoder.encode(fields)
 
 
@@ -124,7 +132,9 @@ class CapabilityIssuer:
     def __repr__(self) -> str:  # never the key itself, in a log line or a traceback
         return f"CapabilityIssuer(kid={self.kid})"
 
-    def issue(self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime) -> Capability:
+    def issue(
+        self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime, agent: str = ""
+    ) -> Capability:
         unsigned = Capability(
             run_id=request.run_id,
             key=request.key,
@@ -135,22 +145,33 @@ class CapabilityIssuer:
             expires_at=expires_at,
             kid=self.kid,
             sig="",
+            agent=agent,
         )
         return msgspec.structs.replace(unsigned, sig=_b64(self._key.sign(signed_bytes(unsigned))))
 
-    def grant(self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime) -> ActionRequest:
-        """The request with its capability attached."""
-        return msgspec.structs.replace(request, capability=self.issue(request, origin, expires_at))
+    def grant(
+        self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime, agent: str = ""
+    ) -> ActionRequest:
+        """The request with its capability attached (bound to `agent`, the run's agent, when given)."""
+        return msgspec.structs.replace(request, capability=self.issue(request, origin, expires_at, agent))
 
 
 class CapabilityVerifier:
     """An executor's half: the verification keys it accepts (two during a rotation), and the check itself."""
 
-    def __init__(self, public_keys: Iterable[Ed25519PublicKey], compensation_tools: Iterable[str]) -> None:
+    def __init__(
+        self,
+        public_keys: Iterable[Ed25519PublicKey],
+        compensation_tools: Iterable[str],
+        model_tools: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
+        """`model_tools`: per agent, the tools its model may ask for. A compensation-only tool named there is
+        served to a plan capability bound (signed) to that agent, and to no other plan capability."""
         self.keys = {key_id(k): k for k in public_keys}
         if not self.keys:
             raise ValueError("a verifier needs at least one public key")
         self.compensation_tools = frozenset(compensation_tools)
+        self.model_tools = {agent: frozenset(tools) for agent, tools in (model_tools or {}).items()}
 
     def check(self, request: ActionRequest, now: datetime) -> Refusal | None:
         """None if the request carries a valid capability for exactly itself; else why not. Checks run cheapest
@@ -173,17 +194,21 @@ class CapabilityVerifier:
             return Refusal.INPUT_MISMATCH
         if now >= cap.expires_at:
             return Refusal.EXPIRED
-        if not _origin_fits(cap.origin, request.tool in self.compensation_tools):
+        compensation_only = request.tool in self.compensation_tools
+        agent_may = bool(cap.agent) and request.tool in self.model_tools.get(cap.agent, frozenset())
+        if not _origin_fits(cap.origin, compensation_only, agent_may):
             return Refusal.WRONG_ORIGIN
         return None
 
 
-def _origin_fits(origin: str, compensation_only: bool) -> bool:
-    """A compensation-only tool needs a compensation capability; a compensation capability is good for nothing
-    else. `resolve` (no longer signed: a re-send keeps its request's own origin) is never a pass to a
-    compensation-only tool."""
+def _origin_fits(origin: str, compensation_only: bool, agent_may: bool = False) -> bool:
+    """A compensation-only tool needs a compensation capability, unless a plan capability is bound to an agent
+    whose model may ask for it (`agent_may`); a compensation capability is good for nothing else. `resolve` (no
+    longer signed: a re-send keeps its request's own origin) is never a pass to a compensation-only tool."""
     if origin == CapabilityOrigin.COMPENSATION:
         return compensation_only
-    if origin in (CapabilityOrigin.PLAN, CapabilityOrigin.RESOLVE):
+    if origin == CapabilityOrigin.PLAN:
+        return not compensation_only or agent_may
+    if origin == CapabilityOrigin.RESOLVE:
         return not compensation_only
     return False  # an origin this version does not know

@@ -51,6 +51,13 @@ class ErrorCode(StrEnum):
     APPROVAL_NOT_PENDING = "approval_not_pending"  # a decision on an approval already decided or expired
     APPROVAL_NOT_FOUND = "approval_not_found"
     INVALID_CATALOG = "invalid_catalog"
+    # A refund of a payment not among the guest's payments found in the run.
+    UNKNOWN_PAYMENT = "unknown_payment"
+    # A replayed key whose effect a compensation undid (a released hold): no stale receipt, no effect.
+    ACTION_UNDONE = "action_undone"
+    CATALOG_REVISION_GONE = (
+        "catalog_revision_gone"  # a run's pinned catalog revision left the bucket's history
+    )
 
 
 class RetryClass(StrEnum):
@@ -492,3 +499,45 @@ class NotPermitted(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"user": self.user, "subject": self.subject}
+
+
+# The configuration catalog ------------------------------------------------------------------------------------
+
+
+class InvalidCatalog(CrashsafeError):
+    """A catalog that fails validation: refused at publish, and refused at reload (the last working one stays)."""
+
+    code = ErrorCode.INVALID_CATALOG
+    retry = RetryClass.POISON
+
+    def __init__(self, problems: list[str], *, revision: int | None = None) -> None:
+        at = f" (revision {revision})" if revision is not None else ""
+        super().__init__(
+            f"catalog{at} is invalid: {'; '.join(problems)}; fix it and check it with `crashsafe config validate`"
+        )
+        self.problems = problems
+        self.revision = revision
+
+    def details(self) -> dict[str, Any]:
+        return _facts(problems=self.problems, revision=self.revision)
+
+
+class CatalogRevisionGone(CrashsafeError):
+    """A run is pinned to a catalog revision the bucket no longer holds (more publishes than its history since
+    the run started). Never answered with another revision: the run would change its rules half-way."""
+
+    code = ErrorCode.CATALOG_REVISION_GONE
+    retry = RetryClass.POISON
+
+    def __init__(self, *, revision: int, agent: str, run_id: str | None = None) -> None:
+        super().__init__(
+            f"catalog revision {revision} (agent {agent}) is no longer in the catalog bucket's history; the run"
+            " cannot go on under the rules it started with: hand it off (`crashsafe reconcile`) and publish less"
+            " often than the bucket's history (docs/architecture.md, the catalog)"
+        )
+        self.revision = revision
+        self.agent = agent
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return _facts(revision=self.revision, agent=self.agent, run_id=self.run_id)

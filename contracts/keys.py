@@ -46,6 +46,34 @@ def action_key(run_id: str, step_no: int) -> str:
     return f"{run_id}:{step_no}"
 
 
+class KeyScheme(StrEnum):
+    """How a run keys its actions (`RunStarted.key_scheme`, pinned for the run's life so a replay decides the
+    keys its journal holds; `str` on the wire: open)."""
+
+    STEP = ""  # every action `run_id:step_no`: the journals written before business keys
+    BUSINESS = "business"  # each tool by its KeyRule: business identity where it has one (tools.KeyRule)
+
+
+def business_key(kind: str, tenant: str, values: dict[str, Any], attempt: int = 1) -> str:
+    """The idempotency key of a business action: what it is (`kind`: hold, charge, ...), for whom (`tenant`) and
+    on what (`values`: the contract's identity fields from the prepared arguments). The same intent asked in
+    another step, a resumed run or another run of the tenant is the same key, so the executor's store answers
+    it with its receipt instead of acting twice. `attempt` > 1 names a deliberate new attempt at the same
+    intent (a hold asked again after it was released, a charge retried with approval after a decline):
+    `hold:<digest>:a2`. The digest is SHA-256 over the canonical JSON, so equal identities key equal anywhere."""
+    if attempt < 1:
+        raise ValueError("attempts count from 1")
+    digest = input_hash({"kind": kind, "tenant": tenant, "identity": values})
+    base = f"{kind}:{digest}"
+    return base if attempt == 1 else f"{base}:a{attempt}"
+
+
+def key_attempt(key: str) -> int:
+    """Which attempt a business key names (1 for a key with no `:aN` suffix, and for any non-business key)."""
+    head, sep, tail = key.rpartition(":a")
+    return int(tail) if sep and head and tail.isdigit() and ":" in head else 1
+
+
 class CompensationKind(StrEnum):
     """What undoing an effect does; the last token of a compensation's key (`run_…:4:release`)."""
 
@@ -58,8 +86,24 @@ def compensation_key(original_key: str, kind: CompensationKind) -> str:
     return f"{original_key}:{kind}"  # StrEnum formats as its value
 
 
+def undone_by(key: str) -> str | None:
+    """The key a compensation key undoes (`hold:<d>:release` -> `hold:<d>`), or None for any other key."""
+    base, sep, kind = key.rpartition(":")
+    return base if sep and base and kind in set(CompensationKind) else None
+
+
+def partition_key(key: str) -> str:
+    """What a key is partitioned by: itself, except that the compensation of a business key goes with the key it
+    undoes, so one executor's store holds both and can tell a replay that the effect was undone. Step keys
+    (`run_…`) and their compensations keep partitioning by the whole key, as they always did."""
+    if key.startswith("run_"):
+        return key
+    return undone_by(key) or key
+
+
 def partition_of(key: str, partitions: int) -> int:
-    """First 4 bytes of SHA-256(key), big-endian, modulo the partition count: stable across languages."""
+    """First 4 bytes of SHA-256(partition_key(key)), big-endian, modulo the partition count: stable across
+    languages."""
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % partitions
+    return int.from_bytes(hashlib.sha256(partition_key(key).encode()).digest()[:4], "big") % partitions

@@ -18,6 +18,7 @@ API = "$JS.API"
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
 CLIENTS = "clients"
 ACTIVE = "active"
+CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 
 
 class Role(StrEnum):
@@ -208,6 +209,11 @@ def users(
             *own_consumer(outcomes_consumer),
             *direct_get(runs),
             *direct_get(s.kv_stream(ACTIVE)),
+            # The catalog: read (a pinned revision by sequence) and watched (an ordered consumer), never written.
+            stream_info(s.kv_stream(CATALOG)),
+            *direct_get(s.kv_stream(CATALOG)),
+            f"{API}.CONSUMER.CREATE.{s.kv_stream(CATALOG)}",
+            f"$JS.FC.{s.kv_stream(CATALOG)}.>",
         ],
         [inbound_consumer.deliver_subject or "", outcomes_consumer.deliver_subject or ""],
     )

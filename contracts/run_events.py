@@ -97,6 +97,8 @@ class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     # What the run knew of its guest and session when it started (read once, so replay never reads again).
     profile: GuestProfile | None = None
     history: list[SessionTurn] = []
+    # How this run keys its actions (a keys.KeyScheme): "" for journals from before business keys.
+    key_scheme: str = ""
 
 
 class Passage(msgspec.Struct, frozen=True, kw_only=True):

@@ -142,10 +142,11 @@ def executor_consumer(
 
 @dataclass(frozen=True, slots=True)
 class KvSpec:
-    """A JetStream key-value bucket: one value per key (history 1), per-key TTLs allowed."""
+    """A JetStream key-value bucket: one value per key (history 1 unless said), per-key TTLs allowed."""
 
     bucket: str
     replicas: int = 1
+    history: int = 1  # how many values per key the bucket keeps (JetStream's limit is 64)
 
     @property
     def stream(self) -> str:
@@ -168,3 +169,12 @@ def clients_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 def active_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """Active runs per guest and per session, `guest.<tenant>.<hash>` / `session.<tenant>.<hash>`."""
     return KvSpec(bucket=ns.active_bucket, replicas=replicas)
+
+
+# The catalog keeps this many published revisions: a run pinned to an older one meets CatalogRevisionGone.
+CATALOG_HISTORY = 64
+
+
+def catalog_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """The configuration catalog, key `catalog`; each revision is a KV revision runs pin (`catalog_revision`)."""
+    return KvSpec(bucket=ns.catalog_bucket, replicas=replicas, history=CATALOG_HISTORY)

@@ -193,6 +193,15 @@ class Namespace:
     def session_active_key(self, tenant: str, session_id: str) -> str:
         return f"session.{_literal(tenant)}.{_digest(session_id)}"
 
+    # The configuration catalog: one key, its history the published revisions; only the operator writes it.
+    @property
+    def catalog_bucket(self) -> str:
+        return f"{self.name}_catalog"
+
+    @property
+    def catalog_key(self) -> str:
+        return "catalog"
+
 
 def _digest(value: str) -> str:
     """An id of any spelling as one key token (a guest id may hold `@`, `:` and `.`)."""

@@ -21,8 +21,13 @@ class RetryRule(StrEnum):
 
 
 class KeyRule(StrEnum):
-    NONE = "none"
-    RUN_STEP = "run_id:step_no"
+    """How an action's idempotency key is chosen (docs/architecture.md, "Keys": the rule per tool and why)."""
+
+    NONE = "none"  # a read: no effect, nothing to deduplicate
+    RUN_STEP = "run_id:step_no"  # one effect per step of one run: for writes with no business identity
+    # The action's business identity (`ToolContract.identity` fields of the prepared arguments, the tenant, the
+    # contract's `identity_kind`): the same intent in another step or run is the same action (keys.business_key).
+    BUSINESS = "business"
 
 
 class ToolContract(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +47,11 @@ class ToolContract(msgspec.Struct, frozen=True, kw_only=True):
     # has passed, a lookup saying "never saw the key" is not proof, and the key is not called again.
     # None: twice the timeout.
     in_flight_s: float | None = None
+    # KeyRule.BUSINESS: what the action is (the key's first token, e.g. "hold"), the prepared arguments that
+    # name its business identity, and fixed values that belong to it but are not arguments (an email's template).
+    identity_kind: str = ""
+    identity: tuple[str, ...] = ()
+    identity_fixed: dict[str, str] = {}
 
     @property
     def keyed(self) -> bool:

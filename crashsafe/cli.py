@@ -76,6 +76,19 @@ async def _keys(operations: ModuleType, args: argparse.Namespace) -> int:
             return int(await operations.keys_revoke(state_dir, args.key_id))
 
 
+async def _config(args: argparse.Namespace) -> int:
+    from crashsafe import config
+
+    state_dir = Path(args.state_dir)
+    match args.config_command:
+        case "validate":
+            return config.validate(state_dir, Path(args.file))
+        case "show":
+            return await config.show(state_dir, args.revision)
+        case _:
+            return await config.publish(state_dir, Path(args.file), args.label)
+
+
 def _scale(text: str) -> dict[str, int]:
     from crashsafe.stack import ScaleError, parse_scale
 
@@ -160,6 +173,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     new_key.add_argument("--out", required=True, help="the private key's path, e.g. keys/capability-2.key")
 
+    config = sub.add_parser(
+        "config", help="the configuration catalog (agents' tools, rules, budgets, routes)"
+    )
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_show = config_sub.add_parser(
+        "show", help="the newest catalog revision, or --revision N (0: built-in)"
+    )
+    config_show.add_argument("--revision", type=int, default=None)
+    config_validate = config_sub.add_parser("validate", help="check a catalog file against this deployment")
+    config_validate.add_argument("file")
+    config_publish = config_sub.add_parser(
+        "publish", help="validate a catalog file and publish it as the next revision (operator); prints it"
+    )
+    config_publish.add_argument("file")
+    config_publish.add_argument("--label", default=None, help="name this revision (shown by `config show`)")
+    for command in (config_show, config_validate, config_publish):
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
     apply = infra_sub.add_parser(
@@ -213,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(operations.audit(Path(args.state_dir))))
             case "keys":
                 sys.exit(asyncio.run(_keys(operations, args)))
+            case "config":
+                sys.exit(asyncio.run(_config(args)))
             case "capability-key":
                 sys.exit(operations.capability_key_new(Path(args.out)))
     except CrashsafeError as exc:

@@ -19,7 +19,7 @@ from litestar.middleware import ASGIMiddleware
 from litestar.params import FromPath, FromQuery
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox import scripted_model
+from sandbox import chat, scripted_model
 from sandbox.listing import LEDGER_PATH
 from sandbox.books import SqliteBooks
 from sandbox.errors import CardDeclined, ErrorCode, InvalidRequest, KeyInUse, SandboxError
@@ -35,6 +35,7 @@ from sandbox.faults import (
 from sandbox.ledger import KEY_RETENTION, Outcome, SandboxLedger, check_idempotency_key
 from sandbox.records import (
     BookingRequest,
+    GuestPayments,
     CrmUpdateRequest,
     EffectKind,
     EmailRequest,
@@ -376,6 +377,11 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
         fate, pending_ms = board.charge_fate()
         return _written(books.create_payment(key, body, fate, timedelta(milliseconds=pending_ms)))
 
+    @get("/payments")  # a read of the ledger: faults are armed on the writes
+    async def find_payments(guest_id: FromQuery[str]) -> Response[bytes]:
+        # Only the named guest's payments: the caller (the support agent's prepare) names the run's own guest.
+        return _json(GuestPayments(payments=books.payments_of(guest_id)))
+
     @post("/payments/{payment_id:str}/refund", opt=target(FaultTarget.PAYMENTS))
     async def refund_payment(request: Request[Any, Any, Any], payment_id: FromPath[str]) -> Response[bytes]:
         key, body = await _key_and_body(request, RefundBody, empty=RefundBody())
@@ -434,6 +440,25 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             )
         )
 
+    @post("/v1/chat/completions", opt=target(FaultTarget.MODEL), status_code=200)
+    async def create_chat_completion(request: Request[Any, Any, Any]) -> Response[bytes]:
+        body = _decode(await request.body(), dict[str, Any])
+        if body.get("stream"):
+            raise SandboxError(
+                ErrorCode.STREAMING_UNSUPPORTED, "The scripted model does not stream; omit stream."
+            )
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequest(ErrorCode.INVALID_REQUEST, "messages must be a list of message objects.")
+        tools = body.get("tools")
+        return _json(
+            chat.respond(
+                messages,
+                tools if isinstance(tools, list) else None,
+                model=str(body.get("model") or scripted_model.MODEL_NAME),
+            )
+        )
+
     @get("/v1/models", opt=target(FaultTarget.MODEL))
     async def list_models() -> Response[bytes]:
         model = {
@@ -479,10 +504,12 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             release_booking,
             create_payment,
             refund_payment,
+            find_payments,
             send_email,
             update_crm,
             *lookups,
             create_response,
+            create_chat_completion,
             list_models,
             read_ledger,
             read_faults,

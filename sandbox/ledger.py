@@ -32,6 +32,7 @@ from sandbox.records import (
     LedgerView,
     Payment,
     PaymentRequest,
+    PaymentSummary,
     Record,
     Refund,
     RefundRequest,
@@ -243,6 +244,28 @@ class SandboxLedger:
             case Payment(status=ChargeFate.PENDING, settles_at=str(at)) if now >= datetime.fromisoformat(at):
                 return msgspec.structs.replace(record, status=ChargeFate.CAPTURED.value, settles_at=None)
         return record
+
+    def payments_of(self, guest_id: str) -> list[PaymentSummary]:
+        """A guest's payments, oldest first, each with what has been refunded of it (a read: no fault, no key)."""
+        now = self._now()
+        found = []
+        for payment in self._payments.values():
+            if payment.guest_id != guest_id:
+                continue
+            settled = self._settled(payment, now)
+            status = settled.status if isinstance(settled, Payment) else payment.status
+            found.append(
+                PaymentSummary(
+                    payment_id=payment.payment_id,
+                    booking_id=payment.booking_id,
+                    guest_id=payment.guest_id,
+                    amount_cents=payment.amount_cents,
+                    currency=payment.currency,
+                    status=status,
+                    refunded_cents=self._refunded_cents.get(payment.payment_id, 0),
+                )
+            )
+        return found
 
     def view(self, guest_id: str | None = None) -> LedgerView:
         entries = self._entries if guest_id is None else [e for e in self._entries if e.guest_id == guest_id]

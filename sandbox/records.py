@@ -156,6 +156,22 @@ class LedgerEntry(msgspec.Struct, frozen=True):
     at: str
 
 
+class PaymentSummary(msgspec.Struct, frozen=True):
+    """One of a guest's payments as `GET /payments?guest_id=` lists it: what was paid and what is left to refund."""
+
+    payment_id: str
+    booking_id: str
+    guest_id: str
+    amount_cents: int
+    currency: str
+    status: str
+    refunded_cents: int
+
+
+class GuestPayments(msgspec.Struct, frozen=True):
+    payments: list[PaymentSummary]
+
+
 class LedgerView(msgspec.Struct, frozen=True):
     entries: list[LedgerEntry]
     counts: dict[str, int]

@@ -162,6 +162,11 @@ class Registry:
         return frozenset(name for name, t in self.tools.items() if t.compensation_only)
 
     @property
+    def model_tools(self) -> dict[str, frozenset[str]]:
+        """Per agent, the tools its model may ask for (a capability bound to the agent may name them)."""
+        return {name: frozenset(agent.tools) for name, agent in self.agents.items()}
+
+    @property
     def contracts(self) -> dict[str, ToolContract]:
         return {name: t.contract for name, t in self.tools.items()}
 

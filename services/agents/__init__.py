@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from services.agents import booking
+from services.agents import booking, support
 from services.registry import Registry
 
 
 def stayhub() -> Registry:
-    """The reference deployment (`CRASHSAFE_REGISTRY=services.agents:stayhub`, the default): the booking agent."""
-    return Registry.of(booking.registration())
+    """The reference deployment (`CRASHSAFE_REGISTRY=services.agents:stayhub`, the default): the booking agent
+    (the default for an event that names none) and the support agent."""
+    return Registry.of(booking.registration(), support.registration())

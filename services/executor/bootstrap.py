@@ -17,7 +17,9 @@ from services.registry import Registry
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure(f"executor.{family}", settings.log_level)
-    verifier = load_verifier(settings.capability_verify_keys, registry.compensation_only)
+    verifier = load_verifier(
+        settings.capability_verify_keys, registry.compensation_only, registry.model_tools
+    )
     broker = await Broker.connect(
         settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access
     )

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+
+import msgspec
 
 from contracts.errors import ErrorCode, ErrorInfo, RetryClass
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Answer,
+    Asked,
+    Evidence,
     OutcomeStatus,
     RecordStatus,
     Via,
 )
 from contracts.tools import ToolContract
 from services.registry import ProviderAnswer
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +66,11 @@ class Resolve:
 Plan = Execute | Replay | Conflict | Resolve
 
 
-def classify(record: Record | None, request: ActionRequest, deliveries: int) -> Plan:
+def classify(
+    record: Record | None, request: ActionRequest, deliveries: int, undone: Record | None = None
+) -> Plan:
+    """`undone`: the record of a compensation of this key (`<key>:release`, `<key>:refund`), if the store has
+    one: a settled success means the effect no longer exists, and a replay to another asker must say so."""
     if record is None:
         return Execute()
     if record.input_hash != request.input_hash:
@@ -83,10 +95,21 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
         )
     if record.status.settled and record.outcome is not None:
         stored = record.outcome
+        another_asker = (stored.run_id, stored.step_no) != (request.run_id, request.step_no)
+        if (
+            another_asker
+            and stored.status == OutcomeStatus.SUCCEEDED
+            and undone is not None
+            and undone.status == RecordStatus.SUCCEEDED
+        ):
+            return Replay(_undone(request, stored, undone.key, deliveries))
+        # The receipt answers whoever asked now: a key names a business action, so another step or another run
+        # of the tenant may ask for it again, and must hear back on its own subject and step. Who first made it
+        # is said in the evidence (`first_asked_by`).
         return Replay(
             ActionOutcome(
-                run_id=stored.run_id,
-                step_no=stored.step_no,
+                run_id=request.run_id,
+                step_no=request.step_no,
                 tool=stored.tool,
                 key=stored.key,
                 status=stored.status,
@@ -96,9 +119,38 @@ def classify(record: Record | None, request: ActionRequest, deliveries: int) -> 
                 via=Via.REPLAY if stored.via == Via.CALL else stored.via,
                 attempts=stored.attempts,
                 deliveries=deliveries,
+                evidence=[*stored.evidence, first_asked_by(stored)],
             )
         )
     return Resolve(attempts=record.attempts)
+
+
+def _undone(request: ActionRequest, stored: ActionOutcome, undone_key: str, deliveries: int) -> ActionOutcome:
+    """A definitive answer with no effect: the key's effect was made, then undone by a compensation. The stale
+    receipt (a released booking's "held") is never handed to a new asker; the run may try a new attempt."""
+    error = ErrorInfo(
+        code=ErrorCode.ACTION_UNDONE,
+        message=(
+            f"{request.tool} for key {request.key} was done for {stored.run_id} and then undone ({undone_key});"
+            " nothing was sent to the provider. Ask again to act anew."
+        ),
+        details={"key": request.key, "undone_by": undone_key, "first_run_id": stored.run_id},
+    )
+    outcome = _outcome(
+        request, OutcomeStatus.FAILED, error=error, via=Via.REPLAY, attempts=0, deliveries=deliveries
+    )
+    return msgspec.structs.replace(outcome, evidence=[first_asked_by(stored)])
+
+
+def first_asked_by(stored: ActionOutcome) -> Evidence:
+    """The evidence line a replay carries: the run and step whose request made the effect."""
+    return Evidence(
+        asked=Asked.STORE_RECEIPT,
+        key=stored.key,
+        answer=Answer.REPLAYED,
+        detail=f"first made for {stored.run_id} step {stored.step_no}",
+        at=stored.evidence[-1].at if stored.evidence else _EPOCH,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from contracts.errors import (
     PoisonMessage,
     RetryClass,
 )
-from contracts.keys import partition_of
+from contracts.keys import CompensationKind, compensation_key, partition_of
 from contracts.streams import executor_consumer, leases_spec
 from contracts.tool_messages import (
     ActionOutcome,
@@ -46,6 +46,7 @@ from services.executor.core import (
     LookUp,
     Next,
     Plan,
+    Record,
     Replay,
     Resolve,
     StillUnknown,
@@ -322,7 +323,11 @@ class Executor:
             # A key this store never saw may still be known to the store this partition was taken over from.
             plan: Plan = Resolve(attempts=0) if store.inherits(request) else Execute()
         else:
-            plan = classify(await store.get(request.key), request, deliveries)
+            record = await store.get(request.key)
+            undone = (
+                await self._undone(request, tool) if record is not None and record.status.settled else None
+            )
+            plan = classify(record, request, deliveries, undone)
         attempts, look_first = 1, False
         match plan:
             case Replay(outcome=outcome):
@@ -472,6 +477,20 @@ class Executor:
             via=outcome.via,
             status=outcome.status,
         )
+
+    async def _undone(self, request: ActionRequest, tool: Tool) -> Record | None:
+        """The record of a compensation of this key, if a store this executor holds has one. A business key's
+        compensation is partitioned with the key it undoes (`keys.partition_key`), so the key's own store has it;
+        a step key's may be in a partition another replica owns (its run never asks for it again anyway)."""
+        if tool.contract.compensation is None:
+            return None
+        for kind in CompensationKind:
+            key = compensation_key(request.key, kind)
+            store = self.stores.get(partition_of(key, self.settings.partitions))
+            record = await store.get(key) if store is not None else None
+            if record is not None:
+                return record
+        return None
 
     @staticmethod
     def _with_note(outcome: ActionOutcome, asked: str, answer: str) -> ActionOutcome:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -88,7 +88,11 @@ def _read_public(path: Path, variable: str) -> Ed25519PublicKey:
     return key
 
 
-def load_verifier(paths: Iterable[Path], compensation_tools: Iterable[str]) -> CapabilityVerifier:
+def load_verifier(
+    paths: Iterable[Path],
+    compensation_tools: Iterable[str],
+    model_tools: Mapping[str, Iterable[str]] | None = None,
+) -> CapabilityVerifier:
     """An executor's verifier from one or two public key files (two while the runtime's key is rotated)."""
     paths = list(paths)
     if not 1 <= len(paths) <= 2:
@@ -97,4 +101,6 @@ def load_verifier(paths: Iterable[Path], compensation_tools: Iterable[str]) -> C
             value=",".join(map(str, paths)),
             expected="one or two paths of the runtime's Ed25519 public keys (PEM), comma-separated",
         )
-    return CapabilityVerifier([_read_public(p, VERIFY_KEYS_VARIABLE) for p in paths], compensation_tools)
+    return CapabilityVerifier(
+        [_read_public(p, VERIFY_KEYS_VARIABLE) for p in paths], compensation_tools, model_tools
+    )

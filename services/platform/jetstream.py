@@ -373,7 +373,11 @@ class Broker:
     async def ensure_kv(self, spec: KvSpec) -> None:
         """A key-value bucket with per-key TTLs allowed (nats-py declares its stream with allow_msg_ttl)."""
         config = KeyValueConfig(
-            bucket=spec.bucket, history=1, storage=StorageType.FILE, replicas=spec.replicas, direct=True
+            bucket=spec.bucket,
+            history=spec.history,
+            storage=StorageType.FILE,
+            replicas=spec.replicas,
+            direct=True,
         )
         try:
             await self.js.create_key_value(config)
@@ -388,8 +392,9 @@ class Broker:
         # every key of the bucket (another family's leases and holders, another tenant's active runs): no NATS
         # permission can see a header, so the bucket refuses it. Nothing here ever rolls up (a delete is a marker).
         info = await self.js.stream_info(spec.stream)
-        if info.config.allow_rollup_hdrs:
+        if info.config.allow_rollup_hdrs or info.config.max_msgs_per_subject != spec.history:
             info.config.allow_rollup_hdrs = False
+            info.config.max_msgs_per_subject = spec.history  # a bucket made before its history grew
             await self.js.update_stream(info.config)
 
     # Key-value ----------------------------------------------------------------------------------------------
@@ -399,6 +404,45 @@ class Broker:
         if stored is None or stored.headers.get(Header.KV_OPERATION):
             return None
         return KvEntry(key, stored.seq, stored.data)
+
+    async def kv_get_revision(self, spec: KvSpec, key: str, revision: int) -> KvEntry | None:
+        """`key`'s value as written at `revision` (a bucket with history); None if the bucket no longer holds it."""
+        try:
+            raw = await self.js.get_msg(spec.stream, seq=revision, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise _read_failed(spec.subject(key)) from exc
+        if raw.subject != spec.subject(key) or (raw.headers or {}).get(Header.KV_OPERATION):
+            return None
+        return KvEntry(key, raw.seq or revision, raw.data or b"")
+
+    async def kv_history(self, spec: KvSpec, key: str) -> list[KvEntry]:
+        """Every value the bucket still holds for `key`, oldest first (deletes left out)."""
+        return [
+            KvEntry(key, m.seq, m.data)
+            for m in await self.read_subject(spec.stream, spec.subject(key))
+            if not m.headers.get(Header.KV_OPERATION)
+        ]
+
+    async def kv_watch(self, spec: KvSpec, key: str, handler: Callable[[KvEntry], Awaitable[None]]) -> None:
+        """Hand `handler` the key's latest value, then each new one as it is written (an ordered consumer, which
+        recreates itself after a gap); deletes are skipped. Stops with the connection."""
+
+        async def on_message(msg: Msg) -> None:
+            if (msg.headers or {}).get(Header.KV_OPERATION):
+                return
+            await handler(KvEntry(key, msg.metadata.sequence.stream, msg.data))
+
+        sub = await self.js.subscribe(
+            spec.subject(key),
+            stream=spec.stream,
+            cb=on_message,
+            ordered_consumer=True,
+            idle_heartbeat=5.0,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
+        self._subs.append(sub)
 
     async def kv_scan(self, spec: KvSpec, pattern: str) -> list[KvEntry]:
         """Every live key matching `pattern` (`lease.payment.*`), in one batched direct get."""

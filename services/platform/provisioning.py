@@ -6,14 +6,28 @@ exists (`required_streams`) and stops with `StreamMissing`, telling the operator
 
 from __future__ import annotations
 
-from contracts.streams import KvSpec, StreamSpec, active_spec, clients_spec, leases_spec, stream_specs
+from contracts.streams import (
+    KvSpec,
+    StreamSpec,
+    active_spec,
+    catalog_spec,
+    clients_spec,
+    leases_spec,
+    stream_specs,
+)
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
-    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session."""
-    return [leases_spec(ns, replicas), clients_spec(ns, replicas), active_spec(ns, replicas)]
+    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session, the
+    configuration catalog."""
+    return [
+        leases_spec(ns, replicas),
+        clients_spec(ns, replicas),
+        active_spec(ns, replicas),
+        catalog_spec(ns, replicas),
+    ]
 
 
 async def provision(

@@ -117,6 +117,12 @@ def parse_partitions(spec: str, total: int) -> tuple[int, ...]:
     return tuple(sorted(owned))
 
 
+def route_key(variable: str) -> str | None:
+    """A model route's API key, from the environment variable the catalog names for it (`api_key_env`): the
+    catalog is not secret, so it holds the variable's name and only the process's environment holds the key."""
+    return os.environ.get(variable) or None
+
+
 @dataclass(frozen=True, slots=True)
 class NatsAccess:
     """How this process proves who it is to NATS, and how it checks the server: plain data, read by Broker.connect."""

@@ -15,7 +15,7 @@ from services.platform.guests import GuestProfiles
 from services.runtime.approvals import ApprovalDesk
 from services.runtime.catalog import RunCatalog
 from services.runtime.lanes import SessionLanes
-from services.runtime.model import ResponsesModel
+from services.runtime.model import ModelGateway
 from services.runtime.service import Runtime
 
 
@@ -23,12 +23,12 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     crashpoints.arm(settings.crash_at)
     logger = configure("runtime", settings.log_level)
     issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
-    model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
+    model = ModelGateway(settings.openai_base_url, settings.openai_api_key, settings.model)
     broker = await Broker.connect(
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
     )
     try:
-        catalog = RunCatalog(registry)
+        catalog = RunCatalog(registry, broker, settings.namespace, logger)
         await catalog.start()
         runtime = Runtime(
             broker,

@@ -1,19 +1,27 @@
-"""The model port and its OpenAI Responses API adapter (the real `openai` client, real protocol)."""
+"""The model port and its gateway: each agent's routes from its pinned configuration, tried in order, over the
+Responses API or Chat Completions, through the real `openai` client (real protocol)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
 import msgspec
 import openai
 
-from contracts.catalog import AgentConfig
+from contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from contracts.errors import ModelUnavailable
 from contracts.run_events import ToolCall
+from services.platform.settings import route_key
+from services.runtime.chat_completions import MalformedAnswer, chat_messages, chat_tools, read_completion
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
+
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_ROUTE = "default"
 
 
 class Model(Protocol):
@@ -60,35 +68,99 @@ _decode_response = msgspec.json.Decoder(_Response).decode
 _encode = msgspec.json.Encoder().encode
 
 
-class ResponsesModel:
-    """Asks an OpenAI-compatible Responses endpoint through the `openai` client; the scripted model speaks the same.
+def read_response(raw: bytes, model: str) -> ModelReply:
+    """A Responses API object as a `ModelReply`; `MalformedAnswer` if it is not one."""
+    try:
+        response = _decode_response(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedAnswer(f"not a Responses object: {exc}") from exc
+    calls = tuple(
+        ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
+        for item in response.output
+        if item.type == "function_call"
+    )
+    texts = [
+        part.text
+        for item in response.output
+        if item.type == "message"
+        for part in item.content
+        if part.type == "output_text"
+    ]
+    usage = response.usage or _Usage()
+    return ModelReply(
+        model=response.model or model,
+        response_id=response.id,
+        tool_calls=calls,
+        reply="".join(texts) if texts or not calls else None,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+    )
 
-    The body is encoded with msgspec and the answer decoded into the few fields we use: the client's own request
-    transform and response models re-walk the whole transcript every step and cost most of a booking run's CPU,
-    while auth, base URL, timeouts and error mapping still come from the client."""
+
+class _Refused(Exception):
+    """A 4xx other than 429: the request's fault, which another provider would refuse too (no failover)."""
+
+
+class _NoKey(Exception):
+    """A route whose key variable is unset: that route cannot be asked, the next one may."""
+
+
+class ModelGateway:
+    """Asks a run's model routes in order until one answers usably.
+
+    Each route's client is an `openai.AsyncOpenAI` (one per base URL and key variable, `max_retries=0`: the
+    runtime owns retries, a redelivered message asks again). Bodies are encoded with msgspec and answers decoded
+    into the few fields we read: the client's own request transform and response models re-walk the whole
+    transcript every step and cost most of a booking run's CPU, while auth, base URL and error mapping still
+    come from the client. With no routes configured, the deployment's CRASHSAFE_MODEL at OPENAI_BASE_URL."""
 
     def __init__(
-        self, base_url: str | None, api_key: str | None, model: str, timeout_s: float = 30.0
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        model: str,
+        timeout_s: float = 30.0,
+        *,
+        keys: Callable[[str], str | None] = route_key,
     ) -> None:
-        # The runtime owns retries (the message is redelivered); the client must not retry on its own.
-        # aiohttp underneath (the client's own supported transport): httpcore cost half the runtime's CPU.
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            timeout=timeout_s,
-            max_retries=0,
-            http_client=openai.DefaultAioHttpClient(),
-        )
+        self._base_url = base_url or ""
+        self._api_key = api_key
+        self._keys = keys  # a route's key by its variable's name (the environment, read by Settings)
         self.model = model
-        self._tools: dict[str, list[dict[str, Any]]] = {}
+        self.default_route = ModelRoute(name=DEFAULT_ROUTE, model=model, timeout_s=timeout_s)
+        self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}
+        self._tools: dict[tuple[str, tuple[str, ...], str], list[dict[str, Any]]] = {}
 
     async def close(self) -> None:
-        await self._client.close()
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
 
-    def _tools_for(self, agent: Agent) -> list[dict[str, Any]]:
-        tools = self._tools.get(agent.name)
+    def _client(self, route: ModelRoute) -> openai.AsyncOpenAI:
+        base_url = route.base_url or self._base_url
+        client = self._clients.get((base_url, route.api_key_env))
+        if client is None:
+            key = self._keys(route.api_key_env) or (
+                self._api_key if route.api_key_env == DEFAULT_KEY_ENV else None
+            )
+            if not key:
+                raise _NoKey(f"no API key: set ${route.api_key_env}")
+            # aiohttp underneath (the client's own supported transport): httpcore cost half the runtime's CPU.
+            client = self._clients[(base_url, route.api_key_env)] = openai.AsyncOpenAI(
+                base_url=base_url or None,
+                api_key=key,
+                max_retries=0,
+                http_client=openai.DefaultAioHttpClient(),
+            )
+        return client
+
+    def _tools_for(self, agent: Agent, config: AgentConfig, api: str) -> list[dict[str, Any]]:
+        """The tools offered: the configuration's `tools` (empty: every model tool of the agent)."""
+        names = tuple(config.tools)
+        tools = self._tools.get((agent.name, names, api))
         if tools is None:
-            tools = self._tools[agent.name] = [
+            chosen = [agent.tools[n] for n in names if n in agent.tools] if names else agent.tools.values()
+            responses = [
                 {
                     "type": "function",
                     "name": t.name,
@@ -96,8 +168,11 @@ class ResponsesModel:
                     "parameters": t.parameters,
                     "strict": False,
                 }
-                for t in agent.tools.values()
+                for t in chosen
             ]
+            tools = self._tools[(agent.name, names, api)] = (
+                chat_tools(responses) if api == ModelApi.CHAT else responses
+            )
         return tools
 
     async def answer(
@@ -107,47 +182,105 @@ class ResponsesModel:
         config: AgentConfig | None = None,
         deadline_at: datetime | None = None,
     ) -> ModelReply:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "input": list(items),
-            "tools": self._tools_for(agent),
-            "parallel_tool_calls": False,
-        }
-        if agent.instructions:
-            body["instructions"] = agent.instructions
-        try:
-            raw = await self._client.post(
-                "/responses",
-                cast_to=httpx.Response,
-                content=_encode(body),
-                options={"headers": {"Content-Type": "application/json"}},
+        config = config or agent.config
+        routes = config.routes or [self.default_route]
+        instructions = config.instructions or agent.instructions
+        failovers: list[str] = []
+        for route in routes:
+            timeout_s = route.timeout_s
+            if deadline_at is not None:
+                timeout_s = min(timeout_s, (deadline_at - datetime.now(UTC)).total_seconds())
+            if timeout_s <= 0:
+                failovers.append(f"{route.name}: no time left before the run's deadline")
+                break
+            try:
+                reply = await self._ask(route, agent, config, instructions, items, timeout_s)
+            except _Refused as exc:
+                raise ModelUnavailable(
+                    "; ".join([*failovers, f"{route.name} refused the request: {exc}"]), model=route.model
+                ) from exc
+            except (TimeoutError, openai.OpenAIError, MalformedAnswer, _NoKey) as exc:
+                failovers.append(f"{route.name}: {_why(exc, timeout_s)}")
+                continue
+            return ModelReply(
+                model=reply.model,
+                response_id=reply.response_id,
+                tool_calls=reply.tool_calls,
+                reply=reply.reply,
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+                provider=route.name,
+                failovers=tuple(failovers),
             )
-            response = _decode_response(raw.content)
-        except openai.OpenAIError as exc:
-            raise ModelUnavailable(f"model {self.model} did not answer: {exc}", model=self.model) from exc
-        except msgspec.DecodeError as exc:
-            raise ModelUnavailable(
-                f"model {self.model} answered something that is not a Responses object: {exc}",
-                model=self.model,
-            ) from exc
-        calls = tuple(
-            ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
-            for item in response.output
-            if item.type == "function_call"
+        raise ModelUnavailable(
+            f"no model route answered ({'; '.join(failovers)})", model=",".join(r.model for r in routes)
         )
-        texts = [
-            part.text
-            for item in response.output
-            if item.type == "message"
-            for part in item.content
-            if part.type == "output_text"
-        ]
-        usage = response.usage or _Usage()
-        return ModelReply(
-            model=response.model or self.model,
-            response_id=response.id,
-            tool_calls=calls,
-            reply="".join(texts) if texts or not calls else None,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-        )
+
+    async def _ask(
+        self,
+        route: ModelRoute,
+        agent: Agent,
+        config: AgentConfig,
+        instructions: str,
+        items: tuple[dict[str, Any], ...],
+        timeout_s: float,
+    ) -> ModelReply:
+        client = self._client(route)
+        chat = route.api == ModelApi.CHAT
+        body: dict[str, Any]
+        if chat:
+            body = {
+                "model": route.model,
+                "messages": chat_messages(instructions, items),
+                "tools": self._tools_for(agent, config, route.api),
+                "parallel_tool_calls": False,
+            }
+        else:
+            body = {
+                "model": route.model,
+                "input": list(items),
+                "tools": self._tools_for(agent, config, route.api),
+                "parallel_tool_calls": False,
+            }
+            if instructions:
+                body["instructions"] = instructions
+        # A total bound (httpx's timeout is per phase: a trickling answer could outlive it), and the client's
+        # own, so a connect that never completes is also cut there.
+        try:
+            async with asyncio.timeout(timeout_s):
+                raw = await client.post(
+                    "/chat/completions" if chat else "/responses",
+                    cast_to=httpx.Response,
+                    content=_encode(body),
+                    options={"headers": {"Content-Type": "application/json"}, "timeout": timeout_s},
+                )
+        except openai.APIStatusError as exc:
+            if 400 <= exc.status_code < 500 and exc.status_code != 429:
+                raise _Refused(f"{exc.status_code} {exc.message}") from exc
+            raise
+        return read_completion(raw.content, route.model) if chat else read_response(raw.content, route.model)
+
+
+def _why(exc: BaseException, timeout_s: float) -> str:
+    """A failover's reason as the journal keeps it: short, and naming what happened."""
+    match exc:
+        case openai.APITimeoutError() if type(exc.__cause__).__name__ == "ConnectTimeout":
+            # The aiohttp transport reports a refused connection as a connect timeout (of whichever httpx the
+            # client bundles, hence the name): say what it was.
+            return f"connection failed: {exc.__cause__}"[:200]
+        case TimeoutError() | openai.APITimeoutError():
+            return f"timed out after {timeout_s:.1f}s"
+        case openai.APIStatusError():
+            return f"answered {exc.status_code}"
+        case openai.APIConnectionError():
+            return f"connection failed: {exc}"[:200]
+        case MalformedAnswer():
+            return f"malformed answer: {exc}"[:200]
+        case _NoKey():
+            return str(exc)
+        case _:
+            return f"{type(exc).__name__}: {exc}"[:200]
+
+
+# The name the runtime's callers knew before routes: the gateway still speaks the Responses API by default.
+ResponsesModel = ModelGateway

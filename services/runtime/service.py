@@ -73,6 +73,7 @@ from services.runtime.core.decide import (
     next_move,
 )
 from contracts.catalog import AgentConfig
+from contracts.keys import KeyScheme
 from contracts.run_events import Passage
 from services.knowledge.library import Library
 from services.platform.guests import GuestProfiles
@@ -103,7 +104,12 @@ class _Run:
 
     state: RunState
     seq: int
-    published: set[str] = field(default_factory=set)
+    published: set[str] = field(default_factory=set)  # `_sent(request)` of each
+
+
+def _sent(intent: ActionRequested) -> str:
+    """What `_Run.published` remembers of a request: its step and key (a business key may repeat across steps)."""
+    return f"{intent.step_no}:{intent.key}"
 
 
 class Runtime:
@@ -211,6 +217,7 @@ class Runtime:
                 catalog_revision=revision,
                 profile=profile,
                 history=history,
+                key_scheme=KeyScheme.BUSINESS,
             )
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))
@@ -298,9 +305,13 @@ class Runtime:
         # which answers from its receipt or asks the provider by key.
         for intent in to_resolve(run.state, wake.keys):
             await self._publish_request(
-                intent, ctx, resend_terms(intent, utcnow()), f"resolve:{uuid.uuid4().hex}"
+                intent,
+                ctx,
+                resend_terms(intent, utcnow()),
+                f"resolve:{uuid.uuid4().hex}",
+                agent=run.state.agent,
             )
-            run.published.add(intent.key)
+            run.published.add(_sent(intent))
         await self._drive(run, ctx)
 
     # The loop -----------------------------------------------------------------------------------------------
@@ -368,9 +379,9 @@ class Runtime:
                         )
                     case AwaitActions(pending=pending):
                         for request in pending:
-                            if request.key not in run.published:
-                                await self._publish_request(request, ctx)
-                                run.published.add(request.key)
+                            if _sent(request) not in run.published:
+                                await self._publish_request(request, ctx, agent=run.state.agent)
+                                run.published.add(_sent(request))
                         self._arm_deadline(run.state)
                         return
             except RunVersionConflict:
@@ -443,13 +454,15 @@ class Runtime:
         if passages:
             items = (*items, passages_item(list(passages)))
         size = len(_sizer.encode(items))
+        # The model asked first: the pinned configuration's first route, else the deployment's.
+        model_name = config.routes[0].model if config.routes else self.settings.model
         if ask_at_risk(run.state):
-            asked = model_asked(run.state, self.settings.model, size, utcnow())
+            asked = model_asked(run.state, model_name, size, utcnow())
             self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
         try:
             return await self.model.answer(agent, items, config, run.state.deadline_at)
         except ModelUnavailable as exc:
-            failed = model_asked(run.state, self.settings.model, size, utcnow(), failed=exc.message[:500])
+            failed = model_asked(run.state, model_name, size, utcnow(), failed=exc.message[:500])
             try:
                 self._apply(run, failed, await self.journal.append(failed, run.seq, headers_for(ctx)))
             except CrashsafeError:
@@ -457,17 +470,26 @@ class Runtime:
             raise
 
     async def _publish_request(
-        self, intent: ActionRequested, ctx: Context, terms: Terms | None = None, msg_id: str = "request"
+        self,
+        intent: ActionRequested,
+        ctx: Context,
+        terms: Terms | None = None,
+        msg_id: str = "request",
+        *,
+        agent: str,
     ) -> None:
         """Sign the journaled request and send it to the executor owning its key. Nats-Msg-Id
-        (`<msg_id>:<key>`) dedups a re-publish inside the window; the executor's store dedups it forever."""
+        (`<msg_id>:<run>:<step>:<key>`) dedups a re-publish inside the window; the executor's store dedups it forever."""
         subject = self.ns.actions_for_key(intent.family, intent.key, self.settings.partitions)
         terms = terms or terms_for(intent, utcnow())
-        request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at)
+        # Bound to the run's agent: an executor serves a compensation-only tool to a plan only for the agent
+        # whose model may ask for it (support's refund_payment), never to a booking run.
+        request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at, agent)
         await self.broker.publish(
             subject,
             tool_encoder.encode(request),
-            msg_id=f"{msg_id}:{intent.key}",
+            # The run and step too: a business key may be asked by two steps or two runs, each its own request.
+            msg_id=f"{msg_id}:{intent.run_id}:{intent.step_no}:{intent.key}",
             headers=headers_for(ctx),
         )
 

@@ -20,7 +20,8 @@ async def test_nats_server_killed_mid_run_is_restarted_by_the_supervisor(tmp_pat
         assert stack.nats is not None
         url, first = stack.nats_url, stack.nats.process
         async with supervised(stack):
-            run_ids = await asyncio.gather(*(client.submit(guest_id=f"guest-{i}") for i in range(6)))
+            guests = [f"guest-{i}" for i in range(6)] + ["guest-after"]
+            run_ids = await asyncio.gather(*(client.submit(guest_id=g) for g in guests[:6]))
 
             # Let the runs get going, then take the broker down hard while they are mid-flight.
             async def first_run_under_way() -> bool:
@@ -41,7 +42,9 @@ async def test_nats_server_killed_mid_run_is_restarted_by_the_supervisor(tmp_pat
             summaries = await asyncio.gather(
                 *(client.wait_terminal(run_id, timeout_s=120) for run_id in run_ids)
             )
-            effects = effects_per_run((await client.ledger())["entries"])
+            effects = effects_per_run(
+                (await client.ledger())["entries"], dict(zip(guests, run_ids, strict=True))
+            )
 
     assert [s["status"] for s in summaries] == ["completed"] * len(run_ids), summaries
     for run_id in run_ids:

@@ -62,7 +62,8 @@ async def test_r3_cluster_loses_a_node_under_load(tmp_path: Path, cluster: NatsC
 
 
 async def _load_with_a_node_killed(client: StackClient, broker: Broker, cluster: NatsCluster) -> None:
-    first = [asyncio.create_task(client.submit(guest_id=f"guest-a{i}")) for i in range(15)]
+    guests = [f"guest-a{i}" for i in range(15)]
+    first = [asyncio.create_task(client.submit(guest_id=g)) for g in guests]
     run_ids = list(await asyncio.gather(*first))
 
     async def under_way() -> bool:
@@ -82,16 +83,18 @@ async def _load_with_a_node_killed(client: StackClient, broker: Broker, cluster:
     victim.kill()
     assert still_running, "the node must die under load, with runs mid-flight"
     # Runs keep arriving while the cluster is one node short.
-    run_ids += await asyncio.gather(*(client.submit(guest_id=f"guest-b{i}") for i in range(10)))
+    guests += [f"guest-b{i}" for i in range(10)]
+    run_ids += await asyncio.gather(*(client.submit(guest_id=g) for g in guests[15:]))
     await asyncio.to_thread(victim.start)  # back on its port and its own store, as a rescheduled pod
-    run_ids += await asyncio.gather(*(client.submit(guest_id=f"guest-c{i}") for i in range(5)))
+    guests += [f"guest-c{i}" for i in range(5)]
+    run_ids += await asyncio.gather(*(client.submit(guest_id=g) for g in guests[25:]))
     summaries = await asyncio.gather(*(client.wait_terminal(r, timeout_s=90) for r in run_ids))
 
     assert Counter(s["status"] for s in summaries) == {"completed": len(run_ids)}, summaries
     entries = (await client.ledger())["entries"]
     per_key = Counter(e["key"] for e in entries)
     assert [k for k, n in per_key.items() if n > 1] == [], "no provider effect twice"
-    effects = effects_per_run(entries)
+    effects = effects_per_run(entries, dict(zip(guests, run_ids, strict=True)))
     for run_id in run_ids:
         assert effects[run_id].get("booking") == 1 and effects[run_id].get("charge") == 1, effects[run_id]
 

@@ -178,12 +178,14 @@ async def race(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
             client.stack.nats_url, "tests-race", access=operator_access(client.stack)
         )
         try:
-            run_ids = list(await asyncio.gather(*(client.submit(guest_id=f"guest-{i}") for i in range(6))))
+            guests = [f"guest-{i}" for i in range(6)]
+            run_ids = list(await asyncio.gather(*(client.submit(guest_id=g) for g in guests)))
             summaries = await settle(client, run_ids)
             journals = {r: await journal_of(broker, client, r) for r in run_ids}
             effects: dict[str, Counter[str]] = {r: Counter() for r in run_ids}
+            run_of = dict(zip(guests, run_ids, strict=True))  # keys name business actions; guests name runs
             for entry in (await client.ledger())["entries"]:
-                effects[entry["key"].split(":")[0]][entry["kind"]] += 1
+                effects[run_of[entry["guest_id"]]][entry["kind"]] += 1
             yield Race(run_ids, dict(zip(run_ids, summaries, strict=True)), journals, effects)
         finally:
             await broker.close()

@@ -187,6 +187,19 @@ def _refund_with_a_plan_capability(w: World, booking: dict[str, Any]) -> ActionR
     return signed(refund, origin=CapabilityOrigin.PLAN)
 
 
+def _refund_for_a_booking_run(w: World, booking: dict[str, Any]) -> ActionRequest:
+    """A plan capability bound to the booking agent: its model may never ask for a refund."""
+    refund = _request("refund_payment", {"payment_id": "pay_anyone"}, f"{run_id_for('', unique('ev'))}:6")
+    return signed(refund, origin=CapabilityOrigin.PLAN, agent="booking")
+
+
+def _refund_relabelled_as_support(w: World, booking: dict[str, Any]) -> ActionRequest:
+    """The booking run's capability with its agent changed on the way: the agent is signed."""
+    good = _refund_for_a_booking_run(w, booking)
+    assert good.capability is not None
+    return msgspec.structs.replace(good, capability=msgspec.structs.replace(good.capability, agent="support"))
+
+
 ATTACKS = {
     "create_payment, chosen amount, no capability": (_no_capability, "missing"),
     "capability signed by another key": (_another_key, "unknown_key"),
@@ -195,6 +208,11 @@ ATTACKS = {
     "valid capability for another key": (_another_key_of_the_run, "altered"),
     "expired capability": (_expired, "expired"),
     "refund_payment with a plan capability": (_refund_with_a_plan_capability, "wrong_origin"),
+    "refund_payment with a plan capability of a booking run": (_refund_for_a_booking_run, "wrong_origin"),
+    "refund_payment, capability relabelled to another agent": (
+        _refund_relabelled_as_support,
+        "bad_signature",
+    ),
 }
 
 

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from contracts.errors import CrashsafeError, ErrorCode, RetryClass
-from contracts.keys import action_key, input_hash, partition_of
+from contracts.keys import action_key, business_key, input_hash, partition_of
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from contracts.tool_messages import (
     ActionOutcome,
@@ -210,6 +210,31 @@ async def test_the_exact_message_twice_back_to_back_charges_once(harness: Harnes
         and charges[0]["amount_cents"] == booking["total_cents"]
     )
     assert ledger["replays"]["charge"] == 0
+
+
+async def test_two_runs_asking_one_business_key_at_once_charge_once_and_each_hears_back(
+    harness: Harness,
+) -> None:
+    """A business key (the booking a charge pays) asked by two runs at the same moment: one provider call, and
+    each run answered on its own subject and step; the replay says which run made the charge."""
+    await harness.start("payment")
+    booking = await harness.booking()
+    key = business_key("charge", "acme", {"booking_id": booking["booking_id"]})
+    first = harness.request("create_payment", "payment", pay_args(booking), key=key)
+    other_run = "run_" + uuid.uuid4().hex[:24]
+    second = msgspec.structs.replace(first, run_id=other_run, step_no=9)
+    await asyncio.gather(harness.publish(first), harness.publish(second))
+    outcomes = await harness.outcomes_for(key, 2)
+    by_run = {(o.run_id, o.step_no): o for o in outcomes}
+    assert set(by_run) == {(first.run_id, first.step_no), (other_run, 9)}
+    assert {o.status for o in outcomes} == {OutcomeStatus.SUCCEEDED}
+    assert sorted(o.via for o in outcomes) == ["call", "replay"]
+    assert len({o.result["payment_id"] for o in outcomes}) == 1
+    (replayed,) = [o for o in outcomes if o.via == "replay"]
+    maker = next(o for o in outcomes if o.via == "call")
+    assert f"first made for {maker.run_id} step {maker.step_no}" in replayed.evidence[-2].detail
+    charges = [e for e in (await harness.world.ledger())["entries"] if e["kind"] == "charge"]
+    assert [c["key"] for c in charges] == [key]
 
 
 async def test_a_key_reused_with_other_input_is_a_conflict_and_never_reaches_the_provider(

@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from contracts.nats_permissions import NatsUser, Role, users
-from contracts.streams import KvSpec, leases_spec, stream_specs
+from contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
 from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 from services.platform.nats_users import read_credential
@@ -67,6 +67,7 @@ def _consumer(stream: str, name: str, filter_subject: str, *, legacy: bool = Fal
 INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (_stream(k) for k in list(StreamKind)[:5])
 SUPPORT = _stream(StreamKind.SUPPORT)
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
+KV_CATALOG = "KV_sweep_catalog"
 
 
 def probes() -> list[Probe]:
@@ -82,6 +83,7 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
         Probe("publish", "KV clients: `client.k1`", "$KV.sweep_clients.client.k1"),
         Probe("publish", "KV active: `guest.t1.h`", "$KV.sweep_active.guest.t1.h"),
+        Probe("publish", "KV catalog: publish a revision", "$KV.sweep_catalog.catalog"),
         Probe(
             "streams",
             "create a stream",
@@ -101,6 +103,7 @@ def probes() -> list[Probe]:
                 KV_LEASES,
                 KV_CLIENTS,
                 KV_ACTIVE,
+                KV_CATALOG,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -124,6 +127,12 @@ def probes() -> list[Probe]:
             f"ephemeral consumer on {RUNS}",
             f"{API}.CONSUMER.CREATE.{RUNS}",
             json.dumps({"stream_name": RUNS, "config": {"ack_policy": "none"}}).encode(),
+        ),
+        Probe(
+            "consumers",
+            f"ephemeral consumer on {KV_CATALOG} (watch the catalog)",
+            f"{API}.CONSUMER.CREATE.{KV_CATALOG}",
+            json.dumps({"stream_name": KV_CATALOG, "config": {"ack_policy": "none"}}).encode(),
         ),
         *(
             Probe(
@@ -173,7 +182,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {"support ticket"}  # a handed-off run's ticket
         allowed |= {f"action request: {f}" for f in FAMILIES}
-        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE)}
+        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG)}
+        allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
         allowed |= {p.label for p in probes() if "`runtime_" in p.label}
         allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
@@ -251,7 +261,7 @@ async def test_every_role_can_do_exactly_what_it_needs(sweep_server: tuple[NatsS
     try:
         for spec in stream_specs(NS):
             await operator.ensure_stream(spec)
-        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active")):
+        for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active"), catalog_spec(NS)):
             await operator.ensure_kv(bucket)
         await operator.publish(NS.run_events("r0"), b"{}")
     finally:

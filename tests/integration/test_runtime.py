@@ -146,7 +146,7 @@ async def test_two_workers_deciding_the_same_run_at_once_journal_one_decision(wo
     assert_replays(events)
     ledger = await workers.sandbox.ledger(guest)
     assert ledger["counts"] == BOOKED_AND_PAID
-    assert effects_per_run(ledger["entries"]) == {
+    assert effects_per_run(ledger["entries"], {guest: run_id}) == {
         run_id: {k: 1 for k in ("booking", "charge", "email", "crm_update")}
     }
     assert sorted(e["key"] for e in ledger["entries"]) == sorted(

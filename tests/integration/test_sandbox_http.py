@@ -201,6 +201,41 @@ async def test_http_payment_refund_release_email_and_crm(http: httpx.AsyncClient
     }
 
 
+async def test_http_a_guests_payments_list_only_theirs_with_what_is_refunded_and_over_refunds_are_refused(
+    http: httpx.AsyncClient,
+) -> None:
+    guest, other = unique("guest"), unique("guest")
+    booking = await book(http, guest)
+    await book(http, other)
+    body = {"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": 24000, "currency": "EUR"}
+    paid = (await http.post("/payments", json=body, headers={"Idempotency-Key": unique("p")})).json()
+    refund_path = f"/payments/{paid['payment_id']}/refund"
+    part = await http.post(refund_path, json={"amount_cents": 4000}, headers={"Idempotency-Key": unique("r")})
+    assert part.status_code == 201
+    listed = await http.get("/payments", params={"guest_id": guest})
+    assert listed.status_code == 200
+    assert listed.json() == {
+        "payments": [
+            {
+                "payment_id": paid["payment_id"],
+                "booking_id": booking["booking_id"],
+                "guest_id": guest,
+                "amount_cents": 24000,
+                "currency": "EUR",
+                "status": "captured",
+                "refunded_cents": 4000,
+            }
+        ]
+    }
+    assert (await http.get("/payments", params={"guest_id": other})).json() == {"payments": []}
+    assert (await http.get("/payments")).status_code == 422  # whose payments: always named
+    over = await http.post(
+        refund_path, json={"amount_cents": 20001}, headers={"Idempotency-Key": unique("r")}
+    )
+    assert over.status_code == 422 and over.json()["error"]["code"] == "refund_exceeds_payment"
+    assert "20000 cents left to refund" in over.json()["error"]["message"]
+
+
 async def test_http_fail_5xx_refuses_without_committing(http: httpx.AsyncClient) -> None:
     guest, key = unique("guest"), unique("k")
     armed = await http.put("/_faults", json={"target": "bookings", "fail_5xx": 1})

@@ -39,10 +39,23 @@ async def consumer_idle(broker: Broker, stream: str, durable: str) -> bool:
     return not info.num_pending and not info.num_ack_pending
 
 
-async def submit_inbound(broker: Broker, ns: Namespace, event_id: str, *, agent: str, text: str) -> str:
-    """Publish a guest event straight to its inbound subject, as the gateway would; returns its run id."""
+async def submit_inbound(
+    broker: Broker,
+    ns: Namespace,
+    event_id: str,
+    *,
+    agent: str,
+    text: str,
+    guest_id: str | None = None,
+    session_id: str | None = None,
+) -> str:
+    """Publish a guest event straight to its inbound subject, as the gateway would; returns its run id. The guest
+    and session default to ones of the event's own (`guest-<event_id>`, `sess-<event_id>`)."""
     message = InboundMessage(
-        event_id=event_id, session_id=f"sess-{event_id}", guest_id=f"guest-{event_id}", text=text
+        event_id=event_id,
+        session_id=session_id or f"sess-{event_id}",
+        guest_id=guest_id or f"guest-{event_id}",
+        text=text,
     )
     run_id = run_id_for("", event_id)  # no tenant: published past the gateway
     event = InboundEvent(

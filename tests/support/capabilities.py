@@ -33,7 +33,7 @@ OTHER_ISSUER = CapabilityIssuer(Ed25519PrivateKey.generate())
 
 def verifier(registry: Registry) -> CapabilityVerifier:
     """What an executor of this deployment checks capabilities with: the session's public key."""
-    return CapabilityVerifier([_SESSION_KEY.public_key()], registry.compensation_only)
+    return CapabilityVerifier([_SESSION_KEY.public_key()], registry.compensation_only, registry.model_tools)
 
 
 def signed(
@@ -41,14 +41,15 @@ def signed(
     origin: CapabilityOrigin | None = None,
     expires_at: datetime | None = None,
     issuer: CapabilityIssuer = ISSUER,
+    agent: str = "",
 ) -> ActionRequest:
     """`request` with the capability the runtime would attach: `plan`, or `compensation` for a compensation-only
-    tool of the tests' registry, expiring at its deadline plus the grace."""
+    tool of the tests' registry, expiring at its deadline plus the grace, bound to `agent` if given."""
     if origin is None:
         compensation = request.tool in _COMPENSATION_TOOLS
         origin = CapabilityOrigin.COMPENSATION if compensation else CapabilityOrigin.PLAN
     expires_at = expires_at or request.deadline_at + timedelta(seconds=GRACE_S)
-    return issuer.grant(request, origin, expires_at)
+    return issuer.grant(request, origin, expires_at, agent)
 
 
 def install(private_path: Path) -> None:

@@ -39,7 +39,8 @@ from services.registry import Registry
 from services.reconciler.service import AuditStats, Reconciler, audit_all
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
-from services.runtime.model import ResponsesModel
+from services.runtime.catalog import RunCatalog
+from services.runtime.model import ModelGateway
 from services.runtime.service import Runtime
 from tests.support import capabilities
 
@@ -118,9 +119,10 @@ class NoModel:
 
 
 @asynccontextmanager
-async def scripted_model(settings: Settings) -> AsyncIterator[ResponsesModel]:
-    """The runtime's real model adapter (the `openai` client), talking to the sandbox's scripted model."""
-    model = ResponsesModel(settings.openai_base_url, settings.openai_api_key, settings.model)
+async def scripted_model(settings: Settings) -> AsyncIterator[ModelGateway]:
+    """The runtime's real model gateway (the `openai` client), talking to the sandbox's scripted model unless the
+    run's pinned configuration routes it elsewhere."""
+    model = ModelGateway(settings.openai_base_url, settings.openai_api_key, settings.model)
     try:
         yield model
     finally:
@@ -190,25 +192,31 @@ async def deliver(worker: Executor, request: ActionRequest, deliveries: int, str
 
 @asynccontextmanager
 async def runtime(
-    settings: Settings, model: Any | None = None, registry: Registry = REGISTRY
+    settings: Settings, model: Any | None = None, registry: Registry = REGISTRY, *, catalog: bool = False
 ) -> AsyncIterator[Runtime]:
     """A runtime worker named `settings.worker_id`, not yet consuming (call `start()` to take work from the
-    streams, or call its use cases directly)."""
+    streams, or call its use cases directly). `catalog`: read the namespace's catalog bucket (started, watching)
+    as a deployed runtime does; otherwise only the built-in catalog (revision 0)."""
     await provisioned(settings)
     broker = await Broker.connect(
         settings.nats_url,
         f"tests-runtime-{settings.worker_id}",
         access=access(settings.nats_url, Role.RUNTIME),
     )
+    logger = logging.getLogger(f"tests.runtime.{settings.worker_id}")
+    run_catalog = RunCatalog(registry, broker, settings.namespace, logger) if catalog else None
     worker = Runtime(
         broker,
         settings,
         registry,
         model or NoModel(),
-        logging.getLogger(f"tests.runtime.{settings.worker_id}"),
+        logger,
         capabilities.ISSUER,
+        catalog=run_catalog,
     )
     try:
+        if run_catalog is not None:
+            await run_catalog.start()
         yield worker
     finally:
         await worker.deliveries.drain()

@@ -108,6 +108,8 @@ def reply_from(event: ModelAnswered) -> ModelReply:
         reply=event.reply,
         input_tokens=event.input_tokens,
         output_tokens=event.output_tokens,
+        provider=event.provider,
+        failovers=tuple(event.failovers),
     )
 
 

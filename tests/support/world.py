@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -73,11 +74,14 @@ class Sandbox:
         assert response.status_code == 200, response.text
 
 
-def effects_per_run(entries: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Ledger effects grouped by the run that keyed them (action keys are `run_id:step...`)."""
+def effects_per_run(entries: list[dict[str, Any]], runs: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """Ledger effects grouped by run, through `runs` (guest id -> run id: each run here has its own guest).
+    Keys name business actions (`hold:<digest>`), not runs, so the guest is what ties an effect to its run;
+    a key still written `run_id:step` (a journal from before business keys) names its run itself."""
     out: dict[str, dict[str, int]] = {}
     for entry in entries:
-        run_id = str(entry["key"]).split(":", 1)[0]
+        key = str(entry["key"])
+        run_id = key.split(":", 1)[0] if key.startswith("run_") else runs.get(str(entry["guest_id"]), "?")
         kinds = out.setdefault(run_id, {})
         kinds[entry["kind"]] = kinds.get(entry["kind"], 0) + 1
     return out

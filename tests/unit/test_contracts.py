@@ -25,6 +25,8 @@ from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_
 from contracts.support import SupportTicket, support_decoder, support_encoder
 from contracts.errors import (
     BodyTooLarge,
+    CatalogRevisionGone,
+    InvalidCatalog,
     BrokerUnavailable,
     CrashsafeError,
     ErrorInfo,
@@ -612,6 +614,18 @@ def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
         ),
         (lambda: PoisonMessage("undecodable"), "poison_message", "poison", {}),
         (lambda: CrashsafeError("legacy", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
+        (
+            lambda: InvalidCatalog(["agents.x: unknown agent"], revision=7),
+            "invalid_catalog",
+            "poison",
+            {"problems": ["agents.x: unknown agent"], "revision": 7},
+        ),
+        (
+            lambda: CatalogRevisionGone(revision=3, agent="booking"),
+            "catalog_revision_gone",
+            "poison",
+            {"revision": 3, "agent": "booking"},
+        ),
     ],
 )
 def test_an_error_travels_as_its_code_retry_class_and_facts(

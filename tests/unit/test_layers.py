@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from tests.support.paths import ROOT
 
-PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests"}
+PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests", "evals"}
 IO_LIBRARIES = {
     "nats",
     "aiosqlite",
@@ -51,6 +51,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     "sandbox": {"sandbox", "contracts"},
     "crashsafe": {"contracts", "services", "sandbox", "crashsafe"},
+    # The eval suite drives the product from outside: its stack machinery, its contracts, the sandbox's ledger.
+    "evals": {"contracts", "crashsafe", "sandbox", "evals"},
 }
 
 # Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
@@ -116,7 +118,7 @@ def _within(name: str, prefixes: set[str]) -> bool:
 def test_every_product_module_has_a_layering_rule() -> None:
     orphans = [
         _module_name(p)
-        for p in _sources("contracts", "services", "sandbox", "crashsafe")
+        for p in _sources("contracts", "services", "sandbox", "crashsafe", "evals")
         if _rule_for(_module_name(p)) is None and _module_name(p) != "services"
     ]
     assert not orphans, f"modules with no rule in MAY_IMPORT: {orphans}"
@@ -124,7 +126,7 @@ def test_every_product_module_has_a_layering_rule() -> None:
 
 def test_packages_import_only_what_their_layer_allows() -> None:
     offenders: list[str] = []
-    for path in _sources("contracts", "services", "sandbox", "crashsafe"):
+    for path in _sources("contracts", "services", "sandbox", "crashsafe", "evals"):
         module = _module_name(path)
         allowed = _rule_for(module)
         if allowed is None:
@@ -138,7 +140,7 @@ def test_packages_import_only_what_their_layer_allows() -> None:
 def test_no_service_and_no_contract_imports_the_sandbox_bench_or_tests() -> None:
     for path in _sources("contracts", "services"):
         for name in _imports(path):
-            assert name.split(".")[0] not in {"sandbox", "bench", "tests", "crashsafe"}, (
+            assert name.split(".")[0] not in {"sandbox", "bench", "tests", "crashsafe", "evals"}, (
                 f"{_module_name(path)} imports {name}: the outside world and the tools stay outside the product"
             )
 

@@ -84,7 +84,7 @@ def test_an_agent_the_deployment_does_not_run_is_unknown_with_the_ones_it_does()
 def test_an_executor_serves_one_family_of_tools() -> None:
     registry = stayhub()
 
-    assert set(registry.tools_of("payment")) == {"create_payment", "refund_payment"}
+    assert set(registry.tools_of("payment")) == {"create_payment", "refund_payment", "find_payments"}
     assert set(registry.tools_of("booking")) == {"search_hotels", "create_booking", "release_booking"}
     assert registry.tools_of("noop") == {}
 
@@ -103,7 +103,7 @@ def test_a_tool_names_the_arguments_its_call_cannot_be_made_without() -> None:
 
 
 def test_a_deployment_is_loaded_by_module_and_function() -> None:
-    assert set(load("services.agents:stayhub").agents) == {"booking"}
+    assert set(load("services.agents:stayhub").agents) == {"booking", "support"}
     assert set(load("bench.workloads:registry").agents) >= {"booking", "steps5"}
     for spec in (
         "services.agents",

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.agents.booking.arguments import BookingRefArgs, CreateBookingArgs, SearchHotelsArgs
+from services.agents.booking.arguments import (
+    BookingRefArgs,
+    CreateBookingArgs,
+    RefundArgs,
+    SearchHotelsArgs,
+)
 from services.registry import HttpOperation, HttpRequest, Tool
 from services.runtime.core.arguments import parameters_of
 
@@ -42,6 +47,10 @@ CREATE_BOOKING = Tool(
         retry=RetryRule.KEYED,
         max_attempts=2,
         compensation="release_booking",
+        # One hold per guest, hotel and stay: asked again in any step or run of the tenant, it is this hold.
+        key_rule=KeyRule.BUSINESS,
+        identity_kind="hold",
+        identity=("guest_id", "hotel_id", "check_in", "check_out"),
         description="Hold a room for the guest. Returns a booking_id and the total price.",
         parameters=parameters_of(CreateBookingArgs),
     ),
@@ -62,6 +71,10 @@ CREATE_PAYMENT = Tool(
         retry=RetryRule.NEVER_BLIND,
         max_attempts=2,
         compensation="refund_payment",
+        # A booking is paid once: the charge is named by the booking it pays (a retry is a new, approved attempt).
+        key_rule=KeyRule.BUSINESS,
+        identity_kind="charge",
+        identity=("booking_id",),
         description="Charge the guest for a held booking. The amount is computed by the server from the booking.",
         parameters=parameters_of(BookingRefArgs),
     ),
@@ -83,6 +96,11 @@ SEND_CONFIRMATION_EMAIL = Tool(
         timeout_s=3.0,
         retry=RetryRule.KEYED,
         max_attempts=5,
+        # One confirmation per booking and template: a second ask is the first email's receipt.
+        key_rule=KeyRule.BUSINESS,
+        identity_kind="email",
+        identity=("booking_id",),
+        identity_fixed={"template": "booking_confirmation"},
         description="Email the guest the confirmation of a paid booking.",
         parameters=parameters_of(BookingRefArgs),
     ),
@@ -112,6 +130,10 @@ UPDATE_CRM = Tool(
         timeout_s=3.0,
         retry=RetryRule.KEYED,
         max_attempts=5,
+        # The guest's CRM record of one booking: written once, whoever asks again.
+        key_rule=KeyRule.BUSINESS,
+        identity_kind="crm",
+        identity=("guest_id", "booking_id"),
         description="Record the booking on the guest's CRM profile.",
         parameters=parameters_of(BookingRefArgs),
     ),
@@ -158,7 +180,15 @@ REFUND_PAYMENT = Tool(
         timeout_s=10.0,
         retry=RetryRule.NEVER_BLIND,
         max_attempts=2,
-        description="Refund a charge whose booking no longer exists.",
+        # As a compensation it takes the key of the charge it undoes (keys.compensation_key). Asked by the support
+        # agent's model: one refund per payment and amount, so asking twice never pays back twice.
+        key_rule=KeyRule.BUSINESS,
+        identity_kind="refund",
+        identity=("payment_id", "amount_cents"),
+        description=(
+            "Refund one of the guest's payments: all that is left of it, or amount_cents (in cents) of it."
+        ),
+        parameters=parameters_of(RefundArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest(

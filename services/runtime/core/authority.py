@@ -48,13 +48,11 @@ def to_resolve(state: RunState, keys: list[str]) -> tuple[ActionRequested, ...]:
     return tuple(pending + unknown)
 
 
-def requested(state: RunState, key: str) -> ActionRequested | None:
-    """The journaled request with this key, pending or completed."""
-    for request in state.pending:
-        if request.key == key:
-            return request
-    for request, _ in state.completed:
-        if request.key == key:
+def requested(state: RunState, key: str, step_no: int | None = None) -> ActionRequested | None:
+    """The journaled request with this key (at this step, if given), pending or completed. A business key may be
+    journaled by two steps of one run (the same hold asked in two answers): each outcome binds to its own step."""
+    for request in (*state.pending, *(r for r, _ in state.completed)):
+        if request.key == key and (step_no is None or request.step_no == step_no):
             return request
     return None
 
@@ -64,7 +62,10 @@ def outcome_refusal(state: RunState, outcome: ActionOutcome, source: str) -> Out
     family the request went to (`source`, the subject's family token); else why it must not be journaled."""
     if source == WAKE_TOKEN or outcome.run_id != state.run_id:
         return OutcomeRefusal.WRONG_SUBJECT
-    request = requested(state, outcome.key)
+    request = requested(state, outcome.key, outcome.step_no)
+    if request is None:
+        # Not this key at this step: say which part is wrong, as before business keys could repeat.
+        request = requested(state, outcome.key)
     if request is None:
         return OutcomeRefusal.UNREQUESTED
     if request.tool != outcome.tool:

@@ -37,6 +37,7 @@ from services.runtime.core.approvals import guest_answer
 from services.runtime.core.arguments import check_arguments, check_schema
 from services.runtime.core.fold import fold_run
 from services.runtime.core.handoff import handoff_reply
+from services.runtime.core.identity import choose_key
 from services.runtime.core.policy import Deny, Hold, check_asked, check_policy
 from services.runtime.core.state import RunState
 
@@ -377,6 +378,9 @@ def plan_compensations(
     planned = state
     for comp in undo:
         key = compensation_key(comp.undoes, comp.kind)
+        # Two steps may hold one business key (the same room asked for twice): it is undone once.
+        if any(p.key == key for p in planned.pending) or any(r.key == key for r, _ in planned.completed):
+            continue
         call = ToolCall(call_id=f"comp:{key}", name=comp.tool, arguments=_json.encode(comp.args).decode())
         event = _plan_one(
             planned,
@@ -463,6 +467,11 @@ def _plan_one(
         return rejected(prepared)
     hashed = tool_input_hash(contract.name, prepared)
     verdict = check_policy(state, config, contract, prepared, hashed, origin, now)
+    if origin != Origin.COMPENSATION and not isinstance(verdict, (Deny, Hold)):
+        # The key names the action's business identity (compensations keep the key of what they undo); a new
+        # attempt at a money action that failed is the guest's decision, never the model's.
+        keyed = choose_key(state, contract, prepared, hashed, key)
+        key, verdict = keyed.key, keyed.verdict
     if isinstance(verdict, Deny):
         return denied(verdict)
     if isinstance(verdict, Hold):

@@ -328,31 +328,45 @@ def _one_active_hold(state: RunState, rule: OneActiveHold, args: dict[str, Any])
     return Allow()
 
 
-def _payments(state: RunState) -> dict[str, dict[str, Any]]:
-    """Payments this run has seen: read by `find_payments`, or made by the run itself."""
-    seen: dict[str, dict[str, Any]] = {}
-    for result in state.succeeded_results("find_payments"):
+def _payment(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | None:
+    """A payment this run has seen, and the step since which its refunds are not in it: as the latest
+    `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made it."""
+    found = [
+        (req.step_no, done.result)
+        for req, done in state.completed
+        if req.tool == "find_payments" and done.status == OutcomeStatus.SUCCEEDED
+    ]
+    if found:
+        step, result = max(found, key=lambda f: f[0])
         payments = result.get("payments", [])
         for payment in payments if isinstance(payments, list) else []:
-            if isinstance(payment, dict) and payment.get("payment_id"):
-                seen[str(payment["payment_id"])] = payment
+            if isinstance(payment, dict) and payment.get("payment_id") == payment_id:
+                return payment, step
     for req, done in state.completed:
-        if req.tool == "create_payment" and done.status == OutcomeStatus.SUCCEEDED:
-            payment_id = str(done.result.get("payment_id", ""))
-            if payment_id:
-                seen[payment_id] = {
-                    "payment_id": payment_id,
-                    "guest_id": req.args.get("guest_id"),
-                    "amount_cents": req.args.get("amount_cents"),
-                    "currency": req.args.get("currency", ""),
-                }
-    return seen
+        if (
+            req.tool == "create_payment"
+            and done.status == OutcomeStatus.SUCCEEDED
+            and done.result.get("payment_id") == payment_id
+        ):
+            made = {
+                "payment_id": payment_id,
+                "guest_id": req.args.get("guest_id"),
+                "amount_cents": req.args.get("amount_cents"),
+                "currency": req.args.get("currency", ""),
+            }
+            return made, 0
+    return None
 
 
-def _refunded_in_run(state: RunState, payment_id: str) -> int:
+def _refunded_since(state: RunState, payment_id: str, since: int) -> int:
+    """Cents this run asked to refund of the payment after step `since` (pending, done, or maybe done)."""
     asked = [p for p in state.pending if p.tool == "refund_payment"]
     asked += [req for req, done in state.completed if req.tool == "refund_payment" and done.status in _LIVE]
-    return sum(int(r.args.get("amount_cents") or 0) for r in asked if r.args.get("payment_id") == payment_id)
+    return sum(
+        int(r.args.get("amount_cents") or 0)
+        for r in asked
+        if r.args.get("payment_id") == payment_id and r.step_no > since
+    )
 
 
 def _refund_within_paid(
@@ -361,14 +375,14 @@ def _refund_within_paid(
     name = rule_name(rule)
     payment_id = str(args.get("payment_id", ""))
     amount = args.get("amount_cents")
-    payment = _payments(state).get(payment_id)
-    if payment is None or payment.get("guest_id") != state.guest_id:
+    seen = _payment(state, payment_id)
+    if seen is None or seen[0].get("guest_id") != state.guest_id:
         return Deny(name, f"payment {payment_id} is not one of this guest's payments found in this run")
-    if not isinstance(amount, int) or amount <= 0:
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         return Deny(name, "a refund names a positive amount in cents")
+    payment, since = seen
     paid = int(payment.get("amount_cents") or 0)
-    # Counted twice if a refund of this run was already in the provider's list: refusing too much is safe.
-    refunded = int(payment.get("refunded_cents") or 0) + _refunded_in_run(state, payment_id)
+    refunded = int(payment.get("refunded_cents") or 0) + _refunded_since(state, payment_id, since)
     currency = str(payment.get("currency", ""))
     left = paid - refunded
     if amount > left:

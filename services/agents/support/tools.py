@@ -1,0 +1,31 @@
+"""The support agent's own tool: reading the guest's payments. It refunds with the booking agent's `refund_payment`."""
+
+from __future__ import annotations
+
+from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from services.registry import HttpOperation, HttpRequest, Tool
+
+FIND_PAYMENTS = Tool(
+    ToolContract(
+        name="find_payments",
+        family="payment",
+        effect=Effect.READ,
+        timeout_s=2.0,
+        retry=RetryRule.RETRY,
+        max_attempts=3,
+        # A read: no effect, nothing to deduplicate, and its answer must be fresh (what is left to refund).
+        key_rule=KeyRule.NONE,
+        description=(
+            "List the guest's payments: payment_id, booking_id, amount_cents, currency, status and how much of"
+            " each is already refunded (refunded_cents). Takes no arguments: the guest is the one you talk to."
+        ),
+        parameters={"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest("GET", "/payments", params={"guest_id": args["guest_id"]}),
+        lookup_path=None,
+        ref_field=None,
+        requires=("guest_id",),
+    ),
+    audited=False,
+)

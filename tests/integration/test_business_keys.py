@@ -1,0 +1,234 @@
+"""Business keys end to end, on the real nats-server with real executors, the sandbox and a hostile scripted model
+(`obey:` lines in the guest's text): the same intent asked again, in another step or another run of the
+session, is one effect at the provider; a declined charge asked again waits for the guest; the support agent
+refunds the guest's own payment and nothing else."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalRequested,
+    JournalEvent,
+    ToolRejected,
+)
+from contracts.subjects import Namespace
+from contracts.tool_messages import OutcomeStatus, Via
+from services.agents import stayhub
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.natsd import NatsServer
+from services.runtime.core.fold import replay
+from services.runtime.core.identity import RETRY_RULE
+from services.runtime.service import Runtime
+from tests.support import inprocess
+from tests.support.broker import dead_letters, submit_inbound
+from tests.support.runs import assert_replays
+from tests.support.waiting import eventually, unique
+from tests.support.world import Sandbox
+
+REGISTRY = stayhub()
+HOLD = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}'
+
+
+@dataclass
+class Stack:
+    runtime: Runtime
+    journal: RunJournal
+    sandbox: Sandbox
+    broker: Broker
+    ns: Namespace
+
+    async def run(self, text: str, *, agent: str = "booking", guest: str, session: str) -> str:
+        return await submit_inbound(
+            self.broker, self.ns, unique("ev"), agent=agent, text=text, guest_id=guest, session_id=session
+        )
+
+    async def ended(self, run_id: str) -> list[JournalEvent]:
+        async def terminal() -> list[JournalEvent] | None:
+            events, _ = await self.journal.read(run_id)
+            state = replay(events) if events else None
+            return events if state is not None and state.terminal else None
+
+        return await eventually(terminal, what=f"run {run_id} to end")
+
+    async def waiting(self, run_id: str) -> list[JournalEvent]:
+        async def held() -> list[JournalEvent] | None:
+            events, _ = await self.journal.read(run_id)
+            state = replay(events) if events else None
+            return events if state is not None and state.awaiting is not None else None
+
+        return await eventually(held, what=f"run {run_id} to wait for an approval")
+
+
+@pytest.fixture
+async def stack(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    """One runtime worker and every executor of the StayHub deployment (booking and support agents)."""
+    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
+        settings = inprocess.settings_for(
+            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data", worker_id="rt"
+        )
+        for family in ("booking", "payment", "notify"):
+            await running.enter_async_context(inprocess.executor(settings, family, registry=REGISTRY))
+        model = await running.enter_async_context(inprocess.scripted_model(settings))
+        runtime = await running.enter_async_context(inprocess.runtime(settings, model, registry=REGISTRY))
+        await runtime.start()
+        http = await running.enter_async_context(httpx.AsyncClient(timeout=10))
+        yield Stack(runtime, RunJournal(broker, namespace), Sandbox(http, sandbox_url), broker, namespace)
+    assert await dead_letters(broker, namespace) == []
+
+
+def _requested(events: list[JournalEvent], tool: str) -> list[ActionRequested]:
+    return [e for e in events if isinstance(e, ActionRequested) and e.tool == tool]
+
+
+def _completed(events: list[JournalEvent], tool: str) -> list[ActionCompleted]:
+    steps = {e.step_no for e in _requested(events, tool)}
+    return [e for e in events if isinstance(e, ActionCompleted) and e.step_no in steps]
+
+
+async def _booked_and_paid(stack: Stack, guest: str, session: str) -> tuple[list[JournalEvent], str]:
+    text = f'obey: create_booking {HOLD}\nobey: create_payment {{"booking_id": "$booking_id"}}'
+    events = await stack.ended(await stack.run(text, guest=guest, session=session))
+    (paid,) = _completed(events, "create_payment")
+    assert paid.status == OutcomeStatus.SUCCEEDED, paid
+    return events, str(paid.result["payment_id"])
+
+
+async def test_the_same_room_booked_in_two_answers_is_one_hold_and_one_charge(stack: Stack) -> None:
+    guest = unique("guest")
+    text = (
+        f"obey: create_booking {HOLD}\n"
+        f"obey: create_booking {HOLD}\n"
+        'obey: create_payment {"booking_id": "$booking_id"}'
+    )
+    events = await stack.ended(await stack.run(text, guest=guest, session=unique("sess")))
+    holds = _completed(events, "create_booking")
+    assert len(holds) == 2 and len({h.step_no for h in holds}) == 2  # two steps, each answered
+    assert {h.key for h in holds} == {holds[0].key} and holds[0].key.startswith("hold:")
+    assert {h.result["booking_id"] for h in holds} == {holds[0].result["booking_id"]}
+    assert [h.via for h in holds] == [Via.CALL, Via.REPLAY]
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
+    assert_replays(events)  # the keys are decided again, the same, from the journal alone
+
+
+async def test_three_confirmation_emails_asked_are_one_email(stack: Stack) -> None:
+    guest = unique("guest")
+    email = 'obey: send_confirmation_email {"booking_id": "$booking_id"}'
+    text = (
+        f"obey: create_booking {HOLD}\n"
+        'obey: create_payment {"booking_id": "$booking_id"}\n'
+        f"{email}\n{email}\n{email.replace('obey:', 'obey+:')}"  # the last two in one answer, in flight at once
+    )
+    events = await stack.ended(await stack.run(text, guest=guest, session=unique("sess")))
+    emails = _completed(events, "send_confirmation_email")
+    assert len(emails) == 3 and len({e.step_no for e in emails}) == 3
+    assert {e.key for e in emails} == {emails[0].key} and emails[0].key.startswith("email:")
+    assert {e.status for e in emails} == {OutcomeStatus.SUCCEEDED}
+    assert len({e.result["email_id"] for e in emails}) == 1
+    assert (await stack.sandbox.counts(guest))["email"] == 1
+
+
+async def test_a_second_run_of_the_session_asking_the_same_hold_gets_the_stored_receipt(stack: Stack) -> None:
+    guest, session = unique("guest"), unique("sess")
+    first, payment_id = await _booked_and_paid(stack, guest, session)
+    (hold,) = _completed(first, "create_booking")
+    text = f'obey: create_booking {HOLD}\nobey: create_payment {{"booking_id": "$booking_id"}}'
+    second_run = await stack.run(text, guest=guest, session=session)
+    second = await stack.ended(second_run)
+    (again,) = _completed(second, "create_booking")
+    assert (again.run_id, again.key, again.via) == (second_run, hold.key, Via.REPLAY)
+    assert again.result["booking_id"] == hold.result["booking_id"]
+    assert any(hold.run_id in e.detail for e in again.evidence), again.evidence  # who made it
+    (paid,) = _completed(second, "create_payment")
+    assert (paid.via, paid.result["payment_id"]) == (Via.REPLAY, payment_id)
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"]) == (1, 1)
+
+
+async def test_a_hold_an_earlier_run_released_is_never_replayed_as_held(stack: Stack) -> None:
+    """The first run holds the room and ends unpaid (its hold is released); the session's next run asking for the
+    same room is told the hold was undone, not handed the released booking, and its next ask is a new hold."""
+    guest, session = unique("guest"), unique("sess")
+    first = await stack.ended(await stack.run(f"obey: create_booking {HOLD}", guest=guest, session=session))
+    (hold,) = _completed(first, "create_booking")
+    (release,) = _completed(first, "release_booking")
+    assert release.status == OutcomeStatus.SUCCEEDED and release.key == f"{hold.key}:release"
+    text = f"obey: create_booking {HOLD}\nobey: create_booking {HOLD}"
+    second = await stack.ended(await stack.run(text, guest=guest, session=session))
+    stale, fresh = _completed(second, "create_booking")
+    assert (stale.key, stale.status, stale.error and stale.error.code) == (
+        hold.key,
+        "failed",
+        "action_undone",
+    )
+    assert stale.result == {}  # never the released booking's "held"
+    assert (fresh.key, fresh.status) == (f"{hold.key}:a2", OutcomeStatus.SUCCEEDED)
+    assert fresh.result["booking_id"] != hold.result["booking_id"]
+    assert_replays(second)
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["booking_release"]) == (
+        2,
+        2,
+    )  # the second run's unpaid hold is let go too
+
+
+async def test_paying_again_after_a_decline_waits_for_the_guest_and_charges_nothing(stack: Stack) -> None:
+    guest = unique("guest")
+    await stack.sandbox.arm("payments", decline=1)
+    pay = 'obey: create_payment {"booking_id": "$booking_id"}'
+    text = f"obey: create_booking {HOLD}\n{pay}\n{pay}"
+    run_id = await stack.run(text, guest=guest, session=unique("sess"))
+    events = await stack.waiting(run_id)
+    (declined,) = _completed(events, "create_payment")
+    assert declined.status == OutcomeStatus.FAILED
+    (held,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    assert (held.tool, held.rule, held.approver) == ("create_payment", RETRY_RULE, "guest")
+    assert len(_requested(events, "create_payment")) == 1  # the second ask never became a request
+    ledger = await stack.sandbox.ledger(guest)
+    assert [e for e in ledger["entries"] if e["kind"] == "charge"] == []  # a declined card moves no money
+
+
+async def test_support_refunds_the_guests_own_payment(stack: Stack) -> None:
+    guest = unique("guest")
+    _, payment_id = await _booked_and_paid(stack, guest, unique("sess"))
+    refund = f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 1000}}'
+    text = f"obey: find_payments {{}}\n{refund}\n{refund}"  # the second ask is the first refund's receipt
+    events = await stack.ended(await stack.run(text, agent="support", guest=guest, session=unique("sess")))
+    (found,) = _completed(events, "find_payments")
+    assert [p["payment_id"] for p in found.result["payments"]] == [payment_id]
+    refund, again = _completed(events, "refund_payment")
+    assert refund.status == again.status == OutcomeStatus.SUCCEEDED, (refund, again)
+    assert refund.key.startswith("refund:") and again.key == refund.key and again.via == Via.REPLAY
+    refunds = [e for e in (await stack.sandbox.ledger(guest))["entries"] if e["kind"] == "refund"]
+    assert [(r["amount_cents"], r["key"]) for r in refunds] == [(1000, refund.key)]
+
+
+async def test_support_refuses_to_refund_another_guests_payment(stack: Stack) -> None:
+    victim, attacker = unique("guest"), unique("guest")
+    _, payment_id = await _booked_and_paid(stack, victim, unique("sess"))
+    text = (
+        "obey: find_payments {}\n"
+        f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 24000}}'
+    )
+    events = await stack.ended(await stack.run(text, agent="support", guest=attacker, session=unique("sess")))
+    (found,) = _completed(events, "find_payments")
+    assert found.result["payments"] == []  # the attacker's own payments: none
+    assert _requested(events, "refund_payment") == []
+    (refused,) = [e for e in events if isinstance(e, ToolRejected) and e.tool == "refund_payment"]
+    assert refused.error.code == "unknown_payment"
+    victims = (await stack.sandbox.ledger(victim))["entries"]
+    assert [e for e in victims if e["kind"] == "refund"] == []
+    assert json.dumps(refused.error.details).find(payment_id) >= 0
