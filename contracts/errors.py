@@ -50,6 +50,9 @@ class ErrorCode(StrEnum):
     NOT_ALLOWED = "not_allowed"  # a policy rule refused the action (`run.policy_denied`)
     APPROVAL_NOT_PENDING = "approval_not_pending"  # a decision on an approval already decided or expired
     APPROVAL_NOT_FOUND = "approval_not_found"
+    SESSION_OF_ANOTHER_GUEST = (
+        "session_of_another_guest"  # a message in a session whose run is another guest's
+    )
     INVALID_CATALOG = "invalid_catalog"
     # A refund of a payment not among the guest's payments found in the run.
     UNKNOWN_PAYMENT = "unknown_payment"
@@ -58,6 +61,7 @@ class ErrorCode(StrEnum):
     CATALOG_REVISION_GONE = (
         "catalog_revision_gone"  # a run's pinned catalog revision left the bucket's history
     )
+    PROFILE_UNREADABLE = "profile_unreadable"  # a guest's KV record that does not decode (slice R)
 
 
 class RetryClass(StrEnum):
@@ -499,6 +503,63 @@ class NotPermitted(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"user": self.user, "subject": self.subject}
+
+
+# Approvals ----------------------------------------------------------------------------------------------------
+
+
+class ApprovalNotFound(CrashsafeError):
+    """No approval with this id, or another tenant's (the same answer: HTTP 404)."""
+
+    code = ErrorCode.APPROVAL_NOT_FOUND
+    retry = RetryClass.NONE
+
+    def __init__(self, *, approval_id: str) -> None:
+        super().__init__(
+            f"no approval {approval_id}; list the pending ones with GET /v1/approvals?status=pending"
+        )
+        self.approval_id = approval_id
+
+    def details(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id}
+
+
+class ApprovalNotPending(CrashsafeError):
+    """A decision on an approval that was already decided or has expired (HTTP 409): nothing changed."""
+
+    code = ErrorCode.APPROVAL_NOT_PENDING
+    retry = RetryClass.NONE
+
+    def __init__(self, *, approval_id: str, status: str, decided_by: str = "") -> None:
+        by = f" by {decided_by}" if decided_by else ""
+        super().__init__(
+            f"approval {approval_id} is {status}{by}, not pending: it can no longer be decided; a new"
+            " request of the action needs a new approval"
+        )
+        self.approval_id = approval_id
+        self.status = status
+        self.decided_by = decided_by
+
+    def details(self) -> dict[str, Any]:
+        return _facts(approval_id=self.approval_id, status=self.status, decided_by=self.decided_by)
+
+
+class SessionOfAnotherGuest(CrashsafeError):
+    """A message names a session whose active run is another guest's (HTTP 409): it would become that run's turn
+    (and could answer its approval), so it is refused; nothing was published."""
+
+    code = ErrorCode.SESSION_OF_ANOTHER_GUEST
+    retry = RetryClass.POISON
+
+    def __init__(self, *, session_id: str, run_id: str) -> None:
+        super().__init__(
+            f"session {session_id} is in use by another guest's run {run_id}; use a session id of your own"
+        )
+        self.session_id = session_id
+        self.run_id = run_id
+
+    def details(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "run_id": self.run_id}
 
 
 # The configuration catalog ------------------------------------------------------------------------------------

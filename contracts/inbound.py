@@ -46,6 +46,10 @@ class InboundEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     received_at: datetime
     # The tenant of the client that sent it (its API key's); part of the run's identity (`run_id_for`).
     tenant: str = ""
+    # A further message of a session whose run is active: the run id it is a turn of (the session lane). Empty:
+    # the message starts its own run (`run_id`). The event still travels on its own inbound subject, whose
+    # one-message guard dedups it forever.
+    turn_of: str = ""
 
 
 inbound_encoder = msgspec.json.Encoder()

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+
+# The tool family whose executor writes guest profiles (its NATS user alone may write the guests bucket).
+MEMORY_FAMILY = "memory"
+# What the model may remember about a guest: a closed vocabulary, so a profile never becomes a free-text
+# channel from one run's model to the next (`remember_preference`'s `name`).
+PreferenceName = Literal["quiet_room", "late_check_in", "early_check_in", "high_floor", "bed_type", "dietary"]
+PREFERENCE_NAMES: tuple[str, ...] = PreferenceName.__args__  # type: ignore[attr-defined]
+# A preference's value: short, and only plain words (letters, digits, spaces, `-` and `:`).
+PREFERENCE_VALUE_MAX = 40
+# How many of the action keys that wrote a profile it remembers: the lookup by key after a crash.
+APPLIED_KEYS_KEPT = 64
 
 
 class GuestProfile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -16,6 +29,14 @@ class GuestProfile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     # A corporate traveller's bookings wait for their manager's approval (seed 001).
     corporate: bool = False
     manager: str = ""
+    # The keys of the latest `remember_preference` actions applied to this record, written in the same
+    # compare-and-set as their effect: "did key K take effect?" is answered from the record itself. Kept out
+    # of `run.started` (the runtime journals the profile without them).
+    applied: list[str] = []
+    # How many writes made this record (each compare-and-set adds one). A run journals the version it started
+    # from, and a preference's action key names it, so the same preference set again after it changed in
+    # between (yes, no, yes) is a new action, not the first one's stale receipt.
+    version: int = 0
 
 
 class SessionTurn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -33,3 +54,7 @@ class SessionLane(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
     run_id: str = ""
     history: list[SessionTurn] = []
+
+
+profile_encoder = msgspec.json.Encoder()
+profile_decoder = msgspec.json.Decoder(GuestProfile)

@@ -11,13 +11,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contracts.streams import ConsumerSpec, executor_consumer, runtime_consumers
+from contracts.memory import MEMORY_FAMILY
+from contracts.streams import ConsumerSpec, executor_consumer, runtime_consumers, timers_consumer
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
 
 API = "$JS.API"
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
 CLIENTS = "clients"
 ACTIVE = "active"
+# Guest profiles (`{ns}_guests`): the runtime reads them, the memory executor alone writes them.
+GUESTS = "guests"
+# Approval records and session lanes (issue 9).
+APPROVALS = "approvals"
+SESSIONS = "sessions"
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 
 
@@ -174,6 +180,7 @@ def users(
     wakes = f"{n}.outcome.{WAKE_TOKEN}.*"
     concrete = ns or Namespace()
     inbound_consumer, outcomes_consumer = (s.consumer(c) for c in runtime_consumers(concrete))
+    timers = s.consumer(timers_consumer(concrete))
     # The runtime's outcome consumer covers every family's outcomes and the wakes (`{ns}.outcome.>`).
     outcomes_consumer = ConsumerSpec(
         stream=outcomes_consumer.stream, durable=outcomes_consumer.durable, filter_subject=f"{n}.outcome.>"
@@ -185,13 +192,20 @@ def users(
             f"{n}.inbound.*",
             wakes,  # its reconcile endpoint wakes a run; the runtime re-sends what the run still needs
             s.kv(ACTIVE, ">"),
+            # A manager's decision (compare-and-set on the record) and the session lane a new message claims.
+            s.kv(APPROVALS, "approval.*"),
+            s.kv(SESSIONS, "session.*.*"),
             *(stream_info(x) for x in all_streams),
             stream_info(s.kv_stream(CLIENTS)),
             stream_info(s.kv_stream(ACTIVE)),
+            stream_info(s.kv_stream(APPROVALS)),
+            stream_info(s.kv_stream(SESSIONS)),
             *direct_get(inbound),
             *direct_get(runs),
             *direct_get(s.kv_stream(CLIENTS)),
             *direct_get(s.kv_stream(ACTIVE)),
+            *direct_get(s.kv_stream(APPROVALS)),
+            *direct_get(s.kv_stream(SESSIONS)),
         ],
     )
     runtime = _user(
@@ -203,19 +217,38 @@ def users(
             wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it
             tickets,  # a handed-off run's support ticket
             s.kv(ACTIVE, ">"),
+            # Approval records (created, decided by the guest's answer or the expiry), session lanes (released,
+            # claimed for a turn whose run had ended), and the approval expiry schedules (never the fired
+            # subjects: only the server's scheduler writes those).
+            s.kv(APPROVALS, "approval.*"),
+            s.kv(SESSIONS, "session.*.*"),
+            f"{n}.timer.approval.*",
+            f"{n}.timer.cancelled.*",  # purges a decided approval's schedule (`Nats-Schedule-Next: purge`)
             *(stream_info(x) for x in all_streams),
             stream_info(s.kv_stream(ACTIVE)),
+            stream_info(s.kv_stream(APPROVALS)),
+            stream_info(s.kv_stream(SESSIONS)),
             *own_consumer(inbound_consumer),
             *own_consumer(outcomes_consumer),
+            *own_consumer(timers),
             *direct_get(runs),
             *direct_get(s.kv_stream(ACTIVE)),
+            stream_info(s.kv_stream(GUESTS)),
+            *direct_get(s.kv_stream(GUESTS)),
+            *direct_get(s.kv_stream(APPROVALS)),
+            *direct_get(s.kv_stream(SESSIONS)),
+            *direct_get(s.stream(StreamKind.TIMERS)),
             # The catalog: read (a pinned revision by sequence) and watched (an ordered consumer), never written.
             stream_info(s.kv_stream(CATALOG)),
             *direct_get(s.kv_stream(CATALOG)),
             f"{API}.CONSUMER.CREATE.{s.kv_stream(CATALOG)}",
             f"$JS.FC.{s.kv_stream(CATALOG)}.>",
         ],
-        [inbound_consumer.deliver_subject or "", outcomes_consumer.deliver_subject or ""],
+        [
+            inbound_consumer.deliver_subject or "",
+            outcomes_consumer.deliver_subject or "",
+            timers.deliver_subject or "",
+        ],
     )
     executors = []
     for family in families:
@@ -236,6 +269,7 @@ def users(
                     stream_info(s.kv_stream("leases")),
                     *(subject for c in consumers for subject in own_consumer(c)),
                     *direct_get(s.kv_stream("leases")),
+                    *_profile_writes(s, family),
                 ],
                 family=family,
             )
@@ -249,6 +283,9 @@ def users(
             f"{API}.CONSUMER.CREATE.{runs}",  # the ordered (ephemeral) consumer it follows every journal with
             f"$JS.FC.{runs}.>",  # that consumer's flow control answers
             *direct_get(runs),
+            # The expiry backstop: it reads pending approvals and wakes their runs, never decides one.
+            stream_info(s.kv_stream(APPROVALS)),
+            *direct_get(s.kv_stream(APPROVALS)),
         ],
     )
     operator = _user(
@@ -280,6 +317,14 @@ def users(
         ],
     )
     return [gateway, runtime, *executors, reconciler, operator, analytics]
+
+
+def _profile_writes(s: Scope, family: str) -> list[str]:
+    """The memory family's executor writes guest profiles (compare-and-set): that bucket only, and no other
+    family's executor may touch it."""
+    if family != MEMORY_FAMILY:
+        return []
+    return [s.kv(GUESTS, ">"), stream_info(s.kv_stream(GUESTS)), *direct_get(s.kv_stream(GUESTS))]
 
 
 def user_for(all_users: Iterable[NatsUser], role: Role, family: str | None = None) -> NatsUser:

@@ -27,6 +27,8 @@ class StreamSpec:
     duplicate_window_s: float = DUPLICATE_WINDOW_S
     allow_direct: bool = True
     replicas: int = 1
+    # JetStream message scheduling (nats-server 2.12+; `Nats-Schedule: @at <RFC3339>` + `Nats-Schedule-Target`).
+    allow_msg_schedules: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,15 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
             max_age_s=30 * DAY_S,
             replicas=replicas,
         ),
+        # Schedules wait here until they fire (an approval waits up to days); fired wakes are kept a while for
+        # evidence. Limits retention: a schedule is removed by the server once it fired (`@at` is one-shot).
+        StreamSpec(
+            name=ns.stream(StreamKind.TIMERS),
+            subjects=(ns.timers_all,),
+            max_age_s=30 * DAY_S,
+            allow_msg_schedules=True,
+            replicas=replicas,
+        ),
         support_spec(ns, replicas),
     ]
 
@@ -117,6 +128,16 @@ def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerS
             ack_wait_s=ack_wait_s,
         ),
     ]
+
+
+def timers_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
+    """The runtime's durable on fired timers: each one is a wake of its run (an approval's expiry)."""
+    return ConsumerSpec(
+        stream=ns.stream(StreamKind.TIMERS),
+        durable=ns.runtime_timers_consumer,
+        filter_subject=ns.timers_fired_all,
+        ack_wait_s=ack_wait_s,
+    )
 
 
 def executor_consumer(
@@ -169,6 +190,21 @@ def clients_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 def active_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """Active runs per guest and per session, `guest.<tenant>.<hash>` / `session.<tenant>.<hash>`."""
     return KvSpec(bucket=ns.active_bucket, replicas=replicas)
+
+
+def guests_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Guest profiles, `guest.<tenant>.<hash>`: one record per guest, rewritten by compare-and-set."""
+    return KvSpec(bucket=ns.guests_bucket, replicas=replicas)
+
+
+def approvals_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Approval records, `approval.<approval_id>`: created by the runtime, decided once by compare-and-set."""
+    return KvSpec(bucket=ns.approvals_bucket, replicas=replicas)
+
+
+def sessions_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Session lanes, `session.<tenant>.<hash>`: the run owning each session, fenced by the record's revision."""
+    return KvSpec(bucket=ns.sessions_bucket, replicas=replicas)
 
 
 # The catalog keeps this many published revisions: a run pinned to an older one meets CatalogRevisionGone.

@@ -41,6 +41,12 @@ class Header(StrEnum):
     SEQUENCE = "Nats-Sequence"
     SUBJECT = "Nats-Subject"
     NUM_PENDING = "Nats-Num-Pending"
+    # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
+    SCHEDULE = "Nats-Schedule"
+    SCHEDULE_TARGET = "Nats-Schedule-Target"
+    # With `Nats-Schedule-Next: purge`, the schedule subject the server purges (a cancelled timer).
+    SCHEDULER = "Nats-Scheduler"
+    SCHEDULE_NEXT = "Nats-Schedule-Next"
 
 
 class StreamKind(StrEnum):
@@ -51,6 +57,8 @@ class StreamKind(StrEnum):
     ACTIONS = "actions"
     OUTCOMES = "outcomes"
     DEAD_LETTERS = "dead_letters"
+    # Durable timers (JetStream message scheduling): an approval's expiry fires a wake of its run.
+    TIMERS = "timers"
     SUPPORT = "support"  # one ticket per handed-off run
 
 
@@ -192,6 +200,66 @@ class Namespace:
 
     def session_active_key(self, tenant: str, session_id: str) -> str:
         return f"session.{_literal(tenant)}.{_digest(session_id)}"
+
+    # Guest profiles (verified address, remembered preferences): the operator sets the address, the memory
+    # executor writes preferences, the runtime reads a profile when a run starts.
+    @property
+    def guests_bucket(self) -> str:
+        return f"{self.name}_guests"
+
+    def guest_key(self, tenant: str, guest_id: str) -> str:
+        return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
+
+    # Approvals of held-back actions: one record per approval, decided once by compare-and-set.
+    @property
+    def approvals_bucket(self) -> str:
+        return f"{self.name}_approvals"
+
+    def approval_key(self, approval_id: str) -> str:
+        return f"approval.{_literal(approval_id)}"
+
+    @property
+    def approvals_all(self) -> str:
+        return "approval.*"
+
+    # Session lanes: which run owns a guest session now (fenced by the record's revision), and its history.
+    @property
+    def sessions_bucket(self) -> str:
+        return f"{self.name}_sessions"
+
+    def session_key(self, tenant: str, session_id: str) -> str:
+        return f"session.{_literal(tenant)}.{_digest(session_id)}"
+
+    # Durable timers: a schedule (`Nats-Schedule: @at ...`) on `timer.approval.<approval_id>` fires its body (a
+    # run wake) to `timer.fired.<run_id>`, which the runtime consumes. Both in the TIMERS stream: the server
+    # only schedules to a subject of the schedule's own stream.
+    def approval_timer(self, approval_id: str) -> str:
+        return f"{self.name}.timer.approval.{_literal(approval_id)}"
+
+    def timer_cancelled(self, approval_id: str) -> str:
+        """Where the runtime asks the server to purge a decided approval's schedule (`Nats-Schedule-Next: purge`)."""
+        return f"{self.name}.timer.cancelled.{_literal(approval_id)}"
+
+    def timer_fired(self, run_id: str) -> str:
+        return f"{self.name}.timer.fired.{_literal(run_id)}"
+
+    @property
+    def timers_all(self) -> str:
+        return f"{self.name}.timer.>"
+
+    @property
+    def timers_fired_all(self) -> str:
+        return f"{self.name}.timer.fired.*"
+
+    def fired_run(self, subject: str) -> str | None:
+        """The run id of a `timer.fired.<run_id>` subject; None for anything else."""
+        prefix = f"{self.name}.timer.fired."
+        run_id = subject.removeprefix(prefix)
+        return run_id if subject.startswith(prefix) and run_id and "." not in run_id else None
+
+    @property
+    def runtime_timers_consumer(self) -> str:
+        return "runtime_timers"
 
     # The configuration catalog: one key, its history the published revisions; only the operator writes it.
     @property

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from contracts.clients import Scope
-from contracts.errors import CrashsafeError
+from contracts.errors import CrashsafeError, InvalidSetting
 from services.platform.crashpoints import SEAMS
 
 DEFAULT_STATE_DIR = Path(".crashsafe")
@@ -166,6 +166,38 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     for command in (create, listing, revoke):
         command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    guests = sub.add_parser("guests", help="guest profiles: verified address, corporate manager, preferences")
+    guests_sub = guests.add_subparsers(dest="guests_command", required=True)
+    guest_show = guests_sub.add_parser("show", help="a guest's profile as runs read it")
+    guest_set = guests_sub.add_parser("set", help="set a guest's verified email (and corporate manager)")
+    guest_set.add_argument(
+        "--email",
+        "--verified-email",
+        dest="email",
+        default=None,
+        help="the only address a message to the guest may go to",
+    )
+    guest_set.add_argument("--corporate", action="store_true", default=None, help="bookings need a manager")
+    guest_set.add_argument("--manager", default=None, help="who approves a corporate traveller's bookings")
+    for command in (guest_show, guest_set):
+        command.add_argument("guest_id")
+        command.add_argument("--tenant", default="demo", help="default: the stack's own tenant")
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    approvals = sub.add_parser(
+        "approvals", help="actions held for a manager's approval (through the gateway)"
+    )
+    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
+    approvals_list = approvals_sub.add_parser("list", help="approvals of your tenant (an admin key: all)")
+    approvals_list.add_argument("--status", choices=["pending", "approved", "rejected", "expired"])
+    approve = approvals_sub.add_parser("approve", help="approve a pending approval (once; 409 if decided)")
+    reject = approvals_sub.add_parser("reject", help="reject a pending approval (once; 409 if decided)")
+    for command in (approve, reject):
+        command.add_argument("approval_id")
+        command.add_argument("--approver", required=True, help="who decides (journaled as manager:NAME)")
+        command.add_argument("--reason", default="")
+    for command in (approvals_list, approve, reject):
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+        command.add_argument("--gateway-url", default=None, help="default: the running stack's gateway")
     capability_key = sub.add_parser("capability-key", help="the runtime's capability signing keys")
     capability_key_sub = capability_key.add_subparsers(dest="capability_key_command", required=True)
     new_key = capability_key_sub.add_parser(
@@ -209,6 +241,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _guests(args: argparse.Namespace) -> int:
+    from crashsafe import guests
+
+    if args.guests_command == "show":
+        return await guests.guests_show(Path(args.state_dir), args.tenant, args.guest_id)
+    if args.corporate and not args.manager:
+        raise InvalidSetting(variable="--manager", value="", expected="the manager of a corporate traveller")
+    return await guests.guests_set(
+        Path(args.state_dir),
+        args.tenant,
+        args.guest_id,
+        email=args.email,
+        corporate=args.corporate,
+        manager=args.manager,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
@@ -244,6 +293,27 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(operations.audit(Path(args.state_dir))))
             case "keys":
                 sys.exit(asyncio.run(_keys(operations, args)))
+            case "guests":
+                sys.exit(asyncio.run(_guests(args)))
+            case "approvals" if args.approvals_command == "list":
+                sys.exit(
+                    asyncio.run(
+                        operations.approvals_list(Path(args.state_dir), args.status, args.gateway_url)
+                    )
+                )
+            case "approvals":
+                sys.exit(
+                    asyncio.run(
+                        operations.approvals_decide(
+                            Path(args.state_dir),
+                            args.approval_id,
+                            "approve" if args.approvals_command == "approve" else "reject",
+                            args.approver,
+                            args.reason,
+                            args.gateway_url,
+                        )
+                    )
+                )
             case "config":
                 sys.exit(asyncio.run(_config(args)))
             case "capability-key":

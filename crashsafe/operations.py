@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 from typing import cast
 
+import httpx
 import msgspec
 from rich.console import Console
 
 from contracts.clients import Scope
+from contracts.errors import InvalidSetting
 from contracts.run_events import RunEvent, UnknownEvent
 from contracts.subjects import Namespace
 from crashsafe.stack import API_KEY_FILE, ProcessIdentity
@@ -314,4 +316,72 @@ def capability_key_new(out: Path) -> int:
     kid = write_key_pair(out)
     Console().print(f"key id {kid}\nprivate {out} (0600: the runtime's CRASHSAFE_CAPABILITY_SIGNING_KEY)")
     Console().print(f"public  {public_path(out)} (the executors' CRASHSAFE_CAPABILITY_VERIFY_KEYS)")
+    return 0
+
+
+# Approvals (through the gateway, as a manager would: the gateway is the one writer of a manager's decision) --------
+
+
+def _gateway(state_dir: Path, gateway_url: str | None) -> tuple[str, dict[str, str]]:
+    """The gateway's URL (`--gateway-url`, else the running stack's) and the API key's header."""
+    url = gateway_url or str(stack_file(state_dir).get("gateway_url") or "")
+    if not url:
+        settings = Settings.from_env()
+        url = f"http://{settings.gateway_host}:{settings.gateway_port}"
+    key = api_key_for(state_dir)
+    if not key:
+        raise InvalidSetting(
+            variable="CRASHSAFE_API_KEY",
+            value="",
+            expected=f"an API key with scope runs:operate (or a stack started with `crashsafe up` in {state_dir})",
+        )
+    return url.rstrip("/"), {"authorization": f"Bearer {key}"}
+
+
+def _say_error(response: httpx.Response) -> int:
+    try:
+        error = response.json()["error"]
+        print(f"crashsafe: {response.status_code} {error['code']}: {error['message']}", file=sys.stderr)
+    except (ValueError, KeyError, TypeError):
+        print(f"crashsafe: gateway answered {response.status_code}: {response.text[:200]}", file=sys.stderr)
+    return 1
+
+
+async def approvals_list(state_dir: Path, status: str | None, gateway_url: str | None = None) -> int:
+    url, headers = _gateway(state_dir, gateway_url)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as http:
+        response = await http.get("/v1/approvals", params={"status": status} if status else None)
+    if response.status_code != 200:
+        return _say_error(response)
+    approvals = response.json()["approvals"]
+    for a in approvals:
+        amount = (
+            f"{a['amount_cents'] / 100:,.2f} {a['currency']}" if a.get("amount_cents") is not None else "-"
+        )
+        by = f" by {a['decided_by']}" if a.get("decided_by") else ""
+        print(
+            f"{a['approval_id']}  {a['status']}{by}  {a['tool']} {amount}  approver {a['approver']}  "
+            f"run {a['run_id']}  tenant {a['tenant']}  expires {a['expires_at']}  ({a['reason']})"
+        )
+    if not approvals:
+        print(f"no {status + ' ' if status else ''}approvals")
+    return 0
+
+
+async def approvals_decide(
+    state_dir: Path,
+    approval_id: str,
+    decision: str,
+    approver: str,
+    reason: str,
+    gateway_url: str | None = None,
+) -> int:
+    url, headers = _gateway(state_dir, gateway_url)
+    body = {"decision": decision, "approver": approver, "reason": reason}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as http:
+        response = await http.post(f"/v1/approvals/{approval_id}", json=body)
+    if response.status_code != 200:
+        return _say_error(response)
+    record = response.json()
+    print(f"{approval_id}: {record['status']} by {record['decided_by']}; the run continues")
     return 0

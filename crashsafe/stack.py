@@ -28,7 +28,7 @@ from services.platform.capability_keys import (
 from services.platform.nats_users import creds_path
 from services.platform.natsd import NatsAuth, NatsServer, free_port
 
-EXECUTOR_FAMILIES = ("booking", "payment", "notify")
+EXECUTOR_FAMILIES = ("booking", "payment", "notify", "memory")
 NATS = "nats-server"
 # These bind one fixed port each (the URL in stack.json); replicas of them need a load balancer, not `--scale`.
 SINGLE_PORT = ("sandbox", "gateway")

@@ -9,6 +9,8 @@ from typing import Any
 
 from contracts.audit import Finding, Intent
 from contracts.errors import UnknownAgent
+from contracts.streams import KvSpec
+from contracts.subjects import Namespace
 from contracts.tool_messages import CallAnswer, LookupAnswer
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent
@@ -54,7 +56,23 @@ class LocalOperation:
     requires: tuple[str, ...] = ()
 
 
-Operation = HttpOperation | LocalOperation
+@dataclass(frozen=True, slots=True)
+class KvOperation:
+    """An effect that is a compare-and-set rewrite of one record in a key-value bucket of the namespace (a guest's
+    profile). The record remembers the keys that wrote it, in the same write as the effect, so "what became of
+    key K?" is answered from the record: no provider, and a crash between write and receipt is looked up."""
+
+    bucket: Callable[[Namespace], KvSpec]
+    record_key: Callable[[Namespace, dict[str, Any]], str]
+    # (the record now or None, arguments, action key) -> (the record to write, None to leave it; the result).
+    # Pure, and called again on every compare-and-set clash with the record as it has become.
+    apply: Callable[[bytes | None, dict[str, Any], str], tuple[bytes | None, dict[str, Any]]]
+    # (the record now or None, arguments, action key) -> the result if the key took effect, else None.
+    applied: Callable[[bytes | None, dict[str, Any], str], dict[str, Any] | None]
+    requires: tuple[str, ...] = ()
+
+
+Operation = HttpOperation | LocalOperation | KvOperation
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for
-from services.registry import ProviderAnswer, Registry, Tool
+from services.platform.kv_effects import KvEffects
+from services.registry import KvOperation, ProviderAnswer, Registry, Tool
 
 MAX_DELIVER = 12
 # Left-over intents settled at once after a partition is taken up (each one lookup, maybe a call).
@@ -114,6 +115,9 @@ class Executor:
             expected = f"a tool family of this deployment: {', '.join(sorted(registry.families))}"
             raise InvalidSetting(variable="--tool", value=family, expected=expected)
         self.providers = providers
+        if providers.kv is None and any(isinstance(t.operation, KvOperation) for t in self.tools.values()):
+            # A family whose effects are key-value writes (memory) writes them with its own NATS user.
+            providers.kv = KvEffects(broker, self.ns)
         self.logger = logger
         self.synchronous = settings.sqlite_sync
         # How many deliveries a key whose outcome stays unknown may spend before the run is told `unknown`.
@@ -416,7 +420,9 @@ class Executor:
                         await asyncio.sleep(delay)  # the provider's Retry-After
                     answer = note(
                         Asked.PROVIDER_LOOKUP,
-                        await self.providers.lookup(tool, request.key, self._timeout(request, contract)),
+                        await self.providers.lookup(
+                            tool, request.key, self._timeout(request, contract), request.args
+                        ),
                     )
                     step = after_lookup(request, contract, answer, attempts, deliveries, in_flight_left())
                 case CallAgain(delay_s=delay):

@@ -16,20 +16,28 @@ from litestar.datastructures import State
 from opentelemetry.context import Context
 
 from contracts.active import entry_deadline
+from contracts.approvals import ApprovalDecisionBody, ApprovalRecord, ApprovalStatus
 from contracts.clients import Scope
 from contracts.errors import (
+    ApprovalNotFound,
+    ApprovalNotPending,
     BodyTooLarge,
+    InvalidRequest,
+    TooManyActiveRuns,
+    UnprocessableBody,
     CrashsafeError,
     RateLimited,
     RunNotFound,
+    SessionOfAnotherGuest,
     SubjectFull,
     Unauthenticated,
     UnknownAgent,
 )
 from contracts.inbound import MAX_BODY_BYTES, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from contracts.keys import is_run_id
+from contracts.memory import SessionLane
 from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from contracts.streams import active_spec, clients_spec, stream_specs
+from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
 from services.gateway.access import Client, authenticate, parse_bearer, require
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
@@ -45,7 +53,10 @@ from services.platform.logs import log
 from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
 from services.registry import Registry
-from services.platform.asks import reconcile_run
+from services.platform.approvals import ApprovalRecords
+from services.platform.asks import reconcile_run, wake_run
+from services.platform.sessions import SessionRecords
+from services.runtime.core import approvals as approval_rules
 from services.runtime.core.fold import replay, summarize
 
 logger = logging.getLogger("crashsafe.gateway")
@@ -122,18 +133,39 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     ctx = context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)
+    turn_of = ""
+    if not duplicate:
+        earlier = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), ns.inbound(admission.run_id))
+        if earlier is not None:
+            # Published before (a retry): answer as the first time did, the turn it was, claiming nothing.
+            first = inbound_decoder.decode(earlier.data)
+            if first.input_hash != admission.input_hash:
+                raise conflict(admission.key, admission.run_id)
+            duplicate, turn_of = True, first.turn_of
     if not duplicate:
         received_at = datetime.now(UTC)
-        await claim(
-            broker,
-            ns,
-            state.caps,
-            tenant=client.tenant,
-            guest_id=message.guest_id,
-            session_id=message.session_id,
-            run_id=admission.run_id,
-            until=entry_deadline(received_at),
-        )
+        sessions: SessionRecords = state.sessions
+        # The session lane: a free session is claimed for this run (compare-and-set); a session whose run is
+        # active gets this message as that run's next turn (the runtime checks the lane again when it arrives).
+        owner = await sessions.claim(client.tenant, message.session_id, admission.run_id)
+        turn_of = "" if owner == admission.run_id else owner
+        if turn_of:
+            await _same_guest(broker, ns, turn_of, message.guest_id, message.session_id)
+        if not turn_of:
+            try:
+                await claim(
+                    broker,
+                    ns,
+                    state.caps,
+                    tenant=client.tenant,
+                    guest_id=message.guest_id,
+                    session_id=message.session_id,
+                    run_id=admission.run_id,
+                    until=entry_deadline(received_at),
+                )
+            except TooManyActiveRuns:
+                await _release_lane(sessions, client.tenant, message.session_id, admission.run_id)
+                raise
         event = InboundEvent(
             key=admission.key,
             run_id=admission.run_id,
@@ -142,6 +174,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
             agent=agent,
             received_at=received_at,
             tenant=client.tenant,
+            turn_of=turn_of,
         )
         duplicate = await _publish_once(broker, ns, event, ctx)
     crash_point("gateway.after_publish")
@@ -154,7 +187,28 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         duplicate=duplicate,
         trace_id=trace_id_of(ctx),
     )
-    return Response(content={"run_id": admission.run_id, "duplicate": duplicate}, status_code=202)
+    body: dict[str, Any] = {"run_id": turn_of or admission.run_id, "duplicate": duplicate}
+    if turn_of:
+        body |= {"turn": True, "event_run_id": admission.run_id}
+    return Response(content=body, status_code=202)
+
+
+async def _same_guest(broker: Broker, ns: Namespace, owner: str, guest_id: str, session_id: str) -> None:
+    """A turn joins only a run of the same guest: another guest's message in the session could answer its
+    approval. (The runtime checks again; a run not started yet is checked there.)"""
+    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
+    started = decode_event(first.data) if first is not None else None
+    if isinstance(started, RunStarted) and started.guest_id != guest_id:
+        raise SessionOfAnotherGuest(session_id=session_id[:128], run_id=owner)
+
+
+async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, run_id: str) -> None:
+    """Give back a lane claimed for a run that was then refused (the caps), if it is still this run's."""
+
+    def give_back(lane: SessionLane) -> SessionLane | None:
+        return msgspec.structs.replace(lane, run_id="") if lane.run_id == run_id else None
+
+    await sessions.change(tenant, session_id, give_back)
 
 
 async def _matches_journal(broker: Broker, ns: Namespace, admission: Admission) -> bool:
@@ -272,6 +326,111 @@ async def post_reconcile(state: State, request: Request[Any, Any, Any], run_id: 
     )
 
 
+# Approvals ----------------------------------------------------------------------------------------------------
+
+
+def _approval_json(record: ApprovalRecord, now: datetime) -> dict[str, Any]:
+    """A record as the API shows it: a pending one past its expiry shows as expired (which it is)."""
+    return msgspec.to_builtins(record) | {"status": approval_rules.current_status(record, now)}
+
+
+async def _visible_approval(state: State, client: Client, approval_id: str) -> tuple[ApprovalRecords, Any]:
+    records = ApprovalRecords(state.broker, state.settings.namespace)
+    if not approval_id.startswith("apr_") or len(approval_id) > 128:
+        raise ApprovalNotFound(approval_id=approval_id[:64])
+    try:
+        stored = await records.get(approval_id)
+    except ValueError:  # not a literal key token
+        stored = None
+    if stored is None or not client.sees(stored.record.tenant):
+        raise ApprovalNotFound(approval_id=approval_id)  # another tenant's: the same answer as none at all
+    return records, stored
+
+
+@get("/v1/approvals")
+async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
+    """Approvals of the caller's tenant (an admin: all), newest first; `?status=pending` (approved, rejected,
+    expired) filters by what each record means now."""
+    try:
+        client = await state.door.client(request, Scope.RUNS_READ)
+        wanted = request.query_params.get("status")
+        if wanted is not None and wanted not in {s.value for s in ApprovalStatus}:
+            raise UnprocessableBody(
+                f"status must be one of {[s.value for s in ApprovalStatus]}, not {wanted!r}"
+            )
+        records = await ApprovalRecords(state.broker, state.settings.namespace).scan()
+    except CrashsafeError as exc:
+        return _error(exc)
+    now = datetime.now(UTC)
+    shown = [
+        _approval_json(r, now)
+        for r in sorted(records, key=lambda r: r.requested_at, reverse=True)
+        if client.sees(r.tenant) and (wanted is None or approval_rules.current_status(r, now) == wanted)
+    ]
+    return Response(content={"approvals": shown})
+
+
+@get("/v1/approvals/{approval_id:str}")
+async def get_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
+    try:
+        client = await state.door.client(request, Scope.RUNS_READ)
+        _, stored = await _visible_approval(state, client, approval_id)
+    except CrashsafeError as exc:
+        return _error(exc)
+    return Response(content=_approval_json(stored.record, datetime.now(UTC)))
+
+
+_decision_decoder = msgspec.json.Decoder(ApprovalDecisionBody)
+
+
+@post("/v1/approvals/{approval_id:str}", request_max_body_size=None)
+async def post_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
+    """A manager's decision: the record moves from pending once (compare-and-set); then the run is woken, and
+    journals what the record says. Decided or expired already: 409 naming the status, nothing changes."""
+    try:
+        client = await state.door.client(request, Scope.RUNS_OPERATE)
+        try:
+            body = _decision_decoder.decode(await _read_body(request))
+        except msgspec.ValidationError as exc:
+            raise UnprocessableBody(
+                f"body does not match the decision schema: {exc}; send"
+                ' {"decision": "approve"|"reject", "approver": NAME, "reason": TEXT}'
+            ) from exc
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"body is not valid JSON: {exc}; send one JSON object") from exc
+        records, stored = await _visible_approval(state, client, approval_id)
+        decision = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
+        decided_by = f"manager:{body.approver}"
+
+        def change(record: ApprovalRecord) -> ApprovalRecord | None:
+            now = datetime.now(UTC)
+            return approval_rules.decide(
+                record, decision.value, decided_by, body.reason, now
+            ) or approval_rules.expired(record, now)
+
+        moved, ours = await records.move(approval_id, change)
+        if moved is None:
+            raise ApprovalNotFound(approval_id=approval_id)
+        crash_point("gateway.after_approval_decided")
+        # The run journals the decision (or the expiry this call found) whoever wins: wake it either way.
+        if ours or moved.record.status != ApprovalStatus.PENDING:
+            await wake_run(
+                state.broker,
+                state.settings,
+                moved.record.run_id,
+                f"approval {approval_id} is {moved.record.status}",
+                "gateway:approvals",
+            )
+        if not ours or moved.record.status != decision:
+            raise ApprovalNotPending(
+                approval_id=approval_id, status=moved.record.status, decided_by=moved.record.decided_by
+            )
+    except CrashsafeError as exc:
+        return _error(exc)
+    log(logger, logging.INFO, "approval decided", approval_id=approval_id, decision=decision.value)
+    return Response(content=_approval_json(moved.record, datetime.now(UTC)), status_code=200)
+
+
 @get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
@@ -301,11 +460,21 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             settings.nats_url, f"gateway-{settings.worker_id}", access=settings.nats_access
         )
         ns = settings.namespace
-        await require_streams(broker, [*all_streams(ns), clients_spec(ns).stream, active_spec(ns).stream])
+        await require_streams(
+            broker,
+            [
+                *all_streams(ns),
+                clients_spec(ns).stream,
+                active_spec(ns).stream,
+                approvals_spec(ns).stream,
+                sessions_spec(ns).stream,
+            ],
+        )
         keys = ClientKeys(broker, ns, settings.stream_replicas)
         app.state.door = Door(keys, settings)
         app.state.caps = Caps(settings.active_runs_per_guest, settings.active_runs_per_session)
         app.state.broker = broker
+        app.state.sessions = SessionRecords(broker, ns)
         app.state.settings = settings
         app.state.registry = registry
         try:
@@ -315,7 +484,17 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
 
     # logging_config=None keeps our JSON log handler (Litestar would install its own and drop run ids).
     return Litestar(
-        route_handlers=[post_event, get_run, get_run_events, post_reconcile, healthz, readyz],
+        route_handlers=[
+            post_event,
+            get_run,
+            get_run_events,
+            post_reconcile,
+            list_approvals,
+            get_approval,
+            post_approval,
+            healthz,
+            readyz,
+        ],
         lifespan=[lifespan],
         debug=False,
         logging_config=None,

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 import msgspec
 
 from contracts.errors import (
+    ApprovalNotFound,
+    ApprovalNotPending,
     BodyTooLarge,
+    SessionOfAnotherGuest,
     BrokerUnavailable,
     CrashsafeError,
     Forbidden,
@@ -43,6 +46,9 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     RateLimited: 429,
     # An active-runs record many writers fought over for every compare-and-set round: try again shortly.
     LeaseConflict: 503,
+    ApprovalNotFound: 404,
+    ApprovalNotPending: 409,
+    SessionOfAnotherGuest: 409,
 }
 UNLISTED = 500
 

@@ -16,6 +16,8 @@ SEAMS = (
     "runtime.after_model_answer",
     "runtime.after_action_journaled",
     "runtime.after_outcome_received",
+    "runtime.after_turn_journaled",
+    "gateway.after_approval_decided",
     "gateway.after_publish",
     "reconciler.mid_resolution",
 )

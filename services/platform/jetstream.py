@@ -261,6 +261,10 @@ class Broker:
             duplicate_window=spec.duplicate_window_s,
             allow_direct=spec.allow_direct,
             num_replicas=spec.replicas,
+            # Scheduling needs roll-ups (each schedule replaces its subject's last message); the server would
+            # turn them on by itself, so say it, and the stream's config stays what we declare.
+            allow_msg_schedules=spec.allow_msg_schedules or None,  # type: ignore[arg-type]
+            allow_rollup_hdrs=spec.allow_msg_schedules or None,  # type: ignore[arg-type]
         )
         try:
             await self.js.add_stream(config)

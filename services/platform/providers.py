@@ -11,7 +11,8 @@ from httpx_aiohttp import HttpxAiohttpClient
 
 from contracts.subjects import Header
 from contracts.tool_messages import ActionRequest, Answer
-from services.registry import HttpOperation, LocalOperation, ProviderAnswer, Tool
+from services.platform.kv_effects import KvEffects
+from services.registry import HttpOperation, KvOperation, LocalOperation, ProviderAnswer, Tool
 
 
 # Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
@@ -117,14 +118,17 @@ def read_lookup(response: httpx.Response, operation: HttpOperation) -> ProviderA
 class Providers:
     """Every provider a deployment's tools talk to, behind one HTTP client with keep-alive connections."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, kv: KvEffects | None = None) -> None:
         self.http = http
+        # The key-value records a KV-backed tool rewrites (a guest's profile); None: this process has no
+        # access to them, and such a tool's answers are unknown (never a guess).
+        self.kv = kv
 
     @classmethod
-    def connect(cls, base_url: str) -> Providers:
+    def connect(cls, base_url: str, kv: KvEffects | None = None) -> Providers:
         # httpx's API on an aiohttp transport: httpcore cost half an executor's CPU.
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
-        return cls(HttpxAiohttpClient(base_url=base_url, limits=limits))
+        return cls(HttpxAiohttpClient(base_url=base_url, limits=limits), kv)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -140,6 +144,10 @@ class Providers:
         match tool.operation:
             case LocalOperation(run=run):
                 return ProviderAnswer(Answer.OK, await run(request.args, request.key), ref=request.key)
+            case KvOperation() as kv_operation:
+                if self.kv is None:
+                    return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name}: no key-value access here")
+                return await self.kv.call(kv_operation, request)
             case HttpOperation() as operation:
                 http = operation.request(request.args)
                 try:
@@ -158,13 +166,24 @@ class Providers:
 
     def can_look_up(self, tool: Tool) -> bool:
         """A local effect leaves nothing to ask about: asking says `absent`, and calling again is the same as once."""
-        return isinstance(tool.operation, LocalOperation) or tool.operation.lookup_path is not None
+        if isinstance(tool.operation, LocalOperation | KvOperation):
+            return True
+        return tool.operation.lookup_path is not None
 
-    async def lookup(self, tool: Tool, key: str, timeout: float) -> ProviderAnswer:
-        """What happened to `key`: found (with the effect), absent (never seen), or unknown (no answer to trust)."""
+    async def lookup(
+        self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
+    ) -> ProviderAnswer:
+        """What happened to `key`: found (with the effect), absent (never seen), or unknown (no answer to trust).
+        `args`: the request's, which name the record a KV-backed tool wrote (without them: unknown)."""
         match tool.operation:
             case LocalOperation():
                 return ProviderAnswer(Answer.ABSENT, {})
+            case KvOperation() as kv_operation:
+                if self.kv is None or args is None:
+                    return ProviderAnswer(
+                        Answer.UNKNOWN, {}, detail=f"{tool.name}: cannot read its record here"
+                    )
+                return await self.kv.lookup(kv_operation, key, args)
             case HttpOperation(lookup_path=None):
                 return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name} has no lookup by key")
             case HttpOperation(lookup_path=str(path)) as operation:

@@ -10,9 +10,12 @@ from contracts.streams import (
     KvSpec,
     StreamSpec,
     active_spec,
+    approvals_spec,
     catalog_spec,
     clients_spec,
+    guests_spec,
     leases_spec,
+    sessions_spec,
     stream_specs,
 )
 from contracts.subjects import Namespace, StreamKind
@@ -21,12 +24,15 @@ from services.platform.jetstream import Broker
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
     """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session, the
-    configuration catalog."""
+    configuration catalog, guest profiles, approval records and session lanes."""
     return [
         leases_spec(ns, replicas),
         clients_spec(ns, replicas),
         active_spec(ns, replicas),
         catalog_spec(ns, replicas),
+        guests_spec(ns, replicas),
+        approvals_spec(ns, replicas),
+        sessions_spec(ns, replicas),
     ]
 
 

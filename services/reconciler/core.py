@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     JournalEvent,
     RunCompleted,
     RunHandedOff,
@@ -21,6 +23,8 @@ from contracts.tool_messages import OutcomeStatus
 class OpenRun:
     last_at: datetime
     pending: dict[int, ActionRequested] = field(default_factory=dict)
+    # The approval the run waits for: it is not stuck (it holds no worker on purpose), however quiet it is.
+    awaiting: ApprovalRequested | None = None
 
 
 @dataclass
@@ -93,6 +97,14 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
             if run is None:
                 return  # started before our look-back window; nothing to watch
             run.last_at = max(run.last_at, event.at)
+            if isinstance(event, ApprovalRequested):
+                run.awaiting = event
+            elif (
+                isinstance(event, ApprovalDecided)
+                and run.awaiting is not None
+                and run.awaiting.approval_id == event.approval_id
+            ):
+                run.awaiting = None
             if isinstance(event, ActionRequested):
                 run.pending[event.step_no] = event
                 work.requests[event.key] = event
@@ -137,7 +149,7 @@ def stalled_runs(work: OpenWork, now: datetime, quiet_s: float) -> list[str]:
     """Runs with nothing in flight whose journal has not moved for `quiet_s`: their worker likely died."""
     out: list[str] = []
     for run_id, run in work.runs.items():
-        if run.pending or now - run.last_at < timedelta(seconds=quiet_s):
+        if run.pending or run.awaiting is not None or now - run.last_at < timedelta(seconds=quiet_s):
             continue
         woken = work.woken.get(run_id)
         if woken is not None and now - woken < timedelta(seconds=quiet_s):
@@ -149,3 +161,23 @@ def stalled_runs(work: OpenWork, now: datetime, quiet_s: float) -> list[str]:
 def due_tickets(work: OpenWork, now: datetime, grace_s: float) -> list[SupportTicket]:
     """Tickets of runs handed off at least `grace_s` ago (the runtime's own publish comes first), to make sure of."""
     return [t for t in work.tickets.values() if now - t.at >= timedelta(seconds=grace_s)]
+
+
+def awaiting_runs(work: OpenWork) -> list[ApprovalRequested]:
+    """The approval each waiting run waits for (the backstop asks its record)."""
+    return [run.awaiting for run in work.runs.values() if run.awaiting is not None]
+
+
+def approval_wake_due(
+    work: OpenWork,
+    waiting: ApprovalRequested,
+    record_status: str,
+    expires_at: datetime,
+    now: datetime,
+    gap_s: float,
+) -> bool:
+    """Wake a waiting run whose record is decided (a gateway died between its compare-and-set and its wake) or
+    pending past its expiry (the durable timer did not fire): not more often than every `gap_s`."""
+    due = record_status != "pending" or now >= expires_at
+    woken = work.woken.get(waiting.run_id)
+    return due and (woken is None or now - woken >= timedelta(seconds=gap_s))

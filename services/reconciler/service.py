@@ -11,6 +11,7 @@ from typing import Protocol
 from nats.aio.msg import Msg
 
 from contracts.run_events import decode_event
+from contracts.streams import approvals_spec
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -24,8 +25,11 @@ from services.platform.logs import log
 from services.platform.settings import Settings
 from services.registry import Registry, Tool
 from services.reconciler.audit import audit, audited, intents
+from services.platform.approvals import ApprovalRecords
 from services.reconciler.core import (
     OpenWork,
+    approval_wake_due,
+    awaiting_runs,
     due_tickets,
     observe,
     overdue_actions,
@@ -55,9 +59,12 @@ class Reconciler:
         self.resolutions = 0
         self.wakes = 0
         self.worker = f"reconciler:{settings.worker_id}"
+        # How often waiting runs' approval records are read (one direct get per waiting run).
+        self.approval_check_s = 5.0
+        self._approvals_checked = datetime.min.replace(tzinfo=UTC)
 
     async def start(self) -> None:
-        await require(self.broker, all_streams(self.ns))
+        await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
         since = datetime.now(UTC) - timedelta(seconds=self.lookback_s)
         await self.broker.follow(
             self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since
@@ -110,6 +117,29 @@ class Reconciler:
             # Idempotent: a ticket already standing refuses the second copy; one not taken is tried next tick.
             if await publish_ticket(self.broker, self.ns, ticket, self.logger):
                 self.work.tickets.pop(ticket.run_id, None)
+        await self._approval_backstop(now)
+
+    async def _approval_backstop(self, now: datetime) -> None:
+        """Runs waiting for an approval: woken if their record is decided but the journal does not say so yet,
+        or if it is pending past its expiry (the timer's backstop). The run then asks the record itself."""
+        if now - self._approvals_checked < timedelta(seconds=self.approval_check_s):
+            return
+        self._approvals_checked = now
+        records = ApprovalRecords(self.broker, self.ns)
+        for waiting in awaiting_runs(self.work):
+            stored = await records.get(waiting.approval_id)
+            status = stored.record.status if stored is not None else "pending"
+            if approval_wake_due(self.work, waiting, status, waiting.expires_at, now, self.quiet_s):
+                self.work.woken[waiting.run_id] = now
+                await wake_run(
+                    self.broker,
+                    self.settings,
+                    waiting.run_id,
+                    f"approval {waiting.approval_id} is {status}"
+                    + (" past its expiry" if status == "pending" else ""),
+                    self.worker,
+                )
+                self.wakes += 1
 
 
 class ProviderFacts(Protocol):

@@ -28,6 +28,10 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
     )
     try:
+        # The documents are indexed once, before the first run can search them.
+        library = Library.stayhub()
+        profiles = GuestProfiles(broker, settings.namespace)
+        await profiles.start()
         catalog = RunCatalog(registry, broker, settings.namespace, logger)
         await catalog.start()
         runtime = Runtime(
@@ -38,10 +42,10 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             logger,
             issuer,
             catalog=catalog,
-            approvals=ApprovalDesk(),
-            lanes=SessionLanes(),
-            profiles=GuestProfiles(),
-            library=Library(),
+            approvals=ApprovalDesk(broker, settings.namespace),
+            lanes=SessionLanes(broker, settings.namespace),
+            profiles=profiles,
+            library=library,
         )
         await runtime.start()
         print("ready: runtime", flush=True)

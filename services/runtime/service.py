@@ -21,6 +21,7 @@ from contracts.errors import (
     OutcomeRefused,
     PoisonMessage,
     RunVersionConflict,
+    SessionOfAnotherGuest,
 )
 from contracts.inbound import InboundEvent, inbound_decoder
 from contracts.run_events import (
@@ -33,12 +34,19 @@ from contracts.run_events import (
     RunNudged,
     RunResumed,
     RunStarted,
+    TurnReceived,
     UnknownEvent,
     event_encoder,
     request_for,
 )
-from contracts.streams import active_spec, runtime_consumers
-from contracts.subjects import WAKE_TOKEN
+from contracts.streams import (
+    active_spec,
+    approvals_spec,
+    runtime_consumers,
+    sessions_spec,
+    timers_consumer,
+)
+from contracts.subjects import WAKE_TOKEN, StreamKind
 from contracts.support import ticket_for
 from contracts.tool_messages import (
     ActionOutcome,
@@ -146,6 +154,8 @@ class Runtime:
         self.worker = settings.worker_id
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        # One lock per guest session with messages in hand, and how many handlers share it.
+        self._sessions: dict[str, tuple[asyncio.Lock, int]] = {}
         # A wake at the deadline of each run this worker saw waiting on actions (see `_arm_deadline`).
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._wakes: set[asyncio.Task[None]] = set()
@@ -154,12 +164,22 @@ class Runtime:
         )
 
     async def start(self) -> None:
-        await require(self.broker, [*all_streams(self.ns), active_spec(self.ns).stream])
+        await require(
+            self.broker,
+            [
+                *all_streams(self.ns),
+                active_spec(self.ns).stream,
+                approvals_spec(self.ns).stream,
+                sessions_spec(self.ns).stream,
+            ],
+        )
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
-        for spec in (inbound, outcomes):
+        timers = timers_consumer(self.ns, self.settings.ack_wait_s)
+        for spec in (inbound, outcomes, timers):
             await self.broker.ensure_consumer(spec)
         await self.broker.subscribe(inbound, self.deliveries.dispatch(self._on_inbound))
         await self.broker.subscribe(outcomes, self.deliveries.dispatch(self._on_runtime_message))
+        await self.broker.subscribe(timers, self.deliveries.dispatch(self._on_timer))
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
 
     # Message handlers ---------------------------------------------------------------------------------------
@@ -167,8 +187,18 @@ class Runtime:
     async def _on_inbound(self, msg: Msg) -> None:
         event = inbound_decoder.decode(msg.data)
         ctx = context_from(msg.headers)
-        async with self._lock(event.run_id):
-            await self.accept(event, ctx)
+        await self.admit(event, ctx, redelivered=msg.metadata.num_delivered > 1)
+
+    async def _on_timer(self, msg: Msg) -> None:
+        """A fired durable timer (an approval's expiry): a wake of its run, which then asks the record."""
+        wake = runtime_message_decoder.decode(msg.data)
+        run_id = self.ns.fired_run(msg.subject)
+        if not isinstance(wake, RunWake) or run_id is None or wake.run_id != run_id:
+            raise PoisonMessage(
+                f"a timer on {msg.subject} that is not a wake of its run", run_id=run_id or ""
+            )
+        async with self._lock(run_id):
+            await self.wake(wake, context_from(msg.headers))
 
     async def _on_runtime_message(self, msg: Msg) -> None:
         message = runtime_message_decoder.decode(msg.data)
@@ -187,6 +217,124 @@ class Runtime:
                 await self.wake(message, ctx)
 
     # Use cases ----------------------------------------------------------------------------------------------
+
+    async def admit(self, event: InboundEvent, ctx: Context, redelivered: bool = False) -> None:
+        """A guest message, in its session's lane: it starts its own run if the session is free (or its owner
+        has ended), else it becomes the next turn of the run that owns the session. The lane record decides
+        (compare-and-set), not the gateway's hint (`turn_of`), which may be stale by now.
+
+        Messages of one session are taken one at a time, in the order they were delivered (the session's lock is
+        taken before the first await, and asyncio's locks are fair)."""
+        session = f"{event.tenant}/{event.message.session_id}"
+        lock, users = self._sessions.get(session, (asyncio.Lock(), 0))
+        self._sessions[session] = (lock, users + 1)
+        try:
+            async with lock:
+                if redelivered and await self._taken_already(event):
+                    return
+                await self._admit(event, ctx)
+        finally:
+            lock, users = self._sessions[session]
+            if users <= 1:
+                del self._sessions[session]
+            else:
+                self._sessions[session] = (lock, users - 1)
+
+    async def _admit(self, event: InboundEvent, ctx: Context) -> None:
+        for _ in range(MAX_CONFLICT_RETRIES):
+            owner = await self._lane_owner(event, ctx)
+            if owner == event.run_id:
+                async with self._lock(event.run_id):
+                    await self.accept(event, ctx)
+                return
+            async with self._lock(owner):
+                if await self.join(owner, event, ctx):
+                    return
+            # The owner ended before the turn reached it: decide the lane again.
+        raise RunVersionConflict(subject=self.ns.run_events(event.run_id), expected_seq=0)
+
+    async def _taken_already(self, event: InboundEvent) -> bool:
+        """A message that comes again (its handler died before the ack) may already be a turn of a run of its
+        session that has ended since: never start a second run of it. Asked only on a redelivery. Journals are
+        read for the session's owner and its last finished runs (at most 6)."""
+        if not event.tenant:
+            return False
+        owner = await self.lanes.owner(event.tenant, event.message.session_id)
+        history = await self.lanes.history(event.tenant, event.message.session_id)
+        for run_id in {owner, *(t.run_id for t in history)} - {"", event.run_id}:
+            state = await self._peek(run_id)
+            if state is not None and state.terminal and event.message.event_id in state.turn_ids:
+                return True  # (a run still active that holds it is driven again by the usual path)
+        return False
+
+    async def _lane_owner(self, event: InboundEvent, ctx: Context) -> str:
+        """The run this message belongs to: its own, or the session's active run."""
+        tenant, session = event.tenant, event.message.session_id
+        if not tenant or event.run_id in self._runs:
+            return event.run_id
+        if await self.broker.first_on_subject(
+            self.ns.stream(StreamKind.RUNS), self.ns.run_events(event.run_id)
+        ):
+            return event.run_id  # it started its run already (a redelivery)
+        for _ in range(MAX_CONFLICT_RETRIES):
+            owner = await self.lanes.owner(tenant, session)
+            if owner == event.run_id:
+                return owner  # the gateway claimed the session for this message's run
+            if not owner:
+                won = await self.lanes.take_over(tenant, session, event.run_id, "", None)
+                if won == event.run_id:
+                    return won
+                continue
+            state = await self._peek(owner)
+            if state is not None and not state.terminal:
+                return owner
+            if state is None:
+                first = await self.broker.last_on_subject(
+                    self.ns.stream(StreamKind.INBOUND), self.ns.inbound(owner)
+                )
+                if first is not None:
+                    # The owner's own message is on its way: start its run now, so this turn joins it in order.
+                    started = inbound_decoder.decode(first.data)
+                    async with self._lock(owner):
+                        await self.accept(msgspec.structs.replace(started, turn_of=""), ctx)
+                    return owner
+            # The owner ended (or never started: its gateway died between claiming and publishing).
+            won = await self.lanes.take_over(tenant, session, event.run_id, owner, state)
+            if won == event.run_id:
+                return won
+        return event.run_id
+
+    async def _peek(self, run_id: str) -> RunState | None:
+        cached = self._runs.get(run_id)
+        if cached is not None and not cached.state.terminal:
+            return cached.state
+        events, _ = await self.journal.read(run_id)
+        return replay(events)
+
+    async def join(self, owner: str, event: InboundEvent, ctx: Context) -> bool:
+        """Journal the message as the owner's next turn (once per event id) and drive the owner; False if the
+        owner has ended (the caller decides the lane again)."""
+        run = await self._load(owner, ctx)
+        for _ in range(MAX_CONFLICT_RETRIES):
+            if run is None or run.state.terminal:
+                return False
+            if event.message.guest_id != run.state.guest_id:
+                # Another guest's message in this session must never answer this run's approval.
+                raise SessionOfAnotherGuest(session_id=event.message.session_id[:128], run_id=owner)
+            if event.message.event_id in run.state.turn_ids:
+                break  # journaled already (the message came again after a crash)
+            turn = TurnReceived(
+                run_id=owner, at=utcnow(), event_id=event.message.event_id, text=event.message.text
+            )
+            try:
+                self._apply(run, turn, await self.journal.append(turn, run.seq, headers_for(ctx)))
+                crash_point("runtime.after_turn_journaled")
+                break
+            except RunVersionConflict:
+                run = await self._reload(run, ctx)
+        assert run is not None
+        await self._drive(run, ctx)
+        return True
 
     async def accept(self, event: InboundEvent, ctx: Context) -> None:
         # Optimistic: a new run is created by appending at sequence 0; only a clash costs a read of the journal.

@@ -24,6 +24,7 @@ async def test_chaos_soak_short(tmp_path) -> None:
     assert report.runs_accepted == report.runs_submitted == 40
     assert report.killed_sandbox is KILL_SANDBOX and report.killed_nats
     everyone = {"gateway", "runtime", "executor-booking", "executor-payment", "executor-notify", "reconciler"}
+    everyone |= {"executor-memory"}  # guest memory (remember_preference)
     everyone |= {"nats-server"} | ({"sandbox"} if KILL_SANDBOX else set())
     assert set(report.kills) == everyone, f"every listed process is killed at least once: {report.kills}"
     assert all(report.restarts[name] >= 1 for name in report.kills), report.restarts

@@ -25,6 +25,7 @@ from contracts.streams import active_spec
 from crashsafe.stack import STACK_TENANT
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
+from services.platform.sessions import SessionRecords
 from services.platform.natsd import NatsServer, free_port
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually
@@ -352,22 +353,28 @@ async def test_active_runs_are_capped_per_session_and_per_guest_and_a_duplicate_
         return guest_event(guest_id=guest, session_id=session_id, text=BOOKING_TEXT)
 
     first, second = booking(session), booking(session)
-    for sent in (first, second):
-        assert (await world.gateway.post("/v1/events", json=sent)).status_code == 202
-    refused = await world.gateway.post("/v1/events", json=booking(session))
-    error = assert_error(refused, 429, "too_many_active_runs")
-    assert (error["details"]["limit"], error["details"]["cap"]) == ("session", 2)
-    assert int(refused.headers["retry-after"]) >= 1
+    started = await world.gateway.post("/v1/events", json=first)
+    assert started.status_code == 202 and "turn" not in started.json()
+    # One run owns a session at a time (its lane): a second message while it is under way is its next turn,
+    # which is no new run and takes no slot.
+    joined = await world.gateway.post("/v1/events", json=second)
+    assert joined.status_code == 202 and joined.json()["turn"] is True
+    assert joined.json()["run_id"] == started.json()["run_id"]
     again = await world.gateway.post(
         "/v1/events", json=first
     )  # the same event: already counted, never refused
     assert again.status_code == 202 and again.json()["duplicate"] is True
-    assert (await world.gateway.post("/v1/events", json=booking("other-session"))).status_code == 202
-    refused = await world.gateway.post("/v1/events", json=booking("third-session"))
+    for other in ("other-session", "third-session"):
+        assert (await world.gateway.post("/v1/events", json=booking(f"{other}-{session}"))).status_code == 202
+    refused = await world.gateway.post("/v1/events", json=booking(f"fourth-session-{session}"))
     error = assert_error(refused, 429, "too_many_active_runs")
     assert (error["details"]["limit"], error["details"]["cap"]) == ("guest", 3)
+    assert int(refused.headers["retry-after"]) >= 1
     entry = await broker.kv_get(active_spec(world.ns), world.ns.guest_active_key(STACK_TENANT, guest))
     assert entry is not None and len(active_decoder.decode(entry.value).runs) == 3
+    # The refused message left the session it tried to claim free for the guest's next message.
+    lane, _ = await SessionRecords(broker, world.ns).get(STACK_TENANT, f"fourth-session-{session}")
+    assert lane.run_id == ""
 
 
 async def test_an_ended_run_frees_its_slot(world: StackClient, broker: Broker) -> None:
@@ -448,21 +455,22 @@ async def test_a_chunked_oversized_body_is_413_once_the_limit_has_arrived(world:
 
 
 async def test_concurrent_new_runs_never_take_more_than_the_cap(world: StackClient, broker: Broker) -> None:
-    """Eight new runs of one session at once (within the guest's rate burst): compare-and-set lets exactly the cap
-    through."""
-    guest, session = f"g-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    """Eight new runs of one guest in eight sessions at once (within the guest's rate burst): compare-and-set lets
+    exactly the guest's cap through. (Eight messages of one session are one run and its turns: test_sessions.py.)"""
+    guest = f"g-{uuid.uuid4().hex[:8]}"
     answers = await asyncio.gather(
         *(
             world.gateway.post(
-                "/v1/events", json=guest_event(guest_id=guest, session_id=session, text=BOOKING_TEXT)
+                "/v1/events",
+                json=guest_event(guest_id=guest, session_id=f"s-{uuid.uuid4().hex[:8]}", text=BOOKING_TEXT),
             )
             for _ in range(8)
         )
     )
     statuses = sorted(a.status_code for a in answers)
-    assert statuses == [202, 202] + [429] * 6, [a.text for a in answers]
+    assert statuses == [202] * 3 + [429] * 5, [a.text for a in answers]
     assert {a.json()["error"]["code"] for a in answers if a.status_code == 429} == {"too_many_active_runs"}
-    entry = await broker.kv_get(active_spec(world.ns), world.ns.session_active_key(STACK_TENANT, session))
+    entry = await broker.kv_get(active_spec(world.ns), world.ns.guest_active_key(STACK_TENANT, guest))
     assert entry is not None
     assert set(active_decoder.decode(entry.value).runs) == {
         a.json()["run_id"] for a in answers if a.status_code == 202

@@ -22,7 +22,7 @@ def test_credentials_are_private_and_the_config_holds_only_public_keys(tmp_path:
     creds = sorted((tmp_path / "creds").glob("*.creds"))
     names = {p.stem for p in creds}
     assert names == {
-        "gateway", "runtime", "executor-booking", "executor-notify", "executor-payment",
+        "gateway", "runtime", "executor-booking", "executor-memory", "executor-notify", "executor-payment",
         "reconciler", "operator", "analytics",
     }  # fmt: skip
     config = (tmp_path / "auth.conf").read_text()

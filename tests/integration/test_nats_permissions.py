@@ -27,7 +27,7 @@ from services.platform.settings import NatsAccess
 from tests.support.paths import ROOT
 
 NS = Namespace("sweep")
-FAMILIES = ("booking", "notify", "payment")  # services.agents:stayhub's tool families
+FAMILIES = ("booking", "memory", "notify", "payment")  # services.agents:stayhub's tool families
 API = "$JS.API"
 DOC = ROOT / "docs/security.md"
 START, END = "<!-- nats-permissions:start -->", "<!-- nats-permissions:end -->"
@@ -64,10 +64,20 @@ def _consumer(stream: str, name: str, filter_subject: str, *, legacy: bool = Fal
     )
 
 
-INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (_stream(k) for k in list(StreamKind)[:5])
+INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (
+    _stream(k)
+    for k in (
+        StreamKind.INBOUND,
+        StreamKind.RUNS,
+        StreamKind.ACTIONS,
+        StreamKind.OUTCOMES,
+        StreamKind.DEAD_LETTERS,
+    )
+)
 SUPPORT = _stream(StreamKind.SUPPORT)
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
 KV_CATALOG = "KV_sweep_catalog"
+KV_GUESTS = "KV_sweep_guests"
 
 
 def probes() -> list[Probe]:
@@ -83,7 +93,13 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
         Probe("publish", "KV clients: `client.k1`", "$KV.sweep_clients.client.k1"),
         Probe("publish", "KV active: `guest.t1.h`", "$KV.sweep_active.guest.t1.h"),
+        Probe("publish", "KV approvals: `approval.apr_1`", "$KV.sweep_approvals.approval.apr_1"),
+        Probe("publish", "KV sessions: `session.t1.h`", "$KV.sweep_sessions.session.t1.h"),
+        Probe("publish", "approval expiry schedule", NS.approval_timer("apr_1")),
+        Probe("publish", "cancel an approval's schedule", NS.timer_cancelled("apr_1")),
+        Probe("publish", "fired timer (only the server's scheduler)", NS.timer_fired("r1")),
         Probe("publish", "KV catalog: publish a revision", "$KV.sweep_catalog.catalog"),
+        Probe("publish", "KV guests: `guest.t1.h` (a profile)", "$KV.sweep_guests.guest.t1.h"),
         Probe(
             "streams",
             "create a stream",
@@ -103,7 +119,11 @@ def probes() -> list[Probe]:
                 KV_LEASES,
                 KV_CLIENTS,
                 KV_ACTIVE,
+                "KV_sweep_approvals",
+                "KV_sweep_sessions",
+                _stream(StreamKind.TIMERS),
                 KV_CATALOG,
+                KV_GUESTS,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -177,22 +197,37 @@ def intended(user: NatsUser, probe: Probe) -> bool:
     if role is Role.GATEWAY:
         allowed = {"inbound event", "wake a run", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {f"direct get on {s}" for s in (INBOUND, RUNS, KV_CLIENTS, KV_ACTIVE)}
+        # A manager's decision on an approval record; the session lane a new message claims.
+        allowed |= {"KV approvals: `approval.apr_1`", "KV sessions: `session.t1.h`"}
+        allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
     elif role is Role.RUNTIME:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {"support ticket"}  # a handed-off run's ticket
         allowed |= {f"action request: {f}" for f in FAMILIES}
-        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG)}
+        allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG, KV_GUESTS)}  # reads profiles
         allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
+        # Approval records and their expiry schedules (never a fired timer), session lanes.
+        allowed |= {
+            "KV approvals: `approval.apr_1`",
+            "KV sessions: `session.t1.h`",
+            "approval expiry schedule",
+            "cancel an approval's schedule",
+        }
+        allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
+        allowed |= {f"direct get on {_stream(StreamKind.TIMERS)}"}
         allowed |= {p.label for p in probes() if "`runtime_" in p.label}
         allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
         allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
+        if family == "memory":  # the one writer of guest profiles
+            allowed |= {"KV guests: `guest.t1.h` (a profile)", f"direct get on {KV_GUESTS}"}
     elif role is Role.RECONCILER:
         allowed = {"wake a run", f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {"support ticket"}  # the backstop for a ticket the runtime could not publish
+        allowed |= {"direct get on KV_sweep_approvals"}  # the expiry backstop reads records, never decides
     elif role is Role.ANALYTICS:
         allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}

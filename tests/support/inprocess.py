@@ -34,12 +34,16 @@ from services.platform.settings import Settings
 from services.platform.tracing import context_from
 from contracts.audit import Finding
 from sandbox.listing import SandboxListing
+from services.knowledge.library import Library
+from services.platform.guests import GuestProfiles
 from services.platform.providers import Providers
 from services.registry import Registry
 from services.reconciler.service import AuditStats, Reconciler, audit_all
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
+from services.runtime.approvals import ApprovalDesk
 from services.runtime.catalog import RunCatalog
+from services.runtime.lanes import SessionLanes
 from services.runtime.model import ModelGateway
 from services.runtime.service import Runtime
 from tests.support import capabilities
@@ -192,11 +196,17 @@ async def deliver(worker: Executor, request: ActionRequest, deliveries: int, str
 
 @asynccontextmanager
 async def runtime(
-    settings: Settings, model: Any | None = None, registry: Registry = REGISTRY, *, catalog: bool = False
+    settings: Settings,
+    model: Any | None = None,
+    registry: Registry = REGISTRY,
+    *,
+    catalog: bool = False,
+    library: Library | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime worker named `settings.worker_id`, not yet consuming (call `start()` to take work from the
     streams, or call its use cases directly). `catalog`: read the namespace's catalog bucket (started, watching)
-    as a deployed runtime does; otherwise only the built-in catalog (revision 0)."""
+    as a deployed runtime does; otherwise only the built-in catalog (revision 0). Guest profiles are the
+    namespace's real bucket; `library`: the documents its runs search (none unless given)."""
     await provisioned(settings)
     broker = await Broker.connect(
         settings.nats_url,
@@ -213,6 +223,10 @@ async def runtime(
         logger,
         capabilities.ISSUER,
         catalog=run_catalog,
+        profiles=GuestProfiles(broker, settings.namespace),
+        library=library,
+        approvals=ApprovalDesk(broker, settings.namespace),
+        lanes=SessionLanes(broker, settings.namespace),
     )
     try:
         if run_catalog is not None:

@@ -288,7 +288,8 @@ def assert_replays(journal: list[RunEvent]) -> None:
             continue
         if isinstance(event, ModelAnswered):
             assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
-            assert model_answered(state, reply_from(event), event.at) == event
+            # The passages are the journal's: a replay never searches.
+            assert model_answered(state, reply_from(event), event.at, tuple(event.passages)) == event
             continue
         assert isinstance(move, Append), f"event #{i} ({type(event).__name__}) was not decided: {move}"
         assert move.events[0] == event, f"event #{i} differs on replay"

@@ -91,6 +91,8 @@ def test_every_booking_tool_declares_its_key_rule() -> None:
         "update_crm": ("business", ("guest_id", "booking_id")),
         "release_booking": ("run_id:step_no", ()),  # compensation-only: keyed from what it undoes
         "refund_payment": ("business", ("payment_id", "amount_cents")),
+        # The guest setting a preference, from the profile the run knows: one write (services/agents/memory.py).
+        "remember_preference": ("business", ("guest_id", "name", "value", "basis")),
     }
     state = Run(business()).state
     email = identity_of(state, SEND_CONFIRMATION_EMAIL.contract, {"booking_id": "bk_1", "guest_id": "g"})

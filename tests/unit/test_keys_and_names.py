@@ -63,6 +63,7 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         "STAYHUB_ACTIONS",
         "STAYHUB_OUTCOMES",
         "STAYHUB_DEAD_LETTERS",
+        "STAYHUB_TIMERS",
         "STAYHUB_SUPPORT",
     ]
     assert ns.support("acme", run) == f"stayhub.support.acme.{run}"
@@ -132,6 +133,14 @@ def test_the_streams_of_a_namespace() -> None:
             replicas=3,
         ),
         StreamSpec(name="STAYHUB_DEAD_LETTERS", subjects=("stayhub.dead.*",), max_age_s=30 * day, replicas=3),
+        # Schedules wait here for their time; the fired wakes go to `timer.fired.<run_id>` in the same stream.
+        StreamSpec(
+            name="STAYHUB_TIMERS",
+            subjects=("stayhub.timer.>",),
+            max_age_s=30 * day,
+            allow_msg_schedules=True,
+            replicas=3,
+        ),
         # One ticket per handed-off run, kept forever; a second copy is refused, not stored.
         StreamSpec(
             name="STAYHUB_SUPPORT",

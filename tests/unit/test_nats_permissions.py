@@ -65,6 +65,7 @@ def test_every_user_listens_only_on_its_own_inbox_and_its_own_deliveries() -> No
             assert rest == [
                 "_deliver.PROD_INBOUND.runtime_inbound",
                 "_deliver.PROD_OUTCOMES.runtime_outcomes",
+                "_deliver.PROD_TIMERS.runtime_timers",
             ]
         elif user.role is Role.OPERATOR:
             assert rest == ["prod.>"]

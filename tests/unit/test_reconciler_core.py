@@ -8,16 +8,21 @@ from datetime import UTC, datetime, timedelta
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     Budget,
     RunCompleted,
     RunHandedOff,
     RunNudged,
     RunStarted,
+    ToolCall,
 )
 from contracts.tool_messages import OutcomeStatus
 from services.reconciler.core import (
     OpenRun,
     OpenWork,
+    approval_wake_due,
+    awaiting_runs,
     observe,
     overdue_actions,
     stalled_runs,
@@ -274,3 +279,53 @@ def test_a_woken_run_is_woken_again_only_after_another_quiet_period() -> None:
     assert stalled_runs(work, at(65), QUIET) == ["run_b"]  # quiet for 30 s and never woken
     assert stalled_runs(work, at(69.9), QUIET) == ["run_b"]  # run_a was woken at 40 s
     assert stalled_runs(work, at(70), QUIET) == ["run_a", "run_b"]
+
+
+# Runs waiting for an approval ----------------------------------------------------------------------------------
+
+
+def held(run_id: str, t: float, ttl_s: float) -> ApprovalRequested:
+    return ApprovalRequested(
+        run_id=run_id,
+        at=at(t),
+        step_no=2,
+        approval_id=f"apr_{run_id}_2",
+        call=ToolCall(call_id="call_pay", name="create_payment", arguments="{}"),
+        tool="create_payment",
+        args={},
+        input_hash="a" * 64,
+        approver="manager",
+        rule="rule.approval_above",
+        reason="over the limit",
+        expires_at=at(t + ttl_s),
+    )
+
+
+def test_a_run_waiting_for_an_approval_is_not_stalled_however_quiet() -> None:
+    waiting = held("run_a", 1, ttl_s=86_400)
+    work = fold(started("run_a"), waiting)
+    assert stalled_runs(work, at(10 * QUIET), QUIET) == []
+    assert awaiting_runs(work) == [waiting]
+    decided = ApprovalDecided(
+        run_id="run_a",
+        at=at(20),
+        approval_id=waiting.approval_id,
+        decision="approved",
+        decided_by="manager:ana",
+        input_hash=waiting.input_hash,
+    )
+    observe(work, decided)
+    assert awaiting_runs(work) == [] and stalled_runs(work, at(20 + QUIET), QUIET) == ["run_a"]
+
+
+def test_the_backstop_wakes_a_waiting_run_once_its_record_is_decided_or_past_expiry() -> None:
+    waiting = held("run_a", 0, ttl_s=60)
+    work = fold(started("run_a"), waiting)
+    assert not approval_wake_due(work, waiting, "pending", waiting.expires_at, at(30), QUIET)
+    # A gateway died between its compare-and-set and its wake: the record says approved, the journal not yet.
+    assert approval_wake_due(work, waiting, "approved", waiting.expires_at, at(30), QUIET)
+    # The durable timer never fired: pending past expiry.
+    assert approval_wake_due(work, waiting, "pending", waiting.expires_at, at(61), QUIET)
+    work.woken["run_a"] = at(61)
+    assert not approval_wake_due(work, waiting, "pending", waiting.expires_at, at(62), QUIET)
+    assert approval_wake_due(work, waiting, "pending", waiting.expires_at, at(61 + QUIET), QUIET)

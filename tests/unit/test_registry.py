@@ -31,6 +31,8 @@ BOOKING_TOOLS = {
     "release_booking",
     "refund_payment",
 }
+# What booking registers: its own tools and the guest memory tool (services/agents/memory.py).
+REGISTERED = BOOKING_TOOLS | {"remember_preference"}
 
 
 def steps5() -> Registration:
@@ -43,12 +45,12 @@ def test_a_registry_holds_every_agent_and_tool_and_the_first_agent_is_the_defaul
     assert set(registry.agents) == {"booking", "steps5"}
     assert isinstance(registry.agents["booking"], BookingAgent)
     assert registry.agents["steps5"].name == "steps5"
-    assert set(registry.tools) == BOOKING_TOOLS | {"noop"}
+    assert set(registry.tools) == REGISTERED | {"noop"}
     assert registry.tools["create_payment"] is CREATE_PAYMENT
     assert registry.contracts["create_payment"] == CREATE_PAYMENT.contract
     assert set(registry.contracts) == set(registry.tools)
     assert registry.audit_rules == (money_rules,)
-    assert registry.families == frozenset({"booking", "payment", "notify", "noop"})
+    assert registry.families == frozenset({"booking", "payment", "notify", "memory", "noop"})
     assert registry.default_agent == "booking"
     assert Registry.of(steps5(), booking.registration()).default_agent == "steps5"
 
@@ -58,7 +60,7 @@ def test_a_tool_two_agents_share_is_one_tool_and_a_shared_audit_rule_runs_once()
     registry = Registry.of(booking.registration(), again)
 
     assert set(registry.agents) == {"booking", "steps1"}
-    assert set(registry.tools) == BOOKING_TOOLS
+    assert set(registry.tools) == REGISTERED
     assert registry.audit_rules == (money_rules,)
 
 

@@ -205,4 +205,4 @@ def test_an_executor_for_a_family_the_deployment_lacks_is_refused_in_one_line() 
         check=False,
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "booking, notify, payment" in done.stderr
+    assert "booking, memory, notify, payment" in done.stderr

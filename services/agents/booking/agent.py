@@ -16,6 +16,7 @@ from contracts.tools import ToolContract
 from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow, VerifiedRecipient
 from services.agents.booking.arguments import ARGUMENT_TYPES
 from services.agents.booking.tools import TOOLS
+from services.agents.memory import REMEMBER_PREFERENCE, prepare_preference
 from services.registry import compensation_contracts, model_contracts
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
@@ -78,10 +79,10 @@ DEFAULT_RULES = (
 class BookingAgent:
     name = "booking"
     instructions = INSTRUCTIONS
-    tools = model_contracts(TOOLS)
+    tools = model_contracts((*TOOLS, REMEMBER_PREFERENCE))
     compensation_tools = compensation_contracts(TOOLS)
     argument_types = ARGUMENT_TYPES
-    config = AgentConfig(agent="booking", rules=list(DEFAULT_RULES))
+    config = AgentConfig(agent="booking", rules=list(DEFAULT_RULES), memory=True, retrieval=True)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
@@ -193,6 +194,8 @@ class BookingAgent:
                     "amount_cents": int(args.get("amount_cents") or 0),
                     "booking_id": str(args.get("booking_id", "")),
                 }
+            case "remember_preference":
+                return prepare_preference(state, args)
             case "send_confirmation_email":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):

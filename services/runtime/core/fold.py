@@ -129,6 +129,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 model_steps=state.model_steps + 1,
                 asking=False,
                 asked_tokens=0,
+                searched_turns=state.turns - len(state.inbox),
             )
         case ActionRequested(step_no=step, call_id=call_id):
             if state.pending_step(step) or state.is_completed(step):
@@ -227,8 +228,16 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 # the runtime undoes what the action would have completed, e.g. releases the hold).
                 return replace(decided, final_reply=approval_ended_reply(waiting, event))
             return _flushed(decided)
-        case TurnReceived():
-            queued = replace(state, **base, inbox=state.inbox + (event,), turns=state.turns + 1)
+        case TurnReceived(event_id=event_id):
+            if event_id in state.turn_ids or event_id == state.started.event_id:
+                return replace(state, **base)  # the same message again (a redelivery): folded once
+            queued = replace(
+                state,
+                **base,
+                inbox=state.inbox + (event,),
+                turns=state.turns + 1,
+                turn_ids=state.turn_ids + (event_id,),
+            )
             return _flushed(queued)
         case ActionCompleted(step_no=step):
             request = state.pending_step(step)
@@ -330,7 +339,8 @@ def summarize(state: RunState) -> Summary:
         steps=state.steps_used,
         tokens_used=state.tokens_used,
         outcome=state.outcome,
-        reply=state.final_reply,
+        # While the run waits for an approval, the guest is told what they are asked.
+        reply=state.awaiting.question if state.awaiting and state.awaiting.question else state.final_reply,
         handoff_reason=state.handoff_reason,
         pending_actions=[p.key for p in state.pending],
         awaiting_approval=state.awaiting.approval_id if state.awaiting else None,

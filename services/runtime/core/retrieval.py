@@ -5,7 +5,32 @@ from __future__ import annotations
 from contracts.catalog import AgentConfig
 from services.runtime.core.state import RunState
 
+# The runtime's own notes to the model (a refused answer) are user messages too; they are not the guest's words.
+RUNTIME_NOTE = "(runtime)"
+
+
+def guest_turns_heard(state: RunState) -> int:
+    """Guest turns the model has been shown: the first text and every turn flushed from the inbox since."""
+    return state.turns - len(state.inbox)
+
 
 def retrieval_query(state: RunState, config: AgentConfig) -> str | None:
-    """The text to search for before the next model call, or None (retrieval off, or this turn already searched)."""
-    return None
+    """The text to search for before the next model call, or None (retrieval off, or this turn already searched).
+
+    A turn counts as searched once a model answer is journaled after it (`searched_turns`, folded from
+    `run.model_answered`): the passages that answer used are in its event, so a replay never searches. Turns
+    flushed together are searched together, in the order the guest sent them."""
+    if not config.retrieval or state.terminal:
+        return None
+    fresh = guest_turns_heard(state) - state.searched_turns
+    if fresh <= 0:
+        return None
+    said: list[str] = []
+    for item in reversed(state.transcript):
+        if len(said) == fresh:
+            break
+        content = item.get("content")
+        if item.get("role") == "user" and isinstance(content, str) and not content.startswith(RUNTIME_NOTE):
+            said.append(content)
+    text = "\n".join(reversed(said)).strip()
+    return text or None

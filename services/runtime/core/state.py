@@ -62,10 +62,15 @@ class RunState:
     # once nothing is pending (a function call and its output are never split by a user message).
     inbox: tuple[TurnReceived, ...] = ()
     turns: int = 1
+    # The event ids of the session's messages this run took as turns: a redelivered turn is folded once.
+    turn_ids: tuple[str, ...] = ()
     # Seconds spent waiting for approvals: they do not count against the run's deadline.
     waited_s: float = 0.0
     denials: int = 0  # run.policy_denied
     tool_errors: int = 0  # run.tool_rejected of the model's calls
+    # Guest turns in the transcript when the latest model answer was journaled: retrieval searches a turn's
+    # text once, before that turn's first answered model call (`core/retrieval.py`).
+    searched_turns: int = 0
 
     @property
     def budget(self) -> Budget:

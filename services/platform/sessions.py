@@ -1,0 +1,73 @@
+"""Session lanes in `<ns>_sessions`: which run owns a guest session now, and the session's last finished runs.
+
+Exactly one run owns a session at a time: every change is a compare-and-set on the record's KV revision (create
+at revision 0, update at the revision read), so two gateways, or a gateway and a runtime, never both win it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from contracts.errors import LeaseConflict
+from contracts.memory import SessionLane, SessionTurn
+from contracts.streams import sessions_spec
+from contracts.subjects import Namespace
+from services.platform.jetstream import Broker
+
+lane_encoder = msgspec.json.Encoder()
+lane_decoder = msgspec.json.Decoder(SessionLane)
+MAX_ROUNDS = 16
+HISTORY = 5  # finished runs a session remembers
+
+
+def with_turn(lane: SessionLane, turn: SessionTurn) -> SessionLane:
+    """`turn` appended to the lane's history (once per run; the last HISTORY kept)."""
+    if any(t.run_id == turn.run_id for t in lane.history):
+        return lane
+    return msgspec.structs.replace(lane, history=[*lane.history, turn][-HISTORY:])
+
+
+class SessionRecords:
+    def __init__(self, broker: Broker, ns: Namespace) -> None:
+        self.broker = broker
+        self.ns = ns
+        self.spec = sessions_spec(ns)
+
+    async def get(self, tenant: str, session_id: str) -> tuple[SessionLane, int]:
+        """The lane and its revision (0: no record yet)."""
+        entry = await self.broker.kv_get(self.spec, self.ns.session_key(tenant, session_id))
+        if entry is None or not entry.value:
+            return SessionLane(), entry.revision if entry is not None else 0
+        return lane_decoder.decode(entry.value), entry.revision
+
+    async def change(
+        self, tenant: str, session_id: str, change: Callable[[SessionLane], SessionLane | None]
+    ) -> SessionLane:
+        """Apply `change` by compare-and-set until it holds; None from `change`: leave the record as it is. Returns
+        the lane as it then is."""
+        key = self.ns.session_key(tenant, session_id)
+        for _ in range(MAX_ROUNDS):
+            entry = await self.broker.kv_get(self.spec, key)
+            lane = lane_decoder.decode(entry.value) if entry is not None and entry.value else SessionLane()
+            updated = change(lane)
+            if updated is None or updated == lane:
+                return lane
+            try:
+                await self.broker.kv_write(
+                    self.spec, key, lane_encoder.encode(updated), revision=entry.revision if entry else 0
+                )
+                return updated
+            except LeaseConflict:
+                continue  # another writer moved the lane: read it again and decide again
+        raise LeaseConflict(key=key, expected_revision=0)
+
+    async def claim(self, tenant: str, session_id: str, run_id: str) -> str:
+        """Make `run_id` the session's owner if nobody owns it; the owner afterwards (`run_id` if it won)."""
+
+        def take(lane: SessionLane) -> SessionLane | None:
+            if lane.run_id:
+                return None
+            return msgspec.structs.replace(lane, run_id=run_id)
+
+        return (await self.change(tenant, session_id, take)).run_id

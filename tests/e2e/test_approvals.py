@@ -1,0 +1,220 @@
+"""Approvals through the whole stack of real processes: a run waits for a decision holding no worker, every service
+is SIGKILLed while it waits (the supervisor brings each back), and then the decision (the manager's, over HTTP or
+the CLI) or the durable timer ends the wait. Decisions are taken once: a second one is a 409, another tenant's
+approval is a 404.
+
+Until the policy engine holds actions back by itself, the test journals the hold as the runtime would have (the
+run's first model answer, then `run.approval_requested` for its call); everything after is the product's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.clients import Scope
+from contracts.keys import run_id_for, tool_input_hash
+from contracts.policy import Approver
+from contracts.run_events import ApprovalRequested, Budget, RunStarted
+from services.platform.asks import wake_run
+from services.platform.clients import ClientKeys
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.runtime.core.decide import approval_id_for, model_answered
+from services.runtime.core.fold import fold_run
+from tests.support import inprocess
+from tests.support.inprocess import REGISTRY
+from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, supervised
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKING_TEXT
+
+
+async def _held(client: StackClient, broker: Broker, ttl_s: float) -> tuple[str, str]:
+    """A booking run of the stack's tenant whose hotel search a rule held for a manager: (run id, approval id)."""
+    settings = inprocess.settings_for(client.stack.nats_url, client.ns, sandbox_url=client.stack.sandbox_url)
+    journal = RunJournal(broker, client.ns)
+    key = unique("ev")
+    run_id = run_id_for(client.tenant, key)
+    now = datetime.now(UTC)
+    started = RunStarted(
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id=f"s-{key}",
+        guest_id=unique("g"),
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text=BOOKING_TEXT,
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+        tenant=client.tenant,
+    )
+    seq = await journal.append(started, 0)
+    async with inprocess.scripted_model(settings) as model:
+        reply = await model.answer(REGISTRY.agent("booking"), fold_run(None, started).transcript)
+    (search,) = reply.tool_calls
+    seq = await journal.append(model_answered(fold_run(None, started), reply, now), seq)
+    args = json.loads(search.arguments)
+    approval_id = approval_id_for(run_id, 2)
+    await journal.append(
+        ApprovalRequested(
+            run_id=run_id,
+            at=now,
+            step_no=2,
+            approval_id=approval_id,
+            call=search,
+            tool=search.name,
+            args=args,
+            input_hash=tool_input_hash(search.name, args),
+            approver=Approver.MANAGER.value,
+            rule="rule.test_hold",
+            reason="held by the test's rule",
+            expires_at=now + timedelta(seconds=ttl_s),
+            question="Your manager must approve this search.",
+        ),
+        seq,
+    )
+    await wake_run(broker, settings, run_id, "the test held an action", "test")
+    return run_id, approval_id
+
+
+async def _approval(client: StackClient, approval_id: str) -> dict[str, Any] | None:
+    try:
+        response = await client.gateway.get(f"/v1/approvals/{approval_id}")
+    except httpx.TransportError:
+        return None  # the gateway is restarting
+    return dict(response.json()) if response.status_code == 200 else None
+
+
+async def _kill_everything_while_it_waits(client: StackClient) -> None:
+    stack = client.stack
+    for name in list(stack.services):
+        stack.kill(name)
+
+    async def back() -> bool:
+        return not stack.dead() and await _ready(client)
+
+    await eventually(back, what="every service back after SIGKILL", timeout_s=120)
+
+
+async def _ready(client: StackClient) -> bool:
+    try:
+        return (await client.gateway.get("/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _decisions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "run.approval_decided"]
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject", "expire"])
+async def test_an_approval_is_decided_once_after_every_service_was_killed_while_waiting(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker, decision: str
+) -> None:
+    client = await start_stack()
+    run_id, approval_id = await _held(client, broker, ttl_s=6 if decision == "expire" else 3600)
+    record = await eventually(lambda: _approval(client, approval_id), what="the approval's record")
+    assert record["status"] == "pending" and record["run_id"] == run_id
+    summary = await client.summary(run_id)
+    assert summary is not None and summary["awaiting_approval"] == approval_id
+    assert summary["reply"] == "Your manager must approve this search."
+    listed = (await client.gateway.get("/v1/approvals", params={"status": "pending"})).json()["approvals"]
+    assert approval_id in [a["approval_id"] for a in listed]
+
+    async with supervised(client.stack):
+        await _kill_everything_while_it_waits(client)
+        if decision == "expire":
+            ended = await client.wait_terminal(run_id, timeout_s=120)
+        else:
+            response = await client.gateway.post(
+                f"/v1/approvals/{approval_id}", json={"decision": decision, "approver": "ana", "reason": "ok"}
+            )
+            assert response.status_code == 200, response.text
+            ended = await client.wait_terminal(run_id, timeout_s=120)
+
+    events = await client.events(run_id)
+    (decided,) = _decisions(events)
+    expected = {"approve": "approved", "reject": "rejected", "expire": "expired"}[decision]
+    assert decided["decision"] == expected
+    assert decided["decided_by"] == ("timer" if decision == "expire" else "manager:ana")
+    searched = [e for e in events if e["type"] == "run.action_requested" and e["tool"] == "search_hotels"]
+    if decision == "approve":
+        assert ended["outcome"] == "completed" and len(searched) == 1
+    else:
+        assert not searched
+        assert ended["outcome"] == "completed"
+        assert ("not given in time" if decision == "expire" else "declined by manager:ana") in ended["reply"]
+
+    # Once decided, never again: a second decision is a 409 naming what the record says.
+    again = await client.gateway.post(
+        f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "bob"}
+    )
+    assert again.status_code == 409, again.text
+    error = again.json()["error"]
+    assert error["code"] == "approval_not_pending" and error["details"]["status"] == expected
+
+
+async def test_another_tenants_approval_is_not_found_and_the_cli_decides_through_the_gateway(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker
+) -> None:
+    client = await start_stack()
+    run_id, approval_id = await _held(client, broker, ttl_s=3600)
+    await eventually(lambda: _approval(client, approval_id), what="the approval's record")
+
+    stranger = (
+        await ClientKeys(broker, client.ns).create("initech", [Scope.RUNS_OPERATE, Scope.RUNS_READ])
+    ).key
+    async with httpx.AsyncClient(
+        base_url=client.stack.gateway_url, timeout=20.0, headers=auth_header(stranger)
+    ) as other:
+        assert (await other.get(f"/v1/approvals/{approval_id}")).status_code == 404
+        refused = await other.post(
+            f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "x"}
+        )
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "approval_not_found"
+        assert (await other.get("/v1/approvals")).json()["approvals"] == []
+    assert (await client.gateway.get("/v1/approvals/apr_nope_2")).status_code == 404
+
+    env = {**cli_env(client.stack), "CRASHSAFE_API_KEY": client.api_key}
+    gw = ("--gateway-url", client.stack.gateway_url)
+    listed = await crashsafe("approvals", "list", "--status", "pending", *gw, env=env)
+    assert listed.returncode == 0 and approval_id in listed.stdout, listed.stderr
+    decided = await crashsafe(
+        "approvals", "reject", approval_id, "--approver", "ana", "--reason", "no", *gw, env=env
+    )
+    assert decided.returncode == 0, decided.stderr
+    twice = await crashsafe("approvals", "approve", approval_id, "--approver", "bob", *gw, env=env)
+    assert twice.returncode == 1 and "409 approval_not_pending" in twice.stderr and "rejected" in twice.stderr
+    ended = await client.wait_terminal(run_id)
+    assert "declined by manager:ana (no)" in ended["reply"]
+
+
+async def test_a_gateway_killed_between_its_decision_and_the_wake_still_gets_the_run_to_journal_it(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker
+) -> None:
+    client = await start_stack(crash={"gateway": "gateway.after_approval_decided"})
+    run_id, approval_id = await _held(client, broker, ttl_s=3600)
+    await eventually(lambda: _approval(client, approval_id), what="the approval's record")
+    async with supervised(client.stack):
+        with pytest.raises(httpx.TransportError):  # the gateway died after its compare-and-set
+            await client.gateway.post(
+                f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana"}
+            )
+        # Nobody woke the run: the reconciler's backstop finds the decided record and wakes it.
+        ended = await client.wait_terminal(run_id, timeout_s=120)
+        assert client.stack.services["gateway"].restarts >= 1
+        # The manager's client retries: the decision was taken, once.
+        again = await client.gateway.post(
+            f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana"}
+        )
+    assert again.status_code == 409 and again.json()["error"]["details"]["status"] == "approved"
+    events = await client.events(run_id)
+    (decided,) = _decisions(events)
+    assert decided["decided_by"] == "manager:ana" and ended["outcome"] == "completed"
+    assert any(e["type"] == "run.nudged" and e["by"].startswith("reconciler:") for e in events)

@@ -1,0 +1,182 @@
+"""Session lanes through the whole stack: messages of one guest session are journaled once each, in one run at a time;
+a message while the session's run is active joins it as its next turn; a guest's "yes" reaches the run that asked;
+a runtime killed just after journaling a turn handles the turn once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from contracts.keys import run_id_for, tool_input_hash
+from contracts.policy import Approver
+from contracts.run_events import ApprovalRequested, Budget, RunStarted
+from services.platform.asks import wake_run
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.sessions import SessionRecords
+from services.runtime.core.decide import approval_id_for, model_answered
+from services.runtime.core.fold import fold_run
+from tests.support import inprocess
+from tests.support.inprocess import REGISTRY
+from tests.support.stack import StackClient, guest_event, supervised
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKING_TEXT
+
+
+async def _journals(client: StackClient, run_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for run_id in run_ids:
+        response = await client.gateway.get(f"/v1/runs/{run_id}/events")
+        if response.status_code == 200:
+            out[run_id] = response.json()["events"]
+    return out
+
+
+def _messages(journals: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Every guest message the session's runs took: the one each run started with, and each turn."""
+    return [
+        e["event_id"]
+        for events in journals.values()
+        for e in events
+        if e["type"] in ("run.started", "run.turn_received")
+    ]
+
+
+async def test_concurrent_messages_of_one_session_are_taken_once_each_by_one_run_at_a_time(
+    start_stack: Callable[..., Awaitable[StackClient]],
+) -> None:
+    client = await start_stack()
+    session, guest = unique("s"), unique("g")
+    bodies = [
+        guest_event(
+            unique("m"), guest_id=guest, session_id=session, text=BOOKING_TEXT if i == 0 else f"also {i}"
+        )
+        for i in range(8)
+    ]
+    responses = await asyncio.gather(*(client.gateway.post("/v1/events", json=b) for b in bodies))
+    assert [r.status_code for r in responses] == [202] * 8, [r.text for r in responses]
+    answers = [r.json() for r in responses]
+    owners = {a["run_id"] for a in answers if not a.get("turn")}
+    joined = {a["run_id"] for a in answers if a.get("turn")}
+    assert len(owners) >= 1 and joined <= owners | joined
+    candidates = {run_id_for(client.tenant, b["event_id"]) for b in bodies}
+
+    async def settled() -> dict[str, list[dict[str, Any]]] | None:
+        journals = await _journals(client, candidates)
+        ended = all(
+            any(e["type"] in ("run.completed", "run.handed_off") for e in ev) for ev in journals.values()
+        )
+        return (
+            journals
+            if sorted(_messages(journals)) == sorted(b["event_id"] for b in bodies) and ended
+            else None
+        )
+
+    journals = await eventually(
+        settled, what="all 8 messages journaled and the session's runs ended", timeout_s=120
+    )
+    taken = _messages(journals)
+    assert len(taken) == len(set(taken)) == 8  # each message exactly once
+    # A message answered as a turn of run A is in A's journal, unless A had ended first (then it started its own).
+    for body, answer in zip(bodies, answers, strict=True):
+        if answer.get("turn"):
+            holder = next(r for r, ev in journals.items() if body["event_id"] in _messages({r: ev}))
+            assert holder in (answer["run_id"], run_id_for(client.tenant, body["event_id"]))
+    # One run owns the session at a time: each run of the session starts after the one before it ended.
+    spans = sorted(
+        (ev[0]["at"], next(e["at"] for e in ev if e["type"] in ("run.completed", "run.handed_off")))
+        for ev in journals.values()
+    )
+    for (_, ended), (begun, _) in zip(spans, spans[1:], strict=False):
+        assert begun >= ended
+    # A retry answers with the run that holds the message (the run it joined, or its own if that had ended).
+    last = bodies[-1]["event_id"]
+    holder = next(r for r, ev in journals.items() if last in _messages({r: ev}))
+    again = await client.gateway.post("/v1/events", json=bodies[-1])
+    assert again.status_code == 202 and again.json()["run_id"] == holder
+    assert again.json()["duplicate"] is True
+
+
+async def _guest_hold(client: StackClient, broker: Broker) -> tuple[str, str, str]:
+    """A run of the stack's tenant whose hotel search waits for the guest's own confirmation: (run, session, guest)."""
+    settings = inprocess.settings_for(client.stack.nats_url, client.ns, sandbox_url=client.stack.sandbox_url)
+    journal = RunJournal(broker, client.ns)
+    key, session, guest = unique("ev"), unique("s"), unique("g")
+    run_id = run_id_for(client.tenant, key)
+    assert await SessionRecords(broker, client.ns).claim(client.tenant, session, run_id) == run_id
+    now = datetime.now(UTC)
+    started = RunStarted(
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id=session,
+        guest_id=guest,
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text=BOOKING_TEXT,
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+        tenant=client.tenant,
+    )
+    seq = await journal.append(started, 0)
+    async with inprocess.scripted_model(settings) as model:
+        reply = await model.answer(REGISTRY.agent("booking"), fold_run(None, started).transcript)
+    (search,) = reply.tool_calls
+    seq = await journal.append(model_answered(fold_run(None, started), reply, now), seq)
+    args = json.loads(search.arguments)
+    await journal.append(
+        ApprovalRequested(
+            run_id=run_id,
+            at=now,
+            step_no=2,
+            approval_id=approval_id_for(run_id, 2),
+            call=search,
+            tool=search.name,
+            args=args,
+            input_hash=tool_input_hash(search.name, args),
+            approver=Approver.GUEST.value,
+            rule="rule.test_hold",
+            reason="held by the test's rule",
+            expires_at=now + timedelta(hours=1),
+            question="Shall I search?",
+        ),
+        seq,
+    )
+    await wake_run(broker, settings, run_id, "the test held an action", "test")
+    return run_id, session, guest
+
+
+async def test_the_guests_yes_reaches_the_run_that_asked_across_a_runtime_killed_after_the_turn(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker
+) -> None:
+    client = await start_stack(crash={"runtime": "runtime.after_turn_journaled"})
+    run_id, session, guest = await _guest_hold(client, broker)
+
+    async def recorded() -> bool:
+        response = await client.gateway.get(f"/v1/approvals/{approval_id_for(run_id, 2)}")
+        return response.status_code == 200 and response.json()["status"] == "pending"
+
+    await eventually(recorded, what="the approval's record")
+    async with supervised(client.stack):
+        yes = guest_event(unique("yes"), guest_id=guest, session_id=session, text="yes")
+        response = await client.gateway.post("/v1/events", json=yes)
+        assert response.status_code == 202 and response.json() == {
+            "run_id": run_id,
+            "duplicate": False,
+            "turn": True,
+            "event_run_id": run_id_for(client.tenant, yes["event_id"]),
+        }
+        ended = await client.wait_terminal(run_id, timeout_s=120)
+    assert client.stack.services["runtime"].restarts >= 1, "the runtime died after journaling the turn"
+    events = await client.events(run_id)
+    assert [e["event_id"] for e in events if e["type"] == "run.turn_received"] == [yes["event_id"]]
+    (decided,) = [e for e in events if e["type"] == "run.approval_decided"]
+    assert decided["decision"] == "approved" and decided["turn_event_id"] == yes["event_id"]
+    assert ended["outcome"] == "completed"
+    assert [e["tool"] for e in events if e["type"] == "run.action_requested"][0] == "search_hotels"
+    # The "yes" started no run of its own.
+    assert await client.summary(run_id_for(client.tenant, yes["event_id"])) is None

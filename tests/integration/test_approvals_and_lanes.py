@@ -1,0 +1,444 @@
+"""Approvals and session lanes with a real runtime, real executors, the sandbox and the real nats-server.
+
+Until the policy engine holds actions back by itself, a test journals the hold as the runtime would have (the
+run's first model answer, then `run.approval_requested` for its call): everything after is the product's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from contracts.approvals import ApprovalStatus
+from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from contracts.keys import run_id_for, tool_input_hash
+from contracts.policy import Approver
+from contracts.run_events import (
+    ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
+    Budget,
+    JournalEvent,
+    RunCompleted,
+    RunHandedOff,
+    RunNudged,
+    RunStarted,
+    TurnReceived,
+)
+from contracts.subjects import Namespace, StreamKind
+from services.platform.approvals import ApprovalRecords
+from services.platform.asks import wake_run
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.natsd import NatsServer
+from services.platform.sessions import SessionRecords
+from services.platform.settings import Settings
+from services.platform.tracing import context_from
+from services.reconciler.core import awaiting_runs
+from services.runtime.core import approvals as rules
+from services.runtime.core.decide import approval_id_for, model_answered
+from services.runtime.core.fold import fold_run, replay
+from services.runtime.model import ResponsesModel
+from services.runtime.service import Runtime
+from tests.support import inprocess
+from tests.support.broker import dead_letters
+from tests.support.inprocess import REGISTRY
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKING_TEXT
+
+TENANT = "t1"
+
+
+@dataclass
+class World:
+    runtime: Runtime
+    journal: RunJournal
+    model: ResponsesModel
+    broker: Broker
+    ns: Namespace
+    settings: Settings
+    records: ApprovalRecords
+    sessions: SessionRecords
+
+
+@pytest.fixture
+async def world(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> AsyncIterator[World]:
+    """One runtime consuming its streams (inbound, outcomes, fired timers), every booking executor, the sandbox."""
+    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
+        settings = {
+            name: inprocess.settings_for(
+                nats_server.url,
+                namespace,
+                sandbox_url=sandbox_url,
+                data_dir=tmp_path / "data",
+                worker_id=name,
+            )
+            for name in ("runtime", "executors")
+        }
+        for family in ("booking", "payment", "notify"):
+            await running.enter_async_context(inprocess.executor(settings["executors"], family))
+        model = await running.enter_async_context(inprocess.scripted_model(settings["executors"]))
+        worker = await running.enter_async_context(inprocess.runtime(settings["runtime"], model))
+        await worker.start()
+        yield World(
+            worker,
+            RunJournal(broker, namespace),
+            model,
+            broker,
+            namespace,
+            settings["runtime"],
+            ApprovalRecords(broker, namespace),
+            SessionRecords(broker, namespace),
+        )
+        worker.stop_timers()
+
+
+@dataclass(frozen=True)
+class Held:
+    run_id: str
+    session_id: str
+    guest_id: str
+    approval: ApprovalRequested
+
+
+async def _held_run(world: World, *, ttl_s: float = 3600, approver: str = Approver.GUEST.value) -> Held:
+    """A booking run in its own session whose first model call (the hotel search) a rule held back for approval,
+    journaled as the runtime journals it; then the run is woken and goes to wait (record and timer made)."""
+    key = unique("ev")
+    session = f"s-{key}"
+    run_id = run_id_for(TENANT, key)
+    assert await world.sessions.claim(TENANT, session, run_id) == run_id
+    now = datetime.now(UTC)
+    started = RunStarted(
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id=session,
+        guest_id=f"g-{key}",
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text=BOOKING_TEXT,
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+        tenant=TENANT,
+    )
+    seq = await world.journal.append(started, 0)
+    state = fold_run(None, started)
+    reply = await world.model.answer(REGISTRY.agent("booking"), state.transcript)
+    (search,) = reply.tool_calls
+    answered = model_answered(state, reply, now)
+    seq = await world.journal.append(answered, seq)
+    args = json.loads(search.arguments)
+    held = ApprovalRequested(
+        run_id=run_id,
+        at=now,
+        step_no=2,
+        approval_id=approval_id_for(run_id, 2),
+        call=search,
+        tool=search.name,
+        args=args,
+        input_hash=tool_input_hash(search.name, args),
+        approver=approver,
+        rule="rule.test_hold",
+        reason="held by the test's rule",
+        expires_at=now + timedelta(seconds=ttl_s),
+        question="Shall I search hotels in Lisbon?",
+    )
+    await world.journal.append(held, seq)
+    await wake_run(world.broker, world.settings, run_id, "the test held an action", "test")
+    await eventually(lambda: world.records.get(held.approval_id), what="the approval's record")
+    return Held(run_id, session, started.guest_id, held)
+
+
+async def _events(world: World, run_id: str) -> list[JournalEvent]:
+    events, _ = await world.journal.read(run_id)
+    return events
+
+
+async def _ended(world: World, run_id: str) -> list[JournalEvent]:
+    async def done() -> list[JournalEvent] | None:
+        events = await _events(world, run_id)
+        state = replay(events)
+        return events if state is not None and state.terminal and not state.pending else None
+
+    return await eventually(done, what=f"run {run_id} ended", timeout_s=90)
+
+
+def _decisions(events: list[JournalEvent]) -> list[ApprovalDecided]:
+    return [e for e in events if isinstance(e, ApprovalDecided)]
+
+
+async def _say(world: World, held: Held, text: str, guest: str | None = None) -> str:
+    """A further guest message of `session`, as the gateway publishes it; returns its event id."""
+    key = unique("turn")
+    event = InboundEvent(
+        key=key,
+        run_id=run_id_for(TENANT, key),
+        input_hash="1" * 64,
+        message=InboundMessage(key, held.session_id, guest or held.guest_id, text),
+        received_at=datetime.now(UTC),
+        tenant=TENANT,
+    )
+    await world.broker.publish(
+        world.ns.inbound(event.run_id), inbound_encoder.encode(event), msg_id=event.run_id
+    )
+    return key
+
+
+async def test_a_waiting_run_holds_a_record_and_a_durable_timer_and_no_memory(world: World) -> None:
+    held = await _held_run(world)
+    stored = await world.records.get(held.approval.approval_id)
+    assert stored is not None and stored.record.status == ApprovalStatus.PENDING
+    assert stored.record.input_hash == held.approval.input_hash and stored.record.tenant == TENANT
+    schedule = await world.broker.last_on_subject(
+        world.ns.stream(StreamKind.TIMERS), world.ns.approval_timer(held.approval.approval_id)
+    )
+    assert schedule is not None and schedule.headers["Nats-Schedule"].startswith("@at ")
+    await eventually(lambda: held.run_id not in world.runtime._runs, what="the waiting run left memory")
+
+
+async def test_a_managers_approval_lets_the_exact_call_run(world: World) -> None:
+    held = await _held_run(world, approver=Approver.MANAGER.value)
+    now = datetime.now(UTC)
+    moved, ours = await world.records.move(
+        held.approval.approval_id, lambda r: rules.decide(r, "approved", "manager:ana", "fine", now)
+    )
+    assert ours and moved is not None
+    await wake_run(world.broker, world.settings, held.run_id, "approval decided", "test")
+    events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert (decided.decision, decided.decided_by, decided.input_hash) == (
+        "approved",
+        "manager:ana",
+        held.approval.input_hash,
+    )
+    after = events[events.index(decided) :]
+    searches = [e for e in after if isinstance(e, ActionRequested) and e.tool == "search_hotels"]
+    assert [s.input_hash for s in searches] == [held.approval.input_hash]
+    assert isinstance(events[-1], RunCompleted)
+    # The decided approval's schedule is purged: it will never fire a needless wake.
+    assert (
+        await world.broker.last_on_subject(
+            world.ns.stream(StreamKind.TIMERS), world.ns.approval_timer(held.approval.approval_id)
+        )
+        is None
+    )
+
+
+async def test_an_approval_nobody_decides_expires_by_the_durable_timer(world: World) -> None:
+    held = await _held_run(world, ttl_s=2)
+    events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert (decided.decision, decided.decided_by) == ("expired", "timer")
+    # What woke the run was the fired schedule (its body is a wake `by` the timer), not the test or a reconciler.
+    assert any(isinstance(e, RunNudged) and e.by == "timer" for e in events)
+    assert not any(isinstance(e, ActionRequested) and e.tool == "search_hotels" for e in events)
+    last = events[-1]
+    assert isinstance(last, RunCompleted) and "not given in time" in last.reply
+    stored = await world.records.get(held.approval.approval_id)
+    assert stored is not None and stored.record.status == ApprovalStatus.EXPIRED
+
+
+async def test_the_guests_yes_in_the_same_session_reaches_the_run_that_asked(world: World) -> None:
+    held = await _held_run(world)
+    said = await _say(world, held, "yes please")
+    events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert decided.decision == "approved" and decided.decided_by.startswith("guest:")
+    assert decided.turn_event_id == said
+    assert [e.event_id for e in events if isinstance(e, TurnReceived)] == [said]
+    # The "yes" started no run of its own.
+    assert await _events(world, run_id_for(TENANT, said)) == []
+    lane, _ = await world.sessions.get(TENANT, held.session_id)
+    assert lane.run_id == "" and [t.run_id for t in lane.history] == [held.run_id]
+
+
+async def test_the_guests_no_rejects_and_goes_to_the_model(world: World) -> None:
+    held = await _held_run(world)
+    await _say(world, held, "no, Porto instead")
+    events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert (decided.decision, decided.reason, decided.turn_event_id) == ("rejected", "no, Porto instead", "")
+    state = replay(events)
+    assert state is not None
+    assert {"role": "user", "content": "no, Porto instead"} in state.transcript
+    stored = await world.records.get(held.approval.approval_id)
+    assert stored is not None and stored.record.decided_by.startswith("guest:")
+
+
+async def test_a_decision_after_the_record_was_decided_changes_nothing(world: World) -> None:
+    held = await _held_run(world)
+    now = datetime.now(UTC)
+    await world.records.move(
+        held.approval.approval_id, lambda r: rules.decide(r, "rejected", "manager:ana", "", now)
+    )
+    # The guest's "yes" comes after the manager's "no": the record is the authority.
+    said = await _say(world, held, "yes")
+    events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert (decided.decision, decided.decided_by) == ("rejected", "manager:ana")
+    state = replay(events)
+    assert state is not None and said in state.turn_ids
+
+
+async def test_concurrent_messages_of_one_session_are_each_journaled_once_by_one_owner_at_a_time(
+    world: World,
+) -> None:
+    session = unique("s")
+    keys = [unique("m") for _ in range(8)]
+
+    async def post(key: str, index: int) -> None:
+        event = InboundEvent(
+            key=key,
+            run_id=run_id_for(TENANT, key),
+            input_hash=f"{index}" * 64,
+            message=InboundMessage(key, session, "g-1", BOOKING_TEXT if index == 0 else f"and also {index}"),
+            received_at=datetime.now(UTC),
+            tenant=TENANT,
+        )
+        await world.broker.publish(
+            world.ns.inbound(event.run_id), inbound_encoder.encode(event), msg_id=event.run_id
+        )
+
+    await asyncio.gather(*(post(k, i) for i, k in enumerate(keys)))
+
+    async def settled() -> dict[str, list[JournalEvent]] | None:
+        journals = {k: await _events(world, run_id_for(TENANT, k)) for k in keys}
+        runs = {k: e for k, e in journals.items() if e}
+        seen = [e.event_id for ev in runs.values() for e in ev if isinstance(e, (RunStarted, TurnReceived))]
+        ended = all((s := replay(ev)) is not None and s.terminal for ev in runs.values())
+        return runs if sorted(seen) == sorted(keys) and ended else None
+
+    runs = await eventually(settled, what="every message journaled and every run ended", timeout_s=120)
+    seen = [e.event_id for ev in runs.values() for e in ev if isinstance(e, (RunStarted, TurnReceived))]
+    assert sorted(seen) == sorted(keys) and len(seen) == len(set(seen))  # each message exactly once
+
+    # One owner at a time: a run of the session starts only after the one before it ended.
+    def span(events: list[JournalEvent]) -> tuple[datetime, datetime]:
+        end = next(e.at for e in events if isinstance(e, (RunCompleted, RunHandedOff)))
+        return events[0].at, end
+
+    spans = sorted(span(ev) for ev in runs.values())
+    for (_, ended), (begun, _) in zip(spans, spans[1:], strict=False):
+        assert begun >= ended
+    # In order: the session's messages are taken in the order the inbound stream holds them.
+    arrived = {
+        k: (
+            await world.broker.last_on_subject(
+                world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id_for(TENANT, k))
+            )
+        )
+        for k in keys
+    }
+    by_stream = sorted(keys, key=lambda k: arrived[k].seq if arrived[k] else 0)
+    taken = [
+        e.event_id
+        for ev in sorted(runs.values(), key=lambda ev: ev[0].at)
+        for e in ev
+        if isinstance(e, (RunStarted, TurnReceived))
+    ]
+    assert taken == by_stream
+    turns = sum(isinstance(e, TurnReceived) for ev in runs.values() for e in ev)
+    print(f"8 messages: {len(runs)} run(s), {turns} turn(s)")
+    lane, _ = await world.sessions.get(TENANT, session)
+    assert lane.run_id == ""
+
+
+async def test_a_decision_whose_wake_was_lost_is_journaled_by_the_reconcilers_backstop(world: World) -> None:
+    async with inprocess.reconciler(world.settings) as reconciler:
+        held = await _held_run(world, approver=Approver.MANAGER.value)
+        now = datetime.now(UTC)
+        # The gateway's compare-and-set landed, and the gateway died before it woke the run.
+        await world.records.move(
+            held.approval.approval_id, lambda r: rules.decide(r, "approved", "manager:ana", "", now)
+        )
+
+        async def seen() -> bool:
+            return any(w.approval_id == held.approval.approval_id for w in awaiting_runs(reconciler.work))
+
+        await eventually(seen, what="the reconciler follows the waiting run")
+        # Quiet for an hour: a waiting run is not stalled, and it is woken once for its decided record.
+        await reconciler.tick(datetime.now(UTC) + timedelta(hours=1))
+        events = await _ended(world, held.run_id)
+    (decided,) = _decisions(events)
+    assert (decided.decision, decided.decided_by) == ("approved", "manager:ana")
+    # The test's own wake put the run to wait; the reconciler's is the one that found the decision.
+    assert [e.by for e in events if isinstance(e, RunNudged)] == ["test", reconciler.worker]
+
+
+async def test_another_guests_yes_in_the_session_never_answers_the_run(world: World, broker: Broker) -> None:
+    held = await _held_run(world)
+    await _say(world, held, "yes", guest="mallory")
+    await eventually(lambda: dead_letters(broker, world.ns), what="the stranger's message dead-lettered")
+    (letter,) = await dead_letters(broker, world.ns)
+    assert letter.code == "session_of_another_guest"
+    state = replay(await _events(world, held.run_id))
+    assert state is not None and state.awaiting is not None and state.turn_ids == ()
+    stored = await world.records.get(held.approval.approval_id)
+    assert stored is not None and stored.record.status == ApprovalStatus.PENDING
+
+
+async def test_a_turn_that_comes_again_after_its_run_ended_starts_no_second_run(world: World) -> None:
+    held = await _held_run(world)
+    said = await _say(world, held, "yes")
+    await _ended(world, held.run_id)
+    stored = await world.broker.last_on_subject(
+        world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id_for(TENANT, said))
+    )
+    assert stored is not None
+    # The handler that journaled the turn died before its ack: the message comes again, after the run ended.
+    event = inbound_decoder.decode(stored.data)
+    await world.runtime.admit(event, context_from(None), redelivered=True)
+    assert await _events(world, run_id_for(TENANT, said)) == []
+    lane, _ = await world.sessions.get(TENANT, held.session_id)
+    assert lane.run_id == ""
+
+
+async def test_a_turn_that_overtakes_its_owners_first_message_starts_the_owner_first(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """The gateway claimed the session for message A and published it, and B (a turn of A) is handled first:
+    the runtime starts A from its inbound message, then journals B as A's turn (a runtime not consuming, driven
+    by hand, so the order is the test's)."""
+    async with inprocess.sandbox_server() as sandbox_url:
+        settings = inprocess.settings_for(
+            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data", worker_id="rt"
+        )
+        async with inprocess.scripted_model(settings) as model, inprocess.runtime(settings, model) as worker:
+            session = unique("s")
+
+            def message(key: str, text: str, turn_of: str = "") -> InboundEvent:
+                return InboundEvent(
+                    key=key,
+                    run_id=run_id_for(TENANT, key),
+                    input_hash="2" * 64,
+                    message=InboundMessage(key, session, "g-1", text),
+                    received_at=datetime.now(UTC),
+                    tenant=TENANT,
+                    turn_of=turn_of,
+                )
+
+            first = message(unique("a"), BOOKING_TEXT)
+            sessions = SessionRecords(broker, namespace)
+            assert await sessions.claim(TENANT, session, first.run_id) == first.run_id
+            await broker.publish(namespace.inbound(first.run_id), inbound_encoder.encode(first))
+            second = message(unique("b"), "a quiet room, please", turn_of=first.run_id)
+            await worker.admit(second, context_from(None))
+            journal = RunJournal(broker, namespace)
+            events, _ = await journal.read(first.run_id)
+            assert isinstance(events[0], RunStarted) and events[0].event_id == first.message.event_id
+            assert [e.event_id for e in events if isinstance(e, TurnReceived)] == [second.message.event_id]
+            assert (await journal.read(second.run_id))[0] == []
+            # A's own message, handled now, joins the run it already is.
+            await worker.admit(first, context_from(None))
+            events, _ = await journal.read(first.run_id)
+            assert sum(isinstance(e, RunStarted) for e in events) == 1
