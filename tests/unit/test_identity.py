@@ -366,7 +366,9 @@ def test_support_refunds_only_a_payment_found_for_its_guest_and_never_above_what
     (other,) = _ask(run, call("refund_payment", {"payment_id": "pay_2"}))
     assert isinstance(other, ToolRejected) and other.error.code == "unknown_payment"
     (over,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 180_001}))
-    assert isinstance(over, ToolRejected) and over.error.code == "invalid_tool_arguments"
+    # Above what is left: the policy's denial (`refund_within_paid`, slice P), before the agent prepares it.
+    assert isinstance(over, PolicyDenied) and over.rule == "refund_within_paid"
+    assert "1,800.00 EUR left" in over.reason
     (held,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 180_000}))
     (refund,) = _manager_approves(run, held)
     assert isinstance(refund, ActionRequested)
@@ -485,7 +487,8 @@ def test_support_counts_the_refunds_it_asked_for_since_its_last_look() -> None:
     assert isinstance(first, ActionRequested)
     run.complete(first.step_no, result={"refund_id": "re_1", "status": "succeeded"})
     (over,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 80_001}))
-    assert isinstance(over, ToolRejected) and over.error.details["left_cents"] == 80_000
+    assert isinstance(over, PolicyDenied) and over.rule == "refund_within_paid"
+    assert "800.00 EUR left" in over.reason
     (held,) = _ask(run, call("refund_payment", {"payment_id": "pay_1"}))  # no amount: what is left
     (rest,) = _manager_approves(run, held)
     assert isinstance(rest, ActionRequested) and rest.args["amount_cents"] == 80_000

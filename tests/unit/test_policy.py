@@ -581,3 +581,19 @@ def test_a_budget_hand_off_carries_its_reply_into_the_summary() -> None:
 
 def test_money_is_shown_with_thousands_and_cents() -> None:
     assert (money(184_000, "EUR"), money(5, "GBP"), money(0, "")) == ("1,840.00 EUR", "0.05 GBP", "0.00")
+
+
+def test_a_refund_amount_above_what_is_left_is_denied_as_asked_before_the_agent_prepares_it() -> None:
+    run = found_payments([PAID])
+    over = {"payment_id": "pay_1", "amount_cents": 30_001}
+    denied = check_asked(run.state, SUPPORT, REFUND, over, Origin.MODEL)
+    assert isinstance(denied, Deny) and denied.rule == "refund_within_paid"
+    # A payment the run has not seen is the agent's to refuse (find it first); within what is left, no verdict yet.
+    assert (
+        check_asked(run.state, SUPPORT, REFUND, {"payment_id": "pay_x", "amount_cents": 1}, Origin.MODEL)
+        is None
+    )
+    assert (
+        check_asked(run.state, SUPPORT, REFUND, {"payment_id": "pay_1", "amount_cents": 20_000}, Origin.MODEL)
+        is None
+    )

@@ -111,6 +111,14 @@ def check_asked(
             "booking; pass only the booking_id",
         )
     for rule in config.rules:
+        if isinstance(rule, RefundWithinPaid) and contract.name == rule.tool and "amount_cents" in asked:
+            # An amount the model names for a payment of this guest the run has seen is bounded here, as asked
+            # (a payment the run has not seen is the agent's `prepare` to refuse: find it first).
+            seen = _payment(state, str(asked.get("payment_id", "")))
+            if seen is not None and seen[0].get("guest_id") == state.guest_id:
+                bounded = _refund_within_paid(state, rule, asked, "")
+                if isinstance(bounded, Deny):
+                    return bounded
         if isinstance(rule, VerifiedRecipient) and contract.name in rule.tools:
             recipients = sorted(k for k in asked if k.lower() in RECIPIENT_FIELDS and k not in declared)
             if recipients:
