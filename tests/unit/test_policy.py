@@ -34,6 +34,7 @@ from contracts.run_events import (
 )
 from contracts.tools import Effect, RetryRule, ToolContract
 from services.agents.booking.arguments import ARGUMENT_TYPES
+from services.agents.booking.tools import REFUND_PAYMENT
 from services.runtime.core.arguments import parameters_of
 from services.runtime.core.decide import Append, AwaitApproval, next_move, plan_calls
 from services.runtime.core.fold import summarize
@@ -384,13 +385,7 @@ def test_a_pending_hold_counts_and_a_released_one_does_not() -> None:
 
 # RefundWithinPaid (the support agent's rule) -----------------------------------------------------------------
 
-REFUND = ToolContract(
-    name="refund_payment",
-    family="payment",
-    effect=Effect.MONEY,
-    timeout_s=10.0,
-    retry=RetryRule.NEVER_BLIND,
-)
+REFUND = REFUND_PAYMENT.contract  # as the support agent offers it to its model: it declares amount_cents
 SUPPORT = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
 
 
