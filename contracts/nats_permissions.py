@@ -175,6 +175,8 @@ def users(
     families = sorted(set(families))
     all_streams = [s.stream(k) for k in StreamKind]
     runs, inbound = s.stream(StreamKind.RUNS), s.stream(StreamKind.INBOUND)
+    support = s.stream(StreamKind.SUPPORT)
+    tickets = f"{n}.support.*.*"  # one ticket per handed-off run: `{ns}.support.{tenant}.{run_id}`
     wakes = f"{n}.outcome.{WAKE_TOKEN}.*"
     concrete = ns or Namespace()
     inbound_consumer, outcomes_consumer = (s.consumer(c) for c in runtime_consumers(concrete))
@@ -213,6 +215,7 @@ def users(
             *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act
             f"{n}.dead.runtime",
             wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it
+            tickets,  # a handed-off run's support ticket
             s.kv(ACTIVE, ">"),
             # Approval records (created, decided by the guest's answer or the expiry), session lanes (released,
             # claimed for a turn whose run had ended), and the approval expiry schedules (never the fired
@@ -275,6 +278,7 @@ def users(
         Role.RECONCILER,
         [
             wakes,
+            tickets,  # the backstop for a ticket the runtime could not publish
             *(stream_info(x) for x in all_streams),
             f"{API}.CONSUMER.CREATE.{runs}",  # the ordered (ephemeral) consumer it follows every journal with
             f"$JS.FC.{runs}.>",  # that consumer's flow control answers
@@ -301,6 +305,15 @@ def users(
             f"$JS.ACK.{runs}.>",
             f"$JS.FC.{runs}.>",
             *direct_get(runs),
+            # Support tickets, read like the journals: its own consumers and direct gets, nothing else.
+            stream_info(support),
+            f"{API}.CONSUMER.CREATE.{support}",
+            f"{API}.CONSUMER.CREATE.{support}.>",
+            f"{API}.CONSUMER.INFO.{support}.*",
+            f"{API}.CONSUMER.MSG.NEXT.{support}.*",
+            f"$JS.ACK.{support}.>",
+            f"$JS.FC.{support}.>",
+            *direct_get(support),
         ],
     )
     return [gateway, runtime, *executors, reconciler, operator, analytics]

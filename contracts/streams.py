@@ -97,7 +97,20 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
             allow_msg_schedules=True,
             replicas=replicas,
         ),
+        support_spec(ns, replicas),
     ]
+
+
+def support_spec(ns: Namespace, replicas: int = 1) -> StreamSpec:
+    """Support tickets, one per handed-off run's subject, kept forever; a second publish is refused (discard new
+    per subject), so a ticket published by the runtime and again by the reconciler stands once."""
+    return StreamSpec(
+        name=ns.stream(StreamKind.SUPPORT),
+        subjects=(ns.support_all,),
+        max_msgs_per_subject=1,
+        discard_new_per_subject=True,
+        replicas=replicas,
+    )
 
 
 def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerSpec]:

@@ -59,6 +59,7 @@ class StreamKind(StrEnum):
     DEAD_LETTERS = "dead_letters"
     # Durable timers (JetStream message scheduling): an approval's expiry fires a wake of its run.
     TIMERS = "timers"
+    SUPPORT = "support"  # one ticket per handed-off run
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,14 @@ class Namespace:
     @property
     def dead_letters_all(self) -> str:
         return f"{self.name}.dead.*"
+
+    # Support tickets: one subject per handed-off run, so the first ticket is the lasting one.
+    def support(self, tenant: str, run_id: str) -> str:
+        return f"{self.name}.support.{_literal(tenant or '_')}.{_literal(run_id)}"
+
+    @property
+    def support_all(self) -> str:
+        return f"{self.name}.support.>"
 
     # Durable consumer names.
     @property

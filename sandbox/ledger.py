@@ -448,6 +448,7 @@ class SandboxLedger:
                 booking_id=body.booking_id,
                 status="sent",
                 key=key,
+                to=body.to,
             )
             self._emails[email.email_id] = email
             entry = self._entry(EffectKind.EMAIL, key, email.guest_id, 0, None, email.email_id)

@@ -59,6 +59,8 @@ class EmailRequest(msgspec.Struct, frozen=True):
     guest_id: NonEmpty
     template: NonEmpty
     booking_id: str | None = None
+    # Where it goes; absent: the guest's address of record (the runtime sends only a verified address).
+    to: str | None = None
 
 
 class CrmUpdateRequest(msgspec.Struct, frozen=True):
@@ -127,6 +129,7 @@ class Email(msgspec.Struct, frozen=True):
     booking_id: str | None
     status: str  # "sent"
     key: str
+    to: str | None = None
 
 
 class CrmUpdate(msgspec.Struct, frozen=True):

@@ -15,6 +15,7 @@ from contracts.run_events import (
     RunHandedOff,
     RunStarted,
 )
+from contracts.support import SupportTicket, ticket_for
 from contracts.tool_messages import OutcomeStatus
 
 
@@ -39,6 +40,11 @@ class OpenWork:
     # When each key was last sent for resolution, so a slow provider is asked again only after a pause.
     asked: dict[str, datetime] = field(default_factory=dict)
     woken: dict[str, datetime] = field(default_factory=dict)
+    # Handed-off runs whose support ticket the reconciler makes sure of (the runtime publishes it first; if that
+    # failed, or the runtime died after the hand-off was journaled, this publishes it).
+    tickets: dict[str, SupportTicket] = field(default_factory=dict)
+    # Who each open run is for (tenant, agent, guest, session), as its ticket names them.
+    parties: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)
 
 
 def observe(work: OpenWork, event: JournalEvent) -> None:
@@ -48,8 +54,15 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
     match event:
         case RunStarted():
             work.runs[event.run_id] = OpenRun(last_at=event.at)
+            work.parties[event.run_id] = (event.tenant, event.agent, event.guest_id, event.session_id)
         case RunHandedOff():
             run = work.runs.pop(event.run_id, None)
+            parties = work.parties.pop(event.run_id, None)
+            if parties is not None:
+                tenant, agent, guest_id, session_id = parties
+                work.tickets[event.run_id] = ticket_for(
+                    event, tenant=tenant, agent=agent, guest_id=guest_id, session_id=session_id
+                )
             if run is not None:
                 # Handed off with actions in flight (past its deadline): nobody else will ask about them, so
                 # they are watched like unknown outcomes until a receipt settles them.
@@ -58,6 +71,7 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
             work.woken.pop(event.run_id, None)
         case RunCompleted():
             run = work.runs.pop(event.run_id, None)
+            work.parties.pop(event.run_id, None)
             if run is not None:
                 for request in run.pending.values():
                     work.asked.pop(request.key, None)
@@ -142,6 +156,11 @@ def stalled_runs(work: OpenWork, now: datetime, quiet_s: float) -> list[str]:
             continue
         out.append(run_id)
     return out
+
+
+def due_tickets(work: OpenWork, now: datetime, grace_s: float) -> list[SupportTicket]:
+    """Tickets of runs handed off at least `grace_s` ago (the runtime's own publish comes first), to make sure of."""
+    return [t for t in work.tickets.values() if now - t.at >= timedelta(seconds=grace_s)]
 
 
 def awaiting_runs(work: OpenWork) -> list[ApprovalRequested]:

@@ -30,11 +30,13 @@ from services.reconciler.core import (
     OpenWork,
     approval_wake_due,
     awaiting_runs,
+    due_tickets,
     observe,
     overdue_actions,
     stalled_runs,
     unsettled_unknowns,
 )
+from services.platform.tickets import publish_ticket
 
 
 class Reconciler:
@@ -111,6 +113,10 @@ class Reconciler:
                 self.worker,
             )
             self.wakes += 1
+        for ticket in due_tickets(self.work, now, self.grace_s):
+            # Idempotent: a ticket already standing refuses the second copy; one not taken is tried next tick.
+            if await publish_ticket(self.broker, self.ns, ticket, self.logger):
+                self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
 
     async def _approval_backstop(self, now: datetime) -> None:

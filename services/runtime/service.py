@@ -30,6 +30,7 @@ from contracts.run_events import (
     ActionRequested,
     Origin,
     RunEvent,
+    RunHandedOff,
     RunNudged,
     RunResumed,
     RunStarted,
@@ -46,6 +47,7 @@ from contracts.streams import (
     timers_consumer,
 )
 from contracts.subjects import WAKE_TOKEN, StreamKind
+from contracts.support import ticket_for
 from contracts.tool_messages import (
     ActionOutcome,
     OutcomeStatus,
@@ -88,6 +90,7 @@ from services.runtime.catalog import RunCatalog
 from services.runtime.core.agent import Agent
 from services.runtime.core.retrieval import retrieval_query
 from services.runtime.lanes import SessionLanes
+from services.platform.tickets import publish_ticket
 from services.runtime.core.authority import Terms, outcome_refusal, resend_terms, terms_for, to_resolve
 from services.runtime.core.fold import fold_run, passages_item, replay
 from services.runtime.core.state import RunState
@@ -500,6 +503,8 @@ class Runtime:
                             )
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
+                            if isinstance(event, RunHandedOff):
+                                await self._ticket(run.state, event)
                     case AskModel(input=items):
                         query = retrieval_query(run.state, config)
                         passages = tuple(self.library.search(query)) if query else ()
@@ -532,6 +537,19 @@ class Runtime:
                 if conflicts > MAX_CONFLICT_RETRIES:
                     raise
                 run = await self._reload(run, ctx)
+
+    async def _ticket(self, state: RunState, handed: RunHandedOff) -> None:
+        """A handed-off run goes to the support queue once journaled; a failed publish never wedges the run
+        (the reconciler republishes tickets it finds missing)."""
+        started = state.started
+        ticket = ticket_for(
+            handed,
+            tenant=started.tenant,
+            agent=started.agent,
+            guest_id=started.guest_id,
+            session_id=started.session_id,
+        )
+        await publish_ticket(self.broker, self.ns, ticket, self.logger)
 
     def _arm_deadline(self, state: RunState) -> None:
         """Wake the run at its deadline if it is still waiting then: `next_move` hands it off and leaves what is

@@ -19,6 +19,7 @@ from contracts.run_events import (
     ActionRequested,
     ApprovalRequested,
     JournalEvent,
+    PolicyDenied,
     ToolRejected,
 )
 from contracts.subjects import Namespace
@@ -28,7 +29,6 @@ from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.runtime.core.fold import replay
-from services.runtime.core.identity import RETRY_RULE
 from services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
@@ -185,17 +185,23 @@ async def test_a_hold_an_earlier_run_released_is_never_replayed_as_held(stack: S
     )  # the second run's unpaid hold is let go too
 
 
-async def test_paying_again_after_a_decline_waits_for_the_guest_and_charges_nothing(stack: Stack) -> None:
+async def test_paying_again_after_a_decline_is_denied_once_the_hold_is_released_and_charges_nothing(
+    stack: Stack,
+) -> None:
+    """The declined charge's hold is released before the model is asked again, and the policy never pays a
+    released booking (`booking_released`, slice P): the second ask is a denial, not a retry waiting for the
+    guest. (The retry-with-approval key rule is pinned in tests/unit/test_identity.py.)"""
     guest = unique("guest")
     await stack.sandbox.arm("payments", decline=1)
     pay = 'obey: create_payment {"booking_id": "$booking_id"}'
     text = f"obey: create_booking {HOLD}\n{pay}\n{pay}"
     run_id = await stack.run(text, guest=guest, session=unique("sess"))
-    events = await stack.waiting(run_id)
+    events = await stack.ended(run_id)
     (declined,) = _completed(events, "create_payment")
     assert declined.status == OutcomeStatus.FAILED
-    (held,) = [e for e in events if isinstance(e, ApprovalRequested)]
-    assert (held.tool, held.rule, held.approver) == ("create_payment", RETRY_RULE, "guest")
+    (denied,) = [e for e in events if isinstance(e, PolicyDenied)]
+    assert (denied.tool, denied.rule) == ("create_payment", "booking_released")
+    assert [e for e in events if isinstance(e, ApprovalRequested)] == []
     assert len(_requested(events, "create_payment")) == 1  # the second ask never became a request
     ledger = await stack.sandbox.ledger(guest)
     assert [e for e in ledger["entries"] if e["kind"] == "charge"] == []  # a declined card moves no money

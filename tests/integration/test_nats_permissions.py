@@ -74,6 +74,7 @@ INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (
         StreamKind.DEAD_LETTERS,
     )
 )
+SUPPORT = _stream(StreamKind.SUPPORT)
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
 KV_CATALOG = "KV_sweep_catalog"
 KV_GUESTS = "KV_sweep_guests"
@@ -86,6 +87,7 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"action request: {f}", f"sweep.action.{f}.0") for f in FAMILIES),
         *(Probe("publish", f"outcome: {f}", f"sweep.outcome.{f}.r1") for f in FAMILIES),
         Probe("publish", "wake a run", "sweep.outcome._wake.r1"),
+        Probe("publish", "support ticket", NS.support("t1", "r1")),
         Probe("publish", "dead letter: runtime", NS.dead_letters("runtime")),
         *(Probe("publish", f"dead letter: executor_{f}", NS.dead_letters(f"executor_{f}")) for f in FAMILIES),
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
@@ -113,6 +115,7 @@ def probes() -> list[Probe]:
                 ACTIONS,
                 OUTCOMES,
                 DEAD,
+                SUPPORT,
                 KV_LEASES,
                 KV_CLIENTS,
                 KV_ACTIVE,
@@ -136,6 +139,7 @@ def probes() -> list[Probe]:
                 (ACTIONS, "sweep.action.>"),
                 (OUTCOMES, "sweep.outcome.>"),
                 (DEAD, "sweep.dead.*"),
+                (SUPPORT, "sweep.support.>"),
             )
         ),
         Probe(
@@ -199,6 +203,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
     elif role is Role.RUNTIME:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up
+        allowed |= {"support ticket"}  # a handed-off run's ticket
         allowed |= {f"action request: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG, KV_GUESTS)}  # reads profiles
         allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
@@ -221,10 +226,12 @@ def intended(user: NatsUser, probe: Probe) -> bool:
             allowed |= {"KV guests: `guest.t1.h` (a profile)", f"direct get on {KV_GUESTS}"}
     elif role is Role.RECONCILER:
         allowed = {"wake a run", f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
+        allowed |= {"support ticket"}  # the backstop for a ticket the runtime could not publish
         allowed |= {"direct get on KV_sweep_approvals"}  # the expiry backstop reads records, never decides
     elif role is Role.ANALYTICS:
         allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}
+        allowed |= {f"direct get on {SUPPORT}", f"create `probe` on {SUPPORT} (filter `sweep.support.>`)"}
     return label in allowed
 
 

@@ -551,3 +551,17 @@ async def short_memory_sandbox() -> AsyncIterator[str]:
         server.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await server
+
+
+async def test_http_an_email_goes_where_the_request_says_or_to_the_address_of_record(
+    http: httpx.AsyncClient,
+) -> None:
+    guest = unique("guest")
+    booking = await book(http, guest)
+    body = {"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]}
+    verified = await http.post(
+        "/emails", json={**body, "to": "ana@example.com"}, headers={"Idempotency-Key": unique("e")}
+    )
+    of_record = await http.post("/emails", json=body, headers={"Idempotency-Key": unique("e")})
+    assert (verified.status_code, verified.json()["to"]) == (201, "ana@example.com")
+    assert (of_record.status_code, of_record.json()["to"]) == (201, None)

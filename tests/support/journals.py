@@ -14,8 +14,10 @@ import msgspec
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    RunEvent,
+    ApprovalRequested,
     ModelAnswered,
+    PolicyDenied,
+    RunEvent,
     ToolRejected,
     event_decoder,
     request_for,
@@ -24,8 +26,14 @@ from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
 from tests.support.capabilities import signed
 
 # The events that take a step number: the fold numbers them 1, 2, 3 ... with no gap and no repeat.
-DECISIONS = (ModelAnswered, ActionRequested, ToolRejected)
-DECISION_TYPES = ("run.model_answered", "run.action_requested", "run.tool_rejected")
+DECISIONS = (ModelAnswered, ActionRequested, ToolRejected, PolicyDenied, ApprovalRequested)
+DECISION_TYPES = (
+    "run.model_answered",
+    "run.action_requested",
+    "run.tool_rejected",
+    "run.policy_denied",
+    "run.approval_requested",
+)
 
 
 def decision_steps(events: list[RunEvent] | list[dict[str, Any]]) -> list[int]:

@@ -4,14 +4,40 @@ payment per booking, and compensations that undo a hold."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from contracts.errors import ErrorCode
-from contracts.keys import action_key, compensation_key, input_hash
-from contracts.run_events import ActionRequested, RunHandedOff, ToolRejected
+from contracts.keys import action_key, compensation_key, input_hash, tool_input_hash
+from contracts.run_events import ActionRequested, PolicyDenied, RunHandedOff, ToolRejected
 from services.runtime.core.decide import AskModel, model_answered, next_move
 from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
+
+
+def paid_anyway(run: Run, booking_id: str, call_id: str, answered: bool = False) -> ActionRequested:
+    """A payment journaled the way a writer from before the `booking_released` rule did (the policy now denies
+    paying a released booking): compensations must still settle such journals."""
+    if not answered:
+        run.answer(call("create_payment", {"booking_id": booking_id}, call_id))
+    step = run.state.next_step
+    args = BOOKING.prepare(run.state, BOOKING.tools["create_payment"], {"booking_id": booking_id})
+    assert isinstance(args, dict)
+    request = ActionRequested(
+        run_id=RUN,
+        at=run.tick(),
+        step_no=step,
+        call_id=call_id,
+        tool="create_payment",
+        family="payment",
+        args=args,
+        key=action_key(RUN, step),
+        input_hash=tool_input_hash("create_payment", args),
+        timeout_s=10.0,
+        deadline_at=run.now + timedelta(seconds=10),
+    )
+    run.add(request)
+    return request
 
 
 # Typed rejections: nothing bad ever reaches an executor -------------------------------------------------------
@@ -76,11 +102,9 @@ def test_bad_calls_become_typed_rejections(tool: str, arguments: str, code: Erro
 def test_the_model_may_not_name_an_amount(field: str) -> None:
     run, booking_id = booked_run()
     run.answer(call("create_payment", {"booking_id": booking_id, field: 1}))
-    (rejected,) = run.decide()
-    assert (
-        isinstance(rejected, ToolRejected) and rejected.error.code == ErrorCode.INVALID_TOOL_ARGUMENTS.value
-    )
-    assert "server" in rejected.error.message
+    (denied,) = run.decide()
+    assert isinstance(denied, PolicyDenied) and denied.rule == "server_computed_amount"
+    assert "server" in denied.reason and run.state.pending == ()
 
 
 def test_payment_amount_comes_from_the_journaled_booking() -> None:
@@ -138,7 +162,7 @@ def test_a_failed_booking_cannot_be_paid() -> None:
     )
 
 
-def test_server_fields_override_what_the_model_sends() -> None:
+def test_a_server_field_named_by_the_model_is_refused_by_the_schema() -> None:
     run = Run(started())
     run.answer(
         call(
@@ -151,8 +175,11 @@ def test_server_fields_override_what_the_model_sends() -> None:
             },
         )
     )
-    (booking,) = run.decide()
-    assert isinstance(booking, ActionRequested) and booking.args["guest_id"] == "guest-1"
+    (rejected,) = run.decide()
+    # Only the server names the guest: a call that tries is refused by the tool's schema, naming the field.
+    assert isinstance(rejected, ToolRejected)
+    assert rejected.error.code == ErrorCode.INVALID_TOOL_ARGUMENTS.value
+    assert rejected.error.details["field"] == "guest_id" and run.state.tool_errors == 1
 
 
 # Unknown outcomes and compensations ---------------------------------------------------------------------------
@@ -212,10 +239,9 @@ def test_a_charge_for_a_released_booking_is_refunded_once_with_the_amount_charge
     run.complete(failed.step_no, status="failed")
     (release,) = run.decide()
     run.complete(release.step_no)
-    # The model pays the released booking again, and this time the provider takes the money.
-    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
-    (payment,) = run.decide()
-    assert isinstance(payment, ActionRequested) and payment.tool == "create_payment"
+    # A journal from before the `booking_released` rule: the released booking was paid again, and this time
+    # the provider took the money.
+    payment = paid_anyway(run, booking_id, "call_pay_again")
     charged = run.complete(payment.step_no)
 
     (refund,) = run.decide()
@@ -247,7 +273,7 @@ def test_a_release_in_flight_or_refused_is_no_release_and_its_charge_is_kept() -
     # A payment journaled while the release is still in flight (the runtime waits for it; the rule must too).
     again = reply_of((call("create_payment", {"booking_id": booking_id}, "call_pay_again"),))
     run.add(model_answered(run.state, again, run.tick()))
-    (payment,) = run.decide()
+    payment = paid_anyway(run, booking_id, "call_pay_again", answered=True)
     run.complete(payment.step_no)
     assert BOOKING.compensations(run.state, ending=True) == ()
     run.complete(release.step_no, status="failed")
@@ -292,8 +318,7 @@ def test_a_released_booking_is_refunded_next_to_a_hold_that_is_kept() -> None:
     (release,) = run.decide()
     assert release.args == {"booking_id": booking_id}  # type: ignore[union-attr]
     run.complete(release.step_no)
-    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
-    (payment,) = run.decide()
+    payment = paid_anyway(run, booking_id, "call_pay_again")
     run.complete(payment.step_no)
 
     (refund,) = run.decide()
@@ -396,8 +421,7 @@ def test_each_charge_for_a_released_booking_gets_its_own_refund() -> None:
         run.complete(failed.step_no, status="failed")
         (release,) = run.decide()
         run.complete(release.step_no)
-        run.answer(call("create_payment", {"booking_id": booking_id}, f"pay_again_{booking_id}"))
-        (payment,) = run.decide()
+        payment = paid_anyway(run, booking_id, f"pay_again_{booking_id}")
         run.complete(payment.step_no)
         (refund,) = run.decide()
         assert isinstance(refund, ActionRequested) and refund.tool == "refund_payment"

@@ -22,6 +22,7 @@ import pytest
 import contracts
 from contracts.capabilities import Capability
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
+from contracts.support import SupportTicket, support_decoder, support_encoder
 from contracts.errors import (
     BodyTooLarge,
     CatalogRevisionGone,
@@ -280,6 +281,17 @@ SAMPLES: list[msgspec.Struct] = [
         agent="booking",
         received_at=AT,
     ),
+    SupportTicket(
+        run_id=RUN,
+        tenant="acme",
+        agent="booking",
+        guest_id="guest-1",
+        session_id="sess-1",
+        reason="loop",
+        detail="the model asked for search_hotels with the same arguments 4 times (at most 3)",
+        reply="A member of our support team will take over.",
+        at=AT,
+    ),
     DeadLetter(
         service="executor_payment",
         subject="crashsafe.action.payment.3",
@@ -331,6 +343,8 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return inbound_encoder, inbound_decoder
         case DeadLetter():
             return dead_letter_encoder, dead_letter_decoder
+        case SupportTicket():
+            return support_encoder, support_decoder
         case Capability():
             return tool_encoder, msgspec.json.Decoder(Capability)
     raise AssertionError(f"no codec for {type(sample).__name__}")

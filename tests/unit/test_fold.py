@@ -20,6 +20,7 @@ from contracts.run_events import (
 )
 from services.runtime.core.decide import next_move
 from services.runtime.core.fold import fold_run, replay, summarize
+from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.state import Summary
 from tests.support.journals import decision_steps
 from tests.support.runs import BOOK, BOOKING, RUN, SEARCH, T0, Run, booked_run, call, receipt, started
@@ -127,7 +128,7 @@ def test_a_summary_is_what_get_run_answers() -> None:
         steps=6,
         tokens_used=45,
         outcome=RunStatus.HANDED_OFF,
-        reply=None,
+        reply=handoff_reply("deadline"),  # the guest is told something defined, per reason
         handoff_reason="deadline",
         pending_actions=[email.key],
     )

@@ -35,6 +35,7 @@ from contracts.run_events import (
     ApprovalDecided,
     ApprovalRequested,
     Origin,
+    PolicyDenied,
     RunStarted,
     ToolRejected,
 )
@@ -53,6 +54,8 @@ from tests.support.runs import BOOK, RUN, Run, call, reply_of, started
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 HOLD = {"hotel_id": "lis-1", "guest_id": "guest-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}
+# The hold as the model asks it: the guest is the server's to name (the tool's schema refuses `guest_id`).
+ASKED = {k: v for k, v in HOLD.items() if k != "guest_id"}
 
 
 def business(first: RunStarted | None = None) -> RunStarted:
@@ -112,7 +115,7 @@ def test_the_same_room_asked_in_two_answers_is_one_key_and_one_release() -> None
     run.answer(BOOK)
     (first,) = run.decide()
     run.complete(first.step_no)
-    run.answer(call("create_booking", HOLD | {"guest_id": "someone-else"}, "call_book_again"))
+    run.answer(call("create_booking", ASKED, "call_book_again"))
     (second,) = run.decide()
     assert isinstance(first, ActionRequested) and isinstance(second, ActionRequested)
     assert first.key == second.key == business_key("hold", "acme", HOLD)
@@ -135,7 +138,7 @@ def test_a_released_hold_asked_again_is_a_new_attempt() -> None:
     (release,) = run.decide()  # the declined charge's hold is given back
     assert isinstance(release, ActionRequested) and release.key == f"{hold.key}:release"
     run.complete(release.step_no)
-    run.answer(call("create_booking", HOLD, "call_book_again"))
+    run.answer(call("create_booking", ASKED, "call_book_again"))
     (again,) = run.decide()
     assert isinstance(again, ActionRequested) and again.key == hold.key + ":a2"
 
@@ -143,7 +146,12 @@ def test_a_released_hold_asked_again_is_a_new_attempt() -> None:
 # A failed charge is retried only with the guest's approval ---------------------------------------------------
 
 
-def test_paying_again_after_a_decline_waits_for_the_guest_and_an_approved_retry_is_attempt_two() -> None:
+def test_paying_again_after_a_decline_is_denied_once_its_hold_is_released_and_a_new_hold_is_a_new_charge() -> (
+    None
+):
+    """The booking agent releases a declined charge's hold at once, and the policy never pays a released
+    booking (`booking_released`, slice P): the guest's way forward is a new hold, charged under its own key.
+    The retry-with-approval rule is pinned on the key choice below."""
     run = Run(business())
     run.answer(BOOK)
     (hold,) = run.decide()
@@ -159,22 +167,17 @@ def test_paying_again_after_a_decline_waits_for_the_guest_and_an_approved_retry_
     (release,) = run.state.pending
     run.complete(release.step_no)
     run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
-    (held,) = run.decide()
-    assert isinstance(held, ApprovalRequested)
-    assert (held.rule, held.approver, held.input_hash) == (RETRY_RULE, "guest", pay.input_hash)
+    (denied,) = run.decide()
+    assert isinstance(denied, PolicyDenied) and denied.rule == "booking_released"
     assert run.state.pending == ()  # no second charge is requested
-    run.add(
-        ApprovalDecided(
-            run_id=RUN,
-            at=run.tick(),
-            approval_id=held.approval_id,
-            decision=ApprovalStatus.APPROVED,
-            decided_by="guest:guest-1",
-            input_hash=held.input_hash,
-        )
-    )
-    (retry,) = run.decide()
-    assert isinstance(retry, ActionRequested) and retry.key == pay.key + ":a2"
+    run.answer(call("create_booking", ASKED, "call_book_again"))
+    (again,) = run.decide()
+    assert isinstance(again, ActionRequested) and again.key == hold.key + ":a2"
+    new_booking = run.complete(again.step_no).result["booking_id"]
+    run.answer(call("create_payment", {"booking_id": new_booking}, "call_pay_new"))
+    (charge,) = run.decide()
+    assert isinstance(charge, ActionRequested)
+    assert charge.key == business_key("charge", "acme", {"booking_id": new_booking}) != pay.key
 
 
 def test_without_approval_the_model_asking_again_never_gets_a_new_charge_key() -> None:
@@ -195,6 +198,7 @@ def test_without_approval_the_model_asking_again_never_gets_a_new_charge_key() -
     contract = stayhub().tools["create_payment"].contract
     keyed = choose_key(run.state, contract, args, hashed, f"{RUN}:99")
     assert keyed.key == pay.key and isinstance(keyed.verdict, Hold)
+    assert (keyed.verdict.rule, keyed.verdict.approver) == (RETRY_RULE, "guest")
 
 
 def test_a_tool_without_business_identity_keeps_the_step_key() -> None:
@@ -219,7 +223,7 @@ def _outcome(request: ActionRequested, step_no: int | None = None) -> ActionOutc
 
 def test_an_outcome_binds_to_its_own_step_when_two_steps_share_a_key() -> None:
     run = Run(business())
-    run.answer(BOOK, call("create_booking", HOLD, "call_twice"))
+    run.answer(BOOK, call("create_booking", ASKED, "call_twice"))
     first, second = run.decide()
     assert isinstance(first, ActionRequested) and isinstance(second, ActionRequested)
     assert first.key == second.key
@@ -314,6 +318,22 @@ def _support_run() -> Run:
     return run
 
 
+def _manager_approves(run: Run, held: object) -> tuple[object, ...]:
+    """A refund above the support agent's `refund_within_paid` limit (150.00) waits for a manager (slice P)."""
+    assert isinstance(held, ApprovalRequested) and held.approver == "manager", held
+    run.add(
+        ApprovalDecided(
+            run_id=RUN,
+            at=run.tick(),
+            approval_id=held.approval_id,
+            decision=ApprovalStatus.APPROVED,
+            decided_by="manager:m-1",
+            input_hash=held.input_hash,
+        )
+    )
+    return run.decide(stayhub().agent("support"))
+
+
 def _ask(run: Run, *calls: object) -> tuple[object, ...]:
     support = stayhub().agent("support")
     move = next_move(run.state, support, run.tick())
@@ -346,8 +366,11 @@ def test_support_refunds_only_a_payment_found_for_its_guest_and_never_above_what
     (other,) = _ask(run, call("refund_payment", {"payment_id": "pay_2"}))
     assert isinstance(other, ToolRejected) and other.error.code == "unknown_payment"
     (over,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 180_001}))
-    assert isinstance(over, ToolRejected) and over.error.code == "invalid_tool_arguments"
-    (refund,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 180_000}))
+    # Above what is left: the policy's denial (`refund_within_paid`, slice P), before the agent prepares it.
+    assert isinstance(over, PolicyDenied) and over.rule == "refund_within_paid"
+    assert "1,800.00 EUR left" in over.reason
+    (held,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 180_000}))
+    (refund,) = _manager_approves(run, held)
     assert isinstance(refund, ActionRequested)
     assert refund.args == {
         "payment_id": "pay_1",
@@ -427,7 +450,7 @@ def test_after_an_action_undone_answer_the_next_ask_is_the_next_attempt() -> Non
             via=Via.REPLAY,
         )
     )
-    run.answer(call("create_booking", HOLD, "call_book_again"))
+    run.answer(call("create_booking", ASKED, "call_book_again"))
     (again,) = run.decide()
     assert isinstance(again, ActionRequested) and again.key == hold.key + ":a2"
 
@@ -459,10 +482,13 @@ def test_support_counts_the_refunds_it_asked_for_since_its_last_look() -> None:
     run = _support_run()
     (find,) = _ask(run, call("find_payments", {}))
     run.complete(find.step_no, result={"payments": [PAID]})  # 180,000 left
-    (first,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 100_000}))
+    (held,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 100_000}))
+    (first,) = _manager_approves(run, held)
     assert isinstance(first, ActionRequested)
     run.complete(first.step_no, result={"refund_id": "re_1", "status": "succeeded"})
     (over,) = _ask(run, call("refund_payment", {"payment_id": "pay_1", "amount_cents": 80_001}))
-    assert isinstance(over, ToolRejected) and over.error.details["left_cents"] == 80_000
-    (rest,) = _ask(run, call("refund_payment", {"payment_id": "pay_1"}))  # no amount: what is left
+    assert isinstance(over, PolicyDenied) and over.rule == "refund_within_paid"
+    assert "800.00 EUR left" in over.reason
+    (held,) = _ask(run, call("refund_payment", {"payment_id": "pay_1"}))  # no amount: what is left
+    (rest,) = _manager_approves(run, held)
     assert isinstance(rest, ActionRequested) and rest.args["amount_cents"] == 80_000

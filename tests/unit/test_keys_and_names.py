@@ -64,7 +64,9 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         "STAYHUB_OUTCOMES",
         "STAYHUB_DEAD_LETTERS",
         "STAYHUB_TIMERS",
+        "STAYHUB_SUPPORT",
     ]
+    assert ns.support("acme", run) == f"stayhub.support.acme.{run}"
     assert (ns.inbound(run), ns.run_events(run), ns.outcomes("payment", run), ns.wakes(run)) == (
         f"stayhub.inbound.{run}",
         f"stayhub.run.{run}",
@@ -137,6 +139,14 @@ def test_the_streams_of_a_namespace() -> None:
             subjects=("stayhub.timer.>",),
             max_age_s=30 * day,
             allow_msg_schedules=True,
+            replicas=3,
+        ),
+        # One ticket per handed-off run, kept forever; a second copy is refused, not stored.
+        StreamSpec(
+            name="STAYHUB_SUPPORT",
+            subjects=("stayhub.support.>",),
+            max_msgs_per_subject=1,
+            discard_new_per_subject=True,
             replicas=3,
         ),
     ]

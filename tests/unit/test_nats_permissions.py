@@ -48,7 +48,13 @@ def test_no_service_role_may_change_or_remove_a_stream() -> None:
 def test_analytics_reads_the_runs_stream_and_publishes_nothing_in_the_namespace() -> None:
     analytics = user_for(users(Namespace("prod"), {"payment"}), Role.ANALYTICS)
     assert not [s for s in analytics.permissions.publish if s.startswith(("prod.", "$KV."))]
-    assert all("PROD_RUNS" in s for s in analytics.permissions.publish)
+    assert all("PROD_RUNS" in s or "PROD_SUPPORT" in s for s in analytics.permissions.publish)
+
+
+def test_only_the_runtime_and_the_reconciler_publish_support_tickets() -> None:
+    every = users(Namespace("prod"), {"payment"})
+    publishers = {u.role for u in every if "prod.support.*.*" in u.permissions.publish}
+    assert publishers == {Role.RUNTIME, Role.RECONCILER}
 
 
 def test_every_user_listens_only_on_its_own_inbox_and_its_own_deliveries() -> None:

@@ -16,10 +16,12 @@ from contracts.errors import ErrorCode, ErrorInfo
 from contracts.run_events import (
     MAX_TOOL_ARGUMENT_BYTES,
     ActionRequested,
+    ApprovalRequested,
     ArgumentLimits,
     Budget,
     ModelAsked,
     Origin,
+    PolicyDenied,
     RunEvent,
     RunHandedOff,
     RunNudged,
@@ -110,7 +112,7 @@ def test_planning_any_arguments_for_any_booking_tool_never_raises(data: st.DataO
         st.dictionaries(_FIELDS, _JSON | st.just(booking_id) | st.just("2031-12-01"), max_size=5)
     )
     (event,) = plan_calls(run.state, BOOKING, (call(tool, json.dumps(args)),), run.tick())
-    assert isinstance(event, ActionRequested | ToolRejected)
+    assert isinstance(event, ActionRequested | ToolRejected | PolicyDenied | ApprovalRequested)
 
 
 def test_an_oversized_call_is_a_typed_rejection_before_any_intent_and_costs_a_step() -> None:

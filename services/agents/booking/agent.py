@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from contracts.catalog import AgentConfig
 import re
 from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
+from contracts.catalog import AgentConfig
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.keys import CompensationKind
 from contracts.run_events import ActionCompleted, ActionRequested
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
+from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow, VerifiedRecipient
+from services.agents.booking.arguments import ARGUMENT_TYPES
 from services.agents.booking.tools import TOOLS
 from services.agents.memory import REMEMBER_PREFERENCE, prepare_preference
 from services.registry import compensation_contracts, model_contracts
@@ -57,12 +59,30 @@ def _string(args: dict[str, Any], name: str) -> str | ErrorInfo:
     return value
 
 
+# The booking agent's built-in rules (the catalog's default): amounts above 1,500.00 wait for the guest's
+# "yes", a corporate guest's bookings for their manager's approval.
+DEFAULT_RULES = (
+    StayWindow(max_nights=30),
+    ApprovalAbove(tool="create_payment", limit_cents=150_000, approver=Approver.GUEST.value),
+    ApprovalAbove(
+        name="corporate_approval",
+        tool="create_payment",
+        limit_cents=0,
+        approver=Approver.MANAGER.value,
+        corporate_only=True,
+    ),
+    VerifiedRecipient(),
+    OneActiveHold(),
+)
+
+
 class BookingAgent:
     name = "booking"
     instructions = INSTRUCTIONS
     tools = model_contracts((*TOOLS, REMEMBER_PREFERENCE))
     compensation_tools = compensation_contracts(TOOLS)
-    config = AgentConfig(agent="booking", memory=True, retrieval=True)
+    argument_types = ARGUMENT_TYPES
+    config = AgentConfig(agent="booking", rules=list(DEFAULT_RULES), memory=True, retrieval=True)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
@@ -120,10 +140,9 @@ class BookingAgent:
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
     ) -> dict[str, Any] | ErrorInfo:
-        # The model never names an amount. A compensation (never offered to the model) carries the amount of the
-        # journaled charge it undoes, which the server computed: `compensations` builds a refund's arguments.
-        if tool.name in self.tools and ("amount" in args or "amount_cents" in args):
-            return _invalid("the amount is computed by the server from the booking; pass only booking_id")
+        # The model never names an amount: the policy denies a call that does (`server_computed_amount`) before
+        # this runs. A compensation (never offered to the model) carries the amount of the journaled charge it
+        # undoes, which the server computed: `compensations` builds a refund's arguments.
         match tool.name:
             case "search_hotels":
                 city = _string(args, "city")
@@ -160,7 +179,8 @@ class BookingAgent:
                     "booking_id": booking["booking_id"],
                     "guest_id": state.guest_id,
                     "amount_cents": int(booking["total_cents"]),
-                    "currency": str(booking.get("currency", "EUR")),
+                    # Never a guessed currency: none from the provider is refused by the policy.
+                    "currency": str(booking.get("currency") or ""),
                 }
             case "release_booking":
                 booking_id = _string(args, "booking_id")
@@ -176,7 +196,18 @@ class BookingAgent:
                 }
             case "remember_preference":
                 return prepare_preference(state, args)
-            case "send_confirmation_email" | "update_crm":
+            case "send_confirmation_email":
+                booking = self._held_booking(state, args)
+                if isinstance(booking, ErrorInfo):
+                    return booking
+                prepared = {"booking_id": booking["booking_id"], "guest_id": state.guest_id}
+                # Only the verified address from the guest's profile; without one, the provider's address of
+                # record for the guest id.
+                profile = state.started.profile
+                if profile is not None and profile.verified_email:
+                    prepared["to"] = profile.verified_email
+                return prepared
+            case "update_crm":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):
                     return booking

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from services.agents.booking.arguments import (
+    BookingRefArgs,
+    CreateBookingArgs,
+    RefundArgs,
+    SearchHotelsArgs,
+)
 from services.registry import HttpOperation, HttpRequest, Tool
+from services.runtime.core.arguments import parameters_of
 
 
-def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-
-
-_STR = {"type": "string"}
 # A money record is read by its own status: a declined charge is a refusal, a pending one is not decided yet.
 CHARGE_REFUSED = frozenset({"declined", "failed", "canceled"})
 CHARGE_UNDECIDED = frozenset({"pending", "processing", "requires_action"})
-_DATE = {"type": "string", "description": "ISO date, YYYY-MM-DD"}
 
 SEARCH_HOTELS = Tool(
     ToolContract(
@@ -28,9 +27,7 @@ SEARCH_HOTELS = Tool(
         max_attempts=3,
         key_rule=KeyRule.NONE,
         description="Find hotels with rooms in a city for the dates.",
-        parameters=_obj(
-            {"city": _STR, "check_in": _DATE, "check_out": _DATE}, ["city", "check_in", "check_out"]
-        ),
+        parameters=parameters_of(SearchHotelsArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest("GET", "/hotels/search", params=args),
@@ -55,9 +52,7 @@ CREATE_BOOKING = Tool(
         identity_kind="hold",
         identity=("guest_id", "hotel_id", "check_in", "check_out"),
         description="Hold a room for the guest. Returns a booking_id and the total price.",
-        parameters=_obj(
-            {"hotel_id": _STR, "check_in": _DATE, "check_out": _DATE}, ["hotel_id", "check_in", "check_out"]
-        ),
+        parameters=parameters_of(CreateBookingArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest("POST", "/bookings", json=args),
@@ -81,7 +76,7 @@ CREATE_PAYMENT = Tool(
         identity_kind="charge",
         identity=("booking_id",),
         description="Charge the guest for a held booking. The amount is computed by the server from the booking.",
-        parameters=_obj({"booking_id": _STR}, ["booking_id"]),
+        parameters=parameters_of(BookingRefArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest("POST", "/payments", json=args),
@@ -107,7 +102,7 @@ SEND_CONFIRMATION_EMAIL = Tool(
         identity=("booking_id",),
         identity_fixed={"template": "booking_confirmation"},
         description="Email the guest the confirmation of a paid booking.",
-        parameters=_obj({"booking_id": _STR}, ["booking_id"]),
+        parameters=parameters_of(BookingRefArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest(
@@ -117,6 +112,8 @@ SEND_CONFIRMATION_EMAIL = Tool(
                 "guest_id": args["guest_id"],
                 "template": "booking_confirmation",
                 "booking_id": args["booking_id"],
+                # The guest's verified address when the profile has one (the policy allows no other).
+                **({"to": args["to"]} if args.get("to") else {}),
             },
         ),
         lookup_path="/emails/by-key/{key}",
@@ -138,7 +135,7 @@ UPDATE_CRM = Tool(
         identity_kind="crm",
         identity=("guest_id", "booking_id"),
         description="Record the booking on the guest's CRM profile.",
-        parameters=_obj({"booking_id": _STR}, ["booking_id"]),
+        parameters=parameters_of(BookingRefArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest(
@@ -191,9 +188,7 @@ REFUND_PAYMENT = Tool(
         description=(
             "Refund one of the guest's payments: all that is left of it, or amount_cents (in cents) of it."
         ),
-        parameters=_obj(
-            {"payment_id": _STR, "amount_cents": {"type": "integer", "minimum": 1}}, ["payment_id"]
-        ),
+        parameters=parameters_of(RefundArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest(

@@ -5,6 +5,7 @@ nesting is counted by one scan (no recursion), and only then does the JSON decod
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -71,3 +72,37 @@ def check_arguments(tool: str, arguments: str, limits: ArgumentLimits) -> dict[s
     if not isinstance(args, dict):
         return refuse(ErrorCode.INVALID_TOOL_ARGUMENTS, f"arguments for {tool[:200]} must be a JSON object")
     return args
+
+
+# A tool's arguments as a typed struct: its JSON schema is what the model is shown, and every model call is
+# checked against the same struct before the agent prepares it. One definition, two uses.
+
+_AT = re.compile(r"at `\$\.(?P<path>[^`]+)`")
+_FIELD = re.compile(r"field `(?P<field>[^`]+)`")
+
+
+def parameters_of(arguments: type[msgspec.Struct]) -> dict[str, Any]:
+    """The JSON schema of an argument struct, inlined (a tool's `parameters`)."""
+    schema = msgspec.json.schema(arguments)
+    defs = schema.get("$defs", {})
+    ref = str(schema.get("$ref", "")).rsplit("/", 1)[-1]
+    body = dict(defs.get(ref, schema))
+    body.pop("title", None)
+    return body
+
+
+def check_schema(tool: str, args: dict[str, Any], arguments: type[msgspec.Struct]) -> ErrorInfo | None:
+    """Why decoded arguments do not fit the tool's struct (unknown field, wrong type, broken constraint), naming
+    the field; None when they fit."""
+    try:
+        msgspec.convert(args, arguments, strict=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        found = _AT.search(text) or _FIELD.search(text)
+        field = found.group(1) if found else ""
+        return ErrorInfo(
+            code=ErrorCode.INVALID_TOOL_ARGUMENTS,
+            message=f"arguments for {tool[:200]} do not fit its schema: {text[:300]}",
+            details={"tool": tool[:200], "field": field[:200]},
+        )
+    return None

@@ -34,10 +34,11 @@ from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.runtime.core.agent import Agent, Compensation
 from services.runtime.core.approvals import guest_answer
-from services.runtime.core.arguments import check_arguments
+from services.runtime.core.arguments import check_arguments, check_schema
 from services.runtime.core.fold import fold_run
+from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.identity import choose_key
-from services.runtime.core.policy import Deny, Hold, check_policy
+from services.runtime.core.policy import Deny, Hold, check_asked, check_policy
 from services.runtime.core.state import RunState
 
 
@@ -104,6 +105,12 @@ class ModelReply:
 DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
 
 
+def argument_types(agent: Agent) -> dict[str, type[msgspec.Struct]]:
+    """The agent's argument structs by tool name (`agent.argument_types`), if it declares them."""
+    types = getattr(agent, "argument_types", None)
+    return types if isinstance(types, dict) else {}
+
+
 def argument_limits(agent: Agent) -> ArgumentLimits:
     """The agent's own `argument_limits` if it declares them, else the contract's defaults (16 KiB, 32 deep)."""
     limits = getattr(agent, "argument_limits", None)
@@ -144,9 +151,7 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
             f"deadline {state.deadline_at.isoformat()} passed with {keys} pending; "
             "the reconciler keeps asking by key"
         )
-        return Append(
-            (RunHandedOff(run_id=state.run_id, at=now, reason=HandOffReason.DEADLINE, detail=detail),)
-        )
+        return Append((handed_off(state, now, HandOffReason.DEADLINE, detail),))
     failed = _failed_compensations(state)
     if failed:
         return _compensation_failed(state, failed, now)
@@ -161,14 +166,12 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
             return Append(plan_compensations(state, agent, undo, now))
     if unknown:
         detail = f"outcome of {', '.join(unknown)} is unknown; reconcile by key before anything else"
-        return Append(
-            (RunHandedOff(run_id=state.run_id, at=now, reason=HandOffReason.OUTCOME_UNKNOWN, detail=detail),)
-        )
+        return Append((handed_off(state, now, HandOffReason.OUTCOME_UNKNOWN, detail),))
     if state.final_reply is not None:
         return Append((RunCompleted(run_id=state.run_id, at=now, reply=state.final_reply),))
     if over:
         reason, detail = over
-        return Append((RunHandedOff(run_id=state.run_id, at=now, reason=reason, detail=detail),))
+        return Append((handed_off(state, now, reason, detail),))
     scripted = agent.script(state)
     if scripted is not None:
         if scripted.calls:
@@ -202,8 +205,34 @@ def _failed_compensations(state: RunState) -> list[str]:
 
 def _compensation_failed(state: RunState, failed: list[str], now: datetime) -> Append:
     detail = f"compensation {', '.join(failed)} did not succeed; a person must undo the effect"
-    return Append(
-        (RunHandedOff(run_id=state.run_id, at=now, reason=HandOffReason.COMPENSATION_FAILED, detail=detail),)
+    return Append((handed_off(state, now, HandOffReason.COMPENSATION_FAILED, detail),))
+
+
+def handed_off(state: RunState, now: datetime, reason: HandOffReason, detail: str) -> RunHandedOff:
+    """Every hand-off carries what the guest is told (`summarize` answers it as the run's reply)."""
+    return RunHandedOff(
+        run_id=state.run_id, at=now, reason=reason, detail=detail, reply=handoff_reply(reason)
+    )
+
+
+def canonical_call(name: str, arguments: str) -> tuple[str, str]:
+    """A tool call as the loop detector compares them: its name and its arguments, key order and spacing aside."""
+    try:
+        return name, _json.encode(msgspec.json.decode(arguments)).decode() if arguments else "{}"
+    except (msgspec.DecodeError, UnicodeError, ValueError, RecursionError):
+        return name, arguments
+
+
+def times_asked(state: RunState, call: ToolCall) -> int:
+    """How often the model has asked for this call (name and canonical arguments) in the run, this one included:
+    every call the model made is a `function_call` item of the transcript, once."""
+    wanted = canonical_call(call.name, call.arguments)
+    return sum(
+        1
+        for item in state.transcript
+        if item.get("type") == "function_call"
+        and item.get("name") == call.name
+        and canonical_call(str(item.get("name")), str(item.get("arguments", ""))) == wanted
     )
 
 
@@ -323,8 +352,15 @@ def plan_calls(
                 HandOffReason.DEADLINE,
                 f"tool call {call.name[:200]} came after the deadline {state.deadline_at.isoformat()}",
             )
+        elif origin == Origin.MODEL and (asked := times_asked(planned, call)) > config.max_repeats:
+            # The same call again and again is a model going round in circles: stop before the step budget.
+            stop = (
+                HandOffReason.LOOP,
+                f"the model asked for {call.name[:200]} with the same arguments {asked} times "
+                f"(at most {config.max_repeats})",
+            )
         if stop:
-            events.append(RunHandedOff(run_id=state.run_id, at=now, reason=stop[0], detail=stop[1]))
+            events.append(handed_off(state, now, stop[0], stop[1]))
             break
         event = _plan_one(
             planned, agent, agent.tools, call, step, now, origin, action_key(state.run_id, step), config
@@ -400,9 +436,32 @@ def _plan_one(
         return reject(
             ErrorCode.UNKNOWN_TOOL, f"no tool named {call.name[:200]!r}; available: {sorted(tools)}"
         )
+
+    def denied(verdict: Deny) -> PolicyDenied:
+        return PolicyDenied(
+            run_id=state.run_id,
+            at=now,
+            step_no=step,
+            call_id=call.call_id,
+            tool=contract.name,
+            rule=verdict.rule,
+            reason=verdict.reason,
+            origin=origin,
+        )
+
     args = check_arguments(call.name, call.arguments, argument_limits(agent))
     if isinstance(args, ErrorInfo):
         return rejected(args)
+    # The rules about the call as the model wrote it come first: a field only the server may fill (an amount,
+    # a recipient) is a policy denial, not a malformed call.
+    refusal = check_asked(state, config, contract, args, origin)
+    if refusal is not None:
+        return denied(refusal)
+    schema = argument_types(agent).get(contract.name) if origin != Origin.COMPENSATION else None
+    if schema is not None:
+        misfit = check_schema(contract.name, args, schema)
+        if misfit is not None:
+            return rejected(misfit)
     prepared = agent.prepare(state, contract, args)
     if isinstance(prepared, ErrorInfo):
         return rejected(prepared)
@@ -414,16 +473,7 @@ def _plan_one(
         keyed = choose_key(state, contract, prepared, hashed, key)
         key, verdict = keyed.key, keyed.verdict
     if isinstance(verdict, Deny):
-        return PolicyDenied(
-            run_id=state.run_id,
-            at=now,
-            step_no=step,
-            call_id=call.call_id,
-            tool=contract.name,
-            rule=verdict.rule,
-            reason=verdict.reason,
-            origin=origin,
-        )
+        return denied(verdict)
     if isinstance(verdict, Hold):
         return ApprovalRequested(
             run_id=state.run_id,

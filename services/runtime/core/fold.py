@@ -34,6 +34,7 @@ from contracts.run_events import (
     UnknownEvent,
 )
 from contracts.tool_messages import OutcomeStatus
+from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.state import RunState, Summary
 
 _json = msgspec.json.Encoder(order="sorted")
@@ -281,6 +282,8 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 status=RunStatus.HANDED_OFF,
                 outcome=RunStatus.HANDED_OFF,
                 handoff_reason=reason,
+                # What the guest is told (a journal from before hand-off replies: the reason's defined reply).
+                final_reply=event.reply or handoff_reply(reason),
             )
     raise TypeError(f"fold_run has no case for {type(event).__name__}")
 

@@ -1,0 +1,36 @@
+"""What a guest is told when their run is handed to a person: one defined reply per hand-off reason. Pure."""
+
+from __future__ import annotations
+
+from contracts.run_events import HandOffReason
+
+_REPLIES: dict[str, str] = {
+    HandOffReason.BUDGET_STEPS: (
+        "This is taking more steps than it should, so a member of our support team will finish it for you."
+    ),
+    HandOffReason.BUDGET_TOKENS: (
+        "This conversation has grown too long for me to finish, so a member of our support team will take over."
+    ),
+    HandOffReason.DEADLINE: (
+        "This is taking longer than it should. A member of our support team will check where it stands and "
+        "get back to you; you will not be charged twice."
+    ),
+    HandOffReason.OUTCOME_UNKNOWN: (
+        "We could not confirm whether the last step went through. A member of our support team is checking "
+        "with the provider; you will not be charged twice."
+    ),
+    HandOffReason.COMPENSATION_FAILED: (
+        "Something went wrong and we could not undo part of it automatically. A member of our support team "
+        "will put it right and contact you."
+    ),
+    HandOffReason.LOOP: (
+        "I kept trying the same thing without getting anywhere, so a member of our support team will take "
+        "over from here."
+    ),
+}
+_DEFAULT = "A member of our support team will take over from here and get back to you."
+
+
+def handoff_reply(reason: str) -> str:
+    """The guest's reply for a hand-off (a reason a newer writer added gets the general one)."""
+    return _REPLIES.get(reason, _DEFAULT)

@@ -1,0 +1,594 @@
+"""The policy engine, decided purely from the journal: every rule allows, denies or holds; an approval is bound to
+the exact action's input hash; loops hand off; every hand-off tells the guest something defined."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from contracts.approvals import ApprovalStatus
+from contracts.catalog import AgentConfig
+from contracts.errors import ErrorCode
+from contracts.keys import action_key, tool_input_hash
+from contracts.memory import GuestProfile
+from contracts.policy import (
+    ApprovalAbove,
+    Approver,
+    RefundWithinPaid,
+    StayWindow,
+    ToolsAllowed,
+)
+from contracts.run_events import (
+    ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
+    HandOffReason,
+    Origin,
+    PolicyDenied,
+    RunHandedOff,
+    ToolRejected,
+)
+from contracts.tools import Effect, RetryRule, ToolContract
+from services.agents.booking.arguments import ARGUMENT_TYPES
+from services.agents.booking.tools import REFUND_PAYMENT
+from services.runtime.core.arguments import parameters_of
+from services.runtime.core.decide import Append, AwaitApproval, next_move, plan_calls
+from services.runtime.core.fold import summarize
+from services.runtime.core.handoff import handoff_reply
+from services.runtime.core.policy import (
+    Allow,
+    Deny,
+    Hold,
+    approved,
+    check_asked,
+    check_policy,
+    money,
+)
+from services.runtime.core.state import RunState
+from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, Run, booked_run, call, started
+
+PAY = BOOKING.tools["create_payment"]
+BOOK_TOOL = BOOKING.tools["create_booking"]
+
+
+def run_with(profile: GuestProfile | None = None) -> Run:
+    return Run(msgspec.structs.replace(started(), profile=profile))
+
+
+def hold_room(run: Run, hotel: str, check_in: str, check_out: str) -> str:
+    run.answer(call("create_booking", {"hotel_id": hotel, "check_in": check_in, "check_out": check_out}))
+    (booking,) = run.decide()
+    assert isinstance(booking, ActionRequested), booking
+    return str(run.complete(booking.step_no).result["booking_id"])
+
+
+def pay_asked(run: Run, booking_id: str, call_id: str = "call_pay") -> Any:
+    run.answer(call("create_payment", {"booking_id": booking_id}, call_id))
+    (event,) = run.decide()
+    return event
+
+
+def decide_approval(
+    run: Run, request: ApprovalRequested, decision: str, input_hash: str | None = None
+) -> None:
+    run.add(
+        ApprovalDecided(
+            run_id=RUN,
+            at=run.tick(),
+            approval_id=request.approval_id,
+            decision=decision,
+            decided_by="guest:guest-1" if request.approver == Approver.GUEST else "manager:m-1",
+            input_hash=input_hash or request.input_hash,
+        )
+    )
+
+
+def prepared_payment(state: RunState, booking_id: str) -> tuple[dict[str, Any], str]:
+    args = BOOKING.prepare(state, PAY, {"booking_id": booking_id})
+    assert isinstance(args, dict)
+    return args, tool_input_hash("create_payment", args)
+
+
+# StayWindow --------------------------------------------------------------------------------------------------
+
+
+def test_a_stay_of_360_nights_is_denied_with_the_figures_and_nothing_is_requested() -> None:
+    run = Run(started())
+    run.answer(call("search_hotels", {"city": "Paris", "check_in": "2031-01-01", "check_out": "2031-12-27"}))
+    (denied,) = run.decide()
+    assert isinstance(denied, PolicyDenied) and denied.rule == "stay_window"
+    assert "360 nights" in denied.reason and "30" in denied.reason
+    assert run.state.pending == () and run.state.denials == 1
+    output = json.loads(run.state.transcript[-1]["output"])
+    assert output["error"]["code"] == "not_allowed" and output["error"]["rule"] == "stay_window"
+
+
+def test_a_stay_of_exactly_the_longest_allowed_is_allowed() -> None:
+    run = Run(started())
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-1", "check_in": "2031-01-01", "check_out": "2031-01-31"})
+    )
+    (booking,) = run.decide()
+    assert isinstance(booking, ActionRequested)
+
+
+@pytest.mark.parametrize(("check_in", "allowed"), [("2026-11-30", False), ("2026-12-01", True)])
+def test_a_check_in_before_today_is_denied(check_in: str, allowed: bool) -> None:
+    run = Run(started())  # today is T0, 2026-12-01
+    check_out = "2026-12-05"
+    run.answer(call("create_booking", {"hotel_id": "lis-1", "check_in": check_in, "check_out": check_out}))
+    (event,) = run.decide()
+    if allowed:
+        assert isinstance(event, ActionRequested)
+    else:
+        assert isinstance(event, PolicyDenied) and event.rule == "stay_window" and "past" in event.reason
+
+
+def test_the_stay_window_is_the_pinned_configs() -> None:
+    config = AgentConfig(agent="booking", rules=[StayWindow(name="short_stays", max_nights=3)])
+    run = Run(started())
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-1", "check_in": "2031-01-01", "check_out": "2031-01-05"})
+    )
+    move = next_move(run.state, BOOKING, run.tick(), config)
+    assert isinstance(move, Append)
+    (denied,) = move.events
+    assert isinstance(denied, PolicyDenied) and denied.rule == "short_stays" and "4 nights" in denied.reason
+
+
+# The amount is the server's ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["amount", "amount_cents", "price", "total", "currency", "Amount"])
+def test_any_amount_the_model_names_is_a_denial(field: str) -> None:
+    run, booking_id = booked_run()
+    run.answer(call("create_payment", {"booking_id": booking_id, field: 100}))
+    (denied,) = run.decide()
+    assert isinstance(denied, PolicyDenied) and denied.rule == "server_computed_amount"
+    assert field in denied.reason and run.state.pending == ()
+
+
+def test_a_tool_that_declares_an_amount_may_take_it() -> None:
+    """A support refund names its amount (the refund rule bounds it); only undeclared amounts are the server's."""
+    refund = ToolContract(
+        name="refund_payment",
+        family="payment",
+        effect=Effect.MONEY,
+        timeout_s=10.0,
+        retry=RetryRule.NEVER_BLIND,
+        parameters={"type": "object", "properties": {"payment_id": {}, "amount_cents": {}}},
+    )
+    state = Run(started()).state
+    config = AgentConfig(agent="support")
+    assert (
+        check_asked(state, config, refund, {"payment_id": "pay_1", "amount_cents": 5}, Origin.MODEL) is None
+    )
+    assert isinstance(
+        check_asked(state, config, refund, {"payment_id": "pay_1", "price": 5}, Origin.MODEL), Deny
+    )
+
+
+def test_a_booking_without_a_currency_is_not_charged_as_euros() -> None:
+    run = Run(started())
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-03"})
+    )
+    (booking,) = run.decide()
+    run.complete(booking.step_no, result={"booking_id": "bk_nocur", "total_cents": 24_000})
+    denied = pay_asked(run, "bk_nocur")
+    assert isinstance(denied, PolicyDenied) and denied.rule == "server_computed_amount"
+    assert "currency" in denied.reason and run.state.pending == ()
+
+
+def test_paying_a_booking_released_in_this_run_is_denied() -> None:
+    run, booking_id = booked_run()
+    failed = pay_asked(run, booking_id)
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    assert isinstance(release, ActionRequested) and release.tool == "release_booking"
+    # Still being released: paying it is denied already.
+    args, hashed = prepared_payment(run.state, booking_id)
+    in_flight = check_policy(run.state, BOOKING.config, PAY, args, hashed, Origin.MODEL, run.tick())
+    assert isinstance(in_flight, Deny) and in_flight.rule == "booking_released"
+    run.complete(release.step_no)
+    denied = pay_asked(run, booking_id, "call_pay_again")
+    assert isinstance(denied, PolicyDenied) and denied.rule == "booking_released"
+
+
+# ApprovalAbove -----------------------------------------------------------------------------------------------
+
+
+def long_stay() -> tuple[Run, str]:
+    """14 nights at 120.00: 1,680.00, above the guest's 1,500.00 limit."""
+    run = Run(started())
+    return run, hold_room(run, "lis-1", "2031-12-01", "2031-12-15")
+
+
+def test_a_payment_at_or_under_the_limit_is_not_held() -> None:
+    run, booking_id = booked_run()  # 240.00
+    assert isinstance(pay_asked(run, booking_id), ActionRequested)
+
+
+def test_a_payment_above_the_limit_waits_for_the_guests_yes_naming_what_is_paid() -> None:
+    run, booking_id = long_stay()
+    held = pay_asked(run, booking_id)
+    assert isinstance(held, ApprovalRequested)
+    assert (held.approver, held.amount_cents, held.currency) == ("guest", 14 * NIGHTLY, "EUR")
+    assert (
+        held.question
+        == f"Reply yes to pay 1,680.00 EUR for booking {booking_id} at lis-1, 2031-12-01 to 2031-12-15"
+    )
+    assert held.expires_at == held.at + timedelta(hours=24)
+    assert held.input_hash == tool_input_hash("create_payment", held.args)
+    assert run.state.pending == () and isinstance(next_move(run.state, BOOKING, run.tick()), AwaitApproval)
+
+
+def test_an_approved_action_passes_once_it_prepares_to_the_approved_hash() -> None:
+    run, booking_id = long_stay()
+    held = pay_asked(run, booking_id)
+    decide_approval(run, held, ApprovalStatus.APPROVED)
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested) and payment.tool == "create_payment"
+    assert payment.input_hash == held.input_hash and payment.call_id == held.call.call_id
+
+
+def test_an_approval_of_another_hash_approves_nothing() -> None:
+    run, booking_id = long_stay()
+    held = pay_asked(run, booking_id)
+    decide_approval(run, held, ApprovalStatus.APPROVED, input_hash="f" * 64)
+    assert not approved(run.state, "create_payment", held.input_hash, Approver.GUEST)
+    (again,) = run.decide()
+    assert isinstance(again, ApprovalRequested) and again.approval_id != held.approval_id
+
+
+def test_a_changed_action_needs_its_own_approval() -> None:
+    run, first = long_stay()
+    held = pay_asked(run, first)
+    decide_approval(run, held, ApprovalStatus.APPROVED)
+    (payment,) = run.decide()
+    run.complete(payment.step_no)
+    second = hold_room(run, "lis-2", "2031-12-20", "2032-01-05")  # another booking, another amount
+    args, hashed = prepared_payment(run.state, second)
+    assert hashed != held.input_hash
+    verdict = check_policy(run.state, BOOKING.config, PAY, args, hashed, Origin.MODEL, run.tick())
+    assert isinstance(verdict, Hold) and verdict.amount_cents == 16 * NIGHTLY
+
+
+def test_a_rejected_approval_is_no_approval() -> None:
+    run, booking_id = long_stay()
+    held = pay_asked(run, booking_id)
+    decide_approval(run, held, ApprovalStatus.REJECTED)
+    assert not approved(run.state, "create_payment", held.input_hash, Approver.GUEST)
+    output = json.loads(run.state.transcript[-1]["output"])
+    assert output["error"]["code"] == "approval_rejected" and run.state.pending == ()
+
+
+def test_a_corporate_guest_pays_nothing_without_the_managers_approval() -> None:
+    run = run_with(GuestProfile(guest_id="guest-1", corporate=True, manager="m-1"))
+    booking_id = hold_room(run, "lis-1", "2031-12-01", "2031-12-03")  # 240.00: under the guest's limit
+    held = pay_asked(run, booking_id)
+    assert isinstance(held, ApprovalRequested)
+    assert (held.approver, held.rule) == ("manager", "corporate_approval")
+    assert "m-1" in held.question and "240.00 EUR" in held.question
+    decide_approval(run, held, ApprovalStatus.APPROVED)
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested)
+
+
+def test_a_corporate_guests_large_payment_asks_the_manager_once() -> None:
+    run = run_with(GuestProfile(guest_id="guest-1", corporate=True))
+    booking_id = hold_room(run, "lis-1", "2031-12-01", "2031-12-15")
+    held = pay_asked(run, booking_id)
+    assert isinstance(held, ApprovalRequested) and held.approver == "manager"
+    decide_approval(run, held, ApprovalStatus.APPROVED)  # the manager's yes passes the guest's rule too
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested)
+
+
+def test_a_guests_yes_does_not_pass_a_managers_rule() -> None:
+    run = run_with(GuestProfile(guest_id="guest-1", corporate=True))
+    booking_id = hold_room(run, "lis-1", "2031-12-01", "2031-12-15")
+    only_guest = AgentConfig(
+        agent="booking", rules=[ApprovalAbove(tool="create_payment", limit_cents=150_000)]
+    )
+    args, hashed = prepared_payment(run.state, booking_id)
+    run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay"))
+    move = next_move(run.state, BOOKING, run.tick(), only_guest)
+    assert isinstance(move, Append)
+    (held,) = move.events
+    assert isinstance(held, ApprovalRequested) and held.approver == "guest"
+    run.add(held)
+    decide_approval(run, held, ApprovalStatus.APPROVED)
+    verdict = check_policy(run.state, BOOKING.config, PAY, args, hashed, Origin.MODEL, run.tick())
+    assert isinstance(verdict, Hold) and verdict.approver == "manager"
+
+
+def test_compensations_are_never_held_back() -> None:
+    run, booking_id = long_stay()
+    args, hashed = prepared_payment(run.state, booking_id)
+    assert check_policy(run.state, BOOKING.config, PAY, args, hashed, Origin.COMPENSATION, T0) == Allow()
+
+
+# VerifiedRecipient -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["to", "email", "cc", "bcc", "recipient"])
+def test_the_model_naming_a_recipient_is_denied(field: str) -> None:
+    run, booking_id = booked_run()
+    run.answer(call("send_confirmation_email", {"booking_id": booking_id, field: "attacker@evil.example"}))
+    (denied,) = run.decide()
+    assert isinstance(denied, PolicyDenied) and denied.rule == "verified_recipient"
+    assert "verified" in denied.reason and run.state.pending == ()
+
+
+@pytest.mark.parametrize(("verified", "to"), [("ana@example.com", "ana@example.com"), ("", None)])
+def test_an_email_goes_to_the_verified_address_or_the_providers_of_record(
+    verified: str, to: str | None
+) -> None:
+    run = run_with(GuestProfile(guest_id="guest-1", verified_email=verified))
+    booking_id = hold_room(run, "lis-1", "2031-12-01", "2031-12-03")
+    run.answer(call("send_confirmation_email", {"booking_id": booking_id}))
+    (email,) = run.decide()
+    assert isinstance(email, ActionRequested) and email.args.get("to") == to
+
+
+def test_a_prepared_recipient_other_than_the_verified_one_is_denied() -> None:
+    run = run_with(GuestProfile(guest_id="guest-1", verified_email="ana@example.com"))
+    email = BOOKING.tools["send_confirmation_email"]
+    args = {"booking_id": "bk_1", "guest_id": "guest-1", "to": "attacker@evil.example"}
+    verdict = check_policy(run.state, BOOKING.config, email, args, "h", Origin.PLAN, T0)
+    assert isinstance(verdict, Deny) and verdict.rule == "verified_recipient"
+
+
+# OneActiveHold -----------------------------------------------------------------------------------------------
+
+
+def test_a_second_hold_over_overlapping_dates_is_denied() -> None:
+    run = Run(started())
+    first = hold_room(run, "lis-1", "2031-12-01", "2031-12-05")
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-2", "check_in": "2031-12-04", "check_out": "2031-12-08"})
+    )
+    (denied,) = run.decide()
+    assert isinstance(denied, PolicyDenied) and denied.rule == "one_active_hold" and first in denied.reason
+
+
+def test_the_same_hold_asked_again_and_other_dates_are_not_denied() -> None:
+    run = Run(started())
+    hold_room(run, "lis-1", "2031-12-01", "2031-12-05")
+    same = {"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-05", "guest_id": "guest-1"}
+    later = {"hotel_id": "lis-2", "check_in": "2031-12-05", "check_out": "2031-12-07", "guest_id": "guest-1"}
+    for args in (same, later):
+        verdict = check_policy(run.state, BOOKING.config, BOOK_TOOL, args, "h", Origin.MODEL, T0)
+        assert verdict == Allow(), args
+
+
+def test_a_pending_hold_counts_and_a_released_one_does_not() -> None:
+    run = Run(started())
+    run.answer(
+        call("create_booking", {"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-05"})
+    )
+    (pending,) = run.decide()
+    other = {"hotel_id": "lis-2", "check_in": "2031-12-02", "check_out": "2031-12-03", "guest_id": "guest-1"}
+    assert isinstance(check_policy(run.state, BOOKING.config, BOOK_TOOL, other, "h", Origin.MODEL, T0), Deny)
+    booking_id = run.complete(pending.step_no).result["booking_id"]
+    failed = pay_asked(run, booking_id)
+    run.complete(failed.step_no, status="failed")
+    (release,) = run.decide()
+    run.complete(release.step_no)
+    assert check_policy(run.state, BOOKING.config, BOOK_TOOL, other, "h", Origin.MODEL, T0) == Allow()
+
+
+# RefundWithinPaid (the support agent's rule) -----------------------------------------------------------------
+
+REFUND = REFUND_PAYMENT.contract  # as the support agent offers it to its model: it declares amount_cents
+SUPPORT = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
+
+
+def found_payments(payments: list[dict[str, Any]]) -> Run:
+    """A run whose `find_payments` read answered with these payments."""
+    run = Run(started(agent="booking"))
+    step = run.state.next_step
+    found = ActionRequested(
+        run_id=RUN,
+        at=run.tick(),
+        step_no=step,
+        call_id="call_find",
+        tool="find_payments",
+        family="payment",
+        args={"guest_id": "guest-1"},
+        key=action_key(RUN, step),
+        input_hash="0" * 64,
+        timeout_s=5.0,
+        deadline_at=run.now + timedelta(seconds=5),
+    )
+    run.add(found)
+    run.complete(found.step_no, result={"payments": payments})
+    return run
+
+
+def refund_verdict(run: Run, payment_id: str, amount: int) -> Any:
+    args = {"payment_id": payment_id, "amount_cents": amount}
+    return check_policy(
+        run.state, SUPPORT, REFUND, args, tool_input_hash("refund_payment", args), Origin.MODEL, T0
+    )
+
+
+PAID = {"payment_id": "pay_1", "guest_id": "guest-1", "amount_cents": 30_000, "currency": "EUR"}
+
+
+def test_a_refund_within_what_was_paid_and_under_the_managers_limit_is_allowed() -> None:
+    assert refund_verdict(found_payments([PAID]), "pay_1", 15_000) == Allow()
+
+
+def test_a_refund_above_the_managers_limit_is_held_for_a_manager() -> None:
+    verdict = refund_verdict(found_payments([PAID]), "pay_1", 20_000)
+    assert isinstance(verdict, Hold) and verdict.approver == "manager" and verdict.amount_cents == 20_000
+
+
+@pytest.mark.parametrize(
+    ("payments", "payment_id", "amount", "why"),
+    [
+        ([PAID], "pay_1", 30_001, "more than"),
+        ([{**PAID, "refunded_cents": 20_000}], "pay_1", 15_000, "more than"),
+        ([{**PAID, "guest_id": "guest-2"}], "pay_1", 100, "not one of this guest's"),
+        ([PAID], "pay_unseen", 100, "not one of this guest's"),
+        ([PAID], "pay_1", 0, "positive"),
+    ],
+)
+def test_a_refund_beyond_the_guests_own_payment_is_denied(
+    payments: list[dict[str, Any]], payment_id: str, amount: int, why: str
+) -> None:
+    verdict = refund_verdict(found_payments(payments), payment_id, amount)
+    assert isinstance(verdict, Deny) and verdict.rule == "refund_within_paid" and why in verdict.reason
+
+
+def test_refunds_already_asked_in_the_run_count_against_what_is_left() -> None:
+    run = found_payments([PAID])
+    step = run.state.next_step
+    run.add(
+        ActionRequested(
+            run_id=RUN,
+            at=run.tick(),
+            step_no=step,
+            call_id="call_refund_1",
+            tool="refund_payment",
+            family="payment",
+            args={"payment_id": "pay_1", "amount_cents": 14_000},
+            key=action_key(RUN, step),
+            input_hash="1" * 64,
+            timeout_s=10.0,
+            deadline_at=run.now + timedelta(seconds=10),
+        )
+    )
+    assert isinstance(refund_verdict(run, "pay_1", 16_001), Deny)
+    assert refund_verdict(run, "pay_1", 15_000) == Allow()
+
+
+# ToolsAllowed ------------------------------------------------------------------------------------------------
+
+
+def test_a_tool_outside_the_allowed_list_is_denied_to_the_model_only() -> None:
+    config = AgentConfig(agent="booking", rules=[ToolsAllowed(tools=["search_hotels"])])
+    state = Run(started()).state
+    args = {"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}
+    denied = check_asked(state, config, BOOK_TOOL, args, Origin.MODEL)
+    assert isinstance(denied, Deny) and denied.rule == "tools_allowed"
+    assert check_asked(state, config, BOOK_TOOL, args, Origin.COMPENSATION) is None
+    assert check_asked(state, config, BOOK_TOOL, args, Origin.PLAN) is None
+    narrowed = AgentConfig(agent="booking", tools=["search_hotels"])
+    assert isinstance(check_asked(state, narrowed, BOOK_TOOL, args, Origin.MODEL), Deny)
+
+
+# Tool-call schema validation ---------------------------------------------------------------------------------
+
+
+def test_each_model_tools_schema_is_generated_from_its_argument_struct() -> None:
+    for name, struct in ARGUMENT_TYPES.items():
+        assert BOOKING.tools[name].parameters == parameters_of(struct)
+        assert BOOKING.tools[name].parameters["additionalProperties"] is False
+    # `remember_preference` (slice R) still writes its schema by hand; it is not validated by a struct yet.
+    assert set(ARGUMENT_TYPES) == set(BOOKING.tools) - {"remember_preference"}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"city": 7, "check_in": "2031-12-01", "check_out": "2031-12-03"}, "city"),
+        ({"city": "Lisbon", "check_in": "next friday", "check_out": "2031-12-03"}, "check_in"),
+        ({"city": "Lisbon", "check_in": "2031-12-01", "check_out": "2031-12-03", "stars": 5}, "stars"),
+        ({"city": "", "check_in": "2031-12-01", "check_out": "2031-12-03"}, "city"),
+    ],
+)
+def test_arguments_that_do_not_fit_the_schema_are_rejected_naming_the_field(
+    arguments: dict[str, Any], field: str
+) -> None:
+    run = Run(started())
+    run.answer(call("search_hotels", arguments))
+    (rejected,) = run.decide()
+    assert isinstance(rejected, ToolRejected)
+    assert rejected.error.code == ErrorCode.INVALID_TOOL_ARGUMENTS.value
+    assert rejected.error.details["field"] == field and run.state.tool_errors == 1
+
+
+# Loops -------------------------------------------------------------------------------------------------------
+
+
+def test_the_same_call_asked_more_than_max_repeats_times_hands_off_as_a_loop() -> None:
+    run = Run(started())
+    search = {"city": "Paris", "check_in": "2031-12-01", "check_out": "2031-12-03"}
+    for i in range(BOOKING.config.max_repeats):
+        # The same arguments in another key order and spacing are the same call.
+        arguments = json.dumps(dict(reversed(search.items())) if i % 2 else search, indent=i)
+        run.answer(call("search_hotels", arguments, f"call_{i}"))
+        (request,) = run.decide()
+        assert isinstance(request, ActionRequested)
+        run.complete(request.step_no)
+    run.answer(call("search_hotels", search, "call_again"))
+    (handed,) = run.decide()
+    assert isinstance(handed, RunHandedOff) and handed.reason == HandOffReason.LOOP
+    assert handed.reply == handoff_reply(HandOffReason.LOOP)
+    assert run.state.steps_used < run.state.budget.max_steps
+    assert summarize(run.state).reply == handed.reply
+
+
+def test_other_arguments_are_not_a_loop() -> None:
+    run = Run(started())
+    for day in range(1, 6):
+        args = {"city": "Paris", "check_in": f"2031-12-0{day}", "check_out": f"2031-12-0{day + 1}"}
+        run.answer(call("search_hotels", args))
+        (request,) = run.decide()
+        assert isinstance(request, ActionRequested)
+        run.complete(request.step_no)
+
+
+def test_the_loop_limit_is_the_pinned_configs() -> None:
+    config = AgentConfig(agent="booking", max_repeats=1)
+    run = Run(started())
+    search = call("search_hotels", {"city": "Paris", "check_in": "2031-12-01", "check_out": "2031-12-03"})
+    run.answer(search, msgspec.structs.replace(search, call_id="call_twin"))
+    events = plan_calls(run.state, BOOKING, run.state.unplanned, run.tick(), config=config)
+    assert [type(e) for e in events] == [RunHandedOff]
+
+
+# Hand-off replies --------------------------------------------------------------------------------------------
+
+
+def test_every_hand_off_reason_has_its_own_defined_reply() -> None:
+    replies = {reason: handoff_reply(reason) for reason in HandOffReason}
+    assert all(replies.values()) and len(set(replies.values())) == len(replies)
+    assert handoff_reply("a_reason_from_a_newer_writer")  # an unknown reason still tells the guest something
+
+
+def test_a_budget_hand_off_carries_its_reply_into_the_summary() -> None:
+    run = Run(started(budget=msgspec.structs.replace(started().budget, max_steps=2)))
+    run.answer(call("search_hotels", {"city": "Paris", "check_in": "2031-12-01", "check_out": "2031-12-03"}))
+    (search,) = run.decide()
+    run.complete(search.step_no)
+    (handed,) = run.decide()
+    assert isinstance(handed, RunHandedOff) and handed.reason == HandOffReason.BUDGET_STEPS
+    assert summarize(run.state).reply == handoff_reply(HandOffReason.BUDGET_STEPS)
+
+
+def test_money_is_shown_with_thousands_and_cents() -> None:
+    assert (money(184_000, "EUR"), money(5, "GBP"), money(0, "")) == ("1,840.00 EUR", "0.05 GBP", "0.00")
+
+
+def test_a_refund_amount_above_what_is_left_is_denied_as_asked_before_the_agent_prepares_it() -> None:
+    run = found_payments([PAID])
+    over = {"payment_id": "pay_1", "amount_cents": 30_001}
+    denied = check_asked(run.state, SUPPORT, REFUND, over, Origin.MODEL)
+    assert isinstance(denied, Deny) and denied.rule == "refund_within_paid"
+    # A payment the run has not seen is the agent's to refuse (find it first); within what is left, no verdict yet.
+    assert (
+        check_asked(run.state, SUPPORT, REFUND, {"payment_id": "pay_x", "amount_cents": 1}, Origin.MODEL)
+        is None
+    )
+    assert (
+        check_asked(run.state, SUPPORT, REFUND, {"payment_id": "pay_1", "amount_cents": 20_000}, Origin.MODEL)
+        is None
+    )
