@@ -181,6 +181,8 @@ def decide(items: list[dict[str, Any]]) -> Call | Calls | Say:
     if calls:
         return Say(f"I am still waiting for the result of {next(iter(calls.values()))[0]}.")
     said = _text(items[last_user].get("content"))
+    if not results and (declined := _declined(items, last_user)) is not None:
+        return Say(declined)  # the guest's message refused the approval it was asked for
     if not results:
         request = _stay(said)
         if request is None:
@@ -411,6 +413,26 @@ def _refusal(result: _ToolResult) -> str | None:
         f"I'm sorry: {head[0].upper() + head[1:]}{f' ({why})' if why else ''}. "
         "I have stopped here and will not try it another way; nothing further was done or charged for it."
     )
+
+
+def _declined(items: list[dict[str, Any]], last_user: int) -> str | None:
+    """The explanation when the guest's message came right after a refused approval (the runtime hands the guest's
+    "no" to the model after the call's `approval_rejected` output); None otherwise."""
+    before = items[last_user - 1] if last_user > 0 else {}
+    if before.get("type") != "function_call_output":
+        return None
+    output = _tool_output(before.get("output"))
+    if "error" not in output:
+        return None
+    name = next(
+        (
+            str(item.get("name"))
+            for item in items[:last_user]
+            if item.get("type") == "function_call" and item.get("call_id") == before.get("call_id")
+        ),
+        "unknown_tool",
+    )
+    return _refusal(_ToolResult(name, {}, output))
 
 
 def _obeying(said: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
