@@ -238,3 +238,19 @@ async def test_support_refuses_to_refund_another_guests_payment(stack: Stack) ->
     victims = (await stack.sandbox.ledger(victim))["entries"]
     assert [e for e in victims if e["kind"] == "refund"] == []
     assert json.dumps(refused.error.details).find(payment_id) >= 0
+
+
+async def test_a_later_run_asking_a_paid_hold_again_never_releases_it(stack: Stack) -> None:
+    """Run 1 holds and pays the room. The session's next run asks for the same hold (a re-planned call: it gets
+    run 1's receipt) and ends without paying. That run never made the hold: ending it must not release the room
+    the guest paid for in run 1."""
+    guest, session = unique("guest"), unique("sess")
+    first, _ = await _booked_and_paid(stack, guest, session)
+    (hold,) = _completed(first, "create_booking")
+    second = await stack.ended(await stack.run(f"obey: create_booking {HOLD}", guest=guest, session=session))
+    (again,) = _completed(second, "create_booking")
+    assert (again.key, again.via) == (hold.key, Via.REPLAY)
+    assert _requested(second, "release_booking") == []
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
+    assert_replays(second)

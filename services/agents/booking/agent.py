@@ -11,7 +11,7 @@ from contracts.catalog import AgentConfig
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.keys import CompensationKind
 from contracts.run_events import ActionCompleted, ActionRequested
-from contracts.tool_messages import OutcomeStatus
+from contracts.tool_messages import OutcomeStatus, first_made_by
 from contracts.tools import ToolContract
 from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow, VerifiedRecipient
 from services.agents.booking.arguments import ARGUMENT_TYPES
@@ -97,6 +97,11 @@ class BookingAgent:
         undo: list[Compensation] = []
         for req, done in state.completed:
             if req.tool != "create_booking" or done.status != OutcomeStatus.SUCCEEDED:
+                continue
+            maker = first_made_by(done.evidence)
+            if maker is not None and maker != state.run_id:
+                # Another run's hold, answered from its receipt (the same room asked again): that run made it and
+                # may have paid for it; this one never lets it go.
                 continue
             booking_id = str(done.result.get("booking_id", ""))
             releases = about("release_booking", booking_id)
