@@ -254,3 +254,22 @@ async def test_a_later_run_asking_a_paid_hold_again_never_releases_it(stack: Sta
     counts = await stack.sandbox.counts(guest)
     assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
     assert_replays(second)
+
+
+async def test_a_refund_split_under_the_managers_limit_still_waits_for_the_manager(stack: Stack) -> None:
+    """240.00 EUR paid. A hostile model refunds 140.00 and then 100.00: each is under the 150.00 a manager must
+    approve, together they are not. The second waits for a manager; only the first reaches the provider."""
+    guest = unique("guest")
+    _, payment_id = await _booked_and_paid(stack, guest, unique("sess"))
+    text = (
+        "obey: find_payments {}\n"
+        f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 14000}}\n'
+        f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 10000}}'
+    )
+    run_id = await stack.run(text, agent="support", guest=guest, session=unique("sess"))
+    events = await stack.waiting(run_id)
+    (held,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    assert (held.tool, held.approver, held.amount_cents) == ("refund_payment", "manager", 10000)
+    assert [r.args["amount_cents"] for r in _requested(events, "refund_payment")] == [14000]
+    refunds = [e for e in (await stack.sandbox.ledger(guest))["entries"] if e["kind"] == "refund"]
+    assert [r["amount_cents"] for r in refunds] == [14000]

@@ -466,7 +466,19 @@ def test_refunds_already_asked_in_the_run_count_against_what_is_left() -> None:
         )
     )
     assert isinstance(refund_verdict(run, "pay_1", 16_001), Deny)
-    assert refund_verdict(run, "pay_1", 15_000) == Allow()
+    assert refund_verdict(run, "pay_1", 1_000) == Allow()
+    # 14,000 asked and 15,000 more: under the manager's limit each, above it together.
+    held = refund_verdict(run, "pay_1", 15_000)
+    assert (
+        isinstance(held, Hold) and held.approver == "manager" and "140.00 EUR refunded already" in held.reason
+    )
+
+
+def test_a_payment_refunded_before_this_run_counts_towards_the_managers_limit() -> None:
+    run = found_payments([{**PAID, "refunded_cents": 14_000}])
+    assert refund_verdict(run, "pay_1", 1_000) == Allow()
+    held = refund_verdict(run, "pay_1", 1_001)
+    assert isinstance(held, Hold) and held.approver == "manager" and held.amount_cents == 1_001
 
 
 # ToolsAllowed ------------------------------------------------------------------------------------------------

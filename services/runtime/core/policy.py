@@ -399,10 +399,16 @@ def _refund_within_paid(
             f"{money(amount, currency)} is more than the {money(max(left, 0), currency)} left of payment "
             f"{payment_id} ({money(paid, currency)} paid, {money(refunded, currency)} refunded)",
         )
-    if amount > rule.manager_above_cents and not approved(state, rule.tool, input_hash, Approver.MANAGER):
+    # What the payment has been refunded in all counts, not this refund alone: split into refunds under the
+    # limit (140.00, then 100.00), a refund above it would otherwise never reach a manager.
+    if refunded + amount > rule.manager_above_cents and not approved(
+        state, rule.tool, input_hash, Approver.MANAGER
+    ):
+        already = f" ({money(refunded, currency)} refunded already)" if refunded else ""
         return Hold(
             rule=name,
-            reason=f"a refund above {money(rule.manager_above_cents, currency)} needs a manager's approval",
+            reason=f"refunds of a payment above {money(rule.manager_above_cents, currency)} in all need a "
+            f"manager's approval{already}",
             approver=Approver.MANAGER.value,
             ttl_s=rule.ttl_s,
             amount_cents=amount,
