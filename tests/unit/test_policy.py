@@ -548,6 +548,25 @@ def test_the_same_call_asked_more_than_max_repeats_times_hands_off_as_a_loop() -
     assert summarize(run.state).reply == handed.reply
 
 
+def test_calls_after_a_held_one_stop_at_the_step_budget_instead_of_one_rejection_each() -> None:
+    """A hostile answer: a payment held for approval, then hundreds of calls. Each skipped call was journaled as a
+    rejection of its own, past the step budget (an answer of 1 MB: 20,000 events and half a minute of a blocked
+    runtime). Past the budget the run hands off, as it does for calls that are not skipped, and lets the hold go."""
+    run, booking = booked_run()
+    stay = {"city": "Paris", "check_in": "2031-12-01", "check_out": "2031-12-03"}
+    flood = [call("search_hotels", stay, f"call_{i}") for i in range(200)]
+    run.answer(call("create_payment", {"booking_id": booking}, "call_pay"), *flood)
+    config = AgentConfig(agent="booking", rules=[ApprovalAbove(tool="create_payment", limit_cents=0)])
+    events = plan_calls(run.state, BOOKING, run.state.unplanned, run.now, config=config)
+    assert isinstance(events[0], ApprovalRequested)
+    assert isinstance(events[-1], RunHandedOff) and events[-1].reason == HandOffReason.BUDGET_STEPS
+    assert len(events) <= run.state.budget.max_steps
+    run.add(*events)
+    assert summarize(run.state).reply == events[-1].reply  # not the approval's question: nobody is asked
+    release = next_move(run.state, BOOKING, run.tick(), config)
+    assert isinstance(release, Append) and [e.tool for e in release.events] == ["release_booking"]  # type: ignore[union-attr]
+
+
 def test_other_arguments_are_not_a_loop() -> None:
     run = Run(started())
     for day in range(1, 6):

@@ -340,8 +340,12 @@ def summarize(state: RunState) -> Summary:
         tokens_used=state.tokens_used,
         outcome=state.outcome,
         # While the run waits for an approval, the guest is told what they are asked.
-        reply=state.awaiting.question if state.awaiting and state.awaiting.question else state.final_reply,
+        reply=(
+            state.awaiting.question
+            if state.awaiting and state.awaiting.question and not state.terminal
+            else state.final_reply
+        ),
         handoff_reason=state.handoff_reason,
         pending_actions=[p.key for p in state.pending],
-        awaiting_approval=state.awaiting.approval_id if state.awaiting else None,
+        awaiting_approval=state.awaiting.approval_id if state.awaiting and not state.terminal else None,
     )
