@@ -227,6 +227,18 @@ def test_a_payment_above_the_limit_waits_for_the_guests_yes_naming_what_is_paid(
     assert run.state.pending == () and isinstance(next_move(run.state, BOOKING, run.tick()), AwaitApproval)
 
 
+def test_charges_under_the_limit_count_together_against_it() -> None:
+    """Twelve nights (1,440.00) paid, then the adjacent twelve: each under the guest's 1,500.00, not together."""
+    run = Run(started())
+    first = hold_room(run, "lis-1", "2031-12-01", "2031-12-13")
+    paid = pay_asked(run, first)
+    assert isinstance(paid, ActionRequested)
+    run.complete(paid.step_no)
+    held = pay_asked(run, hold_room(run, "lis-1", "2031-12-13", "2031-12-25"), "call_pay_2")
+    assert isinstance(held, ApprovalRequested) and held.amount_cents == 12 * NIGHTLY
+    assert "(2,880.00 EUR in all with this conversation's other payments)" in held.question
+
+
 def test_an_approved_action_passes_once_it_prepares_to_the_approved_hash() -> None:
     run, booking_id = long_stay()
     held = pay_asked(run, booking_id)

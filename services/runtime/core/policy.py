@@ -264,20 +264,27 @@ def _approval_above(
     state: RunState, rule: ApprovalAbove, contract: ToolContract, args: dict[str, Any], input_hash: str
 ) -> Verdict:
     amount = args.get("amount_cents")
-    if not isinstance(amount, int) or amount <= rule.limit_cents:
+    if not isinstance(amount, int):
+        return Allow()
+    currency = str(args.get("currency", ""))
+    # What the run charges in all counts, not this charge alone: stays split into charges under the limit (twelve
+    # nights, then the next twelve) would otherwise never be confirmed by anyone.
+    earlier = _charged(state, contract.name, currency, str(args.get("booking_id", "")))
+    if amount + earlier <= rule.limit_cents:
         return Allow()
     profile = state.started.profile
     if rule.corporate_only and not (profile is not None and profile.corporate):
         return Allow()
     if approved(state, contract.name, input_hash, rule.approver):
         return Allow()
-    currency = str(args.get("currency", ""))
     booking_id = str(args.get("booking_id", ""))
     booking = _booking(state, booking_id)
     what = f"{money(amount, currency)} for booking {booking_id}"
     if booking:
         what += f" at {booking.get('hotel_name') or booking.get('hotel_id', '')}, "
         what += f"{booking.get('check_in', '')} to {booking.get('check_out', '')}"
+    if earlier:
+        what += f" ({money(amount + earlier, currency)} in all with this conversation's other payments)"
     if rule.approver == Approver.MANAGER:
         manager = profile.manager if profile is not None and profile.manager else "the manager"
         question = f"Approve paying {what} for {state.guest_id}? ({manager} decides)"
@@ -285,13 +292,24 @@ def _approval_above(
         question = f"Reply yes to pay {what}"
     return Hold(
         rule=rule_name(rule),
-        reason=f"{money(amount, currency)} is above {money(rule.limit_cents, currency)}; "
+        reason=f"{money(amount + earlier, currency)} is above {money(rule.limit_cents, currency)}; "
         f"{rule.approver} approval needed",
         approver=rule.approver,
         ttl_s=rule.ttl_s,
         amount_cents=amount,
         currency=currency,
         question=question,
+    )
+
+
+def _charged(state: RunState, tool: str, currency: str, booking_id: str) -> int:
+    """Cents this run has charged with `tool` in `currency` for other bookings: pending, done or maybe done."""
+    asked = [p for p in state.pending if p.tool == tool]
+    asked += [req for req, done in state.completed if req.tool == tool and done.status in _LIVE]
+    return sum(
+        int(r.args.get("amount_cents") or 0)
+        for r in asked
+        if str(r.args.get("currency", "")) == currency and str(r.args.get("booking_id", "")) != booking_id
     )
 
 
