@@ -401,15 +401,15 @@ REFUND = REFUND_PAYMENT.contract  # as the support agent offers it to its model:
 SUPPORT = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
 
 
-def found_payments(payments: list[dict[str, Any]]) -> Run:
+def found_payments(payments: list[dict[str, Any]], run: Run | None = None) -> Run:
     """A run whose `find_payments` read answered with these payments."""
-    run = Run(started(agent="booking"))
+    run = run or Run(started(agent="booking"))
     step = run.state.next_step
     found = ActionRequested(
         run_id=RUN,
         at=run.tick(),
         step_no=step,
-        call_id="call_find",
+        call_id=f"call_find_{step}",
         tool="find_payments",
         family="payment",
         args={"guest_id": "guest-1"},
@@ -491,6 +491,33 @@ def test_a_payment_refunded_before_this_run_counts_towards_the_managers_limit() 
     assert refund_verdict(run, "pay_1", 1_000) == Allow()
     held = refund_verdict(run, "pay_1", 1_001)
     assert isinstance(held, Hold) and held.approver == "manager" and held.amount_cents == 1_001
+
+
+def test_a_refund_still_in_flight_when_the_payments_were_listed_again_counts_against_what_is_left() -> None:
+    """14,000 of 30,000 asked; before its answer the model lists the payments again (the listing does not show
+    the refund yet) and asks for 20,000 more: 34,000 of a 30,000 payment, denied."""
+    run = found_payments([PAID])
+    step = run.state.next_step
+    run.add(
+        ActionRequested(
+            run_id=RUN,
+            at=run.tick(),
+            step_no=step,
+            call_id="call_refund_1",
+            tool="refund_payment",
+            family="payment",
+            args={"payment_id": "pay_1", "amount_cents": 14_000},
+            key=action_key(RUN, step),
+            input_hash="1" * 64,
+            timeout_s=10.0,
+            deadline_at=run.now + timedelta(seconds=10),
+        )
+    )
+    found_payments([PAID], run)  # listed while the refund is in flight
+    denied = refund_verdict(run, "pay_1", 20_000)
+    assert isinstance(denied, Deny) and "more than the 160.00 EUR left" in denied.reason
+    run.complete(step)  # answered after the listing: still not in it
+    assert isinstance(refund_verdict(run, "pay_1", 20_000), Deny)
 
 
 # ToolsAllowed ------------------------------------------------------------------------------------------------

@@ -355,19 +355,21 @@ def _one_active_hold(state: RunState, rule: OneActiveHold, args: dict[str, Any])
 
 
 def _payment(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | None:
-    """A payment this run has seen, and the step since which its refunds are not in it: as the latest
-    `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made it."""
+    """A payment this run has seen, and the place in `state.completed` after which its refunds are not in it: as
+    the latest `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made
+    it (-1: none of the run's refunds are in it). A refund answered after the listing, or still in flight, is not
+    in the listing whatever its step: the model may list the payments again while a refund is on its way."""
     found = [
-        (req.step_no, done.result)
-        for req, done in state.completed
+        (index, done.result)
+        for index, (req, done) in enumerate(state.completed)
         if req.tool == "find_payments" and done.status == OutcomeStatus.SUCCEEDED
     ]
     if found:
-        step, result = max(found, key=lambda f: f[0])
+        at, result = found[-1]
         payments = result.get("payments", [])
         for payment in payments if isinstance(payments, list) else []:
             if isinstance(payment, dict) and payment.get("payment_id") == payment_id:
-                return payment, step
+                return payment, at
     for req, done in state.completed:
         if (
             req.tool == "create_payment"
@@ -380,19 +382,20 @@ def _payment(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | N
                 "amount_cents": req.args.get("amount_cents"),
                 "currency": req.args.get("currency", ""),
             }
-            return made, 0
+            return made, -1
     return None
 
 
 def _refunded_since(state: RunState, payment_id: str, since: int) -> int:
-    """Cents this run asked to refund of the payment after step `since` (pending, done, or maybe done)."""
+    """Cents this run asked to refund of the payment that the listing at `state.completed[since]` cannot show:
+    in flight, or answered (done, or maybe done) after it."""
     asked = [p for p in state.pending if p.tool == "refund_payment"]
-    asked += [req for req, done in state.completed if req.tool == "refund_payment" and done.status in _LIVE]
-    return sum(
-        int(r.args.get("amount_cents") or 0)
-        for r in asked
-        if r.args.get("payment_id") == payment_id and r.step_no > since
-    )
+    asked += [
+        req
+        for index, (req, done) in enumerate(state.completed)
+        if index > since and req.tool == "refund_payment" and done.status in _LIVE
+    ]
+    return sum(int(r.args.get("amount_cents") or 0) for r in asked if r.args.get("payment_id") == payment_id)
 
 
 def _refund_within_paid(
