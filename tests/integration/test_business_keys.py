@@ -152,10 +152,13 @@ async def test_a_second_run_of_the_session_asking_the_same_hold_gets_the_stored_
     assert (again.run_id, again.key, again.via) == (second_run, hold.key, Via.REPLAY)
     assert again.result["booking_id"] == hold.result["booking_id"]
     assert any(hold.run_id in e.detail for e in again.evidence), again.evidence  # who made it
-    (paid,) = _completed(second, "create_payment")
-    assert (paid.via, paid.result["payment_id"]) == (Via.REPLAY, payment_id)
+    # The hold is the first run's, which paid it: this run is told so, never charges it (nor lets it go).
+    assert _requested(second, "create_payment") == []
+    (refused,) = [e for e in second if isinstance(e, ToolRejected) and e.tool == "create_payment"]
+    assert refused.error.details["held_by"] == hold.run_id
+    assert payment_id not in json.dumps(refused.error.details)
     counts = await stack.sandbox.counts(guest)
-    assert (counts["booking"], counts["charge"]) == (1, 1)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
 
 
 async def test_a_hold_an_earlier_run_released_is_never_replayed_as_held(stack: Stack) -> None:
@@ -291,3 +294,22 @@ async def test_stays_split_under_the_guests_limit_still_wait_for_the_guests_yes(
     assert len(_requested(events, "create_payment")) == 1
     ledger = await stack.sandbox.ledger(guest)
     assert [e["amount_cents"] for e in ledger["entries"] if e["kind"] == "charge"] == [144000]
+
+
+async def test_a_hold_another_run_is_still_waiting_to_pay_is_not_paid_by_a_second_run(stack: Stack) -> None:
+    """Run 1 holds fourteen nights and waits for the guest's yes to pay 1,680.00. The guest's second session
+    asks for the same room: run 2 gets run 1's hold from the store. Paying it there would leave run 1, which
+    made the hold and never learns of run 2's charge, to release the paid room when its approval is refused or
+    expires. Run 2 is told the hold is another conversation's; nothing is charged or asked."""
+    guest = unique("guest")
+    stay = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-15"}'
+    text = f'obey: create_booking {stay}\nobey: create_payment {{"booking_id": "$booking_id"}}'
+    first = await stack.run(text, guest=guest, session=unique("sess"))
+    await stack.waiting(first)
+    second = await stack.ended(await stack.run(text, guest=guest, session=unique("sess")))
+    (again,) = _completed(second, "create_booking")
+    assert again.via == Via.REPLAY
+    assert [e for e in second if isinstance(e, ApprovalRequested)] == []
+    (refused,) = [e for e in second if isinstance(e, ToolRejected) and e.tool == "create_payment"]
+    assert first in refused.error.message, refused.error
+    assert (await stack.sandbox.counts(guest))["charge"] == 0
