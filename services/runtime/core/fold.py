@@ -303,7 +303,8 @@ def context_items(started: RunStarted) -> tuple[dict[str, Any], ...]:
     items: list[dict[str, Any]] = []
     if started.history:
         lines = [f"- guest: {t.text!r} -> you: {t.reply!r}" for t in started.history]
-        items.append({"role": "developer", "content": "Earlier in this session:\n" + "\n".join(lines)})
+        # The guest's own words: a user message, never the developer's (their text would gain its authority).
+        items.append({"role": "user", "content": "Earlier in this session:\n" + "\n".join(lines)})
     profile = started.profile
     if profile is not None and profile.preferences:
         prefs = ", ".join(f"{k}: {v}" for k, v in sorted(profile.preferences.items()))
