@@ -95,6 +95,24 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
     at: datetime
 
 
+# The evidence line of a receipt the executor's store answers (`executor.core.first_asked_by`): who made it.
+FIRST_MADE_FOR = "first made for "
+
+
+def first_made_detail(run_id: str, step_no: int) -> str:
+    """What a receipt answered from the store says about the request that made its effect."""
+    return f"{FIRST_MADE_FOR}{run_id} step {step_no}"
+
+
+def first_made_by(evidence: list[Evidence]) -> str | None:
+    """The run whose request made the effect of a receipt answered from the store (a business key asked again
+    by another step or run), or None for a receipt of the asker's own call."""
+    for line in reversed(evidence):
+        if line.asked == Asked.STORE_RECEIPT and line.detail.startswith(FIRST_MADE_FOR):
+            return line.detail.removeprefix(FIRST_MADE_FOR).split(" ", 1)[0]
+    return None
+
+
 class ToolMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the tool message family; every member carries an explicit, stable tag."""
 

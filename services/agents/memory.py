@@ -25,7 +25,7 @@ from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.registry import KvOperation, Tool
 from services.runtime.core.state import RunState
 
-_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 :\-]*$")
+_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 :\-]*")  # whole value (fullmatch): `$` allows a last "\n"
 
 
 def _record_key(ns: Namespace, args: dict[str, Any]) -> str:
@@ -120,7 +120,7 @@ def prepare_preference(state: RunState, args: dict[str, Any]) -> dict[str, Any] 
     if not isinstance(value, str) or not value.strip():
         return _invalid("value is required and must be a short text")
     value = re.sub(" +", " ", value.strip(" "))  # spaces only: a line break is not a plain value
-    if len(value) > PREFERENCE_VALUE_MAX or not _VALUE.match(value):
+    if len(value) > PREFERENCE_VALUE_MAX or not _VALUE.fullmatch(value):
         return _invalid(
             f"value must be at most {PREFERENCE_VALUE_MAX} characters of letters, digits, spaces, ':' and '-'",
             value=value[:60],

@@ -16,6 +16,7 @@ from contracts.tool_messages import (
     Asked,
     Evidence,
     OutcomeStatus,
+    first_made_detail,
     RecordStatus,
     Via,
 )
@@ -148,7 +149,7 @@ def first_asked_by(stored: ActionOutcome) -> Evidence:
         asked=Asked.STORE_RECEIPT,
         key=stored.key,
         answer=Answer.REPLAYED,
-        detail=f"first made for {stored.run_id} step {stored.step_no}",
+        detail=first_made_detail(stored.run_id, stored.step_no),
         at=stored.evidence[-1].at if stored.evidence else _EPOCH,
     )
 

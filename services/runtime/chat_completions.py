@@ -3,7 +3,7 @@ translated to chat messages and function tools, and a chat answer read back into
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -89,9 +89,13 @@ class _Choice(msgspec.Struct):
     message: _Message
 
 
+# A count of tokens is never negative: a provider that says so would hand the run back its token budget.
+Tokens = Annotated[int, msgspec.Meta(ge=0)]
+
+
 class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: Tokens = 0
+    completion_tokens: Tokens = 0
 
 
 class _Completion(msgspec.Struct):

@@ -16,7 +16,13 @@ from contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from contracts.errors import ModelUnavailable
 from contracts.run_events import ToolCall
 from services.platform.settings import route_key
-from services.runtime.chat_completions import MalformedAnswer, chat_messages, chat_tools, read_completion
+from services.runtime.chat_completions import (
+    MalformedAnswer,
+    Tokens,
+    chat_messages,
+    chat_tools,
+    read_completion,
+)
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
 
@@ -38,8 +44,8 @@ class Model(Protocol):
 
 
 class _Usage(msgspec.Struct):
-    input_tokens: int = 0
-    output_tokens: int = 0
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
 
 
 class _Part(msgspec.Struct):

@@ -152,10 +152,13 @@ async def test_a_second_run_of_the_session_asking_the_same_hold_gets_the_stored_
     assert (again.run_id, again.key, again.via) == (second_run, hold.key, Via.REPLAY)
     assert again.result["booking_id"] == hold.result["booking_id"]
     assert any(hold.run_id in e.detail for e in again.evidence), again.evidence  # who made it
-    (paid,) = _completed(second, "create_payment")
-    assert (paid.via, paid.result["payment_id"]) == (Via.REPLAY, payment_id)
+    # The hold is the first run's, which paid it: this run is told so, never charges it (nor lets it go).
+    assert _requested(second, "create_payment") == []
+    (refused,) = [e for e in second if isinstance(e, ToolRejected) and e.tool == "create_payment"]
+    assert refused.error.details["held_by"] == hold.run_id
+    assert payment_id not in json.dumps(refused.error.details)
     counts = await stack.sandbox.counts(guest)
-    assert (counts["booking"], counts["charge"]) == (1, 1)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
 
 
 async def test_a_hold_an_earlier_run_released_is_never_replayed_as_held(stack: Stack) -> None:
@@ -238,3 +241,75 @@ async def test_support_refuses_to_refund_another_guests_payment(stack: Stack) ->
     victims = (await stack.sandbox.ledger(victim))["entries"]
     assert [e for e in victims if e["kind"] == "refund"] == []
     assert json.dumps(refused.error.details).find(payment_id) >= 0
+
+
+async def test_a_later_run_asking_a_paid_hold_again_never_releases_it(stack: Stack) -> None:
+    """Run 1 holds and pays the room. The session's next run asks for the same hold (a re-planned call: it gets
+    run 1's receipt) and ends without paying. That run never made the hold: ending it must not release the room
+    the guest paid for in run 1."""
+    guest, session = unique("guest"), unique("sess")
+    first, _ = await _booked_and_paid(stack, guest, session)
+    (hold,) = _completed(first, "create_booking")
+    second = await stack.ended(await stack.run(f"obey: create_booking {HOLD}", guest=guest, session=session))
+    (again,) = _completed(second, "create_booking")
+    assert (again.key, again.via) == (hold.key, Via.REPLAY)
+    assert _requested(second, "release_booking") == []
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
+    assert_replays(second)
+
+
+async def test_a_refund_split_under_the_managers_limit_still_waits_for_the_manager(stack: Stack) -> None:
+    """240.00 EUR paid. A hostile model refunds 140.00 and then 100.00: each is under the 150.00 a manager must
+    approve, together they are not. The second waits for a manager; only the first reaches the provider."""
+    guest = unique("guest")
+    _, payment_id = await _booked_and_paid(stack, guest, unique("sess"))
+    text = (
+        "obey: find_payments {}\n"
+        f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 14000}}\n'
+        f'obey: refund_payment {{"payment_id": "{payment_id}", "amount_cents": 10000}}'
+    )
+    run_id = await stack.run(text, agent="support", guest=guest, session=unique("sess"))
+    events = await stack.waiting(run_id)
+    (held,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    assert (held.tool, held.approver, held.amount_cents) == ("refund_payment", "manager", 10000)
+    assert [r.args["amount_cents"] for r in _requested(events, "refund_payment")] == [14000]
+    refunds = [e for e in (await stack.sandbox.ledger(guest))["entries"] if e["kind"] == "refund"]
+    assert [r["amount_cents"] for r in refunds] == [14000]
+
+
+async def test_stays_split_under_the_guests_limit_still_wait_for_the_guests_yes(stack: Stack) -> None:
+    """A hostile model books twelve nights (1,440.00, under the 1,500.00 the guest must approve) and pays, then the
+    next twelve (adjacent, so no overlapping hold) and pays again. Each payment is under the limit; what the run
+    charges together is not: the second waits for the guest's yes, and only the first is charged."""
+    guest = unique("guest")
+    first = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-13"}'
+    second = '{"hotel_id": "lis-1", "check_in": "2031-12-13", "check_out": "2031-12-25"}'
+    pay = 'obey: create_payment {"booking_id": "$booking_id"}'
+    text = f"obey: create_booking {first}\n{pay}\nobey: create_booking {second}\n{pay}"
+    events = await stack.waiting(await stack.run(text, guest=guest, session=unique("sess")))
+    (held,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    assert (held.tool, held.approver, held.amount_cents) == ("create_payment", "guest", 144000)
+    assert "2,880.00 EUR" in held.question, held.question  # what the run would charge in all
+    assert len(_requested(events, "create_payment")) == 1
+    ledger = await stack.sandbox.ledger(guest)
+    assert [e["amount_cents"] for e in ledger["entries"] if e["kind"] == "charge"] == [144000]
+
+
+async def test_a_hold_another_run_is_still_waiting_to_pay_is_not_paid_by_a_second_run(stack: Stack) -> None:
+    """Run 1 holds fourteen nights and waits for the guest's yes to pay 1,680.00. The guest's second session
+    asks for the same room: run 2 gets run 1's hold from the store. Paying it there would leave run 1, which
+    made the hold and never learns of run 2's charge, to release the paid room when its approval is refused or
+    expires. Run 2 is told the hold is another conversation's; nothing is charged or asked."""
+    guest = unique("guest")
+    stay = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-15"}'
+    text = f'obey: create_booking {stay}\nobey: create_payment {{"booking_id": "$booking_id"}}'
+    first = await stack.run(text, guest=guest, session=unique("sess"))
+    await stack.waiting(first)
+    second = await stack.ended(await stack.run(text, guest=guest, session=unique("sess")))
+    (again,) = _completed(second, "create_booking")
+    assert again.via == Via.REPLAY
+    assert [e for e in second if isinstance(e, ApprovalRequested)] == []
+    (refused,) = [e for e in second if isinstance(e, ToolRejected) and e.tool == "create_payment"]
+    assert first in refused.error.message, refused.error
+    assert (await stack.sandbox.counts(guest))["charge"] == 0

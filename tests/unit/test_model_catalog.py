@@ -184,15 +184,25 @@ def test_a_text_answer_is_the_reply_and_usage_is_read() -> None:
         b'{"id":"x","choices":[]}',
         b'{"choices":[{"message":{}}]}',
         b'{"id":"x","choices":"no"}',
+        # Negative usage would give the run back its token budget: not an answer to trust.
+        b'{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":-60000}}',
     ],
-    ids=["not-json", "no-choices", "no-id", "wrong-type"],
+    ids=["not-json", "no-choices", "no-id", "wrong-type", "negative-usage"],
 )
 def test_a_malformed_chat_answer_is_named_so(raw: bytes) -> None:
     with pytest.raises(MalformedAnswer):
         read_completion(raw, "m")
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b'{"output":[]}', b'{"id":"r","output":"x"}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b'{"output":[]}',
+        b'{"id":"r","output":"x"}',
+        b'{"id":"r","output":[],"usage":{"input_tokens":10,"output_tokens":-60000}}',
+    ],
+)
 def test_a_malformed_responses_answer_is_named_so(raw: bytes) -> None:
     with pytest.raises(MalformedAnswer):
         read_response(raw, "m")

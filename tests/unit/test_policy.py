@@ -227,6 +227,18 @@ def test_a_payment_above_the_limit_waits_for_the_guests_yes_naming_what_is_paid(
     assert run.state.pending == () and isinstance(next_move(run.state, BOOKING, run.tick()), AwaitApproval)
 
 
+def test_charges_under_the_limit_count_together_against_it() -> None:
+    """Twelve nights (1,440.00) paid, then the adjacent twelve: each under the guest's 1,500.00, not together."""
+    run = Run(started())
+    first = hold_room(run, "lis-1", "2031-12-01", "2031-12-13")
+    paid = pay_asked(run, first)
+    assert isinstance(paid, ActionRequested)
+    run.complete(paid.step_no)
+    held = pay_asked(run, hold_room(run, "lis-1", "2031-12-13", "2031-12-25"), "call_pay_2")
+    assert isinstance(held, ApprovalRequested) and held.amount_cents == 12 * NIGHTLY
+    assert "(2,880.00 EUR in all with this conversation's other payments)" in held.question
+
+
 def test_an_approved_action_passes_once_it_prepares_to_the_approved_hash() -> None:
     run, booking_id = long_stay()
     held = pay_asked(run, booking_id)
@@ -389,15 +401,15 @@ REFUND = REFUND_PAYMENT.contract  # as the support agent offers it to its model:
 SUPPORT = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
 
 
-def found_payments(payments: list[dict[str, Any]]) -> Run:
+def found_payments(payments: list[dict[str, Any]], run: Run | None = None) -> Run:
     """A run whose `find_payments` read answered with these payments."""
-    run = Run(started(agent="booking"))
+    run = run or Run(started(agent="booking"))
     step = run.state.next_step
     found = ActionRequested(
         run_id=RUN,
         at=run.tick(),
         step_no=step,
-        call_id="call_find",
+        call_id=f"call_find_{step}",
         tool="find_payments",
         family="payment",
         args={"guest_id": "guest-1"},
@@ -466,7 +478,46 @@ def test_refunds_already_asked_in_the_run_count_against_what_is_left() -> None:
         )
     )
     assert isinstance(refund_verdict(run, "pay_1", 16_001), Deny)
-    assert refund_verdict(run, "pay_1", 15_000) == Allow()
+    assert refund_verdict(run, "pay_1", 1_000) == Allow()
+    # 14,000 asked and 15,000 more: under the manager's limit each, above it together.
+    held = refund_verdict(run, "pay_1", 15_000)
+    assert (
+        isinstance(held, Hold) and held.approver == "manager" and "140.00 EUR refunded already" in held.reason
+    )
+
+
+def test_a_payment_refunded_before_this_run_counts_towards_the_managers_limit() -> None:
+    run = found_payments([{**PAID, "refunded_cents": 14_000}])
+    assert refund_verdict(run, "pay_1", 1_000) == Allow()
+    held = refund_verdict(run, "pay_1", 1_001)
+    assert isinstance(held, Hold) and held.approver == "manager" and held.amount_cents == 1_001
+
+
+def test_a_refund_still_in_flight_when_the_payments_were_listed_again_counts_against_what_is_left() -> None:
+    """14,000 of 30,000 asked; before its answer the model lists the payments again (the listing does not show
+    the refund yet) and asks for 20,000 more: 34,000 of a 30,000 payment, denied."""
+    run = found_payments([PAID])
+    step = run.state.next_step
+    run.add(
+        ActionRequested(
+            run_id=RUN,
+            at=run.tick(),
+            step_no=step,
+            call_id="call_refund_1",
+            tool="refund_payment",
+            family="payment",
+            args={"payment_id": "pay_1", "amount_cents": 14_000},
+            key=action_key(RUN, step),
+            input_hash="1" * 64,
+            timeout_s=10.0,
+            deadline_at=run.now + timedelta(seconds=10),
+        )
+    )
+    found_payments([PAID], run)  # listed while the refund is in flight
+    denied = refund_verdict(run, "pay_1", 20_000)
+    assert isinstance(denied, Deny) and "more than the 160.00 EUR left" in denied.reason
+    run.complete(step)  # answered after the listing: still not in it
+    assert isinstance(refund_verdict(run, "pay_1", 20_000), Deny)
 
 
 # ToolsAllowed ------------------------------------------------------------------------------------------------
@@ -534,6 +585,25 @@ def test_the_same_call_asked_more_than_max_repeats_times_hands_off_as_a_loop() -
     assert handed.reply == handoff_reply(HandOffReason.LOOP)
     assert run.state.steps_used < run.state.budget.max_steps
     assert summarize(run.state).reply == handed.reply
+
+
+def test_calls_after_a_held_one_stop_at_the_step_budget_instead_of_one_rejection_each() -> None:
+    """A hostile answer: a payment held for approval, then hundreds of calls. Each skipped call was journaled as a
+    rejection of its own, past the step budget (an answer of 1 MB: 20,000 events and half a minute of a blocked
+    runtime). Past the budget the run hands off, as it does for calls that are not skipped, and lets the hold go."""
+    run, booking = booked_run()
+    stay = {"city": "Paris", "check_in": "2031-12-01", "check_out": "2031-12-03"}
+    flood = [call("search_hotels", stay, f"call_{i}") for i in range(200)]
+    run.answer(call("create_payment", {"booking_id": booking}, "call_pay"), *flood)
+    config = AgentConfig(agent="booking", rules=[ApprovalAbove(tool="create_payment", limit_cents=0)])
+    events = plan_calls(run.state, BOOKING, run.state.unplanned, run.now, config=config)
+    assert isinstance(events[0], ApprovalRequested)
+    assert isinstance(events[-1], RunHandedOff) and events[-1].reason == HandOffReason.BUDGET_STEPS
+    assert len(events) <= run.state.budget.max_steps
+    run.add(*events)
+    assert summarize(run.state).reply == events[-1].reply  # not the approval's question: nobody is asked
+    release = next_move(run.state, BOOKING, run.tick(), config)
+    assert isinstance(release, Append) and [e.tool for e in release.events] == ["release_booking"]  # type: ignore[union-attr]
 
 
 def test_other_arguments_are_not_a_loop() -> None:

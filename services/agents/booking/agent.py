@@ -11,7 +11,7 @@ from contracts.catalog import AgentConfig
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.keys import CompensationKind
 from contracts.run_events import ActionCompleted, ActionRequested
-from contracts.tool_messages import OutcomeStatus
+from contracts.tool_messages import OutcomeStatus, first_made_by
 from contracts.tools import ToolContract
 from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow, VerifiedRecipient
 from services.agents.booking.arguments import ARGUMENT_TYPES
@@ -98,6 +98,11 @@ class BookingAgent:
         for req, done in state.completed:
             if req.tool != "create_booking" or done.status != OutcomeStatus.SUCCEEDED:
                 continue
+            maker = first_made_by(done.evidence)
+            if maker is not None and maker != state.run_id:
+                # Another run's hold, answered from its receipt (the same room asked again): that run made it and
+                # may have paid for it; this one never lets it go.
+                continue
             booking_id = str(done.result.get("booking_id", ""))
             releases = about("release_booking", booking_id)
             payments = about("create_payment", booking_id)
@@ -169,6 +174,15 @@ class BookingAgent:
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):
                     return booking
+                maker = self._made_by_another_run(state, booking["booking_id"])
+                if maker is not None:
+                    # The run that made the hold pays it or lets it go; paid here, it would be let go there.
+                    return ErrorInfo(
+                        code=ErrorCode.INVALID_TOOL_ARGUMENTS.value,
+                        message=f"booking {booking['booking_id']} is held by another conversation ({maker}); "
+                        "it is paid or released there, never here",
+                        details={"booking_id": booking["booking_id"], "held_by": maker},
+                    )
                 if self._already(state, "create_payment", booking["booking_id"]):
                     return ErrorInfo(
                         code=ErrorCode.INVALID_TOOL_ARGUMENTS.value,
@@ -227,6 +241,19 @@ class BookingAgent:
             message=f"booking {booking_id} was not created in this run; create_booking first",
             details={"booking_id": booking_id},
         )
+
+    @staticmethod
+    def _made_by_another_run(state: RunState, booking_id: str) -> str | None:
+        """The run that made this hold, if this run only has its receipt from the store (the same room asked
+        again); None if this run made it."""
+        makers = {
+            first_made_by(done.evidence) or state.run_id
+            for req, done in state.completed
+            if req.tool == "create_booking"
+            and done.status == OutcomeStatus.SUCCEEDED
+            and done.result.get("booking_id") == booking_id
+        }
+        return None if not makers or state.run_id in makers else sorted(makers)[0]
 
     @staticmethod
     def _already(state: RunState, tool: str, booking_id: str) -> bool:

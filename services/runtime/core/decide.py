@@ -324,6 +324,15 @@ def plan_calls(
         if planned.awaiting is not None:
             held = planned.awaiting.tool
             for skipped in calls[index:]:
+                if planned.next_step + planned.lost_asks > state.budget.max_steps:
+                    # Each skipped call is a step too: a flood of them after a held call is stopped by the
+                    # budget like any other call, not journaled one rejection at a time.
+                    detail = (
+                        f"{len(calls) - index} tool calls came after {held[:200]} in one answer, past the "
+                        f"{state.budget.max_steps} steps"
+                    )
+                    events.append(handed_off(state, now, HandOffReason.BUDGET_STEPS, detail))
+                    break
                 event: RunEvent = ToolRejected(
                     run_id=state.run_id,
                     at=now,

@@ -303,7 +303,8 @@ def context_items(started: RunStarted) -> tuple[dict[str, Any], ...]:
     items: list[dict[str, Any]] = []
     if started.history:
         lines = [f"- guest: {t.text!r} -> you: {t.reply!r}" for t in started.history]
-        items.append({"role": "developer", "content": "Earlier in this session:\n" + "\n".join(lines)})
+        # The guest's own words: a user message, never the developer's (their text would gain its authority).
+        items.append({"role": "user", "content": "Earlier in this session:\n" + "\n".join(lines)})
     profile = started.profile
     if profile is not None and profile.preferences:
         prefs = ", ".join(f"{k}: {v}" for k, v in sorted(profile.preferences.items()))
@@ -340,8 +341,12 @@ def summarize(state: RunState) -> Summary:
         tokens_used=state.tokens_used,
         outcome=state.outcome,
         # While the run waits for an approval, the guest is told what they are asked.
-        reply=state.awaiting.question if state.awaiting and state.awaiting.question else state.final_reply,
+        reply=(
+            state.awaiting.question
+            if state.awaiting and state.awaiting.question and not state.terminal
+            else state.final_reply
+        ),
         handoff_reason=state.handoff_reason,
         pending_actions=[p.key for p in state.pending],
-        awaiting_approval=state.awaiting.approval_id if state.awaiting else None,
+        awaiting_approval=state.awaiting.approval_id if state.awaiting and not state.terminal else None,
     )

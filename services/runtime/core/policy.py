@@ -264,20 +264,27 @@ def _approval_above(
     state: RunState, rule: ApprovalAbove, contract: ToolContract, args: dict[str, Any], input_hash: str
 ) -> Verdict:
     amount = args.get("amount_cents")
-    if not isinstance(amount, int) or amount <= rule.limit_cents:
+    if not isinstance(amount, int):
+        return Allow()
+    currency = str(args.get("currency", ""))
+    # What the run charges in all counts, not this charge alone: stays split into charges under the limit (twelve
+    # nights, then the next twelve) would otherwise never be confirmed by anyone.
+    earlier = _charged(state, contract.name, currency, str(args.get("booking_id", "")))
+    if amount + earlier <= rule.limit_cents:
         return Allow()
     profile = state.started.profile
     if rule.corporate_only and not (profile is not None and profile.corporate):
         return Allow()
     if approved(state, contract.name, input_hash, rule.approver):
         return Allow()
-    currency = str(args.get("currency", ""))
     booking_id = str(args.get("booking_id", ""))
     booking = _booking(state, booking_id)
     what = f"{money(amount, currency)} for booking {booking_id}"
     if booking:
         what += f" at {booking.get('hotel_name') or booking.get('hotel_id', '')}, "
         what += f"{booking.get('check_in', '')} to {booking.get('check_out', '')}"
+    if earlier:
+        what += f" ({money(amount + earlier, currency)} in all with this conversation's other payments)"
     if rule.approver == Approver.MANAGER:
         manager = profile.manager if profile is not None and profile.manager else "the manager"
         question = f"Approve paying {what} for {state.guest_id}? ({manager} decides)"
@@ -285,13 +292,24 @@ def _approval_above(
         question = f"Reply yes to pay {what}"
     return Hold(
         rule=rule_name(rule),
-        reason=f"{money(amount, currency)} is above {money(rule.limit_cents, currency)}; "
+        reason=f"{money(amount + earlier, currency)} is above {money(rule.limit_cents, currency)}; "
         f"{rule.approver} approval needed",
         approver=rule.approver,
         ttl_s=rule.ttl_s,
         amount_cents=amount,
         currency=currency,
         question=question,
+    )
+
+
+def _charged(state: RunState, tool: str, currency: str, booking_id: str) -> int:
+    """Cents this run has charged with `tool` in `currency` for other bookings: pending, done or maybe done."""
+    asked = [p for p in state.pending if p.tool == tool]
+    asked += [req for req, done in state.completed if req.tool == tool and done.status in _LIVE]
+    return sum(
+        int(r.args.get("amount_cents") or 0)
+        for r in asked
+        if str(r.args.get("currency", "")) == currency and str(r.args.get("booking_id", "")) != booking_id
     )
 
 
@@ -337,19 +355,21 @@ def _one_active_hold(state: RunState, rule: OneActiveHold, args: dict[str, Any])
 
 
 def _payment(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | None:
-    """A payment this run has seen, and the step since which its refunds are not in it: as the latest
-    `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made it."""
+    """A payment this run has seen, and the place in `state.completed` after which its refunds are not in it: as
+    the latest `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made
+    it (-1: none of the run's refunds are in it). A refund answered after the listing, or still in flight, is not
+    in the listing whatever its step: the model may list the payments again while a refund is on its way."""
     found = [
-        (req.step_no, done.result)
-        for req, done in state.completed
+        (index, done.result)
+        for index, (req, done) in enumerate(state.completed)
         if req.tool == "find_payments" and done.status == OutcomeStatus.SUCCEEDED
     ]
     if found:
-        step, result = max(found, key=lambda f: f[0])
+        at, result = found[-1]
         payments = result.get("payments", [])
         for payment in payments if isinstance(payments, list) else []:
             if isinstance(payment, dict) and payment.get("payment_id") == payment_id:
-                return payment, step
+                return payment, at
     for req, done in state.completed:
         if (
             req.tool == "create_payment"
@@ -362,19 +382,20 @@ def _payment(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | N
                 "amount_cents": req.args.get("amount_cents"),
                 "currency": req.args.get("currency", ""),
             }
-            return made, 0
+            return made, -1
     return None
 
 
 def _refunded_since(state: RunState, payment_id: str, since: int) -> int:
-    """Cents this run asked to refund of the payment after step `since` (pending, done, or maybe done)."""
+    """Cents this run asked to refund of the payment that the listing at `state.completed[since]` cannot show:
+    in flight, or answered (done, or maybe done) after it."""
     asked = [p for p in state.pending if p.tool == "refund_payment"]
-    asked += [req for req, done in state.completed if req.tool == "refund_payment" and done.status in _LIVE]
-    return sum(
-        int(r.args.get("amount_cents") or 0)
-        for r in asked
-        if r.args.get("payment_id") == payment_id and r.step_no > since
-    )
+    asked += [
+        req
+        for index, (req, done) in enumerate(state.completed)
+        if index > since and req.tool == "refund_payment" and done.status in _LIVE
+    ]
+    return sum(int(r.args.get("amount_cents") or 0) for r in asked if r.args.get("payment_id") == payment_id)
 
 
 def _refund_within_paid(
@@ -399,10 +420,16 @@ def _refund_within_paid(
             f"{money(amount, currency)} is more than the {money(max(left, 0), currency)} left of payment "
             f"{payment_id} ({money(paid, currency)} paid, {money(refunded, currency)} refunded)",
         )
-    if amount > rule.manager_above_cents and not approved(state, rule.tool, input_hash, Approver.MANAGER):
+    # What the payment has been refunded in all counts, not this refund alone: split into refunds under the
+    # limit (140.00, then 100.00), a refund above it would otherwise never reach a manager.
+    if refunded + amount > rule.manager_above_cents and not approved(
+        state, rule.tool, input_hash, Approver.MANAGER
+    ):
+        already = f" ({money(refunded, currency)} refunded already)" if refunded else ""
         return Hold(
             rule=name,
-            reason=f"a refund above {money(rule.manager_above_cents, currency)} needs a manager's approval",
+            reason=f"refunds of a payment above {money(rule.manager_above_cents, currency)} in all need a "
+            f"manager's approval{already}",
             approver=Approver.MANAGER.value,
             ttl_s=rule.ttl_s,
             amount_cents=amount,
