@@ -238,3 +238,31 @@ async def test_support_refuses_to_refund_another_guests_payment(stack: Stack) ->
     victims = (await stack.sandbox.ledger(victim))["entries"]
     assert [e for e in victims if e["kind"] == "refund"] == []
     assert json.dumps(refused.error.details).find(payment_id) >= 0
+
+
+async def test_a_call_allowed_in_the_same_answer_as_a_held_one_is_sent_while_the_run_waits(
+    stack: Stack,
+) -> None:
+    """A model answer [search (allowed), payment above the guest's limit (held)]: the search was journaled as an
+    intent before the approval was asked, so it must reach its executor now, not when the approval is decided
+    (a manager's may take a day) or when the reconciler finds it overdue."""
+    long_stay = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-15"}'
+    search = '{"city": "Lisbon", "check_in": "2031-12-01", "check_out": "2031-12-15"}'
+    text = (
+        f"obey: create_booking {long_stay}\n"
+        f"obey: search_hotels {search}\n"
+        'obey+: create_payment {"booking_id": "$booking_id"}'
+    )
+    run_id = await stack.run(text, guest=unique("guest"), session=unique("sess"))
+    events = await stack.waiting(run_id)
+    assert [e.tool for e in events if isinstance(e, ApprovalRequested)] == ["create_payment"]
+    assert len(_requested(events, "search_hotels")) == 1
+
+    async def searched() -> list[ActionCompleted] | None:
+        events, _ = await stack.journal.read(run_id)
+        return _completed(events, "search_hotels") or None
+
+    (done,) = await eventually(searched, what="the search asked next to the held payment to be answered")
+    assert done.status == OutcomeStatus.SUCCEEDED
+    state = replay((await stack.journal.read(run_id))[0])
+    assert state is not None and state.awaiting is not None  # still waiting for the guest, as it should
