@@ -266,3 +266,17 @@ async def test_a_call_allowed_in_the_same_answer_as_a_held_one_is_sent_while_the
     assert done.status == OutcomeStatus.SUCCEEDED
     state = replay((await stack.journal.read(run_id))[0])
     assert state is not None and state.awaiting is not None  # still waiting for the guest, as it should
+
+
+async def test_a_later_run_handed_the_paid_hold_by_replay_never_releases_it(stack: Stack) -> None:
+    """The first run holds and pays; the session's next run asks for the same room (the same business key) and
+    is handed the stored "held" receipt, then ends without paying. Its own journal shows a hold and no payment,
+    but the booking is the first run's, paid: releasing it would leave the guest charged for nothing."""
+    guest, session = unique("guest"), unique("sess")
+    await _booked_and_paid(stack, guest, session)
+    second = await stack.ended(await stack.run(f"obey: create_booking {HOLD}", guest=guest, session=session))
+    (again,) = _completed(second, "create_booking")
+    assert again.via == Via.REPLAY and again.status == OutcomeStatus.SUCCEEDED
+    assert _requested(second, "release_booking") == []
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)

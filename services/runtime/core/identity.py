@@ -20,6 +20,7 @@ above. Limits: docs/architecture.md, "Keys"."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from contracts.errors import ErrorCode
 from contracts.keys import KeyScheme, business_key
 from contracts.policy import Approver
 from contracts.run_events import Origin
-from contracts.tool_messages import OutcomeStatus
+from contracts.tool_messages import Answer, Asked, OutcomeStatus
 from contracts.tools import Effect, KeyRule, ToolContract
 from services.runtime.core.policy import Allow, Hold
 from services.runtime.core.state import RunState
@@ -80,6 +81,28 @@ def _undone(state: RunState, key: str) -> bool:
         and done.status == OutcomeStatus.SUCCEEDED
         for req, done in state.completed
     )
+
+
+# The evidence line the executor adds to a stored receipt it sends again (`executor.core.first_asked_by`).
+_FIRST_MADE_FOR = re.compile(r"^first made for (\S+) step \d+$")
+
+
+def handed_by_another_run(state: RunState, key: str) -> bool:
+    """This run holds the key's effect only as another run's stored receipt (the session's earlier run made and
+    paid the hold; this run asked for the same room): that run made it, and only it may undo it. Undoing it
+    here would release a booking another run paid for."""
+    made = [
+        done for req, done in state.completed if req.key == key and done.status == OutcomeStatus.SUCCEEDED
+    ]
+
+    def another_makers(done: Any) -> bool:
+        for line in done.evidence:
+            found = _FIRST_MADE_FOR.match(line.detail)
+            if line.asked == Asked.STORE_RECEIPT and line.answer == Answer.REPLAYED and found:
+                return found.group(1) != state.run_id
+        return False
+
+    return bool(made) and all(another_makers(done) for done in made)
 
 
 def approved_retries(state: RunState, input_hash: str) -> int:
