@@ -168,7 +168,7 @@ async def audit(state_dir: Path) -> int:
         f"audited {stats.runs} runs, {stats.keyed_intents} keyed intents ({stats.looked_up} looked up){listed}"
     )
     for finding in findings:
-        print(f"WRONG {finding.kind}: run {finding.run_id} key {finding.key}: {finding.detail}")
+        print(f"WRONG {finding.kind}: run {finding.run_id or '(none)'} key {finding.key}: {finding.detail}")
     for run_id, tags in sorted(unreadable.items()):
         print(
             f"NOTE run {run_id}: {len(tags)} event(s) of a type this version does not know "

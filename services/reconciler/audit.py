@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from contracts.audit import Finding, FindingKind, Intent, ProviderEffect
+from contracts.keys import undone_by
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -20,15 +21,25 @@ from services.registry import AuditRule, Tool
 
 
 def intents(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, Intent]:
-    """Every keyed action any run journaled, by idempotency key, with its receipt if one was journaled."""
-    out: dict[str, Intent] = {}
+    """Every keyed action any run journaled, by idempotency key, with its receipt if one was journaled.
+
+    A business key is asked by many steps and runs (a replay, an `action_undone` answer, a hold asked again by
+    the session's next run): the key is judged by the asker that journaled it succeeded, else by one still in
+    flight (it may yet journal it), else by the last to end. Never by whichever journal happened to come last."""
+    askers: dict[str, list[Intent]] = {}
     for run_id, events in journals.items():
         terminal = any(isinstance(e, RunCompleted | RunHandedOff) for e in events)
         requested = {e.step_no: e for e in events if isinstance(e, ActionRequested)}
         completed = {e.step_no: e for e in events if isinstance(e, ActionCompleted)}
         for step, request in requested.items():
-            out[request.key] = Intent(run_id, request, completed.get(step), terminal)
-    return out
+            askers.setdefault(request.key, []).append(Intent(run_id, request, completed.get(step), terminal))
+    return {key: _judged_by(found) for key, found in askers.items()}
+
+
+def _judged_by(askers: list[Intent]) -> Intent:
+    succeeded = [i for i in askers if i.succeeded]
+    live = [i for i in askers if not i.run_terminal]
+    return (succeeded or live or [askers[-1]])[0]
 
 
 def audited(intent: Intent, tools: Mapping[str, Tool]) -> bool:
@@ -51,7 +62,9 @@ def audit(
     for key, count in Counter(effect.key for effect in listed).items():
         if count > 1:
             findings.append(
-                Finding(FindingKind.DUPLICATE_EFFECT, key, _run_of(key), f"{count} effects hold key {key}")
+                Finding(
+                    FindingKind.DUPLICATE_EFFECT, key, _run_of(key, known), f"{count} effects hold key {key}"
+                )
             )
     for effect in listed:
         if effect.key not in known:
@@ -59,7 +72,7 @@ def audit(
                 Finding(
                     FindingKind.EFFECT_WITHOUT_INTENT,
                     effect.key,
-                    _run_of(effect.key),
+                    _run_of(effect.key, known),
                     f"{effect.kind} {effect.ref} has no journaled intent",
                 )
             )
@@ -101,5 +114,10 @@ def unknown_events(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, 
     return out
 
 
-def _run_of(key: str) -> str:
-    return key.split(":", 1)[0]
+def _run_of(key: str, known: Mapping[str, Intent]) -> str:
+    """The run an effect's key belongs to: the run that journaled it (a business key names no run), else the run
+    a step key starts with, else none."""
+    intent = known.get(key) or known.get(undone_by(key) or "")
+    if intent is not None:
+        return intent.run_id
+    return key.split(":", 1)[0] if key.startswith("run_") else ""

@@ -34,8 +34,9 @@ class OpenWork:
     runs: dict[str, OpenRun] = field(default_factory=dict)
     # Actions whose journaled outcome is unknown, in any run, ended or not, and actions still pending when their
     # run handed off (a deadline): asked about by key until they settle.
-    unknown: dict[str, ActionRequested] = field(default_factory=dict)
-    requests: dict[str, ActionRequested] = field(default_factory=dict)
+    # Both by (run, key): a business key is asked by many runs, and each run's unknown is that run's to settle.
+    unknown: dict[tuple[str, str], ActionRequested] = field(default_factory=dict)
+    requests: dict[tuple[str, str], ActionRequested] = field(default_factory=dict)
     times_asked: dict[str, int] = field(default_factory=dict)
     # When each key was last sent for resolution, so a slow provider is asked again only after a pause.
     asked: dict[str, datetime] = field(default_factory=dict)
@@ -67,7 +68,7 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
                 # Handed off with actions in flight (past its deadline): nobody else will ask about them, so
                 # they are watched like unknown outcomes until a receipt settles them.
                 for request in run.pending.values():
-                    work.unknown[request.key] = request
+                    work.unknown[(request.run_id, request.key)] = request
             work.woken.pop(event.run_id, None)
         case RunCompleted():
             run = work.runs.pop(event.run_id, None)
@@ -75,19 +76,22 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
             if run is not None:
                 for request in run.pending.values():
                     work.asked.pop(request.key, None)
-                    work.requests.pop(request.key, None)
+                    work.requests.pop((request.run_id, request.key), None)
             work.woken.pop(event.run_id, None)
-        case ActionCompleted() if event.key in work.unknown or event.status == OutcomeStatus.UNKNOWN:
+        case ActionCompleted() if (
+            event.run_id,
+            event.key,
+        ) in work.unknown or event.status == OutcomeStatus.UNKNOWN:
             # Unknown outcomes outlive their run: a handed-off run still needs the truth, found by key.
             if event.status == OutcomeStatus.UNKNOWN:
-                intent = work.requests.get(event.key)
+                intent = work.requests.get((event.run_id, event.key))
                 if intent is not None:
-                    work.unknown[event.key] = intent
+                    work.unknown[(event.run_id, event.key)] = intent
             else:
-                work.unknown.pop(event.key, None)
+                work.unknown.pop((event.run_id, event.key), None)
                 work.times_asked.pop(event.key, None)
                 work.asked.pop(event.key, None)
-                work.requests.pop(event.key, None)
+                work.requests.pop((event.run_id, event.key), None)
             run = work.runs.get(event.run_id)
             if run is not None:
                 run.last_at = max(run.last_at, event.at)
@@ -107,10 +111,10 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
                 run.awaiting = None
             if isinstance(event, ActionRequested):
                 run.pending[event.step_no] = event
-                work.requests[event.key] = event
+                work.requests[(event.run_id, event.key)] = event
             elif isinstance(event, ActionCompleted):
                 done = run.pending.pop(event.step_no, None)
-                work.requests.pop(event.key, None)
+                work.requests.pop((event.run_id, event.key), None)
                 if done is not None:
                     work.asked.pop(done.key, None)
                     work.times_asked.pop(done.key, None)
@@ -137,7 +141,7 @@ def unsettled_unknowns(
 ) -> list[ActionRequested]:
     """Unknown outcomes to ask about again, each with a growing pause (reask, 2x, 4x … up to 5 minutes)."""
     due: list[ActionRequested] = []
-    for key, request in work.unknown.items():
+    for (_, key), request in work.unknown.items():
         asked = work.asked.get(key)
         gap = min(reask_s * 2 ** work.times_asked.get(key, 0), max_gap_s)
         if asked is None or now - asked >= timedelta(seconds=gap):

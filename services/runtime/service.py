@@ -484,6 +484,9 @@ class Runtime:
                         self._settle(run)
                         return
                     case AwaitApproval(approval=approval):
+                        # Calls before the held one in the same answer are journaled intents: send them now,
+                        # not once the approval is decided (a manager's may take a day).
+                        await self._publish_pending(run, ctx)
                         decided = await self.approvals.wait(run.state, approval, ctx)
                         if decided is None:
                             self._runs.pop(run.state.run_id, None)  # waits holding no worker and no memory
@@ -525,11 +528,8 @@ class Runtime:
                         self._apply(
                             run, answered, await self.journal.append(answered, run.seq, headers_for(ctx))
                         )
-                    case AwaitActions(pending=pending):
-                        for request in pending:
-                            if _sent(request) not in run.published:
-                                await self._publish_request(request, ctx, agent=run.state.agent)
-                                run.published.add(_sent(request))
+                    case AwaitActions():
+                        await self._publish_pending(run, ctx)
                         self._arm_deadline(run.state)
                         return
             except RunVersionConflict:
@@ -537,6 +537,12 @@ class Runtime:
                 if conflicts > MAX_CONFLICT_RETRIES:
                     raise
                 run = await self._reload(run, ctx)
+
+    async def _publish_pending(self, run: _Run, ctx: Context) -> None:
+        for request in run.state.pending:
+            if _sent(request) not in run.published:
+                await self._publish_request(request, ctx, agent=run.state.agent)
+                run.published.add(_sent(request))
 
     async def _ticket(self, state: RunState, handed: RunHandedOff) -> None:
         """A handed-off run goes to the support queue once journaled; a failed publish never wedges the run

@@ -96,8 +96,8 @@ async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_as
     )
     code, out = await _cli_audit(client, tmp_path / "cli")
     assert code == 1, out
-    assert f"WRONG effect_without_intent: run {charge_key} key {charge_key}" in out
-    assert f"WRONG effect_without_intent: run {booking_key} key {booking_key}" in out
+    assert f"WRONG effect_without_intent: run (none) key {charge_key}" in out
+    assert f"WRONG effect_without_intent: run (none) key {booking_key}" in out
 
     # The providers forget everything: every journaled success is now a success without its effect.
     await client.sandbox.reset()

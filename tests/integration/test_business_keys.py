@@ -313,3 +313,45 @@ async def test_a_hold_another_run_is_still_waiting_to_pay_is_not_paid_by_a_secon
     (refused,) = [e for e in second if isinstance(e, ToolRejected) and e.tool == "create_payment"]
     assert first in refused.error.message, refused.error
     assert (await stack.sandbox.counts(guest))["charge"] == 0
+
+
+async def test_a_call_allowed_in_the_same_answer_as_a_held_one_is_sent_while_the_run_waits(
+    stack: Stack,
+) -> None:
+    """A model answer [search (allowed), payment above the guest's limit (held)]: the search was journaled as an
+    intent before the approval was asked, so it must reach its executor now, not when the approval is decided
+    (a manager's may take a day) or when the reconciler finds it overdue."""
+    long_stay = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-15"}'
+    search = '{"city": "Lisbon", "check_in": "2031-12-01", "check_out": "2031-12-15"}'
+    text = (
+        f"obey: create_booking {long_stay}\n"
+        f"obey: search_hotels {search}\n"
+        'obey+: create_payment {"booking_id": "$booking_id"}'
+    )
+    run_id = await stack.run(text, guest=unique("guest"), session=unique("sess"))
+    events = await stack.waiting(run_id)
+    assert [e.tool for e in events if isinstance(e, ApprovalRequested)] == ["create_payment"]
+    assert len(_requested(events, "search_hotels")) == 1
+
+    async def searched() -> list[ActionCompleted] | None:
+        events, _ = await stack.journal.read(run_id)
+        return _completed(events, "search_hotels") or None
+
+    (done,) = await eventually(searched, what="the search asked next to the held payment to be answered")
+    assert done.status == OutcomeStatus.SUCCEEDED
+    state = replay((await stack.journal.read(run_id))[0])
+    assert state is not None and state.awaiting is not None  # still waiting for the guest, as it should
+
+
+async def test_a_later_run_handed_the_paid_hold_by_replay_never_releases_it(stack: Stack) -> None:
+    """The first run holds and pays; the session's next run asks for the same room (the same business key) and
+    is handed the stored "held" receipt, then ends without paying. Its own journal shows a hold and no payment,
+    but the booking is the first run's, paid: releasing it would leave the guest charged for nothing."""
+    guest, session = unique("guest"), unique("sess")
+    await _booked_and_paid(stack, guest, session)
+    second = await stack.ended(await stack.run(f"obey: create_booking {HOLD}", guest=guest, session=session))
+    (again,) = _completed(second, "create_booking")
+    assert again.via == Via.REPLAY and again.status == OutcomeStatus.SUCCEEDED
+    assert _requested(second, "release_booking") == []
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)

@@ -20,7 +20,7 @@ from services.runtime.core.approvals import (
     is_clear_yes,
     new_record,
 )
-from services.runtime.core.decide import AwaitApproval, DecideApproval, approval_id_for, next_move
+from services.runtime.core.decide import Append, AwaitApproval, DecideApproval, approval_id_for, next_move
 from services.runtime.core.fold import fold_run, summarize
 from services.runtime.core.state import RunState
 from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, booked_run, call, started
@@ -219,3 +219,30 @@ def test_a_corporate_payment_refused_or_expired_releases_the_hold_and_ends_with_
     (done,) = run.decide()
     assert isinstance(done, RunCompleted) and says in done.reply
     assert not any(isinstance(e, ActionRequested) and e.tool == "create_payment" for e in run.events)
+
+
+@pytest.mark.parametrize("decision", ["rejected", "expired"])
+def test_a_message_the_guest_sent_while_the_run_waited_is_read_when_the_approval_ends_the_run(
+    decision: str,
+) -> None:
+    """A manager's no (or the expiry) ends the run with a defined reply; a message the guest sent meanwhile was
+    journaled as this run's turn (and a redelivery of it starts no other run), so it must reach the model, not
+    vanish with the run's end."""
+    record = new_record(waiting(Approver.MANAGER.value), held(Approver.MANAGER.value))
+    now = T0 + timedelta(hours=2 if decision == "expired" else 0, minutes=1)
+    moved = (
+        expired(record, now)
+        if decision == "expired"
+        else decide(record, "rejected", "manager:ana", "over budget", now)
+    )
+    assert moved is not None
+    ended = decided_event(moved, held(Approver.MANAGER.value), now)
+    assert ended is not None
+    state = fold_run(
+        fold_run(waiting(Approver.MANAGER.value), turn("evt-2", "also a quiet room, please")), ended
+    )
+
+    move = next_move(state, BOOKING, now)
+
+    assert not isinstance(move, Append) or not any(isinstance(e, RunCompleted) for e in move.events)
+    assert {"role": "user", "content": "also a quiet room, please"} in state.transcript

@@ -167,7 +167,7 @@ def test_an_effect_no_run_journaled_is_effect_without_intent() -> None:
 
     (finding,) = world.findings()
 
-    assert (finding.kind, finding.key, finding.run_id) == ("effect_without_intent", "rogue-1", "rogue-1")
+    assert (finding.kind, finding.key, finding.run_id) == ("effect_without_intent", "rogue-1", "")  # no run
     assert "charge" in finding.detail and "pay_rogue" in finding.detail
 
 
@@ -380,3 +380,68 @@ def test_every_stray_effect_is_named_once_per_entry_and_repeats_once_per_key(
         {("effect_without_intent", key): n for key, n in repeats.items()}
         | {("duplicate_effect", key): 1 for key, n in repeats.items() if n > 1}
     )
+
+
+# Business keys: one key, many askers (runs and steps) ---------------------------------------------------------
+
+HOLD = "hold:" + "d" * 64
+CHARGE = "charge:" + "c" * 64
+
+
+def test_a_later_run_told_the_hold_was_undone_does_not_make_the_released_hold_unjournaled() -> None:
+    # run_a held and released; run_b asked the same business key and was answered `action_undone` (failed).
+    world = World()
+    first = Run("run_a")
+    first.act("create_booking", {"hotel_id": "lis-1"}, result={"booking_id": "bk_1"}, key=HOLD)
+    release = compensation_key(HOLD, "release")
+    first.act("release_booking", {"booking_id": "bk_1"}, key=release, origin="compensation")
+    world.runs.append(first.end())
+    later = Run("run_b")
+    later.act("create_booking", {"hotel_id": "lis-1"}, status="failed", key=HOLD)
+    world.runs.append(later.end())
+    world.effect("booking", HOLD, "bk_1")
+    world.effect("booking_release", release, "bk_1")
+
+    assert world.findings() == []
+
+
+def test_a_success_one_run_journaled_is_checked_though_a_later_run_asks_the_same_key() -> None:
+    world = World()
+    first = Run("run_a")
+    first.act("create_payment", {"booking_id": "bk_1"}, result={"payment_id": "pay_1"}, key=CHARGE)
+    world.runs.append(first.end())
+    later = Run("run_b")
+    later.act("create_payment", {"booking_id": "bk_1"}, status=None, key=CHARGE)  # its replay is on its way
+    world.runs.append(later)
+    world.found[CHARGE] = False  # the provider holds no charge, though run_a journaled one
+
+    (finding,) = world.findings()
+
+    assert (finding.kind, finding.key, finding.run_id) == ("success_without_effect", CHARGE, "run_a")
+
+
+def test_an_effect_an_ended_run_left_without_receipt_is_not_judged_while_another_asker_runs() -> None:
+    world = World()
+    live = Run("run_a")
+    live.act("create_payment", {"booking_id": "bk_1"}, status=None, key=CHARGE)
+    world.runs.append(live)
+    ended = Run("run_b")
+    ended.act("create_payment", {"booking_id": "bk_1"}, status=None, key=CHARGE)
+    world.runs.append(ended.end())
+    world.effect("charge", CHARGE, "pay_1")
+
+    assert world.findings() == []
+
+
+def test_stray_effects_under_a_business_key_name_the_run_that_journaled_it_or_none() -> None:
+    world = World()
+    run = Run("run_a")
+    run.act("create_payment", {"booking_id": "bk_1"}, result={"payment_id": "pay_1"}, key=CHARGE)
+    world.runs.append(run.end())
+    world.effect("charge", CHARGE, "pay_1")
+    world.ledger.append({"kind": "charge", "key": CHARGE, "ref": "pay_again"})
+    world.ledger.append({"kind": "booking", "key": HOLD, "ref": "bk_rogue"})
+
+    found = sorted((f.kind, f.key, f.run_id) for f in world.findings())
+
+    assert found == [("duplicate_effect", CHARGE, "run_a"), ("effect_without_intent", HOLD, "")]

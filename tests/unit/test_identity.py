@@ -492,3 +492,31 @@ def test_support_counts_the_refunds_it_asked_for_since_its_last_look() -> None:
     (held,) = _ask(run, call("refund_payment", {"payment_id": "pay_1"}))  # no amount: what is left
     (rest,) = _manager_approves(run, held)
     assert isinstance(rest, ActionRequested) and rest.args["amount_cents"] == 80_000
+
+
+# Undoing an effect another run made ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("maker", "released"), [(RUN, True), ("run_" + "e" * 24, False)])
+def test_an_unpaid_hold_is_released_only_by_the_run_that_made_it(maker: str, released: bool) -> None:
+    """A run ending unpaid releases its hold, also when its receipt came back as the store's replay (its first
+    answer was lost); a hold the store handed over from another run's receipt is that run's, and is kept."""
+    from contracts.tool_messages import Answer, Asked, Evidence
+    from tests.support.runs import receipt
+
+    run = Run(started())
+    run.answer(BOOK)
+    (request,) = run.decide()
+    assert isinstance(request, ActionRequested)
+    done = receipt(request, run.tick())
+    line = Evidence(
+        asked=Asked.STORE_RECEIPT,
+        key=request.key,
+        answer=Answer.REPLAYED,
+        detail=f"first made for {maker} step 2",
+        at=run.now,
+    )
+    run.add(msgspec.structs.replace(done, via=Via.REPLAY, evidence=[line]))
+    run.answer(text="Your room is held.")
+    tools = [e.tool for e in run.decide() if isinstance(e, ActionRequested)]
+    assert tools == (["release_booking"] if released else [])

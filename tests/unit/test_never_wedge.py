@@ -323,7 +323,7 @@ def test_an_action_pending_at_hand_off_stays_watched_until_it_settles() -> None:
     run.complete(pay.step_no, status="failed")
     observe(work, run.events[-1])
     assert unsettled_unknowns(work, handed_at + timedelta(hours=1), 5.0) == []
-    assert pay.key not in work.requests
+    assert (pay.run_id, pay.key) not in work.requests
 
 
 def test_journal_events_encode_as_before() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -100,7 +102,7 @@ def test_a_run_and_its_requested_actions_are_open_work() -> None:
 
     assert set(work.runs) == {"run_a"}
     assert work.runs["run_a"].pending == {6: pay, 8: email} and work.runs["run_a"].last_at == at(4)
-    assert work.requests == {pay.key: pay, email.key: email}
+    assert work.requests == {(pay.run_id, pay.key): pay, (email.run_id, email.key): email}
     assert work.unknown == {}
 
 
@@ -112,7 +114,11 @@ def test_a_completed_action_is_no_longer_open_and_its_asking_history_is_forgotte
     observe(work, done(pay, t=21))
 
     assert work.runs["run_a"].pending == {} and work.runs["run_a"].last_at == at(21)
-    assert pay.key not in work.requests and pay.key not in work.asked and pay.key not in work.times_asked
+    assert (
+        (pay.run_id, pay.key) not in work.requests
+        and pay.key not in work.asked
+        and pay.key not in work.times_asked
+    )
     assert work.unknown == {}
 
 
@@ -144,10 +150,12 @@ def test_other_events_only_move_the_runs_clock() -> None:
 def test_an_unknown_outcome_is_kept_past_the_end_of_its_run_until_it_settles() -> None:
     pay = intent("run_a", 6, t=3)
     work = fold(started("run_a"), pay, done(pay, t=15, status=OutcomeStatus.UNKNOWN))
-    assert work.unknown == {pay.key: pay} and work.runs["run_a"].pending == {}
+    assert work.unknown == {(pay.run_id, pay.key): pay} and work.runs["run_a"].pending == {}
 
     observe(work, RunHandedOff(run_id="run_a", at=at(16), reason="outcome_unknown"))
-    assert work.runs == {} and work.unknown == {pay.key: pay}  # a handed-off run still needs the truth
+    assert work.runs == {} and work.unknown == {
+        (pay.run_id, pay.key): pay
+    }  # a handed-off run still needs the truth
 
     ask(work, pay, at(30))
     observe(work, done(pay, t=31))  # found by key, late
@@ -163,8 +171,10 @@ def test_a_run_ending_clears_its_work() -> None:
     observe(work, RunCompleted(run_id="run_a", at=at(21), reply="done"))
 
     assert set(work.runs) == {"run_b"}
-    assert pay.key not in work.asked and pay.key not in work.requests and "run_a" not in work.woken
-    assert email.key in work.requests  # another run's work is untouched
+    assert (
+        pay.key not in work.asked and (pay.run_id, pay.key) not in work.requests and "run_a" not in work.woken
+    )
+    assert (email.run_id, email.key) in work.requests  # another run's work is untouched
     later = at(1000)
     assert overdue_actions(work, later, GRACE, REASK) == [email]
     assert stalled_runs(work, later, QUIET) == []  # run_b has an action in flight; run_a is gone
@@ -329,3 +339,24 @@ def test_the_backstop_wakes_a_waiting_run_once_its_record_is_decided_or_past_exp
     work.woken["run_a"] = at(61)
     assert not approval_wake_due(work, waiting, "pending", waiting.expires_at, at(62), QUIET)
     assert approval_wake_due(work, waiting, "pending", waiting.expires_at, at(61 + QUIET), QUIET)
+
+
+def test_two_runs_left_unknown_on_one_business_key_are_each_asked_about_it() -> None:
+    """A business key is asked by many runs: the unknown outcome of one run is watched for that run, and another
+    run's receipt for the same key settles only that other run's."""
+    charge = "charge:" + "c" * 64
+    first = msgspec.structs.replace(intent("run_a", 6, t=3), key=charge)
+    second = msgspec.structs.replace(intent("run_b", 2, t=5), key=charge)
+    work = fold(
+        started("run_a"),
+        started("run_b", t=4),
+        first,
+        second,
+        done(first, 20, OutcomeStatus.UNKNOWN),
+        RunHandedOff(run_id="run_a", at=at(21), reason="outcome_unknown", detail="unknown"),
+    )
+    assert [r.run_id for r in unsettled_unknowns(work, at(22), REASK)] == ["run_a"]
+
+    observe(work, done(second, 30))  # run_b's own ask was answered (the executor resolved it by key)
+
+    assert [r.run_id for r in unsettled_unknowns(work, at(31), REASK)] == ["run_a"]

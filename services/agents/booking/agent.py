@@ -98,11 +98,6 @@ class BookingAgent:
         for req, done in state.completed:
             if req.tool != "create_booking" or done.status != OutcomeStatus.SUCCEEDED:
                 continue
-            maker = first_made_by(done.evidence)
-            if maker is not None and maker != state.run_id:
-                # Another run's hold, answered from its receipt (the same room asked again): that run made it and
-                # may have paid for it; this one never lets it go.
-                continue
             booking_id = str(done.result.get("booking_id", ""))
             releases = about("release_booking", booking_id)
             payments = about("create_payment", booking_id)

@@ -37,7 +37,7 @@ from services.runtime.core.approvals import guest_answer
 from services.runtime.core.arguments import check_arguments, check_schema
 from services.runtime.core.fold import fold_run
 from services.runtime.core.handoff import handoff_reply
-from services.runtime.core.identity import choose_key
+from services.runtime.core.identity import choose_key, handed_by_another_run
 from services.runtime.core.policy import Deny, Hold, check_asked, check_policy
 from services.runtime.core.state import RunState
 
@@ -143,7 +143,7 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
         failed = _failed_compensations(state)
         if failed:
             return _compensation_failed(state, failed, now)
-        undo = agent.compensations(state, ending=True)
+        undo = _compensations(state, agent, ending=True)
         if undo:
             return Append(plan_compensations(state, agent, undo, now))
         keys = ", ".join(p.key for p in state.pending)
@@ -155,13 +155,13 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
     failed = _failed_compensations(state)
     if failed:
         return _compensation_failed(state, failed, now)
-    undo = agent.compensations(state, ending=False)
+    undo = _compensations(state, agent, ending=False)
     if undo:
         return Append(plan_compensations(state, agent, undo, now))
     unknown = [req.key for req, done in state.completed if done.status == OutcomeStatus.UNKNOWN]
     over = over_budget(state, now)
     if unknown or state.final_reply is not None or over:
-        undo = agent.compensations(state, ending=True)
+        undo = _compensations(state, agent, ending=True)
         if undo:
             return Append(plan_compensations(state, agent, undo, now))
     if unknown:
@@ -186,7 +186,7 @@ def _after_the_end(state: RunState, agent: Agent, now: datetime) -> Move:
     if state.status == RunStatus.HANDED_OFF:
         if any(p.origin == Origin.COMPENSATION for p in state.pending):
             return AwaitActions(state.pending)
-        undo = agent.compensations(state, ending=True)
+        undo = _compensations(state, agent, ending=True)
         if undo:
             return Append(plan_compensations(state, agent, undo, now))
     if state.pending:
@@ -377,6 +377,13 @@ def plan_calls(
         events.append(event)
         planned = fold_run(planned, event)
     return tuple(events)
+
+
+def _compensations(state: RunState, agent: Agent, ending: bool) -> tuple[Compensation, ...]:
+    """What the agent would undo, less the effects another run made (a business key's stored receipt handed to
+    this run): that run undoes them, if anyone does; this one releasing them would undo another run's booking."""
+    undo = agent.compensations(state, ending=ending)
+    return tuple(c for c in undo if not handed_by_another_run(state, c.undoes))
 
 
 def plan_compensations(

@@ -225,8 +225,9 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             )
             if event.decision == ApprovalStatus.EXPIRED or waiting.approver != Approver.GUEST:
                 # Nobody said yes in time, or the manager said no: the run ends with a defined reply (after
-                # the runtime undoes what the action would have completed, e.g. releases the hold).
-                return replace(decided, final_reply=approval_ended_reply(waiting, event))
+                # the runtime undoes what the action would have completed, e.g. releases the hold). A message
+                # the guest sent meanwhile is this run's turn: the model reads it (with the refusal) instead.
+                return _flushed(replace(decided, final_reply=approval_ended_reply(waiting, event)))
             return _flushed(decided)
         case TurnReceived(event_id=event_id):
             if event_id in state.turn_ids or event_id == state.started.event_id:

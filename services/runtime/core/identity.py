@@ -28,7 +28,7 @@ from contracts.errors import ErrorCode
 from contracts.keys import KeyScheme, business_key
 from contracts.policy import Approver
 from contracts.run_events import Origin
-from contracts.tool_messages import OutcomeStatus
+from contracts.tool_messages import OutcomeStatus, first_made_by
 from contracts.tools import Effect, KeyRule, ToolContract
 from services.runtime.core.policy import Allow, Hold
 from services.runtime.core.state import RunState
@@ -80,6 +80,16 @@ def _undone(state: RunState, key: str) -> bool:
         and done.status == OutcomeStatus.SUCCEEDED
         for req, done in state.completed
     )
+
+
+def handed_by_another_run(state: RunState, key: str) -> bool:
+    """This run holds the key's effect only as another run's stored receipt (the session's earlier run made and
+    paid the hold; this run asked for the same room): that run made it, and only it may undo it. Undoing it
+    here would release a booking another run paid for."""
+    made = [
+        done for req, done in state.completed if req.key == key and done.status == OutcomeStatus.SUCCEEDED
+    ]
+    return bool(made) and all(first_made_by(done.evidence) not in (None, state.run_id) for done in made)
 
 
 def approved_retries(state: RunState, input_hash: str) -> int:
