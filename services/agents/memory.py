@@ -4,12 +4,13 @@ the rule that prepares its arguments (the guest comes from the run, never from t
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.memory import (
+    PreferenceName,
     APPLIED_KEYS_KEPT,
     MEMORY_FAMILY,
     PREFERENCE_NAMES,
@@ -23,6 +24,7 @@ from contracts.subjects import Namespace
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.registry import KvOperation, Tool
+from services.runtime.core.arguments import parameters_of
 from services.runtime.core.state import RunState
 
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 :\-]*")  # whole value (fullmatch): `$` allows a last "\n"
@@ -65,6 +67,13 @@ def preference_applied(value: bytes | None, args: dict[str, Any], key: str) -> d
     return _result(args) if key in _profile(value, args).applied else None
 
 
+class RememberPreferenceArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One preference the guest stated, from the closed list of names."""
+
+    name: PreferenceName
+    value: Annotated[str, msgspec.Meta(min_length=1, max_length=PREFERENCE_VALUE_MAX)]
+
+
 REMEMBER_PREFERENCE = Tool(
     ToolContract(
         name="remember_preference",
@@ -86,15 +95,7 @@ REMEMBER_PREFERENCE = Tool(
             "Remember one of the guest's preferences for their next stays (e.g. quiet_room: yes). "
             "Only when the guest states it."
         ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "enum": list(PREFERENCE_NAMES)},
-                "value": {"type": "string", "maxLength": PREFERENCE_VALUE_MAX},
-            },
-            "required": ["name", "value"],
-            "additionalProperties": False,
-        },
+        parameters=parameters_of(RememberPreferenceArgs),
     ),
     KvOperation(
         bucket=guests_spec,

@@ -359,7 +359,10 @@ def test_support_refunds_only_a_payment_found_for_its_guest_and_never_above_what
     assert (
         isinstance(rejected, ToolRejected) and rejected.error.code == "unknown_payment"
     )  # not looked up yet
-    (find,) = _ask(run, call("find_payments", {"guest_id": "someone-else"}))
+    (named,) = _ask(run, call("find_payments", {"guest_id": "someone-else"}))
+    # The model may not name whose payments: the schema has no such field, so the call is refused as malformed.
+    assert isinstance(named, ToolRejected) and named.error.details["field"] == "guest_id"
+    (find,) = _ask(run, call("find_payments", {}))
     assert isinstance(find, ActionRequested) and find.args == {"guest_id": "guest-1"}  # the run's guest only
     stranger = PAID | {"payment_id": "pay_2", "guest_id": "someone-else"}
     run.complete(find.step_no, result={"payments": [PAID, stranger]})

@@ -33,9 +33,9 @@ from contracts.run_events import (
     ToolRejected,
 )
 from contracts.tools import Effect, RetryRule, ToolContract
-from services.agents.booking.arguments import ARGUMENT_TYPES
 from services.agents.booking.tools import REFUND_PAYMENT
-from services.runtime.core.arguments import parameters_of
+from services.agents.support.agent import SupportAgent
+from services.runtime.core.arguments import check_schema, parameters_of
 from services.runtime.core.decide import Append, AwaitApproval, next_move, plan_calls
 from services.runtime.core.fold import summarize
 from services.runtime.core.handoff import handoff_reply
@@ -538,12 +538,36 @@ def test_a_tool_outside_the_allowed_list_is_denied_to_the_model_only() -> None:
 # Tool-call schema validation ---------------------------------------------------------------------------------
 
 
-def test_each_model_tools_schema_is_generated_from_its_argument_struct() -> None:
-    for name, struct in ARGUMENT_TYPES.items():
-        assert BOOKING.tools[name].parameters == parameters_of(struct)
-        assert BOOKING.tools[name].parameters["additionalProperties"] is False
-    # `remember_preference` (slice R) still writes its schema by hand; it is not validated by a struct yet.
-    assert set(ARGUMENT_TYPES) == set(BOOKING.tools) - {"remember_preference"}
+@pytest.mark.parametrize("agent", [BOOKING, SupportAgent()], ids=lambda a: a.name)
+def test_each_model_tools_schema_is_generated_from_its_argument_struct(agent: Any) -> None:
+    """Every tool any agent's model may call has one argument struct, and its schema is generated from it."""
+    assert set(agent.argument_types) == set(agent.tools)
+    for name, struct in agent.argument_types.items():
+        assert agent.tools[name].parameters == parameters_of(struct)
+        assert agent.tools[name].parameters["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("agent", "tool", "arguments", "field"),
+    [
+        (
+            BOOKING,
+            "remember_preference",
+            {"name": "quiet_room", "value": "yes", "guest_id": "g-2"},
+            "guest_id",
+        ),
+        (BOOKING, "remember_preference", {"name": "password", "value": "hunter2"}, "name"),
+        (SupportAgent(), "find_payments", {"guest_id": "another-guest"}, "guest_id"),
+        (SupportAgent(), "refund_payment", {"payment_id": "pay_1", "amount_cents": -500}, "amount_cents"),
+        (SupportAgent(), "refund_payment", {"payment_id": "pay_1", "to_account": "x"}, "to_account"),
+    ],
+)
+def test_every_agents_calls_are_checked_against_their_structs(
+    agent: Any, tool: str, arguments: dict[str, Any], field: str
+) -> None:
+    misfit = check_schema(tool, arguments, agent.argument_types[tool])
+    assert misfit is not None and misfit.code == ErrorCode.INVALID_TOOL_ARGUMENTS.value
+    assert misfit.details["field"] == field
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from contracts.tools import ToolContract
 from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow, VerifiedRecipient
 from services.agents.booking.arguments import ARGUMENT_TYPES
 from services.agents.booking.tools import TOOLS
-from services.agents.memory import REMEMBER_PREFERENCE, prepare_preference
+from services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
 from services.registry import compensation_contracts, model_contracts
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
@@ -81,7 +81,7 @@ class BookingAgent:
     instructions = INSTRUCTIONS
     tools = model_contracts((*TOOLS, REMEMBER_PREFERENCE))
     compensation_tools = compensation_contracts(TOOLS)
-    argument_types = ARGUMENT_TYPES
+    argument_types = ARGUMENT_TYPES | {REMEMBER_PREFERENCE.name: RememberPreferenceArgs}
     config = AgentConfig(agent="booking", rules=list(DEFAULT_RULES), memory=True, retrieval=True)
 
     def script(self, state: RunState) -> ScriptedStep | None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from contracts.catalog import AgentConfig
 from contracts.errors import ErrorCode, ErrorInfo
 from contracts.policy import RefundWithinPaid
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
 from services.agents.booking.tools import REFUND_PAYMENT
-from services.agents.support.tools import FIND_PAYMENTS
+from services.agents.booking.arguments import RefundArgs
+from services.agents.support.tools import FIND_PAYMENTS, FindPaymentsArgs
 from services.registry import model_contracts
 from services.runtime.core.agent import Compensation, ScriptedStep
 from services.runtime.core.state import RunState
@@ -83,6 +86,11 @@ class SupportAgent:
     instructions = INSTRUCTIONS
     tools = model_contracts((FIND_PAYMENTS,)) | {REFUND_PAYMENT.name: REFUND_PAYMENT.contract}
     compensation_tools: dict[str, ToolContract] = {}
+    # Every model call is checked against its tool's struct before `prepare` (unknown fields, wrong types).
+    argument_types: dict[str, type[msgspec.Struct]] = {
+        FIND_PAYMENTS.name: FindPaymentsArgs,
+        REFUND_PAYMENT.name: RefundArgs,
+    }
     config = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
 
     def script(self, state: RunState) -> ScriptedStep | None:

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.registry import HttpOperation, HttpRequest, Tool
+from services.runtime.core.arguments import parameters_of
+
+
+class FindPaymentsArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The listing is always all of the run's guest's payments; a model may say which booking the guest means."""
+
+    booking_id: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | UnsetType = UNSET
+
 
 FIND_PAYMENTS = Tool(
     ToolContract(
@@ -19,7 +32,7 @@ FIND_PAYMENTS = Tool(
             "List the guest's payments: payment_id, booking_id, amount_cents, currency, status and how much of"
             " each is already refunded (refunded_cents). Takes no arguments: the guest is the one you talk to."
         ),
-        parameters={"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        parameters=parameters_of(FindPaymentsArgs),
     ),
     HttpOperation(
         request=lambda args: HttpRequest("GET", "/payments", params={"guest_id": args["guest_id"]}),
