@@ -39,6 +39,8 @@ class HandOffReason(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"  # reconcile by key before anything else
     COMPENSATION_FAILED = "compensation_failed"  # a person must undo the effect
     LOOP = "loop"  # the model asked for the same call again and again
+    # The catalog revision the run is pinned to left the bucket's history: it cannot go on under its own rules.
+    CATALOG_REVISION_GONE = "catalog_revision_gone"
 
 
 # What one tool call's arguments may be before the runtime even decodes them. A default here, in the contract,

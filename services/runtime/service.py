@@ -16,6 +16,7 @@ from opentelemetry.context import Context
 
 from contracts.capabilities import CapabilityIssuer, OutcomeRefusal
 from contracts.errors import (
+    CatalogRevisionGone,
     CrashsafeError,
     ModelUnavailable,
     OutcomeRefused,
@@ -74,6 +75,7 @@ from services.runtime.core.decide import (
     DecideApproval,
     Idle,
     ModelReply,
+    Move,
     ask_at_risk,
     model_answered,
     model_asked,
@@ -82,7 +84,7 @@ from services.runtime.core.decide import (
 )
 from contracts.catalog import AgentConfig
 from contracts.keys import KeyScheme
-from contracts.run_events import Passage
+from contracts.run_events import HandOffReason, Passage
 from services.knowledge.library import Library
 from services.platform.guests import GuestProfiles
 from services.runtime.approvals import ApprovalDesk
@@ -92,6 +94,7 @@ from services.runtime.core.retrieval import retrieval_query
 from services.runtime.lanes import SessionLanes
 from services.platform.tickets import publish_ticket
 from services.runtime.core.authority import Terms, outcome_refusal, resend_terms, terms_for, to_resolve
+from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.fold import fold_run, passages_item, replay
 from services.runtime.core.state import RunState
 from services.runtime.model import Model
@@ -472,10 +475,31 @@ class Runtime:
                 f"run {run.state.run_id} names agent {run.state.agent!r}, which this deployment does not run",
                 run_id=run.state.run_id,
             )
-        config = await self.catalog.pinned(run.state.started.catalog_revision, run.state.agent)
+        gone: CatalogRevisionGone | None = None
+        try:
+            config = await self.catalog.pinned(run.state.started.catalog_revision, run.state.agent)
+        except CatalogRevisionGone as exc:
+            # Never run on under another revision's rules, and never leave the run (and its session) wedged:
+            # it is handed to a person, and what it must still undo is undone under the agent's built-in config.
+            gone, config = exc, agent.config
         conflicts = 0
         while True:
-            move = next_move(run.state, agent, utcnow(), config)
+            move: Move
+            if gone is None or run.state.terminal:
+                move = next_move(run.state, agent, utcnow(), config)
+            else:
+                reason = HandOffReason.CATALOG_REVISION_GONE
+                move = Append(
+                    (
+                        RunHandedOff(
+                            run_id=run.state.run_id,
+                            at=utcnow(),
+                            reason=reason,
+                            detail=gone.message,
+                            reply=handoff_reply(reason),
+                        ),
+                    )
+                )
             try:
                 match move:
                     case Idle():

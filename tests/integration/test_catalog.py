@@ -8,11 +8,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
-from contracts.run_events import RunNudged
+from contracts.run_events import HandOffReason, RunHandedOff, RunNudged
+from services.runtime.core.handoff import handoff_reply
 
 from contracts.catalog import Catalog, catalog_encoder
 from contracts.errors import CatalogRevisionGone, InvalidCatalog
@@ -140,21 +142,26 @@ async def _fresh_catalog(runtime: Runtime, namespace: Namespace) -> AsyncIterato
     yield catalog
 
 
-async def test_a_run_pinned_to_a_lost_revision_is_dead_lettered_not_run_under_another(
+async def test_a_run_pinned_to_a_lost_revision_is_handed_off_not_run_under_another(
     runtime: Runtime, broker: Broker, namespace: Namespace
 ) -> None:
-    """The runtime's consumer meets the run (a wake), cannot find its revision, and dead-letters the message
-    with `catalog_revision_gone`: no model call, no decision journaled under a revision the run never had."""
+    """The runtime meets the run (a wake) and cannot find its revision: it never asks the model or decides under
+    another revision's rules, and never leaves the run (and its session's lane) wedged on a dead letter: the run
+    is handed to a person with reason `catalog_revision_gone` and a defined reply."""
     await publish_catalog(broker, namespace, REGISTRY, _catalog("current"))
     lost = msgspec.structs.replace(started(), run_id=f"run_{unique('lost')}", catalog_revision=999_999)
     journal = RunJournal(broker, namespace)
     await journal.append(lost, 0)
     await runtime.start()
     await wake_run(broker, runtime.settings, lost.run_id, "test", "test")
-    letters = await eventually(
-        lambda: dead_letters(broker, namespace), what="the wake dead-lettered", timeout_s=30
-    )
-    assert [d.code for d in letters] == ["catalog_revision_gone"]
-    assert letters[0].details["revision"] == 999_999
-    events, _ = await journal.read(lost.run_id)
-    assert events[0] == lost and [type(e) for e in events[1:]] == [RunNudged]  # the wake's marker only
+
+    async def ended() -> list[Any] | None:
+        events, _ = await journal.read(lost.run_id)
+        return events if any(isinstance(e, RunHandedOff) for e in events) else None
+
+    events = await eventually(ended, what="the run handed off", timeout_s=30)
+    (handed,) = [e for e in events if isinstance(e, RunHandedOff)]
+    assert handed.reason == HandOffReason.CATALOG_REVISION_GONE and "999999" in handed.detail
+    assert handed.reply == handoff_reply(HandOffReason.CATALOG_REVISION_GONE)
+    assert [type(e) for e in events[1:]] == [RunNudged, RunHandedOff]  # no model call, no other decision
+    assert await dead_letters(broker, namespace) == []

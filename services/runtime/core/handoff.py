@@ -27,6 +27,10 @@ _REPLIES: dict[str, str] = {
         "I kept trying the same thing without getting anywhere, so a member of our support team will take "
         "over from here."
     ),
+    HandOffReason.CATALOG_REVISION_GONE: (
+        "Our booking rules changed while your request was open, so a member of our support team will finish it "
+        "for you under the rules it started with."
+    ),
 }
 _DEFAULT = "A member of our support team will take over from here and get back to you."
 
