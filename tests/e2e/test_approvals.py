@@ -3,84 +3,36 @@ is SIGKILLed while it waits (the supervisor brings each back), and then the deci
 the CLI) or the durable timer ends the wait. Decisions are taken once: a second one is a 409, another tenant's
 approval is a 404.
 
-Until the policy engine holds actions back by itself, the test journals the hold as the runtime would have (the
-run's first model answer, then `run.approval_requested` for its call); everything after is the product's."""
+The test journals the hold as the runtime would have (`tests/support/holds.py`: the run's first model answer, then
+`run.approval_requested` for its call), so it does not depend on which rule holds what; everything after is the
+product's. The policy's own holds, through the same waits, are the eval suite's approval scenarios."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
 from contracts.clients import Scope
-from contracts.keys import run_id_for, tool_input_hash
 from contracts.policy import Approver
-from contracts.run_events import ApprovalRequested, Budget, RunStarted
-from services.platform.asks import wake_run
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.runtime.core.decide import approval_id_for, model_answered
-from services.runtime.core.fold import fold_run
-from tests.support import inprocess
-from tests.support.inprocess import REGISTRY
+from tests.support.holds import held_search
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, supervised
-from tests.support.waiting import eventually, unique
-from tests.support.world import BOOKING_TEXT
+from tests.support.waiting import eventually
 
 
 async def _held(client: StackClient, broker: Broker, ttl_s: float) -> tuple[str, str]:
     """A booking run of the stack's tenant whose hotel search a rule held for a manager: (run id, approval id)."""
-    settings = inprocess.settings_for(client.stack.nats_url, client.ns, sandbox_url=client.stack.sandbox_url)
-    journal = RunJournal(broker, client.ns)
-    key = unique("ev")
-    run_id = run_id_for(client.tenant, key)
-    now = datetime.now(UTC)
-    started = RunStarted(
-        run_id=run_id,
-        at=now,
-        agent="booking",
-        session_id=f"s-{key}",
-        guest_id=unique("g"),
-        event_id=key,
-        idempotency_key=key,
-        input_hash="0" * 64,
-        text=BOOKING_TEXT,
-        budget=Budget(),
-        deadline_at=now + timedelta(seconds=Budget().deadline_s),
-        tenant=client.tenant,
+    return await held_search(
+        client,
+        broker,
+        approver=Approver.MANAGER.value,
+        ttl_s=ttl_s,
+        question="Your manager must approve this search.",
     )
-    seq = await journal.append(started, 0)
-    async with inprocess.scripted_model(settings) as model:
-        reply = await model.answer(REGISTRY.agent("booking"), fold_run(None, started).transcript)
-    (search,) = reply.tool_calls
-    seq = await journal.append(model_answered(fold_run(None, started), reply, now), seq)
-    args = json.loads(search.arguments)
-    approval_id = approval_id_for(run_id, 2)
-    await journal.append(
-        ApprovalRequested(
-            run_id=run_id,
-            at=now,
-            step_no=2,
-            approval_id=approval_id,
-            call=search,
-            tool=search.name,
-            args=args,
-            input_hash=tool_input_hash(search.name, args),
-            approver=Approver.MANAGER.value,
-            rule="rule.test_hold",
-            reason="held by the test's rule",
-            expires_at=now + timedelta(seconds=ttl_s),
-            question="Your manager must approve this search.",
-        ),
-        seq,
-    )
-    await wake_run(broker, settings, run_id, "the test held an action", "test")
-    return run_id, approval_id
 
 
 async def _approval(client: StackClient, approval_id: str) -> dict[str, Any] | None:

@@ -5,22 +5,15 @@ a runtime killed just after journaling a turn handles the turn once."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from contracts.keys import run_id_for, tool_input_hash
+from contracts.keys import run_id_for
 from contracts.policy import Approver
-from contracts.run_events import ApprovalRequested, Budget, RunStarted
-from services.platform.asks import wake_run
 from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
 from services.platform.sessions import SessionRecords
-from services.runtime.core.decide import approval_id_for, model_answered
-from services.runtime.core.fold import fold_run
-from tests.support import inprocess
-from tests.support.inprocess import REGISTRY
+from services.runtime.core.decide import approval_id_for
+from tests.support.holds import held_search
 from tests.support.stack import StackClient, guest_event, supervised
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT
@@ -102,51 +95,18 @@ async def test_concurrent_messages_of_one_session_are_taken_once_each_by_one_run
 
 async def _guest_hold(client: StackClient, broker: Broker) -> tuple[str, str, str]:
     """A run of the stack's tenant whose hotel search waits for the guest's own confirmation: (run, session, guest)."""
-    settings = inprocess.settings_for(client.stack.nats_url, client.ns, sandbox_url=client.stack.sandbox_url)
-    journal = RunJournal(broker, client.ns)
-    key, session, guest = unique("ev"), unique("s"), unique("g")
-    run_id = run_id_for(client.tenant, key)
-    assert await SessionRecords(broker, client.ns).claim(client.tenant, session, run_id) == run_id
-    now = datetime.now(UTC)
-    started = RunStarted(
-        run_id=run_id,
-        at=now,
-        agent="booking",
-        session_id=session,
-        guest_id=guest,
-        event_id=key,
-        idempotency_key=key,
-        input_hash="0" * 64,
-        text=BOOKING_TEXT,
-        budget=Budget(),
-        deadline_at=now + timedelta(seconds=Budget().deadline_s),
-        tenant=client.tenant,
+    session, guest = unique("s"), unique("g")
+    claimed = SessionRecords(broker, client.ns)
+    run_id, _ = await held_search(
+        client,
+        broker,
+        approver=Approver.GUEST.value,
+        ttl_s=3600.0,
+        question="Shall I search?",
+        session=session,
+        guest=guest,
+        claim=lambda run: claimed.claim(client.tenant, session, run),
     )
-    seq = await journal.append(started, 0)
-    async with inprocess.scripted_model(settings) as model:
-        reply = await model.answer(REGISTRY.agent("booking"), fold_run(None, started).transcript)
-    (search,) = reply.tool_calls
-    seq = await journal.append(model_answered(fold_run(None, started), reply, now), seq)
-    args = json.loads(search.arguments)
-    await journal.append(
-        ApprovalRequested(
-            run_id=run_id,
-            at=now,
-            step_no=2,
-            approval_id=approval_id_for(run_id, 2),
-            call=search,
-            tool=search.name,
-            args=args,
-            input_hash=tool_input_hash(search.name, args),
-            approver=Approver.GUEST.value,
-            rule="rule.test_hold",
-            reason="held by the test's rule",
-            expires_at=now + timedelta(hours=1),
-            question="Shall I search?",
-        ),
-        seq,
-    )
-    await wake_run(broker, settings, run_id, "the test held an action", "test")
     return run_id, session, guest
 
 
