@@ -15,7 +15,7 @@ from contracts.run_events import ToolCall
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.agents import booking
 from services.registry import LocalOperation, Registration, Registry, Tool
-from services.runtime.core.agent import Compensation, ScriptedStep
+from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
 from services.runtime.core.state import RunState
 
 NOOP_CONTRACT = ToolContract(
@@ -52,6 +52,9 @@ class StepsAgent:
         self.config = AgentConfig(agent=self.name)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        return ()
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         return ()
 
     def script(self, state: RunState) -> ScriptedStep | None:

@@ -291,6 +291,14 @@ RunEvent: TypeAlias = (
 )
 
 
+def event_id(run_id: str, position: int) -> str:
+    """An event's id: its run and its 1-based position in the run's journal (appends are fenced by the subject
+    sequence, so a position names one event forever). What the audit trail and analytics deduplicate by."""
+    if position < 1:
+        raise ValueError("journal positions count from 1")
+    return f"{run_id}/{position}"
+
+
 def request_for(intent: ActionRequested) -> ActionRequest:
     """The executor's request for a journaled intent: the same key, input and deadline, however often it is sent."""
     return ActionRequest(

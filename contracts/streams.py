@@ -98,6 +98,16 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
             replicas=replicas,
         ),
         support_spec(ns, replicas),
+        # Planned projection tasks: removed once delivered (or dead); each tool's consumer filters its own.
+        StreamSpec(
+            name=ns.stream(StreamKind.PROJECTIONS),
+            subjects=(ns.projections_all,),
+            retention=Retention.WORK_QUEUE,
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=ns.stream(StreamKind.OPS), subjects=(ns.ops_all,), max_age_s=30 * DAY_S, replicas=replicas
+        ),
     ]
 
 
@@ -161,6 +171,34 @@ def executor_consumer(
     )
 
 
+def projector_planner_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
+    """The projector's durable on every run journal: a run's terminal event (and its later events) plan its
+    projections. Shared by the projector's replicas; a replica killed mid-plan leaves the event to redeliver."""
+    return ConsumerSpec(
+        stream=ns.stream(StreamKind.RUNS),
+        durable=ns.projector_planner_consumer,
+        filter_subject=ns.run_events_all,
+        ack_wait_s=ack_wait_s,
+        max_ack_pending=10_000,
+        pull=True,
+    )
+
+
+def projection_consumer(ns: Namespace, tool: str, ack_wait_s: float = 30.0) -> ConsumerSpec:
+    """One projection tool's durable: a pulled task is that worker's claim until acknowledged or its ack wait
+    passes (renewed while a delivery is slow). The worker counts attempts and decides when a task is dead, so the
+    server's own limit is only a backstop; a task waiting out its back-off is pending, hence the high ack limit."""
+    return ConsumerSpec(
+        stream=ns.stream(StreamKind.PROJECTIONS),
+        durable=ns.projection_consumer(tool),
+        filter_subject=ns.projections_of(tool),
+        ack_wait_s=ack_wait_s,
+        max_deliver=10_000,
+        max_ack_pending=100_000,
+        pull=True,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class KvSpec:
     """A JetStream key-value bucket: one value per key (history 1 unless said), per-key TTLs allowed."""
@@ -214,3 +252,8 @@ CATALOG_HISTORY = 64
 def catalog_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """The configuration catalog, key `catalog`; each revision is a KV revision runs pin (`catalog_revision`)."""
     return KvSpec(bucket=ns.catalog_bucket, replicas=replicas, history=CATALOG_HISTORY)
+
+
+def projections_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Projection receipts, `projection.<tool>.<digest(key)>`: one `ProjectionRecord` per projection key."""
+    return KvSpec(bucket=ns.projections_bucket, replicas=replicas)

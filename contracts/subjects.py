@@ -60,6 +60,9 @@ class StreamKind(StrEnum):
     # Durable timers (JetStream message scheduling): an approval's expiry fires a wake of its run.
     TIMERS = "timers"
     SUPPORT = "support"  # one ticket per handed-off run
+    # Projection tasks (an email, a CRM record, the audit trail), planned from run journals, one consumer per tool.
+    PROJECTIONS = "projections"
+    OPS = "ops"  # events for operators (a projection that gave up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,41 @@ class Namespace:
     @property
     def support_all(self) -> str:
         return f"{self.name}.support.>"
+
+    # Projections: tasks planned from run journals, one subject per tool and run; each tool's worker consumes
+    # `projection.<tool>.*` with its own retry policy.
+    def projection(self, tool: str, run_id: str) -> str:
+        return f"{self.name}.projection.{_literal(tool)}.{_literal(run_id)}"
+
+    def projections_of(self, tool: str) -> str:
+        return f"{self.name}.projection.{_literal(tool)}.*"
+
+    @property
+    def projections_all(self) -> str:
+        return f"{self.name}.projection.>"
+
+    @property
+    def projector_planner_consumer(self) -> str:
+        """The projector's durable on the RUNS stream: the run journal is the outbox it plans from."""
+        return "projector_planner"
+
+    def projection_consumer(self, tool: str) -> str:
+        return f"projection_{_literal(tool)}"
+
+    @property
+    def projections_bucket(self) -> str:
+        return f"{self.name}_projections"
+
+    def projection_record_key(self, tool: str, key: str) -> str:
+        return f"projection.{_literal(tool)}.{_digest(key)}"
+
+    # Operator events: `ops.<kind>.<tool or service>` (a projection that gave up: `ops.projection_failed.<tool>`).
+    def ops(self, kind: str, about: str) -> str:
+        return f"{self.name}.ops.{_literal(kind)}.{_literal(about)}"
+
+    @property
+    def ops_all(self) -> str:
+        return f"{self.name}.ops.>"
 
     # Durable consumer names.
     @property

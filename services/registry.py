@@ -9,6 +9,7 @@ from typing import Any
 
 from contracts.audit import Finding, Intent
 from contracts.errors import UnknownAgent
+from contracts.projections import RetryPolicy
 from contracts.streams import KvSpec
 from contracts.subjects import Namespace
 from contracts.tool_messages import CallAnswer, LookupAnswer
@@ -97,6 +98,9 @@ class Tool:
     audited: bool = True
     # Only the runtime may call it, to undo an effect; the model never sees it.
     compensation_only: bool = False
+    # A projection: planned from a run's journal by the agent's `projections` and delivered by the projector with
+    # this retry policy, off the run's critical path; never a step, never offered to the model.
+    projection: RetryPolicy | None = None
 
     @property
     def name(self) -> str:
@@ -112,7 +116,7 @@ AuditRule = Callable[[Mapping[str, Intent]], list[Finding]]
 
 def model_contracts(tools: Iterable[Tool]) -> dict[str, ToolContract]:
     """The contracts the model may call, by name."""
-    return {t.name: t.contract for t in tools if not t.compensation_only}
+    return {t.name: t.contract for t in tools if not t.compensation_only and t.projection is None}
 
 
 def compensation_contracts(tools: Iterable[Tool]) -> dict[str, ToolContract]:
@@ -162,6 +166,8 @@ class Registry:
             tools=tools,
             audit_rules=tuple(rules),
             default_agent=registrations[0].agent.name,
+            # A projection tool's family keeps its executor: a step journaled before the tool became a projection
+            # (a run in flight across the deploy) is still served, with the same key the projection uses.
             families=frozenset(t.contract.family for t in tools.values()),
         )
 
@@ -183,6 +189,11 @@ class Registry:
     def model_tools(self) -> dict[str, frozenset[str]]:
         """Per agent, the tools its model may ask for (a capability bound to the agent may name them)."""
         return {name: frozenset(agent.tools) for name, agent in self.agents.items()}
+
+    @property
+    def projections(self) -> dict[str, Tool]:
+        """The tools the projector delivers (each with its retry policy), by name."""
+        return {name: t for name, t in self.tools.items() if t.projection is not None}
 
     @property
     def contracts(self) -> dict[str, ToolContract]:

@@ -14,7 +14,7 @@ from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.registry import LocalOperation, Registration, Registry, Tool
-from services.runtime.core.agent import Compensation, ScriptedStep
+from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
 from services.runtime.core.state import RunState
 from tests.support import inprocess
 from tests.support.broker import submit_inbound
@@ -46,6 +46,9 @@ class TwoStamps:
         return {"n": int(args["n"])}
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        return ()
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         return ()
 
 

@@ -1,4 +1,5 @@
-"""StayHub's booking agent's rules: search, hold, pay, confirm, update CRM. Amounts come from the server, never the model."""
+"""StayHub's booking agent's rules: search, hold, pay; a paid booking's confirmation email and CRM record follow as
+projections. Amounts and recipients come from the server, never the model."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from services.agents.booking.arguments import ARGUMENT_TYPES
 from services.agents.booking.tools import TOOLS
 from services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
 from services.registry import compensation_contracts, model_contracts
-from services.runtime.core.agent import Compensation, ScriptedStep
+from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
 from services.runtime.core.state import RunState
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -26,8 +27,9 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 INSTRUCTIONS = (
     "You are StayHub's booking assistant. Search hotels, hold a room with create_booking, charge it with "
-    "create_payment (pass only the booking_id: the server computes the amount), then send the confirmation "
-    "email and update the CRM. Never retry a tool that failed; explain the failure to the guest instead."
+    "create_payment (pass only the booking_id: the server computes the amount), then tell the guest the booking "
+    "is confirmed: the confirmation email and the CRM record follow automatically. Never retry a tool that "
+    "failed; explain the failure to the guest instead."
 )
 
 
@@ -86,6 +88,35 @@ class BookingAgent:
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        """A paid booking that stayed paid (not released, not refunded in the run): its confirmation email, to the
+        guest's verified address only, and its CRM record. Decided from the journal; keyed by the booking."""
+        undone = {
+            str(req.args.get("booking_id", ""))
+            for req, done in state.completed
+            if req.tool in ("release_booking", "refund_payment") and done.status == OutcomeStatus.SUCCEEDED
+        }
+        calls: list[ProjectionCall] = []
+        confirmed: set[str] = set()
+        for req, done in state.completed:
+            booking_id = str(req.args.get("booking_id", ""))
+            if (
+                req.tool != "create_payment"
+                or done.status != OutcomeStatus.SUCCEEDED
+                or not booking_id
+                or booking_id in undone
+                or booking_id in confirmed
+            ):
+                continue
+            confirmed.add(booking_id)
+            email: dict[str, Any] = {"booking_id": booking_id, "guest_id": state.guest_id}
+            profile = state.started.profile
+            if profile is not None and profile.verified_email:
+                email["to"] = profile.verified_email
+            calls.append(ProjectionCall("send_confirmation_email", email))
+            calls.append(ProjectionCall("update_crm", {"booking_id": booking_id, "guest_id": state.guest_id}))
+        return tuple(calls)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
         """Release holds whose payment definitively failed (or, at the end, was never made); refund orphan charges."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contracts.projections import RetryPolicy
 from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from services.agents.booking.arguments import (
     BookingRefArgs,
@@ -120,6 +121,9 @@ SEND_CONFIRMATION_EMAIL = Tool(
         ref_field="email_id",
         requires=("guest_id", "booking_id"),
     ),
+    # Off the run's critical path (seed 001: "CRM and email queued"): planned when a paid booking's run ends,
+    # delivered by the projector with its own retries, however long the email provider is down.
+    projection=RetryPolicy(),
 )
 
 UPDATE_CRM = Tool(
@@ -151,6 +155,7 @@ UPDATE_CRM = Tool(
         ref_field="crm_update_id",
         requires=("guest_id", "booking_id"),
     ),
+    projection=RetryPolicy(),
 )
 
 RELEASE_BOOKING = Tool(

@@ -21,7 +21,7 @@ from services.agents.booking.tools import REFUND_PAYMENT
 from services.agents.booking.arguments import RefundArgs
 from services.agents.support.tools import FIND_PAYMENTS, FindPaymentsArgs
 from services.registry import model_contracts
-from services.runtime.core.agent import Compensation, ScriptedStep
+from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
 from services.runtime.core.state import RunState
 
 INSTRUCTIONS = (
@@ -98,6 +98,9 @@ class SupportAgent:
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
         return ()  # a refund is itself the undoing of a charge; nothing it does is undone automatically
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        return ()
 
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]

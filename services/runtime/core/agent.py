@@ -31,6 +31,15 @@ class Compensation:
     kind: CompensationKind
 
 
+@dataclass(frozen=True, slots=True)
+class ProjectionCall:
+    """A projection a run's journal calls for (a paid booking's confirmation email): a projection tool and its
+    arguments, decided by code from the journal alone. Keyed by the tool's business identity, like an action."""
+
+    tool: str
+    args: dict[str, Any]
+
+
 class Agent(Protocol):
     name: str
     instructions: str
@@ -51,4 +60,8 @@ class Agent(Protocol):
 
     def script(self, state: RunState) -> ScriptedStep | None:
         """The next step for agents driven by a fixed plan in code; None means: ask the model."""
+        ...
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        """What the run's journal calls for beyond its own steps (planned when it ends; pure, from the journal)."""
         ...

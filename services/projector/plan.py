@@ -1,0 +1,66 @@
+"""Which projections a run's journal calls for, as tasks with their receivers' dedup keys. Pure: the projector
+plans with it when a run ends, the reconciler with it to find projections that never arrived."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from contracts.keys import business_key, input_hash
+from contracts.projections import AUDIT_TRAIL_TOOL, ProjectionTask
+from services.registry import Tool
+from services.runtime.core.agent import Agent
+from services.runtime.core.identity import identity_of
+from services.runtime.core.state import RunState
+
+
+def audit_key(run_id: str, upto: int) -> str:
+    """The audit trail's task key: the run's events 1..upto (the receiver deduplicates each by its event id)."""
+    return f"audit:{run_id}:{upto}"
+
+
+def plan(
+    state: RunState, events: int, agent: Agent, tools: Mapping[str, Tool], now: datetime
+) -> list[ProjectionTask]:
+    """The tasks for a run whose journal holds `events` events: the agent's projections (each keyed by its tool's
+    business identity, the key the receiver deduplicates by) and, where the deployment has one, its audit trail.
+
+    A call naming a tool that is not a projection tool is not planned: a projection is never a way around the
+    executor's capabilities."""
+    started = state.started
+    tasks: list[ProjectionTask] = []
+    for call in agent.projections(state):
+        tool = tools.get(call.tool)
+        if tool is None or tool.projection is None:
+            continue
+        values = identity_of(state, tool.contract, call.args)
+        key = (
+            business_key(tool.contract.identity_kind, started.tenant, values)
+            if values is not None
+            else f"{call.tool}:{state.run_id}:{input_hash(call.args)}"
+        )
+        tasks.append(
+            ProjectionTask(
+                tool=call.tool,
+                key=key,
+                run_id=state.run_id,
+                tenant=started.tenant,
+                agent=started.agent,
+                args=call.args,
+                planned_at=now,
+            )
+        )
+    audit = tools.get(AUDIT_TRAIL_TOOL)
+    if audit is not None and audit.projection is not None and events > 0:
+        tasks.append(
+            ProjectionTask(
+                tool=AUDIT_TRAIL_TOOL,
+                key=audit_key(state.run_id, events),
+                run_id=state.run_id,
+                tenant=started.tenant,
+                agent=started.agent,
+                planned_at=now,
+                upto=events,
+            )
+        )
+    return tasks
