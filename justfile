@@ -59,6 +59,10 @@ fmt:
 eval *args:
     {{bin}}/python -m evals {{args}}
 
+# re-record the replay corpus (tests/corpus/*.jsonl) from real runs of the whole stack; ARGS: --only NAME
+record-corpus *args:
+    {{bin}}/python -m tests.corpus.record {{args}}
+
 # --- measure ---
 
 # throughput and latency benchmarks (booking, steps5); figures go to docs/benchmarks.md

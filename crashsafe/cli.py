@@ -138,6 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     show.add_argument("--json", action="store_true", help="print the events as JSON lines")
 
+    replay = sub.add_parser(
+        "replay",
+        help="rebuild a run's state from its journal with the runtime's fold, and what it would do next",
+    )
+    replay.add_argument("run_id", nargs="?", help="the run (optional with --file)")
+    replay.add_argument("--until", type=int, default=None, metavar="SEQ", help="stop at journal position SEQ")
+    replay.add_argument("--diff", action="store_true", help="show what each event changed in the state")
+    replay.add_argument("--file", default=None, metavar="F", help="replay an export offline (no NATS)")
+    replay.add_argument(
+        "--json", action="store_true", help="one JSON document: transitions, state, next move"
+    )
+    replay.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
+    export = sub.add_parser(
+        "export", help="a run's journal as JSON Lines (a header, then each event as journaled)"
+    )
+    export.add_argument("run_id")
+    export.add_argument("--out", default=None, metavar="F", help="write here (default: stdout)")
+    export.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     reconcile = sub.add_parser(
         "reconcile", help="resolve open actions by key and wake runs (one run, or every open run)"
     )
@@ -287,6 +307,22 @@ def main(argv: list[str] | None = None) -> None:
             case "infra":
                 state = Path(args.state_dir) if args.state_dir else None
                 sys.exit(asyncio.run(operations.infra_apply(state)))
+            case "replay":
+                from crashsafe.replay import replay_command
+
+                file = Path(args.file) if args.file else None
+                sys.exit(
+                    asyncio.run(
+                        replay_command(
+                            Path(args.state_dir), args.run_id, args.until, args.diff, file, args.json
+                        )
+                    )
+                )
+            case "export":
+                from crashsafe.replay import export_command
+
+                out = Path(args.out) if args.out else None
+                sys.exit(asyncio.run(export_command(Path(args.state_dir), args.run_id, out)))
             case "reconcile":
                 sys.exit(asyncio.run(operations.reconcile(Path(args.state_dir), args.run_id)))
             case "audit":

@@ -41,6 +41,7 @@ from services.registry import Registry
 from services.reconciler.service import AuditStats, Reconciler, audit_all
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
+from services.runtime.core.state import RunState
 from services.runtime.approvals import ApprovalDesk
 from services.runtime.catalog import RunCatalog
 from services.runtime.lanes import SessionLanes
@@ -338,3 +339,9 @@ async def audit(broker: Broker, settings: Settings) -> tuple[list[Finding], Audi
     key asked by key, and the sandbox's ledger as the providers' listing."""
     async with Providers.connect(settings.sandbox_url) as providers:
         return await audit_all(broker, settings, REGISTRY, providers, SandboxListing(providers.http))
+
+
+def held_state(worker: Runtime, run_id: str) -> RunState | None:
+    """The state a runtime worker holds in memory for a run right now (None: it does not hold the run)."""
+    run = worker._runs.get(run_id)
+    return run.state if run is not None else None

@@ -1,0 +1,136 @@
+"""Temporal's replayer over recorded journals: a change to fold or decide that would act differently on a run
+the real stack recorded fails here, naming the run, the position and both decisions.
+
+The corpus (tests/corpus/*.jsonl) is recorded from real runs of the whole stack by `just record-corpus`
+(tests/corpus/record.py); each file is a `crashsafe export`: a header with the pinned configuration and the
+registry, then the journal byte for byte. A change that is meant to act differently re-records the corpus in the
+same commit, so the diff of the journals shows what changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
+    JournalEvent,
+    PolicyDenied,
+    RunCompleted,
+    RunHandedOff,
+    RunResumed,
+    ToolRejected,
+    decode_event,
+)
+from contracts.tool_messages import Via
+from crashsafe.replay import Export, divergences, read_export, decision_of
+from services import registry as registries
+from services.registry import Registry
+from tests.support.paths import GOLDEN, ROOT
+
+CORPUS = ROOT / "tests" / "corpus"
+JOURNALS = sorted(CORPUS.glob("*.jsonl"))
+REGISTRIES: dict[str, Registry] = {}
+
+
+def _registry(spec: str) -> Registry:
+    if spec not in REGISTRIES:
+        REGISTRIES[spec] = registries.load(spec or "services.agents:stayhub")
+    return REGISTRIES[spec]
+
+
+def _load(path: Path) -> tuple[Export, list[JournalEvent]]:
+    export = read_export(path.read_bytes())
+    return export, [decode_event(raw) for raw in export.events]
+
+
+def _check(export: Export, journal: list[JournalEvent]) -> list[str]:
+    registry = _registry(export.header.registry if export.header else "")
+    config = export.header.config if export.header else None
+    agent = registry.agent(journal[0].agent)  # type: ignore[union-attr]
+    return [str(d) for d in divergences(journal, agent, config)]
+
+
+@pytest.mark.parametrize("path", JOURNALS, ids=[p.stem for p in JOURNALS])
+def test_a_recorded_run_decides_the_same_again(path: Path) -> None:
+    export, journal = _load(path)
+    found = _check(export, journal)
+    assert not found, f"{path.name}: this code would not have written this journal:\n" + "\n".join(found)
+
+
+def test_the_corpus_holds_what_its_names_promise() -> None:
+    """The scenarios the recorder plays really happened in the journals (a recording that silently went the happy
+    way would test nothing): a resume, a lookup, an undo, approvals both ways, a denial, hand-offs, a refund."""
+    journals = {p.stem: _load(p)[1] for p in JOURNALS}
+
+    def has(stem: str, kind: type, **fields: object) -> bool:
+        return any(
+            isinstance(e, kind) and all(getattr(e, k) == v for k, v in fields.items()) for e in journals[stem]
+        )
+
+    assert has("booking_happy", RunCompleted) and not has("booking_happy", ToolRejected)
+    assert has("booking_declined_released", ActionRequested, tool="release_booking")
+    assert has("booking_unknown_resolved_by_lookup", ActionCompleted, via=Via.PROVIDER_LOOKUP.value)
+    assert has("booking_runtime_killed_resumed", RunResumed)
+    assert has("booking_runtime_killed_resumed", RunCompleted)
+    assert has("approval_guest_approves", ApprovalRequested) and has(
+        "approval_guest_approves", ApprovalDecided, decision="approved"
+    )
+    assert has("approval_after_restart_of_everything", ApprovalDecided, decision="approved")
+    assert has("approval_manager_rejects_released", ApprovalDecided, decision="rejected")
+    assert has("approval_manager_rejects_released", ActionRequested, tool="release_booking")
+    assert has("policy_denied_past_checkin", PolicyDenied)
+    assert has("tool_rejected_not_the_agents", ToolRejected)
+    assert has("handoff_loop", RunHandedOff, reason="loop")
+    assert has("handoff_budget_steps", RunHandedOff, reason="budget_steps")
+    support = [s for s in journals if s.startswith("support_refund_approved")]
+    assert any(has(s, ActionRequested, tool="refund_payment") for s in support)
+
+
+def test_the_replayer_names_the_run_position_and_both_decisions_of_a_forged_journal() -> None:
+    """A journal the code would not have written (the charge's amount changed after the fact) is caught where it
+    differs, with what was journaled and what this code decides instead."""
+    export, journal = _load(CORPUS / "booking_happy.jsonl")
+    at = next(
+        i for i, e in enumerate(journal) if isinstance(e, ActionRequested) and e.tool == "create_payment"
+    )
+    paid = journal[at]
+    assert isinstance(paid, ActionRequested)
+    forged = msgspec.structs.replace(paid, args={**paid.args, "amount_cents": 1})
+    found = _check(export, [*journal[:at], forged, *journal[at + 1 :]])
+    assert found, "a forged charge went unnoticed"
+    assert found[0].startswith(f"run {paid.run_id} position {at + 1}: journaled 'run.action_requested")
+    assert '"amount_cents": 1,' in found[0] and f'"amount_cents": {paid.args["amount_cents"]},' in found[0]
+
+
+def test_a_receipt_for_a_step_never_requested_is_a_divergence() -> None:
+    export, journal = _load(CORPUS / "booking_happy.jsonl")
+    done = next(e for e in journal if isinstance(e, ActionCompleted))
+    stray = msgspec.structs.replace(done, step_no=99)
+    found = _check(export, [*journal, stray])
+    assert found == [
+        f"run {done.run_id} position {len(journal) + 1}: journaled {decision_of(stray)!r}, "
+        "but this code decides 'no such step was ever requested'"
+    ]
+
+
+def test_a_journal_from_before_projections_diverges_only_where_email_and_crm_left_the_models_tools() -> None:
+    """Recorded (issue 5) from a stack whose runtime was SIGKILLed after journaling an action request, when the
+    confirmation email and the CRM record were model steps. Under this code the model's asks for them are
+    refused as unknown tools (they are projections now, planned from the ended run): exactly those two
+    decisions differ, and nothing else does. A run in flight across the deploy that had already journaled
+    those steps keeps them (the notify executor still serves them, under the same keys as the projections)."""
+    export = read_export((GOLDEN / "journal_booking_runtime_killed.jsonl").read_bytes())
+    journal = [decode_event(raw) for raw in export.events]
+    assert export.header is None and any(isinstance(e, RunResumed) for e in journal)
+    found = divergences(journal, _registry("").agent("booking"), None)
+    assert [(d.position, d.journaled.split(" key=")[0]) for d in found] == [
+        (13, "run.action_requested send_confirmation_email"),
+        (16, "run.action_requested update_crm"),
+    ]
+    assert all("unknown_tool" in d.decided for d in found)

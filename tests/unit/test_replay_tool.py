@@ -1,0 +1,80 @@
+"""The pure half of `crashsafe replay` / `crashsafe export`: reading an export, the transitions, the diff, --until."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.catalog import AgentConfig
+from crashsafe.replay import (
+    BadExport,
+    ExportHeader,
+    diff_views,
+    export_lines,
+    read_export,
+    render,
+    render_json,
+    replay_events,
+)
+from services import registry as registries
+from tests.support.paths import ROOT
+
+agent_named = registries.load("services.agents:stayhub").agent
+
+HEADER = ExportHeader(run_id="run_x", catalog_revision=3, config=AgentConfig(agent="booking", max_repeats=2))
+
+
+def _journal() -> list[bytes]:
+    """A booking the real stack ran (the corpus's)."""
+    return list(read_export((ROOT / "tests" / "corpus" / "booking_happy.jsonl").read_bytes()).events)
+
+
+def test_an_export_reads_back_its_header_and_every_event_byte_for_byte() -> None:
+    raw = _journal()
+    export = read_export(export_lines(HEADER, raw))
+    assert export.header == HEADER and export.events == tuple(raw)
+    # A plain journal (no header) is an export too: the agent's built-in configuration.
+    plain = read_export(b"\n".join(raw) + b"\n")
+    assert plain.header is None and plain.events == tuple(raw)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"type": "crashsafe.export", "format": 2, "run_id": "r"}\n', "line 1: export format 2"),
+        (b'{"type": "crashsafe.export", "run_id": 5}\n', "line 1: not an export header"),
+        (b'{"type": "crashsafe.export", "format": 1, "run_id": "r"}\nnot json\n', "line 2: not a run event"),
+        (b'{"type": "run.started", "run_id": "r"}\n', "line 1: not a run event"),
+    ],
+)
+def test_a_file_that_is_not_an_export_is_refused_naming_the_line(body: bytes, why: str) -> None:
+    with pytest.raises(BadExport, match=why):
+        read_export(body)
+
+
+def test_replay_prints_each_transition_the_status_after_it_and_the_next_move() -> None:
+    from contracts.run_events import decode_event
+
+    events = [decode_event(e) for e in _journal()]
+    full = replay_events(events, agent_named, None)
+    assert [t.position for t in full.transitions] == list(range(1, len(events) + 1))
+    assert full.transitions[-1].type == "run.completed" and full.transitions[-1].status == "completed"
+    assert full.next == "nothing (idle)"
+    cut = replay_events(events, agent_named, None, until=2)  # the model asked for the search
+    assert [t.type for t in cut.transitions] == ["run.started", "run.model_answered"]
+    assert cut.next.startswith("journal run.action_requested search_hotels key=")
+    text = render(cut, show_diff=True)
+    assert "   2  run.model_answered" in text and "unplanned: + search_hotels(" in text
+    assert render(cut, show_diff=False).count("\n") == 5  # title, two transitions, status, next
+    assert '"changes"' not in render_json(cut, show_diff=False) and '"changes"' in render_json(cut, True)
+
+
+def test_the_diff_names_each_field_that_changed_and_each_item_added_or_gone() -> None:
+    before = {"status": "running", "steps": 1, "pending_actions": ["a", "b"], "reply": None}
+    after = {"status": "completed", "steps": 1, "pending_actions": ["b", "c"], "reply": "ok"}
+    assert diff_views(before, after) == [
+        'status: "running" -> "completed"',
+        "pending_actions: - a",
+        "pending_actions: + c",
+        'reply: null -> "ok"',
+    ]
+    assert diff_views(after, after) == []
