@@ -19,14 +19,11 @@ from contracts.run_events import (
     Budget,
     RunEvent,
     ModelAnswered,
-    ModelAsked,
-    ModelRejected,
-    RunNudged,
-    RunResumed,
     RunStarted,
     ToolCall,
 )
 from bench.workloads import registry as bench_registry
+from crashsafe.replay import divergences
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import (
     Append,
@@ -39,7 +36,7 @@ from services.runtime.core.decide import (
     model_asked,
     next_move,
 )
-from services.runtime.core.fold import fold_run, replay
+from services.runtime.core.fold import fold_run
 from services.runtime.core.state import RunState
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -250,50 +247,13 @@ def booked_run() -> tuple[Run, str]:
 def assert_replays(journal: list[RunEvent]) -> None:
     """Temporal-style replay: fold each prefix, decide with the clock at the next event, and get the journal back.
 
-    A decision may journal several events at one `now` (calls of one model answer, compensations); those are
-    compared as one batch. Receipts, model answers and resume/nudge markers are inputs from outside: a receipt
-    must answer a pending step (or be a harmless duplicate) and a model answer must be asked for, at its step,
-    with the transcript the model saw.
+    The replayer is `crashsafe.replay.divergences`, the one the recorded-journal corpus and `crashsafe replay`
+    use: a decision that journals several events at one `now` is compared as one batch; receipts, model answers,
+    turns, decided approvals and resume/nudge markers are inputs from outside (a receipt must answer a pending
+    step or repeat a settled one; a model answer must be asked for, at its step, with the transcript the model saw).
     """
-    agent = agent_named(journal[0].agent)  # type: ignore[union-attr]
-    batch: list[RunEvent] = []
-    for i in range(1, len(journal)):
-        event = journal[i]
-        if batch and event == batch[0]:
-            batch.pop(0)
-            continue
-        batch = []
-        state = replay(journal[:i])
-        assert state is not None
-        if isinstance(event, RunResumed | RunNudged) or (isinstance(event, ModelAsked) and event.failed):
-            continue  # markers, and a failed model call: inputs from outside, like a receipt
-        if isinstance(event, ModelAnswered | ModelRejected) and isinstance(journal[i - 1], ModelAsked):
-            # The answer was asked for by the ask before it: check the decision against the state before the ask.
-            state = replay(journal[: i - 1])
-            assert state is not None
-        move = next_move(state, agent, event.at)
-        if isinstance(event, ModelAsked):
-            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
-            continue
-        if isinstance(event, ModelRejected):
-            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
-            continue
-        if isinstance(event, ActionCompleted):
-            if state.pending_step(event.step_no) is None:
-                assert state.is_completed(event.step_no), (
-                    f"receipt #{i} answers a step that was never requested"
-                )
-            else:
-                assert isinstance(move, AwaitActions) and event.step_no in {p.step_no for p in move.pending}
-            continue
-        if isinstance(event, ModelAnswered):
-            assert move == AskModel(step_no=event.step_no, input=state.transcript), f"event #{i}: {move}"
-            # The passages are the journal's: a replay never searches.
-            assert model_answered(state, reply_from(event), event.at, tuple(event.passages)) == event
-            continue
-        assert isinstance(move, Append), f"event #{i} ({type(event).__name__}) was not decided: {move}"
-        assert move.events[0] == event, f"event #{i} differs on replay"
-        batch = list(move.events[1:])
+    found = divergences(journal, agent_named(journal[0].agent), None)  # type: ignore[union-attr]
+    assert not found, "the journal differs on replay:\n" + "\n".join(str(d) for d in found)
 
 
 # A run driven the way the runtime drives it -------------------------------------------------------------------

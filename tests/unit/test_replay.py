@@ -1,4 +1,5 @@
-"""Replay: folding and deciding a journal again gives the same decisions (recorded journals and driven runs)."""
+"""Replay of driven runs: folding and deciding a journal again gives the same decisions (the recorded journals,
+from real stacks, are replayed in tests/unit/test_replay_corpus.py)."""
 
 from __future__ import annotations
 
@@ -6,32 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from contracts.run_events import ActionRequested, RunResumed, event_decoder
+from contracts.run_events import ActionRequested
 from services.runtime.core.fold import replay
 from tests.support.journals import decision_steps
-from tests.support.paths import GOLDEN
 from tests.support.runs import assert_replays, booking_model, drive, started
-
-
-# Recorded journals --------------------------------------------------------------------------------------------
-
-
-def test_recorded_journal_of_a_killed_and_resumed_run_replays() -> None:
-    """Recorded from a real stack whose runtime was SIGKILLed right after journaling an action request."""
-    lines = (GOLDEN / "journal_booking_runtime_killed.jsonl").read_bytes().splitlines()
-    journal = [event_decoder.decode(line) for line in lines]
-    assert any(isinstance(e, RunResumed) for e in journal)
-    assert_replays(journal)
-    state = replay(journal)
-    assert state is not None and state.status == "completed" and state.resumes == 1
-    assert decision_steps(journal) == list(range(1, state.next_step))
-    assert [req.tool for req, _ in state.completed] == [
-        "search_hotels",
-        "create_booking",
-        "create_payment",
-        "send_confirmation_email",
-        "update_crm",
-    ]
 
 
 # Driven runs --------------------------------------------------------------------------------------------------
