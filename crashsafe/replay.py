@@ -99,10 +99,24 @@ def export_lines(header: ExportHeader, events: Iterable[bytes]) -> bytes:
     return b"".join([_header_encoder.encode(header) + b"\n", *(e + b"\n" for e in events)])
 
 
+class _Kind(msgspec.Struct):
+    type: str = ""
+
+
+def _kind(line: bytes) -> str:
+    """The `type` of a JSON object line ("" if it has none or is not one): a header is told by its type, never by
+    a substring (a guest's text may spell anything)."""
+    try:
+        return msgspec.json.decode(line, type=_Kind).type
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
+
+
 def read_export(raw: bytes) -> Export:
+    """An export file (header, then events) or a plain journal; `BadExport` names the first line that is wrong."""
     lines = [line for line in raw.splitlines() if line.strip()]
     header: ExportHeader | None = None
-    if lines and b'"crashsafe.export"' in lines[0]:
+    if lines and _kind(lines[0]) == EXPORT_TYPE:
         try:
             header = _header_decoder.decode(lines[0])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -110,12 +124,23 @@ def read_export(raw: bytes) -> Export:
         if header.format != EXPORT_FORMAT:
             raise BadExport(f"line 1: export format {header.format}; this version reads {EXPORT_FORMAT}")
         lines = lines[1:]
-    for n, line in enumerate(lines, start=2 if header else 1):
-        try:
-            decode_event(line)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise BadExport(f"line {n}: not a run event: {exc}") from exc
+    decode_journal(lines, first_line=2 if header else 1)
     return Export(header, tuple(lines))
+
+
+def decode_journal(raw: Sequence[bytes], first_line: int = 0) -> list[JournalEvent]:
+    """Every event, decoded as the runtime decodes it (an unknown type kept); a corrupt one, or a journal that
+    does not open with run.started, is `BadExport` naming the file's line (`first_line`) or the journal position."""
+    events: list[JournalEvent] = []
+    for i, line in enumerate(raw):
+        where = f"line {first_line + i}" if first_line else f"position {i + 1}"
+        try:
+            events.append(decode_event(line))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise BadExport(f"{where}: not a run event: {exc}") from exc
+        if i == 0 and not isinstance(events[0], RunStarted):
+            raise BadExport(f"{where}: a run's journal opens with run.started, not {event_type(events[0])}")
+    return events
 
 
 # What a state is, for a person ---------------------------------------------------------------------------------
@@ -425,7 +450,10 @@ async def read_run(settings: Settings, registry: Registry, run_id: str) -> Expor
         if not stored:
             return None
         raw = tuple(m.data for m in stored)
-        first = decode_event(raw[0])
+        try:
+            first: JournalEvent | None = decode_event(raw[0])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            first = None  # exported as it is, corrupt or not; the replay names the position
         revision = first.catalog_revision if isinstance(first, RunStarted) else 0
         config: AgentConfig | None = None
         if revision and isinstance(first, RunStarted):
@@ -445,7 +473,7 @@ async def read_run(settings: Settings, registry: Registry, run_id: str) -> Expor
 def replayed_text(
     export: Export, registry: Registry, until: int | None, show_diff: bool, as_json: bool
 ) -> str:
-    events = [decode_event(e) for e in export.events]
+    events = decode_journal(export.events)
     config = export.header.config if export.header else None
     replayed = replay_events(events, registry.agent, config, until)
     return render_json(replayed, show_diff) if as_json else render(replayed, show_diff)
@@ -482,7 +510,12 @@ async def replay_command(
             print(f"crashsafe: no run {run_id} in namespace {settings.namespace.name}", file=sys.stderr)
             return 1
     registry = registries.load(spec)
-    sys.stdout.write(replayed_text(export, registry, until, show_diff, as_json))
+    try:
+        text = replayed_text(export, registry, until, show_diff, as_json)
+    except BadExport as exc:
+        print(f"crashsafe: run {run_id or file}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
     return 0
 
 

@@ -182,3 +182,27 @@ async def test_replay_refuses_a_file_that_is_not_a_journal_naming_the_line(world
     assert result.returncode == 1 and "line 2: not a run event" in result.stderr
     missing = await crashsafe("replay", "run_nope", "--state-dir", str(world.state_dir), env=world.env)
     assert missing.returncode == 1 and "no run run_nope" in missing.stderr
+
+
+async def test_a_corrupt_event_in_a_journal_is_exported_as_it_is_and_named_by_the_replay(
+    world: World, broker: Broker
+) -> None:
+    """A known event type that does not decode (corruption, or a hostile write): the export keeps the bytes for the
+    post-mortem, and the replay stops with one line naming the position, not a traceback."""
+    run_id = await submit_inbound(broker, world.journal.ns, unique("ev"), agent="booking", text=BOOKING_TEXT)
+    journal = await _ended(world, run_id)
+    _, seq = await world.journal.read(run_id)
+    corrupt = json.dumps({"type": "run.action_completed", "run_id": run_id, "at": "not a time"}).encode()
+    await broker.publish(world.journal.ns.run_events(run_id), corrupt, expected_subject_seq=seq)
+    out = world.state_dir / "corrupt.jsonl"
+    await _cli(world, "export", run_id, "--out", str(out))
+    assert out.read_bytes().splitlines()[-1] == corrupt
+    online = await crashsafe("replay", run_id, "--state-dir", str(world.state_dir), env=world.env)
+    assert online.returncode == 1, online.stdout
+    assert (
+        f"position {len(journal) + 1}: not a run event" in online.stderr and "Traceback" not in online.stderr
+    )
+    offline = await crashsafe(
+        "replay", "--file", str(out), "--state-dir", str(world.state_dir), env=world.env
+    )
+    assert offline.returncode == 1 and f"line {len(journal) + 2}: not a run event" in offline.stderr

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from contracts.catalog import AgentConfig
 from crashsafe.replay import (
     BadExport,
+    decode_journal,
     ExportHeader,
     diff_views,
     export_lines,
@@ -78,3 +80,28 @@ def test_the_diff_names_each_field_that_changed_and_each_item_added_or_gone() ->
         'reply: null -> "ok"',
     ]
     assert diff_views(after, after) == []
+
+
+def test_a_guests_text_naming_the_export_type_is_an_event_not_a_header() -> None:
+    """Hostile text in the first event cannot make the journal's own first line pass for a header."""
+    from contracts.run_events import decode_event, event_encoder
+
+    first = decode_event(_journal()[0])
+    forged = msgspec.structs.replace(
+        first, text='{"type": "crashsafe.export", "format": 1} "crashsafe.export"'
+    )
+    raw = event_encoder.encode(forged)
+    export = read_export(raw + b"\n")
+    assert export.header is None and export.events == (raw,)
+
+
+def test_a_journal_must_open_with_its_start_and_a_corrupt_event_is_named_by_position() -> None:
+    raw = _journal()
+    with pytest.raises(
+        BadExport, match="position 1: a run's journal opens with run.started, not run.model_answered"
+    ):
+        decode_journal(raw[1:])
+    with pytest.raises(BadExport, match="position 3: not a run event"):
+        decode_journal(
+            [*raw[:2], b'{"type": "run.action_completed", "run_id": "r", "at": "2026-12-01T00:00:00Z"}']
+        )
