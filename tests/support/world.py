@@ -28,6 +28,8 @@ EFFECTS = ("booking", "charge", "email", "crm_update")
 _LEDGER = "/_ledger"
 _FAULTS = "/_faults"
 _RESET = "/_reset"
+# The audit trail receiver's read (a provider endpoint, but one only the tests and operators read).
+_AUDIT = "/audit/records"
 
 
 class Sandbox:
@@ -46,6 +48,12 @@ class Sandbox:
 
     async def counts(self, guest_id: str | None = None) -> dict[str, int]:
         return dict((await self.ledger(guest_id))["counts"])
+
+    async def audit_records(self, run_id: str) -> list[dict[str, Any]]:
+        """The audit trail's records of one run, in journal position order (each event id once)."""
+        response = await self.http.get(f"{self.url}{_AUDIT}", params={"run_id": run_id})
+        response.raise_for_status()
+        return list(response.json()["records"])
 
     async def arm(self, target: str, **fault: int) -> dict[str, Any]:
         """Arm a fault on one target (`payments`, `lookups`, `model`, ...); returns every fault now armed."""
