@@ -31,6 +31,8 @@ from contracts.tool_messages import Via
 from crashsafe.replay import Export, divergences, read_export, decision_of
 from services import registry as registries
 from services.registry import Registry
+from services.runtime.core.fold import replay
+from tests.support.journals import decision_steps
 from tests.support.paths import GOLDEN, ROOT
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -134,3 +136,15 @@ def test_a_journal_from_before_projections_diverges_only_where_email_and_crm_lef
         (16, "run.action_requested update_crm"),
     ]
     assert all("unknown_tool" in d.decided for d in found)
+    # Its fold still works, for a run in flight across the deploy is such a journal: its already journaled email
+    # and CRM steps are served by executor-notify under the projections' own keys (never twice).
+    state = replay(journal)
+    assert state is not None and state.status == "completed" and state.resumes == 1
+    assert decision_steps(journal) == list(range(1, state.next_step))
+    assert [req.tool for req, _ in state.completed] == [
+        "search_hotels",
+        "create_booking",
+        "create_payment",
+        "send_confirmation_email",
+        "update_crm",
+    ]
