@@ -158,10 +158,14 @@ DESTRUCTIVE = (
 
 
 def _user(
-    role: Role, publish: Iterable[str], subscribe: Iterable[str] = (), family: str | None = None
+    role: Role,
+    publish: Iterable[str],
+    subscribe: Iterable[str] = (),
+    family: str | None = None,
+    deny: Iterable[str] = (),
 ) -> NatsUser:
     name = user_name(role, family)
-    deny = () if role is Role.OPERATOR else DESTRUCTIVE
+    deny = () if role is Role.OPERATOR else (*DESTRUCTIVE, *deny)
     return NatsUser(
         name=name,
         role=role,
@@ -323,9 +327,22 @@ def users(
             f"$JS.FC.{support}.>",
             *direct_get(support),
         ],
+        # Its own consumers on RUNS, never the projector's: pulling (and acking) the planner's deliveries would
+        # take a run's end away from the projector, and its email and CRM record with it.
+        deny=_not_the_planner(s, concrete),
     )
     projector = _projector(s, concrete)
     return [gateway, runtime, *executors, reconciler, operator, analytics, projector]
+
+
+def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:
+    planner = s.consumer(projector_planner_consumer(concrete))
+    return (
+        planner.next_subject,
+        f"$JS.ACK.{planner.stream}.{planner.durable}.>",
+        f"{API}.CONSUMER.CREATE.{planner.stream}.{planner.durable}.>",
+        f"{API}.CONSUMER.DURABLE.CREATE.{planner.stream}.{planner.durable}",
+    )
 
 
 def _projector(s: Scope, concrete: Namespace) -> NatsUser:
