@@ -99,6 +99,11 @@ VARIABLES: tuple[Variable, ...] = (
         "client certificate (PEM) if the NATS server verifies clients",
     ),
     Variable("CRASHSAFE_NATS_TLS_KEY_FILE", "unset", "that certificate's private key (PEM)"),
+    Variable(
+        "CRASHSAFE_PROJECTION_TIME_SCALE",
+        "1.0",
+        "projector: multiplies every projection retry delay and give-up time (tests shorten the clock: 0.01)",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -177,6 +182,8 @@ class Settings:
     capability_signing_key: Path | None = None
     capability_verify_keys: tuple[Path, ...] = ()
     nats_access: NatsAccess = field(default_factory=NatsAccess)
+    # Projections (issue 10): every retry policy's durations times this (a 25-minute outage in seconds).
+    projection_time_scale: float = 1.0
 
     @classmethod
     def from_env(
@@ -353,6 +360,12 @@ class Settings:
                 if p.strip()
             ),
             nats_access=nats_access,
+            projection_time_scale=read(
+                "CRASHSAFE_PROJECTION_TIME_SCALE",
+                cls.projection_time_scale,
+                positive_float,
+                "a number > 0 (1.0: the policies' own durations)",
+            ),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -82,6 +82,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_NATS_TLS_CA_FILE": str(files["ca.pem"]),
         "CRASHSAFE_NATS_TLS_CERT_FILE": str(files["cert.pem"]),
         "CRASHSAFE_NATS_TLS_KEY_FILE": str(files["key.pem"]),
+        "CRASHSAFE_PROJECTION_TIME_SCALE": "0.01",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -117,6 +118,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         files["cert.pem"],
         files["key.pem"],
     )
+    assert s.projection_time_scale == 0.01
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -151,6 +153,8 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_TLS_CERT_FILE", "/no/such/file.pem"),
         ("CRASHSAFE_NATS_CREDS", "/nonexistent/operator.creds"),
         ("CRASHSAFE_NATS_TLS_CA_FILE", "/nonexistent/ca.pem"),
+        ("CRASHSAFE_PROJECTION_TIME_SCALE", "0"),
+        ("CRASHSAFE_PROJECTION_TIME_SCALE", "fast"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
