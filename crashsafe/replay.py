@@ -357,6 +357,16 @@ class Divergence:
         )
 
 
+def fields_differing(journaled: RunEvent, decided: RunEvent) -> str:
+    """`field: journaled -> decided` for each field two events of one type disagree on."""
+    a, b = msgspec.to_builtins(journaled), msgspec.to_builtins(decided)
+    return "; ".join(
+        f"{k}: {json.dumps(a.get(k), default=str)} -> {json.dumps(b.get(k), default=str)}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    )
+
+
 def _reply_from(event: ModelAnswered) -> ModelReply:
     return ModelReply(
         model=event.model,
@@ -430,7 +440,10 @@ def divergences(
                 found.append(Divergence(run_id, position, decision_of(event), move_summary(move)))
             continue
         if not isinstance(move, Append) or move.events[0] != event:
-            found.append(Divergence(run_id, position, decision_of(event), move_summary(move)))
+            decided = move_summary(move)
+            if isinstance(move, Append) and type(move.events[0]) is type(event):
+                decided += f" (differs in {fields_differing(event, move.events[0])})"
+            found.append(Divergence(run_id, position, decision_of(event), decided))
             continue
         batch = list(move.events[1:])
     return found

@@ -112,6 +112,12 @@ RECORDINGS = (
         "approval_manager_rejects_released",
         lambda e: _played(e, _eval("manager rejects a corporate booking and the hold is released")),
     ),
+    Recording(
+        # The scenario publishes a catalog with a short approval ttl: the run pins a revision other than 0, so
+        # its export carries that revision's configuration.
+        "approval_expired_released",
+        lambda e: _played(e, _eval("approval expires and the hold is released")),
+    ),
     Recording("policy_denied_past_checkin", lambda e: _played(e, _eval("refuses a check-in in the past"))),
     Recording(
         "tool_rejected_not_the_agents",

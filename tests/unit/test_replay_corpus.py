@@ -107,6 +107,7 @@ def test_the_replayer_names_the_run_position_and_both_decisions_of_a_forged_jour
     found = _check(export, [*journal[:at], forged, *journal[at + 1 :]])
     assert found, "a forged charge went unnoticed"
     assert found[0].startswith(f"run {paid.run_id} position {at + 1}: journaled 'run.action_requested")
+    assert "(differs in args: " in found[0]
     assert '"amount_cents": 1,' in found[0] and f'"amount_cents": {paid.args["amount_cents"]},' in found[0]
 
 
@@ -148,3 +149,19 @@ def test_a_journal_from_before_projections_diverges_only_where_email_and_crm_lef
         "send_confirmation_email",
         "update_crm",
     ]
+
+
+def test_a_run_pinned_to_a_published_catalog_replays_only_under_that_revisions_configuration() -> None:
+    """The export carries the pinned revision's configuration because the decisions depend on it: the approval's
+    expiry (the published catalog's 4 s ttl) is not what the built-in configuration would have asked for."""
+    export, journal = _load(CORPUS / "approval_expired_released.jsonl")
+    assert (
+        export.header is not None and export.header.catalog_revision > 0 and export.header.config is not None
+    )
+    assert any(isinstance(e, ApprovalDecided) and e.decision == "expired" for e in journal)
+    assert _check(export, journal) == []
+    built_in = divergences(journal, _registry(export.header.registry).agent("booking"), None)
+    asked = next(i for i, e in enumerate(journal) if isinstance(e, ApprovalRequested))
+    assert built_in and built_in[0].position == asked + 1
+    assert built_in[0].journaled.startswith("run.approval_requested")
+    assert "(differs in expires_at: " in built_in[0].decided
