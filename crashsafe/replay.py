@@ -42,6 +42,7 @@ from contracts.run_events import (
     UnknownEvent,
     decode_event,
 )
+from contracts.projections import ProjectionTask
 from contracts.subjects import StreamKind
 from crashsafe.operations import settings_for
 from crashsafe.timeline import describe
@@ -49,6 +50,7 @@ from services import registry as registries
 from services.platform.jetstream import Broker
 from services.platform.settings import Settings
 from services.registry import Registry
+from services.projector.plan import plan
 from services.runtime.catalog import RunCatalog
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import (
@@ -264,12 +266,14 @@ class Replayed:
     next: str  # what the runtime would do next, at the time of the last event replayed
     catalog_revision: int = 0
     config: str = "built-in"
+    projections: tuple[ProjectionTask, ...] = ()
 
 
 def replay_events(
-    events: Sequence[JournalEvent], agent_of: Any, config: AgentConfig | None, until: int | None = None
+    events: Sequence[JournalEvent], registry: Registry, config: AgentConfig | None, until: int | None = None
 ) -> Replayed:
-    """Fold `events` (up to position `until`) with the runtime's fold; `agent_of(name) -> Agent`."""
+    """Fold `events` (up to position `until`) with the runtime's fold, then ask the runtime's `next_move` (and, for
+    an ended run, the projector's `plan`) what comes next, at the time of the last event replayed."""
     cut = list(events if until is None else events[:until])
     state: RunState | None = None
     view: dict[str, Any] | None = None
@@ -289,7 +293,7 @@ def replay_events(
         view = after
     if state is None:
         return Replayed(run_id="", transitions=(), state=None, next="nothing: the journal is empty")
-    agent = agent_of(state.agent)
+    agent = registry.agent(state.agent)
     now = cut[-1].at
     first = cut[0]
     revision = first.catalog_revision if isinstance(first, RunStarted) else 0
@@ -300,6 +304,8 @@ def replay_events(
         next=move_summary(next_move(state, agent, now, config)),
         catalog_revision=revision,
         config="pinned" if config is not None else "built-in",
+        # What the projector plans from an ended run (derived, so this is exactly what it publishes).
+        projections=tuple(plan(state, len(cut), agent, registry.projections, now)) if state.terminal else (),
     )
 
 
@@ -316,7 +322,14 @@ def render(replayed: Replayed, show_diff: bool) -> str:
         s = summarize(replayed.state)
         lines.append(f"status {s.status}, {s.steps} steps, {s.tokens_used} tokens")
     lines.append(f"next: {replayed.next}")
+    lines += [f"projection: {p.tool} key={p.key}{_task_detail(p)}" for p in replayed.projections]
     return "\n".join(lines) + "\n"
+
+
+def _task_detail(task: ProjectionTask) -> str:
+    if task.upto:
+        return f" events 1..{task.upto}"
+    return f" args={json.dumps(task.args, sort_keys=True, default=str)}"
 
 
 def render_json(replayed: Replayed, show_diff: bool) -> str:
@@ -336,6 +349,9 @@ def render_json(replayed: Replayed, show_diff: bool) -> str:
         ],
         "state": state_view(replayed.state) if replayed.state is not None else None,
         "next": replayed.next,
+        "projections": [
+            {"tool": p.tool, "key": p.key, "args": p.args, "upto": p.upto} for p in replayed.projections
+        ],
     }
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
@@ -488,7 +504,7 @@ def replayed_text(
 ) -> str:
     events = decode_journal(export.events)
     config = export.header.config if export.header else None
-    replayed = replay_events(events, registry.agent, config, until)
+    replayed = replay_events(events, registry, config, until)
     return render_json(replayed, show_diff) if as_json else render(replayed, show_diff)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 import uuid
@@ -26,12 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from crashsafe.operations import settings_for
-from crashsafe.replay import export_lines, read_run
+from crashsafe.replay import Export, decode_journal, export_lines, read_run
 from evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
 from evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
+from sandbox.listing import SandboxListing
 from services import registry as registries
+from services.projector.plan import plan
+from services.registry import Registry
+from services.runtime.core.fold import replay
 
 CORPUS = Path(__file__).resolve().parent
+# What the receivers hold for each recorded run's projections: {journal: {tool: [keys]}}.
+DELIVERED = "delivered.json"
+# The sandbox ledger's effect kind of each projection tool whose receiver keeps its keys.
+RECEIVED_AS = {"send_confirmation_email": "email", "update_crm": "crm_update"}
 
 
 def _eval(name: str) -> Scenario:
@@ -139,6 +148,8 @@ async def record(only: str | None, out: Path) -> int:
     if not chosen:
         print(f"no recording matches {only!r}: {', '.join(r.name for r in RECORDINGS)}", file=sys.stderr)
         return 2
+    path = out / DELIVERED
+    delivered: dict[str, dict[str, list[str]]] = json.loads(path.read_text()) if path.exists() else {}
     async with running_stack(ModelChoice.SCRIPTED) as evals:
         settings = settings_for(evals.stack.state_dir)
         registry = registries.load(settings.registry)
@@ -155,7 +166,42 @@ async def record(only: str | None, out: Path) -> int:
                 path = out / f"{recording.name}{suffix}.jsonl"
                 path.write_bytes(export_lines(export.header, export.events))
                 print(f"  {path.name}: run {run_id}, {len(export.events)} events", file=sys.stderr)
+                keys = await _delivered(evals, registry, export)
+                delivered.pop(path.stem, None)
+                if keys:
+                    delivered[path.stem] = keys
+    (out / DELIVERED).write_text(json.dumps(delivered, indent=2, sort_keys=True) + "\n")
     return 0
+
+
+async def _delivered(evals: EvalStack, registry: Registry, export: Export) -> dict[str, list[str]]:
+    """The keys the receivers hold for the run's projections, once the projector delivered them: the evidence
+    the corpus test holds the planner to (re-planning an old run must give these keys, or a guest gets a second
+    email). The wait is for the projector to finish, not a timing assertion."""
+    journal = decode_journal(export.events)
+    state = replay(journal)
+    assert state is not None
+    tasks = [
+        t
+        for t in plan(
+            state, len(journal), registry.agent(state.agent), registry.projections, state.started.at
+        )
+    ]
+    wanted = {t.tool for t in tasks if t.tool in RECEIVED_AS}
+    if not wanted:
+        return {}
+    listing = SandboxListing(evals.sandbox)
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        entries = (await listing.view(state.guest_id)).entries
+        held = {
+            tool: sorted(e.key for e in entries if e.kind.value == kind)
+            for tool, kind in RECEIVED_AS.items()
+            if tool in wanted
+        }
+        if all(held.values()) or time.monotonic() > deadline:
+            return held
+        await asyncio.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -103,7 +103,7 @@ async def test_replay_of_a_live_run_is_the_state_the_runtime_holds(world: World,
     assert online["next"].startswith("wait for create_payment")
     # The pure replay of the same prefix is the runtime's state itself, field for field.
     events, _ = await world.journal.read(run_id)
-    assert replay_events(events, REGISTRY.agent, None, until=upto).state == held
+    assert replay_events(events, REGISTRY, None, until=upto).state == held
 
     await world.sandbox.clear_faults()
     journal = await _ended(world, run_id)
@@ -138,7 +138,7 @@ async def test_an_export_replays_offline_to_the_same_output_as_the_deployment(
         offline = await _cli(world, "replay", "--file", str(out), *flags, env=nowhere)
         assert offline.stdout == online.stdout, flags
         printed[" ".join(flags)] = online.stdout
-    assert printed[""].endswith("next: nothing (idle)\n")
+    assert "\nnext: nothing (idle)\nprojection: send_confirmation_email key=email:" in printed[""]
     # Stopped at the model's ask for the hold, the runtime would next journal that request (and its key).
     assert "\nnext: journal run.action_requested create_booking key=hold:" in printed["--until 5 --diff"]
 

@@ -9,6 +9,7 @@ same commit, so the diff of the journals shows what changed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -30,9 +31,11 @@ from contracts.run_events import (
 from contracts.tool_messages import Via
 from crashsafe.replay import Export, divergences, read_export, decision_of
 from services import registry as registries
+from services.projector.plan import plan
 from services.registry import Registry
 from services.runtime.core.fold import replay
 from tests.support.journals import decision_steps
+from tests.corpus.record import DELIVERED, RECEIVED_AS
 from tests.support.paths import GOLDEN, ROOT
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -165,3 +168,24 @@ def test_a_run_pinned_to_a_published_catalog_replays_only_under_that_revisions_c
     assert built_in and built_in[0].position == asked + 1
     assert built_in[0].journaled.startswith("run.approval_requested")
     assert "(differs in expires_at: " in built_in[0].decided
+
+
+def test_re_planning_a_recorded_run_gives_the_keys_its_receivers_already_hold() -> None:
+    """The projector's tasks are derived, so any replica (or the reconciler) may plan an ended run again, today or
+    after a deploy: the receivers deduplicate by key, so a planner that now derived another key from the same
+    journal would send the guest a second email. The keys are the ones the real receivers held after the
+    recording (tests/corpus/delivered.json), not ones this code computed."""
+    delivered: dict[str, dict[str, list[str]]] = json.loads((CORPUS / DELIVERED).read_text())
+    assert delivered, "the corpus holds no delivered projections: re-record it"
+    for path in JOURNALS:
+        export, journal = _load(path)
+        registry = _registry(export.header.registry if export.header else "")
+        state = replay(journal)
+        assert state is not None
+        tasks = plan(state, len(journal), registry.agent(state.agent), registry.projections, state.started.at)
+        planned = {
+            tool: sorted(t.key for t in tasks if t.tool == tool)
+            for tool in RECEIVED_AS
+            if any(t.tool == tool for t in tasks)
+        }
+        assert planned == delivered.get(path.stem, {}), path.name

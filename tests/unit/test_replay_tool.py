@@ -20,7 +20,7 @@ from crashsafe.replay import (
 from services import registry as registries
 from tests.support.paths import ROOT
 
-agent_named = registries.load("services.agents:stayhub").agent
+STAYHUB = registries.load("services.agents:stayhub")
 
 HEADER = ExportHeader(run_id="run_x", catalog_revision=3, config=AgentConfig(agent="booking", max_repeats=2))
 
@@ -57,11 +57,11 @@ def test_replay_prints_each_transition_the_status_after_it_and_the_next_move() -
     from contracts.run_events import decode_event
 
     events = [decode_event(e) for e in _journal()]
-    full = replay_events(events, agent_named, None)
+    full = replay_events(events, STAYHUB, None)
     assert [t.position for t in full.transitions] == list(range(1, len(events) + 1))
     assert full.transitions[-1].type == "run.completed" and full.transitions[-1].status == "completed"
     assert full.next == "nothing (idle)"
-    cut = replay_events(events, agent_named, None, until=2)  # the model asked for the search
+    cut = replay_events(events, STAYHUB, None, until=2)  # the model asked for the search
     assert [t.type for t in cut.transitions] == ["run.started", "run.model_answered"]
     assert cut.next.startswith("journal run.action_requested search_hotels key=")
     text = render(cut, show_diff=True)
