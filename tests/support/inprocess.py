@@ -238,6 +238,12 @@ async def runtime(
         await broker.close()
 
 
+def held_state(worker: Runtime, run_id: str) -> RunState | None:
+    """The state a runtime worker holds in memory for a run right now (None: it does not hold the run)."""
+    run = worker._runs.get(run_id)
+    return run.state if run is not None else None
+
+
 async def wake(worker: Runtime, run_id: str, reason: str, by: str = "test") -> None:
     """Hand the worker a `run.wake` for the run, as its outcomes consumer would (a reconciler's or operator's)."""
     message = RunWake(run_id=run_id, reason=reason, at=datetime.now(UTC), by=by)
@@ -339,9 +345,3 @@ async def audit(broker: Broker, settings: Settings) -> tuple[list[Finding], Audi
     key asked by key, and the sandbox's ledger as the providers' listing."""
     async with Providers.connect(settings.sandbox_url) as providers:
         return await audit_all(broker, settings, REGISTRY, providers, SandboxListing(providers.http))
-
-
-def held_state(worker: Runtime, run_id: str) -> RunState | None:
-    """The state a runtime worker holds in memory for a run right now (None: it does not hold the run)."""
-    run = worker._runs.get(run_id)
-    return run.state if run is not None else None
