@@ -93,6 +93,13 @@ async def _config(args: argparse.Namespace) -> int:
             return await config.publish(state_dir, Path(args.file), args.label)
 
 
+def _position(text: str) -> int:
+    """A journal position: 1 is the run's first event (`run.started`), as in its events' ids `<run_id>/<n>`."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a journal position (1, 2, …)")
+    return int(text)
+
+
 def _scale(text: str) -> dict[str, int]:
     from crashsafe.stack import ScaleError, parse_scale
 
@@ -147,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild a run's state from its journal with the runtime's fold, and what it would do next",
     )
     replay.add_argument("run_id", nargs="?", help="the run (optional with --file)")
-    replay.add_argument("--until", type=int, default=None, metavar="SEQ", help="stop at journal position SEQ")
+    replay.add_argument(
+        "--until", type=_position, default=None, metavar="SEQ", help="stop at journal position SEQ (from 1)"
+    )
     replay.add_argument("--diff", action="store_true", help="show what each event changed in the state")
     replay.add_argument("--file", default=None, metavar="F", help="replay an export offline (no NATS)")
     replay.add_argument(

@@ -105,3 +105,13 @@ def test_a_journal_must_open_with_its_start_and_a_corrupt_event_is_named_by_posi
         decode_journal(
             [*raw[:2], b'{"type": "run.action_completed", "run_id": "r", "at": "2026-12-01T00:00:00Z"}']
         )
+
+
+def test_until_takes_a_journal_position_from_one() -> None:
+    from crashsafe.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["replay", "r", "--until", "3"]).until == 3
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["replay", "r", "--until", bad])
