@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
+
+from tests.support.waiting import eventually
 
 # What a guest sends to get the whole booking: search, hold, pay (then the email and the CRM record follow as
 # projections of the paid run, delivered by the projector).
@@ -86,6 +88,28 @@ class Sandbox:
         """The providers forget every record and fault."""
         response = await self.http.post(f"{self.url}{_RESET}")
         assert response.status_code == 200, response.text
+
+
+async def projected(
+    counts: Callable[[], Awaitable[dict[str, int]]],
+    expected: Mapping[str, int] = CONFIRMED,
+    *,
+    what: str = "the projector to deliver the confirmation email and the CRM record",
+    timeout_s: float = 120.0,
+) -> dict[str, int]:
+    """The ledger counts once they are `expected`: a run ends paid before its projections (email, CRM) are
+    delivered, off its critical path, so a test of what a booking left waits for them. More than expected
+    (a second email) never becomes expected: the wait fails, naming the counts it last saw."""
+    seen: list[dict[str, int]] = [{}]
+
+    async def reached() -> dict[str, int] | None:
+        seen[0] = await counts()
+        return seen[0] if seen[0] == dict(expected) else None
+
+    try:
+        return await eventually(reached, what=what, timeout_s=timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last counts {seen[0]}, expected {dict(expected)}") from None
 
 
 def effects_per_run(entries: list[dict[str, Any]], runs: Mapping[str, str]) -> dict[str, dict[str, int]]:
