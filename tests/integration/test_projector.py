@@ -5,16 +5,22 @@ and throttling, dead (with its dead letter and operator event) when refused or o
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from contracts.dead_letters import DeadLetter
+from contracts.nats_permissions import Role
 from contracts.projections import (
     AUDIT_TRAIL_TOOL,
     ProjectionFailed,
@@ -37,6 +43,7 @@ from services.projector.plan import plan
 from services.runtime.core.fold import replay
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
+from tests.support.nats_users import access
 from tests.support.runs import BOOK, SEARCH, Run, call, started
 from tests.support.waiting import eventually, unique
 from tests.support.world import Sandbox
@@ -391,3 +398,128 @@ async def test_the_audit_trail_delivered_twice_stores_each_event_once_in_journal
     records = response.json()["records"]
     assert [r["event_id"] for r in records] == [f"{state.run_id}/{n}" for n in range(1, len(events) + 1)]
     assert [r["type"] for r in records] == [type(e).__struct_config__.tag for e in events]
+
+
+# Crash seams: the projector as its own process, SIGKILLed at the worst moments --------------------------------
+
+
+@dataclass
+class ProjectorProcess:
+    """`crashsafe serve projector` as a deployment runs it (its NATS user's credential, the sandbox's URL)."""
+
+    world: World
+    logs: Path
+    started: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
+
+    def env(self, crash_at: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("CRASHSAFE_CRASH_AT", "CRASHSAFE_NATS_CREDS", "CRASHSAFE_REGISTRY"):
+            env.pop(name, None)
+        creds = access(self.world.nats_url, Role.PROJECTOR).creds
+        env.update(
+            {
+                "CRASHSAFE_NATS_URL": self.world.nats_url,
+                "CRASHSAFE_NAMESPACE": self.world.ns.name,
+                "CRASHSAFE_SANDBOX_URL": self.world.sandbox.url,
+                "CRASHSAFE_DATA_DIR": str(self.logs),
+                "CRASHSAFE_PROJECTION_TIME_SCALE": str(SCALE),
+                "CRASHSAFE_WORKER_ID": f"projector-{len(self.started)}",
+                **({"CRASHSAFE_NATS_CREDS": str(creds)} if creds else {}),
+                **({"CRASHSAFE_CRASH_AT": crash_at} if crash_at else {}),
+            }
+        )
+        return env
+
+    async def start(self, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+        log_path = self.logs / f"projector-{len(self.started)}.log"
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "crashsafe.cli", "serve", "projector"],
+                env=self.env(crash_at),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.started.append(process)
+        await eventually(
+            lambda: b"ready: projector" in log_path.read_bytes() or process.poll() is not None,
+            what="the projector says it is ready",
+        )
+        assert b"ready: projector" in log_path.read_bytes(), log_path.read_text()
+        return process
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+@pytest.fixture
+async def projector_process(world: World, tmp_path: Path) -> AsyncIterator[ProjectorProcess]:
+    processes = ProjectorProcess(world, tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+async def killed(process: subprocess.Popen[bytes]) -> None:
+    await eventually(lambda: process.poll() is not None, what="the projector killed itself at its seam")
+    assert process.returncode == -signal.SIGKILL
+
+
+async def test_killed_after_the_email_was_sent_the_redelivery_finds_it_by_key_and_sends_none(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    booking = await world.booking("guest-seam-call")
+    task = world.task(EMAIL, booking["booking_id"], "guest-seam-call")
+    first = await projector_process.start(crash_at="projector.after_provider_call")
+    await world.publish(task)
+    await killed(first)
+    assert await world.record(task) is None  # sent, never receipted
+    await projector_process.start()
+    record = await world.settled(task, ProjectionStatus.DELIVERED)
+    await world.idle(EMAIL)
+    assert record.attempts == 2  # the redelivery, answered by the lookup
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    assert (await world.sandbox.ledger())["replays"].get("email", 0) == 0  # no second POST at all
+
+
+async def test_killed_after_the_receipt_the_redelivery_is_acknowledged_from_it(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    booking = await world.booking("guest-seam-ack")
+    task = world.task(CRM, booking["booking_id"], "guest-seam-ack")
+    first = await projector_process.start(crash_at="projector.before_ack")
+    await world.publish(task)
+    await killed(first)
+    record = await world.settled(task, ProjectionStatus.DELIVERED)
+    await projector_process.start()
+    await world.idle(CRM)  # the redelivery was settled from the receipt
+    assert await world.record(task) == record  # untouched: not delivered again
+    assert [e["key"] for e in await world.effects("crm_update")] == [task.key]
+    assert (await world.sandbox.ledger())["replays"].get("crm_update", 0) == 0
+
+
+async def test_killed_after_planning_the_run_is_planned_again_and_each_projection_delivered_once(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    events, _ = await paid_run(world)
+    state = replay(events)
+    assert state is not None
+    first = await projector_process.start(crash_at="projector.after_plan_publish")
+    await journal(world, events)
+    await killed(first)
+    await projector_process.start()
+    expected = plan(state, len(events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC))
+    for task in (t for t in expected if t.tool in (EMAIL, CRM)):
+        await world.settled(task, ProjectionStatus.DELIVERED)
+    await world.idle(EMAIL)
+    await world.idle(CRM)
+    stream = world.ns.stream(StreamKind.RUNS)
+    await eventually(
+        lambda: consumer_idle(world.broker, stream, world.ns.projector_planner_consumer),
+        what="the run's events settled by the planner",
+    )
+    assert len(await world.effects("email")) == 1 and len(await world.effects("crm_update")) == 1
