@@ -31,7 +31,7 @@ from contracts.projections import (
     record_decoder,
     task_encoder,
 )
-from contracts.run_events import ActionRequested, RunCompleted, RunEvent
+from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunEvent
 from contracts.streams import KvSpec, projections_spec
 from contracts.subjects import Namespace, StreamKind
 from services.agents import stayhub
@@ -39,7 +39,7 @@ from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
-from services.projector.plan import plan
+from services.projector.plan import audit_key, plan
 from services.runtime.core.fold import replay
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
@@ -523,3 +523,72 @@ async def test_killed_after_planning_the_run_is_planned_again_and_each_projectio
         what="the run's events settled by the planner",
     )
     assert len(await world.effects("email")) == 1 and len(await world.effects("crm_update")) == 1
+
+
+# Receivers answering what cannot be trusted, and a long wait --------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["malformed", "drop_after_commit"])
+async def test_an_email_sent_whose_answer_was_lost_is_found_by_key_not_sent_again(
+    world: World, fault: str
+) -> None:
+    await world.sandbox.arm("emails", **{fault: 1})
+    booking = await world.booking(f"guest-{fault}")
+    task = world.task(EMAIL, booking["booking_id"], f"guest-{fault}")
+    async with inprocess.projector(world.settings()):
+        await world.publish(task)
+        record = await world.settled(task, ProjectionStatus.DELIVERED)
+        await world.idle(EMAIL)
+    assert record.attempts == 2 and record.provider_ref and record.provider_ref.startswith("em_")
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    assert (await world.sandbox.ledger())["replays"].get("email", 0) == 0  # attempt 2 asked, did not send
+
+
+async def test_a_run_waiting_for_an_approval_flushes_its_audit_trail_and_nothing_else(world: World) -> None:
+    events, _ = await paid_run(world)
+    run = Run(started())
+    for event in events[1:-1]:  # paid, not completed: a refund now waits for the guest's yes
+        run.add(event)
+    refund = call("refund_payment", {"payment_id": "pay_1"}, "call_refund")
+    run.answer(refund)
+    waiting = ApprovalRequested(
+        run_id=run.state.run_id,
+        at=run.tick(),
+        step_no=run.state.next_step,
+        approval_id="apr_" + uuid.uuid4().hex[:12],
+        call=refund,
+        tool="refund_payment",
+        args={"payment_id": "pay_1"},
+        input_hash="0" * 64,
+        approver="guest",
+        rule="approval_above",
+        reason="refunds wait for the guest",
+        expires_at=run.tick(3600),
+    )
+    run.add(waiting)
+    state = replay(run.events)
+    assert state is not None and state.awaiting is not None
+    async with inprocess.projector(world.settings()):
+        await journal(world, run.events)
+        audit = ProjectionTask(
+            tool=AUDIT_TRAIL_TOOL,
+            key=audit_key(state.run_id, len(run.events)),
+            run_id=state.run_id,
+            tenant="",
+            agent="booking",
+            planned_at=datetime.now(UTC),
+            upto=len(run.events),
+        )
+        await world.settled(audit, ProjectionStatus.DELIVERED)
+        stream = world.ns.stream(StreamKind.RUNS)
+        await eventually(
+            lambda: consumer_idle(world.broker, stream, world.ns.projector_planner_consumer),
+            what="every run event settled by the planner",
+        )
+        for tool in (EMAIL, CRM, AUDIT_TRAIL_TOOL):
+            await world.idle(tool)
+    records = (await world.http.get("/audit/records", params={"run_id": state.run_id})).json()["records"]
+    assert [r["type"] for r in records][-1] == "run.approval_requested"
+    assert len(records) == len(run.events)
+    # The booking is paid, but the run may yet undo it: no email, no CRM record until it ends.
+    assert await world.effects("email") == [] and await world.effects("crm_update") == []
