@@ -321,6 +321,17 @@ class Projector:
             await msg.ack()  # the same plan, dead already (a redelivery after the dead letter): stays dead
             return
         pending = record if record is not None and record.status is ProjectionStatus.PENDING else None
+        if (
+            pending is not None
+            and msg.metadata.num_delivered == 1
+            and pending.next_attempt_at is not None
+            and pending.next_attempt_at > datetime.now(UTC)
+        ):
+            # A fresh copy (planned again, published twice) of a task whose next attempt is already scheduled:
+            # that message carries on; two would double the attempts on a receiver that is struggling. Should the
+            # scheduled one be lost, the receipt goes stale and the reconciler publishes it again.
+            await msg.ack()
+            return
         attempt = max(msg.metadata.num_delivered, pending.attempts + 1 if pending else 1)
         planned_at = min(task.planned_at, pending.planned_at) if pending else task.planned_at
         revision = entry.revision if entry is not None else 0
