@@ -4,17 +4,19 @@ The pure half (everything above "The shell") reads journals as bytes and returns
 files. It is what the CLI prints and what the recorded-journal corpus test (tests/unit/test_replay_corpus.py)
 checks, so the operator's replay and CI's replay are one code path.
 
-Export format (JSON Lines, docs/operations.md): a first header line
+Export format (JSON Lines; why, in docs/decisions.md): a first header line
 `{"type": "crashsafe.export", "format": 1, "run_id", "catalog_revision", "config", "registry"}` carrying the
 agent's configuration at the run's pinned catalog revision (what `next_move` needs, and what an offline machine
-cannot read from the catalog bucket) and the registry that ran it, then every journaled event, one per line, byte for byte as the RUNS stream holds
-it. A file without the header (a plain journal) replays too, under the agent's built-in configuration.
+cannot read from the catalog bucket) and the registry that ran it, then every journaled event, one per line,
+byte for byte as the RUNS stream holds it. A file without the header (a plain journal) replays too, under the
+agent's built-in configuration.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,8 +311,17 @@ def replay_events(
     )
 
 
+def printable(text: str) -> str:
+    """`text` with every control or format character escaped (a newline, an ANSI escape, a bidi override): what a
+    guest or a model wrote can neither forge a line of the replay nor drive the operator's terminal."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch)[0] == "C" else ch
+        for ch in text
+    )
+
+
 def render(replayed: Replayed, show_diff: bool) -> str:
-    """The human form of `crashsafe replay`."""
+    """The human form of `crashsafe replay` (one line per transition and per change, whatever the events hold)."""
     lines = [
         f"run {replayed.run_id} (catalog revision {replayed.catalog_revision}, {replayed.config} config)"
     ]
@@ -323,7 +334,7 @@ def render(replayed: Replayed, show_diff: bool) -> str:
         lines.append(f"status {s.status}, {s.steps} steps, {s.tokens_used} tokens")
     lines.append(f"next: {replayed.next}")
     lines += [f"projection: {p.tool} key={p.key}{_task_detail(p)}" for p in replayed.projections]
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def _task_detail(task: ProjectionTask) -> str:

@@ -115,3 +115,18 @@ def test_until_takes_a_journal_position_from_one() -> None:
     for bad in ("0", "-1", "x"):
         with pytest.raises(SystemExit):
             parser.parse_args(["replay", "r", "--until", bad])
+
+
+def test_what_a_guest_wrote_cannot_forge_a_line_of_the_replay_or_drive_the_terminal() -> None:
+    from contracts.run_events import decode_event, event_encoder
+
+    raw = _journal()
+    first = decode_event(raw[0])
+    hostile = "hi\x1b[2J\u202e\n   2  run.completed            completed: refunded  [completed]"
+    forged = event_encoder.encode(msgspec.structs.replace(first, text=hostile))
+    events = [decode_event(e) for e in [forged, *raw[1:3]]]
+    text = render(replay_events(events, STAYHUB, None), show_diff=True)
+    lines = text.splitlines()
+    assert [line[:6] for line in lines if line[:6].strip().isdigit()] == ["   1  ", "   2  ", "   3  "]
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "hi\\x1b[2J\\u202e\\n   2  run.completed" in text
