@@ -12,8 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
+from contracts.catalog import Catalog
 from contracts.nats_permissions import Role
 from contracts.run_events import JournalEvent
 from contracts.subjects import Namespace, StreamKind
@@ -21,6 +23,7 @@ from crashsafe.replay import read_export, replay_events, state_view
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
+from services.runtime.catalog import publish_catalog
 from services.runtime.core.fold import replay
 from services.runtime.core.state import RunState
 from services.runtime.service import Runtime
@@ -32,9 +35,10 @@ from tests.support.stack import CliResult, crashsafe
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
-BENCH_REGISTRY = (
-    "bench.workloads:registry"  # the registry in-process services run (tests/support/inprocess.py)
-)
+# The registry in-process services run (tests/support/inprocess.py), for the CLI to load as they do.
+BENCH_REGISTRY = "bench.workloads:registry"
+BOOKING = REGISTRY.agent("booking").config
+PUBLISHED = Catalog(agents={"booking": msgspec.structs.replace(BOOKING, max_repeats=4)}, label="replay tests")
 
 
 @dataclass
@@ -57,7 +61,10 @@ async def world(
         for family in ("booking", "payment", "notify"):
             await running.enter_async_context(inprocess.executor(settings, family))
         model = await running.enter_async_context(inprocess.scripted_model(settings))
-        runtime = await running.enter_async_context(inprocess.runtime(settings, model))
+        # A published catalog, so every run here is pinned to a revision other than the built-in one.
+        await inprocess.provisioned(settings)
+        await publish_catalog(broker, namespace, REGISTRY, PUBLISHED)
+        runtime = await running.enter_async_context(inprocess.runtime(settings, model, catalog=True))
         await runtime.start()
         http = await running.enter_async_context(httpx.AsyncClient(timeout=10))
         creds = access(nats_server.url, Role.OPERATOR).creds
@@ -129,6 +136,10 @@ async def test_an_export_replays_offline_to_the_same_output_as_the_deployment(
     export = read_export(out.read_bytes())
     assert export.events == tuple(m.data for m in stream) and len(export.events) == len(journal)
     assert export.header is not None and export.header.run_id == run_id
+    # The run's pinned revision and that revision's configuration, read from the catalog bucket as the runtime
+    # reads it: what an offline replay cannot read for itself.
+    assert export.header.catalog_revision >= 1 and export.header.config == PUBLISHED.agents["booking"]
+    assert export.header.registry == BENCH_REGISTRY
     assert (await _cli(world, "export", run_id)).stdout.encode() == out.read_bytes()
 
     nowhere = {**world.env, "CRASHSAFE_NATS_URL": "nats://127.0.0.1:9"}  # offline: nothing listens there
