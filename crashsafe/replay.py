@@ -473,6 +473,13 @@ def divergences(
             found.append(Divergence(run_id, position, decision_of(event), decided))
             continue
         batch = list(move.events[1:])
+    # A journal may end inside a batch (a crash between two appends): the runtime decides the rest again.
+    if not batch and state is not None and state.terminal:
+        # An ended run must stay ended under this code: a deploy must not start acting on old runs (a new
+        # compensation rule undoing what a finished run did, a request published again).
+        after = next_move(state, agent, journal[-1].at, config)
+        if not isinstance(after, Idle):
+            found.append(Divergence(run_id, len(journal) + 1, "nothing (the run ended)", move_summary(after)))
     return found
 
 

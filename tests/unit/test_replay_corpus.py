@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from contracts.keys import CompensationKind
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -33,7 +34,9 @@ from crashsafe.replay import Export, divergences, read_export, decision_of
 from services import registry as registries
 from services.projector.plan import plan
 from services.registry import Registry
+from services.runtime.core.agent import Agent, Compensation
 from services.runtime.core.fold import replay
+from services.runtime.core.state import RunState
 from tests.support.journals import decision_steps
 from tests.corpus.record import DELIVERED, RECEIVED_AS
 from tests.support.paths import GOLDEN, ROOT
@@ -189,3 +192,31 @@ def test_re_planning_a_recorded_run_gives_the_keys_its_receivers_already_hold() 
             if any(t.tool == tool for t in tasks)
         }
         assert planned == delivered.get(path.stem, {}), path.name
+
+
+class _UndoesEndedRuns:
+    """The booking agent with a new rule, as a deploy might bring: a run that was handed off gets its first
+    search "undone". Before the end it is the agent itself."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._agent, name)
+
+    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
+        if not state.terminal:
+            return self._agent.compensations(state, ending)
+        first = state.completed[0][0]
+        return (Compensation("release_booking", {"booking_id": "bk_x"}, first.key, CompensationKind.RELEASE),)
+
+
+def test_code_that_would_act_on_a_run_after_its_end_is_a_divergence() -> None:
+    """An ended run stays ended: code that would act on it after a deploy (undo something of a run that was
+    handed off) fails at the position after the journal's last event, and nowhere else."""
+    export, journal = _load(CORPUS / "handoff_budget_steps.jsonl")
+    assert export.header is not None
+    agent = _UndoesEndedRuns(_registry(export.header.registry).agent("booking"))
+    found = divergences(journal, agent, export.header.config)  # type: ignore[arg-type]
+    assert [(d.position, d.journaled) for d in found] == [(len(journal) + 1, "nothing (the run ended)")]
+    assert found[0].decided.startswith("journal run.action_requested release_booking")
