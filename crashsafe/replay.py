@@ -438,8 +438,8 @@ def divergences(
         if batch and event == batch[0]:
             batch.pop(0)
             continue
-        if batch:
-            found.append(Divergence(run_id, position, decision_of(event), decision_of(batch[0])))
+        # A batch cut short (a crash between its appends, then a resume) is decided again from here: the next
+        # event is checked against a fresh decision, never against the rest of the old batch.
         batch = []
         if _inputs(event):
             continue
