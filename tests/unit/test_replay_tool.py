@@ -130,3 +130,39 @@ def test_what_a_guest_wrote_cannot_forge_a_line_of_the_replay_or_drive_the_termi
     assert [line[:6] for line in lines if line[:6].strip().isdigit()] == ["   1  ", "   2  ", "   3  "]
     assert "\x1b" not in text and "\u202e" not in text
     assert "hi\\x1b[2J\\u202e\\n   2  run.completed" in text
+
+
+def test_a_batch_cut_short_by_a_crash_and_decided_again_after_the_resume_is_no_divergence() -> None:
+    """The model asked for two searches; the runtime journaled the first request and died. The next worker
+    journals its resume marker, then the second request: the journal the runtime really writes in that case."""
+    from datetime import timedelta
+
+    from contracts.run_events import ActionRequested, RunResumed
+    from crashsafe.replay import divergences
+    from services.runtime.core.decide import Append, next_move
+    from services.runtime.core.fold import replay
+    from tests.support.runs import BOOKING, Run, call, started
+
+    run = Run(started())
+    run.answer(
+        call("search_hotels", {"city": "Lisbon", "check_in": "2031-12-01", "check_out": "2031-12-03"}, "c1"),
+        call("search_hotels", {"city": "Porto", "check_in": "2031-12-01", "check_out": "2031-12-03"}, "c2"),
+    )
+    first, second = run.decide()
+    assert isinstance(first, ActionRequested) and isinstance(second, ActionRequested)
+    cut = run.events[:-1]  # the second request never reached the journal
+    resumed = RunResumed(
+        run_id=first.run_id,
+        at=first.at + timedelta(seconds=5),
+        worker="w2",
+        next_step=second.step_no,
+        reason="x",
+    )
+    state = replay([*cut, resumed])
+    assert state is not None
+    move = next_move(state, BOOKING, resumed.at)
+    assert isinstance(move, Append) and [e.step_no for e in move.events] == [second.step_no]  # type: ignore[union-attr]
+    assert divergences([*cut, resumed, *move.events], BOOKING, None) == []
+    # A request the resumed worker did not decide (another key for the second search) is still caught.
+    forged = msgspec.structs.replace(move.events[0], key="search:forged")
+    assert [d.position for d in divergences([*cut, resumed, forged], BOOKING, None)] == [len(cut) + 2]
