@@ -526,6 +526,14 @@ def replayed_text(
     return render_json(replayed, show_diff) if as_json else render(replayed, show_diff)
 
 
+def _registry(spec: str) -> Registry | None:
+    try:
+        return registries.load(spec)
+    except (ImportError, ValueError) as exc:
+        print(f"crashsafe: registry {spec!r} (CRASHSAFE_REGISTRY, or the export's): {exc}", file=sys.stderr)
+        return None
+
+
 async def replay_command(
     state_dir: Path,
     run_id: str | None,
@@ -535,7 +543,6 @@ async def replay_command(
     as_json: bool,
 ) -> int:
     settings = settings_for(state_dir)
-    spec = settings.registry
     if file is not None:
         try:
             export: Export | None = read_export(file.read_bytes())
@@ -543,20 +550,26 @@ async def replay_command(
             print(f"crashsafe: {file}: {exc}", file=sys.stderr)
             return 1
         assert export is not None
-        # The file says which registry's agents decided its run; this deployment's otherwise.
-        spec = export.header.registry if export.header and export.header.registry else spec
         if run_id and export.events and decode_event(export.events[0]).run_id != run_id:
             print(f"crashsafe: {file} holds another run, not {run_id}", file=sys.stderr)
+            return 1
+        # The file says which registry's agents decided its run; this deployment's otherwise.
+        registry = _registry(
+            export.header.registry if export.header and export.header.registry else settings.registry
+        )
+        if registry is None:
             return 1
     else:
         if not run_id:
             print("crashsafe: replay needs RUN_ID (or --file F)", file=sys.stderr)
             return 2
-        export = await read_run(settings, registries.load(spec), run_id)
+        registry = _registry(settings.registry)
+        if registry is None:
+            return 1
+        export = await read_run(settings, registry, run_id)
         if export is None:
             print(f"crashsafe: no run {run_id} in namespace {settings.namespace.name}", file=sys.stderr)
             return 1
-    registry = registries.load(spec)
     try:
         text = replayed_text(export, registry, until, show_diff, as_json)
     except BadExport as exc:
@@ -568,7 +581,9 @@ async def replay_command(
 
 async def export_command(state_dir: Path, run_id: str, out: Path | None) -> int:
     settings = settings_for(state_dir)
-    registry = registries.load(settings.registry)
+    registry = _registry(settings.registry)
+    if registry is None:
+        return 1
     export = await read_run(settings, registry, run_id)
     if export is None:
         print(f"crashsafe: no run {run_id} in namespace {settings.namespace.name}", file=sys.stderr)
