@@ -609,3 +609,39 @@ async def test_a_run_waiting_for_an_approval_flushes_its_audit_trail_and_nothing
     assert len(records) == len(run.events)
     # The booking is paid, but the run may yet undo it: no email, no CRM record until it ends.
     assert await world.effects("email") == [] and await world.effects("crm_update") == []
+
+
+async def test_a_replica_paused_mid_delivery_loses_its_claim_and_the_email_is_still_sent_once(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    # The email provider takes 2 s over each write: long enough to pause the replica that sent it mid-request.
+    await world.sandbox.arm("emails", latency_ms=2000)
+    booking = await world.booking("guest-paused")
+    task = world.task(EMAIL, booking["booking_id"], "guest-paused")
+    paused = await projector_process.start()
+    await world.publish(task)
+    await eventually(lambda: _in_flight(world, task.key), what="the email in the provider's hands")
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        await world.sandbox.clear_faults()  # the write in progress still takes its 2 s
+        await projector_process.start()  # its claim lapses (no in-progress acks): this one takes the task
+        record = await world.settled(task, ProjectionStatus.DELIVERED)
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    log_of_paused = projector_process.logs / "projector-0.log"
+    await eventually(
+        lambda: (
+            b'"msg":"delivered"' in log_of_paused.read_bytes()
+            or b"projection not delivered" in log_of_paused.read_bytes()
+        ),
+        what="the paused replica finishing its attempt once resumed",
+    )
+    await world.idle(EMAIL)
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    settled = await world.record(task)
+    assert settled is not None and settled.status is ProjectionStatus.DELIVERED
+    assert record.attempts >= 2  # the second replica's attempt, by lookup after the first one's write
+
+
+async def _in_flight(world: World, key: str) -> bool:
+    return key in await world.sandbox.in_flight()
