@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from contracts.dead_letters import DeadLetter
@@ -31,7 +32,7 @@ from contracts.projections import (
     record_decoder,
     task_encoder,
 )
-from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunEvent
+from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunEvent, event_encoder
 from contracts.streams import KvSpec, projections_spec
 from contracts.subjects import Namespace, StreamKind
 from services.agents import stayhub
@@ -244,11 +245,20 @@ async def test_a_task_that_does_not_decode_is_dead_lettered_and_the_worker_goes_
         await world.broker.publish(
             world.ns.projection(CRM, "run_junk"), b'{"type": "projection.task", "tool": 7}'
         )
+        # A task that decodes but names a run no subject can: it must not circle through the worker for hours.
+        nowhere = msgspec.structs.replace(world.task(AUDIT_TRAIL_TOOL, "bk_0", "g"), run_id="run.*", upto=3)
+        await world.broker.publish(
+            world.ns.projection(AUDIT_TRAIL_TOOL, "run_nowhere"), task_encoder.encode(nowhere)
+        )
         await world.publish(task)
         await world.settled(task, ProjectionStatus.DELIVERED)
         await world.idle(CRM)
-    (letter,) = await world.projector_letters()
-    assert letter.code == "poison_message" and letter.subject == world.ns.projection(CRM, "run_junk")
+        await world.idle(AUDIT_TRAIL_TOOL)
+    letters = sorted(await world.projector_letters(), key=lambda d: d.subject)
+    assert [(d.code, d.subject) for d in letters] == [
+        ("poison_message", world.ns.projection(AUDIT_TRAIL_TOOL, "run_nowhere")),
+        ("poison_message", world.ns.projection(CRM, "run_junk")),
+    ]
 
 
 # Receivers deduplicate ----------------------------------------------------------------------------------------
@@ -360,6 +370,13 @@ async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_o
             % hostile.encode(),
         )
         await world.broker.publish(world.ns.run_events("run_garbage"), b"\xff not json")
+        # A journal on one run's subject that opens another run: planned as neither.
+        impostor = msgspec.structs.replace(started(), run_id="run_" + "i" * 24)
+        await world.broker.publish(world.ns.run_events("run_" + "j" * 24), event_encoder.encode(impostor))
+        await world.broker.publish(
+            world.ns.run_events("run_" + "j" * 24),
+            event_encoder.encode(RunCompleted(run_id="run_" + "j" * 24, at=datetime.now(UTC), reply="x")),
+        )
         events, _ = await paid_run(world)
         await journal(world, events)
         state = replay(events)
@@ -371,7 +388,7 @@ async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_o
             await world.settled(task, ProjectionStatus.DELIVERED)
     letters = [d for d in await world.projector_letters() if ".run." in d.subject]
     assert sorted(d.subject for d in letters) == sorted(
-        [world.ns.run_events(hostile), world.ns.run_events("run_garbage")]
+        world.ns.run_events(r) for r in (hostile, "run_garbage", "run_" + "j" * 24)
     )
     assert len(await world.effects("email")) == 1
 
@@ -592,3 +609,39 @@ async def test_a_run_waiting_for_an_approval_flushes_its_audit_trail_and_nothing
     assert len(records) == len(run.events)
     # The booking is paid, but the run may yet undo it: no email, no CRM record until it ends.
     assert await world.effects("email") == [] and await world.effects("crm_update") == []
+
+
+async def test_a_replica_paused_mid_delivery_loses_its_claim_and_the_email_is_still_sent_once(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    # The email provider takes 2 s over each write: long enough to pause the replica that sent it mid-request.
+    await world.sandbox.arm("emails", latency_ms=2000)
+    booking = await world.booking("guest-paused")
+    task = world.task(EMAIL, booking["booking_id"], "guest-paused")
+    paused = await projector_process.start()
+    await world.publish(task)
+    await eventually(lambda: _in_flight(world, task.key), what="the email in the provider's hands")
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        await world.sandbox.clear_faults()  # the write in progress still takes its 2 s
+        await projector_process.start()  # its claim lapses (no in-progress acks): this one takes the task
+        record = await world.settled(task, ProjectionStatus.DELIVERED)
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    log_of_paused = projector_process.logs / "projector-0.log"
+    await eventually(
+        lambda: (
+            b'"msg":"delivered"' in log_of_paused.read_bytes()
+            or b"projection not delivered" in log_of_paused.read_bytes()
+        ),
+        what="the paused replica finishing its attempt once resumed",
+    )
+    await world.idle(EMAIL)
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    settled = await world.record(task)
+    assert settled is not None and settled.status is ProjectionStatus.DELIVERED
+    assert record.attempts >= 2  # the second replica's attempt, by lookup after the first one's write
+
+
+async def _in_flight(world: World, key: str) -> bool:
+    return key in await world.sandbox.in_flight()
