@@ -25,6 +25,7 @@ GUESTS = "guests"
 APPROVALS = "approvals"
 SESSIONS = "sessions"
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
+PROJECTIONS = "projections"  # projection receipts: the projector writes them, the reconciler reads them
 
 
 class Role(StrEnum):
@@ -286,6 +287,10 @@ def users(
             # The expiry backstop: it reads pending approvals and wakes their runs, never decides one.
             stream_info(s.kv_stream(APPROVALS)),
             *direct_get(s.kv_stream(APPROVALS)),
+            # Lost projections: it reads their receipts (never writes one) and publishes their tasks again.
+            f"{n}.projection.>",
+            stream_info(s.kv_stream(PROJECTIONS)),
+            *direct_get(s.kv_stream(PROJECTIONS)),
         ],
     )
     operator = _user(

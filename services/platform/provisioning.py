@@ -15,6 +15,7 @@ from contracts.streams import (
     clients_spec,
     guests_spec,
     leases_spec,
+    projections_spec,
     sessions_spec,
     stream_specs,
 )
@@ -33,6 +34,7 @@ def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
         guests_spec(ns, replicas),
         approvals_spec(ns, replicas),
         sessions_spec(ns, replicas),
+        projections_spec(ns, replicas),
     ]
 
 

@@ -99,6 +99,11 @@ VARIABLES: tuple[Variable, ...] = (
         "client certificate (PEM) if the NATS server verifies clients",
     ),
     Variable("CRASHSAFE_NATS_TLS_KEY_FILE", "unset", "that certificate's private key (PEM)"),
+    Variable(
+        "CRASHSAFE_PROJECTION_TIME_SCALE",
+        "1",
+        "multiplies every projection delay: retry pauses, give-up time, the reconciler's grace (tests: 0.01)",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -177,6 +182,8 @@ class Settings:
     capability_signing_key: Path | None = None
     capability_verify_keys: tuple[Path, ...] = ()
     nats_access: NatsAccess = field(default_factory=NatsAccess)
+    # Every projection delay (retry pauses, the give-up time, the reconciler's grace) times this.
+    projection_time_scale: float = 1.0
 
     @classmethod
     def from_env(
@@ -353,6 +360,12 @@ class Settings:
                 if p.strip()
             ),
             nats_access=nats_access,
+            projection_time_scale=read(
+                "CRASHSAFE_PROJECTION_TIME_SCALE",
+                cls.projection_time_scale,
+                positive_float,
+                "a number > 0 (1: real time)",
+            ),
         )
 
     def with_partitions(self, spec: str) -> Settings:

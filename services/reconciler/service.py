@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+import msgspec
 from nats.aio.msg import Msg
 
-from contracts.run_events import decode_event
-from contracts.streams import approvals_spec
+from contracts.errors import CrashsafeError
+from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
+from contracts.run_events import RunCompleted, RunHandedOff, decode_event
+from contracts.streams import approvals_spec, projections_spec
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -37,6 +40,9 @@ from services.reconciler.core import (
     unsettled_unknowns,
 )
 from services.platform.tickets import publish_ticket
+from services.projector.plan import plan
+from services.reconciler import projections
+from services.runtime.core.fold import replay
 
 
 class Reconciler:
@@ -49,6 +55,7 @@ class Reconciler:
         reask_s: float = 5.0,
         quiet_s: float = 30.0,
         lookback_s: float = 86_400.0,
+        registry: Registry | None = None,
     ) -> None:
         self.broker = broker
         self.settings = settings
@@ -62,6 +69,29 @@ class Reconciler:
         # How often waiting runs' approval records are read (one direct get per waiting run).
         self.approval_check_s = 5.0
         self._approvals_checked = datetime.min.replace(tzinfo=UTC)
+        # Projections (seed 002): ended runs whose planned projections have no receipt are published again.
+        self.registry = registry
+        self.journal = RunJournal(broker, self.ns)
+        self.ended = projections.EndedRuns()
+        scale = settings.projection_time_scale
+        # An ended run is checked once the projector has had time to plan and deliver it (a minute), a pending
+        # receipt is stale once its next attempt is ten minutes past (the projector's ack wait is 30 s, its
+        # longest pause 5 minutes); an open run is checked again after 1, 2, 4 … 30 minutes.
+        self.projection_grace_s = 60.0 * scale
+        self.projection_stale_s = 600.0 * scale
+        self.projection_recheck_s = 60.0 * scale
+        self.projection_max_gap_s = 1800.0 * scale
+        # Bounded work per tick: at most this many journals read, and tasks published, a second.
+        self.projection_runs_per_tick = 20
+        self.projection_publishes_per_tick = 50
+        self.projection_counts: dict[str, int] = {
+            "checked": 0,
+            "republished": 0,
+            "missing": 0,
+            "stale": 0,
+            "settled_runs": 0,
+            "failed_checks": 0,
+        }
 
     async def start(self) -> None:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
@@ -73,7 +103,12 @@ class Reconciler:
 
     async def _on_event(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
-        observe(self.work, decode_event(msg.data))
+        event = decode_event(msg.data)
+        observe(self.work, event)
+        if isinstance(event, RunCompleted | RunHandedOff):
+            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s)
+        else:
+            projections.moved(self.ended, event.run_id, event.at, self.projection_grace_s)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every `tick_s` until `stop` is set."""
@@ -118,6 +153,7 @@ class Reconciler:
             if await publish_ticket(self.broker, self.ns, ticket, self.logger):
                 self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
+        await self._projections(now)
 
     async def _approval_backstop(self, now: datetime) -> None:
         """Runs waiting for an approval: woken if their record is decided but the journal does not say so yet,
@@ -140,6 +176,97 @@ class Reconciler:
                     self.worker,
                 )
                 self.wakes += 1
+
+    async def _projections(self, now: datetime) -> None:
+        """Ended runs past their grace: their planned projections read against the receipts, the lost ones
+        published again (bounded per tick), the run forgotten once every projection is delivered or dead."""
+        if self.registry is None or not self.registry.projections:
+            return
+        budget = self.projection_publishes_per_tick
+        for run_id in projections.due_runs(self.ended, now, self.projection_runs_per_tick):
+            if budget <= 0:
+                break
+            try:
+                published = await self._check_projections(run_id, now, budget)
+            except CrashsafeError as exc:
+                # NATS away, a bucket not yet provisioned: the run is checked again later, never dropped.
+                self.projection_counts["failed_checks"] += 1
+                projections.checked(
+                    self.ended,
+                    run_id,
+                    {projections.Verdict.MISSING: 1},
+                    0,
+                    now,
+                    self.projection_recheck_s,
+                    self.projection_max_gap_s,
+                )
+                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
+                continue
+            budget -= published
+
+    async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
+        """One ended run: its lost projections published again (at most `budget`); returns how many."""
+        tasks = await self._planned(run_id, now)
+        if tasks is None:
+            projections.forget(self.ended, run_id)
+            return 0
+        records: dict[str, ProjectionRecord | None] = {}
+        readable: list[ProjectionTask] = []
+        for task in tasks:
+            entry = await self.broker.kv_get(
+                projections_spec(self.ns), self.ns.projection_record_key(task.tool, task.key)
+            )
+            try:
+                records[task.key] = record_decoder.decode(entry.value) if entry is not None else None
+            except msgspec.DecodeError:
+                # A receipt this version cannot read is a newer writer's: left alone, never published over.
+                log(
+                    self.logger, logging.WARNING, "projection receipt unreadable", run_id=run_id, key=task.key
+                )
+                continue
+            readable.append(task)
+        again, counts = projections.to_republish(readable, records, now, self.projection_stale_s)
+        again = again[:budget]
+        run = self.ended.runs.get(run_id)
+        done = run.republished if run is not None else 0
+        for n, task in enumerate(again, start=done + 1):
+            await self.broker.publish(
+                self.ns.projection(task.tool, run_id),
+                task_encoder.encode(task),
+                msg_id=projections.republish_id(task.key, n, now),
+            )
+        projections.checked(
+            self.ended, run_id, counts, len(again), now, self.projection_recheck_s, self.projection_max_gap_s
+        )
+        self.projection_counts["checked"] += 1
+        self.projection_counts["republished"] += len(again)
+        self.projection_counts["missing"] += counts[projections.Verdict.MISSING]
+        self.projection_counts["stale"] += counts[projections.Verdict.STALE]
+        if run_id not in self.ended.runs:
+            self.projection_counts["settled_runs"] += 1
+        if again:
+            log(
+                self.logger,
+                logging.INFO,
+                "projections published again",
+                run_id=run_id,
+                keys=[t.key for t in again],
+                **self.projection_counts,
+            )
+        return len(again)
+
+    async def _planned(self, run_id: str, now: datetime) -> list[ProjectionTask] | None:
+        """The projections a run's journal calls for, as the projector plans them; None for a run not ended or
+        of an agent this deployment does not run (nothing to check)."""
+        assert self.registry is not None
+        events, _ = await self.journal.read(run_id)
+        state = replay(events)
+        if state is None or not state.terminal:
+            return None
+        agent = self.registry.agents.get(state.agent)
+        if agent is None:
+            return None
+        return plan(state, state.events, agent, self.registry.tools, now)
 
 
 class ProviderFacts(Protocol):

@@ -100,6 +100,12 @@ def probes() -> list[Probe]:
         Probe("publish", "fired timer (only the server's scheduler)", NS.timer_fired("r1")),
         Probe("publish", "KV catalog: publish a revision", "$KV.sweep_catalog.catalog"),
         Probe("publish", "KV guests: `guest.t1.h` (a profile)", "$KV.sweep_guests.guest.t1.h"),
+        Probe("publish", "projection task", NS.projection("send_confirmation_email", "r1")),
+        Probe(
+            "publish",
+            "KV projections: a receipt",
+            f"$KV.sweep_projections.{NS.projection_record_key('send_confirmation_email', 'email:x')}",
+        ),
         Probe(
             "streams",
             "create a stream",
@@ -124,6 +130,7 @@ def probes() -> list[Probe]:
                 _stream(StreamKind.TIMERS),
                 KV_CATALOG,
                 KV_GUESTS,
+                "KV_sweep_projections",
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -228,6 +235,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {"wake a run", f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {"support ticket"}  # the backstop for a ticket the runtime could not publish
         allowed |= {"direct get on KV_sweep_approvals"}  # the expiry backstop reads records, never decides
+        # Lost projections: it reads their receipts, never writes one, and publishes their tasks again.
+        allowed |= {"projection task", "direct get on KV_sweep_projections"}
     elif role is Role.ANALYTICS:
         allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}

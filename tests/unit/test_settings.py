@@ -82,6 +82,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_NATS_TLS_CA_FILE": str(files["ca.pem"]),
         "CRASHSAFE_NATS_TLS_CERT_FILE": str(files["cert.pem"]),
         "CRASHSAFE_NATS_TLS_KEY_FILE": str(files["key.pem"]),
+        "CRASHSAFE_PROJECTION_TIME_SCALE": "0.01",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -108,6 +109,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.api_key, s.tls_cert_file, s.tls_key_file) == (env["CRASHSAFE_API_KEY"], cert, key)
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
     assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
+    assert s.projection_time_scale == 0.01
     assert s.capability_signing_key == Path("/keys/capability.key")
     assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
     access = s.nats_access

@@ -1,0 +1,167 @@
+"""The reconciler's projection decisions (services/reconciler/projections.py): which ended runs are due, which
+planned tasks are lost (no receipt, or a pending receipt nobody is trying), how a run is checked again, and what
+an operator's retry plans."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from contracts.projections import ProjectionRecord, ProjectionStatus, ProjectionTask
+from services.reconciler.projections import (
+    EndedRuns,
+    Verdict,
+    audit_upto,
+    checked,
+    due_runs,
+    ended,
+    moved,
+    replanned,
+    republish_id,
+    retried_record,
+    to_republish,
+    verdict,
+)
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+GRACE, STALE, RECHECK, MAX_GAP = 60.0, 600.0, 60.0, 1800.0
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def task(key: str, tool: str = "send_confirmation_email", upto: int = 0) -> ProjectionTask:
+    return ProjectionTask(
+        tool=tool, key=key, run_id="run_1", tenant="t", agent="booking", planned_at=at(100), upto=upto
+    )
+
+
+def record(
+    key: str,
+    status: ProjectionStatus,
+    *,
+    next_attempt: float | None = None,
+    updated: float = 0.0,
+    planned: float = 0.0,
+) -> ProjectionRecord:
+    return ProjectionRecord(
+        tool="send_confirmation_email",
+        key=key,
+        run_id="run_1",
+        status=status,
+        attempts=3,
+        planned_at=at(planned),
+        updated_at=at(updated),
+        next_attempt_at=at(next_attempt) if next_attempt is not None else None,
+        detail="503 from the receiver",
+    )
+
+
+def test_an_ended_run_is_due_after_the_grace_since_its_last_event() -> None:
+    work = EndedRuns()
+    ended(work, "run_1", at(0), GRACE)
+    assert due_runs(work, at(59), 10) == []
+    # The journal moved after the end (a late outcome): the projector plans again, so the grace restarts.
+    moved(work, "run_1", at(30), GRACE)
+    assert due_runs(work, at(61), 10) == []
+    assert due_runs(work, at(90), 10) == ["run_1"]
+
+
+def test_events_of_runs_that_did_not_end_are_not_tracked() -> None:
+    work = EndedRuns()
+    moved(work, "run_open", at(0), GRACE)
+    assert work.runs == {}
+
+
+def test_due_runs_are_bounded_and_the_longest_waiting_come_first() -> None:
+    work = EndedRuns()
+    for i in range(30):
+        ended(work, f"run_{i:02}", at(30 - i), GRACE)
+    due = due_runs(work, at(1000), 5)
+    assert due == ["run_29", "run_28", "run_27", "run_26", "run_25"]
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        (None, Verdict.MISSING),
+        (record("k", ProjectionStatus.DELIVERED), Verdict.SETTLED),
+        (record("k", ProjectionStatus.DEAD), Verdict.SETTLED),
+        (record("k", ProjectionStatus.PENDING, next_attempt=500), Verdict.PENDING),
+        (record("k", ProjectionStatus.PENDING, next_attempt=500 - STALE - 1), Verdict.STALE),
+        # No next attempt named: the worker's last write is its last sign of life.
+        (record("k", ProjectionStatus.PENDING, updated=0), Verdict.STALE),
+        (record("k", ProjectionStatus.PENDING, updated=400), Verdict.PENDING),
+    ],
+)
+def test_verdict_of_a_receipt(stored: ProjectionRecord | None, expected: Verdict) -> None:
+    assert verdict(stored, at(700), STALE) is expected
+
+
+def test_only_lost_tasks_are_published_again() -> None:
+    tasks = [task("missing"), task("delivered"), task("dead"), task("trying"), task("stale")]
+    records = {
+        "delivered": record("delivered", ProjectionStatus.DELIVERED),
+        "dead": record("dead", ProjectionStatus.DEAD),
+        "trying": record("trying", ProjectionStatus.PENDING, next_attempt=690),
+        "stale": record("stale", ProjectionStatus.PENDING, next_attempt=10, planned=5),
+    }
+    again, counts = to_republish(tasks, records, at(700), STALE)
+    assert [t.key for t in again] == ["missing", "stale"]
+    assert counts == {Verdict.MISSING: 1, Verdict.STALE: 1, Verdict.PENDING: 1, Verdict.SETTLED: 2}
+    # A stale task keeps its first planning time: its give-up clock is never reset by the reconciler.
+    assert again[1].planned_at == at(5)
+    assert again[0].planned_at == at(100)
+
+
+def test_a_settled_run_is_forgotten_and_an_open_one_checked_again_later_and_later() -> None:
+    work = EndedRuns()
+    ended(work, "run_1", at(0), GRACE)
+    ended(work, "run_2", at(0), GRACE)
+    checked(work, "run_1", {Verdict.SETTLED: 3}, 0, at(60), RECHECK, MAX_GAP)
+    assert "run_1" not in work.runs
+    gaps = []
+    now = at(60)
+    for _ in range(8):
+        checked(work, "run_2", {Verdict.PENDING: 1, Verdict.SETTLED: 2}, 1, now, RECHECK, MAX_GAP)
+        gaps.append((work.runs["run_2"].due_at - now).total_seconds())
+        now = work.runs["run_2"].due_at
+    assert gaps == [60, 120, 240, 480, 960, 1800, 1800, 1800]
+    assert work.runs["run_2"].republished == 8
+
+
+def test_republish_ids_are_fresh_and_never_the_planners_own() -> None:
+    first = republish_id("email:abc", 1, at(0))
+    again = republish_id("email:abc", 1, at(1))
+    assert first != "email:abc" and first.startswith("email:abc:r1:")
+    assert first != again  # a restarted reconciler (counting from 1 again) still publishes a fresh id
+
+
+def test_an_operator_retry_plans_the_same_task_now() -> None:
+    tasks = [task("email:abc"), task("audit:run_1:12", tool="record_audit", upto=12)]
+    retried = replanned(tasks, "email:abc", "run_1", at(5000))
+    assert retried is not None and retried.key == "email:abc" and retried.planned_at == at(5000)
+    # An audit flush planned at an earlier length of the journal (an approval's wait) is that flush again.
+    flush = replanned(tasks, "audit:run_1:7", "run_1", at(5000))
+    assert flush is not None and (flush.key, flush.upto, flush.tool) == ("audit:run_1:7", 7, "record_audit")
+    assert replanned(tasks, "audit:run_1:13", "run_1", at(5000)) is None  # past the journal's end
+    assert replanned(tasks, "crm:nothing", "run_1", at(5000)) is None
+
+
+def test_audit_keys_are_parsed_strictly() -> None:
+    assert audit_upto("audit:run_1:12", "run_1") == 12
+    assert audit_upto("audit:run_1:0", "run_1") is None
+    assert audit_upto("audit:run_1:x", "run_1") is None
+    assert audit_upto("audit:run_2:12", "run_1") is None
+
+
+def test_a_retried_record_is_pending_now_and_keeps_its_attempts() -> None:
+    dead = record("email:abc", ProjectionStatus.DEAD, updated=100)
+    again = retried_record(dead, at(9000))
+    assert again.status is ProjectionStatus.PENDING
+    assert (again.planned_at, again.next_attempt_at, again.attempts) == (at(9000), at(9000), 3)
+    assert "503 from the receiver" in again.detail
