@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 from contracts.errors import CrashsafeError
 from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
-from contracts.run_events import RunCompleted, RunHandedOff, decode_event
+from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
 from contracts.streams import approvals_spec, projections_spec
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
@@ -206,7 +206,16 @@ class Reconciler:
 
     async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
         """One ended run: its lost projections published again (at most `budget`); returns how many."""
-        tasks = await self._planned(run_id, now)
+        events, _ = await self.journal.read(run_id)
+        try:
+            tasks = self._planned(events, now)
+        except Exception as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
+            # A journal the planner cannot plan from (a hostile or corrupt event): named in the log and left
+            # alone, never a reconciler that dies on every tick.
+            self.projection_counts["failed_checks"] += 1
+            log(self.logger, logging.ERROR, "projection plan failed", run_id=run_id, error=repr(exc))
+            projections.forget(self.ended, run_id)
+            return 0
         if tasks is None:
             projections.forget(self.ended, run_id)
             return 0
@@ -255,11 +264,10 @@ class Reconciler:
             )
         return len(again)
 
-    async def _planned(self, run_id: str, now: datetime) -> list[ProjectionTask] | None:
+    def _planned(self, events: list[JournalEvent], now: datetime) -> list[ProjectionTask] | None:
         """The projections a run's journal calls for, as the projector plans them; None for a run not ended or
         of an agent this deployment does not run (nothing to check)."""
         assert self.registry is not None
-        events, _ = await self.journal.read(run_id)
         state = replay(events)
         if state is None or not state.terminal:
             return None
