@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -18,6 +19,7 @@ from contracts.projections import (
     ProjectionRecord,
     ProjectionStatus,
     ProjectionTask,
+    record_decoder,
     task_decoder,
 )
 from contracts.run_events import (
@@ -31,6 +33,7 @@ from contracts.run_events import (
 from contracts.streams import projections_spec
 from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import OutcomeStatus
+from crashsafe.projections import projections_list, projections_retry
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
@@ -243,3 +246,53 @@ async def test_a_hostile_journal_does_not_stop_the_others(
     await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
     assert stranger not in reconciler.ended.runs and await _tasks(broker, namespace, stranger) == []
     assert await _tasks(broker, namespace, good)
+
+
+async def test_an_operator_retries_a_dead_projection_and_only_a_dead_one(
+    reconciler: Reconciler,
+    broker: Broker,
+    namespace: Namespace,
+    nats_server: NatsServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`crashsafe projections retry KEY`, as the operator user: a dead email goes back to pending and its task,
+    re-planned from the journal, is published; a delivered one is refused and nothing is sent."""
+    monkeypatch.setenv("CRASHSAFE_NATS_URL", nats_server.url)
+    monkeypatch.setenv("CRASHSAFE_NAMESPACE", namespace.name)
+    monkeypatch.setenv("CRASHSAFE_NATS_CREDS", str(access(nats_server.url, Role.OPERATOR).creds))
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    tasks = await _tasks(broker, namespace, run_id)
+    email = next(t for t in tasks if t.tool == "send_confirmation_email")
+    crm = next(t for t in tasks if t.tool == "update_crm")
+    dead = msgspec.structs.replace(
+        _record(email, ProjectionStatus.DEAD, now), detail="422 from the receiver: address refused"
+    )
+    await _receipt(broker, namespace, email, dead)
+    await _receipt(broker, namespace, crm, _record(crm, ProjectionStatus.DELIVERED, now))
+
+    assert await projections_list(tmp_path, "dead", run_id) == 0
+    listed = capsys.readouterr().out
+    assert email.key in listed and "address refused" in listed and crm.key not in listed
+
+    assert await projections_retry(tmp_path, crm.key) == 1
+    assert await projections_retry(tmp_path, email.key) == 0
+    after = await _tasks(broker, namespace, run_id)
+    assert len(after) == len(tasks) + 1
+    sent = after[-1]
+    assert (sent.tool, sent.key, sent.args) == (email.tool, email.key, email.args)
+    assert sent.planned_at > dead.updated_at  # the give-up clock starts again, from the retry
+    entry = await broker.kv_get(
+        projections_spec(namespace), namespace.projection_record_key(email.tool, email.key)
+    )
+    assert entry is not None
+    record = record_decoder.decode(entry.value)
+    assert record.status is ProjectionStatus.PENDING and record.attempts == dead.attempts
+    # Not dead any more: a second retry is refused (the projector is trying it).
+    assert await projections_retry(tmp_path, email.key) == 1
+    assert len(await _tasks(broker, namespace, run_id)) == len(after)
