@@ -39,19 +39,28 @@ class EndedRun:
     republished: int = 0
 
 
+# Ended runs tracked at once: past it the longest-tracked is let go (counted), so a benchmark's burst of runs
+# costs the reconciler bounded memory; the projector's own retries still cover those runs.
+MAX_TRACKED = 100_000
+
+
 @dataclass
 class EndedRuns:
     """Ended runs (completed or handed off) whose projections the reconciler has not yet seen settled."""
 
     runs: dict[str, EndedRun] = field(default_factory=dict)
+    let_go: int = 0  # runs dropped unchecked at the MAX_TRACKED bound
 
 
-def ended(work: EndedRuns, run_id: str, at: datetime, grace_s: float) -> None:
+def ended(work: EndedRuns, run_id: str, at: datetime, grace_s: float, max_tracked: int = MAX_TRACKED) -> None:
     """A run ended at `at` (or an ended run's journal moved again: the projector plans again, so the grace
     restarts). Checked once `grace_s` have passed since its last event."""
     due = at + timedelta(seconds=grace_s)
     known = work.runs.get(run_id)
     if known is None:
+        while len(work.runs) >= max_tracked:
+            del work.runs[next(iter(work.runs))]  # the longest tracked (dicts keep insertion order)
+            work.let_go += 1
         work.runs[run_id] = EndedRun(last_at=at, due_at=due)
     elif at > known.last_at:
         known.last_at = at

@@ -92,6 +92,8 @@ class Reconciler:
             "settled_runs": 0,
             "failed_checks": 0,
         }
+        self._logged_counts: dict[str, int] = {}
+        self._projections_logged = datetime.min.replace(tzinfo=UTC)
 
     async def start(self) -> None:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
@@ -203,6 +205,20 @@ class Reconciler:
                 log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
                 continue
             budget -= published
+        if (
+            now - self._projections_logged >= timedelta(seconds=60)
+            and self.projection_counts != self._logged_counts
+        ):
+            # The counters once a minute when they moved: what was checked, put back, found stale, given up on.
+            self._projections_logged, self._logged_counts = now, dict(self.projection_counts)
+            log(
+                self.logger,
+                logging.INFO,
+                "projection reconciliation",
+                tracked=len(self.ended.runs),
+                let_go=self.ended.let_go,
+                **self.projection_counts,
+            )
 
     async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
         """One ended run: its lost projections published again (at most `budget`); returns how many."""
@@ -260,6 +276,8 @@ class Reconciler:
                 "projections published again",
                 run_id=run_id,
                 keys=[t.key for t in again],
+                tracked=len(self.ended.runs),
+                let_go=self.ended.let_go,
                 **self.projection_counts,
             )
         return len(again)

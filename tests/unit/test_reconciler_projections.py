@@ -71,6 +71,13 @@ def test_an_ended_run_is_due_after_the_grace_since_its_last_event() -> None:
     assert due_runs(work, at(90), 10) == ["run_1"]
 
 
+def test_tracking_is_bounded_and_lets_the_longest_tracked_go() -> None:
+    work = EndedRuns()
+    for i in range(5):
+        ended(work, f"run_{i}", at(i), GRACE, max_tracked=3)
+    assert list(work.runs) == ["run_2", "run_3", "run_4"] and work.let_go == 2
+
+
 def test_events_of_runs_that_did_not_end_are_not_tracked() -> None:
     work = EndedRuns()
     moved(work, "run_open", at(0), GRACE)
