@@ -62,6 +62,8 @@ class ErrorCode(StrEnum):
         "catalog_revision_gone"  # a run's pinned catalog revision left the bucket's history
     )
     PROFILE_UNREADABLE = "profile_unreadable"  # a guest's KV record that does not decode (slice R)
+    # A projection not delivered within its retry policy (issue 10): its dead letter and `ops.projection_failed`.
+    PROJECTION_EXHAUSTED = "projection_exhausted"
 
 
 class RetryClass(StrEnum):

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from contracts.memory import MEMORY_FAMILY
-from contracts.streams import ConsumerSpec, executor_consumer, runtime_consumers, timers_consumer
+from contracts.streams import (
+    ConsumerSpec,
+    executor_consumer,
+    projector_planner_consumer,
+    runtime_consumers,
+    timers_consumer,
+)
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
 
 API = "$JS.API"
@@ -25,7 +31,7 @@ GUESTS = "guests"
 APPROVALS = "approvals"
 SESSIONS = "sessions"
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
-PROJECTIONS = "projections"  # projection receipts: the projector writes them, the reconciler reads them
+PROJECTIONS = "projections"  # projection receipts (issue 10): the projector writes them, the reconciler reads
 
 
 class Role(StrEnum):
@@ -41,6 +47,7 @@ class Role(StrEnum):
     ANALYTICS = (
         "analytics"  # an outside reader of the RUNS stream: its own consumers, direct gets, nothing else
     )
+    PROJECTOR = "projector"  # plans projections from run journals and delivers them (issue 10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +158,14 @@ DESTRUCTIVE = (
 
 
 def _user(
-    role: Role, publish: Iterable[str], subscribe: Iterable[str] = (), family: str | None = None
+    role: Role,
+    publish: Iterable[str],
+    subscribe: Iterable[str] = (),
+    family: str | None = None,
+    deny: Iterable[str] = (),
 ) -> NatsUser:
     name = user_name(role, family)
-    deny = () if role is Role.OPERATOR else DESTRUCTIVE
+    deny = () if role is Role.OPERATOR else (*DESTRUCTIVE, *deny)
     return NatsUser(
         name=name,
         role=role,
@@ -320,8 +331,54 @@ def users(
             f"$JS.FC.{support}.>",
             *direct_get(support),
         ],
+        # Its own consumers on RUNS, never the projector's: pulling (and acking) the planner's deliveries would
+        # take a run's end away from the projector, and its email and CRM record with it.
+        deny=_not_the_planner(s, concrete),
     )
-    return [gateway, runtime, *executors, reconciler, operator, analytics]
+    projector = _projector(s, concrete)
+    return [gateway, runtime, *executors, reconciler, operator, analytics, projector]
+
+
+def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:
+    planner = s.consumer(projector_planner_consumer(concrete))
+    return (
+        planner.next_subject,
+        f"$JS.ACK.{planner.stream}.{planner.durable}.>",
+        f"{API}.CONSUMER.CREATE.{planner.stream}.{planner.durable}.>",
+        f"{API}.CONSUMER.DURABLE.CREATE.{planner.stream}.{planner.durable}",
+    )
+
+
+def _projector(s: Scope, concrete: Namespace) -> NatsUser:
+    """The projector: its durable on the run journals and direct gets of them (the outbox it plans from), the
+    projection tasks it publishes and its own consumers of them (one per projection tool: any durable on the
+    PROJECTIONS stream, whose create subject still binds the filter to `projection.*.*`), the receipts bucket,
+    and its dead letters and operator events. No journal append, no action, no other bucket."""
+    n = s.n
+    runs, tasks = s.stream(StreamKind.RUNS), s.stream(StreamKind.PROJECTIONS)
+    planner = s.consumer(projector_planner_consumer(concrete))
+    return _user(
+        Role.PROJECTOR,
+        [
+            f"{n}.projection.*.*",
+            f"{n}.dead.projector",
+            f"{n}.ops.projection_failed.*",
+            s.kv(PROJECTIONS, "projection.*.*"),
+            *(
+                stream_info(s.stream(k))
+                for k in (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)
+            ),
+            stream_info(s.kv_stream(PROJECTIONS)),
+            *own_consumer(planner),
+            f"{API}.CONSUMER.CREATE.{tasks}.*.{n}.projection.*.*",
+            f"{API}.CONSUMER.INFO.{tasks}.*",
+            f"{API}.CONSUMER.DELETE.{tasks}.*",
+            f"{API}.CONSUMER.MSG.NEXT.{tasks}.*",
+            f"$JS.ACK.{tasks}.>",
+            *direct_get(runs),
+            *direct_get(s.kv_stream(PROJECTIONS)),
+        ],
+    )
 
 
 def _profile_writes(s: Scope, family: str) -> list[str]:

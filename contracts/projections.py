@@ -89,3 +89,4 @@ class ProjectionFailed(
 task_encoder = msgspec.json.Encoder()
 task_decoder = msgspec.json.Decoder(ProjectionTask)
 record_decoder = msgspec.json.Decoder(ProjectionRecord)
+failed_decoder = msgspec.json.Decoder(ProjectionFailed)

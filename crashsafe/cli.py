@@ -14,7 +14,7 @@ from contracts.errors import CrashsafeError, InvalidSetting
 from services.platform.crashpoints import SEAMS
 
 DEFAULT_STATE_DIR = Path(".crashsafe")
-SERVICES = ("gateway", "runtime", "executor", "reconciler", "sandbox")
+SERVICES = ("gateway", "runtime", "executor", "reconciler", "projector", "sandbox")
 
 
 def _stop_event() -> asyncio.Event:
@@ -62,6 +62,10 @@ async def _serve(args: argparse.Namespace) -> int:
             from services.reconciler import bootstrap as reconciler
 
             await reconciler.run(settings, registry, stop)
+        case "projector":
+            from services.projector import bootstrap as projector
+
+            await projector.run(settings, registry, stop)
     return 0
 
 

@@ -33,6 +33,7 @@ def service_for_seam(seam: str) -> str:
         "runtime": "runtime",
         "gateway": "gateway",
         "reconciler": "reconciler",
+        "projector": "projector",
     }[prefix]
 
 

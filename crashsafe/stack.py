@@ -172,7 +172,7 @@ class Service:
 
 
 class Stack:
-    """nats-server (embedded unless a URL is given), sandbox, gateway, runtime, executors and reconciler.
+    """nats-server (embedded unless a URL is given), sandbox, gateway, runtime, executors, reconciler and projector.
 
     `scale` starts that many identical replicas of a service (`{"executor-payment": 3}`), as a Deployment
     starts pods: the same environment, only `CRASHSAFE_WORKER_ID` (the pod's name) differs.
@@ -191,6 +191,7 @@ class Stack:
         crash: dict[str, str] | None = None,
         sync_always: bool = False,
         reconciler: bool = True,
+        projector: bool = True,
         registry: str | None = None,
         backoff: Backoff = Backoff(),
         nats_creds_dir: Path | None = None,
@@ -221,6 +222,9 @@ class Stack:
         plan += [(f"executor-{family}", ["executor", "--tool", family]) for family in executors]
         if reconciler:
             plan.append(("reconciler", ["reconciler"]))
+        if projector:
+            # The confirmation emails, CRM records and audit trail, off the runs' critical path (issue 10).
+            plan.append(("projector", ["projector"]))
         replicas = {"runtime": runtimes, **(scale or {})}
         unknown = sorted(set(replicas) - {name for name, _ in plan})
         if unknown:

@@ -144,8 +144,11 @@ class Registry:
     families: frozenset[str] = field(default=frozenset())
 
     @classmethod
-    def of(cls, *registrations: Registration) -> Registry:
-        """The first registration's agent is the default one (for a guest event that names none)."""
+    def of(cls, *registrations: Registration, extra_tools: Iterable[Tool] = ()) -> Registry:
+        """The first registration's agent is the default one (for a guest event that names none).
+
+        `extra_tools`: the deployment's own projection tools that no agent calls (the audit trail): delivered by
+        the projector only, so their families get no executor."""
         if not registrations:
             raise ValueError("a registry needs at least one agent")
         agents: dict[str, Agent] = {}
@@ -161,6 +164,15 @@ class Registry:
                     raise ValueError(f"tool {tool.name!r} is defined twice, differently")
                 tools[tool.name] = tool
             rules.extend(r for r in registration.audit_rules if r not in rules)
+        families = frozenset(t.contract.family for t in tools.values())
+        for tool in extra_tools:
+            if tool.projection is None:
+                raise ValueError(
+                    f"tool {tool.name!r}: only a projection tool may be registered without an agent"
+                )
+            if tool.name in tools and tools[tool.name] != tool:
+                raise ValueError(f"tool {tool.name!r} is defined twice, differently")
+            tools[tool.name] = tool
         return cls(
             agents=agents,
             tools=tools,
@@ -168,7 +180,7 @@ class Registry:
             default_agent=registrations[0].agent.name,
             # A projection tool's family keeps its executor: a step journaled before the tool became a projection
             # (a run in flight across the deploy) is still served, with the same key the projection uses.
-            families=frozenset(t.contract.family for t in tools.values()),
+            families=families,
         )
 
     def agent(self, name: str) -> Agent:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from services.agents import booking, support
+from services.agents.audit_trail import RECORD_AUDIT
 from services.registry import Registry
 
 
 def stayhub() -> Registry:
     """The reference deployment (`CRASHSAFE_REGISTRY=services.agents:stayhub`, the default): the booking agent
-    (the default for an event that names none) and the support agent."""
-    return Registry.of(booking.registration(), support.registration())
+    (the default for an event that names none) and the support agent; every run's events go to the audit trail."""
+    return Registry.of(booking.registration(), support.registration(), extra_tools=(RECORD_AUDIT,))

@@ -20,6 +20,9 @@ SEAMS = (
     "gateway.after_approval_decided",
     "gateway.after_publish",
     "reconciler.mid_resolution",
+    "projector.after_provider_call",
+    "projector.before_ack",
+    "projector.after_plan_publish",
 )
 
 

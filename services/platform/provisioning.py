@@ -25,7 +25,7 @@ from services.platform.jetstream import Broker
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
     """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session, the
-    configuration catalog, guest profiles, approval records and session lanes."""
+    configuration catalog, guest profiles, approval records, session lanes and projection receipts."""
     return [
         leases_spec(ns, replicas),
         clients_spec(ns, replicas),
@@ -34,7 +34,7 @@ def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
         guests_spec(ns, replicas),
         approvals_spec(ns, replicas),
         sessions_spec(ns, replicas),
-        projections_spec(ns, replicas),
+        projections_spec(ns, replicas),  # projection receipts (issue 10)
     ]
 
 

@@ -101,8 +101,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CRASHSAFE_NATS_TLS_KEY_FILE", "unset", "that certificate's private key (PEM)"),
     Variable(
         "CRASHSAFE_PROJECTION_TIME_SCALE",
-        "1",
-        "multiplies every projection delay: retry pauses, give-up time, the reconciler's grace (tests: 0.01)",
+        "1.0",
+        "projector: multiplies every projection retry delay and give-up time (tests shorten the clock: 0.01)",
     ),
 )
 _KNOWN = {v.name for v in VARIABLES}
@@ -182,7 +182,7 @@ class Settings:
     capability_signing_key: Path | None = None
     capability_verify_keys: tuple[Path, ...] = ()
     nats_access: NatsAccess = field(default_factory=NatsAccess)
-    # Every projection delay (retry pauses, the give-up time, the reconciler's grace) times this.
+    # Projections (issue 10): every retry policy's durations times this (a 25-minute outage in seconds).
     projection_time_scale: float = 1.0
 
     @classmethod
@@ -364,7 +364,7 @@ class Settings:
                 "CRASHSAFE_PROJECTION_TIME_SCALE",
                 cls.projection_time_scale,
                 positive_float,
-                "a number > 0 (1: real time)",
+                "a number > 0 (1.0: the policies' own durations)",
             ),
         )
 

@@ -75,6 +75,8 @@ INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (
     )
 )
 SUPPORT = _stream(StreamKind.SUPPORT)
+PROJECTIONS = _stream(StreamKind.PROJECTIONS)
+KV_PROJECTIONS = "KV_sweep_projections"
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
 KV_CATALOG = "KV_sweep_catalog"
 KV_GUESTS = "KV_sweep_guests"
@@ -100,12 +102,10 @@ def probes() -> list[Probe]:
         Probe("publish", "fired timer (only the server's scheduler)", NS.timer_fired("r1")),
         Probe("publish", "KV catalog: publish a revision", "$KV.sweep_catalog.catalog"),
         Probe("publish", "KV guests: `guest.t1.h` (a profile)", "$KV.sweep_guests.guest.t1.h"),
-        Probe("publish", "projection task", NS.projection("send_confirmation_email", "r1")),
-        Probe(
-            "publish",
-            "KV projections: a receipt",
-            f"$KV.sweep_projections.{NS.projection_record_key('send_confirmation_email', 'email:x')}",
-        ),
+        Probe("publish", "projection task", NS.projection("update_crm", "r1")),
+        Probe("publish", "dead letter: projector", NS.dead_letters("projector")),
+        Probe("publish", "ops: projection failed", NS.ops("projection_failed", "update_crm")),
+        Probe("publish", "KV projections: a receipt", "$KV.sweep_projections.projection.update_crm.h"),
         Probe(
             "streams",
             "create a stream",
@@ -130,7 +130,8 @@ def probes() -> list[Probe]:
                 _stream(StreamKind.TIMERS),
                 KV_CATALOG,
                 KV_GUESTS,
-                "KV_sweep_projections",
+                PROJECTIONS,
+                KV_PROJECTIONS,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -138,6 +139,9 @@ def probes() -> list[Probe]:
         *(_consumer(ACTIONS, f"executor_{f}_p0", f"sweep.action.{f}.0") for f in FAMILIES),
         _consumer(ACTIONS, "executor_booking_p1", "sweep.action.payment.1"),  # its own name, payment's work
         _consumer(ACTIONS, "executor_booking_p2", "sweep.action.booking.2", legacy=True),
+        _consumer(RUNS, "projector_planner", "sweep.run.*"),
+        _consumer(PROJECTIONS, "projection_update_crm", "sweep.projection.update_crm.*"),
+        _consumer(PROJECTIONS, "projection_update_crm", "sweep.run.*"),  # its name, another stream's subjects
         *(
             _consumer(s, "probe", f)
             for s, f in (
@@ -169,6 +173,18 @@ def probes() -> list[Probe]:
                 b'{"batch":1,"no_wait":true}',
             )
             for f in FAMILIES
+        ),
+        Probe(
+            "consumers",
+            "pull next from `projector_planner`",
+            f"{API}.CONSUMER.MSG.NEXT.{RUNS}.projector_planner",
+            b'{"batch":1,"no_wait":true}',
+        ),
+        Probe(
+            "consumers",
+            "pull next from `projection_update_crm`",
+            f"{API}.CONSUMER.MSG.NEXT.{PROJECTIONS}.projection_update_crm",
+            b'{"batch":1,"no_wait":true}',
         ),
         Probe(
             "subscribe",
@@ -236,11 +252,22 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"support ticket"}  # the backstop for a ticket the runtime could not publish
         allowed |= {"direct get on KV_sweep_approvals"}  # the expiry backstop reads records, never decides
         # Lost projections: it reads their receipts, never writes one, and publishes their tasks again.
-        allowed |= {"projection task", "direct get on KV_sweep_projections"}
+        allowed |= {"projection task", f"direct get on {KV_PROJECTIONS}"}
     elif role is Role.ANALYTICS:
         allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}
         allowed |= {f"direct get on {SUPPORT}", f"create `probe` on {SUPPORT} (filter `sweep.support.>`)"}
+    elif role is Role.PROJECTOR:
+        # The run journals it plans from, the tasks it publishes and pulls, their receipts, its dead letters and
+        # operator events; never a journal append, an action, or another service's bucket.
+        allowed = {"projection task", "dead letter: projector", "ops: projection failed"}
+        allowed |= {"KV projections: a receipt", f"info {RUNS}", f"direct get on {RUNS}"}
+        allowed |= {f"direct get on {KV_PROJECTIONS}"}
+        allowed |= {f"create `projector_planner` on {RUNS} (filter `sweep.run.*`)"}
+        allowed |= {
+            f"create `projection_update_crm` on {PROJECTIONS} (filter `sweep.projection.update_crm.*`)"
+        }
+        allowed |= {"pull next from `projector_planner`", "pull next from `projection_update_crm`"}
     return label in allowed
 
 

@@ -39,6 +39,7 @@ from services.platform.guests import GuestProfiles
 from services.platform.providers import Providers
 from services.registry import Registry
 from services.reconciler.service import AuditStats, Reconciler, audit_all
+from services.projector.service import Projector
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
 from services.runtime.approvals import ApprovalDesk
@@ -338,3 +339,27 @@ async def audit(broker: Broker, settings: Settings) -> tuple[list[Finding], Audi
     key asked by key, and the sandbox's ledger as the providers' listing."""
     async with Providers.connect(settings.sandbox_url) as providers:
         return await audit_all(broker, settings, REGISTRY, providers, SandboxListing(providers.http))
+
+
+# The projector ------------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def projector(
+    settings: Settings, registry: Registry | None = None, *, name: str = "tests-projector"
+) -> AsyncIterator[Projector]:
+    """The projector (planner and a worker per projection tool) with its own NATS user and receivers' client.
+    The default registry is the product's (`stayhub`: email, CRM and the audit trail)."""
+    from services.agents import stayhub
+
+    await provisioned(settings)
+    broker = await Broker.connect(settings.nats_url, name, access=access(settings.nats_url, Role.PROJECTOR))
+    providers = Providers.connect(settings.sandbox_url)
+    worker = Projector(broker, settings, registry or stayhub(), providers, logging.getLogger(f"tests.{name}"))
+    try:
+        await worker.start()
+        yield worker
+    finally:
+        await worker.close()
+        await providers.close()
+        await broker.close()

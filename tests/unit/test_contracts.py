@@ -23,6 +23,13 @@ import contracts
 from contracts.capabilities import Capability
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
 from contracts.support import SupportTicket, support_decoder, support_encoder
+from contracts.projections import (
+    ProjectionFailed,
+    ProjectionTask,
+    failed_decoder,
+    task_decoder,
+    task_encoder,
+)
 from contracts.errors import (
     BodyTooLarge,
     CatalogRevisionGone,
@@ -302,6 +309,26 @@ SAMPLES: list[msgspec.Struct] = [
         payload='{"type":"action.request"}',
         at=AT,
     ),
+    ProjectionTask(
+        tool="send_confirmation_email",
+        key="email:" + "e" * 64,
+        run_id=RUN,
+        tenant="acme",
+        agent="booking",
+        args={"booking_id": "bk_1", "guest_id": "guest-1", "to": "ana@example.com"},
+        planned_at=AT,
+    ),
+    ProjectionFailed(
+        tool="send_confirmation_email",
+        key="email:" + "e" * 64,
+        run_id=RUN,
+        tenant="acme",
+        attempts=31,
+        code="projection_exhausted",
+        reason="not delivered after 31 attempts over 7200.4s (last: provider answered 503)",
+        planned_at=AT,
+        at=LATER,
+    ),
 ]
 
 
@@ -345,6 +372,10 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return dead_letter_encoder, dead_letter_decoder
         case SupportTicket():
             return support_encoder, support_decoder
+        case ProjectionTask():
+            return task_encoder, task_decoder
+        case ProjectionFailed():
+            return task_encoder, failed_decoder
         case Capability():
             return tool_encoder, msgspec.json.Decoder(Capability)
     raise AssertionError(f"no codec for {type(sample).__name__}")

@@ -93,6 +93,9 @@ def test_every_booking_tool_declares_its_key_rule() -> None:
         "refund_payment": ("business", ("payment_id", "amount_cents")),
         # The guest setting a preference, from the profile the run knows: one write (services/agents/memory.py).
         "remember_preference": ("business", ("guest_id", "name", "value", "basis")),
+        # The audit trail, a projection only (services/agents/audit_trail.py): keyed by its task, deduplicated
+        # by the receiver per event id.
+        "record_audit": ("run_id:step_no", ()),
     }
     state = Run(business()).state
     email = identity_of(state, SEND_CONFIRMATION_EMAIL.contract, {"booking_id": "bk_1", "guest_id": "g"})

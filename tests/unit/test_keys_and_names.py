@@ -9,7 +9,16 @@ import pytest
 
 from contracts.inbound import GuestMessage
 from contracts.keys import inbound_hash, input_hash, is_run_id, partition_of, run_id_for
-from contracts.streams import Retention, StreamSpec, executor_consumer, runtime_consumers, stream_specs
+from contracts.streams import (
+    Retention,
+    StreamSpec,
+    executor_consumer,
+    projection_consumer,
+    projections_spec,
+    projector_planner_consumer,
+    runtime_consumers,
+    stream_specs,
+)
 from contracts.subjects import Namespace, StreamKind
 
 MESSAGE = GuestMessage(event_id="evt-1", session_id="s-1", guest_id="g-1", text="hi")
@@ -65,7 +74,28 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         "STAYHUB_DEAD_LETTERS",
         "STAYHUB_TIMERS",
         "STAYHUB_SUPPORT",
+        "STAYHUB_PROJECTIONS",
+        "STAYHUB_OPS",
     ]
+    # Projections: a task per tool and run, its receipt per tool and key (the key digested: any text is a token).
+    assert (
+        ns.projection("send_confirmation_email", run) == f"stayhub.projection.send_confirmation_email.{run}"
+    )
+    assert (ns.projections_of("update_crm"), ns.projections_all) == (
+        "stayhub.projection.update_crm.*",
+        "stayhub.projection.>",
+    )
+    assert ns.projections_bucket == "stayhub_projections"
+    record = ns.projection_record_key("record_audit", f"audit:{run}:12")
+    assert record.startswith("projection.record_audit.") and "." not in record.removeprefix(
+        "projection.record_audit."
+    )
+    assert ns.projection_record_key("record_audit", f"audit:{run}:12") == record
+    assert ns.projection_record_key("record_audit", f"audit:{run}:13") != record
+    assert (ns.ops("projection_failed", "update_crm"), ns.ops_all) == (
+        "stayhub.ops.projection_failed.update_crm",
+        "stayhub.ops.>",
+    )
     assert ns.support("acme", run) == f"stayhub.support.acme.{run}"
     assert (ns.inbound(run), ns.run_events(run), ns.outcomes("payment", run), ns.wakes(run)) == (
         f"stayhub.inbound.{run}",
@@ -149,6 +179,15 @@ def test_the_streams_of_a_namespace() -> None:
             discard_new_per_subject=True,
             replicas=3,
         ),
+        # Projection tasks, removed once delivered or dead; each tool's worker consumes its own subjects.
+        StreamSpec(
+            name="STAYHUB_PROJECTIONS",
+            subjects=("stayhub.projection.>",),
+            retention=Retention.WORK_QUEUE,
+            replicas=3,
+        ),
+        # Events for operators (a projection that gave up), kept 30 days like the dead letters.
+        StreamSpec(name="STAYHUB_OPS", subjects=("stayhub.ops.>",), max_age_s=30 * day, replicas=3),
     ]
     assert {spec.replicas for spec in stream_specs(ns)} == {1}
 
@@ -188,3 +227,22 @@ def test_the_durable_consumers_a_deploy_resumes() -> None:
     # Pulled by the partition's lease holder only, each request living under half a lease.
     assert (payment.pull, payment.deliver_subject, payment.pull_expires_s) == (True, None, 2.0)
     assert executor_consumer(ns, "payment", 2, lease_s=1).pull_expires_s == 0.5
+
+    # The projector's planner reads every run journal; each projection tool has its own pulled durable, whose
+    # worker decides when a task is dead (the server's max_deliver is only a backstop).
+    planner = projector_planner_consumer(ns, ack_wait_s=1.0)
+    assert (planner.stream, planner.durable, planner.filter_subject, planner.pull) == (
+        "STAYHUB_RUNS",
+        "projector_planner",
+        "stayhub.run.*",
+        True,
+    )
+    email = projection_consumer(ns, "send_confirmation_email", ack_wait_s=1.0)
+    assert (email.stream, email.durable, email.filter_subject, email.pull, email.max_deliver) == (
+        "STAYHUB_PROJECTIONS",
+        "projection_send_confirmation_email",
+        "stayhub.projection.send_confirmation_email.*",
+        True,
+        10_000,
+    )
+    assert projections_spec(ns).stream == "KV_stayhub_projections"

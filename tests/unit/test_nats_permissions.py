@@ -41,7 +41,7 @@ def test_no_service_role_may_change_or_remove_a_stream() -> None:
         if user.role is Role.OPERATOR:
             assert not user.permissions.publish_deny
             continue
-        assert user.permissions.publish_deny == DESTRUCTIVE
+        assert user.permissions.publish_deny[: len(DESTRUCTIVE)] == DESTRUCTIVE
         assert not any(".STREAM.CREATE" in s or ".STREAM.UPDATE" in s for s in user.permissions.publish)
 
 
@@ -77,3 +77,13 @@ def test_the_any_namespace_scope_keeps_the_roles_apart() -> None:
     gateway = user_for(users(None, {"payment"}), Role.GATEWAY)
     assert "*.inbound.*" in gateway.permissions.publish
     assert not any(".action." in s or ".run." in s for s in gateway.permissions.publish)
+
+
+def test_analytics_may_not_take_the_projectors_run_events() -> None:
+    """Its own durables on RUNS, never the planner's: a reader pulling and acking them would take runs' ends
+    (and their emails and CRM records) away from the projector."""
+    analytics = user_for(users(Namespace("prod"), {"payment"}), Role.ANALYTICS)
+    denied = analytics.permissions.publish_deny
+    assert "$JS.API.CONSUMER.MSG.NEXT.PROD_RUNS.projector_planner" in denied
+    assert "$JS.ACK.PROD_RUNS.projector_planner.>" in denied
+    assert "$JS.API.CONSUMER.CREATE.PROD_RUNS.projector_planner.>" in denied

@@ -119,6 +119,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         files["cert.pem"],
         files["key.pem"],
     )
+    assert s.projection_time_scale == 0.01
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -153,6 +154,8 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_TLS_CERT_FILE", "/no/such/file.pem"),
         ("CRASHSAFE_NATS_CREDS", "/nonexistent/operator.creds"),
         ("CRASHSAFE_NATS_TLS_CA_FILE", "/nonexistent/ca.pem"),
+        ("CRASHSAFE_PROJECTION_TIME_SCALE", "0"),
+        ("CRASHSAFE_PROJECTION_TIME_SCALE", "fast"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:

@@ -1,0 +1,32 @@
+"""The projector's composition root: the planner and one worker per projection tool, until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.platform import crashpoints
+from services.platform.jetstream import Broker
+from services.platform.logs import configure
+from services.platform.providers import Providers
+from services.platform.settings import Settings
+from services.projector.service import Projector
+from services.registry import Registry
+
+
+async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
+    crashpoints.arm(settings.crash_at)
+    logger = configure("projector", settings.log_level)
+    broker = await Broker.connect(
+        settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access
+    )
+    try:
+        # The receivers (email, CRM, audit log) are asked as the executors ask the providers: same adapter, same
+        # Idempotency-Key header, same reading of their answers.
+        async with Providers.connect(settings.sandbox_url) as providers:
+            projector = Projector(broker, settings, registry, providers, logger)
+            await projector.start()
+            print("ready: projector", flush=True)
+            await stop.wait()
+            await projector.close()
+    finally:
+        await broker.close()
