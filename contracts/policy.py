@@ -47,7 +47,10 @@ class ApprovalAbove(RuleBase, frozen=True, kw_only=True, tag="rule.approval_abov
 
 
 class VerifiedRecipient(RuleBase, frozen=True, kw_only=True, tag="rule.verified_recipient"):
-    """A message goes only to the guest's verified address from their profile, never to one the model names."""
+    """A message goes only to the guest's verified address from their profile, never to one the model names.
+
+    For a model tool that sends a message. The booking agent's confirmation email is a projection (no model call
+    to check): its `to` is built from the profile alone, so the agent's default rules no longer carry this one."""
 
     tools: list[str] = msgspec.field(default_factory=lambda: ["send_confirmation_email"])
 

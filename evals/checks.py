@@ -39,6 +39,8 @@ class Observed:
     listed_pending: frozenset[str] = frozenset()
     # The scripted model's exact wording is checked only when the scripted model answered.
     scripted: bool = True
+    # The provider's record of each of the guest's emails (`GET /emails/by-key/{key}`): where it went.
+    emails: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def last(self) -> RunView | None:
@@ -171,6 +173,34 @@ class Effects:
     def check(self, seen: Observed) -> str | None:
         got = len(seen.entries(self.kind))
         return None if got == self.count else f"ledger has {got} {self.kind}, expected {self.count}"
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A projection of the conversation's paid run was delivered: the ledger holds exactly `count` effects of
+    `kind` (email, crm_update), and each email went `to` this address (None: to the provider's address of
+    record, no `to`). Eventual: the run ends paid before its projections arrive, so the runner waits for it."""
+
+    kind: str
+    count: int = 1
+    to: str | None = None
+    check_to: bool = False
+    eventual = True
+
+    def check(self, seen: Observed) -> str | None:
+        got = len(seen.entries(self.kind))
+        if got != self.count:
+            return f"ledger has {got} {self.kind}, expected {self.count} (projected after the run)"
+        if self.check_to:
+            wrong = [e.get("to") for e in seen.emails if e.get("to") != self.to]
+            if wrong or len(seen.emails) != got:
+                return f"emails went to {[e.get('to') for e in seen.emails]}, expected {self.to!r}"
+        return None
+
+
+def eventual(checks: tuple[Check, ...]) -> tuple[Check, ...]:
+    """The checks that may only hold a while after the conversation ended (projections)."""
+    return tuple(c for c in checks if getattr(c, "eventual", False))
 
 
 @dataclass(frozen=True)

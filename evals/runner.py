@@ -22,12 +22,14 @@ import msgspec
 
 from crashsafe.stack import Stack
 from evals import operator
-from evals.checks import Observed, RunView, failures
+from evals.checks import Observed, RunView, eventual, failures
 from evals.scenarios import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario
 from sandbox.listing import SandboxListing
 
 # How long one step of a conversation may take to settle (a booking's deadline is 90 s), and an expiry past its ttl.
 SETTLE_S = 90.0
+# How long the projections of a conversation's runs (the confirmation email, the CRM record) may take to arrive.
+PROJECTED_S = 90.0
 EXPIRY_GRACE_S = 60.0
 POLL_S = 0.1
 DEFAULT_OPENAI_MODEL = "gpt-4.1-mini"
@@ -151,7 +153,7 @@ async def play(evals: EvalStack, scenario: Scenario, n: int = 0) -> Result:
         result.problems.append("expectations not checked: the conversation did not get to its end")
     else:
         try:
-            result.problems += failures(scenario.expect, await conversation.observe())
+            result.problems += failures(scenario.expect, await conversation.projected(scenario))
         except httpx.HTTPError as exc:
             result.problems.append(f"could not read what happened: {exc}")
     result.runs = list(conversation.runs)
@@ -300,6 +302,17 @@ class Conversation:
             str(r["approval_id"]) for r in records if isinstance(r, dict) and r.get("run_id") in self.runs
         }
 
+    async def projected(self, scenario: Scenario) -> Observed:
+        """What the conversation left, once its runs' projections the scenario expects have arrived (or
+        PROJECTED_S has passed: then the checks say what is missing)."""
+        waiting = eventual(scenario.expect)
+        deadline = time.monotonic() + PROJECTED_S
+        seen = await self.observe()
+        while waiting and failures(waiting, seen) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S * 5)
+            seen = await self.observe()
+        return seen
+
     async def observe(self) -> Observed:
         runs = []
         for run_id in self.runs:
@@ -308,11 +321,17 @@ class Conversation:
             events = list(response.json()["events"]) if response.status_code == 200 else []
             runs.append(RunView(run_id, summary, events))
         view = await SandboxListing(self.evals.sandbox).view(self.guest_id)
+        emails = []
+        for entry in view.entries:
+            if entry.kind.value == "email":
+                found = await self.evals.sandbox.get(f"/emails/by-key/{entry.key}")
+                emails.append(dict(found.json()) if found.status_code == 200 else {"key": entry.key})
         return Observed(
             runs=runs,
             ledger=[msgspec.to_builtins(e) for e in view.entries],
             listed_pending=frozenset(self.listed_pending),
             scripted=self.evals.model == ModelChoice.SCRIPTED,
+            emails=emails,
         )
 
 

@@ -34,6 +34,8 @@ from sandbox.faults import (
 )
 from sandbox.ledger import KEY_RETENTION, Outcome, SandboxLedger, check_idempotency_key
 from sandbox.records import (
+    AuditBatch,
+    AuditRecords,
     BookingRequest,
     GuestPayments,
     CrmUpdateRequest,
@@ -75,6 +77,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.IDEMPOTENCY_KEY_IN_USE: 409,
     ErrorCode.CARD_DECLINED: 402,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.EVENT_ID_CONFLICT: 409,
 }
 
 # The endpoints that write, and so claim their Idempotency-Key while a request is in progress.
@@ -397,6 +400,17 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
         key, body = await _key_and_body(request, CrmUpdateRequest)
         return _written(books.update_crm(key, body))
 
+    # The audit trail: deduplicated by event id, so no Idempotency-Key is needed (a sent one is ignored) and
+    # re-posting any batch is harmless. Not a claimed write: two posts of one run's events may overlap.
+
+    @post("/audit/records", opt=target(FaultTarget.AUDIT), status_code=200)
+    async def record_audit(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return _json(books.record_audit(_decode(await request.body(), AuditBatch)))
+
+    @get("/audit/records")  # a read: faults are armed on the write
+    async def audit_records(run_id: FromQuery[str]) -> Response[bytes]:
+        return _json(AuditRecords(records=books.audit_records(run_id)))
+
     # Reconciliation: "did my write with this key happen?"
 
     def lookup(path: str, kind: EffectKind) -> Any:
@@ -507,6 +521,8 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
             find_payments,
             send_email,
             update_crm,
+            record_audit,
+            audit_records,
             *lookups,
             create_response,
             create_chat_completion,

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
 import msgspec
 
+from sandbox.audit_trail import HeldRecord
 from sandbox.ledger import Snapshot, Stored
-from sandbox.records import Booking, CrmUpdate, EffectKind, Email, LedgerEntry, Payment, Record, Refund
+from sandbox.records import (
+    AuditRecordIn,
+    Booking,
+    CrmUpdate,
+    EffectKind,
+    Email,
+    LedgerEntry,
+    Payment,
+    Record,
+    Refund,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS writes (
@@ -25,6 +37,12 @@ CREATE TABLE IF NOT EXISTS resources (
     ref    TEXT PRIMARY KEY,
     type   TEXT NOT NULL,
     record BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS audit_records (
+    event_id    TEXT PRIMARY KEY,
+    position    INTEGER NOT NULL,
+    fingerprint BLOB NOT NULL,
+    record      BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS entries (
     seq   INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -98,8 +116,24 @@ class SqliteBooks:
             if entry is not None:
                 self._db.execute("INSERT INTO entries (entry) VALUES (?)", (_encode(entry),))
 
+    def load_audit(self) -> list[HeldRecord]:
+        return [
+            HeldRecord(msgspec.json.decode(record, type=AuditRecordIn), fingerprint, position)
+            for record, fingerprint, position in self._db.execute(
+                "SELECT record, fingerprint, position FROM audit_records"
+            )
+        ]
+
+    def commit_audit(self, records: Iterable[HeldRecord]) -> None:
+        with self._db:  # one transaction: the whole batch's new records, or none of them
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR IGNORE INTO audit_records (event_id, position, fingerprint, record) VALUES (?, ?, ?, ?)",
+                [(h.record.event_id, h.position, h.fingerprint, _encode(h.record)) for h in records],
+            )
+
     def clear(self) -> None:
         with self._db:
             self._db.execute("BEGIN")
-            for table in ("writes", "resources", "entries"):
+            for table in ("writes", "resources", "entries", "audit_records"):
                 self._db.execute(f"DELETE FROM {table}")  # noqa: S608 (fixed table names)

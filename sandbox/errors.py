@@ -33,6 +33,8 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_KEY_IN_USE = "idempotency_key_in_use"
     CARD_DECLINED = "card_declined"
     RATE_LIMITED = "rate_limited"
+    # The audit trail already holds this event id with a different body: the sender is not replaying its journal.
+    EVENT_ID_CONFLICT = "event_id_conflict"
 
 
 class ErrorType(StrEnum):
@@ -48,6 +50,7 @@ class ErrorType(StrEnum):
 _TYPE_BY_CODE: dict[ErrorCode, ErrorType] = {
     ErrorCode.IDEMPOTENCY_CONFLICT: ErrorType.IDEMPOTENCY,
     ErrorCode.IDEMPOTENCY_KEY_IN_USE: ErrorType.IDEMPOTENCY,
+    ErrorCode.EVENT_ID_CONFLICT: ErrorType.IDEMPOTENCY,
     ErrorCode.CARD_DECLINED: ErrorType.CARD,
     ErrorCode.RATE_LIMITED: ErrorType.RATE_LIMIT,
     ErrorCode.INJECTED_FAULT: ErrorType.API,
@@ -156,3 +159,16 @@ class CardDeclined(SandboxError):
             payment_id=payment_id,
             key=key,
         )
+
+
+class EventIdConflict(SandboxError):
+    """An audit record reuses an event id the trail holds with another body; nothing of its batch was stored."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(
+            ErrorCode.EVENT_ID_CONFLICT,
+            f"The audit trail already holds event {event_id!r} with a different body; an event id names one "
+            "journaled event forever. Resend the journal's own event, or fix the sender's numbering.",
+            event_id=event_id,
+        )
+        self.event_id = event_id

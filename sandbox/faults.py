@@ -17,6 +17,7 @@ class FaultTarget(StrEnum):
     BOOKINGS = "bookings"
     EMAILS = "emails"
     CRM = "crm"
+    AUDIT = "audit"
     SEARCH = "search"
     MODEL = "model"
     # The by-key lookups are how callers reconcile an unknown outcome; they are only faulted

@@ -9,6 +9,7 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
+from sandbox.audit_trail import AuditBooks, AuditTrail
 from sandbox.errors import (
     ErrorCode,
     IdempotencyConflict,
@@ -20,6 +21,9 @@ from sandbox.errors import (
 )
 from sandbox.faults import ChargeFate
 from sandbox.records import (
+    AuditAccepted,
+    AuditBatch,
+    AuditRecordIn,
     Booking,
     BookingRequest,
     CrmUpdate,
@@ -83,7 +87,7 @@ class Snapshot(NamedTuple):
     entries: list[LedgerEntry]
 
 
-class Books(Protocol):
+class Books(AuditBooks, Protocol):
     """Where the ledger's writes are made durable (sandbox/books.py: SQLite); the ledger itself does no I/O."""
 
     def load(self) -> Snapshot: ...
@@ -164,11 +168,13 @@ class SandboxLedger:
         self._books = books
         self.retention = retention
         self._clear()
+        self.audit = AuditTrail(books)
         if books is not None:
             self._restore(books.load())
 
     def reset(self) -> None:
         self._clear()
+        self.audit.clear()
         if self._books is not None:
             self._books.clear()
 
@@ -177,6 +183,9 @@ class SandboxLedger:
             self._writes[kind].update(writes)
         for record in snapshot.resources:
             self._table(record)[_ref_of(record)] = record
+        for update in self._crm_updates.values():
+            if update.booking_id is not None:
+                self._crm_by_booking.setdefault((update.guest_id, update.booking_id), update.crm_update_id)
         for refund in self._refunds.values():
             self._refunded_cents[refund.payment_id] = (
                 self._refunded_cents.get(refund.payment_id, 0) + refund.amount_cents
@@ -201,6 +210,8 @@ class SandboxLedger:
         self._refunded_cents: dict[str, int] = {}
         self._emails: dict[str, Email] = {}
         self._crm_updates: dict[str, CrmUpdate] = {}
+        # The CRM's own identity of a record: one per (guest, booking), whatever key the update came with.
+        self._crm_by_booking: dict[tuple[str, str], str] = {}
         self._writes: dict[EffectKind, dict[str, Stored]] = {kind: {} for kind in EffectKind}
         self._entries: list[LedgerEntry] = []
         self._replays: dict[EffectKind, int] = dict.fromkeys(EffectKind, 0)
@@ -272,11 +283,18 @@ class SandboxLedger:
         counts = dict.fromkeys((kind.value for kind in EffectKind), 0)
         for entry in entries:
             counts[entry.kind.value] += 1
+        audit = self.audit.entries(guest_id)
         return LedgerView(
             entries=list(entries),
             counts=counts,
             replays={kind.value: n for kind, n in self._replays.items()},
+            audit=audit,
+            audit_records=len(audit),
+            audit_duplicates=self.audit.duplicates,
         )
+
+    def audit_records(self, run_id: str) -> list[AuditRecordIn]:
+        return self.audit.of_run(run_id)
 
     # Writes
 
@@ -457,6 +475,14 @@ class SandboxLedger:
         return self._idempotent(EffectKind.EMAIL, key, body, effect)
 
     def update_crm(self, key: str, body: CrmUpdateRequest) -> Outcome[CrmUpdate]:
+        """A CRM record per (guest, booking): a second update of them under another key is answered with the
+        first record (replayed; its key now finds it too), never a second record. Without a booking: by key."""
+        if body.booking_id is not None:
+            first = self._crm_by_booking.get((body.guest_id, body.booking_id))
+            stored = self._writes[EffectKind.CRM_UPDATE].get(key)
+            if first is not None and (stored is None or self._now() - stored.committed_at >= self.retention):
+                return self._same_record(key, body, self._crm_updates[first])
+
         def effect() -> tuple[str, CrmUpdate, LedgerEntry]:
             if body.booking_id is not None:
                 self._check_guest(body.guest_id, self._booking(body.booking_id))
@@ -469,12 +495,26 @@ class SandboxLedger:
                 key=key,
             )
             self._crm_updates[update.crm_update_id] = update
+            if update.booking_id is not None:
+                self._crm_by_booking[(update.guest_id, update.booking_id)] = update.crm_update_id
             entry = self._entry(EffectKind.CRM_UPDATE, key, update.guest_id, 0, None, update.crm_update_id)
             return update.crm_update_id, update, entry
 
         return self._idempotent(EffectKind.CRM_UPDATE, key, body, effect)
 
+    def record_audit(self, batch: AuditBatch) -> AuditAccepted:
+        return self.audit.record(batch)
+
     # Internals
+
+    def _same_record(self, key: str, body: msgspec.Struct, record: CrmUpdate) -> Outcome[CrmUpdate]:
+        """Remember `key` as having asked for `record`, which another key made: no effect, no entry."""
+        written = Stored(_fingerprint(body), record.crm_update_id, record, self._now())
+        if self._books is not None:
+            self._books.commit(EffectKind.CRM_UPDATE, key, written, None)
+        self._writes[EffectKind.CRM_UPDATE][key] = written
+        self._replays[EffectKind.CRM_UPDATE] += 1
+        return Outcome(record, replayed=True)
 
     def _idempotent(
         self,

@@ -69,6 +69,23 @@ class CrmUpdateRequest(msgspec.Struct, frozen=True):
     fields: dict[str, Any] = {}
 
 
+class AuditRecordIn(msgspec.Struct, frozen=True):
+    """One journaled run event, as the audit trail receives it; `event_id` (`<run_id>/<n>`) is its identity."""
+
+    event_id: NonEmpty
+    run_id: NonEmpty
+    tenant: str
+    type: NonEmpty
+    at: str
+    event: dict[str, Any]
+
+
+class AuditBatch(msgspec.Struct, frozen=True):
+    """Body of POST /audit/records: a run's events, any prefix or slice of them, sent as often as it takes."""
+
+    records: list[AuditRecordIn]
+
+
 # Records: what the provider answers and stores. `key` is the Idempotency-Key that created it.
 
 
@@ -144,6 +161,31 @@ class CrmUpdate(msgspec.Struct, frozen=True):
 Record = Booking | Payment | Refund | Email | CrmUpdate
 
 
+class AuditAccepted(msgspec.Struct, frozen=True):
+    """The audit trail's answer: how many of the batch's records were new, how many it already held."""
+
+    accepted: int
+    duplicates: int
+
+
+class AuditRecords(msgspec.Struct, frozen=True):
+    """GET /audit/records?run_id=: the run's records the trail holds, in journal position order."""
+
+    records: list[AuditRecordIn]
+
+
+class AuditEntry(msgspec.Struct, frozen=True):
+    """One audit record in the ledger view: no money, no Idempotency-Key, so not a `LedgerEntry` (the effect
+    audit compares those with journaled intents); `guest_id` is the run's, once its run.started is held."""
+
+    event_id: str
+    run_id: str
+    tenant: str
+    type: str
+    at: str
+    guest_id: str | None = None
+
+
 class LedgerEntry(msgspec.Struct, frozen=True):
     """One real-world effect; the crash tests count these (one charge per booking, never two)."""
 
@@ -177,3 +219,7 @@ class LedgerView(msgspec.Struct, frozen=True):
     counts: dict[str, int]
     # Requests answered from the idempotency store: evidence that retries arrived and were absorbed.
     replays: dict[str, int]
+    # The audit trail: one entry per event id held, and how many re-sent records it absorbed.
+    audit: list[AuditEntry] = []
+    audit_records: int = 0
+    audit_duplicates: int = 0

@@ -26,12 +26,13 @@ _REQUEST_NIGHTS = re.compile(
     re.IGNORECASE,
 )
 
-# The booking script: each tool's successful output leads to the next call.
-_NEXT_TOOL = {
-    "create_booking": "create_payment",
-    "create_payment": "send_confirmation_email",
-    "send_confirmation_email": "update_crm",
-}
+# The booking script: each tool's successful output leads to the next call; a paid booking ends the conversation
+# (the confirmation email and the CRM record are the platform's projections of the paid run, not model steps).
+_NEXT_TOOL = {"create_booking": "create_payment"}
+# Tools a model of before the change called after the payment: an old conversation's history may hold them (a run
+# in flight across the deploy), and a weak model obeying "send the confirmation to …" still asks for one.
+_AFTER_PAYMENT = ("send_confirmation_email", "update_crm")
+CONFIRMATION_ON_ITS_WAY = "The confirmation email is on its way."
 # The field that shows a step really happened; without it the script stops rather than guess.
 _PROOF = {"create_booking": "booking_id", "create_payment": "payment_id"}
 _STEP_WORDS = {
@@ -177,6 +178,9 @@ def decide(items: list[dict[str, Any]]) -> Call | Calls | Say:
 
     for result in results:
         if "error" in result.output:
+            if result.name in _AFTER_PAYMENT and _paid(results):
+                # Asked to send the email itself and refused (the tool is not the model's): the booking stands.
+                return Say(_confirmation(results, own_email_refused=True))
             return Say(_refusal(result) or _failure(result))
     if calls:
         return Say(f"I am still waiting for the result of {next(iter(calls.values()))[0]}.")
@@ -216,7 +220,18 @@ def decide(items: list[dict[str, Any]]) -> Call | Calls | Say:
                 f"Sorry, {_STEP_WORDS[last.name]} gave no reference I could check, so I stopped there."
             )
         return Call(_NEXT_TOOL[last.name], _obeying(said, _NEXT_TOOL[last.name], {"booking_id": booking_id}))
-    if last.name == "update_crm":
+    if last.name == "create_payment":
+        if _booking_id(results) is None or not last.output.get("payment_id"):
+            return Say(
+                f"Sorry, {_STEP_WORDS[last.name]} gave no reference I could check, so I stopped there."
+            )
+        if (send := _SEND_TO.search(said)) is not None:
+            # A weak model obeys the guest's "send the confirmation to …" and asks to send it itself.
+            return Call(
+                "send_confirmation_email", {"booking_id": _booking_id(results), "to": send["address"]}
+            )
+        return Say(_confirmation(results))
+    if last.name in _AFTER_PAYMENT and _paid(results):
         return Say(_confirmation(results))
     return Say(f"I did not expect a result from {last.name}. {CLARIFYING_QUESTION}")
 
@@ -237,7 +252,11 @@ def respond(
     step = sum(1 for item in items if item.get("type") == "function_call")
 
     decision = decide(items)
-    hostile = isinstance(decision, Calls) or _OBEY.search(_latest_user_text(items)) is not None
+    said = _latest_user_text(items)
+    # A model obeying an injection in the guest's text calls what it was told to, offered or not.
+    hostile = (
+        isinstance(decision, Calls) or _OBEY.search(said) is not None or _SEND_TO.search(said) is not None
+    )
     if (
         isinstance(decision, Call)
         and not hostile
@@ -436,12 +455,15 @@ def _declined(items: list[dict[str, Any]], last_user: int) -> str | None:
 
 
 def _obeying(said: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """A weak model copies what the guest's text demands into the call: the amount, the recipient."""
+    """A weak model copies what the guest's text demands into the call: the amount."""
     if tool == "create_payment" and (charge := _CHARGE_ME.search(said)):
         return {**arguments, "amount_cents": _cents(charge)}
-    if tool == "send_confirmation_email" and (send := _SEND_TO.search(said)):
-        return {**arguments, "to": send["address"]}
     return arguments
+
+
+def _paid(results: list[_ToolResult]) -> bool:
+    payment = _latest(results, "create_payment")
+    return payment is not None and "error" not in payment.output and bool(payment.output.get("payment_id"))
 
 
 def _cents(match: re.Match[str]) -> int:
@@ -544,7 +566,7 @@ def _booking_id(results: list[_ToolResult]) -> str | None:
     return str(value) if value else None
 
 
-def _confirmation(results: list[_ToolResult]) -> str:
+def _confirmation(results: list[_ToolResult], *, own_email_refused: bool = False) -> str:
     search = _latest(results, "search_hotels")
     booking = _latest(results, "create_booking")
     payment = _latest(results, "create_payment")
@@ -558,9 +580,12 @@ def _confirmation(results: list[_ToolResult]) -> str:
     cents = paid.get("amount_cents", booked.get("total_cents"))
     currency = paid.get("currency") or booked.get("currency") or ""
     price = f" ({currency} {_money(cents)})" if isinstance(cents, int) else ""
+    refused = (
+        "I can't send emails myself; StayHub sends it to your verified address. " if own_email_refused else ""
+    )
     return (
         f"Your room at {name} in {city} from {check_in} to {check_out} is booked and paid{price}. "
-        f"Booking {booked.get('booking_id')}, payment {paid.get('payment_id')}."
+        f"Booking {booked.get('booking_id')}, payment {paid.get('payment_id')}. {refused}{CONFIRMATION_ON_ITS_WAY}"
     )
 
 

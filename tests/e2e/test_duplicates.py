@@ -22,7 +22,7 @@ from tests.support.broker import consumer_idle, consumer_settled, dead_letters
 from tests.support.journals import action_outcome_from, action_request_from, of_type, step
 from tests.support.stack import StackClient, cli_env, crashsafe, open_stack
 from tests.support.waiting import eventually, unique
-from tests.support.world import BOOKED_AND_PAID
+from tests.support.world import CONFIRMED, projected
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ async def test_inbound_event_republished_with_a_new_msg_id_is_refused_by_the_run
         await broker.publish(subject, original.data, msg_id=unique("again"))
 
     assert await world.events(run_id) == events
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 async def test_inbound_event_republished_with_its_msg_id_is_a_broker_duplicate(
@@ -100,7 +100,7 @@ async def test_same_guest_event_posted_twice_makes_one_run(world: StackClient) -
     assert summary["status"] == "completed"
     events = await world.events(first.json()["run_id"])
     assert len(of_type(events, "run.started")) == 1
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 async def test_same_guest_event_posted_twice_at_once_makes_one_run(world: StackClient) -> None:
@@ -113,7 +113,7 @@ async def test_same_guest_event_posted_twice_at_once_makes_one_run(world: StackC
     run_id = responses[0].json()["run_id"]
     assert (await world.wait_terminal(run_id))["status"] == "completed"
     assert len(of_type(await world.events(run_id), "run.started")) == 1
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 # (b) The same action request twice ----------------------------------------------------------------------------
@@ -164,7 +164,7 @@ async def test_action_request_redelivered_after_completion_is_answered_from_the_
         what="the payment executor to settle the second request",
     )
     assert await eventually(lambda: _outcomes_idle(broker, world), what="the runtime to take every outcome")
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
     assert (await world.ledger())["replays"]["charge"] == replays_before, "the provider was called again"
     assert await world.events(run_id) == events
 
@@ -197,7 +197,7 @@ async def test_outcome_redelivered_after_completion_leaves_the_journal_unchanged
         lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the outcome"
     )
     assert await world.events(run_id) == events
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
     assert not [
         d
         for d in await dead_letters(broker, world.ns)
@@ -238,7 +238,7 @@ async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_o
 
     assert summary["status"] == "completed", summary
     assert [e["step_no"] for e in of_type(events, "run.action_completed")].count(requested["step_no"]) == 1
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 async def _all_done(tasks: list[asyncio.Task[Published]]) -> bool:
@@ -260,7 +260,7 @@ async def test_wake_for_a_completed_run_leaves_the_journal_unchanged(
         lambda: _runtime_took(broker, world, published.seq), what="the runtime to take the wake"
     )
     assert await world.events(run_id) == events
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once(
@@ -287,7 +287,7 @@ async def test_wake_for_a_run_in_flight_is_journaled_and_the_run_still_pays_once
     assert summary["status"] == "completed", summary
     _, payment = step(events, "create_payment")
     assert payment is not None and payment["status"] == "succeeded"
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 # Manual reconciliation re-sends requests and wakes: the same harmless duplicates ------------------------------
@@ -314,7 +314,7 @@ async def test_manual_reconcile_of_a_run_in_flight_pays_once(world: StackClient)
     assert len(nudges) == 1 and nudges[0]["keys"] == [requested["key"]]
     assert summary["status"] == "completed", summary
     step(events, "create_payment")  # one request, one completion
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
     assert (await world.ledger())["replays"]["charge"] == replays_before, "the provider saw the key twice"
 
 
@@ -326,4 +326,4 @@ async def test_cli_reconcile_of_a_completed_run_asks_nothing(world: StackClient,
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{run_id}: completed; asked to resolve: nothing open" in done.stdout
     assert await world.events(run_id) == events
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED

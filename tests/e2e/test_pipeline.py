@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ from contracts.run_events import (
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
+from services.agents import stayhub
+from services.projector.plan import plan
 from services.runtime.core.fold import replay
 from tests.support.journals import decision_steps, receipt_of
 from tests.support.runs import (
@@ -30,7 +33,7 @@ from tests.support.runs import (
 )  # the same replay check the pure tests use, here on real journals
 from tests.support.stack import StackClient, open_stack, operator_access, supervised
 from tests.support.waiting import eventually
-from tests.support.world import EFFECTS
+from tests.support.world import CONFIRMED, EFFECTS, projected
 
 # The happy path and a clarifying question, on one stack -------------------------------------------------------
 
@@ -56,6 +59,8 @@ async def test_a_booking_makes_each_effect_once(world: StackClient, broker: Brok
     summary = await world.wait_terminal(run_id, timeout_s=30)
     assert summary["status"] == "completed" and summary["pending_actions"] == []
 
+    # The run ends paid; its confirmation email and CRM record follow (the projector, off its critical path).
+    await projected(lambda: world.counts(guest))
     books = await world.ledger(guest)
     assert {kind: books["counts"][kind] for kind in EFFECTS} == dict.fromkeys(EFFECTS, 1)
     assert books["counts"]["booking_release"] == books["counts"]["refund"] == 0
@@ -74,17 +79,25 @@ async def test_a_booking_makes_each_effect_once(world: StackClient, broker: Brok
     )
     assert charge["ref"] == paid.provider_ref == paid.result["payment_id"]
 
-    # Every effect carries the key of the step that asked for it.
+    # Every effect carries the key of the step that asked for it, or of the projection planned from the journal
+    # (the receiver's dedup key: the email's message key, the CRM record's (guest, booking)).
     requested = {e.tool: e.key for e in events if isinstance(e, ActionRequested)}
+    registry = stayhub()
+    state = replay(events)
+    assert state is not None
+    planned = {
+        t.tool: t.key
+        for t in plan(state, len(events), registry.agent("booking"), registry.tools, datetime.now(UTC))
+    }
+    assert set(requested) == {"search_hotels", "create_booking", "create_payment"}
+    keys = requested | planned
     tool_of = {
         "booking": "create_booking",
         "charge": "create_payment",
         "email": "send_confirmation_email",
         "crm_update": "update_crm",
     }
-    assert {e["kind"]: e["key"] for e in books["entries"]} == {
-        kind: requested[tool_of[kind]] for kind in EFFECTS
-    }
+    assert {e["kind"]: e["key"] for e in books["entries"]} == {kind: keys[tool_of[kind]] for kind in EFFECTS}
 
     assert decision_steps(events) == list(range(1, summary["steps"] + 1))
     assert isinstance(events[-1], RunCompleted) and booked.result["booking_id"] in events[-1].reply
@@ -118,8 +131,9 @@ async def test_payment_executor_killed_after_the_charge_charges_once(
     async with supervised(stack):
         run_id, guest = await client.start_run()
         summary = await client.wait_terminal(run_id, timeout_s=60)
+        confirmed = await projected(lambda: client.counts(guest))  # the email and CRM record follow the run
 
-    assert summary["status"] == "completed"
+    assert summary["status"] == "completed" and confirmed == CONFIRMED
     assert stack.services["executor-payment"].restarts == 1
     assert b"crashpoint executor.after_provider_ack" in (stack.logs_dir / "executor-payment.log").read_bytes()
     assert all(stack.services[name].restarts == 0 for name in stack.services if name != "executor-payment")
@@ -181,6 +195,9 @@ async def race(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
             guests = [f"guest-{i}" for i in range(6)]
             run_ids = list(await asyncio.gather(*(client.submit(guest_id=g) for g in guests)))
             summaries = await settle(client, run_ids)
+            for guest, summary in zip(guests, summaries, strict=True):
+                if summary.get("status") == "completed":  # a paid run's email and CRM record follow it
+                    await projected(lambda guest=guest: client.counts(guest))
             journals = {r: await journal_of(broker, client, r) for r in run_ids}
             effects: dict[str, Counter[str]] = {r: Counter() for r in run_ids}
             run_of = dict(zip(guests, run_ids, strict=True))  # keys name business actions; guests name runs

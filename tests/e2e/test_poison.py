@@ -20,7 +20,7 @@ from tests.support.broker import action_subject, consumer_settled, dead_letters
 from tests.support.capabilities import signed
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually, unique
-from tests.support.world import BOOKED_AND_PAID, BOOKING_TEXT
+from tests.support.world import BOOKING_TEXT, CONFIRMED, projected
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ async def _completes_booked_and_paid(world: StackClient) -> None:
     run_id, guest = await world.start_run()
     summary = await world.wait_terminal(run_id)
     assert summary["status"] == "completed", summary
-    assert await world.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: world.counts(guest)) == CONFIRMED
 
 
 # Where a poison message can land: (subject, stream, durable consumer, the service that dead-letters it).

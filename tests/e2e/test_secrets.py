@@ -18,7 +18,7 @@ from contracts.tool_messages import action_request_decoder
 from services.platform.nats_users import read_credential
 from services.platform.jetstream import Broker
 from tests.support.stack import StackClient, auth_header
-from tests.support.world import BOOKED_AND_PAID
+from tests.support.world import CONFIRMED, projected
 
 
 async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
@@ -52,7 +52,7 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     run_id, guest = await client.start_run()
     summary = await client.wait_terminal(run_id)
     assert summary["status"] == "completed", summary
-    assert await client.counts(guest) == BOOKED_AND_PAID
+    assert await projected(lambda: client.counts(guest)) == CONFIRMED
     bodies = [refused.text, (await client.gateway.get(f"/v1/runs/{run_id}/events")).text]
     bodies.append((await client.reconcile(run_id)).text)
     await watching.unsubscribe()

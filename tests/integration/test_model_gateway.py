@@ -158,8 +158,6 @@ async def test_a_whole_booking_runs_over_chat_completions(world: World) -> None:
         "search_hotels",
         "create_booking",
         "create_payment",
-        "send_confirmation_email",
-        "update_crm",
     ]
     assert all(a.provider == "chat" and a.response_id.startswith("chatcmpl-") for a in answers)
     assert answers[-1].reply  # the confirmation, read from `choices[0].message.content`
@@ -247,8 +245,8 @@ async def test_a_route_without_its_key_fails_over(world: World, monkeypatch: pyt
 
 
 async def test_a_run_keeps_its_catalog_revision_while_a_new_one_is_published(world: World) -> None:
-    """Run 1 starts under revision A and waits on its payment; revision B (another route, budget and tool
-    set) is published meanwhile. Run 1 ends under A (its route, its budget, its email); run 2 gets B."""
+    """Run 1 starts under revision A and waits on its hold; revision B (another route, budget and tool set: no
+    payment) is published meanwhile. Run 1 ends under A (its route, its budget, its payment); run 2 gets B."""
     a = await _publish(
         world,
         _booking(
@@ -257,17 +255,17 @@ async def test_a_run_keeps_its_catalog_revision_while_a_new_one_is_published(wor
         ),
         "A",
     )
-    await world.primary.arm("payments", commit_delay_ms=3_000)  # run 1 waits on its charge
+    await world.primary.arm("bookings", commit_delay_ms=3_000)  # run 1 waits on its hold
     event_id = unique("ev")
     run_1 = await submit_inbound(world.broker, world.ns, event_id, agent="booking", text=BOOKING_TEXT)
-    await eventually(world.primary.in_flight, what="run 1's charge in the provider's hands")
+    await eventually(world.primary.in_flight, what="run 1's hold in the provider's hands")
 
-    without_email = [t for t in BOOKING.tools if t not in ("send_confirmation_email", "update_crm")]
+    without_payment = [t for t in BOOKING.tools if t != "create_payment"]
     b = await _publish(
         world,
         _booking(
             routes=[_route("b", world.backup)],
-            tools=without_email,
+            tools=without_payment,
             budget=msgspec.structs.replace(BOOKING.config.budget, max_steps=18),
         ),
         "B",
@@ -284,17 +282,17 @@ async def test_a_run_keeps_its_catalog_revision_while_a_new_one_is_published(wor
     assert isinstance(started_1, RunStarted)
     assert started_1.catalog_revision == a and started_1.budget.max_steps == 19
     assert {m.provider for m in _answers(first)} == {"a"}  # also the answers after B was published
-    assert (await world.primary.counts(f"guest-{event_id}"))["email"] == 1
+    assert (await world.primary.counts(f"guest-{event_id}"))["charge"] == 1  # A offered the payment
 
-    await world.primary.arm("payments")
+    await world.primary.arm("bookings")
     guest_2, second = await _book(world)
     started_2 = second[0]
     assert isinstance(started_2, RunStarted)
     assert started_2.catalog_revision == b and started_2.budget.max_steps == 18
     assert {m.provider for m in _answers(second)} == {"b"}
-    # B offers no email tool: the well-behaved scripted model says so instead of calling it.
-    assert "send_confirmation_email tool is not available" in (_answers(second)[-1].reply or "")
-    assert (await world.primary.counts(guest_2))["email"] == 0
+    # B offers no payment tool: the well-behaved scripted model says so instead of calling it.
+    assert "create_payment tool is not available" in (_answers(second)[-1].reply or "")
+    assert (await world.primary.counts(guest_2))["charge"] == 0
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -339,14 +340,15 @@ async def test_openai_client_drives_the_scripted_conversation_end_to_end(
         "Your room at Casa do Alfama in Lisbon from 2031-12-01 to 2031-12-03"
     )
     assert "(EUR 240.00)" in response.output_text
+    assert response.output_text.endswith("The confirmation email is on its way.")
     ledger = await sandbox.ledger(guest)
-    assert ledger["counts"] == {
+    assert ledger["counts"] == {  # the email and the CRM record are the projector's, after the run
         "booking": 1,
         "booking_release": 0,
         "charge": 1,
         "refund": 0,
-        "email": 1,
-        "crm_update": 1,
+        "email": 0,
+        "crm_update": 0,
     }
     models = await http.get("/v1/models")
     assert models.json()["data"][0]["id"] == "scripted-booking"
@@ -358,14 +360,6 @@ async def execute(http: httpx.AsyncClient, guest: str, key: str, name: str, args
         "search_hotels": lambda: http.get("/hotels/search", params=args),
         "create_booking": lambda: http.post(
             "/bookings", json=args | {"guest_id": guest}, headers={"Idempotency-Key": key}
-        ),
-        "send_confirmation_email": lambda: http.post(
-            "/emails",
-            json={"guest_id": guest, "template": "booking_confirmation", **args},
-            headers={"Idempotency-Key": key},
-        ),
-        "update_crm": lambda: http.post(
-            "/crm/updates", json={"guest_id": guest, **args}, headers={"Idempotency-Key": key}
         ),
     }
     if name == "create_payment":
@@ -542,8 +536,15 @@ async def test_http_a_lookup_past_the_retention_window_says_the_key_expired() ->
 @contextlib.asynccontextmanager
 async def short_memory_sandbox() -> AsyncIterator[str]:
     """A sandbox that keeps keys for half a second."""
+    async with own_sandbox(key_retention=timedelta(seconds=0.5)) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def own_sandbox(**options: Any) -> AsyncIterator[str]:
+    """A sandbox of this test's own (`data_dir=`: durable there; cancelled at the end: a stopped provider)."""
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    server = asyncio.create_task(serve(port=0, ready=ready.set_result, key_retention=timedelta(seconds=0.5)))
+    server = asyncio.create_task(serve(port=0, ready=ready.set_result, **options))
     await asyncio.wait([server, ready], timeout=10, return_when=asyncio.FIRST_COMPLETED)
     try:
         yield f"http://127.0.0.1:{ready.result()}"
@@ -565,3 +566,111 @@ async def test_http_an_email_goes_where_the_request_says_or_to_the_address_of_re
     of_record = await http.post("/emails", json=body, headers={"Idempotency-Key": unique("e")})
     assert (verified.status_code, verified.json()["to"]) == (201, "ana@example.com")
     assert (of_record.status_code, of_record.json()["to"]) == (201, None)
+
+
+def audit_record(run_id: str, n: int, kind: str = "run.nudged", **fields: Any) -> dict[str, Any]:
+    return {
+        "event_id": f"{run_id}/{n}",
+        "run_id": run_id,
+        "tenant": "stayhub",
+        "type": kind,
+        "at": f"2026-01-01T00:00:{n:02d}.000Z",
+        "event": {"type": kind, "run_id": run_id, **fields},
+    }
+
+
+def audit_batch(run_id: str, upto: int, guest: str) -> dict[str, Any]:
+    first = audit_record(run_id, 1, "run.started", guest_id=guest)
+    return {"records": [first, *(audit_record(run_id, n) for n in range(2, upto + 1))]}
+
+
+async def crm_update(http: httpx.AsyncClient, guest: str, booking_id: str, key: str) -> httpx.Response:
+    body = {"guest_id": guest, "booking_id": booking_id, "fields": {"stage": "paid"}}
+    return await http.post("/crm/updates", json=body, headers={"Idempotency-Key": key})
+
+
+async def test_http_each_receiver_given_the_same_delivery_twice_keeps_one_record(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    """Email by message key, CRM by (guest, booking) even under another key, audit by event id."""
+    guest, run_id = unique("guest"), unique("run")
+    booking = await book(http, guest)
+    email = {"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]}
+    email_key = unique("email")
+    sent = [await http.post("/emails", json=email, headers={"Idempotency-Key": email_key}) for _ in (1, 2)]
+    assert [r.status_code for r in sent] == [201, 200] and sent[1].headers["Idempotent-Replayed"] == "true"
+    crm = [await crm_update(http, guest, booking["booking_id"], key) for key in (unique("c"), unique("c"))]
+    assert [r.status_code for r in crm] == [201, 200] and crm[1].json() == crm[0].json()
+    audit = [await http.post("/audit/records", json=audit_batch(run_id, 3, guest)) for _ in (1, 2)]
+    assert [(r.status_code, r.json()) for r in audit] == [
+        (200, {"accepted": 3, "duplicates": 0}),
+        (200, {"accepted": 0, "duplicates": 3}),
+    ]
+
+    ledger = await sandbox.ledger(guest)
+    assert (ledger["counts"]["email"], ledger["counts"]["crm_update"], ledger["audit_records"]) == (1, 1, 3)
+    held = await sandbox.audit_records(run_id)
+    assert [r["event_id"] for r in held] == [f"{run_id}/{n}" for n in (1, 2, 3)]
+    assert held[0]["event"] == {"type": "run.started", "run_id": run_id, "guest_id": guest}
+
+
+async def test_http_the_audit_trail_refuses_an_event_id_with_another_body_and_stores_nothing_of_it(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest, run_id = unique("guest"), unique("run")
+    assert (await http.post("/audit/records", json=audit_batch(run_id, 2, guest))).status_code == 200
+    forged = audit_record(run_id, 2, "run.completed")
+    clash = await http.post("/audit/records", json={"records": [audit_record(run_id, 3), forged]})
+    assert clash.status_code == 409
+    assert clash.json()["error"]["code"] == "event_id_conflict"
+    assert clash.json()["error"]["event_id"] == f"{run_id}/2"
+    assert [r["event_id"] for r in await sandbox.audit_records(run_id)] == [f"{run_id}/1", f"{run_id}/2"]
+    # Not the audit trail's shape, or an event id naming no position of its run: refused, nothing stored.
+    for body in ({"records": [{"event_id": "x"}]}, {"records": [audit_record(run_id, 0)]}, [1, 2]):
+        refused = await http.post("/audit/records", json=body)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (422, "invalid_request")
+    assert (await http.get("/audit/records")).status_code == 422  # which run's records: say so
+    assert await sandbox.audit_records(unique("run")) == []
+
+
+async def test_http_audit_faults_refuse_before_storing_and_drops_store_once(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    guest, run_id = unique("guest"), unique("run")
+    await sandbox.arm("audit", fail_5xx=1, throttle=1, retry_after_s=3)
+    assert (await http.post("/audit/records", json=audit_batch(run_id, 2, guest))).status_code == 503
+    throttled = await http.post("/audit/records", json=audit_batch(run_id, 2, guest))
+    assert (throttled.status_code, throttled.headers["Retry-After"]) == (429, "3")
+    assert await sandbox.audit_records(run_id) == []
+    await sandbox.arm("audit", drop_after_commit=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        await http.post("/audit/records", json=audit_batch(run_id, 2, guest))
+    again = await http.post("/audit/records", json=audit_batch(run_id, 2, guest))
+    assert again.json() == {"accepted": 0, "duplicates": 2}  # the dropped answer's records were kept once
+
+
+async def test_http_a_restarted_sandbox_still_deduplicates_email_crm_and_audit(tmp_path: Path) -> None:
+    guest, run_id = unique("guest"), unique("run")
+    email_key = unique("email")
+    async with own_sandbox(data_dir=tmp_path) as url, httpx.AsyncClient(base_url=url, timeout=5) as http:
+        booking = await book(http, guest)
+        email = {"guest_id": guest, "template": "booking_confirmation", "booking_id": booking["booking_id"]}
+        first_email = await http.post("/emails", json=email, headers={"Idempotency-Key": email_key})
+        first_crm = await crm_update(http, guest, booking["booking_id"], unique("c"))
+        assert (await http.post("/audit/records", json=audit_batch(run_id, 2, guest))).status_code == 200
+    async with own_sandbox(data_dir=tmp_path) as url, httpx.AsyncClient(base_url=url, timeout=5) as http:
+        reborn = Sandbox(http, url)
+        email_again = await http.post("/emails", json=email, headers={"Idempotency-Key": email_key})
+        assert (email_again.status_code, email_again.json()) == (200, first_email.json())
+        crm_again = await crm_update(http, guest, booking["booking_id"], unique("c"))
+        assert (crm_again.status_code, crm_again.json()) == (200, first_crm.json())
+        audit_again = await http.post("/audit/records", json=audit_batch(run_id, 4, guest))
+        assert audit_again.json() == {"accepted": 2, "duplicates": 2}
+        forged = {"records": [audit_record(run_id, 1, "run.completed")]}
+        assert (await http.post("/audit/records", json=forged)).status_code == 409
+        ledger = await reborn.ledger(guest)
+        assert (ledger["counts"]["email"], ledger["counts"]["crm_update"], ledger["audit_records"]) == (
+            1,
+            1,
+            4,
+        )

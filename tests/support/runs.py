@@ -300,7 +300,7 @@ def assert_replays(journal: list[RunEvent]) -> None:
 
 
 def booking_model(state: RunState) -> ModelReply:
-    """A well-behaved model: search, book, pay, email, CRM, then a confirmation."""
+    """A well-behaved model: search, book, pay, then a confirmation (the email and CRM record are projections)."""
     done = {req.tool: d for req, d in state.completed if req.origin == "model"}
     if any(d.status != "succeeded" for d in done.values()):
         return reply_of(text="Sorry, something failed.")
@@ -309,8 +309,6 @@ def booking_model(state: RunState) -> ModelReply:
         ("search_hotels", SEARCH.arguments),
         ("create_booking", BOOK.arguments),
         ("create_payment", json.dumps({"booking_id": booking_id})),
-        ("send_confirmation_email", json.dumps({"booking_id": booking_id})),
-        ("update_crm", json.dumps({"booking_id": booking_id})),
     ):
         if tool not in done:
             return reply_of((ToolCall(call_id=f"call_{tool}", name=tool, arguments=args),))

@@ -4,13 +4,18 @@ payment per booking, and compensations that undo a hold."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 
+import msgspec
 import pytest
 
 from contracts.errors import ErrorCode
 from contracts.keys import action_key, compensation_key, input_hash, tool_input_hash
-from contracts.run_events import ActionRequested, PolicyDenied, RunHandedOff, ToolRejected
+from contracts.memory import GuestProfile
+from contracts.run_events import ActionCompleted, ActionRequested, PolicyDenied, RunHandedOff, ToolRejected
+from services.agents import stayhub
+from services.runtime.core.agent import ProjectionCall
 from services.runtime.core.decide import AskModel, model_answered, next_move
 from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
 
@@ -70,7 +75,15 @@ def paid_anyway(run: Run, booking_id: str, call_id: str, answered: bool = False)
             ErrorCode.INVALID_TOOL_ARGUMENTS,
         ),
         ("create_payment", '{"booking_id": "bk_never_made"}', ErrorCode.UNKNOWN_BOOKING),
-        ("send_confirmation_email", '{"booking_id": "bk_never_made"}', ErrorCode.UNKNOWN_BOOKING),
+        # The email and the CRM record are projections now, never the model's: a model that still asks for
+        # them (trained on the old flow, or obeying an injection) meets a clean unknown_tool, never an effect.
+        ("send_confirmation_email", '{"booking_id": "bk_1"}', ErrorCode.UNKNOWN_TOOL),
+        (
+            "send_confirmation_email",
+            '{"booking_id": "bk_1", "to": "attacker@evil.example"}',
+            ErrorCode.UNKNOWN_TOOL,
+        ),
+        ("update_crm", '{"booking_id": "bk_1"}', ErrorCode.UNKNOWN_TOOL),
         (
             "release_booking",
             '{"booking_id": "bk_1"}',
@@ -429,3 +442,139 @@ def test_each_charge_for_a_released_booking_gets_its_own_refund() -> None:
         run.complete(refund.step_no)
         refunds.append(refund.args["booking_id"])
     assert refunds == [first, second]
+
+
+# Projections: what a paid run leaves to the projector ---------------------------------------------------------
+
+
+def journaled(
+    run: Run, tool: str, args: dict[str, object], status: str = "succeeded", origin: str = "compensation"
+) -> ActionCompleted:
+    """An effect journaled as the runtime would (intent, then receipt), without a model asking for it."""
+    step = run.state.next_step
+    run.add(
+        ActionRequested(
+            run_id=RUN,
+            at=run.tick(),
+            step_no=step,
+            call_id=f"call_{tool}_{step}",
+            tool=tool,
+            family="booking",
+            args=dict(args),
+            key=f"{RUN}:{step}:{tool}",
+            input_hash="h",
+            timeout_s=5.0,
+            deadline_at=run.now + timedelta(seconds=5),
+            origin=origin,
+        )
+    )
+    return run.complete(step, status)
+
+
+def paid(run: Run, booking_id: str, status: str = "succeeded") -> ActionCompleted:
+    run.answer(call("create_payment", {"booking_id": booking_id}, f"call_pay_{run.state.next_step}"))
+    (payment,) = run.decide()
+    assert isinstance(payment, ActionRequested), payment
+    return run.complete(payment.step_no, status)
+
+
+def profiled(profile: GuestProfile | None) -> tuple[Run, str]:
+    run, _ = booked_run()
+    fresh = Run(msgspec.structs.replace(started(), profile=profile))
+    for event in run.events[1:]:
+        fresh.add(event)
+    fresh.now = run.now
+    return fresh, str(fresh.state.succeeded_results("create_booking")[0]["booking_id"])
+
+
+def test_a_paid_booking_projects_its_confirmation_email_and_crm_record() -> None:
+    run, booking_id = booked_run()
+    assert BOOKING.projections(run.state) == ()  # held, not paid: nothing to confirm
+    paid(run, booking_id)
+    assert BOOKING.projections(run.state) == (
+        ProjectionCall("send_confirmation_email", {"booking_id": booking_id, "guest_id": "guest-1"}),
+        ProjectionCall("update_crm", {"booking_id": booking_id, "guest_id": "guest-1"}),
+    )
+    assert {p.tool for p in BOOKING.projections(run.state)} <= set(stayhub().projections)
+
+
+@pytest.mark.parametrize("status", ["failed", "unknown"])
+def test_a_payment_that_did_not_succeed_projects_nothing(status: str) -> None:
+    run, booking_id = booked_run()
+    paid(run, booking_id, status)
+    assert BOOKING.projections(run.state) == ()
+
+
+@pytest.mark.parametrize(
+    ("undo", "args"),
+    [
+        ("release_booking", lambda booking_id: {"booking_id": booking_id}),
+        (
+            "refund_payment",
+            lambda booking_id: {"payment_id": "pay_1", "amount_cents": 24000, "booking_id": booking_id},
+        ),
+    ],
+)
+def test_a_paid_booking_released_or_refunded_in_the_run_projects_nothing(
+    undo: str, args: Callable[[str], dict[str, object]]
+) -> None:
+    run, booking_id = booked_run()
+    paid(run, booking_id)
+    journaled(run, undo, args(booking_id), status="failed")
+    assert len(BOOKING.projections(run.state)) == 2  # an undo that failed undid nothing
+    journaled(run, undo, args(booking_id))
+    assert BOOKING.projections(run.state) == ()
+
+
+def test_two_payments_of_one_booking_project_one_email_and_one_crm_record() -> None:
+    """A journal from before the one-payment rule (or a payment asked again) holds two successful charges of one
+    booking: the guest is confirmed once."""
+    run, booking_id = booked_run()
+    first = paid(run, booking_id)
+    journaled(
+        run,
+        "create_payment",
+        {"booking_id": booking_id, "guest_id": "guest-1", "amount_cents": 24000, "currency": "EUR"},
+        origin="model",
+    )
+    assert (
+        len([r for r, d in run.state.completed if r.tool == "create_payment" and d.status == "succeeded"])
+        == 2
+    )
+    assert [p.tool for p in BOOKING.projections(run.state)] == ["send_confirmation_email", "update_crm"]
+    assert first.status == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("profile", "to"),
+    [
+        (GuestProfile(guest_id="guest-1", verified_email="ana@example.com"), "ana@example.com"),
+        (GuestProfile(guest_id="guest-1"), None),  # no verified address: the provider's address of record
+        (None, None),
+    ],
+)
+def test_the_email_goes_to_the_verified_address_or_the_address_of_record(
+    profile: GuestProfile | None, to: str | None
+) -> None:
+    run, booking_id = profiled(profile)
+    paid(run, booking_id)
+    email, _ = BOOKING.projections(run.state)
+    assert email.args.get("to") == to
+
+
+def test_never_an_address_from_the_model() -> None:
+    """A model that names a recipient anywhere (its payment call, an email call it has no tool for) changes
+    nothing: the projection reads the profile and the journaled payment, never the model's words."""
+    run, booking_id = profiled(GuestProfile(guest_id="guest-1", verified_email="ana@example.com"))
+    run.answer(call("send_confirmation_email", {"booking_id": booking_id, "to": "attacker@evil.example"}))
+    (refused,) = run.decide()
+    assert isinstance(refused, ToolRejected) and refused.error.code == ErrorCode.UNKNOWN_TOOL.value
+    run.answer(
+        call("create_payment", {"booking_id": booking_id, "cc": "attacker@evil.example"}, "call_pay_cc")
+    )
+    (denied,) = run.decide()  # a field the payment does not take: refused before anything is journaled
+    assert isinstance(denied, ToolRejected | PolicyDenied)
+    paid(run, booking_id)
+    projections = BOOKING.projections(run.state)
+    assert "attacker" not in json.dumps([p.args for p in projections])
+    assert projections[0].args == {"booking_id": booking_id, "guest_id": "guest-1", "to": "ana@example.com"}

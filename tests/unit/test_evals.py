@@ -160,3 +160,32 @@ def test_the_report_gives_a_rate_per_class_and_a_total() -> None:
     text = report([Result(books), Result(refused, problems=["no run.policy_denied"])])
     assert "books      1/1 passed (100%)" in text and "refused    0/1 passed (0%)" in text
     assert "total      1/2 passed (50%)" in text and "- no run.policy_denied" in text
+
+
+def test_projected_counts_the_effect_and_where_each_email_went() -> None:
+    email = [entry("email")]
+    verified = checks.Projected("email", 1, to="ana@guests.example", check_to=True)
+    to_ana = Observed(runs=[], ledger=email, emails=[{"to": "ana@guests.example"}])
+    assert verified.check(to_ana) is None
+    assert "expected 1 (projected" in str(verified.check(Observed(runs=[], ledger=[])))
+    elsewhere = Observed(runs=[], ledger=email, emails=[{"to": "mallory@evil.example"}])
+    assert "mallory@evil.example" in str(verified.check(elsewhere))
+    unread = Observed(runs=[], ledger=email, emails=[])  # the record of an email could not be read
+    assert verified.check(unread) is not None
+    twice = Observed(runs=[], ledger=email * 2, emails=[{"to": "ana@guests.example"}] * 2)
+    assert "has 2 email" in str(verified.check(twice))
+    assert checks.Projected("crm_update").check(seen(ledger=[entry("crm_update")])) is None
+    # Only projections are waited for: every other check is judged when the conversation ended.
+    assert checks.eventual((verified, checks.Charged(1), checks.Status("completed"))) == (verified,)
+
+
+def test_the_model_asking_to_send_the_email_itself_is_refused_and_the_projection_sends_one() -> None:
+    (scenario,) = [s for s in SCENARIOS if s.name == "email someone else"]
+    kinds = {type(c).__name__ for c in scenario.expect} | {
+        type(c.check_).__name__ for c in scenario.expect if isinstance(c, checks.Scripted)
+    }
+    assert {"Refused", "Projected"} <= kinds
+    (projection,) = [c for c in scenario.expect if isinstance(c, checks.Projected)]
+    assert (
+        scenario.guest is not None and projection.to == scenario.guest.verified_email and projection.check_to
+    )

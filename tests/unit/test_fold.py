@@ -104,11 +104,11 @@ def test_a_summary_is_what_get_run_answers() -> None:
     run, _ = booked_run()
     run.answer(
         call(
-            "send_confirmation_email",
+            "create_payment",
             {"booking_id": run.state.succeeded_results("create_booking")[0]["booking_id"]},
         )
     )
-    (email,) = run.decide()
+    (payment,) = run.decide()
     assert summarize(run.state) == Summary(
         run_id=RUN,
         status=RunStatus.RUNNING,
@@ -118,7 +118,7 @@ def test_a_summary_is_what_get_run_answers() -> None:
         outcome=None,
         reply=None,
         handoff_reason=None,
-        pending_actions=[email.key],
+        pending_actions=[payment.key],
     )
     handed = run.add(RunHandedOff(run_id=RUN, at=run.tick(), reason="deadline"))
     assert summarize(handed) == Summary(
@@ -130,7 +130,7 @@ def test_a_summary_is_what_get_run_answers() -> None:
         outcome=RunStatus.HANDED_OFF,
         reply=handoff_reply("deadline"),  # the guest is told something defined, per reason
         handoff_reason="deadline",
-        pending_actions=[email.key],
+        pending_actions=[payment.key],
     )
     asked = Run(started())
     asked.answer(text="Which city?")

@@ -21,6 +21,7 @@ from contracts.policy import (
     RefundWithinPaid,
     StayWindow,
     ToolsAllowed,
+    VerifiedRecipient,
 )
 from contracts.run_events import (
     ActionRequested,
@@ -33,7 +34,7 @@ from contracts.run_events import (
     ToolRejected,
 )
 from contracts.tools import Effect, RetryRule, ToolContract
-from services.agents.booking.tools import REFUND_PAYMENT
+from services.agents.booking.tools import REFUND_PAYMENT, SEND_CONFIRMATION_EMAIL
 from services.agents.support.agent import SupportAgent
 from services.runtime.core.arguments import check_schema, parameters_of
 from services.runtime.core.decide import Append, AwaitApproval, next_move, plan_calls
@@ -328,32 +329,47 @@ def test_compensations_are_never_held_back() -> None:
 # VerifiedRecipient -------------------------------------------------------------------------------------------
 
 
+# The booking agent's model has no message tool any more (the confirmation email is a projection whose `to` comes
+# from the profile alone: tests/unit/test_booking_rules.py); the rule is checked here on a catalog that gives a
+# model a message tool, the email's own contract.
+EMAIL = SEND_CONFIRMATION_EMAIL.contract
+MESSAGE_RULES = AgentConfig(agent="booking", rules=[VerifiedRecipient()])
+
+
 @pytest.mark.parametrize("field", ["to", "email", "cc", "bcc", "recipient"])
 def test_the_model_naming_a_recipient_is_denied(field: str) -> None:
     run, booking_id = booked_run()
-    run.answer(call("send_confirmation_email", {"booking_id": booking_id, field: "attacker@evil.example"}))
-    (denied,) = run.decide()
-    assert isinstance(denied, PolicyDenied) and denied.rule == "verified_recipient"
-    assert "verified" in denied.reason and run.state.pending == ()
+    args = {"booking_id": booking_id, field: "attacker@evil.example"}
+    denied = check_asked(run.state, MESSAGE_RULES, EMAIL, args, Origin.MODEL)
+    assert isinstance(denied, Deny) and denied.rule == "verified_recipient" and "verified" in denied.reason
+    assert check_asked(run.state, MESSAGE_RULES, EMAIL, {"booking_id": booking_id}, Origin.MODEL) is None
+    # The booking agent's own model asking it is refused before any rule: not a tool it has.
+    run.answer(call("send_confirmation_email", args))
+    (refused,) = run.decide()
+    assert isinstance(refused, ToolRejected) and refused.error.code == ErrorCode.UNKNOWN_TOOL.value
+    assert run.state.pending == ()
 
 
-@pytest.mark.parametrize(("verified", "to"), [("ana@example.com", "ana@example.com"), ("", None)])
-def test_an_email_goes_to_the_verified_address_or_the_providers_of_record(
-    verified: str, to: str | None
+def test_the_booking_agents_default_rules_name_only_tools_it_has() -> None:
+    named = {rule.tool for rule in BOOKING.config.rules if hasattr(rule, "tool")}
+    named |= {t for rule in BOOKING.config.rules for t in getattr(rule, "tools", [])}
+    assert named <= set(BOOKING.tools) and "verified_recipient" not in {r.name for r in BOOKING.config.rules}
+
+
+@pytest.mark.parametrize(
+    ("verified", "to", "allowed"),
+    [("ana@example.com", "ana@example.com", True), ("ana@example.com", "attacker@evil.example", False)],
+)
+def test_a_prepared_recipient_other_than_the_verified_one_is_denied(
+    verified: str, to: str, allowed: bool
 ) -> None:
     run = run_with(GuestProfile(guest_id="guest-1", verified_email=verified))
-    booking_id = hold_room(run, "lis-1", "2031-12-01", "2031-12-03")
-    run.answer(call("send_confirmation_email", {"booking_id": booking_id}))
-    (email,) = run.decide()
-    assert isinstance(email, ActionRequested) and email.args.get("to") == to
-
-
-def test_a_prepared_recipient_other_than_the_verified_one_is_denied() -> None:
-    run = run_with(GuestProfile(guest_id="guest-1", verified_email="ana@example.com"))
-    email = BOOKING.tools["send_confirmation_email"]
-    args = {"booking_id": "bk_1", "guest_id": "guest-1", "to": "attacker@evil.example"}
-    verdict = check_policy(run.state, BOOKING.config, email, args, "h", Origin.PLAN, T0)
-    assert isinstance(verdict, Deny) and verdict.rule == "verified_recipient"
+    args = {"booking_id": "bk_1", "guest_id": "guest-1", "to": to}
+    verdict = check_policy(run.state, MESSAGE_RULES, EMAIL, args, "h", Origin.PLAN, T0)
+    if allowed:
+        assert verdict == Allow()
+    else:
+        assert isinstance(verdict, Deny) and verdict.rule == "verified_recipient"
 
 
 # OneActiveHold -----------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ BOOKING_TOOLS = {
     "release_booking",
     "refund_payment",
 }
+# Delivered by the projector after the run, never offered to the model.
+PROJECTIONS = {"send_confirmation_email", "update_crm"}
 # What booking registers: its own tools and the guest memory tool (services/agents/memory.py).
 REGISTERED = BOOKING_TOOLS | {"remember_preference"}
 
@@ -91,8 +93,9 @@ def test_an_executor_serves_one_family_of_tools() -> None:
     assert registry.tools_of("noop") == {}
 
 
-def test_the_model_never_sees_a_compensation_tool() -> None:
-    assert set(model_contracts(TOOLS)) == BOOKING_TOOLS - {"release_booking", "refund_payment"}
+def test_the_model_never_sees_a_compensation_or_projection_tool() -> None:
+    assert set(model_contracts(TOOLS)) == BOOKING_TOOLS - {"release_booking", "refund_payment"} - PROJECTIONS
+    assert {t.contract.name for t in TOOLS if t.projection is not None} == PROJECTIONS
     assert set(compensation_contracts(TOOLS)) == {"release_booking", "refund_payment"}
     assert model_contracts(TOOLS)["create_payment"] == CREATE_PAYMENT.contract
 

@@ -14,7 +14,7 @@ from contracts.keys import CompensationKind
 from contracts.run_events import ActionCompleted, ActionRequested
 from contracts.tool_messages import OutcomeStatus, first_made_by
 from contracts.tools import ToolContract
-from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow, VerifiedRecipient
+from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow
 from services.agents.booking.arguments import ARGUMENT_TYPES
 from services.agents.booking.tools import TOOLS
 from services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
@@ -62,7 +62,10 @@ def _string(args: dict[str, Any], name: str) -> str | ErrorInfo:
 
 
 # The booking agent's built-in rules (the catalog's default): amounts above 1,500.00 wait for the guest's
-# "yes", a corporate guest's bookings for their manager's approval.
+# "yes", a corporate guest's bookings for their manager's approval. No `VerifiedRecipient`: the agent's model has
+# no tool that sends a message. The confirmation email is a projection whose `to` `projections` takes from the
+# guest's profile alone (the verified address, else none: the provider's address of record), so no recipient
+# from the model can reach it; the rule stays in the contracts for a catalog giving a model a message tool.
 DEFAULT_RULES = (
     StayWindow(max_nights=30),
     ApprovalAbove(tool="create_payment", limit_cents=150_000, approver=Approver.GUEST.value),
@@ -73,7 +76,6 @@ DEFAULT_RULES = (
         approver=Approver.MANAGER.value,
         corporate_only=True,
     ),
-    VerifiedRecipient(),
     OneActiveHold(),
 )
 
@@ -236,22 +238,8 @@ class BookingAgent:
                 }
             case "remember_preference":
                 return prepare_preference(state, args)
-            case "send_confirmation_email":
-                booking = self._held_booking(state, args)
-                if isinstance(booking, ErrorInfo):
-                    return booking
-                prepared = {"booking_id": booking["booking_id"], "guest_id": state.guest_id}
-                # Only the verified address from the guest's profile; without one, the provider's address of
-                # record for the guest id.
-                profile = state.started.profile
-                if profile is not None and profile.verified_email:
-                    prepared["to"] = profile.verified_email
-                return prepared
-            case "update_crm":
-                booking = self._held_booking(state, args)
-                if isinstance(booking, ErrorInfo):
-                    return booking
-                return {"booking_id": booking["booking_id"], "guest_id": state.guest_id}
+        # The email and the CRM record are not prepared here: never the model's tools, they are projections
+        # (`projections`), and a step of theirs journaled before the change is served as journaled.
         return _invalid(f"no argument rules for {tool.name}")
 
     @staticmethod

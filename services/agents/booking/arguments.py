@@ -36,10 +36,10 @@ class RefundArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     amount_cents: Annotated[int, msgspec.Meta(ge=1)] | UnsetType = UNSET
 
 
+# The model's tools only: the confirmation email and the CRM record are projections, whose arguments the agent's
+# `projections` builds from the journal (the model names nothing of them).
 ARGUMENT_TYPES: dict[str, type[msgspec.Struct]] = {
     "search_hotels": SearchHotelsArgs,
     "create_booking": CreateBookingArgs,
     "create_payment": BookingRefArgs,
-    "send_confirmation_email": BookingRefArgs,
-    "update_crm": BookingRefArgs,
 }
