@@ -37,6 +37,8 @@ class EndedRun:
     due_at: datetime
     checks: int = 0
     republished: int = 0
+    # When this reconciler last published each key again: a task it put back is waited for like a pending one.
+    sent: dict[str, datetime] = field(default_factory=dict)
 
 
 # Ended runs tracked at once: past it the longest-tracked is let go (counted), so a benchmark's burst of runs
@@ -96,16 +98,27 @@ def to_republish(
     records: Mapping[str, ProjectionRecord | None],
     now: datetime,
     stale_s: float,
+    sent: Mapping[str, datetime] | None = None,
 ) -> tuple[list[ProjectionTask], dict[Verdict, int]]:
     """The tasks to publish again (`records` by task key) and how many tasks got each verdict.
 
+    A task this reconciler published again less than `stale_s` ago (`sent`) and still without a receipt is
+    waited for, not sent again: a projector down for an hour does not find an hour of copies queued for it.
     A stale task keeps the `planned_at` its receipt holds: its give-up clock runs from the first planning, so
     the reconciler can put a lost task back but never keep a failing one alive past its policy."""
     again: list[ProjectionTask] = []
     counts = dict.fromkeys(Verdict, 0)
+    sent = sent or {}
     for task in tasks:
         record = records.get(task.key)
         found = verdict(record, now, stale_s)
+        last_sent = sent.get(task.key)
+        if (
+            found is Verdict.MISSING
+            and last_sent is not None
+            and now - last_sent <= timedelta(seconds=stale_s)
+        ):
+            found = Verdict.PENDING
         counts[found] += 1
         if found is Verdict.MISSING:
             again.append(task)
@@ -140,6 +153,12 @@ def checked(
     run.republished += republished
     gap = min(recheck_s * 2 ** (run.checks - 1), max_gap_s)
     run.due_at = now + timedelta(seconds=gap)
+
+
+def mark_sent(work: EndedRuns, run_id: str, keys: Iterable[str], now: datetime) -> None:
+    run = work.runs.get(run_id)
+    if run is not None:
+        run.sent.update(dict.fromkeys(keys, now))
 
 
 def forget(work: EndedRuns, run_id: str) -> None:

@@ -250,9 +250,10 @@ class Reconciler:
                 )
                 continue
             readable.append(task)
-        again, counts = projections.to_republish(readable, records, now, self.projection_stale_s)
-        again = again[:budget]
         run = self.ended.runs.get(run_id)
+        sent = run.sent if run is not None else {}
+        again, counts = projections.to_republish(readable, records, now, self.projection_stale_s, sent)
+        again = again[:budget]
         done = run.republished if run is not None else 0
         for n, task in enumerate(again, start=done + 1):
             await self.broker.publish(
@@ -260,6 +261,7 @@ class Reconciler:
                 task_encoder.encode(task),
                 msg_id=projections.republish_id(task.key, n, now),
             )
+        projections.mark_sent(self.ended, run_id, [t.key for t in again], now)
         projections.checked(
             self.ended, run_id, counts, len(again), now, self.projection_recheck_s, self.projection_max_gap_s
         )

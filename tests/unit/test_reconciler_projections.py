@@ -125,6 +125,14 @@ def test_only_lost_tasks_are_published_again() -> None:
     assert again[0].planned_at == at(100)
 
 
+def test_a_task_put_back_is_waited_for_before_it_is_put_back_again() -> None:
+    tasks = [task("sent_recently"), task("sent_long_ago"), task("never_sent")]
+    sent = {"sent_recently": at(700 - STALE + 1), "sent_long_ago": at(700 - STALE - 1)}
+    again, counts = to_republish(tasks, {}, at(700), STALE, sent)
+    assert [t.key for t in again] == ["sent_long_ago", "never_sent"]
+    assert counts[Verdict.PENDING] == 1 and counts[Verdict.MISSING] == 2
+
+
 def test_a_settled_run_is_forgotten_and_an_open_one_checked_again_later_and_later() -> None:
     work = EndedRuns()
     ended(work, "run_1", at(0), GRACE)
