@@ -254,30 +254,68 @@ async def _planned(broker: Broker, client: StackClient, runs: dict[str, str]) ->
 async def test_a_paused_projector_replica_is_covered_by_the_other_and_resumed_sends_nothing_twice(
     start_stack: Callable[..., Awaitable[StackClient]],
 ) -> None:
+    """projector-0 is paused (SIGSTOP) in the middle of delivering every email (the receiver slow to commit), so
+    it holds their claims; past its ack wait projector-1 gets them and delivers; resumed, projector-0 finishes
+    its calls, finds the receipts delivered and sends nothing twice."""
     client = await start_stack(env=FAST, scale={"projector": 2})
     stack = client.stack
     broker = await _operator(client)
-    paused = stack.services["projector-0"]
-    assert paused.process is not None
+    first, second = stack.services["projector-0"], stack.services["projector-1"]
+    assert first.process is not None and second.process is not None
     try:
         async with supervised(stack):
-            # Paused with its pull requests outstanding: whatever the server hands it now stays claimed by a
-            # process that cannot answer, until the ack wait gives it to projector-1.
-            os.kill(paused.process.pid, signal.SIGSTOP)
+            # projector-1 paused first, until its outstanding pull requests expire: only projector-0 pulls.
+            os.kill(second.process.pid, signal.SIGSTOP)
             try:
-                runs = await _book(client, guests=4)
+                await eventually(
+                    lambda: _only_one_asking(broker, client),
+                    what="projector-1's pull requests to expire",
+                    timeout_s=30,
+                )
+                await client.arm("emails", commit_delay_ms=2000)
+                runs = await _book(client, guests=3)
                 await _each_completed_and_paid_once(client, runs)
+                await eventually(
+                    lambda: _emails_in_flight(client, len(runs)),
+                    what="projector-0 to be delivering every email",
+                    timeout_s=60,
+                )
+                # Paused mid-delivery: its claims are no longer renewed; projector-1 takes over past the ack wait.
+                os.kill(first.process.pid, signal.SIGSTOP)
+                os.kill(second.process.pid, signal.SIGCONT)
                 await _projected_once(client, runs, timeout_s=120)
-                await _all_delivered(broker, client, runs)
+                receipts = await _all_delivered(broker, client, runs)
             finally:
-                os.kill(paused.process.pid, signal.SIGCONT)
-            # Resumed, it finds the tasks it held already acknowledged by the other; what it does with them
-            # reaches the receivers under the same keys.
+                os.kill(first.process.pid, signal.SIGCONT)
+                os.kill(second.process.pid, signal.SIGCONT)
+            # Resumed, projector-0's calls come back and its receipts lose to the delivered ones.
             await _quiet(broker, client, ("send_confirmation_email", "update_crm"))
-            assert paused.process.poll() is None, "the resumed replica must live on"
+            assert first.process.poll() is None and second.process.poll() is None
+        # Each email was delivered on a second delivery of its task (projector-1's, after projector-0's claim).
+        emails = [r for r in receipts if r.tool == "send_confirmation_email"]
+        assert len(emails) == len(runs) and all(r.attempts >= 2 for r in emails), emails
+        after = {r.key: r for r in await _receipts(broker, client)}
+        assert all(
+            after[r.key].status == ProjectionStatus.DELIVERED for r in emails
+        )  # resumed: still delivered
         for guest in runs:
             counts = await client.counts(guest)
             assert (counts["email"], counts["crm_update"]) == (1, 1), counts
-        assert stack.services["projector-0"].restarts == 0
+        assert first.restarts == 0 and second.restarts == 0
     finally:
         await broker.close()
+
+
+async def _only_one_asking(broker: Broker, client: StackClient) -> bool:
+    """Every projector consumer has exactly one outstanding pull request (one replica's)."""
+    ns = client.ns
+    infos = [await broker.js.consumer_info(ns.stream(StreamKind.RUNS), ns.projector_planner_consumer)]
+    for tool in ("send_confirmation_email", "update_crm"):
+        infos.append(
+            await broker.js.consumer_info(ns.stream(StreamKind.PROJECTIONS), ns.projection_consumer(tool))
+        )
+    return all(info.num_waiting == 1 for info in infos)
+
+
+async def _emails_in_flight(client: StackClient, n: int) -> bool:
+    return len([k for k in await client.sandbox.in_flight() if k.startswith("email:")]) >= n
