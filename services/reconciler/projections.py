@@ -10,7 +10,7 @@ trying it); delivered and dead receipts are left alone (a dead one is an operato
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -18,6 +18,11 @@ from enum import StrEnum
 import msgspec
 
 from contracts.projections import AUDIT_TRAIL_TOOL, ProjectionRecord, ProjectionStatus, ProjectionTask
+from contracts.run_events import JournalEvent
+from services.projector.plan import plan
+from services.registry import Tool
+from services.runtime.core.agent import Agent
+from services.runtime.core.fold import replay
 
 
 class Verdict(StrEnum):
@@ -208,3 +213,28 @@ def retried_record(record: ProjectionRecord, now: datetime) -> ProjectionRecord:
         if record.detail
         else "retried by an operator",
     )
+
+
+def projected_keys(
+    journals: Mapping[str, Sequence[JournalEvent]],
+    agents: Mapping[str, Agent],
+    tools: Mapping[str, Tool],
+    now: datetime,
+) -> dict[str, str]:
+    """Every projection key the ended runs' journals call for, with its run: a provider's email or CRM record
+    under one of these keys has its intent in the journal (the run's events are the outbox), not in a step.
+
+    A journal the planner cannot plan from is skipped here (the reconciler's log names it)."""
+    keys: dict[str, str] = {}
+    for run_id, events in journals.items():
+        try:
+            state = replay(events)
+            agent = agents.get(state.agent) if state is not None else None
+            if state is None or agent is None or not state.terminal:
+                continue
+            tasks = plan(state, state.events, agent, tools, now)
+        except Exception:  # noqa: BLE001 -- pure code over journals anybody may have written into
+            continue
+        for task in tasks:
+            keys.setdefault(task.key, run_id)
+    return keys

@@ -338,7 +338,8 @@ async def audit_all(
             found[intent.request.key] = answer.kind == Answer.FOUND
 
     await asyncio.gather(*(look(i) for i in keyed))
-    findings = audit(journals, effects, found, registry.tools, registry.audit_rules)
+    projected = projections.projected_keys(journals, registry.agents, registry.tools, datetime.now(UTC))
+    findings = audit(journals, effects, found, registry.tools, registry.audit_rules, projected)
     stats = AuditStats(
         runs=len(journals),
         keyed_intents=len(keyed),

@@ -8,7 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from contracts.audit import FindingKind, ProviderEffect
+from contracts.keys import action_key, input_hash
 from contracts.projections import ProjectionRecord, ProjectionStatus, ProjectionTask
+from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunCompleted, RunEvent, RunStarted
+from contracts.tool_messages import OutcomeStatus
+from services.reconciler.audit import audit
 from services.reconciler.projections import (
     EndedRuns,
     Verdict,
@@ -17,6 +22,7 @@ from services.reconciler.projections import (
     due_runs,
     ended,
     moved,
+    projected_keys,
     replanned,
     republish_id,
     retried_record,
@@ -24,7 +30,10 @@ from services.reconciler.projections import (
     verdict,
 )
 
+from services.registry import load
+
 pytestmark = pytest.mark.unit
+STAYHUB = load("services.agents:stayhub")
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 GRACE, STALE, RECHECK, MAX_GAP = 60.0, 600.0, 60.0, 1800.0
@@ -180,3 +189,60 @@ def test_a_retried_record_is_pending_now_and_keeps_its_attempts() -> None:
     assert again.status is ProjectionStatus.PENDING
     assert (again.planned_at, again.next_attempt_at, again.attempts) == (at(9000), at(9000), 3)
     assert "503 from the receiver" in again.detail
+
+
+def _paid_booking(run_id: str, *, ended: bool = True, booking: str = "bk_1") -> list[RunEvent]:
+    started = RunStarted(
+        run_id=run_id,
+        at=T0,
+        agent="booking",
+        session_id="s",
+        guest_id="g1",
+        event_id=run_id,
+        idempotency_key=run_id,
+        input_hash="0" * 64,
+        text="Book Lisbon",
+        budget=Budget(),
+        deadline_at=at(600),
+    )
+    args = {"booking_id": booking, "guest_id": "g1", "amount_cents": 100, "currency": "EUR"}
+    intent = ActionRequested(
+        run_id=run_id,
+        at=T0,
+        step_no=1,
+        call_id="c1",
+        tool="create_payment",
+        family="payment",
+        args=args,
+        key=action_key(run_id, 1),
+        input_hash=input_hash({"tool": "create_payment", "args": args}),
+        timeout_s=10.0,
+        deadline_at=at(10),
+    )
+    paid = ActionCompleted(
+        run_id=run_id, at=T0, step_no=1, key=intent.key, status=OutcomeStatus.SUCCEEDED, provider_ref="pay_1"
+    )
+    events: list[RunEvent] = [started, intent, paid]
+    return events + [RunCompleted(run_id=run_id, at=T0, reply="Booked.")] if ended else events
+
+
+def test_the_audit_finds_a_projections_intent_in_the_ended_runs_journal() -> None:
+    """An email or CRM record under a key an ended run's journal plans is no `effect_without_intent`; one under
+    any other key, or a run still going, is."""
+    journals = {"run_1": _paid_booking("run_1"), "run_2": _paid_booking("run_2", ended=False, booking="bk_2")}
+    projected = projected_keys(journals, STAYHUB.agents, STAYHUB.tools, at(700))
+    assert set(projected.values()) == {"run_1"}
+    email = next(k for k in projected if k.startswith("email:"))
+    crm = next(k for k in projected if k.startswith("crm:"))
+    effects = [
+        ProviderEffect(kind="email", key=email, ref="em_1"),
+        ProviderEffect(kind="crm_update", key=crm, ref="crm_1"),
+        ProviderEffect(kind="email", key="email:nobody-asked", ref="em_2"),
+    ]
+    findings = audit(journals, effects, {}, STAYHUB.tools, STAYHUB.audit_rules, projected)
+    assert [(f.kind, f.key) for f in findings] == [(FindingKind.EFFECT_WITHOUT_INTENT, "email:nobody-asked")]
+    # Two effects under one projection key are still a duplicate, named with the run that planned it.
+    doubled = audit(journals, effects + effects[:1], {}, STAYHUB.tools, STAYHUB.audit_rules, projected)
+    assert [(f.kind, f.run_id) for f in doubled if f.kind is FindingKind.DUPLICATE_EFFECT] == [
+        (FindingKind.DUPLICATE_EFFECT, "run_1")
+    ]
