@@ -69,6 +69,9 @@ AUDIT_CHUNK = 200
 # Runs this replica saw end, so a later event of one (a late outcome) plans it again without a journal read for
 # every event of every run; bounded, and only an optimisation: the reconciler finds what a replica forgot.
 ENDED_MEMORY = 100_000
+# Deliveries of a message whose handler raised a bug before it is dead-lettered (a receiver's outage is not a
+# bug: that is the retry policy's, in the receipt).
+HANDLER_ATTEMPTS = 5
 
 
 class Undeliverable(CrashsafeError):
@@ -95,14 +98,22 @@ class _NoAgent:
 
 
 class Claims:
-    """Handlers for pulled messages, run concurrently (bounded); each message's claim (its ack wait) is renewed
-    with in-progress acks for as long as its handler runs, so a slow receiver never lets it go to another worker.
-    The handler settles the message itself (ack, nak with a delay, term); one that raises leaves it to come back
-    after the ack wait, never a crash loop."""
+    """Handlers for one consumer's pulled messages, run concurrently (bounded); each message's claim (its ack
+    wait) is renewed with in-progress acks for as long as its handler runs, so a slow receiver never lets it go
+    to another worker. The handler settles the message itself (ack, nak with a delay, term). One that raises a
+    bug is tried again a few times (nak) and then dead-lettered: never a crash loop, never a message that
+    circles for hours."""
 
-    def __init__(self, logger: logging.Logger, heartbeat_s: float, concurrency: int = CONCURRENCY) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        heartbeat_s: float,
+        give_up: Callable[[Msg, str], Awaitable[None]],
+        concurrency: int = CONCURRENCY,
+    ) -> None:
         self.logger = logger
         self.heartbeat_s = heartbeat_s
+        self.give_up = give_up
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -131,8 +142,19 @@ class Claims:
                 subject=msg.subject,
                 error=str(exc),
             )
-        except Exception:  # a bug: the message comes back after its ack wait; the worker goes on
-            self.logger.exception("projector handler failed", extra={"fields": {"subject": msg.subject}})
+        except Exception as exc:  # a bug, or a message no rule expected: the worker goes on
+            deliveries = msg.metadata.num_delivered
+            self.logger.exception(
+                "projector handler failed",
+                extra={"fields": {"subject": msg.subject, "deliveries": deliveries}},
+            )
+            try:
+                if deliveries >= HANDLER_ATTEMPTS:
+                    await self.give_up(msg, f"{type(exc).__name__}: {exc}")
+                else:
+                    await msg.nak(delay=min(0.2 * 2**deliveries, 5.0))
+            except (TimeoutError, nats.errors.Error, OSError, BrokerUnavailable):
+                pass  # it comes back after its ack wait
         finally:
             beat.cancel()
 
@@ -191,7 +213,11 @@ class Projector:
         self.scale = settings.projection_time_scale
         self.audit_chunk = audit_chunk
         self.records = projections_spec(self.ns, settings.stream_replicas)
-        self.claims = Claims(logger, max(settings.ack_wait_s / 4, 0.1), concurrency)
+        self.heartbeat_s = max(settings.ack_wait_s / 4, 0.1)
+        self.concurrency = concurrency
+        # One bound per consumer: a receiver that hangs holds its own worker's slots, not the planner's or
+        # another receiver's.
+        self._claims: list[Claims] = []
         self._subscriptions: list[Subscription] = []
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[None]] = {}
@@ -205,23 +231,33 @@ class Projector:
             spec = projection_consumer(self.ns, name, self.settings.ack_wait_s)
             await self.broker.ensure_consumer(spec)
             handler = self._worker(tool)
-            self._subscriptions.append(await self.broker.subscribe(spec, self.claims.dispatch(handler)))
-        self._subscriptions.append(
-            await self.broker.subscribe(planner, self.claims.dispatch(self._on_run_event))
-        )
+            self._subscriptions.append(await self.broker.subscribe(spec, self._claimed(handler)))
+        self._subscriptions.append(await self.broker.subscribe(planner, self._claimed(self._on_run_event)))
         log(self.logger, logging.INFO, "projector ready", tools=sorted(self.tools))
 
     async def close(self) -> None:
         for subscription in self._subscriptions:
             await self.broker.unsubscribe(subscription)
         self._subscriptions.clear()
-        await self.claims.drain()
+        for claims in self._claims:
+            await claims.drain()
+
+    def _claimed(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        async def give_up(msg: Msg, reason: str) -> None:
+            await self._dead_letter(msg, reason, ErrorCode.HANDLER_FAILED)
+
+        claims = Claims(self.logger, self.heartbeat_s, give_up, self.concurrency)
+        self._claims.append(claims)
+        return claims.dispatch(handler)
 
     # Planning -----------------------------------------------------------------------------------------------
 
     async def _on_run_event(self, msg: Msg) -> None:
+        # The run is the one whose subject it is (a literal token, by the consumer's filter), whatever the body
+        # claims: a body naming another run must not make this event plan that one.
+        run_id = msg.subject.rsplit(".", 1)[-1]
         try:
-            event_type, run_id = envelope_of(msg.data)
+            event_type, _ = envelope_of(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(msg, f"a run event that does not decode: {exc}", ErrorCode.POISON_MESSAGE)
             return
@@ -249,6 +285,10 @@ class Projector:
             raise Undeliverable(f"run {run_id}'s journal does not fold: {exc}", key=run_id) from None
         if state is None:
             return 0
+        if state.run_id != run_id:
+            raise Undeliverable(
+                f"the journal on run {run_id}'s subject opens run {state.run_id[:64]!r}", key=run_id
+            )
         if state.outcome is not None:
             self._remember_ended(run_id)
         try:
@@ -288,6 +328,13 @@ class Projector:
                     msg, f"a projection task that does not decode: {exc}", ErrorCode.POISON_MESSAGE
                 )
                 return
+            try:
+                self.ns.run_events(task.run_id)  # a run id that is no subject token names no journal
+            except ValueError:
+                await self._dead_letter(
+                    msg, f"task names no run: {task.run_id[:64]!r}", ErrorCode.POISON_MESSAGE
+                )
+                return
             if task.tool != tool.name:
                 reason = f"task for {task.tool[:64]!r} on {tool.name}'s subject"
                 await self._dead_letter(msg, reason, ErrorCode.POISON_MESSAGE, {"key": task.key[:200]})
@@ -321,6 +368,17 @@ class Projector:
             await msg.ack()  # the same plan, dead already (a redelivery after the dead letter): stays dead
             return
         pending = record if record is not None and record.status is ProjectionStatus.PENDING else None
+        if (
+            pending is not None
+            and msg.metadata.num_delivered == 1
+            and pending.next_attempt_at is not None
+            and pending.next_attempt_at > datetime.now(UTC)
+        ):
+            # A fresh copy (planned again, published twice) of a task whose next attempt is already scheduled:
+            # that message carries on; two would double the attempts on a receiver that is struggling. Should the
+            # scheduled one be lost, the receipt goes stale and the reconciler publishes it again.
+            await msg.ack()
+            return
         attempt = max(msg.metadata.num_delivered, pending.attempts + 1 if pending else 1)
         planned_at = min(task.planned_at, pending.planned_at) if pending else task.planned_at
         revision = entry.revision if entry is not None else 0

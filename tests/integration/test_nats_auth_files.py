@@ -23,7 +23,7 @@ def test_credentials_are_private_and_the_config_holds_only_public_keys(tmp_path:
     names = {p.stem for p in creds}
     assert names == {
         "gateway", "runtime", "executor-booking", "executor-memory", "executor-notify", "executor-payment",
-        "reconciler", "operator", "analytics",
+        "reconciler", "operator", "analytics", "projector",
     }  # fmt: skip
     config = (tmp_path / "auth.conf").read_text()
     for path in [*creds, tmp_path / "auth.conf"]:

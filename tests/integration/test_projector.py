@@ -5,16 +5,23 @@ and throttling, dead (with its dead letter and operator event) when refused or o
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from contracts.dead_letters import DeadLetter
+from contracts.nats_permissions import Role
 from contracts.projections import (
     AUDIT_TRAIL_TOOL,
     ProjectionFailed,
@@ -25,7 +32,7 @@ from contracts.projections import (
     record_decoder,
     task_encoder,
 )
-from contracts.run_events import ActionRequested, RunCompleted, RunEvent
+from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunEvent, event_encoder
 from contracts.streams import KvSpec, projections_spec
 from contracts.subjects import Namespace, StreamKind
 from services.agents import stayhub
@@ -33,10 +40,11 @@ from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
-from services.projector.plan import plan
+from services.projector.plan import audit_key, plan
 from services.runtime.core.fold import replay
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
+from tests.support.nats_users import access
 from tests.support.runs import BOOK, SEARCH, Run, call, started
 from tests.support.waiting import eventually, unique
 from tests.support.world import Sandbox
@@ -237,11 +245,20 @@ async def test_a_task_that_does_not_decode_is_dead_lettered_and_the_worker_goes_
         await world.broker.publish(
             world.ns.projection(CRM, "run_junk"), b'{"type": "projection.task", "tool": 7}'
         )
+        # A task that decodes but names a run no subject can: it must not circle through the worker for hours.
+        nowhere = msgspec.structs.replace(world.task(AUDIT_TRAIL_TOOL, "bk_0", "g"), run_id="run.*", upto=3)
+        await world.broker.publish(
+            world.ns.projection(AUDIT_TRAIL_TOOL, "run_nowhere"), task_encoder.encode(nowhere)
+        )
         await world.publish(task)
         await world.settled(task, ProjectionStatus.DELIVERED)
         await world.idle(CRM)
-    (letter,) = await world.projector_letters()
-    assert letter.code == "poison_message" and letter.subject == world.ns.projection(CRM, "run_junk")
+        await world.idle(AUDIT_TRAIL_TOOL)
+    letters = sorted(await world.projector_letters(), key=lambda d: d.subject)
+    assert [(d.code, d.subject) for d in letters] == [
+        ("poison_message", world.ns.projection(AUDIT_TRAIL_TOOL, "run_nowhere")),
+        ("poison_message", world.ns.projection(CRM, "run_junk")),
+    ]
 
 
 # Receivers deduplicate ----------------------------------------------------------------------------------------
@@ -353,6 +370,13 @@ async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_o
             % hostile.encode(),
         )
         await world.broker.publish(world.ns.run_events("run_garbage"), b"\xff not json")
+        # A journal on one run's subject that opens another run: planned as neither.
+        impostor = msgspec.structs.replace(started(), run_id="run_" + "i" * 24)
+        await world.broker.publish(world.ns.run_events("run_" + "j" * 24), event_encoder.encode(impostor))
+        await world.broker.publish(
+            world.ns.run_events("run_" + "j" * 24),
+            event_encoder.encode(RunCompleted(run_id="run_" + "j" * 24, at=datetime.now(UTC), reply="x")),
+        )
         events, _ = await paid_run(world)
         await journal(world, events)
         state = replay(events)
@@ -364,7 +388,7 @@ async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_o
             await world.settled(task, ProjectionStatus.DELIVERED)
     letters = [d for d in await world.projector_letters() if ".run." in d.subject]
     assert sorted(d.subject for d in letters) == sorted(
-        [world.ns.run_events(hostile), world.ns.run_events("run_garbage")]
+        world.ns.run_events(r) for r in (hostile, "run_garbage", "run_" + "j" * 24)
     )
     assert len(await world.effects("email")) == 1
 
@@ -391,3 +415,233 @@ async def test_the_audit_trail_delivered_twice_stores_each_event_once_in_journal
     records = response.json()["records"]
     assert [r["event_id"] for r in records] == [f"{state.run_id}/{n}" for n in range(1, len(events) + 1)]
     assert [r["type"] for r in records] == [type(e).__struct_config__.tag for e in events]
+
+
+# Crash seams: the projector as its own process, SIGKILLed at the worst moments --------------------------------
+
+
+@dataclass
+class ProjectorProcess:
+    """`crashsafe serve projector` as a deployment runs it (its NATS user's credential, the sandbox's URL)."""
+
+    world: World
+    logs: Path
+    started: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
+
+    def env(self, crash_at: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("CRASHSAFE_CRASH_AT", "CRASHSAFE_NATS_CREDS", "CRASHSAFE_REGISTRY"):
+            env.pop(name, None)
+        creds = access(self.world.nats_url, Role.PROJECTOR).creds
+        env.update(
+            {
+                "CRASHSAFE_NATS_URL": self.world.nats_url,
+                "CRASHSAFE_NAMESPACE": self.world.ns.name,
+                "CRASHSAFE_SANDBOX_URL": self.world.sandbox.url,
+                "CRASHSAFE_DATA_DIR": str(self.logs),
+                "CRASHSAFE_PROJECTION_TIME_SCALE": str(SCALE),
+                "CRASHSAFE_WORKER_ID": f"projector-{len(self.started)}",
+                **({"CRASHSAFE_NATS_CREDS": str(creds)} if creds else {}),
+                **({"CRASHSAFE_CRASH_AT": crash_at} if crash_at else {}),
+            }
+        )
+        return env
+
+    async def start(self, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+        log_path = self.logs / f"projector-{len(self.started)}.log"
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "crashsafe.cli", "serve", "projector"],
+                env=self.env(crash_at),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.started.append(process)
+        await eventually(
+            lambda: b"ready: projector" in log_path.read_bytes() or process.poll() is not None,
+            what="the projector says it is ready",
+        )
+        assert b"ready: projector" in log_path.read_bytes(), log_path.read_text()
+        return process
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+@pytest.fixture
+async def projector_process(world: World, tmp_path: Path) -> AsyncIterator[ProjectorProcess]:
+    processes = ProjectorProcess(world, tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+async def killed(process: subprocess.Popen[bytes]) -> None:
+    await eventually(lambda: process.poll() is not None, what="the projector killed itself at its seam")
+    assert process.returncode == -signal.SIGKILL
+
+
+async def test_killed_after_the_email_was_sent_the_redelivery_finds_it_by_key_and_sends_none(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    booking = await world.booking("guest-seam-call")
+    task = world.task(EMAIL, booking["booking_id"], "guest-seam-call")
+    first = await projector_process.start(crash_at="projector.after_provider_call")
+    await world.publish(task)
+    await killed(first)
+    assert await world.record(task) is None  # sent, never receipted
+    await projector_process.start()
+    record = await world.settled(task, ProjectionStatus.DELIVERED)
+    await world.idle(EMAIL)
+    assert record.attempts == 2  # the redelivery, answered by the lookup
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    assert (await world.sandbox.ledger())["replays"].get("email", 0) == 0  # no second POST at all
+
+
+async def test_killed_after_the_receipt_the_redelivery_is_acknowledged_from_it(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    booking = await world.booking("guest-seam-ack")
+    task = world.task(CRM, booking["booking_id"], "guest-seam-ack")
+    first = await projector_process.start(crash_at="projector.before_ack")
+    await world.publish(task)
+    await killed(first)
+    record = await world.settled(task, ProjectionStatus.DELIVERED)
+    await projector_process.start()
+    await world.idle(CRM)  # the redelivery was settled from the receipt
+    assert await world.record(task) == record  # untouched: not delivered again
+    assert [e["key"] for e in await world.effects("crm_update")] == [task.key]
+    assert (await world.sandbox.ledger())["replays"].get("crm_update", 0) == 0
+
+
+async def test_killed_after_planning_the_run_is_planned_again_and_each_projection_delivered_once(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    events, _ = await paid_run(world)
+    state = replay(events)
+    assert state is not None
+    first = await projector_process.start(crash_at="projector.after_plan_publish")
+    await journal(world, events)
+    await killed(first)
+    await projector_process.start()
+    expected = plan(state, len(events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC))
+    for task in (t for t in expected if t.tool in (EMAIL, CRM)):
+        await world.settled(task, ProjectionStatus.DELIVERED)
+    await world.idle(EMAIL)
+    await world.idle(CRM)
+    stream = world.ns.stream(StreamKind.RUNS)
+    await eventually(
+        lambda: consumer_idle(world.broker, stream, world.ns.projector_planner_consumer),
+        what="the run's events settled by the planner",
+    )
+    assert len(await world.effects("email")) == 1 and len(await world.effects("crm_update")) == 1
+
+
+# Receivers answering what cannot be trusted, and a long wait --------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["malformed", "drop_after_commit"])
+async def test_an_email_sent_whose_answer_was_lost_is_found_by_key_not_sent_again(
+    world: World, fault: str
+) -> None:
+    await world.sandbox.arm("emails", **{fault: 1})
+    booking = await world.booking(f"guest-{fault}")
+    task = world.task(EMAIL, booking["booking_id"], f"guest-{fault}")
+    async with inprocess.projector(world.settings()):
+        await world.publish(task)
+        record = await world.settled(task, ProjectionStatus.DELIVERED)
+        await world.idle(EMAIL)
+    assert record.attempts == 2 and record.provider_ref and record.provider_ref.startswith("em_")
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    assert (await world.sandbox.ledger())["replays"].get("email", 0) == 0  # attempt 2 asked, did not send
+
+
+async def test_a_run_waiting_for_an_approval_flushes_its_audit_trail_and_nothing_else(world: World) -> None:
+    events, _ = await paid_run(world)
+    run = Run(started())
+    for event in events[1:-1]:  # paid, not completed: a refund now waits for the guest's yes
+        run.add(event)
+    refund = call("refund_payment", {"payment_id": "pay_1"}, "call_refund")
+    run.answer(refund)
+    waiting = ApprovalRequested(
+        run_id=run.state.run_id,
+        at=run.tick(),
+        step_no=run.state.next_step,
+        approval_id="apr_" + uuid.uuid4().hex[:12],
+        call=refund,
+        tool="refund_payment",
+        args={"payment_id": "pay_1"},
+        input_hash="0" * 64,
+        approver="guest",
+        rule="approval_above",
+        reason="refunds wait for the guest",
+        expires_at=run.tick(3600),
+    )
+    run.add(waiting)
+    state = replay(run.events)
+    assert state is not None and state.awaiting is not None
+    async with inprocess.projector(world.settings()):
+        await journal(world, run.events)
+        audit = ProjectionTask(
+            tool=AUDIT_TRAIL_TOOL,
+            key=audit_key(state.run_id, len(run.events)),
+            run_id=state.run_id,
+            tenant="",
+            agent="booking",
+            planned_at=datetime.now(UTC),
+            upto=len(run.events),
+        )
+        await world.settled(audit, ProjectionStatus.DELIVERED)
+        stream = world.ns.stream(StreamKind.RUNS)
+        await eventually(
+            lambda: consumer_idle(world.broker, stream, world.ns.projector_planner_consumer),
+            what="every run event settled by the planner",
+        )
+        for tool in (EMAIL, CRM, AUDIT_TRAIL_TOOL):
+            await world.idle(tool)
+    records = (await world.http.get("/audit/records", params={"run_id": state.run_id})).json()["records"]
+    assert [r["type"] for r in records][-1] == "run.approval_requested"
+    assert len(records) == len(run.events)
+    # The booking is paid, but the run may yet undo it: no email, no CRM record until it ends.
+    assert await world.effects("email") == [] and await world.effects("crm_update") == []
+
+
+async def test_a_replica_paused_mid_delivery_loses_its_claim_and_the_email_is_still_sent_once(
+    world: World, projector_process: ProjectorProcess
+) -> None:
+    # The email provider takes 2 s over each write: long enough to pause the replica that sent it mid-request.
+    await world.sandbox.arm("emails", latency_ms=2000)
+    booking = await world.booking("guest-paused")
+    task = world.task(EMAIL, booking["booking_id"], "guest-paused")
+    paused = await projector_process.start()
+    await world.publish(task)
+    await eventually(lambda: _in_flight(world, task.key), what="the email in the provider's hands")
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        await world.sandbox.clear_faults()  # the write in progress still takes its 2 s
+        await projector_process.start()  # its claim lapses (no in-progress acks): this one takes the task
+        record = await world.settled(task, ProjectionStatus.DELIVERED)
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    log_of_paused = projector_process.logs / "projector-0.log"
+    await eventually(
+        lambda: (
+            b'"msg":"delivered"' in log_of_paused.read_bytes()
+            or b"projection not delivered" in log_of_paused.read_bytes()
+        ),
+        what="the paused replica finishing its attempt once resumed",
+    )
+    await world.idle(EMAIL)
+    assert [e["key"] for e in await world.effects("email")] == [task.key]
+    settled = await world.record(task)
+    assert settled is not None and settled.status is ProjectionStatus.DELIVERED
+    assert record.attempts >= 2  # the second replica's attempt, by lookup after the first one's write
+
+
+async def _in_flight(world: World, key: str) -> bool:
+    return key in await world.sandbox.in_flight()
