@@ -674,3 +674,25 @@ async def test_http_a_restarted_sandbox_still_deduplicates_email_crm_and_audit(t
             1,
             4,
         )
+
+
+async def test_http_concurrent_deliveries_of_one_projection_keep_one_record(
+    http: httpx.AsyncClient, sandbox: Sandbox
+) -> None:
+    """Two projector replicas (or a redelivery racing the first attempt): overlapping audit batches and CRM
+    updates under two keys, all at once, still leave each event id once and one CRM record."""
+    guest, run_id = unique("guest"), unique("run")
+    booking = await book(http, guest)
+    batches = [audit_batch(run_id, upto, guest) for upto in (3, 5, 4, 5)]
+    answers = await asyncio.gather(*(http.post("/audit/records", json=b) for b in batches))
+    assert all(a.status_code == 200 for a in answers)
+    assert sum(a.json()["accepted"] for a in answers) == 5
+    assert [r["event_id"] for r in await sandbox.audit_records(run_id)] == [
+        f"{run_id}/{n}" for n in range(1, 6)
+    ]
+    updates = await asyncio.gather(
+        *(crm_update(http, guest, booking["booking_id"], unique("c")) for _ in range(4))
+    )
+    assert sorted(u.status_code for u in updates) == [200, 200, 200, 201]
+    assert len({u.json()["crm_update_id"] for u in updates}) == 1
+    assert (await sandbox.counts(guest))["crm_update"] == 1
