@@ -6,7 +6,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 from nats.aio.msg import Msg
@@ -42,7 +42,9 @@ from services.reconciler.core import (
 from services.platform.tickets import publish_ticket
 from services.projector.plan import plan
 from services.reconciler import projections
+from services.runtime.core.agent import ProjectionCall
 from services.runtime.core.fold import replay
+from services.runtime.core.state import RunState
 
 
 class Reconciler:
@@ -293,8 +295,21 @@ class Reconciler:
             return None
         agent = self.registry.agents.get(state.agent)
         if agent is None:
-            return None
+            # An agent this deployment no longer runs: its runs still have an audit trail (as the projector plans).
+            return plan(state, state.events, _NO_AGENT, self.registry.tools, now)
         return plan(state, state.events, agent, self.registry.tools, now)
+
+
+class _NoProjections:
+    """An agent no longer registered, to the planner: no projections of its own (the audit trail only)."""
+
+    name = ""
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        return ()
+
+
+_NO_AGENT: Any = _NoProjections()
 
 
 class ProviderFacts(Protocol):

@@ -25,7 +25,7 @@ from contracts.streams import projections_spec
 from contracts.subjects import StreamKind
 from crashsafe.stack import Stack
 from services.platform.jetstream import Broker
-from tests.support.stack import StackClient, operator_access, supervised
+from tests.support.stack import StackClient, cli_env, crashsafe, operator_access, supervised
 from tests.support.waiting import eventually, unique
 
 SCALE = 0.01
@@ -146,6 +146,15 @@ async def test_a_25_minute_email_outage_completes_every_run_and_then_sends_each_
             receipts = await _all_delivered(broker, client, runs)
         emails = [r for r in receipts if r.tool == "send_confirmation_email"]
         assert len(emails) == len(runs) and all(r.attempts > 1 for r in emails), emails
+        # What an operator sees: `crashsafe projections list`, in its own process, as the operator user.
+        run_id = next(iter(runs.values()))
+        listed = await crashsafe("projections", "list", "--run", run_id, env=cli_env(client.stack))
+        assert listed.returncode == 0, listed.stderr
+        mine = [line for line in listed.stdout.splitlines() if f"run {run_id}" in line]
+        assert any("send_confirmation_email" in line and "delivered" in line for line in mine), listed.stdout
+        assert not [line for line in mine if " dead " in line or " pending " in line], listed.stdout
+        dead = await crashsafe("projections", "list", "--status", "dead", env=cli_env(client.stack))
+        assert dead.stdout.strip() == "no projections with that status", dead.stdout
         for guest in runs:  # still one of each, and still one charge
             counts = await client.counts(guest)
             assert (counts["charge"], counts["email"], counts["crm_update"]) == (1, 1, 1), counts
