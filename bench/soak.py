@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import httpx
 
 from contracts.errors import CrashsafeError
+from contracts.projections import ProjectionStatus, record_decoder
+from contracts.streams import projections_spec
 from contracts.run_events import RunCompleted, RunHandedOff
 from contracts.subjects import Namespace
 from crashsafe.operations import api_key_for
@@ -36,6 +38,9 @@ from services.platform.settings import Settings
 from services.reconciler.service import audit_all
 
 T = TypeVar("T")
+
+# Projection retries (2 s … 5 minutes when real) at a twentieth: a receiver killed in the soak is retried soon.
+SOAK_ENV = {"CRASHSAFE_ACK_WAIT_S": "1", "CRASHSAFE_PROJECTION_TIME_SCALE": "0.05"}
 
 BOOKING = "Book a room in {city} from 2031-12-{d1:02d} to 2031-12-{d2:02d}"
 CITIES = ("Lisbon", "Berlin", "Paris")
@@ -63,6 +68,13 @@ class ChaosReport:
     drain_s: float = 0.0
     total_s: float = 0.0
     handoff_reasons: Counter[str] = field(default_factory=Counter)
+    # Projections (seed 002), once the stack settles: each booking that stayed paid has exactly one confirmation
+    # email and one CRM record, and no projection gave up.
+    paid_bookings: int = 0
+    projections_missing: int = 0
+    projections_duplicated: int = 0
+    projections_dead: int = 0
+    projections_settle_s: float = 0.0
     findings: list[str] = field(default_factory=list)
 
     @property
@@ -73,6 +85,9 @@ class ChaosReport:
             and self.orphan_charges == 0
             and self.charges_on_released_rooms == 0
             and self.audit_findings == 0
+            and self.projections_missing == 0
+            and self.projections_duplicated == 0
+            and self.projections_dead == 0
         )
 
     def lines(self) -> list[str]:
@@ -88,6 +103,9 @@ class ChaosReport:
             f"lost {self.lost} (must be 0), duplicate effects {self.duplicate_effects} (must be 0), orphan charges {self.orphan_charges} (must be 0)",
             f"charges on released rooms {self.charges_on_released_rooms} (must be 0)",
             f"audit findings {self.audit_findings} (must be 0) {dict(self.audit_kinds) or ''}",
+            f"paid bookings {self.paid_bookings}: projections missing {self.projections_missing}, duplicated"
+            f" {self.projections_duplicated}, dead {self.projections_dead} (all must be 0; settled"
+            f" {self.projections_settle_s:.1f}s after the drain)",
             f"kills ({sum(self.kills.values())}, {self.missed_kills} found the process still down): {kills}",
             f"restarts by the stack's supervisor: {restarts}",
             f"drained {self.drain_s:.1f}s after the last kill; {self.total_s:.1f}s in all",
@@ -162,11 +180,12 @@ async def soak(
     kill_nats: bool = True,
     kill_sandbox: bool = True,
     scale: Mapping[str, int] | None = None,
+    projections_timeout_s: float = 120.0,
 ) -> ChaosReport:
     rng = random.Random(seed)
     report = ChaosReport(killed_sandbox=kill_sandbox, killed_nats=kill_nats, scale=dict(scale or {}))
     started = time.monotonic()
-    up = await asyncio.to_thread(start_up, state_dir, report.scale, {"CRASHSAFE_ACK_WAIT_S": "1"})
+    up = await asyncio.to_thread(start_up, state_dir, report.scale, SOAK_ENV)
     state = up.state()
     broker: Broker | None = None
     accepted: set[str] = set()
@@ -200,6 +219,10 @@ async def soak(
         async with Providers.connect(str(state["sandbox_url"])) as providers:
             listing = SandboxListing(providers.http)
             _count_effects((await _when_back(listing.view)).entries, report)
+            settle_from = time.monotonic()
+            await _settle_projections(listing, report, projections_timeout_s)
+            report.projections_settle_s = time.monotonic() - settle_from
+            await _count_dead_projections(broker, Namespace(str(state["namespace"])), report)
             settings = Settings(
                 nats_url=str(state["nats_url"]),
                 namespace=Namespace(str(state["namespace"])),
@@ -344,3 +367,50 @@ def _count_effects(entries: list[LedgerEntry], report: ChaosReport) -> None:
             # The guest pays for a room the agent gave back: the failure the issue's fencing closes.
             report.charges_on_released_rooms += 1
             report.findings.append(f"charge on a released room: {run_id} {dict(kinds)}")
+
+
+def _projections_per_guest(entries: list[LedgerEntry]) -> dict[str, Counter[str]]:
+    """The effects of each guest whose booking stayed paid (kept charge, room not given back)."""
+    per_guest: dict[str, Counter[str]] = {}
+    for entry in entries:
+        per_guest.setdefault(entry.guest_id, Counter())[entry.kind.value] += 1
+    return {
+        guest: kinds
+        for guest, kinds in per_guest.items()
+        if kinds["charge"] - kinds["refund"] > 0 and kinds["booking"] - kinds["booking_release"] > 0
+    }
+
+
+async def _settle_projections(listing: SandboxListing, report: ChaosReport, timeout_s: float) -> None:
+    """Wait (up to `timeout_s`) for every paid booking's email and CRM record, then count what is missing or
+    doubled. Projections are off the runs' path, so they may still be arriving after the last run ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        paid = _projections_per_guest((await _when_back(listing.view)).entries)
+        missing = {g: k for g, k in paid.items() if k["email"] < 1 or k["crm_update"] < 1}
+        if not missing or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    report.paid_bookings = len(paid)
+    report.projections_missing = len(missing)
+    report.findings += [f"projection missing: {g} {dict(k)}" for g, k in sorted(missing.items())]
+    doubled = {g: k for g, k in paid.items() if k["email"] > 1 or k["crm_update"] > 1}
+    report.projections_duplicated = len(doubled)
+    report.findings += [f"projection duplicated: {g} {dict(k)}" for g, k in sorted(doubled.items())]
+
+
+async def _count_dead_projections(broker: Broker, ns: Namespace, report: ChaosReport) -> None:
+    """Projections that gave up (their receipts in the KV say dead): none may, a soak's outages are short."""
+    try:
+        entries = await broker.kv_scan(projections_spec(ns), "projection.>")
+    except CrashsafeError as exc:
+        report.findings.append(f"projection receipts unreadable: {exc.message}")
+        report.projections_dead += 1
+        return
+    for entry in entries:
+        record = record_decoder.decode(entry.value)
+        if record.status == ProjectionStatus.DEAD:
+            report.projections_dead += 1
+            report.findings.append(
+                f"projection dead: {record.tool} {record.key} run {record.run_id}: {record.detail}"
+            )

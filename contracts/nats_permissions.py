@@ -298,6 +298,10 @@ def users(
             # The expiry backstop: it reads pending approvals and wakes their runs, never decides one.
             stream_info(s.kv_stream(APPROVALS)),
             *direct_get(s.kv_stream(APPROVALS)),
+            # Lost projections: it reads their receipts (never writes one) and publishes their tasks again.
+            f"{n}.projection.>",
+            stream_info(s.kv_stream(PROJECTIONS)),
+            *direct_get(s.kv_stream(PROJECTIONS)),
         ],
     )
     operator = _user(

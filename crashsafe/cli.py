@@ -182,6 +182,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
+    projections = sub.add_parser(
+        "projections", help="confirmation emails, CRM records, the audit trail: what was delivered, what died"
+    )
+    projections_sub = projections.add_subparsers(dest="projections_command", required=True)
+    projections_list = projections_sub.add_parser(
+        "list", help="every projection receipt: tool, key, run, status, attempts, next attempt, detail"
+    )
+    projections_list.add_argument("--status", help="pending, delivered or dead")
+    projections_list.add_argument("--run", help="only this run's projections")
+    projections_list.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+    projections_retry = projections_sub.add_parser(
+        "retry",
+        help="send a dead projection again (re-planned from its run's journal) once its receiver is fixed",
+    )
+    projections_retry.add_argument("key", help="the projection's key, as `projections list` prints it")
+    projections_retry.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     keys = sub.add_parser("keys", help="API keys of the gateway's clients")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="mint a key (printed once; only its hash is stored)")
@@ -291,6 +308,14 @@ async def _guests(args: argparse.Namespace) -> int:
     )
 
 
+async def _projections(args: argparse.Namespace) -> int:
+    from crashsafe import projections
+
+    if args.projections_command == "list":
+        return await projections.projections_list(Path(args.state_dir), args.status, args.run)
+    return await projections.projections_retry(Path(args.state_dir), args.key)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
@@ -342,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(operations.audit(Path(args.state_dir))))
             case "keys":
                 sys.exit(asyncio.run(_keys(operations, args)))
+            case "projections":
+                sys.exit(asyncio.run(_projections(args)))
             case "guests":
                 sys.exit(asyncio.run(_guests(args)))
             case "approvals" if args.approvals_command == "list":

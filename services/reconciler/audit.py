@@ -54,20 +54,27 @@ def audit(
     found_by_key: Mapping[str, bool],
     tools: Mapping[str, Tool],
     rules: Iterable[AuditRule] = (),
+    projected: Mapping[str, str] | None = None,
 ) -> list[Finding]:
-    """`effects`: the providers' listing, if they offer one; `found_by_key`: their answers for journaled keys."""
+    """`effects`: the providers' listing, if they offer one; `found_by_key`: their answers for journaled keys;
+    `projected`: the projection keys the ended runs' journals call for (key -> run), whose effects (an email, a
+    CRM record) have their intent in the journal itself, not in a step."""
     findings: list[Finding] = []
     known = intents(journals)
+    projected = projected or {}
     listed = list(effects or ())
     for key, count in Counter(effect.key for effect in listed).items():
         if count > 1:
             findings.append(
                 Finding(
-                    FindingKind.DUPLICATE_EFFECT, key, _run_of(key, known), f"{count} effects hold key {key}"
+                    FindingKind.DUPLICATE_EFFECT,
+                    key,
+                    _run_of(key, known) or projected.get(key, ""),
+                    f"{count} effects hold key {key}",
                 )
             )
     for effect in listed:
-        if effect.key not in known:
+        if effect.key not in known and effect.key not in projected:
             findings.append(
                 Finding(
                     FindingKind.EFFECT_WITHOUT_INTENT,

@@ -21,7 +21,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access
     )
     try:
-        reconciler = Reconciler(broker, settings, logger)
+        reconciler = Reconciler(broker, settings, logger, registry=registry)
         await reconciler.start()
         print("ready: reconciler", flush=True)
         await reconciler.run(stop, TICK_S)

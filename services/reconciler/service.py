@@ -6,12 +6,15 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+import msgspec
 from nats.aio.msg import Msg
 
-from contracts.run_events import decode_event
-from contracts.streams import approvals_spec
+from contracts.errors import CrashsafeError
+from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
+from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
+from contracts.streams import approvals_spec, projections_spec
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -37,6 +40,11 @@ from services.reconciler.core import (
     unsettled_unknowns,
 )
 from services.platform.tickets import publish_ticket
+from services.projector.plan import plan
+from services.reconciler import projections
+from services.runtime.core.agent import ProjectionCall
+from services.runtime.core.fold import replay
+from services.runtime.core.state import RunState
 
 
 class Reconciler:
@@ -49,6 +57,7 @@ class Reconciler:
         reask_s: float = 5.0,
         quiet_s: float = 30.0,
         lookback_s: float = 86_400.0,
+        registry: Registry | None = None,
     ) -> None:
         self.broker = broker
         self.settings = settings
@@ -62,6 +71,31 @@ class Reconciler:
         # How often waiting runs' approval records are read (one direct get per waiting run).
         self.approval_check_s = 5.0
         self._approvals_checked = datetime.min.replace(tzinfo=UTC)
+        # Projections (seed 002): ended runs whose planned projections have no receipt are published again.
+        self.registry = registry
+        self.journal = RunJournal(broker, self.ns)
+        self.ended = projections.EndedRuns()
+        scale = settings.projection_time_scale
+        # An ended run is checked once the projector has had time to plan and deliver it (a minute), a pending
+        # receipt is stale once its next attempt is ten minutes past (the projector's ack wait is 30 s, its
+        # longest pause 5 minutes); an open run is checked again after 1, 2, 4 … 30 minutes.
+        self.projection_grace_s = 60.0 * scale
+        self.projection_stale_s = 600.0 * scale
+        self.projection_recheck_s = 60.0 * scale
+        self.projection_max_gap_s = 1800.0 * scale
+        # Bounded work per tick: at most this many journals read, and tasks published, a second.
+        self.projection_runs_per_tick = 20
+        self.projection_publishes_per_tick = 50
+        self.projection_counts: dict[str, int] = {
+            "checked": 0,
+            "republished": 0,
+            "missing": 0,
+            "stale": 0,
+            "settled_runs": 0,
+            "failed_checks": 0,
+        }
+        self._logged_counts: dict[str, int] = {}
+        self._projections_logged = datetime.min.replace(tzinfo=UTC)
 
     async def start(self) -> None:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
@@ -73,7 +107,12 @@ class Reconciler:
 
     async def _on_event(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
-        observe(self.work, decode_event(msg.data))
+        event = decode_event(msg.data)
+        observe(self.work, event)
+        if isinstance(event, RunCompleted | RunHandedOff):
+            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s)
+        else:
+            projections.moved(self.ended, event.run_id, event.at, self.projection_grace_s)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every `tick_s` until `stop` is set."""
@@ -118,6 +157,7 @@ class Reconciler:
             if await publish_ticket(self.broker, self.ns, ticket, self.logger):
                 self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
+        await self._projections(now)
 
     async def _approval_backstop(self, now: datetime) -> None:
         """Runs waiting for an approval: woken if their record is decided but the journal does not say so yet,
@@ -140,6 +180,136 @@ class Reconciler:
                     self.worker,
                 )
                 self.wakes += 1
+
+    async def _projections(self, now: datetime) -> None:
+        """Ended runs past their grace: their planned projections read against the receipts, the lost ones
+        published again (bounded per tick), the run forgotten once every projection is delivered or dead."""
+        if self.registry is None or not self.registry.projections:
+            return
+        budget = self.projection_publishes_per_tick
+        for run_id in projections.due_runs(self.ended, now, self.projection_runs_per_tick):
+            if budget <= 0:
+                break
+            try:
+                published = await self._check_projections(run_id, now, budget)
+            except CrashsafeError as exc:
+                # NATS away, a bucket not yet provisioned: the run is checked again later, never dropped.
+                self.projection_counts["failed_checks"] += 1
+                projections.checked(
+                    self.ended,
+                    run_id,
+                    {projections.Verdict.MISSING: 1},
+                    0,
+                    now,
+                    self.projection_recheck_s,
+                    self.projection_max_gap_s,
+                )
+                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
+                continue
+            budget -= published
+        if (
+            now - self._projections_logged >= timedelta(seconds=60)
+            and self.projection_counts != self._logged_counts
+        ):
+            # The counters once a minute when they moved: what was checked, put back, found stale, given up on.
+            self._projections_logged, self._logged_counts = now, dict(self.projection_counts)
+            log(
+                self.logger,
+                logging.INFO,
+                "projection reconciliation",
+                tracked=len(self.ended.runs),
+                let_go=self.ended.let_go,
+                **self.projection_counts,
+            )
+
+    async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
+        """One ended run: its lost projections published again (at most `budget`); returns how many."""
+        events, _ = await self.journal.read(run_id)
+        try:
+            tasks = self._planned(events, now)
+        except Exception as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
+            # A journal the planner cannot plan from (a hostile or corrupt event): named in the log and left
+            # alone, never a reconciler that dies on every tick.
+            self.projection_counts["failed_checks"] += 1
+            log(self.logger, logging.ERROR, "projection plan failed", run_id=run_id, error=repr(exc))
+            projections.forget(self.ended, run_id)
+            return 0
+        if tasks is None:
+            projections.forget(self.ended, run_id)
+            return 0
+        records: dict[str, ProjectionRecord | None] = {}
+        readable: list[ProjectionTask] = []
+        for task in tasks:
+            entry = await self.broker.kv_get(
+                projections_spec(self.ns), self.ns.projection_record_key(task.tool, task.key)
+            )
+            try:
+                records[task.key] = record_decoder.decode(entry.value) if entry is not None else None
+            except msgspec.DecodeError:
+                # A receipt this version cannot read is a newer writer's: left alone, never published over.
+                log(
+                    self.logger, logging.WARNING, "projection receipt unreadable", run_id=run_id, key=task.key
+                )
+                continue
+            readable.append(task)
+        run = self.ended.runs.get(run_id)
+        sent = run.sent if run is not None else {}
+        again, counts = projections.to_republish(readable, records, now, self.projection_stale_s, sent)
+        again = again[:budget]
+        done = run.republished if run is not None else 0
+        for n, task in enumerate(again, start=done + 1):
+            await self.broker.publish(
+                self.ns.projection(task.tool, run_id),
+                task_encoder.encode(task),
+                msg_id=projections.republish_id(task.key, n, now),
+            )
+        projections.mark_sent(self.ended, run_id, [t.key for t in again], now)
+        projections.checked(
+            self.ended, run_id, counts, len(again), now, self.projection_recheck_s, self.projection_max_gap_s
+        )
+        self.projection_counts["checked"] += 1
+        self.projection_counts["republished"] += len(again)
+        self.projection_counts["missing"] += counts[projections.Verdict.MISSING]
+        self.projection_counts["stale"] += counts[projections.Verdict.STALE]
+        if run_id not in self.ended.runs:
+            self.projection_counts["settled_runs"] += 1
+        if again:
+            log(
+                self.logger,
+                logging.INFO,
+                "projections published again",
+                run_id=run_id,
+                keys=[t.key for t in again],
+                tracked=len(self.ended.runs),
+                let_go=self.ended.let_go,
+                **self.projection_counts,
+            )
+        return len(again)
+
+    def _planned(self, events: list[JournalEvent], now: datetime) -> list[ProjectionTask] | None:
+        """The projections a run's journal calls for, as the projector plans them; None for a run not ended or
+        of an agent this deployment does not run (nothing to check)."""
+        assert self.registry is not None
+        state = replay(events)
+        if state is None or not state.terminal:
+            return None
+        agent = self.registry.agents.get(state.agent)
+        if agent is None:
+            # An agent this deployment no longer runs: its runs still have an audit trail (as the projector plans).
+            return plan(state, state.events, _NO_AGENT, self.registry.tools, now)
+        return plan(state, state.events, agent, self.registry.tools, now)
+
+
+class _NoProjections:
+    """An agent no longer registered, to the planner: no projections of its own (the audit trail only)."""
+
+    name = ""
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        return ()
+
+
+_NO_AGENT: Any = _NoProjections()
 
 
 class ProviderFacts(Protocol):
@@ -183,7 +353,8 @@ async def audit_all(
             found[intent.request.key] = answer.kind == Answer.FOUND
 
     await asyncio.gather(*(look(i) for i in keyed))
-    findings = audit(journals, effects, found, registry.tools, registry.audit_rules)
+    projected = projections.projected_keys(journals, registry.agents, registry.tools, datetime.now(UTC))
+    findings = audit(journals, effects, found, registry.tools, registry.audit_rules, projected)
     stats = AuditStats(
         runs=len(journals),
         keyed_intents=len(keyed),

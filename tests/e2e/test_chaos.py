@@ -26,6 +26,7 @@ async def test_chaos_soak_short(tmp_path) -> None:
     everyone = {"gateway", "runtime", "executor-booking", "executor-payment", "executor-notify", "reconciler"}
     everyone |= {"executor-memory"}  # guest memory (remember_preference)
     everyone |= {"nats-server"} | ({"sandbox"} if KILL_SANDBOX else set())
+    everyone |= {"projector"} & set(report.restarts)  # the projector, in every stack that runs one
     assert set(report.kills) == everyone, f"every listed process is killed at least once: {report.kills}"
     assert all(report.restarts[name] >= 1 for name in report.kills), report.restarts
     assert report.lost == 0, report.findings
@@ -33,4 +34,8 @@ async def test_chaos_soak_short(tmp_path) -> None:
     assert report.orphan_charges == 0, report.findings
     assert report.charges_on_released_rooms == 0, report.findings
     assert report.audit_findings == 0, report.findings
+    # Each booking that stayed paid: one confirmation email and one CRM record, none given up.
+    assert report.projections_missing == 0, report.findings
+    assert report.projections_duplicated == 0, report.findings
+    assert report.projections_dead == 0, report.findings
     assert report.completed + report.handed_off == 40

@@ -251,6 +251,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {"wake a run", f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {"support ticket"}  # the backstop for a ticket the runtime could not publish
         allowed |= {"direct get on KV_sweep_approvals"}  # the expiry backstop reads records, never decides
+        # Lost projections: it reads their receipts, never writes one, and publishes their tasks again.
+        allowed |= {"projection task", f"direct get on {KV_PROJECTIONS}"}
     elif role is Role.ANALYTICS:
         allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
         allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}

@@ -71,6 +71,7 @@ PURE = (
     "services.executor.core",
     "services.reconciler.core",
     "services.reconciler.audit",
+    "services.reconciler.projections",
     "services.projector.plan",
     "services.projector.core",
     "services.gateway.core",

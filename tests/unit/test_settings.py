@@ -109,6 +109,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.api_key, s.tls_cert_file, s.tls_key_file) == (env["CRASHSAFE_API_KEY"], cert, key)
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
     assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
+    assert s.projection_time_scale == 0.01
     assert s.capability_signing_key == Path("/keys/capability.key")
     assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
     access = s.nats_access

@@ -1,0 +1,240 @@
+"""Which ended runs' projections never arrived, and which to publish again. Pure: the reconciler's shell reads the
+journals and the projection receipts, and publishes what this decides.
+
+Seed 002: the run's events are the outbox, so a projection can only be lost between the outbox and the receiver
+(a task purged, a planner that died between its publishes, a worker whose claim vanished). A task is published
+again when its key has no receipt at all, or a pending receipt whose next attempt is long past (nobody is
+trying it); delivered and dead receipts are left alone (a dead one is an operator's call:
+`crashsafe projections retry KEY`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+import msgspec
+
+from contracts.projections import AUDIT_TRAIL_TOOL, ProjectionRecord, ProjectionStatus, ProjectionTask
+from contracts.run_events import JournalEvent
+from services.projector.plan import plan
+from services.registry import Tool
+from services.runtime.core.agent import Agent
+from services.runtime.core.fold import replay
+
+
+class Verdict(StrEnum):
+    """What one planned task's receipt says (a closed vocabulary: the reconciler's log counts these)."""
+
+    MISSING = "missing"  # no receipt: the task never reached a worker, or was lost before its first attempt
+    STALE = "stale"  # pending, its next attempt long past: nobody holds the task any more
+    PENDING = "pending"  # pending and being tried: the projector's retry policy owns it
+    SETTLED = "settled"  # delivered, or dead (an operator's call)
+
+
+@dataclass
+class EndedRun:
+    """An ended run to check: when its journal last moved, when to check it next, how often it was republished."""
+
+    last_at: datetime
+    due_at: datetime
+    checks: int = 0
+    republished: int = 0
+    # When this reconciler last published each key again: a task it put back is waited for like a pending one.
+    sent: dict[str, datetime] = field(default_factory=dict)
+
+
+# Ended runs tracked at once: past it the longest-tracked is let go (counted), so a benchmark's burst of runs
+# costs the reconciler bounded memory; the projector's own retries still cover those runs.
+MAX_TRACKED = 100_000
+
+
+@dataclass
+class EndedRuns:
+    """Ended runs (completed or handed off) whose projections the reconciler has not yet seen settled."""
+
+    runs: dict[str, EndedRun] = field(default_factory=dict)
+    let_go: int = 0  # runs dropped unchecked at the MAX_TRACKED bound
+
+
+def ended(work: EndedRuns, run_id: str, at: datetime, grace_s: float, max_tracked: int = MAX_TRACKED) -> None:
+    """A run ended at `at` (or an ended run's journal moved again: the projector plans again, so the grace
+    restarts). Checked once `grace_s` have passed since its last event."""
+    due = at + timedelta(seconds=grace_s)
+    known = work.runs.get(run_id)
+    if known is None:
+        while len(work.runs) >= max_tracked:
+            del work.runs[next(iter(work.runs))]  # the longest tracked (dicts keep insertion order)
+            work.let_go += 1
+        work.runs[run_id] = EndedRun(last_at=at, due_at=due)
+    elif at > known.last_at:
+        known.last_at = at
+        known.due_at = max(known.due_at, due)
+
+
+def moved(work: EndedRuns, run_id: str, at: datetime, grace_s: float) -> None:
+    """An event of a run: only an ended run's is tracked here."""
+    if run_id in work.runs:
+        ended(work, run_id, at, grace_s)
+
+
+def due_runs(work: EndedRuns, now: datetime, limit: int) -> list[str]:
+    """At most `limit` ended runs due for a check, the longest-waiting first (bounded work per tick)."""
+    due = sorted((r.due_at, run_id) for run_id, r in work.runs.items() if r.due_at <= now)
+    return [run_id for _, run_id in due[:limit]]
+
+
+def verdict(record: ProjectionRecord | None, now: datetime, stale_s: float) -> Verdict:
+    if record is None:
+        return Verdict.MISSING
+    if record.status in (ProjectionStatus.DELIVERED, ProjectionStatus.DEAD):
+        return Verdict.SETTLED
+    # A pending receipt names its next attempt; without one, its last write is the worker's last sign of life.
+    last_sign = record.next_attempt_at or record.updated_at
+    if now - last_sign > timedelta(seconds=stale_s):
+        return Verdict.STALE
+    return Verdict.PENDING
+
+
+def to_republish(
+    tasks: Iterable[ProjectionTask],
+    records: Mapping[str, ProjectionRecord | None],
+    now: datetime,
+    stale_s: float,
+    sent: Mapping[str, datetime] | None = None,
+) -> tuple[list[ProjectionTask], dict[Verdict, int]]:
+    """The tasks to publish again (`records` by task key) and how many tasks got each verdict.
+
+    A task this reconciler published again less than `stale_s` ago (`sent`) and still without a receipt is
+    waited for, not sent again: a projector down for an hour does not find an hour of copies queued for it.
+    A stale task keeps the `planned_at` its receipt holds: its give-up clock runs from the first planning, so
+    the reconciler can put a lost task back but never keep a failing one alive past its policy."""
+    again: list[ProjectionTask] = []
+    counts = dict.fromkeys(Verdict, 0)
+    sent = sent or {}
+    for task in tasks:
+        record = records.get(task.key)
+        found = verdict(record, now, stale_s)
+        last_sent = sent.get(task.key)
+        if (
+            found is Verdict.MISSING
+            and last_sent is not None
+            and now - last_sent <= timedelta(seconds=stale_s)
+        ):
+            found = Verdict.PENDING
+        counts[found] += 1
+        if found is Verdict.MISSING:
+            again.append(task)
+        elif found is Verdict.STALE and record is not None:
+            again.append(replace_planned(task, record.planned_at))
+    return again, counts
+
+
+def replace_planned(task: ProjectionTask, planned_at: datetime) -> ProjectionTask:
+    return msgspec.structs.replace(task, planned_at=planned_at)
+
+
+def checked(
+    work: EndedRuns,
+    run_id: str,
+    counts: Mapping[Verdict, int],
+    republished: int,
+    now: datetime,
+    recheck_s: float,
+    max_gap_s: float,
+) -> None:
+    """After a check: a run whose every projection is settled is forgotten; any other is checked again after a
+    growing pause (recheck, 2x, 4x … up to `max_gap_s`): a receiver down for an hour is not polled every tick."""
+    run = work.runs.get(run_id)
+    if run is None:
+        return
+    open_tasks = sum(n for v, n in counts.items() if v is not Verdict.SETTLED)
+    if open_tasks == 0:
+        del work.runs[run_id]
+        return
+    run.checks += 1
+    run.republished += republished
+    gap = min(recheck_s * 2 ** (run.checks - 1), max_gap_s)
+    run.due_at = now + timedelta(seconds=gap)
+
+
+def mark_sent(work: EndedRuns, run_id: str, keys: Iterable[str], now: datetime) -> None:
+    run = work.runs.get(run_id)
+    if run is not None:
+        run.sent.update(dict.fromkeys(keys, now))
+
+
+def forget(work: EndedRuns, run_id: str) -> None:
+    work.runs.pop(run_id, None)
+
+
+def republish_id(key: str, n: int, now: datetime) -> str:
+    """A fresh message id for the `n`th republish of a task: the planner's own id (the key) may still be in the
+    stream's duplicate window after the task was purged, and would be dropped as a duplicate. The time makes it
+    fresh across a restarted reconciler (whose counts start again)."""
+    return f"{key}:r{n}:{now.timestamp():.6f}"
+
+
+def audit_upto(key: str, run_id: str) -> int | None:
+    """The event count an audit-trail key names (`audit:<run_id>:<upto>`), or None if it is not one."""
+    prefix = f"audit:{run_id}:"
+    if not key.startswith(prefix):
+        return None
+    tail = key.removeprefix(prefix)
+    return int(tail) if tail.isdigit() and int(tail) > 0 else None
+
+
+def replanned(tasks: Iterable[ProjectionTask], key: str, run_id: str, now: datetime) -> ProjectionTask | None:
+    """The task an operator retries, planned again from the run's journal: the planned task of that key, or,
+    for an audit-trail key planned at an earlier length of the journal (an approval's flush), that flush again.
+    Planned now: a retry restarts the give-up clock (the operator fixed the receiver)."""
+    tasks = list(tasks)
+    for task in tasks:
+        if task.key == key:
+            return replace_planned(task, now)
+    upto = audit_upto(key, run_id)
+    trail = next((t for t in tasks if t.tool == AUDIT_TRAIL_TOOL), None)
+    if upto is None or trail is None or upto > trail.upto:
+        return None
+    return msgspec.structs.replace(trail, key=key, upto=upto, planned_at=now)
+
+
+def retried_record(record: ProjectionRecord, now: datetime) -> ProjectionRecord:
+    """An operator's retry of a dead projection: pending again, tried now, its attempts kept for the record."""
+    return msgspec.structs.replace(
+        record,
+        status=ProjectionStatus.PENDING,
+        planned_at=now,
+        updated_at=now,
+        next_attempt_at=now,
+        detail=f"retried by an operator after: {record.detail}"
+        if record.detail
+        else "retried by an operator",
+    )
+
+
+def projected_keys(
+    journals: Mapping[str, Sequence[JournalEvent]],
+    agents: Mapping[str, Agent],
+    tools: Mapping[str, Tool],
+    now: datetime,
+) -> dict[str, str]:
+    """Every projection key the ended runs' journals call for, with its run: a provider's email or CRM record
+    under one of these keys has its intent in the journal (the run's events are the outbox), not in a step.
+
+    A journal the planner cannot plan from is skipped here (the reconciler's log names it)."""
+    keys: dict[str, str] = {}
+    for run_id, events in journals.items():
+        try:
+            state = replay(events)
+            agent = agents.get(state.agent) if state is not None else None
+            if state is None or agent is None or not state.terminal:
+                continue
+            tasks = plan(state, state.events, agent, tools, now)
+        except Exception:  # noqa: BLE001 -- pure code over journals anybody may have written into
+            continue
+        for task in tasks:
+            keys.setdefault(task.key, run_id)
+    return keys

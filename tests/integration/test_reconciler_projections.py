@@ -1,0 +1,316 @@
+"""The reconciler on the real nats-server, as its own NATS user, with no projector running: an ended run whose
+projections have no receipt gets its tasks published again; a delivered or dead receipt is left alone; a pending
+receipt is left to the projector until its next attempt is long past; a hostile journal never stops the tick."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from contracts.keys import action_key, input_hash, run_id_for
+from contracts.nats_permissions import Role
+from contracts.projections import (
+    AUDIT_TRAIL_TOOL,
+    ProjectionRecord,
+    ProjectionStatus,
+    ProjectionTask,
+    record_decoder,
+    task_decoder,
+)
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    RunCompleted,
+    RunEvent,
+    RunStarted,
+)
+from contracts.streams import projections_spec
+from contracts.subjects import Namespace, StreamKind
+from contracts.tool_messages import OutcomeStatus
+from crashsafe.projections import projections_list, projections_retry
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.platform.natsd import NatsServer
+from services.reconciler.service import Reconciler
+from services.registry import Registry, load
+from tests.support import inprocess
+from tests.support.nats_users import access
+from tests.support.waiting import eventually, unique
+
+STAYHUB = load("services.agents:stayhub")
+record_encoder = msgspec.json.Encoder()
+
+
+@pytest.fixture
+async def reconciler(nats_server: NatsServer, namespace: Namespace) -> AsyncIterator[Reconciler]:
+    """The reconciler with the booking deployment's registry, connected as the `reconciler` NATS user; it never
+    ticks by itself (the test calls `tick(now)`)."""
+    settings = dataclasses.replace(
+        inprocess.settings_for(nats_server.url, namespace, worker_id="rp"), projection_time_scale=0.01
+    )
+    await inprocess.provisioned(settings)
+    broker = await Broker.connect(
+        nats_server.url, "tests-reconciler-projections", access=access(nats_server.url, Role.RECONCILER)
+    )
+    worker = Reconciler(broker, settings, logging.getLogger("tests.reconciler"), registry=STAYHUB)
+    try:
+        await worker.start()
+        yield worker
+    finally:
+        await broker.close()
+
+
+def _paid_booking(run_id: str, now: datetime) -> list[RunEvent]:
+    """A booking run that charged for its booking and completed (the model's steps are not needed here)."""
+    key = unique("ev")
+    started = RunStarted(
+        run_id=run_id,
+        at=now,
+        agent="booking",
+        session_id=f"s-{key}",
+        guest_id=unique("guest"),
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text="Book Lisbon",
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+    )
+    args = {"booking_id": unique("bk"), "guest_id": started.guest_id, "amount_cents": 100, "currency": "EUR"}
+    intent = ActionRequested(
+        run_id=run_id,
+        at=now,
+        step_no=1,
+        call_id="call_pay",
+        tool="create_payment",
+        family="payment",
+        args=args,
+        key=action_key(run_id, 1),
+        input_hash=input_hash({"tool": "create_payment", "args": args}),
+        timeout_s=10.0,
+        deadline_at=now + timedelta(seconds=10),
+    )
+    paid = ActionCompleted(
+        run_id=run_id,
+        at=now,
+        step_no=1,
+        key=intent.key,
+        status=OutcomeStatus.SUCCEEDED,
+        result={"payment_id": "pay_1", "status": "captured"},
+        provider_ref="pay_1",
+    )
+    return [started, intent, paid, RunCompleted(run_id=run_id, at=now, reply="Booked and paid.")]
+
+
+async def _journal(broker: Broker, ns: Namespace, events: list[RunEvent]) -> None:
+    journal, seq = RunJournal(broker, ns), 0
+    for event in events:
+        seq = await journal.append(event, seq)
+
+
+async def _tasks(broker: Broker, ns: Namespace, run_id: str) -> list[ProjectionTask]:
+    """Every projection task published for the run, on any projection tool's subject."""
+    stored = await broker.read_subject(ns.stream(StreamKind.PROJECTIONS), f"{ns.name}.projection.*.{run_id}")
+    return [task_decoder.decode(m.data) for m in stored]
+
+
+async def _receipt(broker: Broker, ns: Namespace, task: ProjectionTask, record: ProjectionRecord) -> None:
+    await broker.kv_write(
+        projections_spec(ns),
+        ns.projection_record_key(task.tool, task.key),
+        record_encoder.encode(record),
+        revision=None,
+    )
+
+
+def _record(
+    task: ProjectionTask, status: ProjectionStatus, now: datetime, next_attempt: datetime | None = None
+) -> ProjectionRecord:
+    return ProjectionRecord(
+        tool=task.tool,
+        key=task.key,
+        run_id=task.run_id,
+        status=status,
+        attempts=2,
+        planned_at=task.planned_at,
+        updated_at=now,
+        next_attempt_at=next_attempt,
+    )
+
+
+def _registry_projections(registry: Registry) -> set[str]:
+    return set(registry.projections)
+
+
+async def _ended(reconciler: Reconciler, run_id: str) -> None:
+    await eventually(lambda: run_id in reconciler.ended.runs, what=f"the reconciler saw {run_id} end")
+
+
+async def test_a_completed_runs_lost_projections_are_published_again_once_and_settled_ones_left_alone(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    assert {"send_confirmation_email", "update_crm"} <= _registry_projections(STAYHUB)
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+
+    # Within the grace the projector is presumed at work: nothing is published.
+    await reconciler.tick(now)
+    assert await _tasks(broker, namespace, run_id) == []
+
+    # Past the grace, no receipt at all: each planned projection is published again, once.
+    later = now + timedelta(seconds=reconciler.projection_grace_s + 0.1)
+    await reconciler.tick(later)
+    tasks = await _tasks(broker, namespace, run_id)
+    tools = sorted(t.tool for t in tasks)
+    assert {"send_confirmation_email", "update_crm"} <= set(tools)
+    assert len(tools) == len(set(tools)), f"one task per projection, got {tools}"
+    assert all(t.run_id == run_id and t.agent == "booking" for t in tasks)
+    email = next(t for t in tasks if t.tool == "send_confirmation_email")
+    crm = next(t for t in tasks if t.tool == "update_crm")
+    assert email.key.startswith("email:") and crm.key.startswith("crm:")
+
+    # Before its re-check the run is not read again; at it, receipts decide: delivered and dead are left alone,
+    # a pending one being tried is the projector's.
+    await reconciler.tick(later)
+    assert len(await _tasks(broker, namespace, run_id)) == len(tasks)
+    recheck = later + timedelta(seconds=reconciler.projection_recheck_s + 0.1)
+    await _receipt(broker, namespace, email, _record(email, ProjectionStatus.DELIVERED, recheck))
+    await _receipt(
+        broker, namespace, crm, _record(crm, ProjectionStatus.PENDING, recheck, next_attempt=recheck)
+    )
+    for other in tasks:
+        if other.tool not in ("send_confirmation_email", "update_crm"):
+            await _receipt(broker, namespace, other, _record(other, ProjectionStatus.DEAD, recheck))
+    await reconciler.tick(recheck)
+    assert len(await _tasks(broker, namespace, run_id)) == len(tasks)
+    assert run_id in reconciler.ended.runs  # the CRM record is not settled yet
+
+    # The pending CRM receipt's next attempt long past (its worker died, its task purged): published again,
+    # keeping the planning time of its receipt.
+    stale = recheck + timedelta(seconds=reconciler.projection_stale_s + reconciler.projection_max_gap_s + 1)
+    await reconciler.tick(stale)
+    again = [t for t in await _tasks(broker, namespace, run_id) if t.tool == "update_crm"]
+    assert len(again) == 2
+    assert again[1].key == crm.key and again[1].planned_at == crm.planned_at
+
+    # Delivered: the run is forgotten, and nothing more is published for it.
+    await _receipt(broker, namespace, crm, _record(crm, ProjectionStatus.DELIVERED, stale))
+    done = stale + timedelta(seconds=reconciler.projection_max_gap_s + 1)
+    await reconciler.tick(done)
+    assert run_id not in reconciler.ended.runs
+    assert len(await _tasks(broker, namespace, run_id)) == len(tasks) + 1
+    assert reconciler.projection_counts["settled_runs"] == 1
+
+
+async def test_work_per_tick_is_bounded(reconciler: Reconciler, broker: Broker, namespace: Namespace) -> None:
+    now = datetime.now(UTC)
+    runs = [run_id_for("", unique("run")) for _ in range(reconciler.projection_runs_per_tick + 5)]
+    for run_id in runs:
+        await _journal(broker, namespace, _paid_booking(run_id, now))
+    for run_id in runs:
+        await _ended(reconciler, run_id)
+    later = now + timedelta(seconds=reconciler.projection_grace_s + 0.1)
+    await reconciler.tick(later)
+    per_run = {r: await _tasks(broker, namespace, r) for r in runs}
+    touched = [r for r, tasks in per_run.items() if tasks]
+    assert 0 < len(touched) <= reconciler.projection_runs_per_tick
+    assert sum(len(t) for t in per_run.values()) <= reconciler.projection_publishes_per_tick
+    assert len(touched) < len(runs)  # the rest wait for the next ticks
+    # Later ticks put back the rest (a run cut short by the budget is completed at its re-check).
+    expected = {"send_confirmation_email", "update_crm"}
+    for _ in range(10):
+        # Each next tick when the next run is due, all within the stale window of what was put back.
+        due = min((r.due_at for r in reconciler.ended.runs.values()), default=later)
+        assert due - later < timedelta(seconds=reconciler.projection_stale_s)
+        await reconciler.tick(due)
+        per_run = {r: await _tasks(broker, namespace, r) for r in runs}
+        if all(expected <= {t.tool for t in tasks} for tasks in per_run.values()):
+            break
+    assert all(expected <= {t.tool for t in tasks} for tasks in per_run.values()), per_run
+    for tasks in per_run.values():  # and no task twice
+        keys = [t.key for t in tasks]
+        assert len(keys) == len(set(keys)), keys
+
+
+async def test_a_hostile_journal_does_not_stop_the_others(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    """A run of an agent this deployment does not run, and a run whose payment arguments are garbage: neither
+    stops the tick; the good run next to them is still put back."""
+    assert AUDIT_TRAIL_TOOL in STAYHUB.projections
+    now = datetime.now(UTC)
+    stranger, garbage, good = (run_id_for("", unique("run")) for _ in range(3))
+    events = _paid_booking(stranger, now)
+    events[0] = msgspec.structs.replace(events[0], agent="no_such_agent")  # type: ignore[type-var]
+    await _journal(broker, namespace, events)
+    events = _paid_booking(garbage, now)
+    intent = events[1]
+    assert isinstance(intent, ActionRequested)
+    events[1] = msgspec.structs.replace(intent, args={"booking_id": {"nested": ["x" * 3000]}, "guest_id": 7})
+    await _journal(broker, namespace, events)
+    await _journal(broker, namespace, _paid_booking(good, now))
+    for run_id in (stranger, garbage, good):
+        await _ended(reconciler, run_id)
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    # The stranger's run: no email or CRM record (no agent to call for them), its audit trail all the same.
+    assert {t.tool for t in await _tasks(broker, namespace, stranger)} <= {AUDIT_TRAIL_TOOL}
+    assert await _tasks(broker, namespace, good)
+
+
+async def test_an_operator_retries_a_dead_projection_and_only_a_dead_one(
+    reconciler: Reconciler,
+    broker: Broker,
+    namespace: Namespace,
+    nats_server: NatsServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`crashsafe projections retry KEY`, as the operator user: a dead email goes back to pending and its task,
+    re-planned from the journal, is published; a delivered one is refused and nothing is sent."""
+    monkeypatch.setenv("CRASHSAFE_NATS_URL", nats_server.url)
+    monkeypatch.setenv("CRASHSAFE_NAMESPACE", namespace.name)
+    monkeypatch.setenv("CRASHSAFE_NATS_CREDS", str(access(nats_server.url, Role.OPERATOR).creds))
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    tasks = await _tasks(broker, namespace, run_id)
+    email = next(t for t in tasks if t.tool == "send_confirmation_email")
+    crm = next(t for t in tasks if t.tool == "update_crm")
+    dead = msgspec.structs.replace(
+        _record(email, ProjectionStatus.DEAD, now), detail="422 from the receiver: address refused"
+    )
+    await _receipt(broker, namespace, email, dead)
+    await _receipt(broker, namespace, crm, _record(crm, ProjectionStatus.DELIVERED, now))
+
+    assert await projections_list(tmp_path, "dead", run_id) == 0
+    listed = capsys.readouterr().out
+    assert email.key in listed and "address refused" in listed and crm.key not in listed
+
+    assert await projections_retry(tmp_path, crm.key) == 1
+    assert await projections_retry(tmp_path, email.key) == 0
+    after = await _tasks(broker, namespace, run_id)
+    assert len(after) == len(tasks) + 1
+    sent = after[-1]
+    assert (sent.tool, sent.key, sent.args) == (email.tool, email.key, email.args)
+    assert sent.planned_at > dead.updated_at  # the give-up clock starts again, from the retry
+    entry = await broker.kv_get(
+        projections_spec(namespace), namespace.projection_record_key(email.tool, email.key)
+    )
+    assert entry is not None
+    record = record_decoder.decode(entry.value)
+    assert record.status is ProjectionStatus.PENDING and record.attempts == dead.attempts
+    # Not dead any more: a second retry is refused (the projector is trying it).
+    assert await projections_retry(tmp_path, email.key) == 1
+    assert len(await _tasks(broker, namespace, run_id)) == len(after)
