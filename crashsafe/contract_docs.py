@@ -301,6 +301,37 @@ def read_lock(root: Path = ROOT) -> contract_lock.Lock:
     return json.loads(path.read_bytes()) if path.exists() else {}
 
 
+# Golden files per version: tests/golden/<type>.json is the current encoding (tests/unit/test_contracts.py pins
+# it); tests/golden/v<n>/<type>.json keeps every earlier one forever, and each must decode with today's code.
+GOLDEN = Path("tests/golden")
+
+
+def golden_versions(root: Path = ROOT) -> dict[str, list[Path]]:
+    """Each type's kept versions, oldest first (`v1`, `v2`, ...)."""
+    versions: dict[str, list[Path]] = {}
+    dirs = sorted(
+        (d for d in (root / GOLDEN).glob("v*") if d.is_dir() and d.name[1:].isdigit()),
+        key=lambda d: int(d.name[1:]),
+    )
+    for d in dirs:
+        for f in sorted(d.glob("*.json")):
+            versions.setdefault(f.name, []).append(f)
+    return versions
+
+
+def new_golden_versions(root: Path = ROOT) -> dict[Path, bytes]:
+    """A current golden that is not its type's newest kept version becomes the next version."""
+    versions = golden_versions(root)
+    found = {}
+    for current in sorted((root / GOLDEN).glob("*.json")):
+        kept = versions.get(current.name, [])
+        if kept and kept[-1].read_bytes() == current.read_bytes():
+            continue
+        n = int(kept[-1].parent.name[1:]) + 1 if kept else 1
+        found[GOLDEN / f"v{n}" / current.name] = current.read_bytes()
+    return found
+
+
 def main(root: Path = ROOT) -> int:
     locked = read_lock(root)
     problems = contract_lock.breaking_changes(locked, contract_lock.current())
@@ -311,7 +342,7 @@ def main(root: Path = ROOT) -> int:
         for p in problems:
             print(f"  - {p}")
         return 1
-    docs = documents(locked)
+    docs = documents(locked) | new_golden_versions(root)
     for stale in (root / SCHEMAS).glob("*.json"):
         if stale.relative_to(root) not in docs:
             stale.unlink()

@@ -23,6 +23,7 @@ import contracts
 from contracts.capabilities import Capability
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
 from contracts.support import SupportTicket, support_decoder, support_encoder
+from contracts.projections import ProjectionFailed, ProjectionTask, task_decoder, task_encoder
 from contracts.errors import (
     BodyTooLarge,
     CatalogRevisionGone,
@@ -302,6 +303,26 @@ SAMPLES: list[msgspec.Struct] = [
         payload='{"type":"action.request"}',
         at=AT,
     ),
+    ProjectionTask(
+        tool="update_crm",
+        key="crm:0123456789abcdef0123456789abcdef",
+        run_id=RUN,
+        tenant="acme",
+        agent="booking",
+        args={"guest_id": "guest-1", "booking_id": "bk_1", "status": "paid"},
+        planned_at=AT,
+    ),
+    ProjectionFailed(
+        tool="send_confirmation_email",
+        key="email:0123456789abcdef0123456789abcdef",
+        run_id=RUN,
+        tenant="acme",
+        attempts=29,
+        code="provider_unavailable",
+        reason="the receiver answered 503 for 2 hours",
+        planned_at=AT,
+        at=LATER,
+    ),
 ]
 
 
@@ -347,6 +368,10 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return support_encoder, support_decoder
         case Capability():
             return tool_encoder, msgspec.json.Decoder(Capability)
+        case ProjectionTask():
+            return task_encoder, task_decoder
+        case ProjectionFailed():
+            return task_encoder, msgspec.json.Decoder(ProjectionFailed)
     raise AssertionError(f"no codec for {type(sample).__name__}")
 
 
