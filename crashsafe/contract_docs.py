@@ -261,8 +261,23 @@ def asyncapi() -> dict[str, Any]:
         },
         "channels": channels,
         "operations": dict(sorted(operations.items())),
-        "components": {"messages": messages, "schemas": dict(sorted(components.items()))},
+        "components": {"messages": messages, "schemas": _asyncapi_schema(dict(sorted(components.items())))},
     }
+
+
+def _asyncapi_schema(value: Any) -> Any:
+    """msgspec's schemas in AsyncAPI's own dialect: its `discriminator` is the property name alone (OpenAPI's is an
+    object with a mapping)."""
+    if isinstance(value, dict):
+        return {
+            k: v["propertyName"]
+            if k == "discriminator" and isinstance(v, dict) and "propertyName" in v
+            else _asyncapi_schema(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_asyncapi_schema(v) for v in value]
+    return value
 
 
 def _key(name: str) -> str:
