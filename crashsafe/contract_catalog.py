@@ -80,10 +80,37 @@ class Message:
         return inspect.cleandoc(self.cls.__doc__ or "")
 
     @property
+    def comments(self) -> dict[str, str]:
+        """Each field's comment in the source (trailing, or the `#` lines right above it): why it exists."""
+        return field_comments(self.cls)
+
+    @property
     def info(self) -> mi.StructType:
         info = mi.type_info(self.cls)
         assert isinstance(info, mi.StructType)
         return info
+
+
+_FIELD = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
+
+
+def field_comments(cls: type[Any]) -> dict[str, str]:
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
+    found: dict[str, str] = {}
+    above: list[str] = []
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("#").strip())
+            continue
+        match = _FIELD.match(line)
+        if match and match.group(1) in cls.__struct_fields__:
+            found[match.group(1)] = " ".join([*above, match.group(2) or ""]).strip()
+        above = []
+    return {k: v for k, v in found.items() if v}
 
 
 def _referenced(t: mi.Type) -> Iterator[type[Any]]:
@@ -383,13 +410,32 @@ def _users_but_operator(all_users: list[NatsUser]) -> list[NatsUser]:
     return [u for u in all_users if u.role.value != "operator"]
 
 
-def publishers(subject: str, all_users: list[NatsUser]) -> list[str]:
-    """The users allowed to publish to some instance of `subject` (the operator, allowed all, left out)."""
+def _within(pattern: str, template: str) -> bool:
+    """Every subject `pattern` matches is an instance of `template` (both with `*` parameters)."""
+    pat, tem = pattern.split("."), template.split(".")
+    return len(pat) == len(tem) and all(t == "*" or t == p for p, t in zip(pat, tem, strict=True))
+
+
+def publishers(subject: str, all_users: list[NatsUser], narrower: tuple[str, ...] = ()) -> list[str]:
+    """The users allowed to publish to some instance of `subject` (the operator, allowed all, left out); a
+    permission wholly inside a `narrower` template (`outcome._wake.*` inside `outcome.*.*`) counts for that one."""
     return sorted(
         u.name
         for u in _users_but_operator(all_users)
-        if any(overlaps(p, subject) for p in u.permissions.publish)
+        if any(
+            overlaps(p, subject) and not any(_within(p, n) for n in narrower) for p in u.permissions.publish
+        )
         and not any(matches(p, subject) for p in u.permissions.publish_deny)
+    )
+
+
+def narrower_than(template: Template, all_templates: list[Template]) -> tuple[str, ...]:
+    """The other subject templates wholly inside this one (a literal where this one has a parameter)."""
+    mine = wildcard(template)
+    return tuple(
+        wildcard(t)
+        for t in all_templates
+        if t.kind == "subject" and t.method != template.method and _within(wildcard(t), mine)
     )
 
 

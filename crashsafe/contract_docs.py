@@ -96,7 +96,7 @@ def events_md() -> str:
         out.append(
             f"| `{t.template}` | {f'`{stream.name}`' if stream else '—'} | "
             f"{', '.join(f'[`{m}`](#{_anchor(m)})' for m in carried) or '(empty body)'} | "
-            f"{_names(cat.publishers(w, users))} | {_names(cat.readers(w, users))} | {_names(durables)} | "
+            f"{_names(cat.publishers(w, users, cat.narrower_than(t, subjects)))} | {_names(cat.readers(w, users))} | {_names(durables)} | "
             f"{_cell(t.doc)} |"
         )
     wildcards = [t for t in cat.templates() if t.kind == "wildcard"]
@@ -154,14 +154,15 @@ def events_md() -> str:
         if cat.tag_of(m.cls) or m.top_level:
             out.append(f"Schema: [schemas/{m.name}.json](schemas/{m.name}.json).")
         out += ["", m.doc, ""] if m.doc else [""]
-        out += ["| field | type | required / default |", "| --- | --- | --- |"]
+        out += ["| field | type | required / default | what |", "| --- | --- | --- | --- |"]
+        comments = m.comments
         if cat.tag_of(m.cls):
-            out.append(f"| `type` | `{json.dumps(m.name)}` | tag |")
+            out.append(f"| `type` | `{json.dumps(m.name)}` | tag | the message type, stable forever |")
         for f in m.info.fields:
             default = cat.default_of(f)
             out.append(
                 f"| `{f.encode_name}` | `{_cell(cat.render_type(f.type))}` | "
-                f"{'required' if default is None else f'`{_cell(default)}`'} |"
+                f"{'required' if default is None else f'`{_cell(default)}`'} | {_cell(comments.get(f.name, ''))} |"
             )
         out.append("")
     return "\n".join(out).rstrip() + "\n"
@@ -181,7 +182,6 @@ def schemas() -> dict[str, bytes]:
         f"{m.name}.json": _json(
             {
                 "$schema": "https://json-schema.org/draft/2020-12/schema",
-                "$id": f"https://crashsafe.dev/schemas/{m.name}.json",
                 **msgspec.json.schema(m.cls),
             }
         )
@@ -209,9 +209,8 @@ def asyncapi() -> dict[str, Any]:
     )
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
-    for t in cat.templates():
-        if t.kind != "subject":
-            continue
+    subject_templates = [t for t in cat.templates() if t.kind == "subject"]
+    for t in subject_templates:
         names = cat.CHANNEL_MESSAGES.get(t.method, ())
         channel: dict[str, Any] = {
             "address": t.template,
@@ -224,7 +223,8 @@ def asyncapi() -> dict[str, Any]:
             channel["parameters"] = {p: {"description": f"one subject token: the {p}"} for p in t.params}
         channels[t.method] = channel
         w = cat.wildcard(t)
-        for action, who in (("send", cat.publishers(w, users)), ("receive", cat.readers(w, users))):
+        sends = cat.publishers(w, users, cat.narrower_than(t, subject_templates))
+        for action, who in (("send", sends), ("receive", cat.readers(w, users))):
             for user in who:
                 operations[f"{user}.{action}.{t.method}"] = {
                     "action": action,
