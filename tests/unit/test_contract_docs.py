@@ -6,6 +6,7 @@ On a failure: run `just docs` and commit what it wrote (it refuses a breaking ch
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -15,9 +16,15 @@ from crashsafe import contract_catalog as cat
 from crashsafe import contract_docs
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.unit
+# Under `just mutate` the sources are mutmut's rewrite (trampolines beside every function, comments moved): the
+# documents describe the code as written, so they are compared only outside it.
+UNDER_MUTMUT = "MUTANT_UNDER_TEST" in os.environ
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(UNDER_MUTMUT, reason="the documents describe the unmutated source"),
+]
 
-DOCUMENTS = contract_docs.documents(contract_docs.read_lock())
+DOCUMENTS = {} if UNDER_MUTMUT else contract_docs.documents(contract_docs.read_lock())
 
 
 @pytest.mark.parametrize("path", sorted(DOCUMENTS), ids=str)
