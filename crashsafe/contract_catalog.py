@@ -310,6 +310,29 @@ CHANNEL_MESSAGES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Headers ---------------------------------------------------------------------------------------------------------
+
+_MEMBER = re.compile(r"^\s+(\w+)\s*=\s*\"([^\"]+)\"(?:\s*#\s*(.*))?$")
+
+
+def headers() -> list[tuple[str, str]]:
+    """Every `Header` name with its source comment (trailing, or the `#` lines above it)."""
+    from contracts.subjects import Header
+
+    comments: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(Header).splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("#").strip())
+            continue
+        match = _MEMBER.match(line)
+        if match:
+            comments[match.group(2)] = " ".join([*above, match.group(3) or ""]).strip()
+        above = []
+    return [(h.value, comments.get(h.value, "")) for h in Header]
+
+
 # Streams, consumers, buckets --------------------------------------------------------------------------------------
 
 

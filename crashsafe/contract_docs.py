@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from contracts.run_events import event_id
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_lock
 
@@ -130,6 +131,17 @@ def events_md() -> str:
     out += ["", "| key | built by | what |", "| --- | --- | --- |"]
     for t in keys:
         out.append(f"| `{t.template}` | `Namespace.{t.method}` | {_cell(t.doc)} |")
+    out += ["", "## Headers", "", "| header | what |", "| --- | --- |"]
+    for name, comment in cat.headers():
+        out.append(f"| `{name}` | {_cell(comment)} |")
+    out += [
+        "",
+        "## Event identity",
+        "",
+        f"`contracts.run_events.event_id(run_id, position)`: {' '.join((event_id.__doc__ or '').split())} "
+        "A journal read in order gives positions 1, 2, 3, … per run subject; a consumer that stores "
+        "`event_id` (or the stream sequence) as its position deduplicates redeliveries.",
+    ]
     out += ["", "## NATS users", "", "| user | role |", "| --- | --- |"]
     for u in users:
         out.append(f"| `{u.name}` | {u.role.value} |")
