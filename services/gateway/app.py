@@ -505,6 +505,21 @@ async def readyz(state: State) -> Response[Any]:
     )
 
 
+async def _schema_for_clients_only(request: Request[Any, Any, Any]) -> Response[Any] | None:
+    """The API's description is for holders of a key (any scope): to anyone else /schema is not there at all,
+    the very 404 it answered before it was served."""
+    path = request.url.path
+    if path != api.SCHEMA_PATH and not path.startswith(api.SCHEMA_PATH + "/"):
+        return None
+    door: Door = request.app.state.door
+    try:
+        key_id, secret = parse_bearer(request.headers.get(Header.AUTHORIZATION))
+        authenticate(key_id, secret, await door.keys.get(key_id))
+    except CrashsafeError:
+        return Response(content={"error": {"code": "not_found", "message": "no such route"}}, status_code=404)
+    return None
+
+
 def build_app(settings: Settings, registry: Registry) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -548,8 +563,9 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             readyz,
         ],
         lifespan=[lifespan],
+        before_request=_schema_for_clients_only,
         debug=False,
         logging_config=None,
-        # Only the JSON document at /schema/openapi.json (it is docs/openapi.json, public anyway); no HTML viewers.
+        # Only the JSON document at /schema/openapi.json (docs/openapi.json), to key holders; no HTML viewers.
         openapi_config=api.config(),
     )

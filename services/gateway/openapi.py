@@ -2,7 +2,7 @@
 
 Litestar derives paths and parameters from the routes; the handlers read their bodies themselves (the size limit
 comes before the parse), so the request bodies and the typed error body are declared here and the served
-document (`GET /schema/openapi.json`) is completed with their msgspec schemas. docs/openapi.json is this document.
+document (`GET /schema/openapi.json`, to key holders) is completed with their msgspec schemas. docs/openapi.json is this document.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from contracts.inbound import GuestMessage
 from services.runtime.core.state import Summary
 
 TITLE = "crashsafe gateway"
+SCHEMA_PATH = "/schema"  # served to callers with a valid key only (app.py)
 BEARER = "api_key"
 SECURITY: list[dict[str, list[str]]] = [{BEARER: []}]
 
@@ -167,7 +168,7 @@ def config() -> OpenAPIConfig:
         version=version("crashsafe"),
         description="Accepts guest events and answers runs, journals and approvals. docs/events.md describes "
         "what happens behind it; every error body is `ErrorBody`.",
-        path="/schema",
+        path=SCHEMA_PATH,
         render_plugins=[GatewaySchema()],
         components=Components(
             security_schemes={
