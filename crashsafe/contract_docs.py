@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from contracts.run_events import event_id
+from crashsafe import contract_access as access
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_lock
 
@@ -49,7 +50,7 @@ def _seconds(s: float) -> str:
 
 
 def events_md() -> str:
-    users = cat.roles()
+    users = access.roles()
     subjects = [t for t in cat.templates() if t.kind == "subject"]
     out = [
         "# Events, subjects and streams",
@@ -91,13 +92,13 @@ def events_md() -> str:
     ]
     for t in subjects:
         w = cat.wildcard(t)
-        stream = cat.stream_of(w)
+        stream = access.stream_of(w)
         carried = cat.CHANNEL_MESSAGES.get(t.method, ())
-        durables = sorted({c.spec.durable if not t.params else c.declared_by for c in cat.consumers_of(w)})
+        durables = sorted({c.spec.durable if not t.params else c.declared_by for c in access.consumers_of(w)})
         out.append(
             f"| `{t.template}` | {f'`{stream.name}`' if stream else '—'} | "
             f"{', '.join(f'[`{m}`](#{_anchor(m)})' for m in carried) or '(empty body)'} | "
-            f"{_names(cat.publishers(w, users, cat.narrower_than(t, subjects)))} | {_names(cat.readers(w, users))} | {_names(durables)} | "
+            f"{_names(access.publishers(w, users, access.narrower_than(t, subjects)))} | {_names(access.readers(w, users))} | {_names(durables)} | "
             f"{_cell(t.doc)} |"
         )
     wildcards = [t for t in cat.templates() if t.kind == "wildcard"]
@@ -116,7 +117,7 @@ def events_md() -> str:
         out.append(
             f"| `{spec.durable}` | `{spec.stream}` | `{spec.filter_subject}` | {'pull' if spec.pull else 'push'} "
             f"| {_seconds(spec.ack_wait_s)} | {spec.max_deliver} | {spec.max_ack_pending} | `{c.declared_by}` "
-            f"| {_names(cat.consumer_owners(spec, users))} |"
+            f"| {_names(access.consumer_owners(spec, users))} |"
         )
     out += [
         "",
@@ -213,7 +214,7 @@ def _version() -> str:
 
 def asyncapi() -> dict[str, Any]:
     """AsyncAPI 3.0.0: a channel per subject template, a send or receive operation per user and channel."""
-    users = cat.roles()
+    users = access.roles()
     documented = [m for m in cat.messages() if m.top_level or cat.tag_of(m.cls)]
     by_name = {m.name: m for m in documented}
     _, components = msgspec.json.schema_components(
@@ -235,8 +236,8 @@ def asyncapi() -> dict[str, Any]:
             channel["parameters"] = {p: {"description": f"one subject token: the {p}"} for p in t.params}
         channels[t.method] = channel
         w = cat.wildcard(t)
-        sends = cat.publishers(w, users, cat.narrower_than(t, subject_templates))
-        for action, who in (("send", sends), ("receive", cat.readers(w, users))):
+        sends = access.publishers(w, users, access.narrower_than(t, subject_templates))
+        for action, who in (("send", sends), ("receive", access.readers(w, users))):
             for user in who:
                 operations[f"{user}.{action}.{t.method}"] = {
                     "action": action,

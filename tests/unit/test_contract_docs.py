@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from crashsafe import contract_access as access
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_docs
 from tests.support.paths import ROOT
@@ -145,7 +146,7 @@ def test_the_openapi_document_describes_the_real_api() -> None:
 
 
 def test_subject_matching_follows_nats() -> None:
-    assert cat.matches("a.*.c", "a.b.c") and not cat.matches("a.*", "a.b.c")
-    assert cat.matches("a.>", "a.b.c") and not cat.matches("a.>", "a")
-    assert cat.overlaps("a.b.*", "a.*.c") and not cat.overlaps("a.b.c", "a.d.*")
-    assert cat.overlaps("a.>", "a.*.*") and not cat.overlaps("a.b", "a.b.*")
+    assert access.matches("a.*.c", "a.b.c") and not access.matches("a.*", "a.b.c")
+    assert access.matches("a.>", "a.b.c") and not access.matches("a.>", "a")
+    assert access.overlaps("a.b.*", "a.*.c") and not access.overlaps("a.b.c", "a.d.*")
+    assert access.overlaps("a.>", "a.*.*") and not access.overlaps("a.b", "a.b.*")
