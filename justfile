@@ -75,6 +75,7 @@ chaos *args:
 
 # --- docs ---
 
-# print where the docs live
+# regenerate every generated document (docs/events.md, docs/schemas/, docs/asyncapi.json, docs/openapi.json,
+# contracts/lock.json); refuses a breaking change to the contracts (a breaking change is a new event type)
 docs:
-    @ls docs contracts/README.md
+    {{bin}}/python -m crashsafe.contract_docs

@@ -41,6 +41,7 @@ from contracts.streams import active_spec, approvals_spec, clients_spec, session
 from contracts.subjects import Header, Namespace, StreamKind
 from services.gateway.access import Client, authenticate, parse_bearer, require
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
+from services.gateway import openapi as api
 from services.gateway.quotas import Rate, TokenBuckets
 from services.platform.active_runs import Caps, claim
 from services.platform.clients import ClientKeys
@@ -247,8 +248,18 @@ async def _publish_once(broker: Broker, ns: Namespace, event: InboundEvent, ctx:
 
 
 # The body limit is ours (_read_body, before the body is read), not Litestar's 10 MB default and untyped 413.
-@post("/v1/events", request_max_body_size=None)
+@post(
+    "/v1/events",
+    request_max_body_size=None,
+    status_code=202,
+    summary="Accept a guest event",
+    security=api.SECURITY,
+    responses=api.ok(api.Accepted, "accepted, durable (or the same event again: `duplicate`)", 202)
+    | api.errors(400, 401, 403, 409, 413, 422, 429, 503),
+)
 async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
+    """The event is journaled before the answer: 202 means it will run. The run id is derived from the tenant
+    and `event_id`, so a retry of the same event answers the same run (`duplicate: true`)."""
     try:
         return await _accept(state, request)
     except CrashsafeError as exc:
@@ -285,7 +296,12 @@ async def _journal(
     return events
 
 
-@get("/v1/runs/{run_id:str}")
+@get(
+    "/v1/runs/{run_id:str}",
+    summary="A run's state",
+    security=api.SECURITY,
+    responses=api.ok(api.RunView, "the run folded from its journal") | api.errors(401, 403, 404, 429, 503),
+)
 async def get_run(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
     try:
         events = await _journal(state, request, run_id)
@@ -296,7 +312,12 @@ async def get_run(state: State, request: Request[Any, Any, Any], run_id: str) ->
     return Response(content=msgspec.to_builtins(summarize(run)) | {"last_seq": events[-1][0]})
 
 
-@get("/v1/runs/{run_id:str}/events")
+@get(
+    "/v1/runs/{run_id:str}/events",
+    summary="A run's journal",
+    security=api.SECURITY,
+    responses=api.ok(api.RunEvents, "every journaled event, in order") | api.errors(401, 403, 404, 429, 503),
+)
 async def get_run_events(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
     try:
         events = await _journal(state, request, run_id)
@@ -305,7 +326,14 @@ async def get_run_events(state: State, request: Request[Any, Any, Any], run_id: 
     return Response(content={"run_id": run_id, "events": [{"seq": seq, **_as_json(e)} for seq, e in events]})
 
 
-@post("/v1/runs/{run_id:str}/reconcile", status_code=202)
+@post(
+    "/v1/runs/{run_id:str}/reconcile",
+    status_code=202,
+    summary="Reconcile a run",
+    security=api.SECURITY,
+    responses=api.ok(api.Reconciled, "the run is woken to resolve its open actions by key", 202)
+    | api.errors(401, 403, 404, 429, 503),
+)
 async def post_reconcile(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
     """For an operator after an incident: resolve the run's open actions by key, then let it continue."""
     door: Door = state.door
@@ -347,7 +375,12 @@ async def _visible_approval(state: State, client: Client, approval_id: str) -> t
     return records, stored
 
 
-@get("/v1/approvals")
+@get(
+    "/v1/approvals",
+    summary="List approvals",
+    security=api.SECURITY,
+    responses=api.ok(api.Approvals, "newest first") | api.errors(401, 403, 422, 429, 503),
+)
 async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
     """Approvals of the caller's tenant (an admin: all), newest first; `?status=pending` (approved, rejected,
     expired) filters by what each record means now."""
@@ -370,7 +403,13 @@ async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Respo
     return Response(content={"approvals": shown})
 
 
-@get("/v1/approvals/{approval_id:str}")
+@get(
+    "/v1/approvals/{approval_id:str}",
+    summary="An approval",
+    security=api.SECURITY,
+    responses=api.ok(ApprovalRecord, "the record, its status as of now")
+    | api.errors(401, 403, 404, 429, 503),
+)
 async def get_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
     try:
         client = await state.door.client(request, Scope.RUNS_READ)
@@ -383,7 +422,15 @@ async def get_approval(state: State, request: Request[Any, Any, Any], approval_i
 _decision_decoder = msgspec.json.Decoder(ApprovalDecisionBody)
 
 
-@post("/v1/approvals/{approval_id:str}", request_max_body_size=None)
+@post(
+    "/v1/approvals/{approval_id:str}",
+    request_max_body_size=None,
+    status_code=200,
+    summary="Decide an approval",
+    security=api.SECURITY,
+    responses=api.ok(ApprovalRecord, "decided; the run is woken")
+    | api.errors(400, 401, 403, 404, 409, 413, 422, 429, 503),
+)
 async def post_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
     """A manager's decision: the record moves from pending once (compare-and-set); then the run is woken, and
     journals what the record says. Decided or expired already: 409 naming the status, nothing changes."""
@@ -431,12 +478,17 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
     return Response(content=_approval_json(moved.record, datetime.now(UTC)), status_code=200)
 
 
-@get("/healthz")
+@get("/healthz", summary="Liveness", responses=api.ok(api.Health, "the process answers"))
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz")
+@get(
+    "/readyz",
+    summary="Readiness",
+    responses=api.ok(api.Readiness, "NATS and every stream reachable")
+    | {503: api.ok(api.Readiness, "not ready: what is missing")[200]},
+)
 async def readyz(state: State) -> Response[Any]:
     broker: Broker = state.broker
     ns = state.settings.namespace
@@ -451,6 +503,21 @@ async def readyz(state: State) -> Response[Any]:
     return Response(
         content={"ready": not missing, "missing": missing}, status_code=200 if not missing else 503
     )
+
+
+async def _schema_for_clients_only(request: Request[Any, Any, Any]) -> Response[Any] | None:
+    """The API's description is for holders of a key (any scope): to anyone else /schema is not there at all,
+    the very 404 it answered before it was served."""
+    path = request.url.path
+    if path != api.SCHEMA_PATH and not path.startswith(api.SCHEMA_PATH + "/"):
+        return None
+    door: Door = request.app.state.door
+    try:
+        key_id, secret = parse_bearer(request.headers.get(Header.AUTHORIZATION))
+        authenticate(key_id, secret, await door.keys.get(key_id))
+    except CrashsafeError:
+        return Response(content={"error": {"code": "not_found", "message": "no such route"}}, status_code=404)
+    return None
 
 
 def build_app(settings: Settings, registry: Registry) -> Litestar:
@@ -496,7 +563,9 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             readyz,
         ],
         lifespan=[lifespan],
+        before_request=_schema_for_clients_only,
         debug=False,
         logging_config=None,
-        openapi_config=None,  # no unauthenticated /schema routes describing the API to anyone who asks
+        # Only the JSON document at /schema/openapi.json (docs/openapi.json), to key holders; no HTML viewers.
+        openapi_config=api.config(),
     )

@@ -432,3 +432,23 @@ async def test_health_and_readiness(http: httpx.AsyncClient) -> None:
     assert health.status_code == 200 and health.json() == {"status": "ok"}
     ready = await http.get("/readyz")
     assert ready.status_code == 200 and ready.json() == {"ready": True, "missing": []}
+
+
+async def test_the_served_openapi_document_is_the_checked_in_one(http: httpx.AsyncClient) -> None:
+    """docs/openapi.json is what the running gateway serves to a key holder (to anyone else /schema is not there),
+    and it describes real bodies."""
+    from tests.support.paths import ROOT
+
+    served = await http.get("/schema/openapi.json")  # the stack's key
+    assert served.status_code == 200, served.text[:200]
+    for anonymous in ("", "Bearer csk_0000000000000000_" + "s" * 43):
+        assert (
+            await http.get("/schema/openapi.json", headers={"Authorization": anonymous})
+        ).status_code == 404
+    document = served.json()
+    assert document == json.loads((ROOT / "docs" / "openapi.json").read_bytes()), "run `just docs`"
+    accept = document["paths"]["/v1/events"]["post"]
+    assert "202" in accept["responses"] and "201" not in accept["responses"]
+    assert accept["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/GuestMessage"
+    }
