@@ -120,7 +120,13 @@ async def test_the_listing_equals_the_fold_of_every_journal_and_reads_a_fraction
     since = T0 + timedelta(minutes=250)
     rows, read = await list_runs(broker, namespace, since=since, limit=0)
     assert {r.run_id for r in rows} == {f"run_{i:04d}" for i in range(250, RUNS)}
+    rows, read = await list_runs(broker, namespace, since=since, limit=5)
+    assert [r.run_id for r in rows] == [f"run_{i:04d}" for i in range(299, 294, -1)]
     assert read.first_reads < RUNS / 4  # runs whose last event is older than --since are never read further
+    # By index and by whole stream, the same rows.
+    for status in ("running", "handed_off"):
+        by_index, read = await list_runs(broker, namespace, status=status, limit=3)
+        assert read.first_reads > 0 and by_index == [r for r in everything if r.status == status][:3]
     rows, _ = await list_runs(broker, namespace, status="handed_off", guest="g0", since=since, limit=0)
     assert {r.run_id for r in rows} == {
         f"run_{i:04d}" for i in range(250, RUNS) if i % 10 == 0 and i % 25 and i % 7 == 0
