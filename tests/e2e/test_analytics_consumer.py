@@ -51,14 +51,19 @@ def _command(client: StackClient, state: Path, *extra: str) -> list[str]:
     ]
 
 
-async def _consume(client: StackClient, state: Path) -> list[dict[str, Any]]:
-    """One run of the consumer to the end of the stream: its JSON lines (the hours, then the total)."""
+async def _run(client: StackClient, state: Path) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         *_command(client, state), cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode == 0, err.decode()
-    return [json.loads(line) for line in out.decode().splitlines()]
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def _consume(client: StackClient, state: Path) -> list[dict[str, Any]]:
+    """One run of the consumer to the end of the stream: its JSON lines (the hours, then the total)."""
+    returncode, out, err = await _run(client, state)
+    assert returncode == 0, err
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def _ledger_figures(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -168,6 +173,9 @@ async def test_the_consumers_figures_equal_the_ledger_and_survive_a_kill_and_a_s
     # The same durable again: nothing new, nothing counted twice.
     again = await _consume(client, state)
     assert again == first
+    # The durable without its state file is refused: its figures would start from the middle of the stream.
+    returncode, out, err = await _run(client, tmp_path / "elsewhere.json")
+    assert returncode != 0 and "has acknowledged events" in err and not out, (returncode, out, err)
 
 
 async def test_the_analytics_credentials_cannot_publish_or_purge(
