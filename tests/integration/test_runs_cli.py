@@ -191,6 +191,32 @@ async def test_runs_list_and_tail_from_the_command_line(
         _, err = await asyncio.wait_for(tail.communicate(), timeout=30)
     assert tail.returncode == 0 and b"Traceback" not in err, err.decode()
 
+    # One run, from its start (it ended before tail began), whatever its type: every event in journal order.
+    if i < 3:  # the first tail saw enough before run 3 was journaled
+        for event in _journal(3):
+            await broker.publish(namespace.run_events(event.run_id), event_encoder.encode(event))
+    one = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "crashsafe.cli",
+        "tail",
+        "--run",
+        "run_0003",
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert one.stdout is not None
+    try:
+        lines = [(await asyncio.wait_for(one.stdout.readline(), timeout=30)).decode() for _ in _journal(3)]
+    finally:
+        one.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(one.communicate(), timeout=30)
+    assert one.returncode == 0 and b"Traceback" not in err, err.decode()
+    assert all("run_0003" in line for line in lines)
+    assert "started" in lines[0] and "completed" in lines[-1], lines
+
     listing = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
