@@ -168,7 +168,7 @@ class Consumer:
         assert self._sub is not None
         try:
             batch = await self._sub.fetch(BATCH, timeout=wait_s)  # type: ignore[attr-defined]
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py raises its own and asyncio's (the same class since 3.11): nothing came
             return 0
         for msg in sorted(batch, key=lambda m: m.metadata.sequence.stream):
             fold(self.figures, _decoded(msg.data), msg.metadata.sequence.stream)
