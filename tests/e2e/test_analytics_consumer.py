@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 import pytest
 
 from contracts.errors import NotPermitted
@@ -109,18 +110,36 @@ async def test_the_consumers_figures_equal_the_ledger_and_survive_a_kill_and_a_s
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
+    ns = Namespace(client.stack.namespace)
+    operator = await Broker.connect(
+        client.stack.nats_url, "tests-inject", access=operator_access(client.stack)
+    )
+
+    async def attached() -> bool:
+        try:
+            await operator.js.consumer_info(ns.stream(StreamKind.RUNS), DURABLE)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
     try:
-        paid = [await client.submit(BOOK_AND_PAY, guest_id=unique("guest")) for _ in range(3)]
-        # The same hold asked twice in one run: two receipts in the journal, one hold in the ledger.
-        twice_guest = unique("guest")
-        twice = await client.submit(f"obey: create_booking {HOLD}\n{BOOK_AND_PAY}", guest_id=twice_guest)
-        for run_id in [*paid, twice]:
-            await _settled(client, run_id)
+        await eventually(attached, what="the follower to create its durable")
+        # The follower is killed as soon as it has saved its first figures: the first run's events are still
+        # being journaled (and delivered to it), the other runs not even asked for.
+        first = await client.submit(BOOK_AND_PAY, guest_id=unique("guest"))
         await eventually(lambda: state.exists(), what="the follower to save its first figures")
     finally:
         if follower.returncode is None:
             follower.send_signal(signal.SIGKILL)
         await follower.wait()
+    submitted = [client.submit(BOOK_AND_PAY, guest_id=unique("guest")) for _ in range(2)]
+    # The same hold asked twice in one run: two receipts in the journal, one hold in the ledger.
+    submitted.append(client.submit(f"obey: create_booking {HOLD}\n{BOOK_AND_PAY}", guest_id=unique("guest")))
+    *others, twice = await asyncio.gather(*submitted)
+    paid = [first, *others]
+    killed_at = json.loads(state.read_text())["figures"]
+    for run_id in [*paid, twice]:
+        await _settled(client, run_id)
 
     # A declined charge (its hold released by the runtime's compensation), and a refund by the support agent.
     await client.arm("payments", decline=1)
@@ -140,10 +159,6 @@ async def test_the_consumers_figures_equal_the_ledger_and_survive_a_kill_and_a_s
     await _settled(client, support)
 
     # A hostile journal: an event type no version knows, and bytes that are no event at all.
-    ns = Namespace(client.stack.namespace)
-    operator = await Broker.connect(
-        client.stack.nats_url, "tests-inject", access=operator_access(client.stack)
-    )
     try:
         await operator.publish(
             ns.run_events("hostile"),
@@ -169,6 +184,10 @@ async def test_the_consumers_figures_equal_the_ledger_and_survive_a_kill_and_a_s
             if e["type"] == "run.action_completed":
                 journaled_hours.add(e["at"][:13] + ":00Z")
     assert {row["hour"] for row in first[:-1]} <= journaled_hours
+
+    # The follower had folded at most the first run's hold and charge; the restart counted the rest, and what
+    # the follower had folded, once.
+    assert len(killed_at["settled"]) <= 2, killed_at["settled"]
 
     # The same durable again: nothing new, nothing counted twice.
     again = await _consume(client, state)
