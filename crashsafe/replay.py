@@ -128,7 +128,9 @@ def read_export(raw: bytes) -> Export:
         if header.format != EXPORT_FORMAT:
             raise BadExport(f"line 1: export format {header.format}; this version reads {EXPORT_FORMAT}")
         lines = lines[1:]
-    decode_journal(lines, first_line=2 if header else 1)
+    events = decode_journal(lines, first_line=2 if header else 1)
+    if header is not None and events and events[0].run_id != header.run_id:
+        raise BadExport(f"line 1: the header names run {header.run_id}, its events are of {events[0].run_id}")
     return Export(header, tuple(lines))
 
 
@@ -144,6 +146,12 @@ def decode_journal(raw: Sequence[bytes], first_line: int = 0) -> list[JournalEve
             raise BadExport(f"{where}: not a run event: {exc}") from exc
         if i == 0 and not isinstance(events[0], RunStarted):
             raise BadExport(f"{where}: a run's journal opens with run.started, not {event_type(events[0])}")
+        # One run's journal (the runtime reads it by subject): another run's event spliced in would fold into a
+        # state no runtime ever had. (A second run.started is folded as the runtime folds it: tolerated.)
+        if i > 0 and events[i].run_id != events[0].run_id:
+            raise BadExport(
+                f"{where}: an event of run {events[i].run_id} in the journal of {events[0].run_id}"
+            )
     return events
 
 
@@ -547,16 +555,25 @@ async def replay_command(
         try:
             export: Export | None = read_export(file.read_bytes())
         except (OSError, BadExport) as exc:
-            print(f"crashsafe: {file}: {exc}", file=sys.stderr)
+            print(printable(f"crashsafe: {file}: {exc}"), file=sys.stderr)
             return 1
         assert export is not None
         if run_id and export.events and decode_event(export.events[0]).run_id != run_id:
             print(f"crashsafe: {file} holds another run, not {run_id}", file=sys.stderr)
             return 1
-        # The file says which registry's agents decided its run; this deployment's otherwise.
-        registry = _registry(
-            export.header.registry if export.header and export.header.registry else settings.registry
-        )
+        # The file says which registry's agents decided its run, but a file never chooses the code that runs
+        # here (loading a registry imports a module and calls a function it names): this deployment's
+        # CRASHSAFE_REGISTRY decides, and a different one in the header is said.
+        named = export.header.registry if export.header else ""
+        if named and named != settings.registry:
+            print(
+                printable(
+                    f"crashsafe: {file} was exported under registry {named!r}; replaying under "
+                    f"{settings.registry!r} (set CRASHSAFE_REGISTRY={named} to replay under that one)"
+                ),
+                file=sys.stderr,
+            )
+        registry = _registry(settings.registry)
         if registry is None:
             return 1
     else:
@@ -573,7 +590,7 @@ async def replay_command(
     try:
         text = replayed_text(export, registry, until, show_diff, as_json)
     except BadExport as exc:
-        print(f"crashsafe: run {run_id or file}: {exc}", file=sys.stderr)
+        print(printable(f"crashsafe: run {run_id or file}: {exc}"), file=sys.stderr)
         return 1
     sys.stdout.write(text)
     return 0
