@@ -218,7 +218,10 @@ def _as(raw: bytes, **fields: object) -> bytes:
     ("mangle", "why"),
     [
         (lambda ev: [*ev[:3], _as(ev[3], run_id="run_someone_else"), *ev[4:]], "line 5: an event of run"),
-        (lambda ev: [*ev, _as(ev[0], type="run.from_the_future", run_id="run_x")], "line 14: an event of run run_x"),
+        (
+            lambda ev: [*ev, _as(ev[0], type="run.from_the_future", run_id="run_x")],
+            "line 14: an event of run run_x",
+        ),
     ],
     ids=["another_runs_event", "another_runs_unknown_event"],
 )
