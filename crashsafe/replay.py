@@ -14,6 +14,7 @@ agent's built-in configuration.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import unicodedata
@@ -64,6 +65,7 @@ from services.runtime.core.decide import (
     Idle,
     ModelReply,
     Move,
+    ask_at_risk,
     model_answered,
     next_move,
 )
@@ -458,7 +460,17 @@ def divergences(
         move = next_move(before, agent, event.at, config)
         if isinstance(event, ModelAsked | ModelRejected | ModelAnswered):
             step = event.step_no
-            if move != AskModel(step_no=step, input=before.transcript):
+            # The ask is journaled before the call exactly when the run is at risk (resumed, or an ask lost):
+            # a change of that rule would journal asks the recorded runs did not, or lose the ones they did.
+            asked_first = not isinstance(event, ModelAsked) and isinstance(journal[i - 1], ModelAsked)
+            if isinstance(event, ModelAsked) != ask_at_risk(before) and not asked_first:
+                said = (
+                    "journal an ask first"
+                    if ask_at_risk(before)
+                    else "call the model without journaling an ask"
+                )
+                found.append(Divergence(run_id, position, decision_of(event), said))
+            elif move != AskModel(step_no=step, input=before.transcript):
                 found.append(Divergence(run_id, position, decision_of(event), move_summary(move)))
             elif isinstance(event, ModelAnswered):
                 rebuilt = model_answered(before, _reply_from(event), event.at, tuple(event.passages))
@@ -489,6 +501,45 @@ def divergences(
         if not isinstance(after, Idle):
             found.append(Divergence(run_id, len(journal) + 1, "nothing (the run ended)", move_summary(after)))
     return found
+
+
+def model_views(journal: Sequence[JournalEvent]) -> dict[str, str]:
+    """What the model was shown at each answered step, by journal position of the answer: a digest of the
+    transcript the runtime sent (`AskModel.input`, the fold of the journal before the ask).
+
+    The journal does not hold the model's input, so `divergences` can only check an answer's ask against the
+    transcript this code folds, which is itself: a fold that changed what the model sees (a refusal dropped, a
+    guest's turn doubled, a compensation's output shown) would pass. The recorder keeps these digests beside
+    the corpus (tests/corpus/views.json), computed by the code that ran, and the corpus test holds the
+    fold to them."""
+    views: dict[str, str] = {}
+    state: RunState | None = None
+    states: list[RunState | None] = [None]
+    for event in journal:
+        state = fold_run(state, event)
+        states.append(state)
+    for i, event in enumerate(journal):
+        if not isinstance(event, ModelAnswered | ModelRejected):
+            continue
+        asked = i - 1 if i > 0 and isinstance(journal[i - 1], ModelAsked) else i
+        before = states[asked]
+        if before is not None:
+            body = _view_encoder.encode(list(before.transcript))
+            views[str(i + 1)] = hashlib.sha256(body).hexdigest()
+    return views
+
+
+_view_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def recorded_views(journal: Sequence[JournalEvent]) -> dict[str, Any]:
+    """What a recorded run showed outside its journal: the model at each answered step (`model_views`), and the
+    caller at the end (`GET /v1/runs/{id}`'s summary of the fold)."""
+    state: RunState | None = None
+    for event in journal:
+        state = fold_run(state, event)
+    summary = msgspec.to_builtins(summarize(state)) if state is not None else None
+    return {"asks": model_views(journal), "summary": summary}
 
 
 # The shell: the journal and the pinned configuration from a deployment, or from an export file -----------------
