@@ -161,7 +161,7 @@ def render_type(t: mi.Type) -> str:
         if isinstance(t, kind):
             constraints = [
                 f"{c}={getattr(t, c)}"
-                for c in ("min_length", "max_length", "pattern", "ge", "gt", "le", "lt", "tz")
+                for c in ("min_length", "max_length", "pattern", "ge", "gt", "le", "lt", "multiple_of", "tz")
                 if getattr(t, c, None) is not None
             ]
             return f"{spelled}({', '.join(constraints)})" if constraints else spelled
@@ -170,20 +170,26 @@ def render_type(t: mi.Type) -> str:
     if isinstance(t, mi.UnionType):
         return " | ".join(render_type(m) for m in t.types)
     if isinstance(t, mi.ListType):
-        return f"list[{render_type(t.item_type)}]"
+        return f"list[{render_type(t.item_type)}]{_bounds(t)}"
     if isinstance(t, mi.VarTupleType):
-        return f"tuple[{render_type(t.item_type)}, ...]"
+        return f"tuple[{render_type(t.item_type)}, ...]{_bounds(t)}"
     if isinstance(t, mi.TupleType):
         return f"tuple[{', '.join(render_type(m) for m in t.item_types)}]"
     if isinstance(t, (mi.SetType, mi.FrozenSetType)):
-        return f"set[{render_type(t.item_type)}]"
+        return f"set[{render_type(t.item_type)}]{_bounds(t)}"
     if isinstance(t, mi.DictType):
-        return f"dict[{render_type(t.key_type)}, {render_type(t.value_type)}]"
+        return f"dict[{render_type(t.key_type)}, {render_type(t.value_type)}]{_bounds(t)}"
     if isinstance(t, mi.EnumType):
         return f"enum {t.cls.__name__}({', '.join(sorted(str(m.value) for m in t.cls))})"
     if isinstance(t, mi.LiteralType):
         return f"literal({', '.join(sorted(repr(v) for v in t.values))})"
     return type(t).__name__.removesuffix("Type").lower()
+
+
+def _bounds(t: mi.ListType | mi.VarTupleType | mi.SetType | mi.FrozenSetType | mi.DictType) -> str:
+    """A container's length bounds (a bound added refuses what old writers wrote): `(max_length=3)`, or ""."""
+    bounds = [f"{c}={getattr(t, c)}" for c in ("min_length", "max_length") if getattr(t, c, None) is not None]
+    return f"({', '.join(bounds)})" if bounds else ""
 
 
 def default_of(field: mi.Field) -> str | None:

@@ -9,20 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec.inspect as mi
+
 from crashsafe.contract_catalog import default_of, messages, render_type
 
 Lock = dict[str, dict[str, dict[str, Any]]]
 
 
+def entry_of(field: mi.Field) -> dict[str, Any]:
+    """One field as the lock holds it: its type, whether it is required, and its default (as JSON) if it has one:
+    every old message without the field, and every `omit_defaults` one that held the default, reads as it."""
+    default = default_of(field)
+    entry: dict[str, Any] = {"type": render_type(field.type), "required": default is None}
+    if default is not None:
+        entry["default"] = default
+    return entry
+
+
 def current() -> Lock:
-    """Today's contracts as a lock: message name -> field (wire name) -> {type, required}."""
-    return {
-        m.name: {
-            f.encode_name: {"type": render_type(f.type), "required": default_of(f) is None}
-            for f in m.info.fields
-        }
-        for m in messages()
-    }
+    """Today's contracts as a lock: message name -> field (wire name) -> {type, required, default}."""
+    return {m.name: {f.encode_name: entry_of(f) for f in m.info.fields} for m in messages()}
 
 
 def breaking_changes(locked: Lock, now: Lock) -> list[str]:
@@ -40,6 +46,11 @@ def breaking_changes(locked: Lock, now: Lock) -> list[str]:
                 problems.append(f"{name}.{field}: type changed from {was['type']} to {then['type']}")
             elif then["required"] and not was["required"]:
                 problems.append(f"{name}.{field}: was optional, now required (it lost its default)")
+            elif "default" in was and "default" in then and then["default"] != was["default"]:
+                problems.append(
+                    f"{name}.{field}: default changed from {was['default']} to {then['default']} (an old "
+                    "message without the field would read otherwise)"
+                )
         for field, then in sorted(now[name].items()):
             if field not in fields and then["required"]:
                 problems.append(f"{name}.{field}: a new field without a default (old messages lack it)")

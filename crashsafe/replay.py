@@ -14,6 +14,7 @@ agent's built-in configuration.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import unicodedata
@@ -64,6 +65,7 @@ from services.runtime.core.decide import (
     Idle,
     ModelReply,
     Move,
+    ask_at_risk,
     model_answered,
     next_move,
 )
@@ -128,7 +130,9 @@ def read_export(raw: bytes) -> Export:
         if header.format != EXPORT_FORMAT:
             raise BadExport(f"line 1: export format {header.format}; this version reads {EXPORT_FORMAT}")
         lines = lines[1:]
-    decode_journal(lines, first_line=2 if header else 1)
+    events = decode_journal(lines, first_line=2 if header else 1)
+    if header is not None and events and events[0].run_id != header.run_id:
+        raise BadExport(f"line 1: the header names run {header.run_id}, its events are of {events[0].run_id}")
     return Export(header, tuple(lines))
 
 
@@ -144,6 +148,12 @@ def decode_journal(raw: Sequence[bytes], first_line: int = 0) -> list[JournalEve
             raise BadExport(f"{where}: not a run event: {exc}") from exc
         if i == 0 and not isinstance(events[0], RunStarted):
             raise BadExport(f"{where}: a run's journal opens with run.started, not {event_type(events[0])}")
+        # One run's journal (the runtime reads it by subject): another run's event spliced in would fold into a
+        # state no runtime ever had. (A second run.started is folded as the runtime folds it: tolerated.)
+        if i > 0 and events[i].run_id != events[0].run_id:
+            raise BadExport(
+                f"{where}: an event of run {events[i].run_id} in the journal of {events[0].run_id}"
+            )
     return events
 
 
@@ -450,7 +460,17 @@ def divergences(
         move = next_move(before, agent, event.at, config)
         if isinstance(event, ModelAsked | ModelRejected | ModelAnswered):
             step = event.step_no
-            if move != AskModel(step_no=step, input=before.transcript):
+            # The ask is journaled before the call exactly when the run is at risk (resumed, or an ask lost):
+            # a change of that rule would journal asks the recorded runs did not, or lose the ones they did.
+            asked_first = not isinstance(event, ModelAsked) and isinstance(journal[i - 1], ModelAsked)
+            if isinstance(event, ModelAsked) != ask_at_risk(before) and not asked_first:
+                said = (
+                    "journal an ask first"
+                    if ask_at_risk(before)
+                    else "call the model without journaling an ask"
+                )
+                found.append(Divergence(run_id, position, decision_of(event), said))
+            elif move != AskModel(step_no=step, input=before.transcript):
                 found.append(Divergence(run_id, position, decision_of(event), move_summary(move)))
             elif isinstance(event, ModelAnswered):
                 rebuilt = model_answered(before, _reply_from(event), event.at, tuple(event.passages))
@@ -481,6 +501,45 @@ def divergences(
         if not isinstance(after, Idle):
             found.append(Divergence(run_id, len(journal) + 1, "nothing (the run ended)", move_summary(after)))
     return found
+
+
+def model_views(journal: Sequence[JournalEvent]) -> dict[str, str]:
+    """What the model was shown at each answered step, by journal position of the answer: a digest of the
+    transcript the runtime sent (`AskModel.input`, the fold of the journal before the ask).
+
+    The journal does not hold the model's input, so `divergences` can only check an answer's ask against the
+    transcript this code folds, which is itself: a fold that changed what the model sees (a refusal dropped, a
+    guest's turn doubled, a compensation's output shown) would pass. The recorder keeps these digests beside
+    the corpus (tests/corpus/views.json), computed by the code that ran, and the corpus test holds the
+    fold to them."""
+    views: dict[str, str] = {}
+    state: RunState | None = None
+    states: list[RunState | None] = [None]
+    for event in journal:
+        state = fold_run(state, event)
+        states.append(state)
+    for i, event in enumerate(journal):
+        if not isinstance(event, ModelAnswered | ModelRejected):
+            continue
+        asked = i - 1 if i > 0 and isinstance(journal[i - 1], ModelAsked) else i
+        before = states[asked]
+        if before is not None:
+            body = _view_encoder.encode(list(before.transcript))
+            views[str(i + 1)] = hashlib.sha256(body).hexdigest()
+    return views
+
+
+_view_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def recorded_views(journal: Sequence[JournalEvent]) -> dict[str, Any]:
+    """What a recorded run showed outside its journal: the model at each answered step (`model_views`), and the
+    caller at the end (`GET /v1/runs/{id}`'s summary of the fold)."""
+    state: RunState | None = None
+    for event in journal:
+        state = fold_run(state, event)
+    summary = msgspec.to_builtins(summarize(state)) if state is not None else None
+    return {"asks": model_views(journal), "summary": summary}
 
 
 # The shell: the journal and the pinned configuration from a deployment, or from an export file -----------------
@@ -547,16 +606,25 @@ async def replay_command(
         try:
             export: Export | None = read_export(file.read_bytes())
         except (OSError, BadExport) as exc:
-            print(f"crashsafe: {file}: {exc}", file=sys.stderr)
+            print(printable(f"crashsafe: {file}: {exc}"), file=sys.stderr)
             return 1
         assert export is not None
         if run_id and export.events and decode_event(export.events[0]).run_id != run_id:
             print(f"crashsafe: {file} holds another run, not {run_id}", file=sys.stderr)
             return 1
-        # The file says which registry's agents decided its run; this deployment's otherwise.
-        registry = _registry(
-            export.header.registry if export.header and export.header.registry else settings.registry
-        )
+        # The file says which registry's agents decided its run, but a file never chooses the code that runs
+        # here (loading a registry imports a module and calls a function it names): this deployment's
+        # CRASHSAFE_REGISTRY decides, and a different one in the header is said.
+        named = export.header.registry if export.header else ""
+        if named and named != settings.registry:
+            print(
+                printable(
+                    f"crashsafe: {file} was exported under registry {named!r}; replaying under "
+                    f"{settings.registry!r} (set CRASHSAFE_REGISTRY={named} to replay under that one)"
+                ),
+                file=sys.stderr,
+            )
+        registry = _registry(settings.registry)
         if registry is None:
             return 1
     else:
@@ -573,7 +641,7 @@ async def replay_command(
     try:
         text = replayed_text(export, registry, until, show_diff, as_json)
     except BadExport as exc:
-        print(f"crashsafe: run {run_id or file}: {exc}", file=sys.stderr)
+        print(printable(f"crashsafe: run {run_id or file}: {exc}"), file=sys.stderr)
         return 1
     sys.stdout.write(text)
     return 0

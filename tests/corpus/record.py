@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from crashsafe.operations import settings_for
-from crashsafe.replay import Export, decode_journal, export_lines, read_run
+from crashsafe.replay import Export, decode_journal, export_lines, read_run, recorded_views
 from evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
 from evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
 from sandbox.listing import SandboxListing
@@ -39,6 +39,9 @@ from services.runtime.core.fold import replay
 CORPUS = Path(__file__).resolve().parent
 # What the receivers hold for each recorded run's projections: {journal: {tool: [keys]}}.
 DELIVERED = "delivered.json"
+# What each recorded run showed outside its journal: {journal: {"asks": {position: digest of the model's input},
+# "summary": the run's summary}} (crashsafe.replay.recorded_views, computed here by the code that ran it).
+VIEWS = "views.json"
 # The sandbox ledger's effect kind of each projection tool whose receiver keeps its keys.
 RECEIVED_AS = {"send_confirmation_email": "email", "update_crm": "crm_update"}
 
@@ -150,6 +153,8 @@ async def record(only: str | None, out: Path) -> int:
         return 2
     path = out / DELIVERED
     delivered: dict[str, dict[str, list[str]]] = json.loads(path.read_text()) if path.exists() else {}
+    views_path = out / VIEWS
+    views: dict[str, dict[str, Any]] = json.loads(views_path.read_text()) if views_path.exists() else {}
     async with running_stack(ModelChoice.SCRIPTED) as evals:
         settings = settings_for(evals.stack.state_dir)
         registry = registries.load(settings.registry)
@@ -165,12 +170,16 @@ async def record(only: str | None, out: Path) -> int:
                 suffix = f"-{n}" if len(runs) > 1 else ""
                 path = out / f"{recording.name}{suffix}.jsonl"
                 path.write_bytes(export_lines(export.header, export.events))
+                views[path.stem] = recorded_views(decode_journal(export.events))
                 print(f"  {path.name}: run {run_id}, {len(export.events)} events", file=sys.stderr)
                 keys = await _delivered(evals, registry, export)
                 delivered.pop(path.stem, None)
                 if keys:
                     delivered[path.stem] = keys
     (out / DELIVERED).write_text(json.dumps(delivered, indent=2, sort_keys=True) + "\n")
+    kept = {p.stem for p in out.glob("*.jsonl")}
+    views = {stem: v for stem, v in views.items() if stem in kept}
+    views_path.write_text(json.dumps(views, indent=2, sort_keys=True) + "\n")
     return 0
 
 

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from contracts.run_events import RunResumed
-from crashsafe.replay import decode_journal, divergences, read_export
+from crashsafe.replay import decode_journal, divergences, read_export, recorded_views
 from services import registry as registries
-from tests.corpus.record import DELIVERED, record
+from tests.corpus.record import DELIVERED, VIEWS, record
 
 
 async def test_a_fresh_recording_of_a_killed_and_resumed_booking_replays_without_divergence(
@@ -26,3 +26,6 @@ async def test_a_fresh_recording_of_a_killed_and_resumed_booking_replays_without
     assert divergences(journal, agent, export.header.config) == []
     keys = json.loads((tmp_path / DELIVERED).read_text())[path.stem]
     assert len(keys["send_confirmation_email"]) == 1 and len(keys["update_crm"]) == 1
+    # What the run showed the model and the caller, kept beside the journal for the corpus test.
+    views = json.loads((tmp_path / VIEWS).read_text())
+    assert views == {path.stem: recorded_views(journal)} and views[path.stem]["asks"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -30,7 +31,7 @@ from contracts.run_events import (
     decode_event,
 )
 from contracts.tool_messages import Via
-from crashsafe.replay import Export, divergences, read_export, decision_of
+from crashsafe.replay import Export, decision_of, divergences, read_export, recorded_views
 from services import registry as registries
 from services.projector.plan import plan
 from services.registry import Registry
@@ -38,7 +39,7 @@ from services.runtime.core.agent import Agent, Compensation
 from services.runtime.core.fold import replay
 from services.runtime.core.state import RunState
 from tests.support.journals import decision_steps
-from tests.corpus.record import DELIVERED, RECEIVED_AS
+from tests.corpus.record import DELIVERED, RECEIVED_AS, VIEWS
 from tests.support.paths import GOLDEN, ROOT
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -69,6 +70,29 @@ def test_a_recorded_run_decides_the_same_again(path: Path) -> None:
     export, journal = _load(path)
     found = _check(export, journal)
     assert not found, f"{path.name}: this code would not have written this journal:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", JOURNALS, ids=[p.stem for p in JOURNALS])
+def test_a_recorded_run_shows_the_model_and_the_caller_what_it_showed_them(path: Path) -> None:
+    """The journal does not hold the model's input, so the check above compares each ask with the transcript this
+    code folds, i.e. with itself: a fold that drops a refusal from the model's view, doubles a guest's turn or
+    shows it a compensation's output would pass it; nor does any decision read the run's summary (the reply a
+    hand-off tells the guest, the tokens used). The views kept beside the corpus by the recorder
+    (tests/corpus/views.json) hold the fold to what the recorded runs showed."""
+    kept: dict[str, dict[str, Any]] = json.loads((CORPUS / VIEWS).read_text())
+    assert path.stem in kept, f"{path.name} has no recorded views: re-record it (`just record-corpus`)"
+    then, now = kept[path.stem], recorded_views(_load(path)[1])
+    asks = sorted(
+        set(then["asks"]) ^ set(now["asks"])
+        | {p for p in now["asks"] if then["asks"].get(p) != now["asks"][p]},
+        key=int,
+    )
+    assert not asks, (
+        f"{path.name}: this code shows the model something else at the answers in positions {asks}"
+    )
+    assert now["summary"] == then["summary"], (
+        f"{path.name}: the run's summary is not what the recorded run's was"
+    )
 
 
 def test_the_corpus_holds_what_its_names_promise() -> None:
@@ -138,11 +162,18 @@ def test_a_journal_from_before_projections_diverges_only_where_email_and_crm_lef
     journal = [decode_event(raw) for raw in export.events]
     assert export.header is None and any(isinstance(e, RunResumed) for e in journal)
     found = divergences(journal, _registry("").agent("booking"), None)
-    assert [(d.position, d.journaled.split(" key=")[0]) for d in found] == [
+    # Since then (commit 7f6a5f5), a resumed run journals each ask before the model call: the five answers after the
+    # resume were called without one; the replayer names them apart from the decisions.
+    asks = [d for d in found if d.decided == "journal an ask first"]
+    assert [(d.position, d.journaled.split(" ")[0]) for d in asks] == [
+        (n, "run.model_answered") for n in (6, 9, 12, 15, 18)
+    ]
+    decisions = [d for d in found if d not in asks]
+    assert [(d.position, d.journaled.split(" key=")[0]) for d in decisions] == [
         (13, "run.action_requested send_confirmation_email"),
         (16, "run.action_requested update_crm"),
     ]
-    assert all("unknown_tool" in d.decided for d in found)
+    assert all("unknown_tool" in d.decided for d in decisions)
     # Its fold still works, for a run in flight across the deploy is such a journal: its already journaled email
     # and CRM steps are served by executor-notify under the projections' own keys (never twice).
     state = replay(journal)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -15,6 +20,7 @@ from crashsafe.replay import (
     read_export,
     render,
     render_json,
+    replay_command,
     replay_events,
 )
 from services import registry as registries
@@ -22,7 +28,11 @@ from tests.support.paths import ROOT
 
 STAYHUB = registries.load("services.agents:stayhub")
 
-HEADER = ExportHeader(run_id="run_x", catalog_revision=3, config=AgentConfig(agent="booking", max_repeats=2))
+HEADER = ExportHeader(
+    run_id="run_a387ee2d1485c57a0fcc294f",
+    catalog_revision=3,
+    config=AgentConfig(agent="booking", max_repeats=2),
+)
 
 
 def _journal() -> list[bytes]:
@@ -166,3 +176,78 @@ def test_a_batch_cut_short_by_a_crash_and_decided_again_after_the_resume_is_no_d
     # A request the resumed worker did not decide (another key for the second search) is still caught.
     forged = msgspec.structs.replace(move.events[0], key="search:forged")
     assert [d.position for d in divergences([*cut, resumed, forged], BOOKING, None)] == [len(cut) + 2]
+
+
+# Hostile export files (review of issue 10) ------------------------------------------------------------------------
+
+
+def _forged(tmp_path: Path, header: dict[str, object], events: list[bytes]) -> Path:
+    path = tmp_path / "forged.jsonl"
+    path.write_bytes(b"\n".join([json.dumps(header).encode(), *events]) + b"\n")
+    return path
+
+
+async def test_an_export_never_chooses_the_code_that_replays_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The header's registry is what the exporting deployment ran, said for the operator: a file that names a
+    module:function must not make `crashsafe replay --file` import and call it (a zero-argument callable of any
+    installed module would run: `os:abort`, `code:interact`). The deployment's CRASHSAFE_REGISTRY decides."""
+    marker = tmp_path / "called"
+    module = f"forged_registry_{os.getpid()}"
+    (tmp_path / f"{module}.py").write_text(
+        f"from pathlib import Path\n\ndef registry():\n    Path({str(marker)!r}).write_text('ran')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("CRASHSAFE_REGISTRY", "services.agents:stayhub")
+    head = {"type": "crashsafe.export", "format": 1, "run_id": "", "registry": f"{module}:registry"}
+    events = _journal()
+    head["run_id"] = msgspec.json.decode(events[0])["run_id"]
+    code = await replay_command(tmp_path, None, None, False, _forged(tmp_path, head, events), False)
+    out = capsys.readouterr()
+    assert not marker.exists(), "the export's header ran code of its choosing"
+    assert code == 0 and "\nnext: nothing (idle)\n" in out.out
+    assert f"{module}:registry" in out.err  # said, not obeyed
+
+
+def _as(raw: bytes, **fields: object) -> bytes:
+    return json.dumps({**json.loads(raw), **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("mangle", "why"),
+    [
+        (lambda ev: [*ev[:3], _as(ev[3], run_id="run_someone_else"), *ev[4:]], "line 5: an event of run"),
+        (
+            lambda ev: [*ev, _as(ev[0], type="run.from_the_future", run_id="run_x")],
+            "line 14: an event of run run_x",
+        ),
+    ],
+    ids=["another_runs_event", "another_runs_unknown_event"],
+)
+def test_a_journal_mixing_runs_is_refused_naming_the_line(mangle: Any, why: str) -> None:
+    """One run's journal holds that run's events only (the runtime reads it by subject): an event of another run
+    spliced in would fold into a state no runtime ever had."""
+    events = _journal()
+    head = ExportHeader(run_id=msgspec.json.decode(events[0])["run_id"])
+    with pytest.raises(BadExport, match=why):
+        read_export(export_lines(head, mangle(events)))
+
+
+def test_a_header_naming_another_run_is_refused() -> None:
+    with pytest.raises(BadExport, match="line 1: the header names run run_forged"):
+        read_export(export_lines(ExportHeader(run_id="run_forged"), _journal()))
+
+
+async def test_what_a_refused_file_says_cannot_drive_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error names what the file holds (an event's type); a control character in it is escaped there too."""
+    evil = json.dumps(
+        {"type": "run.\x1b[2J\x1b[31mok\nfake: line", "run_id": "r", "at": "2026-01-01T00:00:00Z"}
+    )
+    path = tmp_path / "evil.jsonl"
+    path.write_bytes(evil.encode() + b"\n")
+    assert await replay_command(tmp_path, None, None, False, path, False) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and err.count("\n") == 1, err

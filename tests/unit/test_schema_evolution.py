@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
@@ -18,7 +18,7 @@ import pytest
 from contracts.run_events import UnknownEvent, decode_event
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_docs
-from crashsafe.contract_lock import Lock, breaking_changes, current, merged
+from crashsafe.contract_lock import Lock, breaking_changes, current, entry_of, merged
 from tests.support.paths import GOLDEN, ROOT
 
 pytestmark = pytest.mark.unit
@@ -76,6 +76,32 @@ def test_a_breaking_change_is_named(change: Any, says: str) -> None:
     assert len(problems) == 1 and problems[0].startswith(says), problems
 
 
+def _field_lock(annotation: Any, default: Any = msgspec.NODEFAULT) -> Lock:
+    """The lock of a message whose one field `x` is declared as `annotation` (with `default`)."""
+    spec = ("x", annotation) if default is msgspec.NODEFAULT else ("x", annotation, default)
+    info = msgspec.inspect.type_info(msgspec.defstruct("Example", [spec], kw_only=True))
+    assert isinstance(info, msgspec.inspect.StructType)
+    return {"run.example": {"x": entry_of(info.fields[0])}}
+
+
+@pytest.mark.parametrize(
+    ("was", "now"),
+    [
+        ((list[str], []), (Annotated[list[str], msgspec.Meta(max_length=3)], [])),
+        ((dict[str, int], {}), (Annotated[dict[str, int], msgspec.Meta(min_length=1)], {})),
+        ((int, 0), (Annotated[int, msgspec.Meta(multiple_of=5)], 0)),
+        ((str, "eur"), (str, "usd")),
+        ((int, 0), (int, 1)),
+    ],
+    ids=["list_bounded", "dict_bounded", "multiple_of", "default_changed", "number_default_changed"],
+)
+def test_a_narrowed_type_or_a_changed_default_is_breaking(was: Any, now: Any) -> None:
+    """A bound on a list or a dict, a `multiple_of`, refuse what old writers wrote; a changed default changes what
+    every old message without the field (and every `omit_defaults` one holding the old default) reads as."""
+    assert breaking_changes(_field_lock(*was), _field_lock(*now)), (was, now)
+    assert not breaking_changes(_field_lock(*was), _field_lock(*was))
+
+
 def test_a_removed_message_type_is_breaking() -> None:
     assert breaking_changes(_lock(), {}) == [
         "run.example: the message type was removed (a type is kept forever)"
@@ -97,7 +123,11 @@ def test_the_lock_spells_what_decoding_depends_on() -> None:
     assert (
         lock["action.outcome"]["status"]["type"] == "enum OutcomeStatus(conflict, failed, succeeded, unknown)"
     )
-    assert lock["run.action_completed"]["evidence"] == {"type": "list[Evidence]", "required": False}
+    assert lock["run.action_completed"]["evidence"] == {
+        "type": "list[Evidence]",
+        "required": False,
+        "default": "[]",
+    }
     assert lock["run.started"]["run_id"] == {"type": "str", "required": True}
     assert lock["GuestMessage"]["text"]["type"] == "str(min_length=1, max_length=4000)"
 
@@ -161,6 +191,10 @@ def _same_values(old: Any, decoded: Any, where: str) -> None:
 @pytest.mark.parametrize("path", HISTORY, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_a_kept_golden_decodes_with_todays_decoder_to_the_same_values(path: Path) -> None:
     old = json.loads(path.read_bytes())
+    cls = DECODERS[old["type"]].type
+    # Decoding one struct type, msgspec accepts a message without its tag: a renamed tag field (`type` ->
+    # `kind`) would pass the decode below while every tagged-union reader refuses the old messages.
+    assert old.get(cls.__struct_config__.tag_field) == cls.__struct_config__.tag, "the tag field was renamed"
     decoded = DECODERS[old["type"]].decode(path.read_bytes())
     _same_values(old, json.loads(msgspec.json.encode(decoded)), old["type"])
 
