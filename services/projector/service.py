@@ -291,6 +291,8 @@ class Projector:
             )
         if state.outcome is not None:
             self._remember_ended(run_id)
+        elif which is Trigger.IF_ENDED:
+            return 0  # an outcome of a run still running: its end plans it
         try:
             agent: Any = self.registry.agent(state.agent)
         except UnknownAgent:

@@ -32,7 +32,15 @@ from contracts.projections import (
     record_decoder,
     task_encoder,
 )
-from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunEvent, event_encoder
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalRequested,
+    RunCompleted,
+    RunEvent,
+    RunHandedOff,
+    event_encoder,
+)
 from contracts.streams import KvSpec, projections_spec
 from contracts.subjects import Namespace, StreamKind
 from services.agents import stayhub
@@ -645,3 +653,53 @@ async def test_a_replica_paused_mid_delivery_loses_its_claim_and_the_email_is_st
 
 async def _in_flight(world: World, key: str) -> bool:
     return key in await world.sandbox.in_flight()
+
+
+async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_never_saw_the_run_end(
+    world: World,
+) -> None:
+    # A payment whose answer was lost, the run handed off for it, its real outcome journaled long after: the
+    # booking is paid, so the guest's email is due. The replica that takes the late event is not the one that
+    # saw the run end (a second replica, or this one restarted): it must still know to plan it.
+    events, _ = await paid_run(world)
+    run = Run(started())
+    for event in events[1:-2]:  # the payment asked, its answer not yet in
+        run.add(event)
+    pay = next(e for e in run.events if isinstance(e, ActionRequested) and e.tool == "create_payment")
+    paid = events[-2]
+    assert isinstance(paid, ActionCompleted) and paid.step_no == pay.step_no
+    run.complete(pay.step_no, status="unknown")
+    run.add(
+        RunHandedOff(run_id=run.state.run_id, at=run.tick(), reason="outcome_unknown", detail="payment unknown")
+    )
+    state = replay(run.events)
+    assert state is not None and state.terminal
+    async with inprocess.projector(world.settings()):
+        await journal(world, run.events)
+        audit = ProjectionTask(
+            tool=AUDIT_TRAIL_TOOL,
+            key=audit_key(state.run_id, len(run.events)),
+            run_id=state.run_id,
+            tenant="",
+            agent="booking",
+            planned_at=datetime.now(UTC),
+            upto=len(run.events),
+        )
+        await world.settled(audit, ProjectionStatus.DELIVERED)
+        stream = world.ns.stream(StreamKind.RUNS)
+        await eventually(
+            lambda: consumer_idle(world.broker, stream, world.ns.projector_planner_consumer),
+            what="every run event settled by the planner",
+        )
+    assert await world.effects("email") == []  # maybe paid: nothing yet
+    late = msgspec.structs.replace(paid, at=run.tick())
+    run.add(late)
+    after = replay(run.events)
+    assert after is not None
+    expected = plan(after, len(run.events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC))
+    email = next(t for t in expected if t.tool == EMAIL)
+    async with inprocess.projector(world.settings(), name="tests-projector-2"):
+        await RunJournal(world.broker, world.ns).append(late, len(run.events) - 1)
+        await world.settled(email, ProjectionStatus.DELIVERED)
+        await world.idle(EMAIL)
+    assert [e["key"] for e in await world.effects("email")] == [email.key]

@@ -122,10 +122,15 @@ def test_an_approval_request_flushes_only_the_audit_trail() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["run.started", "run.action_completed", "run.model_answered", "run.future_kind"]
+    "kind", ["run.started", "run.action_requested", "run.model_answered", "run.future_kind"]
 )
 def test_other_events_of_a_running_run_plan_nothing(kind: str) -> None:
     assert trigger(kind, ended=False) is None
+
+
+def test_an_outcome_of_a_run_not_known_to_have_ended_is_checked_against_its_journal() -> None:
+    # A late receipt after a hand-off, taken by a replica that did not see the run end (or forgot it on restart).
+    assert trigger("run.action_completed", ended=False) is Trigger.IF_ENDED
 
 
 @pytest.mark.parametrize("kind", ["run.action_completed", "run.nudged", "run.future_kind"])
