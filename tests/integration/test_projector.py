@@ -670,7 +670,9 @@ async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_neve
     assert isinstance(paid, ActionCompleted) and paid.step_no == pay.step_no
     run.complete(pay.step_no, status="unknown")
     run.add(
-        RunHandedOff(run_id=run.state.run_id, at=run.tick(), reason="outcome_unknown", detail="payment unknown")
+        RunHandedOff(
+            run_id=run.state.run_id, at=run.tick(), reason="outcome_unknown", detail="payment unknown"
+        )
     )
     state = replay(run.events)
     assert state is not None and state.terminal
@@ -696,7 +698,9 @@ async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_neve
     run.add(late)
     after = replay(run.events)
     assert after is not None
-    expected = plan(after, len(run.events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC))
+    expected = plan(
+        after, len(run.events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC)
+    )
     email = next(t for t in expected if t.tool == EMAIL)
     async with inprocess.projector(world.settings(), name="tests-projector-2"):
         await RunJournal(world.broker, world.ns).append(late, len(run.events) - 1)
