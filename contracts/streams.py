@@ -45,6 +45,9 @@ class ConsumerSpec:
     # would keep handing it half the redeliveries until the server noticed the dead connection, minutes on).
     pull: bool = False
     pull_expires_s: float = 2.0
+    # A durable created on a stream with history starts this far back (by the server's receive time) instead of
+    # at its first message; an existing durable keeps its place. None: from the first message.
+    start_lookback_s: float | None = None
 
     @property
     def next_subject(self) -> str:
@@ -171,7 +174,15 @@ def executor_consumer(
     )
 
 
-def projector_planner_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
+# How far back the planner's durable starts when it is first created: a deployment upgraded to the projector has
+# every run it ever had in RUNS (their emails sent as steps, or never); only runs that ended in the last day, as
+# far back as the reconciler looks, are planned (their receivers answer a step's email by its key).
+PLANNER_HISTORY_S = 86_400.0
+
+
+def projector_planner_consumer(
+    ns: Namespace, ack_wait_s: float = 30.0, history_s: float = PLANNER_HISTORY_S
+) -> ConsumerSpec:
     """The projector's durable on every run journal: a run's terminal event (and its later events) plan its
     projections. Shared by the projector's replicas; a replica killed mid-plan leaves the event to redeliver."""
     return ConsumerSpec(
@@ -181,6 +192,7 @@ def projector_planner_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> Consu
         ack_wait_s=ack_wait_s,
         max_ack_pending=10_000,
         pull=True,
+        start_lookback_s=history_s,
     )
 
 

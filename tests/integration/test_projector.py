@@ -4,7 +4,9 @@ and throttling, dead (with its dead letter and operator event) when refused or o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -47,8 +49,10 @@ from services.agents import stayhub
 from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
+from services.platform.providers import Providers
 from services.platform.settings import Settings
 from services.projector.plan import audit_key, plan
+from services.projector.service import Projector
 from services.runtime.core.fold import replay
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
@@ -707,3 +711,78 @@ async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_neve
         await world.settled(email, ProjectionStatus.DELIVERED)
         await world.idle(EMAIL)
     assert [e["key"] for e in await world.effects("email")] == [email.key]
+
+
+async def test_a_first_start_on_a_deployment_with_history_plans_only_recent_runs_and_a_restart_keeps_its_place(
+    world: World,
+) -> None:
+    # A deployment upgraded to the projector: its RUNS stream holds every run it ever had, their emails sent as
+    # steps (or never, by the model's choice). The planner's new durable must not replay years of run ends
+    # into emails; it starts a bounded while back (the reconciler's own lookback), and keeps its place after.
+    old_events, old_booking = await paid_run(world)
+    await journal(world, old_events)
+    await eventually(lambda: _aged(world), what="the old journal older than the planner's history")
+    async with _projector(world, history_s=1.0) as projector:
+        new_events, new_booking = await paid_run(world)
+        other = "run_" + uuid.uuid4().hex[:24]
+        new_events = [msgspec.structs.replace(e, run_id=other) for e in new_events]
+        await journal(world, new_events)
+        new_state = replay(new_events)
+        assert new_state is not None
+        new_tasks = plan(
+            new_state, len(new_events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC)
+        )
+        for task in new_tasks:
+            await world.settled(task, ProjectionStatus.DELIVERED)
+        await eventually(
+            lambda: consumer_idle(
+                world.broker, world.ns.stream(StreamKind.RUNS), world.ns.projector_planner_consumer
+            ),
+            what="the planner idle",
+        )
+        created = (await projector.broker.js.consumer_info(*_planner(world))).created
+    async with _projector(world, history_s=1.0) as projector:
+        assert (await projector.broker.js.consumer_info(*_planner(world))).created == created
+    emails = await world.effects("email")
+    assert [e["key"] for e in emails] == [t.key for t in new_tasks if t.tool == EMAIL]
+    assert old_booking != new_booking
+    old_state = replay(old_events)
+    assert old_state is not None
+    for task in plan(
+        old_state, len(old_events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC)
+    ):
+        assert await world.record(task) is None
+
+
+_AGED_AT: dict[str, float] = {}
+
+
+def _aged(world: World) -> bool:
+    """True once the journal written so far is more than the planner's history (1 s) old."""
+    import time
+
+    since = _AGED_AT.setdefault(world.ns.name, time.monotonic())
+    return time.monotonic() - since > 1.5
+
+
+def _planner(world: World) -> tuple[str, str]:
+    return world.ns.stream(StreamKind.RUNS), world.ns.projector_planner_consumer
+
+
+@contextlib.asynccontextmanager
+async def _projector(world: World, *, history_s: float) -> AsyncIterator[Projector]:
+    settings = world.settings()
+    broker = await Broker.connect(
+        settings.nats_url, "tests-projector-history", access=access(settings.nats_url, Role.PROJECTOR)
+    )
+    providers = Providers.connect(settings.sandbox_url)
+    projector = Projector(
+        broker, settings, REGISTRY, providers, logging.getLogger("tests.projector"), history_s=history_s
+    )
+    try:
+        await projector.start()
+        yield projector
+    finally:
+        await projector.close()
+        await providers.close()
+        await broker.close()
