@@ -131,18 +131,23 @@ def envelope_of(raw: bytes) -> tuple[str, str]:
     return envelope.type, envelope.run_id
 
 
-def audit_records(events: Sequence[bytes], upto: int, tenant: str) -> list[dict[str, Any]]:
+def audit_records(
+    events: Sequence[bytes], upto: int, tenant: str, run_id: str | None = None
+) -> list[dict[str, Any]]:
     """The audit receiver's records of a run's events 1..upto, each as journaled (its JSON, not re-encoded by
     this version: a field a newer writer added stays in, so every projector sends the same body per event id).
+    Each is recorded under `run_id`, the journal it is in (its subject's), whatever its body claims: an event
+    naming another run must not take that run's event id. Without `run_id`, the first event's run.
 
     Raises `msgspec.DecodeError` on bytes that are not an event (a corrupt journal is a dead task, not a guess)."""
     records: list[dict[str, Any]] = []
     for position, raw in enumerate(events[:upto], start=1):
         envelope = _envelope.decode(raw)
+        run_id = run_id or envelope.run_id
         records.append(
             {
-                "event_id": event_id(envelope.run_id, position),
-                "run_id": envelope.run_id,
+                "event_id": event_id(run_id, position),
+                "run_id": run_id,
                 "tenant": tenant,
                 "type": envelope.type,
                 "at": envelope.at,

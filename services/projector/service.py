@@ -507,7 +507,7 @@ class Projector:
                 key=task.key,
             )
         try:
-            records = audit_records([m.data for m in stored], task.upto, task.tenant)
+            records = audit_records([m.data for m in stored], task.upto, task.tenant, task.run_id)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise Undeliverable(f"run {task.run_id}'s journal does not decode: {exc}", key=task.key) from None
         accepted = duplicates = 0

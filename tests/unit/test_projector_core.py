@@ -190,3 +190,15 @@ def test_records_go_in_fixed_position_ranges() -> None:
         (5, 5, 1),
     ]
     assert chunks([], 2) == []
+
+
+def test_an_event_naming_another_run_is_recorded_under_the_journal_it_is_in() -> None:
+    # A hostile event on run R's subject claiming run V: recorded as V's event n it would take V's event id
+    # (the receiver would then refuse V's own event n as a conflict, and V's audit trail would be dead).
+    run, _ = booked_run()
+    events = list(run.events)
+    events[1] = msgspec.structs.replace(events[1], run_id="run_victim")
+    journal = [event_encoder.encode(e) for e in events]
+    records = audit_records(journal, len(journal), "acme", RUN)
+    assert [r["event_id"] for r in records] == [f"{RUN}/{n}" for n in range(1, len(journal) + 1)]
+    assert all(r["run_id"] == RUN for r in records)
