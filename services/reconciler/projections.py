@@ -25,6 +25,11 @@ from services.runtime.core.agent import Agent
 from services.runtime.core.fold import replay
 
 
+# A pending receipt whose next attempt is this long past (times the projection clock's scale) has nobody trying
+# it: the projector's ack wait is 30 s and its longest pause 5 minutes.
+STALE_S = 600.0
+
+
 class Verdict(StrEnum):
     """What one planned task's receipt says (a closed vocabulary: the reconciler's log counts these)."""
 

@@ -80,7 +80,7 @@ class Reconciler:
         # receipt is stale once its next attempt is ten minutes past (the projector's ack wait is 30 s, its
         # longest pause 5 minutes); an open run is checked again after 1, 2, 4 … 30 minutes.
         self.projection_grace_s = 60.0 * scale
-        self.projection_stale_s = 600.0 * scale
+        self.projection_stale_s = projections.STALE_S * scale
         self.projection_recheck_s = 60.0 * scale
         self.projection_max_gap_s = 1800.0 * scale
         # Bounded work per tick: at most this many journals read, and tasks published, a second.
