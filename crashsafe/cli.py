@@ -11,6 +11,7 @@ from types import ModuleType
 
 from contracts.clients import Scope
 from contracts.errors import CrashsafeError, InvalidSetting
+from contracts.run_events import RunStatus
 from services.platform.crashpoints import SEAMS
 
 DEFAULT_STATE_DIR = Path(".crashsafe")
@@ -148,6 +149,26 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_id")
     show.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     show.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    runs_listing = runs_sub.add_parser(
+        "list", help="runs, newest first: id, agent, guest, status, times, steps"
+    )
+    runs_listing.add_argument("--status", choices=[s.value for s in RunStatus])
+    runs_listing.add_argument("--guest", help="only this guest's runs")
+    runs_listing.add_argument("--since", help="started since: 30m, 2h, 7d, or an ISO 8601 time")
+    runs_listing.add_argument("--limit", type=int, default=50, help="at most this many (0: all; default 50)")
+    runs_listing.add_argument("--json", action="store_true", help="one JSON object per run")
+    runs_listing.add_argument("--stats", action="store_true", help="say on stderr what the listing read")
+    runs_listing.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
+    tail = sub.add_parser("tail", help="follow run events as they are journaled (ctrl-C stops)")
+    tail.add_argument("--run", dest="run_id", help="one run's events, from its start")
+    tail.add_argument("--session", dest="session_id", help="the events of a session's runs")
+    tail.add_argument(
+        "--type", dest="types", action="append", default=[], help="run.completed, run.action_*; repeatable"
+    )
+    tail.add_argument("--since", help="start this far back (30m, or an ISO time); default: now")
+    tail.add_argument("--json", action="store_true", help="one JSON object per event, with its stream seq")
+    tail.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
     replay = sub.add_parser(
         "replay",
@@ -336,8 +357,35 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(run_up(Path(args.state_dir), args.nats_url, args.scale)))
             case "down":
                 sys.exit(operations.down(Path(args.state_dir)))
+            case "runs" if args.runs_command == "list":
+                sys.exit(
+                    asyncio.run(
+                        operations.runs_list(
+                            Path(args.state_dir),
+                            args.status,
+                            args.guest,
+                            args.since,
+                            args.json,
+                            args.limit,
+                            args.stats,
+                        )
+                    )
+                )
             case "runs":
                 sys.exit(asyncio.run(operations.runs_show(Path(args.state_dir), args.run_id, args.json)))
+            case "tail":
+                sys.exit(
+                    asyncio.run(
+                        operations.tail(
+                            Path(args.state_dir),
+                            args.run_id,
+                            args.session_id,
+                            args.types,
+                            args.json,
+                            args.since,
+                        )
+                    )
+                )
             case "infra" if args.infra_command == "nats-auth":
                 sys.exit(
                     operations.infra_nats_auth(Path(args.out), args.namespace, args.registry, args.partitions)

@@ -385,3 +385,57 @@ async def approvals_decide(
     record = response.json()
     print(f"{approval_id}: {record['status']} by {record['decided_by']}; the run continues")
     return 0
+
+
+# Runs at a glance, and their events as they happen (crashsafe/runs.py) ------------------------------------------
+
+
+async def runs_list(
+    state_dir: Path,
+    status: str | None,
+    guest: str | None,
+    since: str | None,
+    as_json: bool,
+    limit: int,
+    stats: bool = False,
+) -> int:
+    from crashsafe import runs
+
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-cli", fail_fast=True, access=settings.nats_access
+    )
+    try:
+        return await runs.runs_list(
+            broker,
+            settings.namespace,
+            status=status,
+            guest=guest,
+            since=since,
+            as_json=as_json,
+            limit=limit,
+            stats=stats,
+        )
+    finally:
+        await broker.close()
+
+
+async def tail(
+    state_dir: Path,
+    run_id: str | None,
+    session_id: str | None,
+    types: list[str],
+    as_json: bool,
+    since: str | None,
+) -> int:
+    from crashsafe import runs
+
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-tail", fail_fast=True, access=settings.nats_access
+    )
+    where = runs.TailFilter(run_id=run_id, session_id=session_id, types=tuple(types))
+    try:
+        return await runs.tail(broker, settings.namespace, where, as_json, since)
+    finally:
+        await broker.close()

@@ -36,6 +36,8 @@ def _lines(text: str) -> list[str]:
     "command",
     [
         ("runs", "show", "run_000000000000000000000000"),
+        ("runs", "list"),
+        ("tail",),
         ("audit",),
         ("reconcile",),
         ("infra", "apply"),

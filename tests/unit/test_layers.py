@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from tests.support.paths import ROOT
 
-PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests", "evals"}
+PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests", "evals", "examples"}
 IO_LIBRARIES = {
     "nats",
     "aiosqlite",
@@ -61,6 +61,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crashsafe": {"contracts", "services", "sandbox", "crashsafe"},
     # The eval suite drives the product from outside: its stack machinery, its contracts, the sandbox's ledger.
     "evals": {"contracts", "crashsafe", "sandbox", "evals"},
+    # An outside reader of the public contracts: nothing of the product but `contracts` (and nats itself).
+    "examples": {"contracts", "examples"},
 }
 
 # Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
@@ -78,6 +80,7 @@ PURE = (
     "services.gateway.access",
     "services.gateway.quotas",
     "services.agents",
+    "examples.analytics.core",
 )
 
 
@@ -129,7 +132,7 @@ def _within(name: str, prefixes: set[str]) -> bool:
 def test_every_product_module_has_a_layering_rule() -> None:
     orphans = [
         _module_name(p)
-        for p in _sources("contracts", "services", "sandbox", "crashsafe", "evals")
+        for p in _sources("contracts", "services", "sandbox", "crashsafe", "evals", "examples")
         if _rule_for(_module_name(p)) is None and _module_name(p) != "services"
     ]
     assert not orphans, f"modules with no rule in MAY_IMPORT: {orphans}"
@@ -137,7 +140,7 @@ def test_every_product_module_has_a_layering_rule() -> None:
 
 def test_packages_import_only_what_their_layer_allows() -> None:
     offenders: list[str] = []
-    for path in _sources("contracts", "services", "sandbox", "crashsafe", "evals"):
+    for path in _sources("contracts", "services", "sandbox", "crashsafe", "evals", "examples"):
         module = _module_name(path)
         allowed = _rule_for(module)
         if allowed is None:
@@ -151,7 +154,14 @@ def test_packages_import_only_what_their_layer_allows() -> None:
 def test_no_service_and_no_contract_imports_the_sandbox_bench_or_tests() -> None:
     for path in _sources("contracts", "services"):
         for name in _imports(path):
-            assert name.split(".")[0] not in {"sandbox", "bench", "tests", "crashsafe", "evals"}, (
+            assert name.split(".")[0] not in {
+                "sandbox",
+                "bench",
+                "tests",
+                "crashsafe",
+                "evals",
+                "examples",
+            }, (
                 f"{_module_name(path)} imports {name}: the outside world and the tools stay outside the product"
             )
 
@@ -166,7 +176,7 @@ def test_no_service_imports_the_agents_it_runs() -> None:
 
 
 def test_contracts_and_cores_import_no_io_library() -> None:
-    roots = [p for p in _sources("contracts", "services") if _within(_module_name(p), set(PURE))]
+    roots = [p for p in _sources("contracts", "services", "examples") if _within(_module_name(p), set(PURE))]
     assert ROOT / "services" / "executor" / "core.py" in roots
     assert ROOT / "services" / "runtime" / "core" / "decide.py" in roots
     # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.

@@ -1,0 +1,1 @@
+"""Examples of reading crashsafe from outside: consumers built on the public contracts only."""

@@ -1,0 +1,1 @@
+"""Bookings and revenue per hour from run events: an outside consumer of the public contracts."""
