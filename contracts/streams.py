@@ -174,10 +174,12 @@ def executor_consumer(
     )
 
 
-# How far back the planner's durable starts when it is first created: a deployment upgraded to the projector has
-# every run it ever had in RUNS (their emails sent as steps, or never); only runs that ended in the last day, as
-# far back as the reconciler looks, are planned (their receivers answer a step's email by its key).
-PLANNER_HISTORY_S = 86_400.0
+# How far back the planner's durable starts when it is first created, and how long after its end the reconciler
+# still checks a run's projections. A deployment upgraded to the projector has every run it ever had in RUNS
+# (their emails sent as steps, or never): only runs that ended in the last hours are planned, well inside the
+# day a receiver remembers a key (Stripe's, the sandbox's), so a step's email is answered by its key, never sent
+# again. Enough to cover the gap between a deploy's new runtime and the projector's first start.
+PLANNER_HISTORY_S = 6 * 3600.0
 
 
 def projector_planner_consumer(

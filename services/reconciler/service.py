@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from contracts.errors import CrashsafeError
 from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
-from contracts.streams import approvals_spec, projections_spec
+from contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -110,7 +110,8 @@ class Reconciler:
         event = decode_event(msg.data)
         observe(self.work, event)
         if isinstance(event, RunCompleted | RunHandedOff):
-            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s)
+            oldest = datetime.now(UTC) - timedelta(seconds=PLANNER_HISTORY_S)
+            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s, oldest=oldest)
         else:
             projections.moved(self.ended, event.run_id, event.at, self.projection_grace_s)
 

@@ -718,7 +718,7 @@ async def test_a_first_start_on_a_deployment_with_history_plans_only_recent_runs
 ) -> None:
     # A deployment upgraded to the projector: its RUNS stream holds every run it ever had, their emails sent as
     # steps (or never, by the model's choice). The planner's new durable must not replay years of run ends
-    # into emails; it starts a bounded while back (the reconciler's own lookback), and keeps its place after.
+    # into emails; it starts a bounded while back (hours, inside a receiver's key memory), and keeps its place.
     old_events, old_booking = await paid_run(world)
     await journal(world, old_events)
     await eventually(lambda: _aged(world), what="the old journal older than the planner's history")
