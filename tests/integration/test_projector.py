@@ -4,6 +4,7 @@ and throttling, dead (with its dead letter and operator event) when refused or o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -786,3 +787,48 @@ async def _projector(world: World, *, history_s: float) -> AsyncIterator[Project
         await projector.close()
         await providers.close()
         await broker.close()
+
+
+async def _trickling_receiver() -> tuple[asyncio.Server, str, list[int]]:
+    """An email provider that answers 200 with a body it sends one byte a second, for ever: each read is quick,
+    the answer never ends. `connections` counts the requests it took."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+            )
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(1.0)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", connections
+
+
+async def test_a_receiver_that_trickles_its_answer_for_ever_is_an_unknown_answer_not_a_held_slot(
+    world: World,
+) -> None:
+    # Every read comes within the call's timeout, so a per-read timeout never fires: the attempt must still end
+    # after the tool's timeout (unknown: asked by key next time), or a few such answers hold the worker's every
+    # slot, and its claim (renewed while the call runs) for ever.
+    server, url, connections = await _trickling_receiver()
+    try:
+        booking = await world.booking("guest-trickle")
+        task = world.task(EMAIL, booking["booking_id"], "guest-trickle")
+        settings = dataclasses.replace(world.settings(), sandbox_url=url)
+        async with inprocess.projector(settings):
+            await world.publish(task)
+            record = await world.settled(task, ProjectionStatus.PENDING)
+        assert record.attempts >= 1 and connections
+    finally:
+        server.close()
