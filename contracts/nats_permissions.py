@@ -313,8 +313,10 @@ def users(
         Role.ANALYTICS,
         [
             stream_info(runs),
-            f"{API}.CONSUMER.CREATE.{runs}",  # ephemeral and ordered consumers
-            f"{API}.CONSUMER.CREATE.{runs}.>",  # named (durable) consumers, any filter within RUNS
+            # Named consumers only (durable, or ephemeral with a name), any filter within RUNS. Not the bare
+            # (ephemeral) create: its body may name an existing consumer, which the server then updates, and a
+            # subject permission cannot read the body (the projector's durable rewritten to filter nothing).
+            f"{API}.CONSUMER.CREATE.{runs}.>",
             f"{API}.CONSUMER.DURABLE.CREATE.{runs}.*",
             f"{API}.CONSUMER.INFO.{runs}.*",
             f"{API}.CONSUMER.MSG.NEXT.{runs}.*",
@@ -344,6 +346,7 @@ def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:
     return (
         planner.next_subject,
         f"$JS.ACK.{planner.stream}.{planner.durable}.>",
+        f"{API}.CONSUMER.CREATE.{planner.stream}.{planner.durable}",  # the named create without a filter token
         f"{API}.CONSUMER.CREATE.{planner.stream}.{planner.durable}.>",
         f"{API}.CONSUMER.DURABLE.CREATE.{planner.stream}.{planner.durable}",
     )

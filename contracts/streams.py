@@ -45,6 +45,9 @@ class ConsumerSpec:
     # would keep handing it half the redeliveries until the server noticed the dead connection, minutes on).
     pull: bool = False
     pull_expires_s: float = 2.0
+    # A durable created on a stream with history starts this far back (by the server's receive time) instead of
+    # at its first message; an existing durable keeps its place. None: from the first message.
+    start_lookback_s: float | None = None
 
     @property
     def next_subject(self) -> str:
@@ -171,7 +174,17 @@ def executor_consumer(
     )
 
 
-def projector_planner_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
+# How far back the planner's durable starts when it is first created, and how long after its end the reconciler
+# still checks a run's projections. A deployment upgraded to the projector has every run it ever had in RUNS
+# (their emails sent as steps, or never): only runs that ended in the last hours are planned, well inside the
+# day a receiver remembers a key (Stripe's, the sandbox's), so a step's email is answered by its key, never sent
+# again. Enough to cover the gap between a deploy's new runtime and the projector's first start.
+PLANNER_HISTORY_S = 6 * 3600.0
+
+
+def projector_planner_consumer(
+    ns: Namespace, ack_wait_s: float = 30.0, history_s: float = PLANNER_HISTORY_S
+) -> ConsumerSpec:
     """The projector's durable on every run journal: a run's terminal event (and its later events) plan its
     projections. Shared by the projector's replicas; a replica killed mid-plan leaves the event to redeliver."""
     return ConsumerSpec(
@@ -181,6 +194,7 @@ def projector_planner_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> Consu
         ack_wait_s=ack_wait_s,
         max_ack_pending=10_000,
         pull=True,
+        start_lookback_s=history_s,
     )
 
 

@@ -21,7 +21,7 @@ from services import registry as registries
 from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
 from services.projector.plan import plan
-from services.reconciler.projections import replanned, retried_record
+from services.reconciler.projections import STALE_S, Verdict, replanned, retried_record, verdict
 from services.runtime.core.fold import replay
 
 record_encoder = msgspec.json.Encoder()
@@ -74,7 +74,8 @@ async def projections_list(state_dir: Path, status: str | None, run_id: str | No
 
 async def projections_retry(state_dir: Path, key: str) -> int:
     """A dead projection sent again: its receipt back to pending, its task re-planned and published. A pending
-    one is the projector's (it is being tried), a delivered one is done: both are refused."""
+    one is the projector's (it is being tried) unless its next attempt is long past, a delivered one is done:
+    both are refused."""
     settings = settings_for(state_dir)
     registry = registries.load(settings.registry)
     ns = settings.namespace
@@ -93,7 +94,14 @@ async def projections_retry(state_dir: Path, key: str) -> int:
             print(f"crashsafe: no projection {key} in namespace {ns.name}", file=sys.stderr)
             return 1
         entry, record = found
-        if record.status != ProjectionStatus.DEAD:
+        now = datetime.now(UTC)
+        # A pending receipt whose next attempt is long past has nobody trying it (a retry that died before its
+        # publish; a run the reconciler no longer tracks): the operator's retry is its way back.
+        orphaned = (
+            record.status == ProjectionStatus.PENDING
+            and verdict(record, now, STALE_S * settings.projection_time_scale) is Verdict.STALE
+        )
+        if record.status != ProjectionStatus.DEAD and not orphaned:
             what = (
                 "the projector is trying it" if record.status == ProjectionStatus.PENDING else "nothing to do"
             )
@@ -102,7 +110,6 @@ async def projections_retry(state_dir: Path, key: str) -> int:
         events, _ = await RunJournal(broker, ns).read(record.run_id)
         state = replay(events)
         agent = registry.agents.get(state.agent) if state is not None else None
-        now = datetime.now(UTC)
         task = (
             replanned(plan(state, state.events, agent, registry.tools, now), key, record.run_id, now)
             if state is not None and agent is not None

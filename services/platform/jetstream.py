@@ -9,7 +9,7 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 import nats
@@ -313,19 +313,43 @@ class Broker:
             filter_subject=spec.filter_subject,
             backoff=list(spec.backoff_s) or None,
         )
+        if spec.start_lookback_s is not None:
+            await self._start_of(spec, config)
+        # A second try where a replica created the durable between our look and our create: its start taken.
+        tries = 2 if spec.start_lookback_s is not None else 1
+        for n in range(tries):
+            try:
+                await self.js.add_consumer(spec.stream, config)
+                return
+            except nats.js.errors.BadRequestError:
+                if n + 1 == tries or not await self._start_of(spec, config):
+                    break
+        info = await self.js.consumer_info(spec.stream, spec.durable)
+        config.opt_start_time = None
+        config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+        config.opt_start_seq = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
+        log.warning(
+            "consumer %s cannot change in place; recreated from stream sequence %d",
+            spec.durable,
+            config.opt_start_seq,
+        )
+        await self.js.delete_consumer(spec.stream, spec.durable)
+        await self.js.add_consumer(spec.stream, config)
+
+    async def _start_of(self, spec: ConsumerSpec, config: ConsumerConfig) -> bool:
+        """Where the durable starts: an existing one's own start (so an update is made in place: it keeps its
+        place), a new one `spec.start_lookback_s` back. True if it exists."""
+        assert spec.start_lookback_s is not None
         try:
-            await self.js.add_consumer(spec.stream, config)
-        except nats.js.errors.BadRequestError:
-            info = await self.js.consumer_info(spec.stream, spec.durable)
-            config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
-            config.opt_start_seq = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
-            log.warning(
-                "consumer %s cannot change in place; recreated from stream sequence %d",
-                spec.durable,
-                config.opt_start_seq,
-            )
-            await self.js.delete_consumer(spec.stream, spec.durable)
-            await self.js.add_consumer(spec.stream, config)
+            existing = (await self.js.consumer_info(spec.stream, spec.durable)).config
+        except nats.js.errors.NotFoundError:
+            config.deliver_policy = DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.now(UTC) - timedelta(seconds=spec.start_lookback_s)
+            return False
+        config.deliver_policy = existing.deliver_policy
+        config.opt_start_time = existing.opt_start_time
+        config.opt_start_seq = existing.opt_start_seq
+        return True
 
     async def subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> Subscription:
         """Deliver the consumer's messages to `handler`; replicas sharing the durable share the work."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -18,6 +19,8 @@ from services.registry import HttpOperation, KvOperation, LocalOperation, Provid
 # Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
 _NOT_NOW = frozenset({408, 425, 429})
 _MAX_RETRY_AFTER_S = 60.0
+# A whole call (connect, send, every read) may take this many times the tool's timeout, which bounds each step.
+_WHOLE_CALL = 2.0
 
 
 def _json(response: httpx.Response) -> dict[str, Any] | None:
@@ -151,15 +154,18 @@ class Providers:
             case HttpOperation() as operation:
                 http = operation.request(request.args)
                 try:
-                    response = await self.http.request(
-                        http.method,
-                        http.path,
-                        json=http.json,
-                        params=http.params,
-                        headers={Header.IDEMPOTENCY_KEY.value: request.key},
-                        timeout=timeout,
-                    )
-                except httpx.HTTPError as exc:
+                    # The client's timeout bounds each read, not the answer: one trickled a byte at a time would
+                    # hold the call (and the worker's slot and claim) for ever. The whole call is bounded too.
+                    async with asyncio.timeout(timeout * _WHOLE_CALL):
+                        response = await self.http.request(
+                            http.method,
+                            http.path,
+                            json=http.json,
+                            params=http.params,
+                            headers={Header.IDEMPOTENCY_KEY.value: request.key},
+                            timeout=timeout,
+                        )
+                except (httpx.HTTPError, TimeoutError) as exc:
                     # Timeout or dropped connection after sending: the provider may or may not have committed it.
                     return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{type(exc).__name__}: {exc}")
                 return read_answer(response, operation)
@@ -188,8 +194,9 @@ class Providers:
                 return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name} has no lookup by key")
             case HttpOperation(lookup_path=str(path)) as operation:
                 try:
-                    response = await self.http.get(path.format(key=key), timeout=timeout)
-                except httpx.HTTPError as exc:
+                    async with asyncio.timeout(timeout * _WHOLE_CALL):
+                        response = await self.http.get(path.format(key=key), timeout=timeout)
+                except (httpx.HTTPError, TimeoutError) as exc:
                     return ProviderAnswer(
                         Answer.UNKNOWN, {}, detail=f"lookup failed: {type(exc).__name__}: {exc}"
                     )

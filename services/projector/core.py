@@ -88,19 +88,29 @@ class Trigger(StrEnum):
 
     ALL = "all"  # the run ended (or was known to have ended): every projection and the audit trail
     AUDIT = "audit"  # a long wait begins: flush the audit trail so far, nothing else (the run may still undo)
+    # An outcome of a run this replica does not know to have ended: the journal says whether it did (a late
+    # receipt after a hand-off: the payment that was unknown succeeded), and only if so is everything planned.
+    # The replica that saw the run end may be another one, or this one before a restart.
+    IF_ENDED = "if_ended"
 
 
 TERMINAL = frozenset({"run.completed", "run.handed_off"})
 LONG_WAIT = frozenset({"run.approval_requested"})
+# The events that can change what an ended run projects (a late resolution; a compensation's receipt).
+LATE_OUTCOMES = frozenset({"run.action_completed"})
 
 
 def trigger(event_type: str, ended: bool) -> Trigger | None:
     """The planner's rule: a terminal event, or any event of a run known to have ended (a late outcome, a
-    compensation's receipt), plans everything; an approval request flushes the audit trail; the rest nothing."""
+    compensation's receipt), plans everything; an approval request flushes the audit trail; an outcome of a run
+    not known to have ended is checked against its journal (memory of ended runs is a replica's own and does not
+    survive a restart); the rest nothing."""
     if event_type in TERMINAL or ended:
         return Trigger.ALL
     if event_type in LONG_WAIT:
         return Trigger.AUDIT
+    if event_type in LATE_OUTCOMES:
+        return Trigger.IF_ENDED
     return None
 
 
@@ -121,18 +131,23 @@ def envelope_of(raw: bytes) -> tuple[str, str]:
     return envelope.type, envelope.run_id
 
 
-def audit_records(events: Sequence[bytes], upto: int, tenant: str) -> list[dict[str, Any]]:
+def audit_records(
+    events: Sequence[bytes], upto: int, tenant: str, run_id: str | None = None
+) -> list[dict[str, Any]]:
     """The audit receiver's records of a run's events 1..upto, each as journaled (its JSON, not re-encoded by
     this version: a field a newer writer added stays in, so every projector sends the same body per event id).
+    Each is recorded under `run_id`, the journal it is in (its subject's), whatever its body claims: an event
+    naming another run must not take that run's event id. Without `run_id`, the first event's run.
 
     Raises `msgspec.DecodeError` on bytes that are not an event (a corrupt journal is a dead task, not a guess)."""
     records: list[dict[str, Any]] = []
     for position, raw in enumerate(events[:upto], start=1):
         envelope = _envelope.decode(raw)
+        run_id = run_id or envelope.run_id
         records.append(
             {
-                "event_id": event_id(envelope.run_id, position),
-                "run_id": envelope.run_id,
+                "event_id": event_id(run_id, position),
+                "run_id": run_id,
                 "tenant": tenant,
                 "type": envelope.type,
                 "at": envelope.at,

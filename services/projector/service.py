@@ -34,7 +34,12 @@ from contracts.projections import (
     task_encoder,
 )
 from contracts.run_events import decode_event
-from contracts.streams import projection_consumer, projections_spec, projector_planner_consumer
+from contracts.streams import (
+    PLANNER_HISTORY_S,
+    projection_consumer,
+    projections_spec,
+    projector_planner_consumer,
+)
 from contracts.subjects import StreamKind
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.crashpoints import crash_point
@@ -202,6 +207,7 @@ class Projector:
         *,
         concurrency: int = CONCURRENCY,
         audit_chunk: int = AUDIT_CHUNK,
+        history_s: float = PLANNER_HISTORY_S,
     ) -> None:
         self.broker = broker
         self.settings = settings
@@ -215,6 +221,7 @@ class Projector:
         self.records = projections_spec(self.ns, settings.stream_replicas)
         self.heartbeat_s = max(settings.ack_wait_s / 4, 0.1)
         self.concurrency = concurrency
+        self.history_s = history_s
         # One bound per consumer: a receiver that hangs holds its own worker's slots, not the planner's or
         # another receiver's.
         self._claims: list[Claims] = []
@@ -225,7 +232,7 @@ class Projector:
     async def start(self) -> None:
         kinds = (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)
         await require(self.broker, [self.ns.stream(k) for k in kinds] + [self.records.stream])
-        planner = projector_planner_consumer(self.ns, self.settings.ack_wait_s)
+        planner = projector_planner_consumer(self.ns, self.settings.ack_wait_s, self.history_s)
         await self.broker.ensure_consumer(planner)
         for name, tool in sorted(self.tools.items()):
             spec = projection_consumer(self.ns, name, self.settings.ack_wait_s)
@@ -291,6 +298,8 @@ class Projector:
             )
         if state.outcome is not None:
             self._remember_ended(run_id)
+        elif which is Trigger.IF_ENDED:
+            return 0  # an outcome of a run still running: its end plans it
         try:
             agent: Any = self.registry.agent(state.agent)
         except UnknownAgent:
@@ -498,7 +507,7 @@ class Projector:
                 key=task.key,
             )
         try:
-            records = audit_records([m.data for m in stored], task.upto, task.tenant)
+            records = audit_records([m.data for m in stored], task.upto, task.tenant, task.run_id)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise Undeliverable(f"run {task.run_id}'s journal does not decode: {exc}", key=task.key) from None
         accepted = duplicates = 0

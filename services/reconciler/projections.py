@@ -25,6 +25,11 @@ from services.runtime.core.agent import Agent
 from services.runtime.core.fold import replay
 
 
+# A pending receipt whose next attempt is this long past (times the projection clock's scale) has nobody trying
+# it: the projector's ack wait is 30 s and its longest pause 5 minutes.
+STALE_S = 600.0
+
+
 class Verdict(StrEnum):
     """What one planned task's receipt says (a closed vocabulary: the reconciler's log counts these)."""
 
@@ -59,11 +64,22 @@ class EndedRuns:
     let_go: int = 0  # runs dropped unchecked at the MAX_TRACKED bound
 
 
-def ended(work: EndedRuns, run_id: str, at: datetime, grace_s: float, max_tracked: int = MAX_TRACKED) -> None:
+def ended(
+    work: EndedRuns,
+    run_id: str,
+    at: datetime,
+    grace_s: float,
+    max_tracked: int = MAX_TRACKED,
+    oldest: datetime | None = None,
+) -> None:
     """A run ended at `at` (or an ended run's journal moved again: the projector plans again, so the grace
-    restarts). Checked once `grace_s` have passed since its last event."""
+    restarts). Checked once `grace_s` have passed since its last event. A run that ended before `oldest` is not
+    taken on: what it projected, a step may have sent before the projector existed, under a key its receiver
+    may have forgotten by the time this publishes it again."""
     due = at + timedelta(seconds=grace_s)
     known = work.runs.get(run_id)
+    if known is None and oldest is not None and at < oldest:
+        return
     if known is None:
         while len(work.runs) >= max_tracked:
             del work.runs[next(iter(work.runs))]  # the longest tracked (dicts keep insertion order)

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from contracts.errors import CrashsafeError
 from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
-from contracts.streams import approvals_spec, projections_spec
+from contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -80,7 +80,7 @@ class Reconciler:
         # receipt is stale once its next attempt is ten minutes past (the projector's ack wait is 30 s, its
         # longest pause 5 minutes); an open run is checked again after 1, 2, 4 … 30 minutes.
         self.projection_grace_s = 60.0 * scale
-        self.projection_stale_s = 600.0 * scale
+        self.projection_stale_s = projections.STALE_S * scale
         self.projection_recheck_s = 60.0 * scale
         self.projection_max_gap_s = 1800.0 * scale
         # Bounded work per tick: at most this many journals read, and tasks published, a second.
@@ -110,7 +110,8 @@ class Reconciler:
         event = decode_event(msg.data)
         observe(self.work, event)
         if isinstance(event, RunCompleted | RunHandedOff):
-            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s)
+            oldest = datetime.now(UTC) - timedelta(seconds=PLANNER_HISTORY_S)
+            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s, oldest=oldest)
         else:
             projections.moved(self.ended, event.run_id, event.at, self.projection_grace_s)
 

@@ -3,6 +3,7 @@ real nats-server: each is refused with a typed error and leaves nothing in the s
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ import pytest
 
 from contracts.errors import CrashsafeError, InvalidSetting, NotPermitted
 from contracts.nats_permissions import Role
-from contracts.streams import leases_spec, stream_specs
+from contracts.streams import leases_spec, projector_planner_consumer, stream_specs
 from contracts.subjects import Namespace, StreamKind
 from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from services.platform.jetstream import Broker
@@ -156,3 +157,35 @@ async def test_an_executor_cannot_roll_up_the_lease_bucket_to_wipe_another_famil
         )
     held = await operator.kv_get(leases, NS.holder_key("payment", 0))
     assert held is not None and held.value == b'{"store":"s1"}'
+
+
+async def test_analytics_cannot_rewrite_the_projectors_durable_by_naming_it(as_role) -> None:  # type: ignore[no-untyped-def]
+    """A create request whose *body* names an existing consumer updates it. Analytics may create consumers on
+    RUNS, but the planner's durable is not its to touch: rewritten to a filter that matches nothing (or made
+    ephemeral, to be deleted once idle) no run's end would reach the projector, and no email would be sent.
+    Neither the bare (ephemeral) create subject nor the named one without a filter token may carry its name."""
+    projector = await as_role(Role.PROJECTOR)
+    planner = projector_planner_consumer(NS)
+    await projector.ensure_consumer(planner)
+    analytics = await as_role(Role.ANALYTICS)
+    # Its config as the server holds it (consumer info is readable), with the filter and limits changed.
+    seen = (await projector.js.consumer_info(planner.stream, planner.durable)).config.as_dict()
+    config = {k: v for k, v in seen.items() if k != "durable_name"}
+    config |= {"filter_subject": NS.run_events("nothing"), "max_ack_pending": 1}
+    config |= {"inactive_threshold": 1_000_000_000}
+    hostile = {"stream_name": planner.stream, "config": config}
+    legacy = {"stream_name": planner.stream, "config": config | {"durable_name": "probe"}}
+    for subject, body in (
+        (f"$JS.API.CONSUMER.CREATE.{planner.stream}", hostile),
+        (f"$JS.API.CONSUMER.CREATE.{planner.stream}.{planner.durable}", hostile),
+        (f"$JS.API.CONSUMER.DURABLE.CREATE.{planner.stream}.probe", legacy),
+        (f"$JS.API.CONSUMER.CREATE.{planner.stream}.probe", hostile),
+    ):
+        try:
+            await analytics.nc.request(subject, json.dumps(body).encode(), timeout=1)
+        except nats.errors.TimeoutError:
+            pass  # refused: the API never sees the request (the others name their own consumer, not this one)
+    info = await projector.js.consumer_info(planner.stream, planner.durable)
+    assert info.config.filter_subject == planner.filter_subject
+    assert info.config.durable_name == planner.durable
+    assert info.config.max_ack_pending == planner.max_ack_pending

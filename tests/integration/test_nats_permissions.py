@@ -254,7 +254,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         # Lost projections: it reads their receipts, never writes one, and publishes their tasks again.
         allowed |= {"projection task", f"direct get on {KV_PROJECTIONS}"}
     elif role is Role.ANALYTICS:
-        allowed = {f"info {RUNS}", f"direct get on {RUNS}", f"ephemeral consumer on {RUNS}"}
+        # Named consumers only: a bare (ephemeral) create's body may name the projector's durable and rewrite it.
+        allowed = {f"info {RUNS}", f"direct get on {RUNS}"}
         allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}
         allowed |= {f"direct get on {SUPPORT}", f"create `probe` on {SUPPORT} (filter `sweep.support.>`)"}
     elif role is Role.PROJECTOR:

@@ -4,7 +4,10 @@ and throttling, dead (with its dead letter and operator event) when refused or o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -32,15 +35,25 @@ from contracts.projections import (
     record_decoder,
     task_encoder,
 )
-from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunEvent, event_encoder
+from contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalRequested,
+    RunCompleted,
+    RunEvent,
+    RunHandedOff,
+    event_encoder,
+)
 from contracts.streams import KvSpec, projections_spec
 from contracts.subjects import Namespace, StreamKind
 from services.agents import stayhub
 from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
+from services.platform.providers import Providers
 from services.platform.settings import Settings
 from services.projector.plan import audit_key, plan
+from services.projector.service import Projector
 from services.runtime.core.fold import replay
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
@@ -645,3 +658,177 @@ async def test_a_replica_paused_mid_delivery_loses_its_claim_and_the_email_is_st
 
 async def _in_flight(world: World, key: str) -> bool:
     return key in await world.sandbox.in_flight()
+
+
+async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_never_saw_the_run_end(
+    world: World,
+) -> None:
+    # A payment whose answer was lost, the run handed off for it, its real outcome journaled long after: the
+    # booking is paid, so the guest's email is due. The replica that takes the late event is not the one that
+    # saw the run end (a second replica, or this one restarted): it must still know to plan it.
+    events, _ = await paid_run(world)
+    run = Run(started())
+    for event in events[1:-2]:  # the payment asked, its answer not yet in
+        run.add(event)
+    pay = next(e for e in run.events if isinstance(e, ActionRequested) and e.tool == "create_payment")
+    paid = events[-2]
+    assert isinstance(paid, ActionCompleted) and paid.step_no == pay.step_no
+    run.complete(pay.step_no, status="unknown")
+    run.add(
+        RunHandedOff(
+            run_id=run.state.run_id, at=run.tick(), reason="outcome_unknown", detail="payment unknown"
+        )
+    )
+    state = replay(run.events)
+    assert state is not None and state.terminal
+    async with inprocess.projector(world.settings()):
+        await journal(world, run.events)
+        audit = ProjectionTask(
+            tool=AUDIT_TRAIL_TOOL,
+            key=audit_key(state.run_id, len(run.events)),
+            run_id=state.run_id,
+            tenant="",
+            agent="booking",
+            planned_at=datetime.now(UTC),
+            upto=len(run.events),
+        )
+        await world.settled(audit, ProjectionStatus.DELIVERED)
+        stream = world.ns.stream(StreamKind.RUNS)
+        await eventually(
+            lambda: consumer_idle(world.broker, stream, world.ns.projector_planner_consumer),
+            what="every run event settled by the planner",
+        )
+    assert await world.effects("email") == []  # maybe paid: nothing yet
+    late = msgspec.structs.replace(paid, at=run.tick())
+    run.add(late)
+    after = replay(run.events)
+    assert after is not None
+    expected = plan(
+        after, len(run.events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC)
+    )
+    email = next(t for t in expected if t.tool == EMAIL)
+    async with inprocess.projector(world.settings(), name="tests-projector-2"):
+        await RunJournal(world.broker, world.ns).append(late, len(run.events) - 1)
+        await world.settled(email, ProjectionStatus.DELIVERED)
+        await world.idle(EMAIL)
+    assert [e["key"] for e in await world.effects("email")] == [email.key]
+
+
+async def test_a_first_start_on_a_deployment_with_history_plans_only_recent_runs_and_a_restart_keeps_its_place(
+    world: World,
+) -> None:
+    # A deployment upgraded to the projector: its RUNS stream holds every run it ever had, their emails sent as
+    # steps (or never, by the model's choice). The planner's new durable must not replay years of run ends
+    # into emails; it starts a bounded while back (hours, inside a receiver's key memory), and keeps its place.
+    old_events, old_booking = await paid_run(world)
+    await journal(world, old_events)
+    await eventually(lambda: _aged(world), what="the old journal older than the planner's history")
+    async with _projector(world, history_s=1.0) as projector:
+        new_events, new_booking = await paid_run(world)
+        other = "run_" + uuid.uuid4().hex[:24]
+        new_events = [msgspec.structs.replace(e, run_id=other) for e in new_events]
+        await journal(world, new_events)
+        new_state = replay(new_events)
+        assert new_state is not None
+        new_tasks = plan(
+            new_state, len(new_events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC)
+        )
+        for task in new_tasks:
+            await world.settled(task, ProjectionStatus.DELIVERED)
+        await eventually(
+            lambda: consumer_idle(
+                world.broker, world.ns.stream(StreamKind.RUNS), world.ns.projector_planner_consumer
+            ),
+            what="the planner idle",
+        )
+        created = (await projector.broker.js.consumer_info(*_planner(world))).created
+    async with _projector(world, history_s=1.0) as projector:
+        assert (await projector.broker.js.consumer_info(*_planner(world))).created == created
+    emails = await world.effects("email")
+    assert [e["key"] for e in emails] == [t.key for t in new_tasks if t.tool == EMAIL]
+    assert old_booking != new_booking
+    old_state = replay(old_events)
+    assert old_state is not None
+    for task in plan(
+        old_state, len(old_events), REGISTRY.agent("booking"), REGISTRY.projections, datetime.now(UTC)
+    ):
+        assert await world.record(task) is None
+
+
+_AGED_AT: dict[str, float] = {}
+
+
+def _aged(world: World) -> bool:
+    """True once the journal written so far is more than the planner's history (1 s) old."""
+    import time
+
+    since = _AGED_AT.setdefault(world.ns.name, time.monotonic())
+    return time.monotonic() - since > 1.5
+
+
+def _planner(world: World) -> tuple[str, str]:
+    return world.ns.stream(StreamKind.RUNS), world.ns.projector_planner_consumer
+
+
+@contextlib.asynccontextmanager
+async def _projector(world: World, *, history_s: float) -> AsyncIterator[Projector]:
+    settings = world.settings()
+    broker = await Broker.connect(
+        settings.nats_url, "tests-projector-history", access=access(settings.nats_url, Role.PROJECTOR)
+    )
+    providers = Providers.connect(settings.sandbox_url)
+    projector = Projector(
+        broker, settings, REGISTRY, providers, logging.getLogger("tests.projector"), history_s=history_s
+    )
+    try:
+        await projector.start()
+        yield projector
+    finally:
+        await projector.close()
+        await providers.close()
+        await broker.close()
+
+
+async def _trickling_receiver() -> tuple[asyncio.Server, str, list[int]]:
+    """An email provider that answers 200 with a body it sends one byte a second, for ever: each read is quick,
+    the answer never ends. `connections` counts the requests it took."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+            )
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(1.0)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", connections
+
+
+async def test_a_receiver_that_trickles_its_answer_for_ever_is_an_unknown_answer_not_a_held_slot(
+    world: World,
+) -> None:
+    # Every read comes within the call's timeout, so a per-read timeout never fires: the attempt must still end
+    # after the tool's timeout (unknown: asked by key next time), or a few such answers hold the worker's every
+    # slot, and its claim (renewed while the call runs) for ever.
+    server, url, connections = await _trickling_receiver()
+    try:
+        booking = await world.booking("guest-trickle")
+        task = world.task(EMAIL, booking["booking_id"], "guest-trickle")
+        settings = dataclasses.replace(world.settings(), sandbox_url=url)
+        async with inprocess.projector(settings):
+            await world.publish(task)
+            record = await world.settled(task, ProjectionStatus.PENDING)
+        assert record.attempts >= 1 and connections
+    finally:
+        server.close()

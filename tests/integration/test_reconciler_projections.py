@@ -314,3 +314,43 @@ async def test_an_operator_retries_a_dead_projection_and_only_a_dead_one(
     # Not dead any more: a second retry is refused (the projector is trying it).
     assert await projections_retry(tmp_path, email.key) == 1
     assert len(await _tasks(broker, namespace, run_id)) == len(after)
+
+
+async def test_an_operator_retries_a_pending_projection_nobody_is_trying(
+    reconciler: Reconciler,
+    broker: Broker,
+    namespace: Namespace,
+    nats_server: NatsServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pending receipt whose next attempt is long past and whose task is gone (a retry that died between its
+    receipt and its publish; a run the reconciler let go of, or forgot once it saw the projection dead): the
+    reconciler no longer tracks the run, so the operator's retry is the only way back, and must not refuse it
+    as "the projector is trying it"."""
+    monkeypatch.setenv("CRASHSAFE_NATS_URL", nats_server.url)
+    monkeypatch.setenv("CRASHSAFE_NAMESPACE", namespace.name)
+    monkeypatch.setenv("CRASHSAFE_NATS_CREDS", str(access(nats_server.url, Role.OPERATOR).creds))
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    tasks = await _tasks(broker, namespace, run_id)
+    email = next(t for t in tasks if t.tool == "send_confirmation_email")
+    an_hour_ago = now - timedelta(hours=1)
+    orphaned = msgspec.structs.replace(
+        _record(email, ProjectionStatus.PENDING, an_hour_ago, next_attempt=an_hour_ago),
+        detail="retried by an operator after: 422 from the receiver",
+    )
+    await _receipt(broker, namespace, email, orphaned)
+    # A receipt pending and being tried is still the projector's.
+    trying = _record(email, ProjectionStatus.PENDING, now, next_attempt=now + timedelta(seconds=30))
+    crm = next(t for t in tasks if t.tool == "update_crm")
+    await _receipt(broker, namespace, crm, trying)
+    assert await projections_retry(tmp_path, crm.key) == 1
+
+    assert await projections_retry(tmp_path, email.key) == 0
+    after = await _tasks(broker, namespace, run_id)
+    assert len(after) == len(tasks) + 1
+    assert (after[-1].tool, after[-1].key) == (email.tool, email.key)

@@ -122,10 +122,15 @@ def test_an_approval_request_flushes_only_the_audit_trail() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["run.started", "run.action_completed", "run.model_answered", "run.future_kind"]
+    "kind", ["run.started", "run.action_requested", "run.model_answered", "run.future_kind"]
 )
 def test_other_events_of_a_running_run_plan_nothing(kind: str) -> None:
     assert trigger(kind, ended=False) is None
+
+
+def test_an_outcome_of_a_run_not_known_to_have_ended_is_checked_against_its_journal() -> None:
+    # A late receipt after a hand-off, taken by a replica that did not see the run end (or forgot it on restart).
+    assert trigger("run.action_completed", ended=False) is Trigger.IF_ENDED
 
 
 @pytest.mark.parametrize("kind", ["run.action_completed", "run.nudged", "run.future_kind"])
@@ -185,3 +190,15 @@ def test_records_go_in_fixed_position_ranges() -> None:
         (5, 5, 1),
     ]
     assert chunks([], 2) == []
+
+
+def test_an_event_naming_another_run_is_recorded_under_the_journal_it_is_in() -> None:
+    # A hostile event on run R's subject claiming run V: recorded as V's event n it would take V's event id
+    # (the receiver would then refuse V's own event n as a conflict, and V's audit trail would be dead).
+    run, _ = booked_run()
+    events = list(run.events)
+    events[1] = msgspec.structs.replace(events[1], run_id="run_victim")
+    journal = [event_encoder.encode(e) for e in events]
+    records = audit_records(journal, len(journal), "acme", RUN)
+    assert [r["event_id"] for r in records] == [f"{RUN}/{n}" for n in range(1, len(journal) + 1)]
+    assert all(r["run_id"] == RUN for r in records)

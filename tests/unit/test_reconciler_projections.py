@@ -246,3 +246,13 @@ def test_the_audit_finds_a_projections_intent_in_the_ended_runs_journal() -> Non
     assert [(f.kind, f.run_id) for f in doubled if f.kind is FindingKind.DUPLICATE_EFFECT] == [
         (FindingKind.DUPLICATE_EFFECT, "run_1")
     ]
+
+
+def test_a_run_that_ended_before_the_projection_history_is_not_tracked() -> None:
+    # A reconciler (re)started on a deployment follows a day of journals; a run that ended hours ago, its email
+    # sent as a step before the projector existed, republished now could reach the receiver after it forgot the
+    # key (a day): a second email. Only runs that ended within the history are checked.
+    work = EndedRuns()
+    ended(work, "run_old", at(0), GRACE, oldest=at(1))
+    ended(work, "run_new", at(2), GRACE, oldest=at(1))
+    assert list(work.runs) == ["run_new"]
