@@ -73,6 +73,10 @@ class _PubAck(msgspec.Struct):
 _pub_ack = msgspec.json.Decoder(_PubAck)
 
 
+# nats-server's JSClusterNoPeersErrF ("no suitable peers for placement").
+_NO_PEERS_FOR_PLACEMENT = 10005
+
+
 def _read_failed(subject: str) -> BrokerUnavailable:
     return BrokerUnavailable(
         f"JetStream did not answer a read of {subject}; try again once NATS answers", subject=subject
@@ -176,6 +180,8 @@ class Broker:
         self._acks: dict[str, asyncio.Future[Msg]] = {}
         self._ack_prefix: str | None = None
         self._ack_counter = 0
+        # How long creating a stream or bucket waits for a cluster to be able to place its replicas.
+        self.placement_wait_s = 30.0
 
     @classmethod
     async def connect(
@@ -267,7 +273,7 @@ class Broker:
             allow_rollup_hdrs=spec.allow_msg_schedules or None,  # type: ignore[arg-type]
         )
         try:
-            await self.js.add_stream(config)
+            await self._placed(lambda: self.js.add_stream(config), spec.name)
         except nats.js.errors.BadRequestError:
             # Exists with another config: bring it in line (additive changes only; see contracts/README.md).
             await self.js.update_stream(config)
@@ -276,6 +282,26 @@ class Broker:
                 f"JetStream did not answer creating stream {spec.name}: {exc}; check that nats-server runs"
                 " with JetStream enabled, then start again"
             ) from exc
+
+    async def _placed(self, create: Callable[[], Awaitable[object]], name: str) -> None:
+        """Create a stream or bucket, waiting out a cluster that cannot place its replicas yet: a cluster just
+        started (or one that lost a node a moment ago) answers "no suitable peers" until its peers report in.
+        That is not "exists": taking it so would update a stream that is not there."""
+        deadline = time.monotonic() + self.placement_wait_s
+        while True:
+            try:
+                await create()
+                return
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != _NO_PEERS_FOR_PLACEMENT:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise BrokerUnavailable(
+                        f"JetStream cannot place {name}'s replicas ({exc.description}) after"
+                        f" {self.placement_wait_s:.0f}s: check that enough cluster nodes are up for the replica"
+                        " count (CRASHSAFE_STREAM_REPLICAS), then apply again"
+                    ) from exc
+                await asyncio.sleep(0.25)
 
     async def require_stream(self, name: str) -> None:
         """A service's check that a stream (or a bucket's `KV_` stream) it uses was provisioned; services never
@@ -408,7 +434,7 @@ class Broker:
             direct=True,
         )
         try:
-            await self.js.create_key_value(config)
+            await self._placed(lambda: self.js.create_key_value(config), f"bucket {spec.bucket}")
         except nats.js.errors.BadRequestError:
             pass  # exists (a replica or `infra apply` made it); its config is ours
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:

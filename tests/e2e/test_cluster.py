@@ -14,7 +14,11 @@ import pytest
 from contracts.subjects import Namespace, StreamKind
 from crashsafe.stack import EXECUTOR_FAMILIES
 from services.platform.jetstream import Broker
-from services.platform.natsd import NatsCluster
+from contracts.errors import BrokerUnavailable
+from contracts.nats_permissions import Role
+from contracts.streams import StreamSpec
+from services.platform.natsd import NatsCluster, NatsServer, free_port
+from services.platform.settings import NatsAccess
 from tests.support.nats_users import admit
 from tests.support.stack import StackClient, open_stack, operator_access, supervised
 from tests.support.waiting import eventually
@@ -105,3 +109,50 @@ async def _load_with_a_node_killed(client: StackClient, broker: Broker, cluster:
         return len(followers) == 2 and all(f.current and not f.offline for f in followers)
 
     await eventually(caught_up, what=f"{victim.server_name} to catch up on the journal", timeout_s=30)
+
+
+async def test_provisioning_waits_for_a_cluster_that_cannot_place_replicas_yet(tmp_path: Path) -> None:
+    """Two of three nodes up, the third not yet: an R3 stream has no three peers to go on (as right after a
+    cluster starts, before every peer reported in). Provisioning neither takes "no suitable peers" for "exists"
+    (and fails updating a stream that is not there) nor gives up at once: it waits, bounded, and says why."""
+    cluster = NatsCluster(tmp_path / "cluster", size=3, families=EXECUTOR_FAMILIES)
+    assert cluster.auth is not None
+    routes = tuple(free_port() for _ in range(3))
+    cluster.nodes = [
+        NatsServer(
+            tmp_path / "cluster" / f"n{i}",
+            port=free_port(),
+            server_name=f"n{i}",
+            cluster_name=cluster.name,
+            cluster_port=routes[i],
+            routes=tuple(p for j, p in enumerate(routes) if j != i),
+            auth=cluster.auth,
+        )
+        for i in range(3)
+    ]
+    late = cluster.nodes[2]
+    try:
+        for node in cluster.nodes[:2]:
+            node.spawn()
+        for node in cluster.nodes[:2]:
+            await asyncio.to_thread(node.await_ready, 30.0)
+        await asyncio.to_thread(cluster.await_meta_leader, 30.0)
+        broker = await Broker.connect(
+            cluster.nodes[0].url, "placement-test", access=NatsAccess(creds=cluster.auth.creds(Role.OPERATOR))
+        )
+        try:
+            spec = StreamSpec(name="PLACEMENT_R3", subjects=("placement.>",), replicas=3)
+            broker.placement_wait_s = 1.0
+            with pytest.raises(BrokerUnavailable, match="cannot place PLACEMENT_R3's replicas"):
+                await broker.ensure_stream(spec)
+            assert not await broker.stream_exists("PLACEMENT_R3")
+            # The third node comes up while provisioning waits: the stream is placed on all three.
+            broker.placement_wait_s = 30.0
+            late.spawn()
+            await broker.ensure_stream(spec)
+            info = await broker.js.stream_info("PLACEMENT_R3")
+            assert info.config.num_replicas == 3
+        finally:
+            await broker.close()
+    finally:
+        await asyncio.to_thread(cluster.stop)
