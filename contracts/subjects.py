@@ -47,6 +47,9 @@ class Header(StrEnum):
     # With `Nats-Schedule-Next: purge`, the schedule subject the server purges (a cancelled timer).
     SCHEDULER = "Nats-Scheduler"
     SCHEDULE_NEXT = "Nats-Schedule-Next"
+    # On a journal event appended after its run ended (a late receipt after a hand-off): the projector re-plans
+    # the run from this alone, without reading the journal of every outcome to find out whether the run ended.
+    RUN_ENDED = "Crashsafe-Run-Ended"
 
 
 class StreamKind(StrEnum):

@@ -88,29 +88,21 @@ class Trigger(StrEnum):
 
     ALL = "all"  # the run ended (or was known to have ended): every projection and the audit trail
     AUDIT = "audit"  # a long wait begins: flush the audit trail so far, nothing else (the run may still undo)
-    # An outcome of a run this replica does not know to have ended: the journal says whether it did (a late
-    # receipt after a hand-off: the payment that was unknown succeeded), and only if so is everything planned.
-    # The replica that saw the run end may be another one, or this one before a restart.
-    IF_ENDED = "if_ended"
 
 
 TERMINAL = frozenset({"run.completed", "run.handed_off"})
 LONG_WAIT = frozenset({"run.approval_requested"})
-# The events that can change what an ended run projects (a late resolution; a compensation's receipt).
-LATE_OUTCOMES = frozenset({"run.action_completed"})
 
 
-def trigger(event_type: str, ended: bool) -> Trigger | None:
-    """The planner's rule: a terminal event, or any event of a run known to have ended (a late outcome, a
-    compensation's receipt), plans everything; an approval request flushes the audit trail; an outcome of a run
-    not known to have ended is checked against its journal (memory of ended runs is a replica's own and does not
-    survive a restart); the rest nothing."""
-    if event_type in TERMINAL or ended:
+def trigger(event_type: str, ended: bool, after_end: bool = False) -> Trigger | None:
+    """The planner's rule: a terminal event, an event the runtime marked as appended after its run ended
+    (`Crashsafe-Run-Ended`: a late receipt after a hand-off, whichever replica saw the end, restarted or not),
+    or any event of a run this replica knows has ended, plans everything; an approval request flushes the audit
+    trail; the rest nothing (no journal is read for an event of a run still going)."""
+    if event_type in TERMINAL or ended or after_end:
         return Trigger.ALL
     if event_type in LONG_WAIT:
         return Trigger.AUDIT
-    if event_type in LATE_OUTCOMES:
-        return Trigger.IF_ENDED
     return None
 
 

@@ -40,7 +40,7 @@ from contracts.streams import (
     projections_spec,
     projector_planner_consumer,
 )
-from contracts.subjects import StreamKind
+from contracts.subjects import Header, StreamKind
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, StoredMessage, Subscription
@@ -268,7 +268,8 @@ class Projector:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._dead_letter(msg, f"a run event that does not decode: {exc}", ErrorCode.POISON_MESSAGE)
             return
-        which = trigger(event_type, run_id in self._ended)
+        after_end = bool(msg.headers and msg.headers.get(Header.RUN_ENDED))
+        which = trigger(event_type, run_id in self._ended, after_end)
         if which is None:
             await msg.ack()
             return
@@ -298,8 +299,6 @@ class Projector:
             )
         if state.outcome is not None:
             self._remember_ended(run_id)
-        elif which is Trigger.IF_ENDED:
-            return 0  # an outcome of a run still running: its end plans it
         try:
             agent: Any = self.registry.agent(state.agent)
         except UnknownAgent:

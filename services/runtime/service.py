@@ -47,7 +47,7 @@ from contracts.streams import (
     sessions_spec,
     timers_consumer,
 )
-from contracts.subjects import WAKE_TOKEN, StreamKind
+from contracts.subjects import WAKE_TOKEN, Header, StreamKind
 from contracts.support import ticket_for
 from contracts.tool_messages import (
     ActionOutcome,
@@ -107,6 +107,15 @@ DEADLINE_SLACK_S = 0.05  # wake just after the deadline, so `next_move` sees it 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _journal_headers(state: RunState, ctx: Context) -> dict[str, str]:
+    """The trace context and, for an event appended after its run ended (a late receipt after a hand-off),
+    `Crashsafe-Run-Ended`: the projector re-plans the run's projections from it, reading no journal to find out."""
+    headers = headers_for(ctx)
+    if state.terminal:
+        headers[Header.RUN_ENDED] = "1"
+    return headers
 
 
 @dataclass
@@ -426,7 +435,11 @@ class Runtime:
                 evidence=outcome.evidence,
             )
             try:
-                self._apply(run, completed, await self.journal.append(completed, run.seq, headers_for(ctx)))
+                self._apply(
+                    run,
+                    completed,
+                    await self.journal.append(completed, run.seq, _journal_headers(run.state, ctx)),
+                )
                 break
             except RunVersionConflict:
                 run = await self._reload(run, ctx)

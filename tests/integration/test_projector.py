@@ -45,7 +45,7 @@ from contracts.run_events import (
     event_encoder,
 )
 from contracts.streams import KvSpec, projections_spec
-from contracts.subjects import Namespace, StreamKind
+from contracts.subjects import Header, Namespace, StreamKind
 from services.agents import stayhub
 from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
@@ -708,7 +708,10 @@ async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_neve
     )
     email = next(t for t in expected if t.tool == EMAIL)
     async with inprocess.projector(world.settings(), name="tests-projector-2"):
-        await RunJournal(world.broker, world.ns).append(late, len(run.events) - 1)
+        # As the runtime appends it (services/runtime/service.py `_journal_headers`): marked as after the end.
+        await RunJournal(world.broker, world.ns).append(
+            late, len(run.events) - 1, headers={Header.RUN_ENDED: "1"}
+        )
         await world.settled(email, ProjectionStatus.DELIVERED)
         await world.idle(EMAIL)
     assert [e["key"] for e in await world.effects("email")] == [email.key]

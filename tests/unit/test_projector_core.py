@@ -128,9 +128,11 @@ def test_other_events_of_a_running_run_plan_nothing(kind: str) -> None:
     assert trigger(kind, ended=False) is None
 
 
-def test_an_outcome_of_a_run_not_known_to_have_ended_is_checked_against_its_journal() -> None:
-    # A late receipt after a hand-off, taken by a replica that did not see the run end (or forgot it on restart).
-    assert trigger("run.action_completed", ended=False) is Trigger.IF_ENDED
+def test_an_event_marked_as_appended_after_the_end_plans_everything_on_any_replica() -> None:
+    # A late receipt after a hand-off, taken by a replica that did not see the run end (or forgot it on restart):
+    # the runtime's `Crashsafe-Run-Ended` header says so, so no journal is read for every outcome of every run.
+    assert trigger("run.action_completed", ended=False, after_end=True) is Trigger.ALL
+    assert trigger("run.action_completed", ended=False) is None
 
 
 @pytest.mark.parametrize("kind", ["run.action_completed", "run.nudged", "run.future_kind"])
@@ -202,3 +204,20 @@ def test_an_event_naming_another_run_is_recorded_under_the_journal_it_is_in() ->
     records = audit_records(journal, len(journal), "acme", RUN)
     assert [r["event_id"] for r in records] == [f"{RUN}/{n}" for n in range(1, len(journal) + 1)]
     assert all(r["run_id"] == RUN for r in records)
+
+
+def test_the_runtime_marks_an_event_appended_after_its_run_ended() -> None:
+    from opentelemetry.context import Context
+
+    from contracts.run_events import RunCompleted
+    from contracts.subjects import Header
+    from services.runtime.core.fold import replay
+    from services.runtime.service import _journal_headers
+    from tests.support.runs import Run, started
+
+    run = Run(started())
+    going = replay(run.events)
+    assert going is not None and Header.RUN_ENDED not in _journal_headers(going, Context())
+    run.add(RunCompleted(run_id=going.run_id, at=run.tick(), reply="done"))
+    ended = replay(run.events)
+    assert ended is not None and _journal_headers(ended, Context())[Header.RUN_ENDED] == "1"
