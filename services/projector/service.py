@@ -77,6 +77,8 @@ ENDED_MEMORY = 100_000
 # Deliveries of a message whose handler raised a bug before it is dead-lettered (a receiver's outage is not a
 # bug: that is the retry policy's, in the receipt).
 HANDLER_ATTEMPTS = 5
+# How often a receipt is written again after compare-and-set clashes before the task is retried instead.
+_SAVE_ATTEMPTS = 5
 
 
 class Undeliverable(CrashsafeError):
@@ -523,23 +525,28 @@ class Projector:
 
     async def _save(self, record_key: str, record: ProjectionRecord, revision: int) -> bool:
         """Write the receipt by compare-and-set; never over a delivered one (another replica's). False: a
-        delivered receipt is there already (ours is not written)."""
+        delivered receipt is there already (ours is not written). A clash is read again and the write is
+        compared against what was read, so a delivered receipt written in between is never overwritten."""
         value = task_encoder.encode(record)
-        try:
-            await self.broker.kv_write(self.records, record_key, value, revision=revision)
-            return True
-        except LeaseConflict:
-            pass
-        current = await self.broker.kv_get(self.records, record_key)
-        theirs = _decoded(current.value) if current is not None else None
-        if (
-            theirs is not None
-            and theirs.status is ProjectionStatus.DELIVERED
-            and record.status is not ProjectionStatus.DELIVERED
-        ):
-            return False
-        await self.broker.kv_write(self.records, record_key, value, revision=None)
-        return True
+        for _ in range(_SAVE_ATTEMPTS):
+            try:
+                await self.broker.kv_write(self.records, record_key, value, revision=revision)
+                return True
+            except LeaseConflict:
+                pass
+            current = await self.broker.kv_get(self.records, record_key)
+            theirs = _decoded(current.value) if current is not None else None
+            if (
+                theirs is not None
+                and theirs.status is ProjectionStatus.DELIVERED
+                and record.status is not ProjectionStatus.DELIVERED
+            ):
+                return False
+            revision = current.revision if current is not None else 0
+        raise BrokerUnavailable(
+            f"projection receipt {record_key} kept changing under {_SAVE_ATTEMPTS} writes; the task is retried",
+            subject=self.ns.projections_bucket,
+        )
 
     async def _dead_letter(
         self,
