@@ -457,6 +457,11 @@ class Projector:
                     detail=answer.detail,
                 )
             case Dead(code=code, reason=reason):
+                current = await self.broker.kv_get(self.records, record_key)
+                theirs = _decoded(current.value) if current is not None else None
+                if theirs is not None and theirs.status is ProjectionStatus.DELIVERED:
+                    await msg.ack()  # another delivery of the key got it there meanwhile: no alarm to raise
+                    return
                 # Evidence first: a crash after it and before the receipt dead-letters it again (never none).
                 details = {"key": task.key[:200], "tool": task.tool, "attempts": attempt}
                 await self._dead_letter(
