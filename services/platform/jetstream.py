@@ -285,13 +285,19 @@ class Broker:
 
     async def _placed(self, create: Callable[[], Awaitable[object]], name: str) -> None:
         """Create a stream or bucket, waiting out a cluster that cannot place its replicas yet: a cluster just
-        started (or one that lost a node a moment ago) answers "no suitable peers" until its peers report in.
-        That is not "exists": taking it so would update a stream that is not there."""
+        started (or one that lost a node a moment ago) answers "no suitable peers" until its peers report in, or
+        does not answer in time while its metadata leader settles. Neither is "exists": taking it so would update
+        a stream that is not there. Creating again is safe: the same config on an existing stream is accepted."""
         deadline = time.monotonic() + self.placement_wait_s
         while True:
             try:
                 await create()
                 return
+            except nats.errors.TimeoutError:
+                # No answer (not "no responders": that is a server without JetStream, told at once).
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.25)
             except nats.js.errors.BadRequestError as exc:
                 if exc.err_code != _NO_PEERS_FOR_PLACEMENT:
                     raise
