@@ -1,0 +1,72 @@
+"""The process's Prometheus metrics, built once from contracts/metrics.py (the one home of their names)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from contracts import metrics as spec
+from contracts.metrics import MetricKind, MetricSpec
+
+# One registry per process, not prometheus-client's global one: /metrics shows only crashsafe's metrics and the
+# process collectors registered below, and tests can read it without other libraries' metrics.
+REGISTRY = CollectorRegistry(auto_describe=True)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def _build(metric: MetricSpec) -> Counter | Gauge | Histogram:
+    if metric.kind is MetricKind.COUNTER:
+        return Counter(metric.name, metric.help, metric.labels, registry=REGISTRY)
+    if metric.kind is MetricKind.GAUGE:
+        return Gauge(metric.name, metric.help, metric.labels, registry=REGISTRY)
+    return Histogram(metric.name, metric.help, metric.labels, buckets=metric.buckets, registry=REGISTRY)
+
+
+def _counter(metric: MetricSpec) -> Counter:
+    built = _build(metric)
+    assert isinstance(built, Counter)
+    return built
+
+
+def _gauge(metric: MetricSpec) -> Gauge:
+    built = _build(metric)
+    assert isinstance(built, Gauge)
+    return built
+
+
+def _histogram(metric: MetricSpec) -> Histogram:
+    built = _build(metric)
+    assert isinstance(built, Histogram)
+    return built
+
+
+RUNS_STARTED = _counter(spec.RUNS_STARTED)
+RUNS_COMPLETED = _counter(spec.RUNS_COMPLETED)
+RUNS_HANDED_OFF = _counter(spec.RUNS_HANDED_OFF)
+STEP_SECONDS = _histogram(spec.STEP_SECONDS)
+MODEL_CALL_SECONDS = _histogram(spec.MODEL_CALL_SECONDS)
+MODEL_FAILOVERS = _counter(spec.MODEL_FAILOVERS)
+POLICY_DENIALS = _counter(spec.POLICY_DENIALS)
+PROVIDER_CALLS = _counter(spec.PROVIDER_CALLS)
+PROVIDER_CALL_SECONDS = _histogram(spec.PROVIDER_CALL_SECONDS)
+UNKNOWN_OUTCOMES_OPEN = _gauge(spec.UNKNOWN_OUTCOMES_OPEN)
+LOOKUPS = _counter(spec.LOOKUPS)
+DEAD_LETTERS = _counter(spec.DEAD_LETTERS)
+PROJECTION_BACKLOG = _gauge(spec.PROJECTION_BACKLOG)
+PROJECTIONS_DELIVERED = _counter(spec.PROJECTIONS_DELIVERED)
+LEASE_OWNED = _gauge(spec.LEASE_OWNED)
+CONSUMER_LAG = _gauge(spec.CONSUMER_LAG)
+GATEWAY_REQUESTS = _counter(spec.GATEWAY_REQUESTS)
+GATEWAY_REQUEST_SECONDS = _histogram(spec.GATEWAY_REQUEST_SECONDS)
+SYNTHETIC_TURNS = _counter(spec.SYNTHETIC_TURNS)
+SYNTHETIC_UP = _gauge(spec.SYNTHETIC_UP)
+SYNTHETIC_SECONDS = _histogram(spec.SYNTHETIC_SECONDS)
+TELEMETRY_EXPORT_FAILURES = _counter(spec.TELEMETRY_EXPORT_FAILURES)
+CATALOG_RELOAD_FAILURES = _counter(spec.CATALOG_RELOAD_FAILURES)
+CATALOG_REVISION = _gauge(spec.CATALOG_REVISION)
+READY = _gauge(spec.READY)
+
+
+def exposition() -> bytes:
+    """The text format a Prometheus scrape of /metrics reads."""
+    return generate_latest(REGISTRY)
