@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
-import msgspec
 
 
 class MetricKind(StrEnum):
@@ -13,7 +13,8 @@ class MetricKind(StrEnum):
     HISTOGRAM = "histogram"
 
 
-class MetricSpec(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricSpec:
     """One Prometheus metric. `name` is without a counter's `_total` suffix (prometheus-client adds it)."""
 
     name: str
