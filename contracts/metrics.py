@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-
 class MetricKind(StrEnum):
     COUNTER = "counter"
     GAUGE = "gauge"
