@@ -110,6 +110,15 @@ def _scale(text: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _providers_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"--providers wants an http(s):// base URL, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crashsafe", description="A crash-safe runtime for AI agents on NATS JetStream."
@@ -138,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         default={},
         metavar="NAME=N[,NAME=N…]",
         help="replicas per service, as a Deployment's pods: executor-payment=3,runtime=2",
+    )
+
+    up.add_argument(
+        "--providers",
+        type=_providers_url,
+        default=None,
+        metavar="URL",
+        help="no sandbox: executors and the projector talk to the providers at URL (a staging provider)",
     )
 
     down = sub.add_parser("down", help="stop a stack started with `up`")
@@ -354,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
             case "up":
                 from crashsafe.demo import run_up
 
-                sys.exit(asyncio.run(run_up(Path(args.state_dir), args.nats_url, args.scale)))
+                sys.exit(asyncio.run(run_up(Path(args.state_dir), args.nats_url, args.scale, args.providers)))
             case "down":
                 sys.exit(operations.down(Path(args.state_dir)))
             case "runs" if args.runs_command == "list":

@@ -177,10 +177,15 @@ async def _follow(
     return events
 
 
-async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | None = None) -> int:
+async def run_up(
+    state_dir: Path,
+    nats_url: str | None,
+    scale: dict[str, int] | None = None,
+    providers_url: str | None = None,
+) -> int:
     console = Console()
     try:
-        stack = Stack(state_dir, nats_url=nats_url, scale=scale)
+        stack = Stack(state_dir, nats_url=nats_url, scale=scale, providers_url=providers_url)
     except ScaleError as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2
@@ -193,8 +198,9 @@ async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | 
     except BaseException:
         await asyncio.to_thread(stack.stop)
         raise
+    providers = "sandbox  " if stack.runs_sandbox else "providers"
     console.print(
-        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
+        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\n{providers} {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
     )
     await stack.supervise(stop)

@@ -195,8 +195,11 @@ class Stack:
         registry: str | None = None,
         backoff: Backoff = Backoff(),
         nats_creds_dir: Path | None = None,
+        providers_url: str | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        # The providers (a staging provider) at this URL instead of a sandbox of our own: nothing starts one.
+        self.providers_url = providers_url.rstrip("/") if providers_url else None
         self.registry = registry
         self.namespace = namespace
         self.nats: NatsServer | None = None
@@ -214,11 +217,8 @@ class Stack:
         self.api_key = ""  # the admin key minted by start(); also in <state>/api_key, never in stack.json
         self.services: dict[str, Service] = {}
         crash = crash or {}
-        plan: list[tuple[str, list[str]]] = [
-            ("sandbox", ["sandbox"]),
-            ("gateway", ["gateway"]),
-            ("runtime", ["runtime"]),
-        ]
+        plan: list[tuple[str, list[str]]] = [] if self.providers_url else [("sandbox", ["sandbox"])]
+        plan += [("gateway", ["gateway"]), ("runtime", ["runtime"])]
         plan += [(f"executor-{family}", ["executor", "--tool", family]) for family in executors]
         if reconciler:
             plan.append(("reconciler", ["reconciler"]))
@@ -249,7 +249,12 @@ class Stack:
 
     @property
     def sandbox_url(self) -> str:
-        return f"http://127.0.0.1:{self.sandbox_port}"
+        """Where the services' providers answer: the stack's own sandbox, or the `providers_url` it was given."""
+        return self.providers_url or f"http://127.0.0.1:{self.sandbox_port}"
+
+    @property
+    def runs_sandbox(self) -> bool:
+        return "sandbox" in self.services
 
     @property
     def logs_dir(self) -> Path:
@@ -548,6 +553,8 @@ class Stack:
             "nats_url": self.nats_url,
             "gateway_url": self.gateway_url,
             "sandbox_url": self.sandbox_url,
+            # Set when `up --providers URL` runs against providers of someone else's (no sandbox process).
+            "providers_url": self.providers_url,
             "namespace": self.namespace,
             # Where the operator's NATS credential is (a path; the secret stays in its 0600 file).
             "operator_creds": str(operator) if (operator := self.creds_for("operator")) else None,
