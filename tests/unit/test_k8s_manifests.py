@@ -13,6 +13,7 @@ import copy
 import posixpath
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -22,7 +23,8 @@ import yaml
 from contracts.nats_permissions import users
 from contracts.subjects import Namespace
 from services import registry as registries
-from services.platform.capability_keys import public_path
+from crashsafe.operations import infra_nats_auth
+from services.platform.capability_keys import write_key_pair
 from services.platform.settings import VARIABLES, Settings
 from tests.support.kustomize import Rendered, render
 from tests.support.paths import ROOT
@@ -338,19 +340,28 @@ def test_the_config_is_one_the_services_accept(rendered: Rendered) -> None:
     assert data["CRASHSAFE_OPS_HOST"] == "0.0.0.0" and data["CRASHSAFE_OPS_PORT"] == str(OPS_PORT)
 
 
-def test_the_generated_files_are_what_the_generators_write_and_never_committed(rendered: Rendered) -> None:
-    """The secrets' files are the paths `crashsafe infra nats-auth --out secrets/nats-auth` and `crashsafe
-    capability-key new --out secrets/capability.key` write, under a git-ignored secrets/."""
+def test_the_generated_files_are_what_the_generators_write_and_never_committed(
+    rendered: Rendered, tmp_path: Path
+) -> None:
+    """Run the commands infra/README.md gives (nats-auth, capability-key new) into a copy's secrets/: every file
+    a generator of the base reads is then there; and secrets/ is git-ignored."""
     assert all(path.startswith("secrets/") for path in rendered.generated_files)
     assert "secrets/" in (BASE / ".gitignore").read_text().split()
     config = rendered.get("ConfigMap", "crashsafe-config")["data"]
-    families = registries.load(config["CRASHSAFE_REGISTRY"]).families
-    names = {u.name for u in users(Namespace(config["CRASHSAFE_NAMESPACE"]), families, 4)} - NOT_PODS
-    creds = {f"secrets/nats-auth/creds/{n}.creds" for n in names}
-    key = "secrets/capability.key"
-    assert creds | {key, str(public_path(type(BASE)(key))), "secrets/nats-auth/auth.conf"} <= set(
-        rendered.generated_files
+    secrets = tmp_path / "secrets"
+    assert (
+        infra_nats_auth(
+            secrets / "nats-auth",
+            config["CRASHSAFE_NAMESPACE"],
+            config["CRASHSAFE_REGISTRY"],
+            int(config["CRASHSAFE_ACTION_PARTITIONS"]),
+        )
+        == 0
     )
+    write_key_pair(secrets / "capability.key")
+    (secrets / "synthetic-api-key").write_text("the key `crashsafe keys create` printed")
+    missing = [path for path in rendered.generated_files if not (tmp_path / path).is_file()]
+    assert missing == []
 
 
 def test_the_nats_chart_values_include_the_generated_users_where_they_are_mounted(rendered: Rendered) -> None:
