@@ -43,12 +43,12 @@ ROLE_SECRETS = {
     "crashsafe-model": {"runtime"},
 }
 # Variables the manifests set that other issue-11 slices add to Settings (METRICS: the ops port; SYNTHETIC: the
-# synthetic turn's key and gateway). Once those are in VARIABLES this set can only shrink.
+# synthetic turn's gateway and key file). Once those are merged, in VARIABLES, this set can go.
 ANNOUNCED = {
     "CRASHSAFE_OPS_HOST",
     "CRASHSAFE_OPS_PORT",
-    "CRASHSAFE_SYNTHETIC_API_KEY",
-    "CRASHSAFE_GATEWAY_URL",
+    "CRASHSAFE_SYNTHETIC_GATEWAY_URL",
+    "CRASHSAFE_SYNTHETIC_KEY_FILE",
 }
 # NATS users that are no pod of this base: `analytics` is the example consumer's (examples/analytics).
 NOT_PODS = {"analytics"}
@@ -171,7 +171,12 @@ def credential_problems(base: Rendered) -> list[str]:
                 problems.append(
                     f"{name}: CRASHSAFE_NATS_CREDS={got!r}, its credential is mounted at {wanted}"
                 )
-            for ref in _env(container).values():
+            for variable, ref in _env(container).items():
+                path = ref.get("value", "")
+                if path.startswith("/var/run/") and not any(
+                    posixpath.dirname(p) == mount for p in path.split(",") for mount in mounts.values()
+                ):
+                    problems.append(f"{name}: {variable}={path} is in no volume it mounts")
                 key_ref = ref.get("valueFrom", {}).get("secretKeyRef")
                 if key_ref and not key_ref.get("optional") and key_ref["name"] not in existing:
                     problems.append(f"{name}: needs secret {key_ref['name']}, which the base does not make")
@@ -460,6 +465,12 @@ BREAKAGES = {
         "Deployment",
         "gateway",
         _mount_secret("crashsafe-capability-signing-key"),
+    ),
+    "a key file outside its mount": (
+        credential_problems,
+        "Deployment",
+        "reconciler",
+        _set([*CONTAINER, "env", 3, "value"], "/var/run/crashsafe/keys/api-key"),
     ),
     "a projector with the operator's credential": (
         credential_problems,
