@@ -6,6 +6,7 @@ users' permissions the generator writes are part of what the server must accept.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services.platform.natsd import NatsServer, nats_server_binary
 from tests.support.paths import ROOT
@@ -83,5 +85,32 @@ def test_the_config_natsd_writes_passes_nats_server_t(cluster: bool, tmp_path: P
     )
     conf = tmp_path / "nats-server.conf"
     conf.write_text(server.config())
+    done = _check(conf)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_nats_chart_include_resolves_to_the_mounted_users(auth_conf: Path, tmp_path: Path) -> None:
+    """The include infra/k8s/nats-values.yaml gives the chart, from a config in nats-config/ as the chart writes it
+    (its own settings as the values set them), finds auth.conf in the sibling directory the ConfigMap is mounted
+    at, and the server accepts the generated users there."""
+    values = yaml.safe_load((ROOT / "infra" / "k8s" / "nats-values.yaml").read_text())
+    (include,) = [v for k, v in values["config"]["merge"].items() if k.endswith("$include")]
+    mount = next(p["value"] for p in values["container"]["patch"] if p["path"] == "/volumeMounts/-")
+    etc = tmp_path / "etc"
+    (etc / "nats-config").mkdir(parents=True)
+    users_dir = etc / Path(mount["mountPath"]).relative_to("/etc")
+    users_dir.mkdir(parents=True)
+    shutil.copy(auth_conf, users_dir / "auth.conf")
+    conf = etc / "nats-config" / "nats.conf"
+    conf.write_text(
+        "server_name: $NATS_SERVER_NAME\n"
+        f"port: {values['config'].get('nats', {}).get('port', 4222)}\n"
+        "http_port: 8222\n"
+        "jetstream {\n  store_dir: %s\n}\n"
+        % json.dumps(str(tmp_path / "data"))
+        + "cluster {\n  name: nats\n  port: 6222\n  routes: [nats://nats-0.nats-headless:6222]\n}\n"
+        + f"max_payload: {values['config']['merge']['max_payload'].strip('<> ')}\n"
+        + f"include {include}\n"
+    )
     done = _check(conf)
     assert done.returncode == 0, done.stdout + done.stderr
