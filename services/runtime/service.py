@@ -30,6 +30,7 @@ from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Origin,
+    PolicyDenied,
     RunEvent,
     RunHandedOff,
     RunNudged,
@@ -56,6 +57,7 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services.platform import metrics
 from services.platform.active_runs import release_active
 from services.platform.asks import wake_run
 from services.platform.consumer import Deliveries
@@ -543,6 +545,8 @@ class Runtime:
                             )
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
+                            if isinstance(event, PolicyDenied):
+                                metrics.POLICY_DENIALS.labels(rule=event.rule).inc()
                             if isinstance(event, RunHandedOff):
                                 await self._ticket(run.state, event)
                     case AskModel(input=items):

@@ -236,8 +236,18 @@ def times_asked(state: RunState, call: ToolCall) -> int:
     )
 
 
+# Model calls in a row that failed on every route before the run is handed off (`model_unavailable`): with the
+# redelivery's backoff (0.4 s doubling to 5 s) about 11 s of a provider outage, well inside a run's deadline.
+MAX_FAILED_ASKS = 5
+
+
 def over_budget(state: RunState, now: datetime) -> tuple[HandOffReason, str] | None:
     budget = state.budget
+    if state.failed_asks_in_row >= MAX_FAILED_ASKS:
+        return (
+            HandOffReason.MODEL_UNAVAILABLE,
+            f"{state.failed_asks_in_row} model calls in a row failed on every route",
+        )
     if state.steps_used >= budget.max_steps:
         lost = f" ({state.lost_asks} model call(s) never answered)" if state.lost_asks else ""
         return HandOffReason.BUDGET_STEPS, f"used {state.steps_used} of {budget.max_steps} steps{lost}"
