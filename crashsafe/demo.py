@@ -17,7 +17,7 @@ from rich.table import Table
 
 from contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from contracts.tool_messages import Asked
-from crashsafe.stack import API_KEY_FILE, STACK_TENANT, ScaleError, Stack
+from crashsafe.stack import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, ScaleError, Stack
 from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
@@ -180,7 +180,7 @@ async def _follow(
 async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | None = None) -> int:
     console = Console()
     try:
-        stack = Stack(state_dir, nats_url=nats_url, scale=scale)
+        stack = Stack(state_dir, nats_url=nats_url, scale=scale, synthetic=True)
     except ScaleError as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2
@@ -196,6 +196,7 @@ async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | 
     console.print(
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
+        f"\nsynthetic {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic; `crashsafe check synthetic`)"
     )
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)

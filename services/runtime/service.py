@@ -70,6 +70,7 @@ from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
 from services.registry import Registry
 from services.runtime.core.decide import (
+    policy_unavailable,
     Append,
     AskModel,
     AwaitActions,
@@ -551,6 +552,19 @@ class Runtime:
                                 await self._ticket(run.state, event)
                     case AskModel(input=items):
                         query = retrieval_query(run.state, config)
+                        unanswerable = (
+                            policy_unavailable(run.state, agent, query, self.library.problem, utcnow())
+                            if query
+                            else None
+                        )
+                        if unanswerable is not None:
+                            self._apply(
+                                run,
+                                unanswerable,
+                                await self.journal.append(unanswerable, run.seq, headers_for(ctx)),
+                            )
+                            await self._ticket(run.state, unanswerable)
+                            continue
                         passages = tuple(self.library.search(query)) if query else ()
                         reply = await self._ask(run, agent, items, ctx, config, passages)
                         crash_point("runtime.after_model_answer")

@@ -39,6 +39,7 @@ from services.runtime.core.fold import fold_run
 from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.identity import choose_key, handed_by_another_run
 from services.runtime.core.policy import Deny, Hold, check_asked, check_policy
+from services.runtime.core.retrieval import policy_question
 from services.runtime.core.state import RunState
 
 
@@ -540,3 +541,17 @@ def _plan_one(
         deadline_at=now + timedelta(seconds=timeout),
         origin=origin,
     )
+
+
+def policy_unavailable(
+    state: RunState, agent: Agent, query: str, problem: str, now: datetime
+) -> RunHandedOff | None:
+    """The degraded mode of a missing knowledge library: a policy question is handed to a person (never an
+    invented policy), if the run has nothing in flight or to undo; anything else goes on to the model, which
+    finds no passages and says it does not know (`problem`: why the documents are missing)."""
+    if not problem or not policy_question(query) or state.pending or state.unplanned:
+        return None
+    if _compensations(state, agent, ending=True):
+        return None
+    detail = f"policy documents unavailable ({problem[:300]}); the guest asked: {query[:200]}"
+    return handed_off(state, now, HandOffReason.POLICY_UNAVAILABLE, detail)
