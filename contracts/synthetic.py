@@ -3,8 +3,8 @@
 An operator's probe of the whole seam (gateway -> runtime -> model -> executor -> provider and back), recorded
 apart from process health: `ops.synthetic` on `<ns>.ops.synthetic.<who>` (OPS stream), and the
 `crashsafe_synthetic_*` metrics. Its runs belong to the tenant `synthetic` and the agent `synthetic`, whose only
-tool is `search_hotels` (a read): the executor's capability check, not this probe's good manners, keeps it from
-writing anything.
+tool is `search_hotels` (a read): whatever its model asks for, the runtime rejects any other tool before anything
+is journaled or signed (`tool_rejected`, `unknown_tool`), so a synthetic run can write nothing.
 """
 
 from __future__ import annotations

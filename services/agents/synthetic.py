@@ -1,7 +1,7 @@
 """The synthetic turn's agent: one hotel search and its answer, for the operators' end-to-end probe.
 
-Its model may ask for `search_hotels` only, so a synthetic run can write nothing anywhere: the capability the
-runtime signs is bound to this agent, and an executor refuses any other tool under it. Its built-in route is the
+Its model may ask for `search_hotels` only, so a synthetic run can write nothing anywhere: the runtime rejects
+any other call of its model (`unknown_tool`) before anything is journaled or signed. Its built-in route is the
 `fixed` one (services/runtime/fixed_model.py): no paid model call per probe unless the catalog gives it another."""
 
 from __future__ import annotations
