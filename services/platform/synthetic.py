@@ -127,9 +127,10 @@ async def synthetic_turn(
             while True:
                 async with http.get(f"{base}/v1/runs/{run_id}") as answer:
                     run = await _json(answer)
-                    if answer.status != 200:
+                    # 404: accepted (durable in the inbound stream) but not started by a runtime yet.
+                    if answer.status not in (200, 404):
                         raise _Refused(f"the gateway answered {answer.status} to the run: {_said(run)}")
-                if run.get("status") != "running":
+                if answer.status == 200 and run.get("status") != "running":
                     break
                 await asyncio.sleep(POLL_S)
             async with http.get(f"{base}/v1/runs/{run_id}/events") as answer:
