@@ -26,6 +26,7 @@ from contracts.run_events import (
     JournalEvent,
     ModelAnswered,
     ModelAsked,
+    PolicyDenied,
     RunHandedOff,
     RunStarted,
     ToolCall,
@@ -209,3 +210,45 @@ async def test_without_policy_documents_a_policy_question_is_handed_off_and_a_re
     assert model.asked == 1
     state = replay(answered)
     assert state is not None and state.status == "completed" and state.final_reply == "Which dates?"
+
+
+class _AsksALongStay(_AnswersOnce):
+    """A model that asks for a 360-night search first (a rule forbids it), then answers in text."""
+
+    async def answer(
+        self, agent: Agent, items: tuple[dict[str, Any], ...], config: Any = None, deadline_at: Any = None
+    ) -> ModelReply:
+        self.asked += 1
+        if self.asked > 1:
+            return await super().answer(agent, items, config, deadline_at)
+        stay = '{"city": "Lisbon", "check_in": "2031-01-10", "check_out": "2032-01-05"}'
+        calls = (ToolCall(call_id="call_long", name="search_hotels", arguments=stay),)
+        return ModelReply(
+            model="m", response_id="r1", tool_calls=calls, reply=None, input_tokens=1, output_tokens=1
+        )
+
+
+async def test_a_policy_denial_is_journaled_and_counted_by_rule(
+    settings: Any, broker: Broker, namespace: Namespace
+) -> None:
+    """Not a degraded mode, but the metric beside it: `crashsafe_policy_denials_total{rule}` per denial journaled."""
+    model = _AsksALongStay()
+    async with inprocess.runtime(settings, model) as worker:
+        await worker.start()
+        before = _by_label("crashsafe_policy_denials_total", "rule")
+        run_id = await submit_inbound(broker, namespace, unique("ev"), agent="booking", text="a long stay")
+        events = await _ended(RunJournal(broker, namespace), run_id)
+    (denied,) = [e for e in events if isinstance(e, PolicyDenied)]
+    assert denied.tool == "search_hotels" and denied.rule
+    after = _by_label("crashsafe_policy_denials_total", "rule")
+    assert after.get(denied.rule, 0.0) == before.get(denied.rule, 0.0) + 1
+    assert sum(after.values()) == sum(before.values()) + 1
+
+
+def _by_label(name: str, label: str) -> dict[str, float]:
+    return {
+        sample.labels[label]: sample.value
+        for family in metrics.REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
