@@ -158,6 +158,8 @@ class Runtime:
         self.lanes = lanes or SessionLanes()
         self.profiles = profiles or GuestProfiles()
         self.library = library or Library()
+        # Apart from readiness: without its documents the runtime still serves everything but policy answers.
+        metrics.KNOWLEDGE_AVAILABLE.set(1 if self.library.available else 0)
         # Signs every action request this runtime publishes; the only holder of the signing key.
         self.issuer = issuer
         self.settings = settings

@@ -189,6 +189,7 @@ async def test_without_policy_documents_a_policy_question_is_handed_off_and_a_re
     model = _AnswersOnce()
     journal = RunJournal(broker, namespace)
     async with inprocess.runtime(settings, model, library=library) as worker:
+        assert _sample("crashsafe_knowledge_available") == 0.0  # the alert: documents missing, still serving
         await worker.start()
         question = await submit_inbound(
             broker, namespace, unique("ev"), agent="booking", text="What is the cancellation policy?"
