@@ -396,7 +396,11 @@ class Settings:
                 "a number > 0 (1.0: the policies' own durations)",
             ),
             synthetic_gateway_url=get("CRASHSAFE_SYNTHETIC_GATEWAY_URL"),
-            synthetic_key_file=readable_file("CRASHSAFE_SYNTHETIC_KEY_FILE"),
+            # Not checked here: a probe's missing key must not stop the reconciler; each turn reads it (rotation
+            # without a restart) and a key it cannot read is a failed turn saying so.
+            synthetic_key_file=(
+                Path(raw) if (raw := get("CRASHSAFE_SYNTHETIC_KEY_FILE")) is not None else None
+            ),
             synthetic_every_s=read(
                 "CRASHSAFE_SYNTHETIC_EVERY_S",
                 cls.synthetic_every_s,

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
+
+from contracts.synthetic import SyntheticResult, SyntheticTurn
 
 from services.platform.jetstream import Broker
 from services.platform.logs import log
@@ -62,14 +65,24 @@ class SyntheticCadence:
 
     async def once(self) -> None:
         """One turn: run, record in the metrics, publish, log. Never raises (a probe must not stop the reconciler)."""
+        budget_s = self.settings.synthetic_budget_s
         try:
             key = self.key_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            key = ""
-            log(self.logger, logging.WARNING, "synthetic key file unreadable", error=str(exc)[:200])
-        turn = await synthetic_turn(
-            self.gateway_url, key, budget_s=self.settings.synthetic_budget_s, by="reconciler"
-        )
+            key, unreadable = "", f"the synthetic key file {self.key_file} cannot be read: {exc}"[:300]
+        else:
+            unreadable = "" if key else f"the synthetic key file {self.key_file} is empty"
+        if unreadable:
+            turn = SyntheticTurn(
+                result=SyntheticResult.FAILED.value,
+                reason=unreadable,
+                duration_s=0.0,
+                budget_s=budget_s,
+                by="reconciler",
+                at=datetime.now(UTC),
+            )
+        else:
+            turn = await synthetic_turn(self.gateway_url, key, budget_s=budget_s, by="reconciler")
         self.turns += 1
         record(turn)
         await publish_turn(self.broker, self.settings.namespace, turn, self.logger)
