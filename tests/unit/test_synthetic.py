@@ -98,9 +98,12 @@ def test_a_synthetic_run_asking_for_a_write_is_refused_before_anything_is_journa
 def test_a_synthetic_run_plans_no_projection_not_even_the_audit_trail() -> None:
     run = Run(msgspec.structs.replace(started(agent="synthetic"), tenant=SYNTHETIC_TENANT))
     assert plan(run.state, 3, AGENT, REGISTRY.tools, T0) == []
-    # Another tenant's run of the same agent is audited as every run is.
+    # Another tenant's run of the same agent is audited as every run is; so is the synthetic tenant's booking run
+    # (its key may start one): only both marks together keep a run out of the audit log.
     other = Run(msgspec.structs.replace(started(agent="synthetic"), tenant="demo"))
     assert [t.tool for t in plan(other.state, 3, AGENT, REGISTRY.tools, T0)] == ["record_audit"]
+    booking = Run(msgspec.structs.replace(started(agent="booking"), tenant=SYNTHETIC_TENANT))
+    assert [t.tool for t in plan(booking.state, 3, BOOKING, REGISTRY.tools, T0)] == ["record_audit"]
 
 
 def test_analytics_count_nothing_for_a_synthetic_runs_search() -> None:
