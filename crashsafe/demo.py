@@ -196,7 +196,7 @@ async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | 
     console.print(
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
-        f"\nsynthetic {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic; `crashsafe check synthetic`)"
+        f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)
