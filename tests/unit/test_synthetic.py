@@ -21,6 +21,7 @@ from contracts.run_events import (
 )
 from contracts.synthetic import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
 from contracts.tool_messages import OutcomeStatus
+from crashsafe.replay import divergences
 from examples.analytics.core import Figures, fold
 from services.agents import stayhub
 from services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
@@ -203,3 +204,15 @@ def test_without_documents_a_policy_question_is_handed_off_and_a_request_goes_on
     assert policy_unavailable(asked.state, BOOKING, "What is the cancellation policy?", "", T0) is None
     booking = Run(started())
     assert policy_unavailable(booking.state, BOOKING, "Book a room in Lisbon", problem, T0) is None
+
+
+def test_a_policy_unavailable_hand_off_replays_without_divergence() -> None:
+    """The shell decided it from the documents' absence, which the journal does not hold: a replay takes it as
+    given (as a failed model call), then finds the run ended with nothing left to do."""
+    run = Run(started(text="What is the cancellation policy?"))
+    handed = policy_unavailable(
+        run.state, BOOKING, "What is the cancellation policy?", "no documents", run.tick()
+    )
+    assert handed is not None
+    run.add(handed)
+    assert divergences(run.events, BOOKING, None) == []
