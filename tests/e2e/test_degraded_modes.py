@@ -27,7 +27,15 @@ from crashsafe.stack import SYNTHETIC_KEY_FILE
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer, free_port
 from services.runtime.core.handoff import handoff_reply
-from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, open_stack, operator_access
+from tests.support.stack import (
+    StackClient,
+    auth_header,
+    cli_env,
+    crashsafe,
+    guest_event,
+    open_stack,
+    operator_access,
+)
 from tests.support.waiting import eventually
 
 CADENCE_S = 3
@@ -162,6 +170,19 @@ async def test_the_synthetic_key_reads_only_its_own_tenant_and_operates_nothing(
         f"{world.stack.gateway_url}/v1/runs/{turn['run_id']}/reconcile", headers=headers
     )
     assert operate.status_code == 403, operate.text
+    # A leaked probe key may only search: a booking run is refused before anything is published.
+    booking = await world.http.post(
+        f"{world.stack.gateway_url}/v1/events",
+        params={"agent": "booking"},
+        json=guest_event(text="Book a room in Lisbon from 2031-12-01 to 2031-12-03"),
+        headers=headers,
+    )
+    assert booking.status_code == 403, booking.text
+    assert booking.json()["error"]["details"] == {
+        "agent": "booking",
+        "tenant": SYNTHETIC_TENANT,
+        "key_id": _synthetic_key(world).split("_")[1],
+    }
 
 
 async def test_the_audit_finds_nothing_wrong_with_synthetic_runs(world: StackClient) -> None:

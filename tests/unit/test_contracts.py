@@ -20,6 +20,7 @@ import msgspec.inspect
 import pytest
 
 import contracts
+from contracts.errors import AgentNotAllowed
 from contracts.synthetic import SyntheticTurn, synthetic_decoder, synthetic_encoder
 from contracts.capabilities import Capability
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
@@ -668,6 +669,12 @@ def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
             "catalog_revision_gone",
             "poison",
             {"revision": 3, "agent": "booking"},
+        ),
+        (
+            lambda: AgentNotAllowed(agent="booking", allowed="synthetic", tenant="synthetic", key_id="k1"),
+            "forbidden",
+            "none",
+            {"agent": "booking", "tenant": "synthetic", "key_id": "k1"},
         ),
     ],
 )
