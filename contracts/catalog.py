@@ -16,6 +16,9 @@ class ModelApi(StrEnum):
 
     RESPONSES = "responses"
     CHAT = "chat_completions"  # vLLM, Ollama, LiteLLM
+    # Answered in the runtime's own process from a fixed script, no HTTP and no key: the synthetic turn's route,
+    # so a probe on a cadence never pays for a model call (services/runtime/fixed_model.py).
+    FIXED = "fixed"
 
 
 class ModelRoute(msgspec.Struct, frozen=True, kw_only=True):

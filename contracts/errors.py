@@ -376,6 +376,24 @@ class Forbidden(CrashsafeError):
         return {"scope": self.scope, "key_id": self.key_id}
 
 
+class AgentNotAllowed(Forbidden):
+    """A tenant kept to one agent (the synthetic turn's, whose only tool is a read) asked for another (HTTP 403):
+    a leaked probe key can search hotels, never book or pay."""
+
+    def __init__(self, *, agent: str, allowed: str, tenant: str, key_id: str) -> None:
+        CrashsafeError.__init__(
+            self,
+            f"tenant {tenant!r} may start only {allowed!r} runs, not {agent[:64]!r}; use a key of another tenant",
+        )
+        self.scope = f"agent:{allowed}"
+        self.key_id = key_id
+        self.agent = agent[:64]
+        self.tenant = tenant
+
+    def details(self) -> dict[str, Any]:
+        return {"agent": self.agent, "tenant": self.tenant, "key_id": self.key_id}
+
+
 class RateLimited(CrashsafeError):
     """Too many requests for one `limit` (client, guest, run) right now (HTTP 429, `Retry-After`)."""
 

@@ -208,6 +208,13 @@ READY = MetricSpec(
     services=("gateway", "runtime", "executor", "projector", "reconciler"),
 )
 
+KNOWLEDGE_AVAILABLE = MetricSpec(
+    name="crashsafe_knowledge_available",
+    kind=MetricKind.GAUGE,
+    help="1 if the policy documents loaded, 0 in their degraded mode (policy questions hand off; still ready)",
+    services=("runtime",),
+)
+
 ALL_METRICS: tuple[MetricSpec, ...] = (
     RUNS_STARTED,
     RUNS_COMPLETED,
@@ -234,4 +241,5 @@ ALL_METRICS: tuple[MetricSpec, ...] = (
     CATALOG_RELOAD_FAILURES,
     CATALOG_REVISION,
     READY,
+    KNOWLEDGE_AVAILABLE,
 )

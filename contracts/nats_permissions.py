@@ -302,6 +302,8 @@ def users(
             f"{n}.projection.>",
             stream_info(s.kv_stream(PROJECTIONS)),
             *direct_get(s.kv_stream(PROJECTIONS)),
+            # The synthetic turn's result for the history (the turn itself goes through the gateway over HTTP).
+            f"{n}.ops.synthetic.reconciler",
         ],
     )
     operator = _user(

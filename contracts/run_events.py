@@ -41,6 +41,10 @@ class HandOffReason(StrEnum):
     LOOP = "loop"  # the model asked for the same call again and again
     # The catalog revision the run is pinned to left the bucket's history: it cannot go on under its own rules.
     CATALOG_REVISION_GONE = "catalog_revision_gone"
+    # Every model route failed this many calls in a row (MAX_FAILED_ASKS): no model to answer, a person does.
+    MODEL_UNAVAILABLE = "model_unavailable"
+    # A policy question while the policy documents are missing: never an invented policy, a person answers.
+    POLICY_UNAVAILABLE = "policy_unavailable"
 
 
 # What one tool call's arguments may be before the runtime even decodes them. A default here, in the contract,

@@ -311,6 +311,23 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (config_show, config_validate, config_publish):
         command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
+    check = sub.add_parser("check", help="end-to-end checks of a running deployment")
+    check_sub = check.add_subparsers(dest="check_command", required=True)
+    synthetic = check_sub.add_parser(
+        "synthetic",
+        help="one synthetic turn: the test tenant's hotel search through gateway, runtime, model and executor",
+    )
+    synthetic.add_argument("--gateway", help="the gateway's URL (default: the running stack's)")
+    synthetic.add_argument(
+        "--key", help="the synthetic tenant's API key (default: <state-dir>/synthetic_key)"
+    )
+    synthetic.add_argument("--budget", type=float, help="seconds before the turn counts as slow (default 30)")
+    synthetic.add_argument(
+        "--record", action="store_true", help="also publish the result on ops.synthetic.cli (operator's NATS)"
+    )
+    synthetic.add_argument("--json", action="store_true", help="the result as one JSON line")
+    synthetic.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
     apply = infra_sub.add_parser(
@@ -457,6 +474,14 @@ def main(argv: list[str] | None = None) -> None:
                 )
             case "config":
                 sys.exit(asyncio.run(_config(args)))
+            case "check":
+                sys.exit(
+                    asyncio.run(
+                        operations.check_synthetic(
+                            Path(args.state_dir), args.gateway, args.key, args.budget, args.record, args.json
+                        )
+                    )
+                )
             case "capability-key":
                 sys.exit(operations.capability_key_new(Path(args.out)))
     except CrashsafeError as exc:

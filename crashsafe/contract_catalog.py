@@ -308,7 +308,7 @@ CHANNEL_MESSAGES: dict[str, tuple[str, ...]] = {
     "dead_letters": ("dead_letter",),
     "support": ("support.ticket",),
     "projection": ("projection.task",),
-    "ops": ("ops.projection_failed",),
+    "ops": ("ops.projection_failed", "ops.synthetic"),
     "approval_timer": ("run.wake",),  # a schedule: its body fires to timer.fired.<run_id>
     "timer_cancelled": (),  # an empty body with `Nats-Schedule-Next: purge`
     "timer_fired": ("run.wake",),

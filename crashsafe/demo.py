@@ -17,7 +17,7 @@ from rich.table import Table
 
 from contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from contracts.tool_messages import Asked
-from crashsafe.stack import API_KEY_FILE, STACK_TENANT, ScaleError, Stack
+from crashsafe.stack import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, ScaleError, Stack
 from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
@@ -185,7 +185,7 @@ async def run_up(
 ) -> int:
     console = Console()
     try:
-        stack = Stack(state_dir, nats_url=nats_url, scale=scale, providers_url=providers_url)
+        stack = Stack(state_dir, nats_url=nats_url, scale=scale, providers_url=providers_url, synthetic=True)
     except ScaleError as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2
@@ -202,6 +202,7 @@ async def run_up(
     console.print(
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\n{providers} {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
+        f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)

@@ -32,12 +32,14 @@ from contracts.run_events import (
     ActionRequested,
     ApprovalDecided,
     ApprovalRequested,
+    HandOffReason,
     JournalEvent,
     ModelAnswered,
     ModelAsked,
     ModelRejected,
     PolicyDenied,
     RunEvent,
+    RunHandedOff,
     RunNudged,
     RunResumed,
     RunStarted,
@@ -417,11 +419,20 @@ def _reply_from(event: ModelAnswered) -> ModelReply:
     )
 
 
+# Hand-offs the runtime's shell decides from what it found outside the journal (the policy documents missing, the
+# pinned catalog revision gone), not `next_move`: a replay takes them as given, as it takes a failed model call.
+SHELL_HANDOFFS = frozenset(
+    {HandOffReason.POLICY_UNAVAILABLE.value, HandOffReason.CATALOG_REVISION_GONE.value}
+)
+
+
 def _inputs(event: JournalEvent) -> bool:
     """Events the outside world journals (receipts are checked apart): markers, turns, decided approvals, a failed
-    model call, and events of a newer writer."""
-    return isinstance(event, RunResumed | RunNudged | TurnReceived | ApprovalDecided | UnknownEvent) or (
-        isinstance(event, ModelAsked) and bool(event.failed)
+    model call, a hand-off the shell decided, and events of a newer writer."""
+    return (
+        isinstance(event, RunResumed | RunNudged | TurnReceived | ApprovalDecided | UnknownEvent)
+        or (isinstance(event, ModelAsked) and bool(event.failed))
+        or (isinstance(event, RunHandedOff) and event.reason in SHELL_HANDOFFS)
     )
 
 

@@ -35,6 +35,9 @@ SINGLE_PORT = ("sandbox", "gateway")
 # The tenant of the admin key a stack mints for its own use (the demo, the tests, the scripts).
 STACK_TENANT = "demo"
 API_KEY_FILE = "api_key"
+# The synthetic turn's key (tenant `synthetic`, scopes events:write and runs:read), for the reconciler and
+# `crashsafe check synthetic`: `<state>/synthetic_key`, 0600.
+SYNTHETIC_KEY_FILE = "synthetic_key"
 
 
 class ScaleError(ValueError):
@@ -196,6 +199,7 @@ class Stack:
         backoff: Backoff = Backoff(),
         nats_creds_dir: Path | None = None,
         providers_url: str | None = None,
+        synthetic: bool = False,
     ) -> None:
         self.state_dir = state_dir.resolve()
         # The providers (a staging provider) at this URL instead of a sandbox of our own: nothing starts one.
@@ -215,6 +219,9 @@ class Stack:
         self.backoff = backoff
         self.status = "starting"
         self.api_key = ""  # the admin key minted by start(); also in <state>/api_key, never in stack.json
+        # The reconciler's synthetic turn on its cadence (`crashsafe up`); off in test stacks unless asked, so a
+        # test's runs are its own. The key and the gateway URL are provisioned either way.
+        self.synthetic = synthetic
         self.services: dict[str, Service] = {}
         crash = crash or {}
         plan: list[tuple[str, list[str]]] = [] if self.providers_url else [("sandbox", ["sandbox"])]
@@ -290,6 +297,11 @@ class Stack:
             env[SIGNING_KEY_VARIABLE] = str(self.capability_key)
         elif service.base.startswith("executor-"):
             env[VERIFY_KEYS_VARIABLE] = str(public_path(self.capability_key))
+        if service.base == "reconciler":
+            env["CRASHSAFE_SYNTHETIC_GATEWAY_URL"] = self.gateway_url
+            env["CRASHSAFE_SYNTHETIC_KEY_FILE"] = str(self.state_dir / SYNTHETIC_KEY_FILE)
+            if not self.synthetic:
+                env["CRASHSAFE_SYNTHETIC_EVERY_S"] = "0"
         if self.registry:
             env["CRASHSAFE_REGISTRY"] = self.registry
             where = _import_root(self.registry)
@@ -356,6 +368,7 @@ class Stack:
             self._track_nats()
         self.provision()
         self.api_key = self._mint_api_key()
+        self._mint_synthetic_key()
         for service in self.services.values():
             self.spawn(service.name)
             if service.name in SINGLE_PORT:
@@ -395,6 +408,37 @@ class Stack:
         with os.fdopen(fd, "w") as out:
             out.write(key + "\n")
         os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
+        return key
+
+    def _mint_synthetic_key(self) -> str:
+        """The synthetic turn's key (tenant `synthetic`, events:write + runs:read) in `<state>/synthetic_key`,
+        0600; the one a previous start left there is revoked, as the admin key's is."""
+        from contracts.clients import Scope
+        from contracts.synthetic import SYNTHETIC_TENANT
+        from services.platform.clients import replace_stack_key
+        from services.platform.settings import NatsAccess, Settings
+
+        replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas
+        path = self.state_dir / SYNTHETIC_KEY_FILE
+        previous = path.read_text().strip() if path.exists() else None
+        with ThreadPoolExecutor(1, thread_name_prefix="mint-synthetic-key") as pool:
+            key = pool.submit(
+                asyncio.run,
+                replace_stack_key(
+                    self.nats_url,
+                    self.namespace,
+                    SYNTHETIC_TENANT,
+                    previous,
+                    replicas,
+                    NatsAccess(creds=self.creds_for("operator")),
+                    scopes=(Scope.EVENTS_WRITE, Scope.RUNS_READ),
+                    name="synthetic turn",
+                ),
+            ).result()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(key + "\n")
+        os.chmod(path, 0o600)
         return key
 
     def _track_nats(self) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from services.agents import booking, support
+from services.agents import booking, support, synthetic
 from services.agents.audit_trail import RECORD_AUDIT
 from services.registry import Registry
 
 
 def stayhub() -> Registry:
     """The reference deployment (`CRASHSAFE_REGISTRY=services.agents:stayhub`, the default): the booking agent
-    (the default for an event that names none) and the support agent; every run's events go to the audit trail."""
-    return Registry.of(booking.registration(), support.registration(), extra_tools=(RECORD_AUDIT,))
+    (the default for an event that names none), the support agent and the synthetic turn's read-only agent; every
+    run's events go to the audit trail."""
+    return Registry.of(
+        booking.registration(), support.registration(), synthetic.registration(), extra_tools=(RECORD_AUDIT,)
+    )

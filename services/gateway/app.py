@@ -18,6 +18,8 @@ from opentelemetry.context import Context
 from contracts.active import entry_deadline
 from contracts.approvals import ApprovalDecisionBody, ApprovalRecord, ApprovalStatus
 from contracts.clients import Scope
+from contracts.errors import AgentNotAllowed
+from contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
@@ -129,6 +131,11 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     admission = admit(await _read_body(request), client.tenant, agent)
     if agent not in registry.agents:
         raise UnknownAgent(agent, known=sorted(registry.agents))
+    if client.tenant == SYNTHETIC_TENANT and agent != SYNTHETIC_AGENT:
+        # The synthetic turn's tenant: its key sits on the reconciler's pod; leaked, it may still only search.
+        raise AgentNotAllowed(
+            agent=agent, allowed=SYNTHETIC_AGENT, tenant=client.tenant, key_id=client.key_id
+        )
     message = admission.message
     door.limit(door.guests, f"{client.tenant}/{message.guest_id}", "guest")
     ctx = context_from(dict(request.headers))

@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 
 import tantivy
 
@@ -77,8 +79,10 @@ class Library:
     the same question gives the same passages in the same order for the life of the process and across
     restarts with the same documents (one segment, written in document order)."""
 
-    def __init__(self, documents: Iterable[tuple[str, str]] = ()) -> None:
-        """`documents`: (name, markdown) pairs."""
+    def __init__(self, documents: Iterable[tuple[str, str]] = (), problem: str = "") -> None:
+        """`documents`: (name, markdown) pairs. `problem`: why the deployment's documents could not be loaded
+        (the degraded mode: the library finds nothing, and the runtime hands policy questions to a person)."""
+        self.problem = problem
         self.sections = [s for name, text in documents for s in sections(name, text)]
         builder = tantivy.SchemaBuilder()
         builder.add_text_field("title", stored=False, tokenizer_name="en_stem")
@@ -95,15 +99,30 @@ class Library:
         writer.wait_merging_threads()
         self._index.reload()
 
+    @property
+    def available(self) -> bool:
+        """False in the degraded mode: the documents are missing or failed to load."""
+        return not self.problem
+
     @classmethod
-    def stayhub(cls) -> Library:
-        """StayHub's policy and FAQ documents, shipped in this package (services/knowledge/stayhub/*.md)."""
-        folder = resources.files("services.knowledge") / "stayhub"
-        documents = sorted(
-            (entry.name.removesuffix(".md"), entry.read_text(encoding="utf-8"))
-            for entry in folder.iterdir()
-            if entry.name.endswith(".md")
+    def stayhub(cls, folder: Path | None = None) -> Library:
+        """StayHub's policy and FAQ documents: those shipped in this package (services/knowledge/stayhub/*.md),
+        or the `*.md` files of `folder` (CRASHSAFE_KNOWLEDGE_DIR). Never raises: a folder that is missing, holds
+        no document or cannot be read gives an empty library that says why (`problem`), so the runtime starts
+        and answers what needs no policy."""
+        where: Traversable = (
+            folder if folder is not None else resources.files("services.knowledge") / "stayhub"
         )
+        try:
+            documents = sorted(
+                (entry.name.removesuffix(".md"), entry.read_text(encoding="utf-8"))
+                for entry in where.iterdir()
+                if entry.name.endswith(".md") and entry.is_file()
+            )
+        except (OSError, UnicodeDecodeError) as exc:
+            return cls(problem=f"policy documents at {where} could not be read: {exc}"[:300])
+        if not documents:
+            return cls(problem=f"no policy documents (*.md) at {where}"[:300])
         return cls(documents)
 
     def search(self, query: str, limit: int = 3) -> list[Passage]:

@@ -106,9 +106,11 @@ async def replace_stack_key(
     previous: str | None,
     replicas: int = 1,
     access: NatsAccess | None = None,
+    scopes: tuple[Scope, ...] = (Scope.ADMIN,),
+    name: str = "crashsafe up",
 ) -> str:
-    """`crashsafe up`'s own admin key, minted as the operator: a new one, and the one a previous start left
-    behind revoked."""
+    """`crashsafe up`'s own admin key (or, with `scopes`, another of its keys: the synthetic turn's), minted as
+    the operator: a new one, and the one a previous start left behind revoked."""
     broker = await Broker.connect(nats_url, "crashsafe-up", fail_fast=True, access=access)
     try:
         keys = ClientKeys(broker, Namespace(namespace), replicas)
@@ -116,7 +118,7 @@ async def replace_stack_key(
         # A bucket just created on a cluster answers once its replicas have elected a leader (a second or so).
         for attempt in range(MINT_ATTEMPTS):
             try:
-                minted = await keys.create(tenant, [Scope.ADMIN], name="crashsafe up")
+                minted = await keys.create(tenant, list(scopes), name=name)
                 break
             except BrokerUnavailable:
                 if attempt == MINT_ATTEMPTS - 1:

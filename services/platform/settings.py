@@ -104,6 +104,28 @@ VARIABLES: tuple[Variable, ...] = (
         "1.0",
         "projector: multiplies every projection retry delay and give-up time (tests shorten the clock: 0.01)",
     ),
+    # The synthetic turn and the knowledge library's degraded mode (issue 11, slice synthetic).
+    Variable(
+        "CRASHSAFE_SYNTHETIC_GATEWAY_URL",
+        "unset",
+        "reconciler: the gateway its synthetic turn goes through (unset: no synthetic turn)",
+    ),
+    Variable(
+        "CRASHSAFE_SYNTHETIC_KEY_FILE",
+        "unset",
+        "reconciler: the file holding the `synthetic` tenant's API key (events:write, runs:read)",
+    ),
+    Variable(
+        "CRASHSAFE_SYNTHETIC_EVERY_S",
+        "300",
+        "reconciler: at most one synthetic turn per this many seconds (0: off)",
+    ),
+    Variable("CRASHSAFE_SYNTHETIC_BUDGET_S", "30", "one synthetic turn's time budget: past it, `slow`"),
+    Variable(
+        "CRASHSAFE_KNOWLEDGE_DIR",
+        "unset",
+        "runtime: a folder of policy documents (*.md) instead of the shipped StayHub ones; none: degraded",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -184,6 +206,13 @@ class Settings:
     nats_access: NatsAccess = field(default_factory=NatsAccess)
     # Projections (issue 10): every retry policy's durations times this (a 25-minute outage in seconds).
     projection_time_scale: float = 1.0
+    # The synthetic turn (issue 11): run by the reconciler through the gateway, like a client.
+    synthetic_gateway_url: str | None = None
+    synthetic_key_file: Path | None = None
+    synthetic_every_s: float = 300.0
+    synthetic_budget_s: float = 30.0
+    # The policy documents the runtime's agents search (None: the ones shipped in the package).
+    knowledge_dir: Path | None = None
 
     @classmethod
     def from_env(
@@ -366,6 +395,25 @@ class Settings:
                 positive_float,
                 "a number > 0 (1.0: the policies' own durations)",
             ),
+            synthetic_gateway_url=get("CRASHSAFE_SYNTHETIC_GATEWAY_URL"),
+            # Not checked here: a probe's missing key must not stop the reconciler; each turn reads it (rotation
+            # without a restart) and a key it cannot read is a failed turn saying so.
+            synthetic_key_file=(
+                Path(raw) if (raw := get("CRASHSAFE_SYNTHETIC_KEY_FILE")) is not None else None
+            ),
+            synthetic_every_s=read(
+                "CRASHSAFE_SYNTHETIC_EVERY_S",
+                cls.synthetic_every_s,
+                non_negative_float,
+                "seconds, a number >= 0",
+            ),
+            synthetic_budget_s=read(
+                "CRASHSAFE_SYNTHETIC_BUDGET_S",
+                cls.synthetic_budget_s,
+                positive_float,
+                "seconds, a number > 0",
+            ),
+            knowledge_dir=(Path(raw) if (raw := get("CRASHSAFE_KNOWLEDGE_DIR")) is not None else None),
         )
 
     def with_partitions(self, spec: str) -> Settings:

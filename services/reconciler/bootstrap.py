@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from services.platform import crashpoints
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.settings import Settings
 from services.reconciler.service import Reconciler
+from services.reconciler.synthetic import SyntheticCadence
 from services.registry import Registry
 
 TICK_S = 1.0
@@ -24,6 +26,12 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         reconciler = Reconciler(broker, settings, logger, registry=registry)
         await reconciler.start()
         print("ready: reconciler", flush=True)
+        synthetic = SyntheticCadence.configured(broker, settings, logger)
+        probe = asyncio.create_task(synthetic.run(stop)) if synthetic is not None else None
         await reconciler.run(stop, TICK_S)
+        if probe is not None:
+            probe.cancel()  # a turn under way is only a probe: stopping never waits out its budget
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
     finally:
         await broker.close()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from services.platform import crashpoints
 from services.platform.capability_keys import load_issuer
 from services.platform.jetstream import Broker
-from services.platform.logs import configure
+from services.platform.logs import configure, log
 from services.platform.settings import Settings
 from services.registry import Registry
 from services.knowledge.library import Library
@@ -29,7 +30,14 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     )
     try:
         # The documents are indexed once, before the first run can search them.
-        library = Library.stayhub()
+        library = Library.stayhub(settings.knowledge_dir)
+        if not library.available:
+            log(
+                logger,
+                logging.WARNING,
+                "policy documents unavailable; policy questions are handed off (policy_unavailable)",
+                problem=library.problem,
+            )
         profiles = GuestProfiles(broker, settings.namespace)
         await profiles.start()
         catalog = RunCatalog(registry, broker, settings.namespace, logger)

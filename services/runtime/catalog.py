@@ -10,6 +10,7 @@ from contracts.catalog import AgentConfig, Catalog, catalog_decoder, catalog_enc
 from contracts.errors import CatalogRevisionGone, InvalidCatalog
 from contracts.streams import KvSpec, catalog_spec
 from contracts.subjects import Namespace
+from services.platform import metrics
 from services.platform.jetstream import Broker, KvEntry
 from services.platform.logs import log
 from services.registry import Registry
@@ -79,6 +80,7 @@ class RunCatalog:
             catalog = read_catalog(entry.value, self.registry, entry.revision)
         except InvalidCatalog as exc:
             self._refused.add(entry.revision)
+            metrics.CATALOG_RELOAD_FAILURES.inc()
             log(
                 self._logger,
                 logging.WARNING,
@@ -91,6 +93,7 @@ class RunCatalog:
         self._remember(entry.revision, catalog)
         if entry.revision > self.revision:
             self.revision = entry.revision
+            metrics.CATALOG_REVISION.set(entry.revision)
             log(
                 self._logger,
                 logging.INFO,

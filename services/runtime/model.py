@@ -15,6 +15,7 @@ import openai
 from contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from contracts.errors import ModelUnavailable
 from contracts.run_events import ToolCall
+from services.platform import metrics
 from services.platform.settings import route_key
 from services.runtime.chat_completions import (
     MalformedAnswer,
@@ -25,6 +26,7 @@ from services.runtime.chat_completions import (
 )
 from services.runtime.core.agent import Agent
 from services.runtime.core.decide import ModelReply
+from services.runtime.fixed_model import fixed_answer
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ROUTE = "default"
@@ -207,6 +209,7 @@ class ModelGateway:
                 ) from exc
             except (TimeoutError, openai.OpenAIError, MalformedAnswer, _NoKey) as exc:
                 failovers.append(f"{route.name}: {_why(exc, timeout_s)}")
+                metrics.MODEL_FAILOVERS.labels(route=route.name).inc()
                 continue
             return ModelReply(
                 model=reply.model,
@@ -231,6 +234,8 @@ class ModelGateway:
         items: tuple[dict[str, Any], ...],
         timeout_s: float,
     ) -> ModelReply:
+        if route.api == ModelApi.FIXED:
+            return read_response(fixed_answer(items, route.model), route.model)
         client = self._client(route)
         chat = route.api == ModelApi.CHAT
         body: dict[str, Any]

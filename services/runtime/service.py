@@ -30,6 +30,7 @@ from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Origin,
+    PolicyDenied,
     RunEvent,
     RunHandedOff,
     RunNudged,
@@ -56,6 +57,7 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services.platform import metrics
 from services.platform.active_runs import release_active
 from services.platform.asks import wake_run
 from services.platform.consumer import Deliveries
@@ -68,6 +70,7 @@ from services.platform.settings import Settings
 from services.platform.tracing import context_from, headers_for, trace_id_of
 from services.registry import Registry
 from services.runtime.core.decide import (
+    policy_unavailable,
     Append,
     AskModel,
     AwaitActions,
@@ -155,6 +158,8 @@ class Runtime:
         self.lanes = lanes or SessionLanes()
         self.profiles = profiles or GuestProfiles()
         self.library = library or Library()
+        # Apart from readiness: without its documents the runtime still serves everything but policy answers.
+        metrics.KNOWLEDGE_AVAILABLE.set(1 if self.library.available else 0)
         # Signs every action request this runtime publishes; the only holder of the signing key.
         self.issuer = issuer
         self.settings = settings
@@ -543,10 +548,25 @@ class Runtime:
                             )
                             if isinstance(event, ActionRequested):
                                 crash_point("runtime.after_action_journaled")
+                            if isinstance(event, PolicyDenied):
+                                metrics.POLICY_DENIALS.labels(rule=event.rule).inc()
                             if isinstance(event, RunHandedOff):
                                 await self._ticket(run.state, event)
                     case AskModel(input=items):
                         query = retrieval_query(run.state, config)
+                        unanswerable = (
+                            policy_unavailable(run.state, agent, query, self.library.problem, utcnow())
+                            if query
+                            else None
+                        )
+                        if unanswerable is not None:
+                            self._apply(
+                                run,
+                                unanswerable,
+                                await self.journal.append(unanswerable, run.seq, headers_for(ctx)),
+                            )
+                            await self._ticket(run.state, unanswerable)
+                            continue
                         passages = tuple(self.library.search(query)) if query else ()
                         reply = await self._ask(run, agent, items, ctx, config, passages)
                         crash_point("runtime.after_model_answer")

@@ -1,6 +1,6 @@
 """No API key (in clear or hashed), NATS seed, capability signing key or capability in a log line, a journal event,
 a stream message, stack.json, an error body or any other file a stack writes. The exceptions are the files whose
-job it is to hold one (`<state>/api_key`, the 0600 credential and key files) and, for capabilities, the action
+job it is to hold one (`<state>/api_key`, `<state>/synthetic_key`, the 0600 credential and key files) and, for capabilities, the action
 requests that carry them (the ACTIONS stream, and nats-server's own store of it)."""
 
 from __future__ import annotations
@@ -14,21 +14,30 @@ from nats.aio.msg import Msg
 from contracts.clients import secret_hash, split_key
 from contracts.streams import stream_specs
 from contracts.subjects import StreamKind
+from contracts.synthetic import synthetic_decoder
 from contracts.tool_messages import action_request_decoder
+from crashsafe.stack import SYNTHETIC_KEY_FILE
 from services.platform.nats_users import read_credential
 from services.platform.jetstream import Broker
 from tests.support.stack import StackClient, auth_header
+from tests.support.waiting import eventually
 from tests.support.world import CONFIRMED, projected
 
 
 async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     start_stack: Callable[..., Awaitable[StackClient]], broker: Broker
 ) -> None:
-    client = await start_stack(env={"CRASHSAFE_LOG_LEVEL": "DEBUG"})  # every log line a stack can write
+    # Every log line a stack can write, with the reconciler's synthetic turn using its own key meanwhile.
+    client = await start_stack(
+        env={"CRASHSAFE_LOG_LEVEL": "DEBUG", "CRASHSAFE_SYNTHETIC_EVERY_S": "1"}, synthetic=True
+    )
     stack = client.stack
     parts = split_key(client.api_key)
     assert parts is not None
     key_id, secret = parts
+    synthetic_key = (stack.state_dir / SYNTHETIC_KEY_FILE).read_text().strip()
+    synthetic = split_key(synthetic_key)
+    assert synthetic is not None
     forged = secrets.token_urlsafe(32)  # a caller's wrong secret for a real key id: must not be logged either
     wanted = {
         "the admin key": client.api_key,
@@ -36,6 +45,9 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
         "its hash": secret_hash(secret),
         "a forged secret": forged,
         "the forged secret's hash": secret_hash(forged),
+        "the synthetic key": synthetic_key,
+        "its secret too": synthetic[1],
+        "that secret's hash": secret_hash(synthetic[1]),
     }
 
     # Action requests leave the ACTIONS stream once acknowledged: watch them go by to learn their capabilities.
@@ -56,6 +68,14 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     bodies = [refused.text, (await client.gateway.get(f"/v1/runs/{run_id}/events")).text]
     bodies.append((await client.reconcile(run_id)).text)
     await watching.unsubscribe()
+
+    async def probed() -> bool:
+        ops = await broker.read_subject(
+            client.ns.stream(StreamKind.OPS), client.ns.ops("synthetic", "reconciler")
+        )
+        return any(synthetic_decoder.decode(m.data).result == "ok" for m in ops)
+
+    await eventually(probed, what="a synthetic turn of the reconciler, with its key")
     await asyncio.to_thread(stack.stop)  # every log flushed and closed
 
     # Every message of every stream of the namespace: journals, inbound events, outcomes, dead letters.
@@ -70,7 +90,7 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     assert signatures, "the action requests were read"
 
     # Each NATS user's seed and the runtime's private key: only their own 0600 files may hold them.
-    holders = {stack.state_dir / "api_key", stack.capability_key}
+    holders = {stack.state_dir / "api_key", stack.state_dir / SYNTHETIC_KEY_FILE, stack.capability_key}
     assert stack.nats_creds_dir is not None
     for creds in stack.nats_creds_dir.glob("*"):
         if creds.is_file():

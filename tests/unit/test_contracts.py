@@ -20,6 +20,8 @@ import msgspec.inspect
 import pytest
 
 import contracts
+from contracts.errors import AgentNotAllowed
+from contracts.synthetic import SyntheticTurn, synthetic_decoder, synthetic_encoder
 from contracts.capabilities import Capability
 from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
 from contracts.support import SupportTicket, support_decoder, support_encoder
@@ -329,6 +331,15 @@ SAMPLES: list[msgspec.Struct] = [
         planned_at=AT,
         at=LATER,
     ),
+    SyntheticTurn(
+        result="ok",
+        reason="searched 3 hotel(s), answered: synthetic: ok: 3 hotel(s) found",
+        duration_s=0.842,
+        budget_s=30.0,
+        run_id=RUN,
+        by="reconciler",
+        at=AT,
+    ),
 ]
 
 
@@ -376,6 +387,8 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return task_encoder, task_decoder
         case ProjectionFailed():
             return task_encoder, failed_decoder
+        case SyntheticTurn():
+            return synthetic_encoder, synthetic_decoder
         case Capability():
             return tool_encoder, msgspec.json.Decoder(Capability)
     raise AssertionError(f"no codec for {type(sample).__name__}")
@@ -656,6 +669,12 @@ def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
             "catalog_revision_gone",
             "poison",
             {"revision": 3, "agent": "booking"},
+        ),
+        (
+            lambda: AgentNotAllowed(agent="booking", allowed="synthetic", tenant="synthetic", key_id="k1"),
+            "forbidden",
+            "none",
+            {"agent": "booking", "tenant": "synthetic", "key_id": "k1"},
         ),
     ],
 )

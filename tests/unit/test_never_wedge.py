@@ -19,6 +19,7 @@ from contracts.run_events import (
     ApprovalRequested,
     ArgumentLimits,
     Budget,
+    HandOffReason,
     ModelAsked,
     Origin,
     PolicyDenied,
@@ -35,6 +36,7 @@ from services.reconciler.audit import unknown_events
 from services.reconciler.core import OpenWork, observe, overdue_actions, unsettled_unknowns
 from services.runtime.core.arguments import check_arguments, nesting_depth
 from services.runtime.core.decide import (
+    MAX_FAILED_ASKS,
     Append,
     AskModel,
     AwaitActions,
@@ -175,9 +177,31 @@ def test_failed_model_calls_spend_the_step_budget_and_put_the_run_at_risk() -> N
             run.add(model_asked(run.state, "m", 400, run.now))
         run.add(model_asked(run.state, "m", 400, run.now, failed="model m did not answer: 503"))
         assert not run.state.asking and ask_at_risk(run.state)
-    assert calls == 20 and run.state.lost_asks == 20
-    assert run.state.tokens_used == 20 * 100
+    # Every route down: the run is handed off after MAX_FAILED_ASKS failures in a row, each a spent step.
+    assert calls == MAX_FAILED_ASKS and run.state.lost_asks == MAX_FAILED_ASKS
+    assert run.state.steps_used == MAX_FAILED_ASKS and run.state.tokens_used == MAX_FAILED_ASKS * 100
     assert isinstance(move, Append) and isinstance(move.events[0], RunHandedOff)
+    assert move.events[0].reason == HandOffReason.MODEL_UNAVAILABLE
+
+
+def test_failed_model_calls_that_are_not_in_a_row_still_spend_the_step_budget() -> None:
+    run = Run(started(budget=Budget(max_steps=20)))
+    calls = 0
+    for _ in range(100):
+        move = next_move(run.state, BOOKING, run.tick())
+        if not isinstance(move, AskModel):
+            break
+        calls += 1
+        if calls % MAX_FAILED_ASKS == 0:
+            # An answer now and then (a flapping provider: here one too large to act on) resets the run of
+            # failures, not the budget.
+            run.add(model_rejected(run.state, reply_of(text="x"), 2_000_000, run.now))
+            continue
+        if ask_at_risk(run.state):
+            run.add(model_asked(run.state, "m", 400, run.now))
+        run.add(model_asked(run.state, "m", 400, run.now, failed="model m did not answer: 503"))
+    assert isinstance(move, Append) and isinstance(move.events[0], RunHandedOff)
+    assert move.events[0].reason == HandOffReason.BUDGET_STEPS
 
 
 def test_a_resumed_run_is_at_risk() -> None:

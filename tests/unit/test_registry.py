@@ -108,7 +108,7 @@ def test_a_tool_names_the_arguments_its_call_cannot_be_made_without() -> None:
 
 
 def test_a_deployment_is_loaded_by_module_and_function() -> None:
-    assert set(load("services.agents:stayhub").agents) == {"booking", "support"}
+    assert set(load("services.agents:stayhub").agents) == {"booking", "support", "synthetic"}
     assert set(load("bench.workloads:registry").agents) >= {"booking", "steps5"}
     for spec in (
         "services.agents",

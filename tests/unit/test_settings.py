@@ -45,7 +45,9 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     cert, key = tmp_path / "gateway.crt", tmp_path / "gateway.key"
     cert.write_text("cert")
     key.write_text("key")
-    files = {name: tmp_path / name for name in ("nats.creds", "ca.pem", "cert.pem", "key.pem")}
+    files = {
+        name: tmp_path / name for name in ("nats.creds", "ca.pem", "cert.pem", "key.pem", "synthetic.key")
+    }
     for path in files.values():
         path.write_text("x")
     env = {
@@ -83,6 +85,11 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_NATS_TLS_CERT_FILE": str(files["cert.pem"]),
         "CRASHSAFE_NATS_TLS_KEY_FILE": str(files["key.pem"]),
         "CRASHSAFE_PROJECTION_TIME_SCALE": "0.01",
+        "CRASHSAFE_SYNTHETIC_GATEWAY_URL": "http://gateway:8080",
+        "CRASHSAFE_SYNTHETIC_KEY_FILE": str(files["synthetic.key"]),
+        "CRASHSAFE_SYNTHETIC_EVERY_S": "60",
+        "CRASHSAFE_SYNTHETIC_BUDGET_S": "12.5",
+        "CRASHSAFE_KNOWLEDGE_DIR": "/knowledge",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -120,6 +127,8 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         files["key.pem"],
     )
     assert s.projection_time_scale == 0.01
+    assert (s.synthetic_gateway_url, s.synthetic_key_file) == ("http://gateway:8080", files["synthetic.key"])
+    assert (s.synthetic_every_s, s.synthetic_budget_s, s.knowledge_dir) == (60.0, 12.5, Path("/knowledge"))
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:

@@ -39,6 +39,7 @@ from services.runtime.core.fold import fold_run
 from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.identity import choose_key, handed_by_another_run
 from services.runtime.core.policy import Deny, Hold, check_asked, check_policy
+from services.runtime.core.retrieval import policy_question
 from services.runtime.core.state import RunState
 
 
@@ -236,8 +237,18 @@ def times_asked(state: RunState, call: ToolCall) -> int:
     )
 
 
+# Model calls in a row that failed on every route before the run is handed off (`model_unavailable`): with the
+# redelivery's backoff (0.4 s doubling to 5 s) about 11 s of a provider outage, well inside a run's deadline.
+MAX_FAILED_ASKS = 5
+
+
 def over_budget(state: RunState, now: datetime) -> tuple[HandOffReason, str] | None:
     budget = state.budget
+    if state.failed_asks_in_row >= MAX_FAILED_ASKS:
+        return (
+            HandOffReason.MODEL_UNAVAILABLE,
+            f"{state.failed_asks_in_row} model calls in a row failed on every route",
+        )
     if state.steps_used >= budget.max_steps:
         lost = f" ({state.lost_asks} model call(s) never answered)" if state.lost_asks else ""
         return HandOffReason.BUDGET_STEPS, f"used {state.steps_used} of {budget.max_steps} steps{lost}"
@@ -530,3 +541,17 @@ def _plan_one(
         deadline_at=now + timedelta(seconds=timeout),
         origin=origin,
     )
+
+
+def policy_unavailable(
+    state: RunState, agent: Agent, query: str, problem: str, now: datetime
+) -> RunHandedOff | None:
+    """The degraded mode of a missing knowledge library: a policy question is handed to a person (never an
+    invented policy), if the run has nothing in flight or to undo; anything else goes on to the model, which
+    finds no passages and says it does not know (`problem`: why the documents are missing)."""
+    if not problem or not policy_question(query) or state.pending or state.unplanned:
+        return None
+    if _compensations(state, agent, ending=True):
+        return None
+    detail = f"policy documents unavailable ({problem[:300]}); the guest asked: {query[:200]}"
+    return handed_off(state, now, HandOffReason.POLICY_UNAVAILABLE, detail)

@@ -77,6 +77,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                     state,
                     **base,
                     lost_asks=state.lost_asks + 1,
+                    failed_asks_in_row=state.failed_asks_in_row + 1,
                     tokens_used=state.tokens_used + (state.asked_tokens if state.asking else cost),
                     asking=False,
                     asked_tokens=0,
@@ -106,6 +107,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 unplanned=(),
                 final_reply=None,
                 model_steps=state.model_steps + 1,
+                failed_asks_in_row=0,
             )
         case UnknownEvent(type=tag, step_no=step):
             next_step = state.next_step if step is None else max(state.next_step, step + 1)
@@ -130,6 +132,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                 asking=False,
                 asked_tokens=0,
                 searched_turns=state.turns - len(state.inbox),
+                failed_asks_in_row=0,
             )
         case ActionRequested(step_no=step, call_id=call_id):
             if state.pending_step(step) or state.is_completed(step):

@@ -31,6 +31,14 @@ _REPLIES: dict[str, str] = {
         "Our booking rules changed while your request was open, so a member of our support team will finish it "
         "for you under the rules it started with."
     ),
+    HandOffReason.MODEL_UNAVAILABLE: (
+        "I can't reach our assistant right now, so a member of our support team will pick this up and get back "
+        "to you; nothing was booked or charged twice."
+    ),
+    HandOffReason.POLICY_UNAVAILABLE: (
+        "I can't look up StayHub's policies right now and I won't guess at them, so a member of our support team "
+        "will answer your question."
+    ),
 }
 _DEFAULT = "A member of our support team will take over from here and get back to you."
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from contracts.catalog import AgentConfig
 from services.runtime.core.state import RunState
 
@@ -34,3 +36,18 @@ def retrieval_query(state: RunState, config: AgentConfig) -> str | None:
             said.append(content)
     text = "\n".join(reversed(said)).strip()
     return text or None
+
+
+# A question about the house (its policies, its FAQ), as opposed to a request to do something: the turns the
+# documents answer. Only read while the documents are missing, to hand such a turn to a person.
+_QUESTION = re.compile(
+    r"\?\s*$|^\s*(?:what|what's|how|when|where|which|why|who|can|could|do|does|is|are|may|will)\b",
+    re.IGNORECASE | re.MULTILINE,
+)
+# "Can you book me a room in Lisbon …?": a request, which the agent's tools serve without any document.
+_WANTS_ACTION = re.compile(r"\b(?:book|reserve|refund|cancel my)\b", re.IGNORECASE)
+
+
+def policy_question(text: str) -> bool:
+    """True for a turn that asks about the house rather than for an action (pure; the guest's words only)."""
+    return bool(_QUESTION.search(text)) and not _WANTS_ACTION.search(text)

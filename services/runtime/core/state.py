@@ -51,6 +51,8 @@ class RunState:
     asking: bool = False  # the latest ask has no answer (yet)
     asked_tokens: int = 0  # what the open ask is charged if it never gets an answer
     lost_asks: int = 0
+    # Model calls in a row that failed on every route (`run.model_asked` with `failed`), since the last answer.
+    failed_asks_in_row: int = 0
     # Events a newer writer journaled that this version does not know: kept in the journal, skipped here.
     unknown_events: tuple[str, ...] = ()
     # The action a rule holds back until it is approved (the run waits, holding no worker), and every

@@ -1,0 +1,97 @@
+"""The synthetic turn on a cadence: at most one per CRASHSAFE_SYNTHETIC_EVERY_S, beside the reconciler's ticks.
+
+The turn goes through the gateway over HTTP with the `synthetic` tenant's key, like any client: the reconciler's
+NATS user gains nothing for it but the publish of its result on `<ns>.ops.synthetic.reconciler`. A turn runs in
+its own task, so a slow gateway never delays the reconciler's tick; a turn never overlaps the next."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from contracts.synthetic import SyntheticResult, SyntheticTurn
+
+from services.platform.jetstream import Broker
+from services.platform.logs import log
+from services.platform.settings import Settings
+from services.platform.synthetic import publish_turn, record, synthetic_turn
+
+# The first turn soon after start (the deployment gate: a fresh rollout shows its seam within seconds), then
+# one per `every_s`.
+FIRST_AFTER_S = 5.0
+
+
+class SyntheticCadence:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        logger: logging.Logger,
+        gateway_url: str,
+        key_file: Path,
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.logger = logger
+        self.gateway_url = gateway_url
+        self.key_file = key_file
+        self.turns = 0
+
+    @classmethod
+    def configured(
+        cls, broker: Broker, settings: Settings, logger: logging.Logger
+    ) -> SyntheticCadence | None:
+        """The cadence if the settings ask for one: a gateway, a key file and a period above 0; else None."""
+        if (
+            settings.synthetic_every_s <= 0
+            or not settings.synthetic_gateway_url
+            or settings.synthetic_key_file is None
+        ):
+            return None
+        return cls(broker, settings, logger, settings.synthetic_gateway_url, settings.synthetic_key_file)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        delay = min(FIRST_AFTER_S, self.settings.synthetic_every_s)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+                return
+            except TimeoutError:
+                pass
+            await self.once()
+            delay = self.settings.synthetic_every_s
+
+    async def once(self) -> None:
+        """One turn: run, record in the metrics, publish, log. Never raises (a probe must not stop the reconciler)."""
+        budget_s = self.settings.synthetic_budget_s
+        try:
+            key = self.key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            key, unreadable = "", f"the synthetic key file {self.key_file} cannot be read: {exc}"[:300]
+        else:
+            unreadable = "" if key else f"the synthetic key file {self.key_file} is empty"
+        if unreadable:
+            turn = SyntheticTurn(
+                result=SyntheticResult.FAILED.value,
+                reason=unreadable,
+                duration_s=0.0,
+                budget_s=budget_s,
+                by="reconciler",
+                at=datetime.now(UTC),
+            )
+        else:
+            turn = await synthetic_turn(self.gateway_url, key, budget_s=budget_s, by="reconciler")
+        self.turns += 1
+        record(turn)
+        await publish_turn(self.broker, self.settings.namespace, turn, self.logger)
+        log(
+            self.logger,
+            logging.INFO if turn.result == "ok" else logging.WARNING,
+            "synthetic turn",
+            result=turn.result,
+            reason=turn.reason,
+            duration_s=turn.duration_s,
+            run_id=turn.run_id,
+        )
