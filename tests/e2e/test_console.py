@@ -335,3 +335,28 @@ async def test_a_stream_asked_for_without_a_key_is_refused_with_a_status(
         for path in (f"/console/runs/{acme_run}/stream", "/console/runs/stream"):
             response = await http.get(path, headers={"accept": "text/event-stream"})
             assert response.status_code == 401, path  # EventSource stops on it; no sign-in page as an event
+
+
+async def test_a_tenants_live_runs_stream_carries_its_own_new_runs_and_never_anothers(
+    console: Console,
+) -> None:
+    other_writer = (await console.keys.create("other", [Scope.EVENTS_WRITE])).key
+    async with (
+        _cookie_client(console, console.other_reader) as http,
+        http.stream("GET", "/console/runs/stream", headers={"accept": "text/event-stream"}) as live,
+    ):
+        assert live.status_code == 200
+        posted: dict[str, str] = {}
+        for tenant, key in (("acme", console.acme_writer), ("other", other_writer)):
+            async with httpx.AsyncClient(base_url=console.url, headers=auth_header(key)) as api:
+                response = await api.post("/v1/events", json=guest_event(guest_id=unique("g")))
+                assert response.status_code == 202, response.text
+                posted[tenant] = str(response.json()["run_id"])
+            # acme's whole run is journaled before other's starts: the stream has passed it when other's arrives.
+            await console.world.wait_terminal(posted[tenant])
+        text = ""
+        async for chunk in live.aiter_text():
+            text += chunk
+            if f"run-{posted['other']}" in text and "completed" in text.split(f"run-{posted['other']}")[-1]:
+                break  # its own run arrived, and its change to completed after it
+    assert posted["acme"] not in text
