@@ -296,7 +296,7 @@ async def signin(request: Request[Any, Any, Any]) -> Response[Any]:
             page="signin",
             token=fresh,
             next=_local(next_path if isinstance(next_path, str) else None),
-            message=_WHY[reason],
+            message=_WHY.get(reason, ""),
             cookies=[_cookie(request, SIGNIN_COOKIE, fresh)],
         )
 
@@ -307,7 +307,7 @@ async def signin(request: Request[Any, Any, Any]) -> Response[Any]:
         client = authenticate(parts[0], parts[1], await door.keys.get(parts[0]))
     except Unauthenticated as exc:
         log(logger, logging.INFO, "sign-in refused", reason=exc.reason)
-        return again("invalid" if exc.reason == "revoked" else exc.reason)
+        return again(exc.reason if exc.reason in _WHY else "invalid")
     if not client.may(Scope.RUNS_READ):
         raise NotPermitted(
             f"this key ({client.key_id}) has no {Scope.RUNS_READ.value} scope: the console needs it"
