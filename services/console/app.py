@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from litestar import Request, Response, Router, get, post
@@ -228,7 +228,10 @@ def _on_signin_needed(request: Request[Any, Any, Any], exc: Exception) -> Respon
         # A live stream's reconnect: a status, not a page (EventSource gives up on anything but 200).
         return Response(content="sign in again", status_code=401, media_type=MediaType.TEXT)
     if request.headers.get("hx-request"):
-        # An htmx fragment request: a redirect would be swapped into the page; tell htmx to go there instead.
+        # An htmx fragment request: a redirect would be swapped into the page; tell htmx to go there instead,
+        # back to the page the fragment is part of afterwards.
+        page = urlsplit(request.headers.get("hx-current-url", "")).path
+        target = f"{PREFIX}/signin?next={quote(_local(page), safe='/')}"
         return Response(content="", status_code=401, headers={"hx-redirect": target})
     return Redirect(
         target, status_code=303, cookies=[_gone(request, COOKIE)] if exc.reason != "missing" else []

@@ -360,3 +360,15 @@ async def test_a_tenants_live_runs_stream_carries_its_own_new_runs_and_never_ano
             if f"run-{posted['other']}" in text and "completed" in text.split(f"run-{posted['other']}")[-1]:
                 break  # its own run arrived, and its change to completed after it
     assert posted["acme"] not in text
+
+
+async def test_a_fragment_asked_for_without_a_key_tells_htmx_to_go_to_sign_in(
+    console: Console, acme_run: str
+) -> None:
+    async with httpx.AsyncClient(base_url=console.url) as http:
+        page = f"{console.url}/console/runs/{acme_run}"
+        headers = {"hx-request": "true", "hx-current-url": page}
+        response = await http.get(f"/console/runs/{acme_run}/projections", headers=headers)
+    assert response.status_code == 401
+    # Back to the page the fragment belongs to once signed in, never to the bare fragment.
+    assert response.headers["hx-redirect"] == f"/console/signin?next=/console/runs/{acme_run}"
