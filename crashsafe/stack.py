@@ -255,6 +255,11 @@ class Stack:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     @property
+    def console_url(self) -> str:
+        """The evidence console the gateway serves (sign in with the stack's key, `<state>/api_key`)."""
+        return f"{self.gateway_url}/console/"
+
+    @property
     def sandbox_url(self) -> str:
         """Where the services' providers answer: the stack's own sandbox, or the `providers_url` it was given."""
         return self.providers_url or f"http://127.0.0.1:{self.sandbox_port}"
@@ -596,6 +601,7 @@ class Stack:
             "status": self.status,
             "nats_url": self.nats_url,
             "gateway_url": self.gateway_url,
+            "console_url": self.console_url,
             "sandbox_url": self.sandbox_url,
             # Set when `up --providers URL` runs against providers of someone else's (no sandbox process).
             "providers_url": self.providers_url,

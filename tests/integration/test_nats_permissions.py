@@ -223,6 +223,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         # A manager's decision on an approval record; the session lane a new message claims.
         allowed |= {"KV approvals: `approval.apr_1`", "KV sessions: `session.t1.h`"}
         allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
+        allowed |= {f"direct get on {KV_PROJECTIONS}"}  # the console shows a run's projection receipts
     elif role is Role.RUNTIME:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up
