@@ -213,11 +213,8 @@ async def run_up(
         raise
     providers = "sandbox  " if stack.runs_sandbox else "providers"
     console.print(
-        f"nats     {stack.nats_url}
-gateway  {stack.gateway_url}
-console  {stack.console_url}
-{providers} {stack.sandbox_url}
-state    {state_dir / 'stack.json'}"
+        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nconsole  {stack.console_url}"
+        f"\n{providers} {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
         f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )
