@@ -11,12 +11,14 @@ from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.providers import Providers
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.registry import Registry
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure(f"executor.{family}", settings.log_level)
+    telemetry = configure_telemetry("executor", settings.otel, resource={"crashsafe.family": family})
     verifier = load_verifier(
         settings.capability_verify_keys, registry.compensation_only, registry.model_tools
     )
@@ -32,3 +34,4 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
             await executor.close()
     finally:
         await broker.close()
+        telemetry.close()

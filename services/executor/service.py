@@ -66,7 +66,8 @@ from services.platform.provisioning import executor_streams, require
 from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.settings import Settings
-from services.platform.tracing import context_from, headers_for
+from contracts.spans import SpanName
+from services.platform.tracing import annotate, context_from, headers_for, span
 from services.platform.kv_effects import KvEffects
 from services.registry import KvOperation, ProviderAnswer, Registry, Tool
 
@@ -258,6 +259,19 @@ class Executor:
         await self.handle(request, ctx, meta.sequence.stream, meta.num_delivered)
 
     async def handle(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
+        # Bounded: the attributes of a request that has not been verified yet are a caller's text.
+        with span(
+            SpanName.EXECUTOR_CALL,
+            ctx,
+            run_id=request.run_id[:200],
+            step_no=request.step_no,
+            idempotency_key=request.key[:200],
+            tool=request.tool[:200],
+            service=f"executor.{self.family}",
+        ) as served:
+            await self._serve(request, served, stream_seq, deliveries)
+
+    async def _serve(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
         # Before the tool lookup, the argument check and the intent row: a request the runtime did not sign for
         # exactly this run, key, tool and input, or one past its expiry, is refused with no outcome at all (an
         # outcome would let its sender inject an answer into a real run) and never reaches a provider. A
@@ -289,7 +303,7 @@ class Executor:
             raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
             await self._publish(
-                await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False),
+                await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False, ctx=ctx),
                 ctx,
             )
             return
@@ -345,7 +359,7 @@ class Executor:
             case Resolve(attempts=attempts):
                 look_first = True
         try:
-            outcome = await self._run(request, tool, attempts, deliveries, look_first, store)
+            outcome = await self._run(request, tool, attempts, deliveries, look_first, store, ctx)
         except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
             if deliveries >= self.max_deliver - 1:
@@ -368,6 +382,7 @@ class Executor:
         deliveries: int,
         look_first: bool,
         store: ActionStore | None = None,
+        ctx: Context | None = None,
     ) -> ActionOutcome:
         """Call, and on an unknown answer look up by key; call again (same key) only once the provider has no
         record of it and no earlier call whose answer was unknown can still be in its hands."""
@@ -393,7 +408,7 @@ class Executor:
             sent_at = time.monotonic()
             answer = note(
                 Asked.PROVIDER_CALL,
-                await self.providers.call(tool, request, self._timeout(request, contract)),
+                await self.providers.call(tool, request, self._timeout(request, contract), ctx=ctx),
             )
             if answer.kind == Answer.UNKNOWN:
                 unknown_sent_at = sent_at
@@ -421,7 +436,7 @@ class Executor:
                     answer = note(
                         Asked.PROVIDER_LOOKUP,
                         await self.providers.lookup(
-                            tool, request.key, self._timeout(request, contract), request.args
+                            tool, request.key, self._timeout(request, contract), request.args, ctx=ctx
                         ),
                     )
                     step = after_lookup(request, contract, answer, attempts, deliveries, in_flight_left())
@@ -517,6 +532,7 @@ class Executor:
         return store
 
     async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:
+        annotate(ctx, outcome=outcome.status, via=outcome.via)
         await self.broker.publish(
             self.ns.outcomes(self.family, outcome.run_id),
             tool_encoder.encode(outcome),

@@ -52,7 +52,14 @@ from services.platform.provisioning import require as require_streams
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
-from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.platform.tracing import (
+    context_from,
+    current,
+    has_trace,
+    headers_for,
+    trace_id_of,
+    trace_requests,
+)
 from services.registry import Registry
 from services.platform.approvals import ApprovalRecords
 from services.platform.asks import reconcile_run, wake_run
@@ -131,7 +138,8 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         raise UnknownAgent(agent, known=sorted(registry.agents))
     message = admission.message
     door.limit(door.guests, f"{client.tenant}/{message.guest_id}", "guest")
-    ctx = context_from(dict(request.headers))
+    # The request's `gateway.request` span (trace_requests), whose context the inbound message carries on.
+    ctx = current() if has_trace(current()) else context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)
     turn_of = ""
@@ -563,6 +571,7 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             readyz,
         ],
         lifespan=[lifespan],
+        middleware=[trace_requests],
         before_request=_schema_for_clients_only,
         debug=False,
         logging_config=None,

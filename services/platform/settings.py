@@ -184,6 +184,9 @@ class Settings:
     nats_access: NatsAccess = field(default_factory=NatsAccess)
     # Projections (issue 10): every retry policy's durations times this (a 25-minute outage in seconds).
     projection_time_scale: float = 1.0
+    # Tracing (issue 11): the OpenTelemetry specification's own OTEL_* variables, as the environment had them
+    # (docs/observability.md); the SDK reads its exporter's details itself, these say whether to export at all.
+    otel: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(
@@ -366,6 +369,7 @@ class Settings:
                 positive_float,
                 "a number > 0 (1.0: the policies' own durations)",
             ),
+            otel=tuple(sorted((k, v) for k, v in env.items() if k.startswith("OTEL_"))),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -9,6 +9,7 @@ from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.providers import Providers
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.projector.service import Projector
 from services.registry import Registry
 
@@ -16,6 +17,7 @@ from services.registry import Registry
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("projector", settings.log_level)
+    telemetry = configure_telemetry("projector", settings.otel)
     broker = await Broker.connect(
         settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access
     )
@@ -30,3 +32,4 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             await projector.close()
     finally:
         await broker.close()
+        telemetry.close()

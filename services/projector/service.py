@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
+from opentelemetry.context import Context
 
 from contracts.dead_letters import DeadLetter, dead_letter_encoder
 from contracts.errors import (
@@ -40,6 +41,7 @@ from contracts.streams import (
     projections_spec,
     projector_planner_consumer,
 )
+from contracts.spans import SpanName
 from contracts.subjects import Header, StreamKind
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.crashpoints import crash_point
@@ -48,6 +50,8 @@ from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.provisioning import require
 from services.platform.settings import Settings
+from services.platform.tracing import annotate, context_from, headers_for, span
+from services.platform.tracing import current as current_trace
 from services.projector.core import (
     Dead,
     Decision,
@@ -276,7 +280,7 @@ class Projector:
             await msg.ack()
             return
         try:
-            planned = await self.plan_run(run_id, which)
+            planned = await self.plan_run(run_id, which, context_from(msg.headers))
         except Undeliverable as exc:
             await self._dead_letter(msg, exc.message, exc.code, {"run_id": run_id[:200]})
             return
@@ -284,10 +288,11 @@ class Projector:
             crash_point("projector.after_plan_publish")
         await msg.ack()
 
-    async def plan_run(self, run_id: str, which: Trigger = Trigger.ALL) -> int:
+    async def plan_run(self, run_id: str, which: Trigger = Trigger.ALL, ctx: Context | None = None) -> int:
         """Read the run's journal, fold it, publish the tasks it calls for (`Nats-Msg-Id` = the task's key: a
         second plan within the duplicate window is dropped by the stream, after it by the receipt). Returns how
-        many were published; raises Undeliverable for a journal that does not fold."""
+        many were published; raises Undeliverable for a journal that does not fold. `ctx`: the trace of the run
+        event that triggered the plan, carried on each task, so its delivery joins the run's trace."""
         stored = await self.broker.read_subject(self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id))
         try:
             state = replay(decode_event(m.data) for m in stored)
@@ -313,9 +318,13 @@ class Projector:
             ) from None
         if which is Trigger.AUDIT:
             tasks = [t for t in tasks if t.tool == AUDIT_TRAIL_TOOL]
+        headers = headers_for(ctx) if ctx is not None else None
         for task in tasks:
             await self.broker.publish(
-                self.ns.projection(task.tool, run_id), task_encoder.encode(task), msg_id=task.key
+                self.ns.projection(task.tool, run_id),
+                task_encoder.encode(task),
+                msg_id=task.key,
+                headers=headers,
             )
         if tasks:
             log(self.logger, logging.DEBUG, "planned", run_id=run_id, keys=[t.key for t in tasks])
@@ -355,7 +364,16 @@ class Projector:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._inflight[task.key] = done
             try:
-                await self._deliver(msg, task, tool)
+                # The receivers' calls inside are `provider.call` spans under this one (the task's current span).
+                with span(
+                    SpanName.PROJECTION_DELIVERY,
+                    context_from(msg.headers),
+                    run_id=task.run_id,
+                    idempotency_key=task.key,
+                    tool=task.tool,
+                    attempt=msg.metadata.num_delivered,
+                ):
+                    await self._deliver(msg, task, tool)
             finally:
                 self._inflight.pop(task.key, None)
                 done.set_result(None)
@@ -430,6 +448,7 @@ class Projector:
             provider_ref=answer.ref,
             detail=answer.detail[:500],
         )
+        annotate(current_trace(), outcome=type(decision).__name__.lower())
         match decision:
             case Delivered():
                 await self._save(

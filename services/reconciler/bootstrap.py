@@ -8,6 +8,7 @@ from services.platform import crashpoints
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.reconciler.service import Reconciler
 from services.registry import Registry
 
@@ -17,6 +18,7 @@ TICK_S = 1.0
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("reconciler", settings.log_level)
+    telemetry = configure_telemetry("reconciler", settings.otel)
     broker = await Broker.connect(
         settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access
     )
@@ -27,3 +29,4 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         await reconciler.run(stop, TICK_S)
     finally:
         await broker.close()
+        telemetry.close()

@@ -15,6 +15,7 @@ from contracts.errors import CrashsafeError
 from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
 from contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
+from contracts.spans import SpanName
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -26,6 +27,7 @@ from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
+from services.platform.tracing import context_from, span
 from services.registry import Registry, Tool
 from services.reconciler.audit import audit, audited, intents
 from services.platform.approvals import ApprovalRecords
@@ -141,7 +143,15 @@ class Reconciler:
                 if run_id in overdue_runs
                 else f"{len(keys)} unknown outcome(s) to resolve by key"
             )
-            await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys)
+            # Each ask a trace of its own: the run's re-sent requests and their lookups by key hang under it.
+            with span(
+                SpanName.RECONCILER_ASK,
+                context_from(None),
+                run_id=run_id,
+                outcome="overdue" if run_id in overdue_runs else "unknown",
+                keys=len(keys),
+            ) as ask:
+                await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys, ask)
             self.resolutions += len(keys)
         for run_id in stalled_runs(self.work, now, self.quiet_s):
             self.work.woken[run_id] = now

@@ -9,6 +9,7 @@ from services.platform.capability_keys import load_issuer
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.registry import Registry
 from services.knowledge.library import Library
 from services.platform.guests import GuestProfiles
@@ -22,6 +23,7 @@ from services.runtime.service import Runtime
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("runtime", settings.log_level)
+    telemetry = configure_telemetry("runtime", settings.otel)
     issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
     model = ModelGateway(settings.openai_base_url, settings.openai_api_key, settings.model)
     broker = await Broker.connect(
@@ -56,3 +58,4 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     finally:
         await model.close()
         await broker.close()
+        telemetry.close()

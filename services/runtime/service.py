@@ -65,7 +65,8 @@ from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
-from services.platform.tracing import context_from, headers_for, trace_id_of
+from contracts.spans import SpanAttr, SpanName
+from services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
 from services.registry import Registry
 from services.runtime.core.decide import (
     Append,
@@ -198,8 +199,14 @@ class Runtime:
 
     async def _on_inbound(self, msg: Msg) -> None:
         event = inbound_decoder.decode(msg.data)
-        ctx = context_from(msg.headers)
-        await self.admit(event, ctx, redelivered=msg.metadata.num_delivered > 1)
+        with span(
+            SpanName.RUNTIME_STEP,
+            context_from(msg.headers),
+            run_id=event.run_id,
+            agent=event.agent,
+            event_type="inbound",
+        ) as ctx:
+            await self.admit(event, ctx, redelivered=msg.metadata.num_delivered > 1)
 
     async def _on_timer(self, msg: Msg) -> None:
         """A fired durable timer (an approval's expiry): a wake of its run, which then asks the record."""
@@ -210,11 +217,22 @@ class Runtime:
                 f"a timer on {msg.subject} that is not a wake of its run", run_id=run_id or ""
             )
         async with self._lock(run_id):
-            await self.wake(wake, context_from(msg.headers))
+            with span(
+                SpanName.RUNTIME_STEP, context_from(msg.headers), run_id=run_id, event_type="timer"
+            ) as ctx:
+                await self.wake(wake, ctx)
 
     async def _on_runtime_message(self, msg: Msg) -> None:
         message = runtime_message_decoder.decode(msg.data)
-        ctx = context_from(msg.headers)
+        with span(
+            SpanName.RUNTIME_STEP,
+            context_from(msg.headers),
+            run_id=message.run_id,
+            event_type="outcome" if isinstance(message, ActionOutcome) else "wake",
+        ) as ctx:
+            await self._runtime_message(msg, message, ctx)
+
+    async def _runtime_message(self, msg: Msg, message: ActionOutcome | RunWake, ctx: Context) -> None:
         source, subject_run = self.ns.outcome_source(msg.subject) or ("", "")
         key, tool = (message.key, message.tool) if isinstance(message, ActionOutcome) else ("", "")
         if subject_run != message.run_id or isinstance(message, ActionOutcome) == (source == WAKE_TOKEN):
@@ -482,6 +500,7 @@ class Runtime:
 
     async def _drive(self, run: _Run, ctx: Context) -> None:
         """Advance the run until it waits on an action or ends. Every decision is journaled before it acts."""
+        annotate(ctx, step_no=run.state.next_step, agent=run.state.agent)
         agent = self.registry.agents.get(run.state.agent)
         if agent is None:
             raise PoisonMessage(
@@ -651,7 +670,17 @@ class Runtime:
             asked = model_asked(run.state, model_name, size, utcnow())
             self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
         try:
-            return await self.model.answer(agent, items, config, run.state.deadline_at)
+            with span(
+                SpanName.MODEL_CALL,
+                ctx,
+                run_id=run.state.run_id,
+                step_no=run.state.next_step,
+                agent=agent.name,
+                **{SpanAttr.ROUTE: model_name},
+            ) as called:
+                reply = await self.model.answer(agent, items, config, run.state.deadline_at)
+                annotate(called, route=reply.provider, outcome=f"{len(reply.tool_calls)} tool call(s)")
+                return reply
         except ModelUnavailable as exc:
             failed = model_asked(run.state, model_name, size, utcnow(), failed=exc.message[:500])
             try:
@@ -676,13 +705,21 @@ class Runtime:
         # Bound to the run's agent: an executor serves a compensation-only tool to a plan only for the agent
         # whose model may ask for it (support's refund_payment), never to a booking run.
         request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at, agent)
-        await self.broker.publish(
-            subject,
-            tool_encoder.encode(request),
-            # The run and step too: a business key may be asked by two steps or two runs, each its own request.
-            msg_id=f"{msg_id}:{intent.run_id}:{intent.step_no}:{intent.key}",
-            headers=headers_for(ctx),
-        )
+        with span(
+            SpanName.ACTION_REQUEST,
+            ctx,
+            run_id=intent.run_id,
+            step_no=intent.step_no,
+            idempotency_key=intent.key,
+            tool=intent.tool,
+        ) as sent:
+            await self.broker.publish(
+                subject,
+                tool_encoder.encode(request),
+                # The run and step too: a business key may be asked by two steps or two runs, each its own request.
+                msg_id=f"{msg_id}:{intent.run_id}:{intent.step_no}:{intent.key}",
+                headers=headers_for(sent),
+            )
 
     # Run cache ----------------------------------------------------------------------------------------------
 
