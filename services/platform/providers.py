@@ -171,7 +171,7 @@ class Providers:
                     SpanName.PROVIDER_CALL,
                     ctx if ctx is not None else current(),
                     run_id=request.run_id,
-                    step_no=request.step_no,
+                    step_no=request.step_no or None,  # a projection's request has no step
                     idempotency_key=request.key,
                     tool=tool.name,
                     **{SpanAttr.HTTP_METHOD: http.method, SpanAttr.HTTP_ROUTE: http.path},

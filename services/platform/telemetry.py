@@ -101,10 +101,7 @@ def configure_telemetry(
         return Telemetry()
     try:
         from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.resources import SERVICE_NAME
     except ImportError as exc:
         log(
             logger,
@@ -114,6 +111,25 @@ def configure_telemetry(
             missing=str(exc.name or exc),
         )
         return Telemetry()
+    provider = exporting_provider(service, resource)
+    trace.set_tracer_provider(provider)
+    log(
+        logger,
+        logging.INFO,
+        "exporting spans over OTLP/HTTP",
+        service_name=str(provider.resource.attributes.get(SERVICE_NAME)),
+    )
+    return Telemetry(provider)
+
+
+def exporting_provider(service: str, resource: Mapping[str, str] | None = None) -> Any:
+    """A TracerProvider (the SDK's; not installed here) exporting over OTLP/HTTP to where the OTEL_* variables
+    say, each batch it could not deliver counted."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME are read by the SDK (from the process's environment).
     detected = Resource.create(dict(resource or {}))
     if str(detected.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
@@ -122,11 +138,4 @@ def configure_telemetry(
     # Bounded queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048 by default) drained by the SDK's own thread: a slow or dead
     # backend drops spans, it never blocks a handler.
     provider.add_span_processor(BatchSpanProcessor(_counting(OTLPSpanExporter())))
-    trace.set_tracer_provider(provider)
-    log(
-        logger,
-        logging.INFO,
-        "exporting spans over OTLP/HTTP",
-        service_name=str(detected.attributes.get(SERVICE_NAME)),
-    )
-    return Telemetry(provider)
+    return provider
