@@ -494,6 +494,7 @@ class Executor:
             self.logger,
             logging.INFO,
             "resolved left-over intent",
+            run_id=request.run_id,
             key=request.key,
             via=outcome.via,
             status=outcome.status,

@@ -482,7 +482,14 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
             )
     except CrashsafeError as exc:
         return _error(exc)
-    log(logger, logging.INFO, "approval decided", approval_id=approval_id, decision=decision.value)
+    log(
+        logger,
+        logging.INFO,
+        "approval decided",
+        run_id=moved.record.run_id,
+        approval_id=approval_id,
+        decision=decision.value,
+    )
     return Response(content=_approval_json(moved.record, datetime.now(UTC)), status_code=200)
 
 

@@ -54,7 +54,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CRASHSAFE_SANDBOX_URL", "http://127.0.0.1:8090", "the providers"),
     Variable("CRASHSAFE_SANDBOX_PORT", "8090", "the sandbox's listen port"),
     Variable("CRASHSAFE_WORKER_ID", "<hostname>-<pid>", "this replica's name in journals and logs"),
-    Variable("CRASHSAFE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    Variable(
+        "CRASHSAFE_LOG_LEVEL",
+        "INFO",
+        "DEBUG, INFO, WARNING or ERROR: the JSON lines on stderr ([docs/observability.md](docs/observability.md#logs))",
+    ),
     Variable("CRASHSAFE_CRASH_AT", "unset", "a crash seam to SIGKILL at (tests and the demo)"),
     Variable("CRASHSAFE_MODEL", "scripted-booking", "the model name asked of the Responses API"),
     Variable(
