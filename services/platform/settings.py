@@ -104,6 +104,16 @@ VARIABLES: tuple[Variable, ...] = (
         "1.0",
         "projector: multiplies every projection retry delay and give-up time (tests shorten the clock: 0.01)",
     ),
+    Variable(
+        "CRASHSAFE_OPS_HOST",
+        "127.0.0.1",
+        "ops port address: `/healthz`, `/readyz`, `/metrics` (`0.0.0.0` in a pod)",
+    ),
+    Variable(
+        "CRASHSAFE_OPS_PORT",
+        "9464",
+        "ops port of runtime, executors, projector and reconciler (0: a free port, printed); the gateway serves them on its own",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -184,6 +194,9 @@ class Settings:
     nats_access: NatsAccess = field(default_factory=NatsAccess)
     # Projections (issue 10): every retry policy's durations times this (a 25-minute outage in seconds).
     projection_time_scale: float = 1.0
+    # The ops port (issue 11): liveness, readiness and metrics of every non-HTTP service.
+    ops_host: str = "127.0.0.1"
+    ops_port: int = 9464
 
     @classmethod
     def from_env(
@@ -366,6 +379,8 @@ class Settings:
                 positive_float,
                 "a number > 0 (1.0: the policies' own durations)",
             ),
+            ops_host=get("CRASHSAFE_OPS_HOST") or cls.ops_host,
+            ops_port=read("CRASHSAFE_OPS_PORT", cls.ops_port, port, "a port number 0-65535"),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -7,6 +7,7 @@ import asyncio
 from services.platform import crashpoints
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
+from services.platform.probes import OpsServer
 from services.platform.settings import Settings
 from services.reconciler.service import Reconciler
 from services.registry import Registry
@@ -17,13 +18,16 @@ TICK_S = 1.0
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("reconciler", settings.log_level)
+    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
         settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access
     )
     try:
         reconciler = Reconciler(broker, settings, logger, registry=registry)
         await reconciler.start()
+        ops.serve(reconciler.ops_checks)
         print("ready: reconciler", flush=True)
         await reconciler.run(stop, TICK_S)
     finally:
+        await ops.stop()
         await broker.close()
