@@ -37,11 +37,12 @@ from contracts.inbound import MAX_BODY_BYTES, InboundEvent, InboundMessage, inbo
 from contracts.keys import is_run_id
 from contracts.memory import SessionLane
 from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
+from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
 from contracts.subjects import Header, Namespace, StreamKind
 from services.gateway.access import Client, authenticate, parse_bearer, require
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
 from services.gateway import openapi as api
+from services.gateway import ops
 from services.gateway.quotas import Rate, TokenBuckets
 from services.platform.active_runs import Caps, claim
 from services.platform.clients import ClientKeys
@@ -505,19 +506,8 @@ async def healthz() -> dict[str, str]:
     | {503: api.ok(api.Readiness, "not ready: what is missing")[200]},
 )
 async def readyz(state: State) -> Response[Any]:
-    broker: Broker = state.broker
-    ns = state.settings.namespace
-    missing = [] if broker.connected else ["nats"]
-    if broker.connected:
-        for spec in stream_specs(ns):
-            try:
-                if not await broker.stream_exists(spec.name):
-                    missing.append(spec.name)
-            except CrashsafeError:
-                missing.append(spec.name)
-    return Response(
-        content={"ready": not missing, "missing": missing}, status_code=200 if not missing else 503
-    )
+    # NATS, its streams and buckets, each check named with its reason (services/gateway/ops.py).
+    return await ops.readiness(state)
 
 
 async def _schema_for_clients_only(request: Request[Any, Any, Any]) -> Response[Any] | None:
@@ -576,9 +566,11 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             post_approval,
             healthz,
             readyz,
+            ops.metrics_endpoint,
         ],
+        # Outermost first: the request's span is open while it is counted and handled.
+        middleware=[trace_requests, ops.count_requests],
         lifespan=[lifespan],
-        middleware=[trace_requests],
         before_request=_schema_for_clients_only,
         debug=False,
         logging_config=None,

@@ -108,6 +108,16 @@ VARIABLES: tuple[Variable, ...] = (
         "1.0",
         "projector: multiplies every projection retry delay and give-up time (tests shorten the clock: 0.01)",
     ),
+    Variable(
+        "CRASHSAFE_OPS_HOST",
+        "127.0.0.1",
+        "ops port address: `/healthz`, `/readyz`, `/metrics` (`0.0.0.0` in a pod)",
+    ),
+    Variable(
+        "CRASHSAFE_OPS_PORT",
+        "9464",
+        "ops port of runtime, executors, projector and reconciler (0: a free port, printed); the gateway serves them on its own",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -191,6 +201,9 @@ class Settings:
     # Tracing (issue 11): the OpenTelemetry specification's own OTEL_* variables, as the environment had them
     # (docs/observability.md); the SDK reads its exporter's details itself, these say whether to export at all.
     otel: tuple[tuple[str, str], ...] = ()
+    # The ops port (issue 11): liveness, readiness and metrics of every non-HTTP service.
+    ops_host: str = "127.0.0.1"
+    ops_port: int = 9464
 
     @classmethod
     def from_env(
@@ -374,6 +387,8 @@ class Settings:
                 "a number > 0 (1.0: the policies' own durations)",
             ),
             otel=tuple(sorted((k, v) for k, v in env.items() if k.startswith("OTEL_"))),
+            ops_host=get("CRASHSAFE_OPS_HOST") or cls.ops_host,
+            ops_port=read("CRASHSAFE_OPS_PORT", cls.ops_port, port, "a port number 0-65535"),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -37,6 +37,7 @@ from contracts.projections import (
 from contracts.run_events import decode_event
 from contracts.streams import (
     PLANNER_HISTORY_S,
+    ConsumerSpec,
     projection_consumer,
     projections_spec,
     projector_planner_consumer,
@@ -46,6 +47,7 @@ from contracts.subjects import Header, StreamKind
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, StoredMessage, Subscription
+from services.platform import metrics, probes
 from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.provisioning import require
@@ -247,6 +249,36 @@ class Projector:
             self._subscriptions.append(await self.broker.subscribe(spec, self._claimed(handler)))
         self._subscriptions.append(await self.broker.subscribe(planner, self._claimed(self._on_run_event)))
         log(self.logger, logging.INFO, "projector ready", tools=sorted(self.tools))
+
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness: NATS, its streams and the receipts bucket, the planner's and every worker's durable."""
+        kinds = (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)
+        return {
+            **probes.basic_checks(self.broker, [self.ns.stream(k) for k in kinds], [self.records]),
+            **probes.consumer_checks(self.broker, [self._planner(), *self._workers().values()]),
+        }
+
+    def ops_samplers(self) -> list[probes.Sampler]:
+        workers = self._workers()
+        backlog = {tool: metrics.PROJECTION_BACKLOG.labels(tool) for tool in workers}
+
+        async def sample_backlog() -> None:
+            # A worker's num_pending: tasks planned and not yet handed to any delivery.
+            for tool, spec in workers.items():
+                pending = await self.broker.consumer_pending(spec.stream, spec.durable)
+                if pending is not None:
+                    backlog[tool].set(pending)
+
+        lag = probes.lag_sampler(self.broker, lambda: [self._planner(), *workers.values()])
+        return [sample_backlog, lag]
+
+    def _planner(self) -> ConsumerSpec:
+        return projector_planner_consumer(self.ns, self.settings.ack_wait_s, self.history_s)
+
+    def _workers(self) -> dict[str, ConsumerSpec]:
+        return {
+            name: projection_consumer(self.ns, name, self.settings.ack_wait_s) for name in sorted(self.tools)
+        }
 
     async def close(self) -> None:
         for subscription in self._subscriptions:
@@ -596,6 +628,7 @@ class Projector:
         await self.broker.publish(
             self.ns.dead_letters(SERVICE), dead_letter_encoder.encode(letter), msg_id=msg_id
         )
+        metrics.DEAD_LETTERS.labels(SERVICE, letter.code).inc()
         log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=letter.code)
         if settle:
             await msg.term()

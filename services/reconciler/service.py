@@ -41,6 +41,7 @@ from services.reconciler.core import (
     stalled_runs,
     unsettled_unknowns,
 )
+from services.platform import metrics, probes
 from services.platform.tickets import publish_ticket
 from services.projector.plan import plan
 from services.reconciler import projections
@@ -98,6 +99,7 @@ class Reconciler:
         }
         self._logged_counts: dict[str, int] = {}
         self._projections_logged = datetime.min.replace(tzinfo=UTC)
+        self._unknown_tools: set[str] = set()
 
     async def start(self) -> None:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
@@ -106,6 +108,13 @@ class Reconciler:
             self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since
         )
         log(self.logger, logging.INFO, "reconciler ready")
+
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness: NATS, every stream, and the buckets it reads (approval records, projection receipts). It
+        follows the journals with an ordered consumer, which is its own and needs no durable."""
+        return probes.basic_checks(
+            self.broker, all_streams(self.ns), [approvals_spec(self.ns), projections_spec(self.ns)]
+        )
 
     async def _on_event(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
@@ -169,6 +178,16 @@ class Reconciler:
                 self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
         await self._projections(now)
+        self._count_unknowns()
+
+    def _count_unknowns(self) -> None:
+        """crashsafe_unknown_outcomes_open by tool, from what this tick scanned (a tool back to none reads 0)."""
+        counts: dict[str, int] = dict.fromkeys(self._unknown_tools, 0)
+        for request in self.work.unknown.values():
+            counts[request.tool] = counts.get(request.tool, 0) + 1
+        for tool, count in counts.items():
+            metrics.UNKNOWN_OUTCOMES_OPEN.labels(tool).set(count)
+        self._unknown_tools.update(counts)
 
     async def _approval_backstop(self, now: datetime) -> None:
         """Runs waiting for an approval: woken if their record is decided but the journal does not say so yet,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Origin,
+    RunCompleted,
     RunEvent,
     RunHandedOff,
     RunNudged,
@@ -41,6 +43,7 @@ from contracts.run_events import (
     request_for,
 )
 from contracts.streams import (
+    ConsumerSpec,
     active_spec,
     approvals_spec,
     runtime_consumers,
@@ -64,6 +67,7 @@ from services.platform.jetstream import Broker
 from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
+from services.platform import metrics, probes
 from services.platform.settings import Settings
 from contracts.spans import SpanAttr, SpanName
 from services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
@@ -104,6 +108,11 @@ MAX_CACHED_RUNS = 50_000
 _sizer = msgspec.json.Encoder()  # measures what a model call sends, for the budget's token estimate
 MAX_CONFLICT_RETRIES = 20
 DEADLINE_SLACK_S = 0.05  # wake just after the deadline, so `next_move` sees it passed
+# Metric children per agent (and hand-off reason), made once.
+_RUNS_STARTED = metrics.Children(metrics.RUNS_STARTED)
+_RUNS_COMPLETED = metrics.Children(metrics.RUNS_COMPLETED)
+_RUNS_HANDED_OFF = metrics.Children(metrics.RUNS_HANDED_OFF)
+_STEP_SECONDS = metrics.Children(metrics.STEP_SECONDS)
 
 
 def utcnow() -> datetime:
@@ -175,6 +184,7 @@ class Runtime:
         self.deliveries = Deliveries(
             broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s
         )
+        self.consumers: tuple[ConsumerSpec, ...] = ()  # its durables, once started
 
     async def start(self) -> None:
         await require(
@@ -188,12 +198,27 @@ class Runtime:
         )
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
         timers = timers_consumer(self.ns, self.settings.ack_wait_s)
+        self.consumers = (inbound, outcomes, timers)
         for spec in (inbound, outcomes, timers):
             await self.broker.ensure_consumer(spec)
         await self.broker.subscribe(inbound, self.deliveries.dispatch(self._on_inbound))
         await self.broker.subscribe(outcomes, self.deliveries.dispatch(self._on_runtime_message))
         await self.broker.subscribe(timers, self.deliveries.dispatch(self._on_timer))
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
+
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness: NATS, the streams and buckets it checked at start, and its three durables."""
+        return {
+            **probes.basic_checks(
+                self.broker,
+                all_streams(self.ns),
+                [active_spec(self.ns), approvals_spec(self.ns), sessions_spec(self.ns)],
+            ),
+            **probes.consumer_checks(self.broker, self.consumers),
+        }
+
+    def ops_samplers(self) -> list[probes.Sampler]:
+        return [probes.lag_sampler(self.broker, lambda: self.consumers)]
 
     # Message handlers ---------------------------------------------------------------------------------------
 
@@ -400,6 +425,7 @@ class Runtime:
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))
                 run = self._remember(_Run(fold_run(None, started), seq))
+                _RUNS_STARTED(event.agent).inc()
                 log(self.logger, logging.DEBUG, "run started", run_id=event.run_id, trace_id=trace_id_of(ctx))
             except RunVersionConflict:
                 run = await self._load(event.run_id, ctx, fresh=True)
@@ -501,6 +527,13 @@ class Runtime:
     async def _drive(self, run: _Run, ctx: Context) -> None:
         """Advance the run until it waits on an action or ends. Every decision is journaled before it acts."""
         annotate(ctx, step_no=run.state.next_step, agent=run.state.agent)
+        started = time.perf_counter()
+        try:
+            await self._drive_on(run, ctx)
+        finally:
+            _STEP_SECONDS(run.state.agent).observe(time.perf_counter() - started)
+
+    async def _drive_on(self, run: _Run, ctx: Context) -> None:
         agent = self.registry.agents.get(run.state.agent)
         if agent is None:
             raise PoisonMessage(
@@ -732,6 +765,11 @@ class Runtime:
     def _apply(self, run: _Run, event: RunEvent | UnknownEvent, seq: int) -> None:
         run.state = fold_run(run.state, event)
         run.seq = seq
+        # Counted where they are journaled (each append happens once: a clash raises before it gets here).
+        if isinstance(event, RunCompleted):
+            _RUNS_COMPLETED(run.state.agent).inc()
+        elif isinstance(event, RunHandedOff):
+            _RUNS_HANDED_OFF(run.state.agent, str(event.reason)).inc()
 
     def _remember(self, run: _Run) -> _Run:
         self._runs[run.state.run_id] = run
