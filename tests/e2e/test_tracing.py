@@ -1,15 +1,19 @@
 """One booking is one trace across real processes, exported over OTLP/HTTP to a receiver the test runs; with the
-tracing backend down, the booking still completes and each service says so once.
+tracing backend down, the booking still completes, each service says so once in its log and counts the batches it
+could not deliver on its /metrics (crashsafe_telemetry_export_failures_total, read at stack.json's ops_url).
 
 The tree of one booking, as the first test prints it, is quoted in docs/observability.md."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.platform.natsd import NatsServer
 from tests.support.otlp import Collector, ReceivedSpan, otlp_collector, tree
@@ -127,8 +131,28 @@ async def test_with_the_tracing_backend_down_the_booking_completes(
                     down.add(path.stem)
             return down if {"gateway", "runtime"} <= down else set()
 
-        # Each service counted the batch it could not deliver (TELEMETRY_EXPORT_FAILURES) and said so once.
+        # Each service said so once, and counts the batches it could not deliver on its /metrics.
         down = await eventually(said_down, what="the gateway and the runtime to report the backend down")
         for name in down:
             text = (logs / f"{name}.log").read_text(errors="replace")
             assert text.count("tracing backend down") == 1, name
+        state = json.loads((client.stack.state_dir / "stack.json").read_text())
+        ops = {s["name"]: s["ops_url"] for s in state["services"] if s.get("ops_url")}
+        for name in ("gateway", "runtime"):
+            assert await _export_failures(ops[name]) > 0, name
+        # And the stack still takes the next guest.
+        second, _ = await client.start_run()
+        assert (await client.wait_terminal(second))["status"] == "completed"
+
+
+async def _export_failures(ops_url: str) -> float:
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        response = await http.get(f"{ops_url}/metrics")
+    response.raise_for_status()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == "crashsafe_telemetry_export_failures_total"
+        and sample.labels == {"signal": "traces"}
+    )
