@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import Token
@@ -60,6 +61,27 @@ def _tracer_of(provider: trace.TracerProvider) -> trace.Tracer:
     return tracer
 
 
+# W3C Trace Context: what a caller may send is checked before it is copied into every message of a run (on the
+# no-SDK path it travels verbatim): a traceparent of the standard's shape, a tracestate of its size and alphabet.
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE = re.compile(r"[\x20-\x7e]{1,512}")
+_ATTR_CHARS = 256  # a span attribute's text is cut there: a caller's path or key must not make a span huge
+
+
+def _well_formed(carrier: dict[str, str]) -> dict[str, str]:
+    parent = carrier.get(Header.TRACEPARENT.value, "")
+    if not _TRACEPARENT.fullmatch(parent) or parent.startswith("ff"):
+        return {}
+    state = carrier.get(Header.TRACESTATE.value)
+    if state is not None and not _TRACESTATE.fullmatch(state):
+        return {Header.TRACEPARENT.value: parent}
+    return carrier
+
+
+def _bounded(attrs: dict[str, AttrValue]) -> dict[str, str | int | float | bool]:
+    return {k: v[:_ATTR_CHARS] if isinstance(v, str) else v for k, v in attrs.items() if v is not None}
+
+
 def _root_traceparent() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
@@ -71,6 +93,8 @@ def context_from(headers: Mapping[str, str] | None) -> otel_context.Context:
         for k, v in (headers or {}).items()
         if k.lower() in (Header.TRACEPARENT, Header.TRACESTATE)
     }
+    if carrier:
+        carrier = _well_formed(carrier)
     made_up = Header.TRACEPARENT not in carrier
     if made_up:
         carrier = {Header.TRACEPARENT.value: _root_traceparent()}
@@ -149,7 +173,7 @@ class span:  # noqa: N801 -- used as a function: `with span(SpanName.X, parent, 
                     self._name.value,
                     context=parent,
                     kind=_KINDS.get(self._name, SpanKind.INTERNAL),
-                    attributes={k: v for k, v in self._attrs.items() if v is not None},
+                    attributes=_bounded(self._attrs),
                 )
                 ctx = trace.set_span_in_context(self._span, parent)
             except Exception:  # noqa: BLE001 -- a tracing fault must never fail the work it watches
@@ -187,11 +211,8 @@ class span:  # noqa: N801 -- used as a function: `with span(SpanName.X, parent, 
 def annotate(ctx: otel_context.Context, **attrs: AttrValue) -> None:
     """Attributes learnt after a span opened (the step a run is at, the answer a provider gave)."""
     opened = trace.get_current_span(ctx)
-    if not opened.is_recording():
-        return
-    for key, value in attrs.items():
-        if value is not None:
-            opened.set_attribute(key, value)
+    if opened.is_recording():
+        opened.set_attributes(_bounded(attrs))
 
 
 def failed(ctx: otel_context.Context, why: str) -> None:

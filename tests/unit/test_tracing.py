@@ -106,3 +106,40 @@ def test_attributes_that_are_none_are_left_out(spans: InMemorySpanExporter) -> N
         annotate(ctx, outcome=None, step_no=3)
     (call,) = spans.get_finished_spans()
     assert dict(call.attributes or {}) == {"run_id": "r", "step_no": 3}
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nNats-Msg-Id: x",
+        "00-" + "a" * 5000,
+        "<script>alert(1)</script>",
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+    ],
+)
+def test_a_traceparent_not_of_the_standards_shape_is_not_carried_on(hostile: str) -> None:
+    ctx = context_from({"traceparent": hostile, "tracestate": "vendor=1"})
+    carried = headers_for(ctx)
+    assert set(carried) == {"traceparent"} and carried["traceparent"] != hostile
+    assert len(trace_id_of(ctx)) == 32
+
+
+def test_a_tracestate_too_long_or_not_printable_is_dropped_and_the_parent_kept() -> None:
+    for state in ("v=" + "x" * 600, "v=1\nx=2"):
+        assert headers_for(context_from({"traceparent": INCOMING, "tracestate": state})) == {
+            "traceparent": INCOMING
+        }
+    assert headers_for(context_from({"traceparent": INCOMING, "tracestate": "v=1"})) == {
+        "traceparent": INCOMING,
+        "tracestate": "v=1",
+    }
+
+
+def test_a_long_attribute_is_cut(spans: InMemorySpanExporter) -> None:
+    with span(SpanName.GATEWAY_REQUEST, context_from(None), **{"http.route": "/v1/" + "x" * 10_000}):
+        pass
+    (request,) = spans.get_finished_spans()
+    assert len(str((request.attributes or {})["http.route"])) == 256
