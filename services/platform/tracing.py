@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from asyncio import CancelledError
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import Token
 from types import TracebackType
@@ -200,7 +201,7 @@ class span:  # noqa: N801 -- used as a function: `with span(SpanName.X, parent, 
         if opened is None:
             return
         try:
-            if exc is not None:
+            if exc is not None and not isinstance(exc, CancelledError):  # a stop is no failure
                 opened.record_exception(exc)
                 opened.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:300]))
             opened.end()
