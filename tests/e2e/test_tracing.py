@@ -63,7 +63,11 @@ async def test_one_booking_is_one_trace_across_the_services(
         if len(traces) != 1:
             return None
         spans = collector.of_trace(traces.pop())
-        return spans if _edges(spans) >= EDGES else None
+        # Whole: every boundary seen, and every span's parent arrived (a parent ends, so is sent, after its
+        # children: its batch may come later than theirs).
+        ids = {s.span_id for s in spans}
+        whole = all(s.parent_id in ids for s in spans if s.name != "gateway.request")
+        return spans if whole and _edges(spans) >= EDGES else None
 
     spans = await eventually(booking_trace, what=f"run {run_id}'s spans, every boundary of them")
     print(f"\nthe trace of run {run_id}:\n{tree(spans)}")
