@@ -35,6 +35,7 @@ _KINDS = {
 }
 # Probes and scrapes every few seconds are not a guest's request: they would bury the traces that are.
 _UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+_UNTRACED_PREFIXES = ("/console/static/",)  # the console's vendored scripts and styles
 
 AttrValue = str | int | float | bool | None
 
@@ -231,7 +232,8 @@ def trace_requests(app: ASGIApp) -> ASGIApp:
     request's handler running in its context (`current()`)."""
 
     async def traced(scope: Any, receive: Any, send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope.get("type") != "http" or scope.get("path") in _UNTRACED_PATHS:
+        path = scope.get("path", "")
+        if scope.get("type") != "http" or path in _UNTRACED_PATHS or path.startswith(_UNTRACED_PREFIXES):
             await app(scope, receive, send)
             return
         carrier: dict[str, str] = {}

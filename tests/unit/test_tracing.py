@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -13,7 +14,15 @@ from opentelemetry.trace import StatusCode
 from opentelemetry.util._once import Once
 
 from contracts.spans import SpanName
-from services.platform.tracing import annotate, context_from, current, headers_for, span, trace_id_of
+from services.platform.tracing import (
+    annotate,
+    context_from,
+    current,
+    headers_for,
+    span,
+    trace_id_of,
+    trace_requests,
+)
 
 INCOMING = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -143,3 +152,29 @@ def test_a_long_attribute_is_cut(spans: InMemorySpanExporter) -> None:
         pass
     (request,) = spans.get_finished_spans()
     assert len(str((request.attributes or {})["http.route"])) == 256
+
+
+async def test_each_http_request_is_a_span_its_handler_runs_in(spans: InMemorySpanExporter) -> None:
+    seen: list[str] = []
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(trace_id_of(current()))
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: Any) -> None:
+        pass
+
+    app = trace_requests(handler)
+    for path, headers in (
+        ("/v1/events", [(b"traceparent", INCOMING.encode())]),
+        ("/v1/events", []),
+        ("/healthz", []),
+        ("/console/static/htmx.min.js", []),
+    ):
+        await app({"type": "http", "method": "POST", "path": path, "headers": headers}, None, send)
+    continued, fresh = spans.get_finished_spans()  # the probe and the static file: no span
+    assert continued.parent is not None and format(continued.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert fresh.parent is None
+    assert (fresh.attributes or {})["http.response.status_code"] == 202
+    assert seen[:2] == [f"{continued.context.trace_id:032x}", f"{fresh.context.trace_id:032x}"]
