@@ -30,6 +30,7 @@ from bench.driver import (
     guest_messages,
     jetstream_submitter,
 )
+from bench import otlp_sink
 from bench.figures import Phase, cpu_table, phase_figures, phase_table, rss_line, to_json, verdict
 from bench.probes import (
     PY_SPY_HINT,
@@ -117,6 +118,7 @@ class Report:
     profiles: list[str]
     untracked_events: int
     http_reconnects: int
+    otel: bool = False
 
 
 async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> Report:
@@ -221,6 +223,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         profiles=profiles,
         untracked_events=watcher.untracked,
         http_reconnects=raw.retries,
+        otel=args.otel,
     )
 
 
@@ -230,6 +233,12 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Report:
     env = {"CRASHSAFE_LOG_LEVEL": args.log_level} if args.log_level else {}
     env.update(dict(item.split("=", 1) for item in args.env))
     reconciler = workload.reconciler if args.reconciler is None else args.reconciler
+    sink = None
+    if args.otel:
+        # Spans on, every process exporting them over OTLP/HTTP to a sink that discards them.
+        sink, url = otlp_sink.start()
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, **env}
+        note(f"[{workload.name}] spans on, exported to {url}")
     stack = Stack(
         state_dir,
         executors=workload.executors,
@@ -248,6 +257,9 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Report:
         return asyncio.run(drive(stack, workload, args))
     finally:
         stack.stop()
+        if sink is not None:
+            sink.terminate()
+            sink.wait()
         if args.keep:
             note(f"[{workload.name}] kept state and logs in {state_dir}")
         else:
@@ -259,7 +271,7 @@ def render(report: Report) -> str:
     env = f", env {' '.join(report.env)}" if report.env else ""
     title = (
         f"== {report.workload} (agent {report.agent}, nats sync_interval {sync}, "
-        f"log level {report.log_level}, runtimes {report.runtimes}{env})"
+        f"log level {report.log_level}, runtimes {report.runtimes}, spans {'on' if report.otel else 'off'}{env})"
     )
     parts = [title, phase_table(report.phases), "", cpu_table(report.phases), ""]
     parts += [rss_line(report.peak_rss_mb), report.verdict]
@@ -325,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="extra environment for every service (repeatable)",
+    )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="spans on: every service exports its spans over OTLP/HTTP to a local sink that discards them",
     )
     parser.add_argument(
         "--run-timeout", type=float, default=60.0, help="seconds before a run counts as lost (default 60)"

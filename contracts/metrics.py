@@ -107,16 +107,16 @@ UNKNOWN_OUTCOMES_OPEN = MetricSpec(
 LOOKUPS = MetricSpec(
     name="crashsafe_lookups",
     kind=MetricKind.COUNTER,
-    help="providers asked by key what became of an action, by tool and answer (found, absent, unreachable)",
+    help="providers asked by key what became of an action, by tool and answer (found, rejected, absent, unknown)",
     labels=("tool", "answer"),
-    services=("executor", "reconciler"),
+    services=("executor",),
 )
 DEAD_LETTERS = MetricSpec(
     name="crashsafe_dead_letters",
     kind=MetricKind.COUNTER,
     help="messages a service gave up on and dead-lettered, by service and error code",
     labels=("service", "code"),
-    services=("runtime", "executor", "projector", "reconciler"),
+    services=("runtime", "executor", "projector"),
 )
 PROJECTION_BACKLOG = MetricSpec(
     name="crashsafe_projection_backlog",
@@ -137,14 +137,14 @@ LEASE_OWNED = MetricSpec(
     kind=MetricKind.GAUGE,
     help="1 while this replica holds the lease of a partition, else 0",
     labels=("family", "partition"),
-    services=("executor", "runtime"),
+    services=("executor",),
 )
 CONSUMER_LAG = MetricSpec(
     name="crashsafe_consumer_lag",
     kind=MetricKind.GAUGE,
     help="messages a durable consumer has not yet been delivered (num_pending), by stream and consumer",
     labels=("stream", "consumer"),
-    services=("runtime", "executor", "projector", "reconciler"),
+    services=("runtime", "executor", "projector"),
 )
 GATEWAY_REQUESTS = MetricSpec(
     name="crashsafe_gateway_requests",

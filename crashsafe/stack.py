@@ -249,6 +249,11 @@ class Stack:
                 seam = crash.get(name, crash.get(base))
                 once = {"CRASHSAFE_CRASH_AT": seam} if seam else {}
                 self.services[name] = Service(name=name, args=list(args), once_env=once, base=base)
+        # Every process's own ops port (/healthz, /readyz, /metrics), kept across its restarts; the gateway
+        # answers them on its own port and the sandbox has none.
+        self.ops_ports: dict[str, int] = {
+            name: free_port() for name in self.services if name not in SINGLE_PORT
+        }
 
     @property
     def gateway_url(self) -> str:
@@ -318,9 +323,18 @@ class Stack:
         if creds is not None:
             env["CRASHSAFE_NATS_CREDS"] = str(creds)
         env.update(self.base_env)
+        if service.name in self.ops_ports:
+            env["CRASHSAFE_OPS_PORT"] = str(self.ops_ports[service.name])
         env.update(service.env)
         env.update(service.once_env)
         return env
+
+    def ops_url(self, name: str) -> str | None:
+        """Where a process answers /healthz, /readyz and /metrics (the gateway: its own port; the sandbox: none)."""
+        if name == "gateway":
+            return self.gateway_url
+        port = self.ops_ports.get(name)
+        return f"http://127.0.0.1:{port}" if port is not None else None
 
     def creds_for(self, base: str) -> Path | None:
         """The credential file of the NATS user a service of `base` runs as (the sandbox speaks no NATS)."""
@@ -593,6 +607,7 @@ class Stack:
             "pid": service.process.pid if service.process else None,
             "restarts": service.restarts,
             "identity": service.identity.to_json() if service.identity and alive else None,
+            "ops_url": self.ops_url(service.name),
         }
 
     def write_state(self) -> None:

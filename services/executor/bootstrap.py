@@ -9,17 +9,21 @@ from services.platform import crashpoints
 from services.platform.capability_keys import load_verifier
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
+from services.platform.probes import OpsServer
 from services.platform.providers import Providers
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.registry import Registry
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure(f"executor.{family}", settings.log_level)
+    telemetry = configure_telemetry("executor", settings.otel, resource={"crashsafe.family": family})
     verifier = load_verifier(
         settings.capability_verify_keys, registry.compensation_only, registry.model_tools
     )
+    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
         settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access
     )
@@ -27,8 +31,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
         async with Providers.connect(settings.sandbox_url) as providers:
             executor = Executor(broker, settings, registry, family, providers, logger, verifier)
             await executor.start()
+            ops.serve(executor.ops_checks, executor.ops_samplers())
             print(f"ready: executor {family}", flush=True)
             await stop.wait()
             await executor.close()
     finally:
+        await ops.stop()
         await broker.close()
+        telemetry.close()

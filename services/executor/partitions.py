@@ -26,6 +26,7 @@ from services.executor.ownership import (
     tenure_after_write,
 )
 from services.platform.jetstream import Broker
+from services.platform import metrics
 from services.platform.logs import log
 from services.platform.settings import Settings
 
@@ -71,6 +72,13 @@ class PartitionKeeper:
         self._releasing: dict[int, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
+        self._owned_gauges = [metrics.LEASE_OWNED.labels(family, str(p)) for p in range(settings.partitions)]
+
+    def report(self) -> None:
+        """crashsafe_partition_lease_owned: 1 for each partition this replica may act on now, else 0."""
+        now = time.monotonic()
+        for p, gauge in enumerate(self._owned_gauges):
+            gauge.set(1 if fenced(self.tenures.get(p), now) is None else 0)
 
     @property
     def held(self) -> list[int]:
@@ -126,6 +134,7 @@ class PartitionKeeper:
                     error=exc.code.value,
                     detail=exc.message,
                 )
+                self.report()  # a lease not renewed runs out by the local clock: say so, NATS or not
 
     async def tick(self) -> None:
         async with self._lock:
@@ -160,6 +169,7 @@ class PartitionKeeper:
                     case Acquire(partition=p, revision=revision) if p not in self._releasing:
                         # (one still being put down after a loss is taken again next round, not over it)
                         await self._acquire(p, revision)
+            self.report()
 
     def _lease(self, partition: int, owner: str) -> bytes:
         now = time.time()
@@ -211,6 +221,7 @@ class PartitionKeeper:
         except LeaseConflict:
             # Expired and taken (or expired while this replica was paused): stop at once, the fence already holds.
             self.tenures.pop(partition, None)
+            self.report()
             log(self.logger, logging.WARNING, "partition lease lost", family=self.family, partition=partition)
             if partition not in self._releasing:
                 self._releasing[partition] = asyncio.create_task(self._let_go(partition))
@@ -243,6 +254,7 @@ class PartitionKeeper:
         tenure = self.tenures.pop(partition, None)
         if tenure is None:
             return
+        self.report()
         try:
             await self.broker.kv_write(
                 self.spec,

@@ -27,7 +27,7 @@ from contracts.errors import (
     RetryClass,
 )
 from contracts.keys import CompensationKind, compensation_key, partition_of
-from contracts.streams import executor_consumer, leases_spec
+from contracts.streams import ConsumerSpec, executor_consumer, leases_spec
 from contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -56,7 +56,14 @@ from services.executor.core import (
     refused,
     unknown_outcome,
 )
-from services.executor.ownership import Holder, holder_decoder, lease_encoder, takeover
+from services.executor.ownership import (
+    Holder,
+    fenced,
+    holder_decoder,
+    lease_encoder,
+    member_decoder,
+    takeover,
+)
 from services.executor.partitions import PartitionKeeper
 from services.executor.store import ActionStore
 from services.platform.consumer import Deliveries
@@ -64,9 +71,11 @@ from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, Subscription
 from services.platform.provisioning import executor_streams, require
 from services.platform.logs import log
+from services.platform import metrics, probes
 from services.platform.providers import Providers
 from services.platform.settings import Settings
-from services.platform.tracing import context_from, headers_for
+from contracts.spans import SpanName
+from services.platform.tracing import annotate, context_from, headers_for, span
 from services.platform.kv_effects import KvEffects
 from services.registry import KvOperation, ProviderAnswer, Registry, Tool
 
@@ -90,6 +99,13 @@ class OutcomeStillUnknown(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return {"key": self.key}
+
+
+# Metric children per tool (and outcome), made once; a provider's answer kind as the metric names it.
+_PROVIDER_CALLS = metrics.Children(metrics.PROVIDER_CALLS)
+_PROVIDER_CALL_SECONDS = metrics.Children(metrics.PROVIDER_CALL_SECONDS)
+_LOOKUPS = metrics.Children(metrics.LOOKUPS)
+_CALL_OUTCOME = {Answer.OK: "succeeded", Answer.REJECTED: "failed", Answer.UNKNOWN: "unknown"}
 
 
 class Executor:
@@ -170,6 +186,46 @@ class Executor:
         for store in list(self.stores.values()):
             await store.close()
         self.stores.clear()
+
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness, asked afresh each time (partitions move): NATS and its streams; in shared mode its member
+        record alive, with an explicit list each listed partition's lease held; every held partition's store
+        answering and its consumer present."""
+        checks = probes.basic_checks(self.broker, executor_streams(self.ns))
+        keeper = self.keeper
+        if keeper.static is None:
+            checks["member"] = self._member_alive
+        else:
+            for p in keeper.static:
+                checks[f"lease:{p}"] = functools.partial(self._lease_held, p)
+        for p, store in sorted(self.stores.items()):
+            checks[f"store:{p}"] = functools.partial(_store_answers, store)
+        checks.update(probes.consumer_checks(self.broker, self._consumers()))
+        return checks
+
+    def ops_samplers(self) -> list[probes.Sampler]:
+        return [probes.lag_sampler(self.broker, self._consumers)]
+
+    def _consumers(self) -> list[ConsumerSpec]:
+        return [
+            executor_consumer(
+                self.ns, self.family, p, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
+            )
+            for p in sorted(self._subscriptions)
+        ]
+
+    async def _member_alive(self) -> str | None:
+        keeper = self.keeper
+        entry = await self.broker.kv_get(keeper.spec, self.ns.member_key(self.family, keeper.me))
+        if entry is None:
+            return f"member record of {keeper.me} expired (lease rounds not landing)"
+        if member_decoder.decode(entry.value).incarnation != self.incarnation:
+            return f"member record of {keeper.me} belongs to another process life"
+        return None
+
+    async def _lease_held(self, partition: int) -> str | None:
+        why = fenced(self.keeper.tenures.get(partition), time.monotonic())
+        return None if why is None else f"partition {partition}: {why}"
 
     async def _take_up(self, partition: int, token: int) -> None:
         """A partition's lease was acquired: open its store, learn whether it is a takeover, settle what it left
@@ -258,6 +314,19 @@ class Executor:
         await self.handle(request, ctx, meta.sequence.stream, meta.num_delivered)
 
     async def handle(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
+        # Bounded: the attributes of a request that has not been verified yet are a caller's text.
+        with span(
+            SpanName.EXECUTOR_CALL,
+            ctx,
+            run_id=request.run_id[:200],
+            step_no=request.step_no,
+            idempotency_key=request.key[:200],
+            tool=request.tool[:200],
+            service=f"executor.{self.family}",
+        ) as served:
+            await self._serve(request, served, stream_seq, deliveries)
+
+    async def _serve(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
         # Before the tool lookup, the argument check and the intent row: a request the runtime did not sign for
         # exactly this run, key, tool and input, or one past its expiry, is refused with no outcome at all (an
         # outcome would let its sender inject an answer into a real run) and never reaches a provider. A
@@ -289,7 +358,7 @@ class Executor:
             raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
             await self._publish(
-                await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False),
+                await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False, ctx=ctx),
                 ctx,
             )
             return
@@ -338,6 +407,9 @@ class Executor:
                 await self._publish(self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
                 return
             case Conflict(outcome=outcome):
+                _PROVIDER_CALLS(
+                    request.tool, "conflict"
+                ).inc()  # refused before any call: the key's input differs
                 await self._publish(self._with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
                 return
             case Execute():
@@ -345,7 +417,7 @@ class Executor:
             case Resolve(attempts=attempts):
                 look_first = True
         try:
-            outcome = await self._run(request, tool, attempts, deliveries, look_first, store)
+            outcome = await self._run(request, tool, attempts, deliveries, look_first, store, ctx)
         except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
             if deliveries >= self.max_deliver - 1:
@@ -368,6 +440,7 @@ class Executor:
         deliveries: int,
         look_first: bool,
         store: ActionStore | None = None,
+        ctx: Context | None = None,
     ) -> ActionOutcome:
         """Call, and on an unknown answer look up by key; call again (same key) only once the provider has no
         record of it and no earlier call whose answer was unknown can still be in its hands."""
@@ -393,8 +466,10 @@ class Executor:
             sent_at = time.monotonic()
             answer = note(
                 Asked.PROVIDER_CALL,
-                await self.providers.call(tool, request, self._timeout(request, contract)),
+                await self.providers.call(tool, request, self._timeout(request, contract), ctx=ctx),
             )
+            _PROVIDER_CALL_SECONDS(request.tool).observe(time.monotonic() - sent_at)
+            _PROVIDER_CALLS(request.tool, _CALL_OUTCOME.get(answer.kind, str(answer.kind))).inc()
             if answer.kind == Answer.UNKNOWN:
                 unknown_sent_at = sent_at
             return after_call(request, contract, answer, attempts, deliveries)
@@ -421,9 +496,10 @@ class Executor:
                     answer = note(
                         Asked.PROVIDER_LOOKUP,
                         await self.providers.lookup(
-                            tool, request.key, self._timeout(request, contract), request.args
+                            tool, request.key, self._timeout(request, contract), request.args, ctx=ctx
                         ),
                     )
+                    _LOOKUPS(request.tool, str(answer.kind)).inc()
                     step = after_lookup(request, contract, answer, attempts, deliveries, in_flight_left())
                 case CallAgain(delay_s=delay):
                     await asyncio.sleep(delay)
@@ -479,6 +555,7 @@ class Executor:
             self.logger,
             logging.INFO,
             "resolved left-over intent",
+            run_id=request.run_id,
             key=request.key,
             via=outcome.via,
             status=outcome.status,
@@ -517,6 +594,7 @@ class Executor:
         return store
 
     async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:
+        annotate(ctx, outcome=outcome.status, via=outcome.via)
         await self.broker.publish(
             self.ns.outcomes(self.family, outcome.run_id),
             tool_encoder.encode(outcome),
@@ -535,3 +613,8 @@ class Executor:
             status=outcome.status,
             via=outcome.via,
         )
+
+
+async def _store_answers(store: ActionStore) -> str | None:
+    await store.ping()
+    return None

@@ -104,6 +104,10 @@ class ActionStore:
     async def close(self) -> None:
         await self._db.close()
 
+    async def ping(self) -> None:
+        """Readiness: the file is open and SQLite answers (raises otherwise)."""
+        await self._db.execute_fetchall("SELECT 1")
+
     async def get(self, key: str) -> Record | None:
         rows = await self._db.execute_fetchall(
             "SELECT key, input_hash, status, attempts, outcome FROM actions WHERE key = ?", (key,)

@@ -39,12 +39,13 @@ from contracts.inbound import MAX_BODY_BYTES, InboundEvent, InboundMessage, inbo
 from contracts.keys import is_run_id
 from contracts.memory import SessionLane
 from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
+from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
 from contracts.subjects import Header, Namespace, StreamKind
 from services.console.app import console_router
 from services.gateway.access import Client, authenticate, parse_bearer, require
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
 from services.gateway import openapi as api
+from services.gateway import ops
 from services.gateway.quotas import Rate, TokenBuckets
 from services.platform.active_runs import Caps, claim
 from services.platform.clients import ClientKeys
@@ -55,7 +56,14 @@ from services.platform.provisioning import require as require_streams
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
-from services.platform.tracing import context_from, headers_for, trace_id_of
+from services.platform.tracing import (
+    context_from,
+    current,
+    has_trace,
+    headers_for,
+    trace_id_of,
+    trace_requests,
+)
 from services.registry import Registry
 from services.platform.approvals import ApprovalRecords
 from services.platform.asks import reconcile_run, wake_run
@@ -139,7 +147,8 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         )
     message = admission.message
     door.limit(door.guests, f"{client.tenant}/{message.guest_id}", "guest")
-    ctx = context_from(dict(request.headers))
+    # The request's `gateway.request` span (trace_requests), whose context the inbound message carries on.
+    ctx = current() if has_trace(current()) else context_from(dict(request.headers))
     # The run journal is the lasting guard: a run that exists answers from its run.started, publishing nothing.
     duplicate = await _matches_journal(broker, ns, admission)
     turn_of = ""
@@ -482,7 +491,14 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
             )
     except CrashsafeError as exc:
         return _error(exc)
-    log(logger, logging.INFO, "approval decided", approval_id=approval_id, decision=decision.value)
+    log(
+        logger,
+        logging.INFO,
+        "approval decided",
+        run_id=moved.record.run_id,
+        approval_id=approval_id,
+        decision=decision.value,
+    )
     return Response(content=_approval_json(moved.record, datetime.now(UTC)), status_code=200)
 
 
@@ -498,19 +514,8 @@ async def healthz() -> dict[str, str]:
     | {503: api.ok(api.Readiness, "not ready: what is missing")[200]},
 )
 async def readyz(state: State) -> Response[Any]:
-    broker: Broker = state.broker
-    ns = state.settings.namespace
-    missing = [] if broker.connected else ["nats"]
-    if broker.connected:
-        for spec in stream_specs(ns):
-            try:
-                if not await broker.stream_exists(spec.name):
-                    missing.append(spec.name)
-            except CrashsafeError:
-                missing.append(spec.name)
-    return Response(
-        content={"ready": not missing, "missing": missing}, status_code=200 if not missing else 503
-    )
+    # NATS, its streams and buckets, each check named with its reason (services/gateway/ops.py).
+    return await ops.readiness(state)
 
 
 async def _schema_for_clients_only(request: Request[Any, Any, Any]) -> Response[Any] | None:
@@ -570,7 +575,10 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             healthz,
             readyz,
             console_router(),  # the evidence console at /console (services/console)
+            ops.metrics_endpoint,
         ],
+        # Outermost first: the request's span is open while it is counted and handled.
+        middleware=[trace_requests, ops.count_requests],
         lifespan=[lifespan],
         before_request=_schema_for_clients_only,
         debug=False,

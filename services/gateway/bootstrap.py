@@ -10,17 +10,20 @@ from services.gateway.app import build_app
 from services.platform import crashpoints
 from services.platform.logs import configure
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.registry import Registry
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     configure("gateway", settings.log_level)
+    telemetry = configure_telemetry("gateway", settings.otel)
     config = uvicorn.Config(
         build_app(settings, registry),
         host=settings.gateway_host,
         port=settings.gateway_port,
         log_level="warning",
+        log_config=None,  # uvicorn's own handlers print plain text; ours (the root's) print JSON
         access_log=False,
         lifespan="on",
         # HTTPS when both files are configured (Settings refuses one without the other); plaintext otherwise.
@@ -36,3 +39,4 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     server.should_exit = True
     await serving
     stopping.cancel()
+    telemetry.close()

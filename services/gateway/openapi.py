@@ -93,6 +93,8 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
 class Readiness(msgspec.Struct, frozen=True, kw_only=True):
     ready: bool
     missing: list[str]  # streams (or `nats`) the gateway cannot reach
+    # Every check by name (`nats`, `stream:<name>`, `bucket:<name>`): `ok`, or why it failed.
+    checks: dict[str, str] = {}
 
 
 # Errors per status ---------------------------------------------------------------------------------------------

@@ -9,24 +9,34 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from opentelemetry.context import Context
+
 from contracts.errors import RunNotFound
 from contracts.tool_messages import OutcomeStatus, RunWake, tool_encoder
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
+from services.platform.tracing import headers_for
 from services.runtime.core.fold import replay
 
 logger = logging.getLogger("crashsafe.asks")
 
 
 async def wake_run(
-    broker: Broker, settings: Settings, run_id: str, reason: str, by: str, keys: list[str] | None = None
+    broker: Broker,
+    settings: Settings,
+    run_id: str,
+    reason: str,
+    by: str,
+    keys: list[str] | None = None,
+    ctx: Context | None = None,
 ) -> None:
     """Ask the runtime to re-fold the run and go on; each of `keys` (journaled actions) it re-sends to its executor,
-    which answers from its receipt or asks the provider by key."""
+    which answers from its receipt or asks the provider by key. `ctx`: the asker's trace, carried on the wake."""
     wake = RunWake(run_id=run_id, reason=reason, at=datetime.now(UTC), by=by, keys=keys or [])
-    await broker.publish(settings.namespace.wakes(run_id), tool_encoder.encode(wake))
+    headers = headers_for(ctx) if ctx is not None else None
+    await broker.publish(settings.namespace.wakes(run_id), tool_encoder.encode(wake), headers=headers)
     log(logger, logging.INFO, "woke run", run_id=run_id, reason=reason, by=by, keys=len(wake.keys))
 
 

@@ -17,6 +17,7 @@ from contracts.dead_letters import DeadLetter, dead_letter_encoder
 from contracts.errors import CrashsafeError, ErrorCode, RetryClass
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
+from services.platform import metrics
 from services.platform.logs import log
 
 
@@ -135,6 +136,7 @@ class Deliveries:
             details=details or {},
         )
         await self.broker.publish(self.ns.dead_letters(self.service), dead_letter_encoder.encode(letter))
+        metrics.DEAD_LETTERS.labels(self.service, code.value).inc()  # rare: no cached child needed
         log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=code.value)
         await msg.term()
 

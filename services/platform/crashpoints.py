@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -40,6 +41,9 @@ def arm(seam: str | None) -> None:
 def crash_point(seam: str) -> None:
     """Die here, now, with no cleanup, if this process was armed at `seam`."""
     if _armed == seam:
-        sys.stderr.write(f"crashpoint {seam}: SIGKILL self (pid {os.getpid()})\n")
+        # A log line like every other (JSON once the service configured its logs); the handler flushes it.
+        logging.getLogger("crashsafe.crashpoints").critical(
+            f"crashpoint {seam}: SIGKILL self (pid {os.getpid()})", extra={"fields": {"seam": seam}}
+        )
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)

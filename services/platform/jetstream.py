@@ -329,6 +329,23 @@ class Broker:
         except nats.js.errors.NotFoundError:
             return False
 
+    async def consumer_pending(self, stream: str, durable: str) -> int | None:
+        """A durable's messages not yet delivered (num_pending), or None if it does not exist: one consumer_info,
+        for readiness and the lag gauges (never per message)."""
+        try:
+            info = await self.js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.errors.ConnectionClosedError,
+        ) as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer about consumer {durable} on {stream}: {exc}", subject=stream
+            ) from exc
+        return int(info.num_pending or 0)
+
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         """Create the durable, or bring it to `spec`. A change the server cannot make in place (push to pull)
         recreates it from just after its ack floor: nothing acknowledged comes back, nothing unacknowledged is lost."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -71,3 +73,18 @@ KNOWLEDGE_AVAILABLE = _gauge(spec.KNOWLEDGE_AVAILABLE)
 def exposition() -> bytes:
     """The text format a Prometheus scrape of /metrics reads."""
     return generate_latest(REGISTRY)
+
+
+class Children:
+    """A labelled metric's children, made once per label values: a hot path's increment is one dict lookup, not
+    prometheus-client's locked `labels()` call (which also re-checks and re-stringifies every value)."""
+
+    def __init__(self, metric: Counter | Gauge | Histogram) -> None:
+        self.metric = metric
+        self._made: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._made.get(values)
+        if child is None:
+            child = self._made[values] = self.metric.labels(*values)
+        return child

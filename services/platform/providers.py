@@ -10,9 +10,13 @@ from typing import Any
 import httpx
 from httpx_aiohttp import HttpxAiohttpClient
 
+from opentelemetry.context import Context
+
+from contracts.spans import SpanAttr, SpanName
 from contracts.subjects import Header
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.kv_effects import KvEffects
+from services.platform.tracing import annotate, current, failed, headers_for, span
 from services.registry import HttpOperation, KvOperation, LocalOperation, ProviderAnswer, Tool
 
 
@@ -118,6 +122,13 @@ def read_lookup(response: httpx.Response, operation: HttpOperation) -> ProviderA
     )
 
 
+def _noted(ctx: Context, answer: ProviderAnswer) -> None:
+    """The answer's kind on the span; one we cannot trust (unknown) marks it failed, a typed refusal does not."""
+    annotate(ctx, **{SpanAttr.OUTCOME: answer.kind})
+    if answer.kind == Answer.UNKNOWN:
+        failed(ctx, answer.detail or "unknown outcome")
+
+
 class Providers:
     """Every provider a deployment's tools talk to, behind one HTTP client with keep-alive connections."""
 
@@ -142,8 +153,11 @@ class Providers:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def call(self, tool: Tool, request: ActionRequest, timeout: float) -> ProviderAnswer:
-        """Carry out the effect once, with the request's key; an answer we cannot trust is `unknown`."""
+    async def call(
+        self, tool: Tool, request: ActionRequest, timeout: float, *, ctx: Context | None = None
+    ) -> ProviderAnswer:
+        """Carry out the effect once, with the request's key; an answer we cannot trust is `unknown`. An HTTP
+        call is a `provider.call` span under `ctx` (else the task's current span), its context sent along."""
         match tool.operation:
             case LocalOperation(run=run):
                 return ProviderAnswer(Answer.OK, await run(request.args, request.key), ref=request.key)
@@ -153,22 +167,37 @@ class Providers:
                 return await self.kv.call(kv_operation, request)
             case HttpOperation() as operation:
                 http = operation.request(request.args)
-                try:
-                    # The client's timeout bounds each read, not the answer: one trickled a byte at a time would
-                    # hold the call (and the worker's slot and claim) for ever. The whole call is bounded too.
-                    async with asyncio.timeout(timeout * _WHOLE_CALL):
-                        response = await self.http.request(
-                            http.method,
-                            http.path,
-                            json=http.json,
-                            params=http.params,
-                            headers={Header.IDEMPOTENCY_KEY.value: request.key},
-                            timeout=timeout,
-                        )
-                except (httpx.HTTPError, TimeoutError) as exc:
-                    # Timeout or dropped connection after sending: the provider may or may not have committed it.
-                    return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{type(exc).__name__}: {exc}")
-                return read_answer(response, operation)
+                with span(
+                    SpanName.PROVIDER_CALL,
+                    ctx if ctx is not None else current(),
+                    run_id=request.run_id,
+                    step_no=request.step_no or None,  # a projection's request has no step
+                    idempotency_key=request.key,
+                    tool=tool.name,
+                    **{SpanAttr.HTTP_METHOD: http.method, SpanAttr.HTTP_ROUTE: http.path},
+                ) as sent:
+                    headers = headers_for(sent)
+                    headers[Header.IDEMPOTENCY_KEY.value] = request.key
+                    try:
+                        # The client's timeout bounds each read, not the answer: one trickled a byte at a time
+                        # would hold the call (and the worker's slot and claim) for ever. The whole call too.
+                        async with asyncio.timeout(timeout * _WHOLE_CALL):
+                            response = await self.http.request(
+                                http.method,
+                                http.path,
+                                json=http.json,
+                                params=http.params,
+                                headers=headers,
+                                timeout=timeout,
+                            )
+                    except (httpx.HTTPError, TimeoutError) as exc:
+                        # Timeout or dropped connection after sending: the provider may or may not have done it.
+                        answer = ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{type(exc).__name__}: {exc}")
+                    else:
+                        annotate(sent, **{SpanAttr.HTTP_STATUS: response.status_code})
+                        answer = read_answer(response, operation)
+                    _noted(sent, answer)
+                    return answer
 
     def can_look_up(self, tool: Tool) -> bool:
         """A local effect leaves nothing to ask about: asking says `absent`, and calling again is the same as once."""
@@ -177,7 +206,13 @@ class Providers:
         return tool.operation.lookup_path is not None
 
     async def lookup(
-        self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
+        self,
+        tool: Tool,
+        key: str,
+        timeout: float,
+        args: dict[str, Any] | None = None,
+        *,
+        ctx: Context | None = None,
     ) -> ProviderAnswer:
         """What happened to `key`: found (with the effect), absent (never seen), or unknown (no answer to trust).
         `args`: the request's, which name the record a KV-backed tool wrote (without them: unknown)."""
@@ -193,12 +228,25 @@ class Providers:
             case HttpOperation(lookup_path=None):
                 return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name} has no lookup by key")
             case HttpOperation(lookup_path=str(path)) as operation:
-                try:
-                    async with asyncio.timeout(timeout * _WHOLE_CALL):
-                        response = await self.http.get(path.format(key=key), timeout=timeout)
-                except (httpx.HTTPError, TimeoutError) as exc:
-                    return ProviderAnswer(
-                        Answer.UNKNOWN, {}, detail=f"lookup failed: {type(exc).__name__}: {exc}"
-                    )
-                return read_lookup(response, operation)
+                with span(
+                    SpanName.PROVIDER_CALL,
+                    ctx if ctx is not None else current(),
+                    idempotency_key=key,
+                    tool=tool.name,
+                    **{SpanAttr.HTTP_METHOD: "GET", SpanAttr.HTTP_ROUTE: path},
+                ) as asked:
+                    try:
+                        async with asyncio.timeout(timeout * _WHOLE_CALL):
+                            response = await self.http.get(
+                                path.format(key=key), headers=headers_for(asked), timeout=timeout
+                            )
+                    except (httpx.HTTPError, TimeoutError) as exc:
+                        answer = ProviderAnswer(
+                            Answer.UNKNOWN, {}, detail=f"lookup failed: {type(exc).__name__}: {exc}"
+                        )
+                    else:
+                        annotate(asked, **{SpanAttr.HTTP_STATUS: response.status_code})
+                        answer = read_lookup(response, operation)
+                    _noted(asked, answer)
+                    return answer
         raise AssertionError(f"unhandled operation {tool.operation!r}")

@@ -54,7 +54,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CRASHSAFE_SANDBOX_URL", "http://127.0.0.1:8090", "the providers"),
     Variable("CRASHSAFE_SANDBOX_PORT", "8090", "the sandbox's listen port"),
     Variable("CRASHSAFE_WORKER_ID", "<hostname>-<pid>", "this replica's name in journals and logs"),
-    Variable("CRASHSAFE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    Variable(
+        "CRASHSAFE_LOG_LEVEL",
+        "INFO",
+        "DEBUG, INFO, WARNING or ERROR: the JSON lines on stderr ([docs/observability.md](docs/observability.md#logs))",
+    ),
     Variable("CRASHSAFE_CRASH_AT", "unset", "a crash seam to SIGKILL at (tests and the demo)"),
     Variable("CRASHSAFE_MODEL", "scripted-booking", "the model name asked of the Responses API"),
     Variable(
@@ -125,6 +129,16 @@ VARIABLES: tuple[Variable, ...] = (
         "CRASHSAFE_KNOWLEDGE_DIR",
         "unset",
         "runtime: a folder of policy documents (*.md) instead of the shipped StayHub ones; none: degraded",
+    ),
+    Variable(
+        "CRASHSAFE_OPS_HOST",
+        "127.0.0.1",
+        "ops port address: `/healthz`, `/readyz`, `/metrics` (`0.0.0.0` in a pod)",
+    ),
+    Variable(
+        "CRASHSAFE_OPS_PORT",
+        "9464",
+        "ops port of runtime, executors, projector and reconciler (0: a free port, printed); the gateway serves them on its own",
     ),
 )
 _KNOWN = {v.name for v in VARIABLES}
@@ -213,6 +227,12 @@ class Settings:
     synthetic_budget_s: float = 30.0
     # The policy documents the runtime's agents search (None: the ones shipped in the package).
     knowledge_dir: Path | None = None
+    # Tracing (issue 11): the OpenTelemetry specification's own OTEL_* variables, as the environment had them
+    # (docs/observability.md); the SDK reads its exporter's details itself, these say whether to export at all.
+    otel: tuple[tuple[str, str], ...] = ()
+    # The ops port (issue 11): liveness, readiness and metrics of every non-HTTP service.
+    ops_host: str = "127.0.0.1"
+    ops_port: int = 9464
 
     @classmethod
     def from_env(
@@ -414,6 +434,9 @@ class Settings:
                 "seconds, a number > 0",
             ),
             knowledge_dir=(Path(raw) if (raw := get("CRASHSAFE_KNOWLEDGE_DIR")) is not None else None),
+            otel=tuple(sorted((k, v) for k, v in env.items() if k.startswith("OTEL_"))),
+            ops_host=get("CRASHSAFE_OPS_HOST") or cls.ops_host,
+            ops_port=read("CRASHSAFE_OPS_PORT", cls.ops_port, port, "a port number 0-65535"),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -7,8 +7,10 @@ import asyncio
 from services.platform import crashpoints
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
+from services.platform.probes import OpsServer
 from services.platform.providers import Providers
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.projector.service import Projector
 from services.registry import Registry
 
@@ -16,6 +18,8 @@ from services.registry import Registry
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("projector", settings.log_level)
+    telemetry = configure_telemetry("projector", settings.otel)
+    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
         settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access
     )
@@ -25,8 +29,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         async with Providers.connect(settings.sandbox_url) as providers:
             projector = Projector(broker, settings, registry, providers, logger)
             await projector.start()
+            ops.serve(projector.ops_checks, projector.ops_samplers())
             print("ready: projector", flush=True)
             await stop.wait()
             await projector.close()
     finally:
+        await ops.stop()
         await broker.close()
+        telemetry.close()

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
+from opentelemetry.context import Context
 
 from contracts.dead_letters import DeadLetter, dead_letter_encoder
 from contracts.errors import (
@@ -36,18 +37,23 @@ from contracts.projections import (
 from contracts.run_events import decode_event
 from contracts.streams import (
     PLANNER_HISTORY_S,
+    ConsumerSpec,
     projection_consumer,
     projections_spec,
     projector_planner_consumer,
 )
+from contracts.spans import SpanName
 from contracts.subjects import Header, StreamKind
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, StoredMessage, Subscription
+from services.platform import metrics, probes
 from services.platform.logs import log
 from services.platform.providers import Providers
 from services.platform.provisioning import require
 from services.platform.settings import Settings
+from services.platform.tracing import annotate, context_from, headers_for, span
+from services.platform.tracing import current as current_trace
 from services.projector.core import (
     Dead,
     Decision,
@@ -244,6 +250,36 @@ class Projector:
         self._subscriptions.append(await self.broker.subscribe(planner, self._claimed(self._on_run_event)))
         log(self.logger, logging.INFO, "projector ready", tools=sorted(self.tools))
 
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness: NATS, its streams and the receipts bucket, the planner's and every worker's durable."""
+        kinds = (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)
+        return {
+            **probes.basic_checks(self.broker, [self.ns.stream(k) for k in kinds], [self.records]),
+            **probes.consumer_checks(self.broker, [self._planner(), *self._workers().values()]),
+        }
+
+    def ops_samplers(self) -> list[probes.Sampler]:
+        workers = self._workers()
+        backlog = {tool: metrics.PROJECTION_BACKLOG.labels(tool) for tool in workers}
+
+        async def sample_backlog() -> None:
+            # A worker's num_pending: tasks planned and not yet handed to any delivery.
+            for tool, spec in workers.items():
+                pending = await self.broker.consumer_pending(spec.stream, spec.durable)
+                if pending is not None:
+                    backlog[tool].set(pending)
+
+        lag = probes.lag_sampler(self.broker, lambda: [self._planner(), *workers.values()])
+        return [sample_backlog, lag]
+
+    def _planner(self) -> ConsumerSpec:
+        return projector_planner_consumer(self.ns, self.settings.ack_wait_s, self.history_s)
+
+    def _workers(self) -> dict[str, ConsumerSpec]:
+        return {
+            name: projection_consumer(self.ns, name, self.settings.ack_wait_s) for name in sorted(self.tools)
+        }
+
     async def close(self) -> None:
         for subscription in self._subscriptions:
             await self.broker.unsubscribe(subscription)
@@ -276,7 +312,7 @@ class Projector:
             await msg.ack()
             return
         try:
-            planned = await self.plan_run(run_id, which)
+            planned = await self.plan_run(run_id, which, context_from(msg.headers))
         except Undeliverable as exc:
             await self._dead_letter(msg, exc.message, exc.code, {"run_id": run_id[:200]})
             return
@@ -284,10 +320,11 @@ class Projector:
             crash_point("projector.after_plan_publish")
         await msg.ack()
 
-    async def plan_run(self, run_id: str, which: Trigger = Trigger.ALL) -> int:
+    async def plan_run(self, run_id: str, which: Trigger = Trigger.ALL, ctx: Context | None = None) -> int:
         """Read the run's journal, fold it, publish the tasks it calls for (`Nats-Msg-Id` = the task's key: a
         second plan within the duplicate window is dropped by the stream, after it by the receipt). Returns how
-        many were published; raises Undeliverable for a journal that does not fold."""
+        many were published; raises Undeliverable for a journal that does not fold. `ctx`: the trace of the run
+        event that triggered the plan, carried on each task, so its delivery joins the run's trace."""
         stored = await self.broker.read_subject(self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id))
         try:
             state = replay(decode_event(m.data) for m in stored)
@@ -313,9 +350,13 @@ class Projector:
             ) from None
         if which is Trigger.AUDIT:
             tasks = [t for t in tasks if t.tool == AUDIT_TRAIL_TOOL]
+        headers = headers_for(ctx) if ctx is not None else None
         for task in tasks:
             await self.broker.publish(
-                self.ns.projection(task.tool, run_id), task_encoder.encode(task), msg_id=task.key
+                self.ns.projection(task.tool, run_id),
+                task_encoder.encode(task),
+                msg_id=task.key,
+                headers=headers,
             )
         if tasks:
             log(self.logger, logging.DEBUG, "planned", run_id=run_id, keys=[t.key for t in tasks])
@@ -355,7 +396,16 @@ class Projector:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._inflight[task.key] = done
             try:
-                await self._deliver(msg, task, tool)
+                # The receivers' calls inside are `provider.call` spans under this one (the task's current span).
+                with span(
+                    SpanName.PROJECTION_DELIVERY,
+                    context_from(msg.headers),
+                    run_id=task.run_id,
+                    idempotency_key=task.key,
+                    tool=task.tool,
+                    attempt=msg.metadata.num_delivered,
+                ):
+                    await self._deliver(msg, task, tool)
             finally:
                 self._inflight.pop(task.key, None)
                 done.set_result(None)
@@ -430,6 +480,7 @@ class Projector:
             provider_ref=answer.ref,
             detail=answer.detail[:500],
         )
+        annotate(current_trace(), outcome=type(decision).__name__.lower())
         match decision:
             case Delivered():
                 await self._save(
@@ -577,6 +628,7 @@ class Projector:
         await self.broker.publish(
             self.ns.dead_letters(SERVICE), dead_letter_encoder.encode(letter), msg_id=msg_id
         )
+        metrics.DEAD_LETTERS.labels(SERVICE, letter.code).inc()
         log(self.logger, logging.ERROR, "dead-lettered", subject=msg.subject, reason=reason, code=letter.code)
         if settle:
             await msg.term()

@@ -8,7 +8,9 @@ import contextlib
 from services.platform import crashpoints
 from services.platform.jetstream import Broker
 from services.platform.logs import configure
+from services.platform.probes import OpsServer
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.reconciler.service import Reconciler
 from services.reconciler.synthetic import SyntheticCadence
 from services.registry import Registry
@@ -19,12 +21,15 @@ TICK_S = 1.0
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("reconciler", settings.log_level)
+    telemetry = configure_telemetry("reconciler", settings.otel)
+    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
         settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access
     )
     try:
         reconciler = Reconciler(broker, settings, logger, registry=registry)
         await reconciler.start()
+        ops.serve(reconciler.ops_checks)
         print("ready: reconciler", flush=True)
         synthetic = SyntheticCadence.configured(broker, settings, logger)
         probe = asyncio.create_task(synthetic.run(stop)) if synthetic is not None else None
@@ -34,4 +39,6 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
     finally:
+        await ops.stop()
         await broker.close()
+        telemetry.close()

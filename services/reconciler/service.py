@@ -15,6 +15,7 @@ from contracts.errors import CrashsafeError
 from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
 from contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
+from contracts.spans import SpanName
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from contracts.audit import Finding, Intent, ProviderEffect
@@ -26,6 +27,7 @@ from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.settings import Settings
+from services.platform.tracing import context_from, span
 from services.registry import Registry, Tool
 from services.reconciler.audit import audit, audited, intents
 from services.platform.approvals import ApprovalRecords
@@ -39,6 +41,7 @@ from services.reconciler.core import (
     stalled_runs,
     unsettled_unknowns,
 )
+from services.platform import metrics, probes
 from services.platform.tickets import publish_ticket
 from services.projector.plan import plan
 from services.reconciler import projections
@@ -96,6 +99,7 @@ class Reconciler:
         }
         self._logged_counts: dict[str, int] = {}
         self._projections_logged = datetime.min.replace(tzinfo=UTC)
+        self._unknown_tools: set[str] = set()
 
     async def start(self) -> None:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
@@ -104,6 +108,13 @@ class Reconciler:
             self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since
         )
         log(self.logger, logging.INFO, "reconciler ready")
+
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness: NATS, every stream, and the buckets it reads (approval records, projection receipts). It
+        follows the journals with an ordered consumer, which is its own and needs no durable."""
+        return probes.basic_checks(
+            self.broker, all_streams(self.ns), [approvals_spec(self.ns), projections_spec(self.ns)]
+        )
 
     async def _on_event(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
@@ -141,7 +152,15 @@ class Reconciler:
                 if run_id in overdue_runs
                 else f"{len(keys)} unknown outcome(s) to resolve by key"
             )
-            await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys)
+            # Each ask a trace of its own: the run's re-sent requests and their lookups by key hang under it.
+            with span(
+                SpanName.RECONCILER_ASK,
+                context_from(None),
+                run_id=run_id,
+                outcome="overdue" if run_id in overdue_runs else "unknown",
+                keys=len(keys),
+            ) as ask:
+                await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys, ask)
             self.resolutions += len(keys)
         for run_id in stalled_runs(self.work, now, self.quiet_s):
             self.work.woken[run_id] = now
@@ -159,6 +178,16 @@ class Reconciler:
                 self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
         await self._projections(now)
+        self._count_unknowns()
+
+    def _count_unknowns(self) -> None:
+        """crashsafe_unknown_outcomes_open by tool, from what this tick scanned (a tool back to none reads 0)."""
+        counts: dict[str, int] = dict.fromkeys(self._unknown_tools, 0)
+        for request in self.work.unknown.values():
+            counts[request.tool] = counts.get(request.tool, 0) + 1
+        for tool, count in counts.items():
+            metrics.UNKNOWN_OUTCOMES_OPEN.labels(tool).set(count)
+        self._unknown_tools.update(counts)
 
     async def _approval_backstop(self, now: datetime) -> None:
         """Runs waiting for an approval: woken if their record is decided but the journal does not say so yet,

@@ -9,7 +9,9 @@ from services.platform import crashpoints
 from services.platform.capability_keys import load_issuer
 from services.platform.jetstream import Broker
 from services.platform.logs import configure, log
+from services.platform.probes import OpsServer
 from services.platform.settings import Settings
+from services.platform.telemetry import configure_telemetry
 from services.registry import Registry
 from services.knowledge.library import Library
 from services.platform.guests import GuestProfiles
@@ -23,8 +25,11 @@ from services.runtime.service import Runtime
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
     crashpoints.arm(settings.crash_at)
     logger = configure("runtime", settings.log_level)
+    telemetry = configure_telemetry("runtime", settings.otel)
     issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
     model = ModelGateway(settings.openai_base_url, settings.openai_api_key, settings.model)
+    # Liveness answers from here on, readiness once subscribed (and about its real seams thereafter).
+    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
     )
@@ -56,11 +61,14 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             library=library,
         )
         await runtime.start()
+        ops.serve(runtime.ops_checks, runtime.ops_samplers())
         print("ready: runtime", flush=True)
         await stop.wait()
         runtime.stop_timers()
         await catalog.stop()
         await runtime.deliveries.drain()
     finally:
+        await ops.stop()
         await model.close()
         await broker.close()
+        telemetry.close()

@@ -4,6 +4,7 @@ Responses API or Chat Completions, through the real `openai` client (real protoc
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ from services.runtime.fixed_model import fixed_answer
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ROUTE = "default"
+_MODEL_CALL_SECONDS = metrics.Children(metrics.MODEL_CALL_SECONDS)
 
 
 class Model(Protocol):
@@ -201,16 +203,22 @@ class ModelGateway:
             if timeout_s <= 0:
                 failovers.append(f"{route.name}: no time left before the run's deadline")
                 break
+            asked_at = time.perf_counter()
             try:
                 reply = await self._ask(route, agent, config, instructions, items, timeout_s)
             except _Refused as exc:
+                _MODEL_CALL_SECONDS(route.name, "refused").observe(time.perf_counter() - asked_at)
                 raise ModelUnavailable(
                     "; ".join([*failovers, f"{route.name} refused the request: {exc}"]), model=route.model
                 ) from exc
             except (TimeoutError, openai.OpenAIError, MalformedAnswer, _NoKey) as exc:
+                # The last route's failure is the run's: "down"; an earlier one's is a failover to the next.
+                outcome = "down" if route is routes[-1] else "failover"
+                _MODEL_CALL_SECONDS(route.name, outcome).observe(time.perf_counter() - asked_at)
                 failovers.append(f"{route.name}: {_why(exc, timeout_s)}")
                 metrics.MODEL_FAILOVERS.labels(route=route.name).inc()
                 continue
+            _MODEL_CALL_SECONDS(route.name, "ok").observe(time.perf_counter() - asked_at)
             return ModelReply(
                 model=reply.model,
                 response_id=reply.response_id,

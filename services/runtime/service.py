@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from contracts.run_events import (
     ActionRequested,
     Origin,
     PolicyDenied,
+    RunCompleted,
     RunEvent,
     RunHandedOff,
     RunNudged,
@@ -42,6 +44,7 @@ from contracts.run_events import (
     request_for,
 )
 from contracts.streams import (
+    ConsumerSpec,
     active_spec,
     approvals_spec,
     runtime_consumers,
@@ -66,8 +69,10 @@ from services.platform.jetstream import Broker
 from services.platform.provisioning import all_streams, require
 from services.platform.journal import RunJournal
 from services.platform.logs import log
+from services.platform import probes
 from services.platform.settings import Settings
-from services.platform.tracing import context_from, headers_for, trace_id_of
+from contracts.spans import SpanAttr, SpanName
+from services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
 from services.registry import Registry
 from services.runtime.core.decide import (
     policy_unavailable,
@@ -106,6 +111,11 @@ MAX_CACHED_RUNS = 50_000
 _sizer = msgspec.json.Encoder()  # measures what a model call sends, for the budget's token estimate
 MAX_CONFLICT_RETRIES = 20
 DEADLINE_SLACK_S = 0.05  # wake just after the deadline, so `next_move` sees it passed
+# Metric children per agent (and hand-off reason), made once.
+_RUNS_STARTED = metrics.Children(metrics.RUNS_STARTED)
+_RUNS_COMPLETED = metrics.Children(metrics.RUNS_COMPLETED)
+_RUNS_HANDED_OFF = metrics.Children(metrics.RUNS_HANDED_OFF)
+_STEP_SECONDS = metrics.Children(metrics.STEP_SECONDS)
 
 
 def utcnow() -> datetime:
@@ -179,6 +189,7 @@ class Runtime:
         self.deliveries = Deliveries(
             broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s
         )
+        self.consumers: tuple[ConsumerSpec, ...] = ()  # its durables, once started
 
     async def start(self) -> None:
         await require(
@@ -192,6 +203,7 @@ class Runtime:
         )
         inbound, outcomes = runtime_consumers(self.ns, self.settings.ack_wait_s)
         timers = timers_consumer(self.ns, self.settings.ack_wait_s)
+        self.consumers = (inbound, outcomes, timers)
         for spec in (inbound, outcomes, timers):
             await self.broker.ensure_consumer(spec)
         await self.broker.subscribe(inbound, self.deliveries.dispatch(self._on_inbound))
@@ -199,12 +211,32 @@ class Runtime:
         await self.broker.subscribe(timers, self.deliveries.dispatch(self._on_timer))
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
 
+    def ops_checks(self) -> dict[str, probes.Check]:
+        """Readiness: NATS, the streams and buckets it checked at start, and its three durables."""
+        return {
+            **probes.basic_checks(
+                self.broker,
+                all_streams(self.ns),
+                [active_spec(self.ns), approvals_spec(self.ns), sessions_spec(self.ns)],
+            ),
+            **probes.consumer_checks(self.broker, self.consumers),
+        }
+
+    def ops_samplers(self) -> list[probes.Sampler]:
+        return [probes.lag_sampler(self.broker, lambda: self.consumers)]
+
     # Message handlers ---------------------------------------------------------------------------------------
 
     async def _on_inbound(self, msg: Msg) -> None:
         event = inbound_decoder.decode(msg.data)
-        ctx = context_from(msg.headers)
-        await self.admit(event, ctx, redelivered=msg.metadata.num_delivered > 1)
+        with span(
+            SpanName.RUNTIME_STEP,
+            context_from(msg.headers),
+            run_id=event.run_id,
+            agent=event.agent,
+            event_type="inbound",
+        ) as ctx:
+            await self.admit(event, ctx, redelivered=msg.metadata.num_delivered > 1)
 
     async def _on_timer(self, msg: Msg) -> None:
         """A fired durable timer (an approval's expiry): a wake of its run, which then asks the record."""
@@ -215,11 +247,22 @@ class Runtime:
                 f"a timer on {msg.subject} that is not a wake of its run", run_id=run_id or ""
             )
         async with self._lock(run_id):
-            await self.wake(wake, context_from(msg.headers))
+            with span(
+                SpanName.RUNTIME_STEP, context_from(msg.headers), run_id=run_id, event_type="timer"
+            ) as ctx:
+                await self.wake(wake, ctx)
 
     async def _on_runtime_message(self, msg: Msg) -> None:
         message = runtime_message_decoder.decode(msg.data)
-        ctx = context_from(msg.headers)
+        with span(
+            SpanName.RUNTIME_STEP,
+            context_from(msg.headers),
+            run_id=message.run_id,
+            event_type="outcome" if isinstance(message, ActionOutcome) else "wake",
+        ) as ctx:
+            await self._runtime_message(msg, message, ctx)
+
+    async def _runtime_message(self, msg: Msg, message: ActionOutcome | RunWake, ctx: Context) -> None:
         source, subject_run = self.ns.outcome_source(msg.subject) or ("", "")
         key, tool = (message.key, message.tool) if isinstance(message, ActionOutcome) else ("", "")
         if subject_run != message.run_id or isinstance(message, ActionOutcome) == (source == WAKE_TOKEN):
@@ -387,6 +430,7 @@ class Runtime:
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))
                 run = self._remember(_Run(fold_run(None, started), seq))
+                _RUNS_STARTED(event.agent).inc()
                 log(self.logger, logging.DEBUG, "run started", run_id=event.run_id, trace_id=trace_id_of(ctx))
             except RunVersionConflict:
                 run = await self._load(event.run_id, ctx, fresh=True)
@@ -487,6 +531,14 @@ class Runtime:
 
     async def _drive(self, run: _Run, ctx: Context) -> None:
         """Advance the run until it waits on an action or ends. Every decision is journaled before it acts."""
+        annotate(ctx, step_no=run.state.next_step, agent=run.state.agent)
+        started = time.perf_counter()
+        try:
+            await self._drive_on(run, ctx)
+        finally:
+            _STEP_SECONDS(run.state.agent).observe(time.perf_counter() - started)
+
+    async def _drive_on(self, run: _Run, ctx: Context) -> None:
         agent = self.registry.agents.get(run.state.agent)
         if agent is None:
             raise PoisonMessage(
@@ -671,7 +723,17 @@ class Runtime:
             asked = model_asked(run.state, model_name, size, utcnow())
             self._apply(run, asked, await self.journal.append(asked, run.seq, headers_for(ctx)))
         try:
-            return await self.model.answer(agent, items, config, run.state.deadline_at)
+            with span(
+                SpanName.MODEL_CALL,
+                ctx,
+                run_id=run.state.run_id,
+                step_no=run.state.next_step,
+                agent=agent.name,
+                **{SpanAttr.ROUTE: model_name},
+            ) as called:
+                reply = await self.model.answer(agent, items, config, run.state.deadline_at)
+                annotate(called, route=reply.provider, outcome=f"{len(reply.tool_calls)} tool call(s)")
+                return reply
         except ModelUnavailable as exc:
             failed = model_asked(run.state, model_name, size, utcnow(), failed=exc.message[:500])
             try:
@@ -696,13 +758,21 @@ class Runtime:
         # Bound to the run's agent: an executor serves a compensation-only tool to a plan only for the agent
         # whose model may ask for it (support's refund_payment), never to a booking run.
         request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at, agent)
-        await self.broker.publish(
-            subject,
-            tool_encoder.encode(request),
-            # The run and step too: a business key may be asked by two steps or two runs, each its own request.
-            msg_id=f"{msg_id}:{intent.run_id}:{intent.step_no}:{intent.key}",
-            headers=headers_for(ctx),
-        )
+        with span(
+            SpanName.ACTION_REQUEST,
+            ctx,
+            run_id=intent.run_id,
+            step_no=intent.step_no,
+            idempotency_key=intent.key,
+            tool=intent.tool,
+        ) as sent:
+            await self.broker.publish(
+                subject,
+                tool_encoder.encode(request),
+                # The run and step too: a business key may be asked by two steps or two runs, each its own request.
+                msg_id=f"{msg_id}:{intent.run_id}:{intent.step_no}:{intent.key}",
+                headers=headers_for(sent),
+            )
 
     # Run cache ----------------------------------------------------------------------------------------------
 
@@ -715,6 +785,11 @@ class Runtime:
     def _apply(self, run: _Run, event: RunEvent | UnknownEvent, seq: int) -> None:
         run.state = fold_run(run.state, event)
         run.seq = seq
+        # Counted where they are journaled (each append happens once: a clash raises before it gets here).
+        if isinstance(event, RunCompleted):
+            _RUNS_COMPLETED(run.state.agent).inc()
+        elif isinstance(event, RunHandedOff):
+            _RUNS_HANDED_OFF(run.state.agent, str(event.reason)).inc()
 
     def _remember(self, run: _Run) -> _Run:
         self._runs[run.state.run_id] = run

@@ -431,7 +431,11 @@ async def test_health_and_readiness(http: httpx.AsyncClient) -> None:
     health = await http.get("/healthz")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
     ready = await http.get("/readyz")
-    assert ready.status_code == 200 and ready.json() == {"ready": True, "missing": []}
+    body = ready.json()
+    assert ready.status_code == 200 and (body["ready"], body["missing"]) == (True, [])
+    assert "nats" in body["checks"] and set(body["checks"].values()) == {"ok"}  # each seam by name
+    metrics = await http.get("/metrics")
+    assert metrics.status_code == 200 and "crashsafe_gateway_requests_total" in metrics.text
 
 
 async def test_the_served_openapi_document_is_the_checked_in_one(http: httpx.AsyncClient) -> None:

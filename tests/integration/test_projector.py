@@ -454,6 +454,7 @@ class ProjectorProcess:
                 "CRASHSAFE_DATA_DIR": str(self.logs),
                 "CRASHSAFE_PROJECTION_TIME_SCALE": str(SCALE),
                 "CRASHSAFE_WORKER_ID": f"projector-{len(self.started)}",
+                "CRASHSAFE_OPS_PORT": "0",
                 **({"CRASHSAFE_NATS_CREDS": str(creds)} if creds else {}),
                 **({"CRASHSAFE_CRASH_AT": crash_at} if crash_at else {}),
             }

@@ -46,6 +46,7 @@ class Replica:
         self.proc = proc
         self.data_dir = data_dir
         self.log_path = log_path
+        self.ops_url: str | None = None  # its /healthz, /readyz and /metrics
 
     @property
     def worker_id(self) -> str:
@@ -87,6 +88,7 @@ async def replicas(
             "CRASHSAFE_DATA_DIR": str(data_dir),
             "CRASHSAFE_NATS_CREDS": str(access(nats_url, Role.EXECUTOR, "payment").creds),
             "PYTHONPATH": str(ROOT),
+            "CRASHSAFE_OPS_PORT": "0",  # replicas side by side: each its own ops port
             **executor_env(root / "keys"),
         }
         log_file = log_path.open("wb")
@@ -108,6 +110,9 @@ async def replicas(
         started.append(replica)
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        if line.startswith(b"ops listening on "):  # printed first, before the service connects
+            replica.ops_url = line.decode().removeprefix("ops listening on ").strip()
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
         assert b"ready" in line, f"{name} did not start: {line!r}\n{replica.log()}"
         return replica
 

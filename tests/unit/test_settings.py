@@ -90,6 +90,8 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_SYNTHETIC_EVERY_S": "60",
         "CRASHSAFE_SYNTHETIC_BUDGET_S": "12.5",
         "CRASHSAFE_KNOWLEDGE_DIR": "/knowledge",
+        "CRASHSAFE_OPS_HOST": "0.0.0.0",
+        "CRASHSAFE_OPS_PORT": "0",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -117,6 +119,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
     assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
     assert s.projection_time_scale == 0.01
+    assert (s.ops_host, s.ops_port) == ("0.0.0.0", 0)
     assert s.capability_signing_key == Path("/keys/capability.key")
     assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
     access = s.nats_access
@@ -165,6 +168,8 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_NATS_TLS_CA_FILE", "/nonexistent/ca.pem"),
         ("CRASHSAFE_PROJECTION_TIME_SCALE", "0"),
         ("CRASHSAFE_PROJECTION_TIME_SCALE", "fast"),
+        ("CRASHSAFE_OPS_PORT", "65536"),
+        ("CRASHSAFE_OPS_PORT", "ops"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:

@@ -1,0 +1,250 @@
+"""The ops port of a service: liveness, readiness over its real seams (NATS, streams, consumers, leases, store),
+and its Prometheus metrics, on a small HTTP server beside its work (Kubernetes probes and scrapes read it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from contracts.errors import InvalidSetting
+from contracts.streams import ConsumerSpec, KvSpec
+from services.platform import metrics
+from services.platform.jetstream import Broker
+
+log = logging.getLogger("crashsafe.probes")
+
+# A check answers None when its seam works, else why not (a short sentence an operator acts on); raising or not
+# answering in CHECK_TIMEOUT_S is a failure too. A probe must answer well inside Kubernetes' 1 s default.
+Check = Callable[[], Awaitable[str | None]]
+Sampler = Callable[[], Awaitable[None]]
+CHECK_TIMEOUT_S = 0.8
+# How often a service reads its durables' num_pending (one consumer_info each): gauges, never per message.
+SAMPLE_S = 5.0
+OK = "ok"
+NATS = "nats"  # the check every other one depends on
+
+
+# The verdict (pure) ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    checks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, result in self.checks.items() if result != OK]
+
+    @property
+    def missing(self) -> list[str]:
+        """The failed checks' subjects as the gateway always named them: `nats`, a stream's or bucket's name."""
+        return [name.split(":", 1)[-1] for name in self.failed]
+
+    def body(self) -> dict[str, Any]:
+        """What /readyz answers: `ready`, `missing` (as the gateway always said), every check's `ok` or reason."""
+        return {"ready": self.ready, "missing": self.missing, "checks": self.checks}
+
+
+def verdict(results: Mapping[str, str | None]) -> Readiness:
+    """Ready only if there is something to check and every check passed; a failed one keeps its reason (blank
+    reasons are named, never shown as an empty string)."""
+    checks = {name: OK if why is None else (why.strip() or "failed") for name, why in results.items()}
+    return Readiness(ready=bool(checks) and all(r == OK for r in checks.values()), checks=checks)
+
+
+# Checks over the real seams -----------------------------------------------------------------------------------
+
+
+def nats_connected(broker: Broker) -> Check:
+    async def check() -> str | None:
+        return None if broker.connected else "not connected to NATS (reconnecting)"
+
+    return check
+
+
+def stream_present(broker: Broker, name: str) -> Check:
+    async def check() -> str | None:
+        return None if await broker.stream_exists(name) else f"stream {name} does not exist"
+
+    return check
+
+
+def bucket_present(broker: Broker, spec: KvSpec) -> Check:
+    async def check() -> str | None:
+        return None if await broker.stream_exists(spec.stream) else f"bucket {spec.bucket} does not exist"
+
+    return check
+
+
+def consumer_present(broker: Broker, spec: ConsumerSpec) -> Check:
+    async def check() -> str | None:
+        pending = await broker.consumer_pending(spec.stream, spec.durable)
+        return None if pending is not None else f"consumer {spec.durable} on {spec.stream} does not exist"
+
+    return check
+
+
+def basic_checks(
+    broker: Broker, streams: Iterable[str] = (), buckets: Iterable[KvSpec] = ()
+) -> dict[str, Check]:
+    """NATS connected, and every stream and bucket a service uses present (it was checked at start; an operator
+    may delete one since)."""
+    checks: dict[str, Check] = {NATS: nats_connected(broker)}
+    checks.update({f"stream:{name}": stream_present(broker, name) for name in streams})
+    checks.update({f"bucket:{spec.bucket}": bucket_present(broker, spec) for spec in buckets})
+    return checks
+
+
+def consumer_checks(broker: Broker, specs: Iterable[ConsumerSpec]) -> dict[str, Check]:
+    return {f"consumer:{spec.durable}": consumer_present(broker, spec) for spec in specs}
+
+
+def lag_sampler(broker: Broker, specs: Callable[[], Iterable[ConsumerSpec]]) -> Sampler:
+    """Each durable's num_pending into crashsafe_consumer_lag (the current specs: an executor's change with its
+    partitions)."""
+    children: dict[tuple[str, str], Any] = {}
+
+    async def sample() -> None:
+        for spec in list(specs()):
+            pending = await broker.consumer_pending(spec.stream, spec.durable)
+            if pending is None:
+                continue
+            child = children.get((spec.stream, spec.durable))
+            if child is None:
+                child = children[(spec.stream, spec.durable)] = metrics.CONSUMER_LAG.labels(
+                    spec.stream, spec.durable
+                )
+            child.set(pending)
+
+    return sample
+
+
+async def run_checks(checks: Mapping[str, Check], timeout_s: float = CHECK_TIMEOUT_S) -> Readiness:
+    """Every check at once, each bounded; the verdict, also written to crashsafe_ready{check}. Without a NATS
+    connection nothing else is asked (each would only wait out its timeout): the answer is `nats` alone."""
+
+    async def one(check: Check) -> str | None:
+        try:
+            return await asyncio.wait_for(check(), timeout_s)
+        except TimeoutError:
+            return f"no answer within {timeout_s:g}s"
+        except Exception as exc:  # noqa: BLE001 -- a probe reports a broken seam; it never raises into the server
+            return f"{type(exc).__name__}: {exc}"[:300]
+
+    first = {NATS: await one(checks[NATS])} if NATS in checks else {}
+    if first.get(NATS) is not None:
+        readiness = verdict(first)
+        for name in checks:
+            metrics.READY.labels(name).set(0)
+        return readiness
+    names = [n for n in checks if n != NATS]
+    results = await asyncio.gather(*(one(checks[n]) for n in names))
+    readiness = verdict({**first, **dict(zip(names, results, strict=True))})
+    for name, result in readiness.checks.items():
+        metrics.READY.labels(name).set(1 if result == OK else 0)
+    return readiness
+
+
+# The server ---------------------------------------------------------------------------------------------------
+
+
+async def _starting() -> str | None:
+    return "starting: not yet connected and subscribed"
+
+
+class OpsServer:
+    """GET /healthz, /readyz and /metrics on `host:port` (0: a free port, printed). Started first thing, so
+    liveness answers while the service connects; not ready until `serve` hands it the service's checks."""
+
+    def __init__(self, host: str, port: int, sample_s: float = SAMPLE_S) -> None:
+        self.host = host
+        self.port = port
+        self._checks: Callable[[], Mapping[str, Check]] = lambda: {"started": _starting}
+        self._samplers: list[Sampler] = []
+        self.sample_s = sample_s
+        self._runner: web.AppRunner | None = None
+        self._sampling: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def checks(self) -> Mapping[str, Check]:
+        return self._checks()
+
+    def serve(
+        self,
+        checks: Mapping[str, Check] | Callable[[], Mapping[str, Check]],
+        samplers: Iterable[Sampler] = (),
+    ) -> None:
+        """The service is up: readiness asks its checks (a callable is asked afresh each probe), and its gauges
+        are sampled every `sample_s`."""
+        self._checks = checks if callable(checks) else (lambda: checks)
+        self._samplers = list(samplers)
+        if self._samplers and self._sampling is None:
+            self._sampling = asyncio.create_task(self._sample_forever())
+
+    async def start(self) -> OpsServer:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise InvalidSetting(
+                variable="CRASHSAFE_OPS_PORT",
+                value=str(self.port),
+                expected=f"a port free on {self.host} ({exc.strerror or exc}); 0 picks one",
+            ) from None
+        server = site._server  # aiohttp keeps the bound socket here; the only way to learn port 0's choice
+        sockets = getattr(server, "sockets", None)
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        print(f"ops listening on {self.url}", flush=True)
+        return self
+
+    async def stop(self) -> None:
+        if self._sampling is not None:
+            self._sampling.cancel()
+            await asyncio.gather(self._sampling, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def sample(self) -> None:
+        for sampler in self._samplers:
+            try:
+                await asyncio.wait_for(sampler(), self.sample_s)
+            except Exception as exc:  # noqa: BLE001 -- NATS away: gauges keep their last value; readiness says why
+                log.debug("metrics sample failed: %s: %s", type(exc).__name__, exc)
+
+    async def _sample_forever(self) -> None:
+        while True:
+            started = time.monotonic()
+            await self.sample()
+            await asyncio.sleep(max(self.sample_s - (time.monotonic() - started), 0.1))
+
+    # Liveness never touches NATS: a broker outage must not get every pod restarted.
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        readiness = await run_checks(self.checks())
+        return web.json_response(readiness.body(), status=200 if readiness.ready else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=metrics.exposition())
+        response.headers["Content-Type"] = metrics.CONTENT_TYPE
+        return response

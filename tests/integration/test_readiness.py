@@ -1,0 +1,180 @@
+"""Each service's /readyz over its real seams: 503 naming the check when its stream, bucket, consumer, member
+record or store goes (or NATS does), 200 again once restored; /healthz answers throughout and never asks NATS."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.streams import projection_consumer, projections_spec, runtime_consumers
+from contracts.subjects import Namespace, StreamKind
+from services.platform.jetstream import Broker
+from services.platform.natsd import NatsAuth, NatsServer
+from services.platform.probes import OpsServer
+from services.platform.provisioning import provision
+from tests.support import inprocess
+from tests.support.nats_users import admit
+from tests.support.waiting import eventually
+
+
+@asynccontextmanager
+async def ops_port(checks: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The service's ops server on a free port, as its composition root starts it, and a client of it."""
+    server = await OpsServer("127.0.0.1", 0).start()
+    server.serve(checks)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10.0) as http:
+            yield http
+    finally:
+        await server.stop()
+
+
+async def readyz(http: httpx.AsyncClient) -> tuple[int, dict[str, Any]]:
+    response = await http.get("/readyz")
+    return response.status_code, response.json()
+
+
+async def ready(http: httpx.AsyncClient) -> bool:
+    status, body = await readyz(http)
+    return status == 200 and body["ready"] is True
+
+
+async def failing(http: httpx.AsyncClient, check: str) -> dict[str, Any] | None:
+    status, body = await readyz(http)
+    return body if status == 503 and body["checks"].get(check, "ok") != "ok" else None
+
+
+async def test_runtime_readiness_names_its_deleted_consumer_then_recovers(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker
+) -> None:
+    settings = inprocess.settings_for(nats_server.url, namespace)
+    async with inprocess.runtime(settings) as worker:
+        await worker.start()
+        async with ops_port(worker.ops_checks) as http:
+            status, body = await readyz(http)
+            assert status == 200, body
+            inbound, outcomes = runtime_consumers(namespace, settings.ack_wait_s)
+            assert {f"consumer:{c.durable}" for c in (inbound, outcomes)} <= set(body["checks"])
+            assert body["missing"] == [] and set(body["checks"].values()) == {"ok"}
+
+            await broker.js.delete_consumer(outcomes.stream, outcomes.durable)
+            body = await eventually(
+                lambda: failing(http, f"consumer:{outcomes.durable}"), what="readyz names the consumer"
+            )
+            assert "does not exist" in body["checks"][f"consumer:{outcomes.durable}"]
+            assert body["missing"] == [outcomes.durable]
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+
+            await broker.ensure_consumer(outcomes)
+            await eventually(lambda: ready(http), what="ready again once the consumer is back")
+
+
+async def test_executor_readiness_covers_its_member_record_consumers_and_stores(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path)
+    async with inprocess.executor(settings, "payment") as worker, ops_port(worker.ops_checks) as http:
+        status, body = await readyz(http)
+        assert status == 200, body
+        held = worker.partitions
+        assert held == list(range(settings.partitions))
+        assert {"member", *(f"store:{p}" for p in held)} <= set(body["checks"])
+
+        # Its member record gone (an operator's mistake, or a renewal that did not land): not ready until
+        # the next lease round writes it again.
+        await broker.kv_delete(worker.keeper.spec, namespace.member_key("payment", settings.worker_id))
+        await eventually(lambda: ready(http), what="ready again after the next lease round")
+
+        consumer = worker._consumers()[0]
+        await broker.js.delete_consumer(consumer.stream, consumer.durable)
+        await eventually(
+            lambda: failing(http, f"consumer:{consumer.durable}"), what="readyz names the consumer"
+        )
+        await broker.ensure_consumer(consumer)
+        await eventually(lambda: ready(http), what="ready again once the consumer is back")
+
+        store = worker.stores[held[-1]]
+        await store.close()  # a store that no longer answers
+        body = await eventually(lambda: failing(http, f"store:{held[-1]}"), what="readyz names the store")
+        assert body["missing"] == [str(held[-1])]
+
+
+async def test_projector_readiness_names_a_workers_consumer(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker
+) -> None:
+    settings = inprocess.settings_for(nats_server.url, namespace)
+    async with inprocess.projector(settings) as worker, ops_port(worker.ops_checks) as http:
+        assert await ready(http), await readyz(http)
+        tool = sorted(worker.tools)[0]
+        spec = projection_consumer(namespace, tool, settings.ack_wait_s)
+        await broker.js.delete_consumer(spec.stream, spec.durable)
+        await eventually(lambda: failing(http, f"consumer:{spec.durable}"), what="readyz names it")
+        await broker.ensure_consumer(spec)
+        await eventually(lambda: ready(http), what="ready again once the consumer is back")
+
+
+async def test_reconciler_readiness_names_a_deleted_bucket_and_stream(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker
+) -> None:
+    settings = inprocess.settings_for(nats_server.url, namespace)
+    async with inprocess.reconciler(settings) as worker, ops_port(worker.ops_checks) as http:
+        assert await ready(http), await readyz(http)
+        receipts = projections_spec(namespace)
+        dead = namespace.stream(StreamKind.DEAD_LETTERS)
+        await broker.js.delete_stream(receipts.stream)
+        await broker.js.delete_stream(dead)
+        body = await eventually(lambda: failing(http, f"bucket:{receipts.bucket}"), what="names it")
+        assert body["checks"][f"stream:{dead}"] == f"stream {dead} does not exist"
+        assert sorted(body["missing"]) == sorted([receipts.bucket, dead])
+        await provision(broker, namespace)  # the operator's `crashsafe infra apply`
+        await eventually(lambda: ready(http), what="ready again once provisioned")
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
+    """A server of this test's own, to stop and start again (the session's is shared)."""
+    from tests.conftest import REGISTRY, TEST_ONLY_FAMILIES
+
+    auth = NatsAuth.for_deployment(tmp_path / "auth", None, REGISTRY.families | TEST_ONLY_FAMILIES)
+    server = NatsServer(tmp_path / "nats", auth=auth).start()
+    admit(server)
+    yield server
+    server.stop()
+
+
+async def test_without_nats_readiness_says_nats_and_liveness_stays_up(
+    own_nats: NatsServer, namespace: Namespace
+) -> None:
+    settings = inprocess.settings_for(own_nats.url, namespace)
+    async with inprocess.runtime(settings) as worker:
+        await worker.start()
+        async with ops_port(worker.ops_checks) as http:
+            assert await ready(http), await readyz(http)
+            own_nats.stop()
+            body = await eventually(lambda: failing(http, "nats"), what="readyz says NATS is gone")
+            assert body["missing"] == ["nats"] and list(body["checks"]) == ["nats"]
+            health = await http.get("/healthz")
+            assert health.status_code == 200 and health.json() == {"status": "ok"}
+            metrics_text = (await http.get("/metrics")).text
+            assert 'crashsafe_ready{check="nats"} 0.0' in metrics_text
+            own_nats.start()
+            await eventually(lambda: ready(http), what="ready again once NATS is back")
+            assert 'crashsafe_ready{check="nats"} 1.0' in (await http.get("/metrics")).text
+
+
+async def test_before_the_service_is_up_it_is_alive_and_not_ready() -> None:
+    server = await OpsServer("127.0.0.1", 0).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            assert (await http.get("/healthz")).status_code == 200
+            status, body = await readyz(http)
+            assert status == 503 and body["missing"] == ["started"]
+            assert (await http.get("/metrics")).headers["content-type"].startswith("text/plain")
+            assert (await http.post("/readyz")).status_code == 405
+    finally:
+        await server.stop()

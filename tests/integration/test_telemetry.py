@@ -1,0 +1,73 @@
+"""The exporter a service installs, against a real OTLP/HTTP receiver and against a port nothing listens on: a
+backend that is down is counted in TELEMETRY_EXPORT_FAILURES (read here in-process, from this process's registry),
+one that is up gets the spans with the service's name."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from services.platform import metrics
+from services.platform.telemetry import exporting_provider
+from tests.support.otlp import otlp_collector
+
+
+def _failures() -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "crashsafe_telemetry_export_failures_total", {"signal": "traces"}
+    )
+    return value or 0.0
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_backend_that_is_down_is_counted_and_the_caller_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    before = _failures()
+    provider = exporting_provider("runtime")
+    tracer = provider.get_tracer("test")
+    for n in range(3):
+        with tracer.start_as_current_span("runtime.step") as opened:
+            opened.set_attribute("step_no", n)  # the work inside a span is not held up by the backend
+    # The flush is the SDK's thread doing the export; in a thread so this loop keeps running meanwhile.
+    await asyncio.to_thread(provider.force_flush)
+    assert _failures() > before
+    await asyncio.to_thread(provider.shutdown)
+
+
+async def test_a_backend_that_is_up_gets_the_spans_under_the_services_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    async with otlp_collector() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        before = _failures()
+        provider = exporting_provider("executor", {"crashsafe.family": "payment"})
+        with provider.get_tracer("test").start_as_current_span("executor.call"):
+            pass
+        await asyncio.to_thread(provider.force_flush)
+        await asyncio.to_thread(provider.shutdown)
+        assert [(s.name, s.service) for s in collector.spans] == [("executor.call", "crashsafe-executor")]
+        assert _failures() == before
+
+
+async def test_otel_service_name_wins_over_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with otlp_collector() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "stayhub-runtime-eu")
+        provider = exporting_provider("runtime")
+        with provider.get_tracer("test").start_as_current_span("runtime.step"):
+            pass
+        await asyncio.to_thread(provider.force_flush)
+        await asyncio.to_thread(provider.shutdown)
+        assert [s.service for s in collector.spans] == ["stayhub-runtime-eu"]
