@@ -227,6 +227,9 @@ def users(
             *direct_get(s.kv_stream(APPROVALS)),
             *direct_get(s.kv_stream(SESSIONS)),
             *_operating(s),
+            # The console's run page shows the run's projection receipts: read only, never written.
+            stream_info(s.kv_stream(PROJECTIONS)),
+            *direct_get(s.kv_stream(PROJECTIONS)),
         ],
     )
     runtime = _user(

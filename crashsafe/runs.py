@@ -1,11 +1,7 @@
 """`crashsafe runs list` and `crashsafe tail`: the runs of a namespace at a glance, and its events as they happen.
 
-`runs list` reads the RUNS stream by index before it reads any journal whole: one batched direct get of the
-last event of every run (`multi_last`, paged), one direct get of each candidate run's first event (its
-`run.started`: agent, guest, start), and the full journal, folded with the runtime's own fold, only for the runs
-it prints. Asked for most runs (`--limit 0`), it reads the stream once in large batches instead. With 500
-booking-shaped runs (bench/runs_list.py): the newest 50 in ~100 ms, reading a quarter of the messages; all 500
-in the time of reading and folding everything (~340 ms), which is what the newest 50 used to cost.
+`runs list` prints what services/platform/run_index.py lists (by index before any journal is read whole; see
+there for its cost), the listing the console's runs page shows too.
 """
 
 from __future__ import annotations
@@ -13,285 +9,31 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
-import re
 import signal
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from contracts.errors import BrokerUnavailable, InvalidSetting
-from contracts.run_events import (
-    JournalEvent,
-    RunCompleted,
-    RunHandedOff,
-    RunStarted,
-    RunStatus,
-    UnknownEvent,
-    decode_event,
+from contracts.errors import BrokerUnavailable
+from contracts.run_events import JournalEvent, RunStarted, UnknownEvent
+from contracts.subjects import Namespace, StreamKind
+from services.platform.jetstream import Broker
+from services.platform.run_index import (
+    ListStats,
+    RunRow,
+    decoded_event,
+    last_per_run,
+    list_runs,
+    parse_since,
 )
-from contracts.subjects import Header, Namespace, StreamKind
-from services.platform.jetstream import Broker, StoredMessage
-from services.runtime.core.fold import replay, summarize
 
-# How many runs one `multi_last` page answers, and how many first-event reads are in flight at once.
-PAGE = 500
-CONCURRENT_READS = 32
-# Asked for more than a quarter of the candidate runs, reading the whole stream in large batches is cheaper than
-# an index read and a journal read per run (bench/runs_list.py measures both).
-WHOLE_STREAM_RATIO = 4
-_RELATIVE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """`2h`, `30m`, `7d`, `90s` before now, or an ISO 8601 time (UTC if it names no zone)."""
-    now = now or datetime.now(UTC)
-    relative = _RELATIVE.match(text.strip())
-    if relative:
-        return now - timedelta(**{_UNITS[relative["unit"]]: float(relative["n"])})
-    try:
-        at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidSetting(
-            variable="--since", value=text, expected="a duration before now (30m, 2h, 7d) or an ISO 8601 time"
-        ) from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    run_id: str
-    agent: str
-    guest_id: str
-    tenant: str
-    status: str
-    started_at: datetime
-    ended_at: datetime | None
-    steps: int
-    events: int
-
-    def to_json(self) -> dict[str, object]:
-        row = asdict(self)
-        row["started_at"] = self.started_at.isoformat()
-        row["ended_at"] = self.ended_at.isoformat() if self.ended_at else None
-        return row
-
-
-@dataclass(frozen=True, slots=True)
-class ListStats:
-    """What a listing read, so its cost can be seen (`--stats`)."""
-
-    runs: int  # runs in the stream (subjects with a last event)
-    first_reads: int  # run.started events read by direct get
-    folded: int  # journals read whole and folded
-    messages: int  # messages read in all
-
-
-def _decoded(data: bytes) -> JournalEvent | None:
-    try:
-        return decode_event(data)
-    except (msgspec.DecodeError, ValueError):
-        return None  # not a run event (a hostile append): the run is listed as unreadable, never a crash
-
-
-def _ended_by(event: JournalEvent | None) -> str | None:
-    """The status a last event settles on its own: a run's terminal event is its last unless something came
-    after it (a late receipt, a nudge), in which case only the fold can tell."""
-    match event:
-        case RunCompleted():
-            return RunStatus.COMPLETED.value
-        case RunHandedOff():
-            return RunStatus.HANDED_OFF.value
-    return None
-
-
-async def last_per_run(broker: Broker, ns: Namespace) -> dict[str, StoredMessage]:
-    """The last message of every run subject: `multi_last` direct gets, paged at one stream sequence (the first
-    page's `up_to`), so a busy stream still gives one consistent snapshot."""
-    stream = ns.stream(StreamKind.RUNS)
-    prefix = ns.run_events_all.removesuffix("*")
-    out: dict[str, StoredMessage] = {}
-    after, up_to = 0, 0
-    while True:
-        request: dict[str, object] = {"multi_last": [ns.run_events_all], "batch": PAGE}
-        if after:
-            request["seq"] = after + 1
-        if up_to:
-            request["up_to_seq"] = up_to
-        page, pending, up_to = await _multi_last_page(broker, stream, request)
-        for message in page:
-            out[message.subject.removeprefix(prefix)] = message
-        if not page or not pending:
-            return out
-        after = page[-1].seq
-
-
-async def _multi_last_page(
-    broker: Broker, stream: str, request: dict[str, object]
-) -> tuple[list[StoredMessage], int, int]:
-    inbox = broker.nc.new_inbox()
-    queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def collect(msg: Msg) -> None:
-        queue.put_nowait(msg)
-
-    sub = await broker.nc.subscribe(inbox, cb=collect)
-    try:
-        await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
-        page: list[StoredMessage] = []
-        while True:
-            try:
-                msg = await asyncio.wait_for(queue.get(), timeout=5)
-            except TimeoutError:
-                raise BrokerUnavailable(
-                    f"JetStream did not answer a listing of {stream}; try again once NATS answers"
-                ) from None
-            headers = dict(msg.headers or {})
-            status = headers.get("Status")
-            if status == "404":  # no run at all
-                return page, 0, 0
-            if status == "204":  # end of this page
-                return (
-                    page,
-                    int(headers.get(Header.NUM_PENDING, "0")),
-                    int(headers.get("Nats-UpTo-Sequence", "0")),
-                )
-            if status:
-                raise BrokerUnavailable(
-                    f"listing {stream} answered {status} {headers.get('Description', '')}; this needs nats-server"
-                    " 2.11 or later and a stream that allows direct gets (`crashsafe infra apply`)"
-                )
-            page.append(
-                StoredMessage(
-                    seq=int(headers[Header.SEQUENCE]),
-                    subject=headers.get(Header.SUBJECT, ""),
-                    data=msg.data,
-                    headers=headers,
-                )
-            )
-    finally:
-        await sub.unsubscribe()
-
-
-def _row(run_id: str, stored: list[StoredMessage]) -> RunRow | None:
-    """A run's row from its whole journal, folded by the runtime's own fold (None: not a run's journal)."""
-    events = [e for e in (_decoded(m.data) for m in stored) if e is not None]
-    try:
-        state = replay(events)
-    except ValueError:
-        return None  # its first event is no run.started: nothing a runtime wrote
-    if state is None:
-        return None
-    summary = summarize(state)
-    return RunRow(
-        run_id=run_id,
-        agent=state.agent,
-        guest_id=state.guest_id,
-        tenant=state.started.tenant,
-        status=summary.status.value,
-        started_at=state.started.at,
-        ended_at=next((e.at for e in reversed(events) if _ended_by(e)), None),
-        steps=summary.steps,
-        events=len(stored),
-    )
-
-
-def _passes(row: RunRow | None, status: str | None, guest: str | None, since: datetime | None) -> bool:
-    return (
-        row is not None
-        and (status is None or row.status == status)
-        and (guest is None or row.guest_id == guest)
-        and (since is None or row.started_at >= since)
-    )
-
-
-async def list_runs(
-    broker: Broker,
-    ns: Namespace,
-    *,
-    status: str | None = None,
-    guest: str | None = None,
-    since: datetime | None = None,
-    limit: int = 50,
-) -> tuple[list[RunRow], ListStats]:
-    """The runs that pass the filters, newest first (at most `limit`; 0: all), and what it took to find them.
-
-    With a page much smaller than the stream's runs it reads by index; asked for (nearly) every run, it reads
-    the stream once in large batches instead, which is cheaper than a read per journal."""
-    stream = ns.stream(StreamKind.RUNS)
-    lasts = await last_per_run(broker, ns)
-    messages = len(lasts)
-    last_events = {run_id: _decoded(m.data) for run_id, m in lasts.items()}
-    candidates = []
-    for run_id, last in last_events.items():
-        if since is not None and last is not None and last.at < since:
-            continue  # its last event is older than `since`: it cannot have started after it
-        known = _ended_by(last)
-        if status is not None and known is not None and known != status:
-            continue
-        candidates.append(run_id)
-
-    if not limit or limit * WHOLE_STREAM_RATIO >= len(candidates):
-        by_run: dict[str, list[StoredMessage]] = {}
-        stored_all = await broker.read_subject(stream, ns.run_events_all, batch=1000)
-        for message in stored_all:
-            by_run.setdefault(message.subject.rsplit(".", 1)[-1], []).append(message)
-        wanted = set(candidates)
-        rows = [r for run_id, journal in by_run.items() if run_id in wanted for r in [_row(run_id, journal)]]
-        kept = sorted(
-            (r for r in rows if r is not None and _passes(r, status, guest, since)),
-            key=lambda r: r.started_at,
-            reverse=True,
-        )
-        stats = ListStats(
-            runs=len(lasts), first_reads=0, folded=len(rows), messages=messages + len(stored_all)
-        )
-        return (kept[:limit] if limit else kept), stats
-
-    gate = asyncio.Semaphore(CONCURRENT_READS)
-
-    async def first(run_id: str) -> tuple[str, JournalEvent | None]:
-        async with gate:
-            stored = await broker.first_on_subject(stream, ns.run_events(run_id))
-        return run_id, _decoded(stored.data) if stored else None
-
-    starts: dict[str, RunStarted] = {}
-    for run_id, event in await asyncio.gather(*(first(r) for r in candidates)):
-        if not isinstance(event, RunStarted):
-            continue  # not a run's journal (nothing a runtime wrote): left out
-        if guest is not None and event.guest_id != guest:
-            continue
-        if since is not None and event.at < since:
-            continue
-        starts[run_id] = event
-    messages += len(candidates)
-    newest = sorted(starts, key=lambda r: starts[r].at, reverse=True)
-
-    async def folded(run_id: str) -> tuple[RunRow | None, int]:
-        async with gate:
-            stored = await broker.read_subject(stream, ns.run_events(run_id))
-        return _row(run_id, stored), len(stored)
-
-    found: list[RunRow] = []
-    folds = 0
-    # Fold in pages of the newest first until `limit` rows pass the status filter (only the running, and runs
-    # with events after their end, can fail it here: the others were filtered by their last event).
-    page = max(limit, CONCURRENT_READS)
-    for start in range(0, len(newest), page):
-        for row, read in await asyncio.gather(*(folded(r) for r in newest[start : start + page])):
-            folds += 1
-            messages += read
-            if row is not None and _passes(row, status, guest, since):
-                found.append(row)
-        if len(found) >= limit:
-            break
-    stats = ListStats(runs=len(lasts), first_reads=len(candidates), folded=folds, messages=messages)
-    return found[:limit], stats
+# The listing lives in services/platform/run_index.py (the console's runs page reads it too); re-exported here.
+__all__ = ["ListStats", "RunRow", "last_per_run", "list_runs", "parse_since", "runs_list", "tail"]
 
 
 def _table(rows: Iterable[RunRow]) -> str:
@@ -403,12 +145,12 @@ class Tail:
             stored = await self.broker.first_on_subject(
                 self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id)
             )
-            first = _decoded(stored.data) if stored else None
+            first = decoded_event(stored.data) if stored else None
             self._sessions[run_id] = first.session_id if isinstance(first, RunStarted) else None
         return self._sessions[run_id]
 
     async def on_message(self, msg: Msg) -> None:
-        event = _decoded(msg.data)
+        event = decoded_event(msg.data)
         run_id = msg.subject.rsplit(".", 1)[-1]
         if self.where.run_id and run_id != self.where.run_id:
             return

@@ -37,6 +37,7 @@ from contracts.memory import SessionLane
 from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
 from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
 from contracts.subjects import Header, Namespace, StreamKind
+from services.console.app import console_router
 from services.gateway.access import Client, authenticate, parse_bearer, require
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
 from services.gateway import openapi as api
@@ -527,6 +528,7 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             post_approval,
             healthz,
             readyz,
+            console_router(),  # the evidence console at /console (services/console)
         ],
         lifespan=[lifespan],
         before_request=_schema_for_clients_only,

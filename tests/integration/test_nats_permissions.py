@@ -238,6 +238,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {f"direct get on {DEAD}", "KV dead marks: `dead.1`", f"direct get on {KV_DEAD_MARKS}"}
         allowed |= {"projection task", "the gateway's reply inbox"}
         allowed |= {f"ask a provider view: {f}" for f in FAMILIES}
+        allowed |= {f"direct get on {KV_PROJECTIONS}"}  # the console shows a run's projection receipts
     elif role is Role.RUNTIME:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
         allowed |= {"wake a run"}  # a run's deadline wake-up

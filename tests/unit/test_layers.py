@@ -41,6 +41,18 @@ MAY_IMPORT: dict[str, set[str]] = {
         "services.registry",
         "services.gateway",
         "services.runtime.core",
+        "services.console",  # the gateway mounts the console's router
+    },
+    # The evidence console: pages over what the gateway reads, checked with the gateway's own access rules.
+    "services.console": {
+        "contracts",
+        "services.platform",
+        "services.registry",
+        "services.console",
+        "services.gateway.access",
+        "services.gateway.core",
+        "services.runtime.core",
+        "services.projector.plan",
     },
     "services.reconciler": {
         "contracts",
@@ -79,6 +91,7 @@ PURE = (
     "services.gateway.core",
     "services.gateway.access",
     "services.gateway.quotas",
+    "services.console.timeline",
     "services.agents",
     "examples.analytics.core",
 )

@@ -1,0 +1,1 @@
+"""The evidence console: server-rendered pages for operators, mounted by the gateway at /console."""

@@ -1,0 +1,85 @@
+"""Live pages without a consumer: a subject's new messages read from the last seen sequence by batched direct gets.
+
+A browser tab on a live page costs one direct get every `POLL_S` while it is open and nothing once it goes: no
+ordered or ephemeral consumer is created (so none can be left behind by a tab that vanished, a gateway killed
+mid-stream, or a second replica), and the gateway's NATS user needs no right to create consumers on RUNS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from litestar.response import ServerSentEventMessage
+
+from contracts.errors import BrokerUnavailable
+from services.platform.jetstream import Broker, StoredMessage
+from services.platform.logs import log
+
+logger = logging.getLogger("crashsafe.console")
+
+POLL_S = 0.5  # how soon a new journal event reaches an open page
+KEEPALIVE_S = 15.0  # a comment line, so proxies and the browser keep an idle stream open
+RECHECK_S = 10.0  # how often an open stream checks its key again (a revoked key's stream ends)
+BATCH = 256
+
+
+class Follower:
+    """The messages on `subject` after sequence `after`, batch by batch, as they are stored."""
+
+    def __init__(self, broker: Broker, stream: str, subject: str, after: int) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.subject = subject
+        self.cursor = after
+
+    async def poll(self) -> list[StoredMessage]:
+        """What was stored since the last poll (empty if nothing); the cursor moves past it."""
+        batch = await self.broker.read_subject(self.stream, self.subject, after_seq=self.cursor, batch=BATCH)
+        if batch:
+            self.cursor = batch[-1].seq
+        return batch
+
+
+async def head_seq(broker: Broker, stream: str) -> int:
+    """The stream's last sequence now: where a live page rendered from a read starts following."""
+    try:
+        info = await broker.js.stream_info(stream)
+    except Exception as exc:  # noqa: BLE001 -- nats-py raises several types here; all mean "not now"
+        raise BrokerUnavailable(f"cannot read {stream}: {exc}; try again once NATS answers") from exc
+    return int(info.state.last_seq or 0)
+
+
+async def stream_events(
+    follower: Follower,
+    render: Callable[[list[StoredMessage], int], Awaitable[list[ServerSentEventMessage]]],
+    still_allowed: Callable[[], Awaitable[bool]],
+) -> AsyncIterator[ServerSentEventMessage]:
+    """Server-sent events for what `follower` finds, rendered by `render(batch, cursor before it)`, until the
+    client goes (Litestar cancels this generator on disconnect) or its key stops being allowed."""
+    beat = checked = time.monotonic()
+    while True:
+        before = follower.cursor
+        try:
+            batch = await follower.poll()
+        except BrokerUnavailable as exc:
+            # NATS away for a moment: the page stays, and catches up from its cursor when NATS answers.
+            log(logger, logging.INFO, "live read failed", subject=follower.subject, error=str(exc))
+            batch = []
+        now = time.monotonic()
+        if now - checked >= RECHECK_S:
+            checked = now
+            if not await still_allowed():
+                yield ServerSentEventMessage(event="signed_out", data="signed out")
+                return
+        if batch:
+            beat = now
+            for message in await render(batch, before):
+                yield message
+            continue
+        if now - beat >= KEEPALIVE_S:
+            beat = now
+            yield ServerSentEventMessage(comment="keepalive")
+        await asyncio.sleep(POLL_S)
