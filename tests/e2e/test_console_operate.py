@@ -35,7 +35,7 @@ from tests.support.browser import browser, page, signed_in
 from tests.support.holds import held_search
 from tests.support.paths import ROOT
 from tests.support.runs import call, reply_of
-from tests.support.stack import StackClient, open_stack
+from tests.support.stack import StackClient, cli_env, crashsafe, open_stack
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT
 
@@ -195,6 +195,20 @@ async def test_a_dead_letter_is_replayed_once_by_click(
             f"/console/dead-letters/{seq}/replay", data={CSRF_FIELD: csrf_token(*parts)}
         )
     assert second.status_code == 409 and "already replayed" in second.text
+    assert len(await nudged()) == 1
+
+    # The CLI is the same logic: it sees the mark, refuses a second replay, and discards another letter.
+    env = cli_env(stack.stack)
+    listed = await crashsafe("dead-letters", "list", "--all", env=env)
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [ln for ln in listed.stdout.splitlines() if ln.split()[0] == str(seq)]
+    assert "replayed by operator:console:" in line
+    refused = await crashsafe("dead-letters", "replay", str(seq), env=env)
+    assert refused.returncode == 1 and "already replayed" in refused.stderr
+    other, _ = await _dead_letter(broker, stack, run_id, reason="another one")
+    assert (await crashsafe("dead-letters", "discard", str(other), env=env)).returncode == 0
+    still_open = await crashsafe("dead-letters", "list", env=env)
+    assert {ln.split()[0] for ln in still_open.stdout.splitlines()} & {str(seq), str(other)} == set()
     assert len(await nudged()) == 1
 
 
