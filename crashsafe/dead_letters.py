@@ -9,7 +9,9 @@ from pathlib import Path
 from contracts.errors import CrashsafeError
 from crashsafe.operations import settings_for
 from services.platform.dead_letters import DeadLetters
+from services import registry as registries
 from services.platform.jetstream import Broker
+from services.reconciler.replan import replanner
 
 
 async def dead_letters_command(state_dir: Path, command: str, seq: int | None, show_settled: bool) -> int:
@@ -18,7 +20,8 @@ async def dead_letters_command(state_dir: Path, command: str, seq: int | None, s
         settings.nats_url, "crashsafe-dead-letters", fail_fast=True, access=settings.nats_access
     )
     try:
-        letters = DeadLetters(broker, settings.namespace)
+        registry = registries.load(settings.registry)
+        letters = DeadLetters(broker, settings.namespace, replanner(broker, settings.namespace, registry))
         if command == "list":
             listed = [s for s in await letters.list() if show_settled or s.mark is None]
             for s in listed:

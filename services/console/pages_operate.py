@@ -36,10 +36,20 @@ from services.platform import approvals as approval_decisions
 from services.platform import provider_views
 from services.platform.approvals import ApprovalRecords
 from services.platform.asks import reconcile_run
-from services.platform.dead_letters import DeadLetters, Refusal, Republish, Stored, WakeKeys, replay_plan
+from services.platform.dead_letters import (
+    DeadLetters,
+    Plan,
+    Refusal,
+    Replan,
+    Republish,
+    Stored,
+    WakeKeys,
+    replay_plan,
+)
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.unknowns import open_unknowns
+from services.reconciler.replan import replanner
 from services.reconciler.service import audit_all
 from services.registry import ProviderAnswer, Registry, Tool
 from services.runtime.core import approvals as approval_rules
@@ -150,8 +160,10 @@ class LetterRow:
     details: str
 
 
-def _plan_text(plan: Republish | WakeKeys | Refusal) -> tuple[str, bool]:
+def _plan_text(plan: Plan) -> tuple[str, bool]:
     match plan:
+        case Replan(task=task):
+            return f"{task.tool} {task.key} planned again from run {task.run_id}'s journal, sent once", True
         case Republish(subject=subject):
             return f"sent again to {subject} (its consumer dedupes by key)", True
         case WakeKeys(run_id=run_id, keys=keys):
@@ -214,7 +226,8 @@ async def settle_dead_letter(request: Request[Any, Any, Any], seq: int, action: 
     if action not in ("replay", "discard"):
         raise UnprocessableBody("a dead letter is replayed or discarded")
     state = _state(request)
-    letters = DeadLetters(state.broker, state.settings.namespace)
+    ns = state.settings.namespace
+    letters = DeadLetters(state.broker, ns, replanner(state.broker, ns, state.registry))
     by = f"operator:console:{session.client.key_id}"
     try:
         stored = await letters.get(seq)

@@ -13,6 +13,7 @@ capability, answered from the executor's receipt or the provider by key."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -65,11 +66,22 @@ class WakeKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class Replan:
+    """A dead projection: planned again from its run's journal (what the run decided by now, as `crashsafe
+    projections retry` does), then sent once; its receiver deduplicates by the task's key."""
+
+    task: ProjectionTask
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
     why: str
 
 
-Plan = Republish | WakeKeys | Refusal
+Plan = Republish | WakeKeys | Replan | Refusal
+# Plans a dead projection again from its run's journal, now; None when the journal no longer calls for it (a
+# booking released or refunded since). The caller's: planning is the projector's pure code, above this layer.
+Replanner = Callable[[ProjectionTask], Awaitable[ProjectionTask | None]]
 
 _projection = msgspec.json.Decoder(ProjectionTask)
 _request = msgspec.json.Decoder(ActionRequest)
@@ -92,10 +104,10 @@ def replay_plan(ns: Namespace, letter: DeadLetter, now: datetime) -> Plan:
     try:
         match kind:
             case "projection":
-                # Planned again, now: the projector takes a task planned after its dead receipt as a new attempt
-                # (the same plan it acks and drops), and the receiver deduplicates by the task's key.
-                task = msgspec.structs.replace(_projection.decode(payload), planned_at=now)
-                return Republish(ns.projection(task.tool, task.run_id), _encoder.encode(task), task.run_id)
+                # Never the stored task as it was: it may say what the run no longer means (a booking refunded
+                # since). Planned again from the journal, and planned after its dead receipt, so the projector
+                # takes it as a new attempt (the old plan it acks and drops).
+                return Replan(_projection.decode(payload))
             case "action":
                 request = _request.decode(payload)
                 return WakeKeys(request.run_id, [request.key])
@@ -124,6 +136,8 @@ def run_of(ns: Namespace, letter: DeadLetter) -> str | None:
     plan = replay_plan(ns, letter, datetime.now(UTC))
     if isinstance(plan, Republish | WakeKeys):
         return plan.run_id
+    if isinstance(plan, Replan):
+        return plan.task.run_id
     try:
         value = msgspec.json.decode(letter.payload.encode())
     except msgspec.DecodeError:
@@ -138,9 +152,10 @@ def replay_msg_id(stream: str, seq: int) -> str:
 
 
 class DeadLetters:
-    def __init__(self, broker: Broker, ns: Namespace) -> None:
+    def __init__(self, broker: Broker, ns: Namespace, replan: Replanner | None = None) -> None:
         self.broker = broker
         self.ns = ns
+        self.replan = replan
         self.stream = ns.stream(StreamKind.DEAD_LETTERS)
         self.marks = dead_marks_spec(ns)
 
@@ -186,6 +201,18 @@ class DeadLetters:
             case Republish(subject=subject, payload=payload):
                 await self.broker.publish(subject, payload, msg_id=msg_id)
                 sent_to = subject
+            case Replan(task=dead):
+                task = await self.replan(dead) if self.replan is not None else None
+                if task is None:
+                    why = (
+                        f"run {dead.run_id}'s journal no longer calls for {dead.key} (released or refunded?):"
+                        " discard it"
+                        if self.replan is not None
+                        else "a projection is planned again from its run's journal: `crashsafe projections retry`"
+                    )
+                    raise ReplayRefused(why, stream_seq=stored.seq, subject=stored.letter.subject)
+                sent_to = self.ns.projection(task.tool, task.run_id)
+                await self.broker.publish(sent_to, _encoder.encode(task), msg_id=msg_id)
             case WakeKeys(run_id=run_id, keys=keys):
                 wake = RunWake(
                     run_id=run_id,

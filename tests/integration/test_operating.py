@@ -26,16 +26,22 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services import registry as registries
 from services.platform import provider_views
 from services.platform.dead_letters import DeadLetters, replay_msg_id
+from services.platform.journal import RunJournal
+from services.projector.plan import plan
+from services.reconciler.replan import replanner
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from tests.support import inprocess
 from tests.support.capabilities import signed
 from tests.support.nats_users import access
+from tests.support.runs import RUN, T0, Run, started
 from tests.support.waiting import eventually
 
 TOOLS = inprocess.REGISTRY.tools
+DEFAULT_REGISTRY = "services.agents:stayhub"
 
 
 @pytest.fixture
@@ -160,29 +166,42 @@ async def test_a_dead_letter_replayed_by_a_double_click_is_sent_once(
     assert after.mark is not None and after.mark.by in {"operator:a", "operator:b"}
 
 
-async def test_a_dead_projection_is_planned_again_once_and_a_discarded_letter_is_never_replayed(
+async def test_a_dead_projection_is_planned_again_from_its_journal_once_and_a_discarded_letter_is_never_replayed(
     namespace: Namespace, broker: Broker, gateway: Broker
 ) -> None:
-    run_id = "run_" + uuid.uuid4().hex[:24]
-    planned = datetime.now(UTC) - timedelta(hours=1)
-    task = ProjectionTask(
-        tool="send_email",
-        key=f"email:{run_id}",
-        run_id=run_id,
-        tenant="acme",
-        agent="booking",
-        planned_at=planned,
-    )
-    subject = namespace.projection("send_email", run_id)
-    projection_seq = await _dead(broker, namespace, "projector", subject, task_encoder.encode(task))
-    letters = DeadLetters(gateway, namespace)
+    # An ended run's journal: its planned projections are what the replay may send, planned again now.
+    run = Run(started())
+    run.answer(text="Here is what I found.")
+    run.decide()
+    journal = RunJournal(broker, namespace)
+    seq = 0
+    for event in run.events:
+        seq = await journal.append(event, seq)
+    assert run.state.terminal
+    product = registries.load(DEFAULT_REGISTRY)  # the product's agents: every ended run plans its audit trail
+    (trail,) = plan(run.state, run.state.events, product.agent("booking"), product.tools, T0)
+    planned = msgspec.structs.replace(trail, planned_at=T0)
+    subject = namespace.projection(trail.tool, RUN)
+    projection_seq = await _dead(broker, namespace, "projector", subject, task_encoder.encode(planned))
+    # Without the journal's planner (a caller that cannot plan) it is refused, pointing at the CLI.
+    plain = DeadLetters(gateway, namespace)
+    with pytest.raises(ReplayRefused, match="projections retry"):
+        await plain.replay(await plain.get(projection_seq), "a")
+    letters = DeadLetters(gateway, namespace, replanner(gateway, namespace, product))
     mark = await letters.replay(await letters.get(projection_seq), "operator:a")
     assert mark.replayed_to == subject
     (sent,) = await broker.read_subject(namespace.stream(StreamKind.PROJECTIONS), subject)
     again = msgspec.json.decode(sent.data, type=ProjectionTask)
-    # Planned again (after its dead receipt), so the projector attempts it; the same key, so the receiver dedupes.
-    assert again.key == task.key and again.planned_at > planned
+    # Planned again (after its dead receipt, so the projector attempts it); the same key, so the receiver dedupes.
+    assert again.key == trail.key and again.planned_at > T0
+    # A projection whose run no longer calls for it is refused: nothing is sent.
+    gone = msgspec.structs.replace(planned, key="email:not-planned")
+    gone_seq = await _dead(broker, namespace, "projector", subject, task_encoder.encode(gone))
+    with pytest.raises(ReplayRefused, match="no longer calls for"):
+        await letters.replay(await letters.get(gone_seq), "operator:a")
+    assert len(await broker.read_subject(namespace.stream(StreamKind.PROJECTIONS), subject)) == 1
 
+    run_id = "run_" + uuid.uuid4().hex[:24]
     outcome = ActionOutcome(
         run_id=run_id, step_no=1, tool="create_booking", key="k1", status=OutcomeStatus.UNKNOWN
     )
