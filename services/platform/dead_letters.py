@@ -178,6 +178,8 @@ class DeadLetters:
         return out
 
     async def get(self, seq: int) -> Stored:
+        if seq < 1:
+            raise DeadLetterNotFound(stream_seq=seq)
         messages = await self.broker.read_subject(self.stream, self.ns.dead_letters_all, seq - 1, batch=1)
         message = messages[0] if messages and messages[0].seq == seq else None
         if message is None:

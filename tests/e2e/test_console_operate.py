@@ -312,3 +312,42 @@ async def test_ask_again_now_resolves_an_unknown_by_key_and_the_provider_view_sh
     await page.goto(f"{base}/console/audit")
     await expect(page.locator("main")).to_contain_text("audited")
     await _shot(page, "audit.png")
+
+
+async def test_another_tenants_key_sees_none_of_it_and_cannot_act_on_it(
+    stack: StackClient, broker: Broker, page: Page
+) -> None:
+    run_id, approval_id = await _held(stack, broker)
+    await eventually(lambda: _pending(stack, approval_id), what="the approval's record")
+    seq, _ = await _dead_letter(broker, stack, run_id, reason="theirs")
+    unknown_run, _, _ = await _unknown_run(stack, broker)
+    key = (
+        await ClientKeys(broker, stack.ns).create("initech", [Scope.RUNS_READ, Scope.RUNS_OPERATE], "other")
+    ).key
+    base = stack.stack.gateway_url
+    await signed_in(page, base, key, "/console/approvals")
+    await expect(page.locator("main")).to_contain_text("No pending approvals")
+    await page.goto(f"{base}/console/dead-letters")
+    await expect(page.locator(f"tr#dead-{seq}")).to_have_count(0)
+    await page.goto(f"{base}/console/reconciliation")
+    await expect(page.locator(f"tr#unknown-{unknown_run}-2")).to_have_count(0)
+    fragment = await page.goto(f"{base}/console/runs/{unknown_run}/provider")
+    assert fragment is not None and fragment.status == 404
+
+    # Its forms, well made and with its own token, for our records: the answer a missing one gets.
+    parts = split_key(key)
+    assert parts is not None
+    token = {CSRF_FIELD: csrf_token(*parts)}
+    async with httpx.AsyncClient(base_url=base, cookies={COOKIE: key}, timeout=20) as other:
+        decided = await other.post(
+            f"/console/approvals/{approval_id}", data={**token, "decision": "approve", "input_hash": "x"}
+        )
+        assert decided.status_code == 404, decided.text
+        replayed = await other.post(f"/console/dead-letters/{seq}/replay", data=token)
+        assert replayed.status_code == 404, replayed.text
+        asked = await other.post(f"/console/reconciliation/{unknown_run}", data=token)
+        assert asked.status_code == 404, asked.text
+    assert await _pending(stack, approval_id)
+    assert not [
+        e for e in await _events(stack, run_id, "run.nudged") if e["by"].startswith("operator:console:")
+    ]

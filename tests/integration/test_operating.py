@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from contracts.dead_letters import DeadLetter, Settled, dead_letter_encoder
-from contracts.errors import DeadLetterSettled, ReplayRefused
+from contracts.errors import DeadLetterNotFound, DeadLetterSettled, ReplayRefused
 from contracts.keys import action_key, input_hash, partition_of
 from contracts.nats_permissions import Role
 from contracts.projections import ProjectionTask, task_encoder
@@ -132,7 +132,7 @@ async def _dead(broker: Broker, ns: Namespace, service: str, subject: str, paylo
 
 
 async def test_a_dead_letter_replayed_by_a_double_click_is_sent_once(
-    namespace: Namespace, broker: Broker, gateway: Broker
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, gateway: Broker
 ) -> None:
     run_id = "run_" + uuid.uuid4().hex[:24]
     request = _request(run_id, "create_booking", {"hotel_id": "lis-1"})
@@ -142,11 +142,19 @@ async def test_a_dead_letter_replayed_by_a_double_click_is_sent_once(
     (listed,) = await letters.list()
     assert (listed.seq, listed.run_id, listed.mark) == (seq, run_id, None)
 
-    first, second = await asyncio.gather(
-        letters.replay(await letters.get(seq), "operator:a"),
-        letters.replay(await letters.get(seq), "operator:b"),
-        return_exceptions=True,
+    # Two gateway replicas, each with its own connection, clicked at once.
+    other = await Broker.connect(
+        nats_server.url, "tests-gateway-2", access=access(nats_server.url, Role.GATEWAY)
     )
+    try:
+        replica = DeadLetters(other, namespace)
+        first, second = await asyncio.gather(
+            letters.replay(await letters.get(seq), "operator:a"),
+            replica.replay(await replica.get(seq), "operator:b"),
+            return_exceptions=True,
+        )
+    finally:
+        await other.close()
     results = [first, second]
     marks = [r for r in results if not isinstance(r, BaseException)]
     refused = [r for r in results if isinstance(r, DeadLetterSettled)]
@@ -164,6 +172,9 @@ async def test_a_dead_letter_replayed_by_a_double_click_is_sent_once(
     assert len(await broker.read_subject(namespace.stream(StreamKind.OUTCOMES), namespace.wakes(run_id))) == 1
     (after,) = await letters.list()
     assert after.mark is not None and after.mark.by in {"operator:a", "operator:b"}
+    for missing in (0, -1, seq + 100):
+        with pytest.raises(DeadLetterNotFound):
+            await letters.get(missing)
 
 
 async def test_a_dead_projection_is_planned_again_from_its_journal_once_and_a_discarded_letter_is_never_replayed(
