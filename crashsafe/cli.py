@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--state-dir", default=None, help="keep the demo's data here (default: a temporary dir)"
     )
+    demo.add_argument(
+        "--keep-up",
+        action="store_true",
+        help="keep the stack running after the booking, to look at it in the console (Ctrl-C stops it)",
+    )
 
     up = sub.add_parser("up", help="start the whole stack and supervise it")
     up.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
@@ -365,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
                 from crashsafe.demo import run_demo
 
                 state_dir = Path(args.state_dir) if args.state_dir else None
-                sys.exit(asyncio.run(run_demo(args.crash, state_dir)))
+                sys.exit(asyncio.run(run_demo(args.crash, state_dir, keep_up=args.keep_up)))
             case "up":
                 from crashsafe.demo import run_up
 

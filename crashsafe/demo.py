@@ -50,7 +50,15 @@ async def _post_event(client: httpx.AsyncClient, body: dict[str, str], attempts:
     raise RuntimeError("gateway never accepted the event")
 
 
-async def run_demo(seam: str, state_dir: Path | None) -> int:
+async def _until_interrupted() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run_demo(seam: str, state_dir: Path | None, keep_up: bool = False) -> int:
     console = Console()
     victim = service_for_seam(seam)
     holder = None
@@ -71,6 +79,7 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
     console.print(
         f"stack up in {time.monotonic() - started:.1f}s: nats {stack.nats_url}, gateway {stack.gateway_url}, sandbox {stack.sandbox_url}"
     )
+    console.print(f"console: {stack.console_url}  (sign in with {stack.api_key})", soft_wrap=True)
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop))
     process = stack.services[victim].process
@@ -89,7 +98,11 @@ async def run_demo(seam: str, state_dir: Path | None) -> int:
             accepted = await _post_event(client, body)
             run_id = accepted["run_id"]
             console.print(f"gateway: 202 accepted, run [bold]{run_id}[/bold]")
+            console.print(f"         its page: {stack.console_url}runs/{run_id}", soft_wrap=True)
             events = await _follow(console, client, run_id, stack, victim, first_pid, deadline_s=60)
+            if keep_up:
+                console.print(f"the stack stays up for the console ({stack.console_url}): Ctrl-C stops it")
+                await _until_interrupted()
         async with httpx.AsyncClient(base_url=stack.sandbox_url, timeout=10) as sandbox:
             ledger = await SandboxListing(sandbox).view()
     finally:
@@ -194,7 +207,7 @@ async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | 
         await asyncio.to_thread(stack.stop)
         raise
     console.print(
-        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
+        f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nconsole  {stack.console_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
     )
     await stack.supervise(stop)

@@ -248,6 +248,11 @@ class Stack:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     @property
+    def console_url(self) -> str:
+        """The evidence console the gateway serves (sign in with the stack's key, `<state>/api_key`)."""
+        return f"{self.gateway_url}/console/"
+
+    @property
     def sandbox_url(self) -> str:
         return f"http://127.0.0.1:{self.sandbox_port}"
 
@@ -547,6 +552,7 @@ class Stack:
             "status": self.status,
             "nats_url": self.nats_url,
             "gateway_url": self.gateway_url,
+            "console_url": self.console_url,
             "sandbox_url": self.sandbox_url,
             "namespace": self.namespace,
             # Where the operator's NATS credential is (a path; the secret stays in its 0600 file).

@@ -14,6 +14,7 @@ import hmac
 import logging
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -67,6 +68,14 @@ templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+
+
+def _ts(at: datetime | None) -> str:
+    """A time as the pages show it: UTC, to the second."""
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S}" if at is not None else "–"
+
+
+templates.filters["ts"] = _ts
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,13 +36,6 @@ LIMIT = 100  # runs on one page, newest first
 MAX_FILTER = 200  # characters of one filter value (ids are far shorter)
 
 
-def _ts(at: datetime | None) -> str:
-    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S}" if at is not None else "–"
-
-
-templates.filters["ts"] = _ts
-
-
 def _fragment(name: str, **context: Any) -> str:
     """A piece of a page (a row, a journal entry) for a live stream: the same macros the page renders with."""
     return templates.get_template(name).render(prefix=PREFIX, **context)

@@ -171,7 +171,7 @@ def _view(
             recovered = event.via == Via.PROVIDER_LOOKUP.value
             return (
                 "recovered" if recovered else "receipt",
-                "receipt (recovered by lookup)" if recovered else "receipt",
+                "recovered receipt" if recovered else "receipt",
                 _facts(
                     ("key", event.key),
                     ("status", event.status),

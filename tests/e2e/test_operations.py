@@ -67,6 +67,10 @@ async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
         assert len({s["pid"] for s in runtimes}) == 2 and all(_alive(s["pid"]) for s in runtimes)
         async with httpx.AsyncClient(timeout=5) as http:
             assert (await http.get(stack["gateway_url"] + "/readyz")).status_code == 200
+            # The evidence console, where `up` says it is (stack.json and its output): its sign-in page.
+            assert stack["console_url"] == stack["gateway_url"] + "/console/"
+            signin = await http.get(stack["console_url"], follow_redirects=True)
+            assert signin.status_code == 200 and 'name="key"' in signin.text
         runtime_pid = _pid_of(stack, "runtime-0")
         os.kill(runtime_pid, signal.SIGKILL)
 
