@@ -212,7 +212,9 @@ async def test_a_dead_letter_is_replayed_once_by_click(
     assert len(await nudged()) == 1
 
 
-async def _unknown_run(stack: StackClient, broker: Broker) -> tuple[str, str, str]:
+async def _unknown_run(
+    stack: StackClient, broker: Broker, status: OutcomeStatus = OutcomeStatus.UNKNOWN
+) -> tuple[str, str, str]:
     """A booking run that handed off with its hold's outcome unknown, journaled as the runtime would have: (run
     id, key). Nobody has asked the provider about the key since (no reconciler in this stack)."""
     journal = RunJournal(broker, stack.ns)
@@ -259,8 +261,11 @@ async def _unknown_run(stack: StackClient, broker: Broker) -> tuple[str, str, st
         at=now,
         step_no=2,
         key=key,
-        status=OutcomeStatus.UNKNOWN,
-        error=ErrorInfo(code="timeout", message="the provider did not answer in time; ask it by key"),
+        status=status,
+        error=ErrorInfo(code="timeout", message="the provider did not answer in time; ask it by key")
+        if status == OutcomeStatus.UNKNOWN
+        else None,
+        result={} if status == OutcomeStatus.UNKNOWN else {"booking_id": "bk_never_made"},
     )
     ended = RunHandedOff(
         run_id=run_id, at=now, reason="outcome_unknown", reply="A person will confirm your room."
@@ -309,8 +314,15 @@ async def test_ask_again_now_resolves_an_unknown_by_key_and_the_provider_view_sh
     counts = await stack.counts(guest)
     assert counts["booking"] == 1
 
+    # A journal that says a hold succeeded which the provider never made: the audit page names it.
+    lying, lying_key, _ = await _unknown_run(stack, broker, status=OutcomeStatus.SUCCEEDED)
     await page.goto(f"{base}/console/audit")
-    await expect(page.locator("main")).to_contain_text("audited")
+    finding = page.locator("tr.finding", has_text=lying_key)
+    await expect(finding).to_contain_text("success_without_effect")
+    await expect(finding.locator(f"a[href='/console/runs/{lying}']")).to_be_visible()
+    assert (
+        await page.locator("tr.finding", has_text=key).count() == 0
+    )  # the resolved one agrees with its provider
     await _shot(page, "audit.png")
 
 
