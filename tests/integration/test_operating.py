@@ -10,12 +10,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import msgspec
+import nats
 import pytest
 
 from contracts.dead_letters import DeadLetter, Settled, dead_letter_encoder
-from contracts.errors import DeadLetterNotFound, DeadLetterSettled, ReplayRefused
+from contracts.errors import DeadLetterNotFound, DeadLetterSettled, NotPermitted, ReplayRefused
 from contracts.keys import action_key, input_hash, partition_of
-from contracts.nats_permissions import Role
+from contracts.nats_permissions import Role, inbox_prefix, user_name
 from contracts.projections import ProjectionTask, task_encoder
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
 from contracts.tool_messages import (
@@ -33,6 +34,7 @@ from services.platform.journal import RunJournal
 from services.projector.plan import plan
 from services.reconciler.replan import replanner
 from services.platform.jetstream import Broker
+from services.platform.nats_users import read_credential
 from services.platform.natsd import NatsServer
 from tests.support import inprocess
 from tests.support.capabilities import signed
@@ -230,3 +232,49 @@ async def test_a_dead_projection_is_planned_again_from_its_journal_once_and_a_di
     with pytest.raises(ReplayRefused):
         await letters.replay(await letters.get(inbound_seq), "operator:a")
     assert (await letters.get(inbound_seq)).mark is None
+
+
+async def test_no_other_role_may_settle_a_dead_letter_or_speak_for_the_provider(
+    nats_server: NatsServer, namespace: Namespace, gateway: Broker
+) -> None:
+    """An analytics reader or an executor marking a letter settled, an executor of another family answering the
+    booking family's provider views: refused by the server. (The runtime's refusal needs a concrete namespace:
+    this server's users span every test namespace, where `$KV.*.>` is any bucket; the sweep in
+    test_nats_permissions.py checks it on one.)"""
+    for role, family in ((Role.ANALYTICS, None), (Role.EXECUTOR, "payment")):
+        intruder = await Broker.connect(
+            nats_server.url, f"tests-{role.value}", access=access(nats_server.url, role, family)
+        )
+        try:
+            with pytest.raises(NotPermitted):
+                await DeadLetters(intruder, namespace)._mark(1, Settled.DISCARDED, "intruder")
+        finally:
+            await intruder.close()
+    refused: list[str] = []
+
+    async def noted(exc: Exception) -> None:
+        refused.append(str(exc))
+
+    creds = access(nats_server.url, Role.EXECUTOR, "payment").creds
+    assert creds is not None
+    payment = await nats.connect(
+        nats_server.url,
+        nkeys_seed_str=read_credential(creds).seed,
+        inbox_prefix=inbox_prefix(user_name(Role.EXECUTOR, "payment")),
+        error_cb=noted,
+        allow_reconnect=False,
+    )
+    try:
+        await payment.subscribe(namespace.provider_view("booking"), cb=_never)
+        await payment.flush()
+        await eventually(lambda: refused, what="the server's refusal", timeout_s=5)
+        assert "permissions violation" in refused[0].lower()
+        # Nobody answers for booking, then: the gateway's view says so instead of a forged answer.
+        view = await provider_views.ask(gateway, namespace, TOOLS["create_booking"], "k", {}, timeout_s=1.0)
+        assert view.answer == provider_views.NO_ANSWER
+    finally:
+        await payment.close()
+
+
+async def _never(msg: object) -> None:
+    raise AssertionError("a refused subscription received a message")
