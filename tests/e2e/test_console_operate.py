@@ -1,5 +1,5 @@
-"""The console's operating pages in a real headless Chromium against one stack of real processes: an approval
-approved by clicking (and a stale click answered with the 409 in the page), a dead letter replayed by click
+"""The console's operating pages in a real headless Chromium against one stack of real processes: a stay over the
+payment limit approved by clicking (and a stale click answered with the 409 in the page), a dead letter replayed by click
 (once), "ask again now" resolving an unknown outcome by key, the provider's by-key view beside our receipt, and a
 runs:read key that sees no button and whose forged POST is refused.
 
@@ -87,7 +87,6 @@ async def test_an_approval_is_approved_by_clicking_and_a_stale_click_shows_the_4
     row, stale_row = page.locator(f"tr#{approval_id}"), page.locator(f"tr#{stale_id}")
     await expect(row).to_contain_text("search_hotels")
     await expect(row.locator(f"a[href='/console/runs/{run_id}']")).to_be_visible()
-    await _shot(page, "approvals.png")
 
     # Decided behind the page's back: the click is answered with what the API answers (409), in the page.
     decided = await stack.gateway.post(
@@ -363,3 +362,29 @@ async def test_another_tenants_key_sees_none_of_it_and_cannot_act_on_it(
     assert not [
         e for e in await _events(stack, run_id, "run.nudged") if e["by"].startswith("operator:console:")
     ]
+
+
+async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(
+    stack: StackClient, page: Page
+) -> None:
+    """The policy's own hold: a 14-night stay is over the payment limit, so the charge waits; the amount the page
+    shows is the one the code computed, and the click lets the run pay and complete."""
+    guest = unique("g")
+    run_id = await stack.submit("Book a room in Lisbon from 2031-06-01 to 2031-06-15", guest_id=guest)
+
+    async def waiting() -> dict[str, Any] | None:
+        listed = (await stack.gateway.get("/v1/approvals", params={"status": "pending"})).json()["approvals"]
+        return next((a for a in listed if a["run_id"] == run_id), None)
+
+    record = await eventually(waiting, what="the charge held for approval", timeout_s=60)
+    assert record["tool"] == "create_payment" and record["amount_cents"] > 150_000
+    base = stack.stack.gateway_url
+    await signed_in(page, base, stack.api_key, "/console/approvals")
+    row = page.locator(f"tr#{record['approval_id']}")
+    await expect(row).to_contain_text(f"{record['amount_cents'] / 100:.2f} {record['currency']}")
+    await _shot(page, "approvals.png")
+    await row.locator("button.approve").click()
+    await expect(page.locator("#notice")).to_contain_text("approved")
+    ended = await stack.wait_terminal(run_id, timeout_s=120)
+    assert ended["outcome"] == "completed"
+    assert (await stack.counts(guest))["charge"] == 1
