@@ -224,6 +224,9 @@ def _on_signin_needed(request: Request[Any, Any, Any], exc: Exception) -> Respon
     target = f"{PREFIX}/signin?next={quote(request.url.path, safe='/')}"
     if exc.reason != "missing":
         target += f"&why={quote(exc.reason)}"
+    if "text/event-stream" in request.headers.get("accept", ""):
+        # A live stream's reconnect: a status, not a page (EventSource gives up on anything but 200).
+        return Response(content="sign in again", status_code=401, media_type=MediaType.TEXT)
     if request.headers.get("hx-request"):
         # An htmx fragment request: a redirect would be swapped into the page; tell htmx to go there instead.
         return Response(content="", status_code=401, headers={"hx-redirect": target})

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
+from litestar.datastructures import State
 from litestar.response import ServerSentEventMessage
 
 from contracts.errors import BrokerUnavailable
@@ -24,6 +25,10 @@ POLL_S = 0.5  # how soon a new journal event reaches an open page
 KEEPALIVE_S = 15.0  # a comment line, so proxies and the browser keep an idle stream open
 RECHECK_S = 10.0  # how often an open stream checks its key again (a revoked key's stream ends)
 BATCH = 256
+MAX_STREAMS = 200  # open live streams per gateway process
+# A runs stream starts at most this many messages behind the head: an old or forged `after` never makes the
+# gateway read the whole stream again.
+MAX_BEHIND = 5_000
 
 
 class Follower:
@@ -43,6 +48,43 @@ class Follower:
         return batch
 
 
+def slots_of(state: State) -> StreamSlots:
+    """The gateway process's stream slots (made on first use, kept in the app's state)."""
+    slots = state.get("console_streams")
+    if not isinstance(slots, StreamSlots):
+        slots = StreamSlots()
+        state["console_streams"] = slots
+    return slots
+
+
+def resume_after(headers: Mapping[str, str], query: Mapping[str, str], floor: int = 0) -> int:
+    """Where a stream starts: after the Last-Event-ID a reconnecting browser sends, else after the page's `after`
+    (the sequence it was rendered at), never before `floor`."""
+    floor = max(floor, 0)
+    for text in (headers.get("last-event-id", ""), query.get("after", "")):
+        if text.isdigit() and len(text) < 20:
+            return max(int(text), floor)
+    return floor
+
+
+class StreamSlots:
+    """How many live streams one gateway process keeps open at once: past it, a new one is told to come back
+    later rather than letting open tabs grow the gateway's polling without bound."""
+
+    def __init__(self, limit: int = MAX_STREAMS) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        self.open -= 1
+
+
 async def head_seq(broker: Broker, stream: str) -> int:
     """The stream's last sequence now: where a live page rendered from a read starts following."""
     try:
@@ -56,9 +98,27 @@ async def stream_events(
     follower: Follower,
     render: Callable[[list[StoredMessage], int], Awaitable[list[ServerSentEventMessage]]],
     still_allowed: Callable[[], Awaitable[bool]],
+    slots: StreamSlots,
 ) -> AsyncIterator[ServerSentEventMessage]:
     """Server-sent events for what `follower` finds, rendered by `render(batch, cursor before it)`, until the
-    client goes (Litestar cancels this generator on disconnect) or its key stops being allowed."""
+    client goes (Litestar cancels this generator on disconnect) or its key stops being allowed. It holds one of
+    `slots` while it runs (taken here, so a stream that never started holds none); with none free, the browser
+    is told to reconnect in 5 s."""
+    if not slots.take():
+        yield ServerSentEventMessage(data=None, comment="busy: too many live streams", retry=5000)
+        return
+    try:
+        async for message in _events(follower, render, still_allowed):
+            yield message
+    finally:
+        slots.give_back()
+
+
+async def _events(
+    follower: Follower,
+    render: Callable[[list[StoredMessage], int], Awaitable[list[ServerSentEventMessage]]],
+    still_allowed: Callable[[], Awaitable[bool]],
+) -> AsyncIterator[ServerSentEventMessage]:
     beat = checked = time.monotonic()
     while True:
         before = follower.cursor
@@ -77,9 +137,12 @@ async def stream_events(
         if batch:
             beat = now
             for message in await render(batch, before):
+                # The cursor as the event id: a browser reconnecting after a drop sends it back as
+                # Last-Event-ID, and the stream resumes after it (nothing twice, nothing missed).
+                message.id = str(follower.cursor)
                 yield message
             continue
         if now - beat >= KEEPALIVE_S:
             beat = now
-            yield ServerSentEventMessage(comment="keepalive")
+            yield ServerSentEventMessage(data=None, comment="keepalive")
         await asyncio.sleep(POLL_S)

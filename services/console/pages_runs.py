@@ -23,7 +23,7 @@ from contracts.run_events import JournalEvent, RunStarted, RunStatus
 from contracts.streams import projections_spec
 from contracts.subjects import Header, Namespace, StreamKind
 from services.console.app import PREFIX, render, session_of, still_signed_in, templates
-from services.console.live import Follower, head_seq, stream_events
+from services.console.live import MAX_BEHIND, Follower, head_seq, resume_after, slots_of, stream_events
 from services.console.timeline import Entry, entry, trace_id_of
 from services.gateway.access import Client
 from services.platform.jetstream import Broker, StoredMessage
@@ -121,11 +121,6 @@ async def runs_page(request: Request[Any, Any, Any]) -> Response[str]:
     )
 
 
-def _after(request: Request[Any, Any, Any]) -> int:
-    text = request.query_params.get("after", "0")
-    return int(text) if text.isdigit() and len(text) < 20 else 0
-
-
 @get("/runs/stream")
 async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
     """Rows of the runs page as runs start and change: `run_new` (a run that now passes the filters and did not
@@ -136,6 +131,7 @@ async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
     where = Filters.of(request, session.client).where
     stream = ns.stream(StreamKind.RUNS)
     prefix = ns.run_events_all.removesuffix("*")
+    after = resume_after(request.headers, request.query_params, await head_seq(broker, stream) - MAX_BEHIND)
 
     async def render_batch(batch: list[StoredMessage], before: int) -> list[ServerSentEventMessage]:
         out: list[ServerSentEventMessage] = []
@@ -159,9 +155,10 @@ async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
 
     return ServerSentEvent(
         stream_events(
-            Follower(broker, stream, ns.run_events_all, _after(request)),
+            Follower(broker, stream, ns.run_events_all, after),
             render_batch,
             lambda: still_signed_in(request),
+            slots_of(request.app.state),
         )
     )
 
@@ -261,9 +258,12 @@ async def run_stream(request: Request[Any, Any, Any], run_id: str) -> ServerSent
 
     return ServerSentEvent(
         stream_events(
-            Follower(broker, stream, ns.run_events(run_id), _after(request)),
+            Follower(
+                broker, stream, ns.run_events(run_id), resume_after(request.headers, request.query_params)
+            ),
             render_batch,
             lambda: still_signed_in(request),
+            slots_of(request.app.state),
         )
     )
 

@@ -305,3 +305,58 @@ async def test_live_streams_leave_no_consumer_behind(console: Console, acme_run:
                     break
     after = (await console.broker.js.stream_info(stream)).state.consumer_count
     assert after == before
+
+
+async def test_a_reconnecting_stream_resumes_after_the_last_event_it_got(
+    console: Console, acme_run: str
+) -> None:
+    """EventSource sends the last event id back when it reconnects: the stream carries on after it, so a
+    dropped connection shows no event twice."""
+    journal = await console.world.events(acme_run)
+    middle = journal[len(journal) // 2]["seq"]
+    async with _cookie_client(console, console.acme_reader) as http:
+        headers = {"accept": "text/event-stream", "last-event-id": str(middle)}
+        async with http.stream("GET", f"/console/runs/{acme_run}/stream?after=0", headers=headers) as live:
+            assert live.status_code == 200
+            text = ""
+            async for chunk in live.aiter_text():
+                text += chunk.replace("\r\n", "\n")
+                if "\n\n" in text:  # the end of the first event
+                    break
+    shown = {e["seq"] for e in journal if f'id="evt-{e["seq"]}"' in text}
+    assert shown == {e["seq"] for e in journal if e["seq"] > middle}
+    assert f"id: {journal[-1]['seq']}" in text
+
+
+async def test_a_stream_asked_for_without_a_key_is_refused_with_a_status(
+    console: Console, acme_run: str
+) -> None:
+    async with httpx.AsyncClient(base_url=console.url) as http:
+        for path in (f"/console/runs/{acme_run}/stream", "/console/runs/stream"):
+            response = await http.get(path, headers={"accept": "text/event-stream"})
+            assert response.status_code == 401, path  # EventSource stops on it; no sign-in page as an event
+
+
+async def test_a_tenants_live_runs_stream_carries_its_own_new_runs_and_never_anothers(
+    console: Console,
+) -> None:
+    other_writer = (await console.keys.create("other", [Scope.EVENTS_WRITE])).key
+    async with (
+        _cookie_client(console, console.other_reader) as http,
+        http.stream("GET", "/console/runs/stream", headers={"accept": "text/event-stream"}) as live,
+    ):
+        assert live.status_code == 200
+        posted: dict[str, str] = {}
+        for tenant, key in (("acme", console.acme_writer), ("other", other_writer)):
+            async with httpx.AsyncClient(base_url=console.url, headers=auth_header(key)) as api:
+                response = await api.post("/v1/events", json=guest_event(guest_id=unique("g")))
+                assert response.status_code == 202, response.text
+                posted[tenant] = str(response.json()["run_id"])
+            # acme's whole run is journaled before other's starts: the stream has passed it when other's arrives.
+            await console.world.wait_terminal(posted[tenant])
+        text = ""
+        async for chunk in live.aiter_text():
+            text += chunk
+            if f"run-{posted['other']}" in text and "completed" in text.split(f"run-{posted['other']}")[-1]:
+                break  # its own run arrived, and its change to completed after it
+    assert posted["acme"] not in text

@@ -4,13 +4,14 @@ payment limit approved by clicking (and a stale click answered with the 409 in t
 runs:read key that sees no button and whose forged POST is refused.
 
 The stack runs without its reconciler, so nothing but the clicks here resolves or wakes what the pages show.
-`UPDATE_DOCS=1` writes the pages' screenshots to docs/console/."""
+`CRASHSAFE_SCREENSHOTS=docs/console` also saves the screenshots docs/console.md shows (as tests/e2e/test_console.py)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +34,6 @@ from services.runtime.core.decide import model_answered
 from services.runtime.core.fold import fold_run
 from tests.support.browser import browser, page, signed_in
 from tests.support.holds import held_search
-from tests.support.paths import ROOT
 from tests.support.runs import call, reply_of
 from tests.support.stack import StackClient, cli_env, crashsafe, open_stack
 from tests.support.waiting import eventually, unique
@@ -41,7 +41,7 @@ from tests.support.world import BOOKING_TEXT
 
 __all__ = ["browser", "page"]  # the browser fixtures, used by name
 
-SHOTS = ROOT / "docs/console"
+SHOTS = os.environ.get("CRASHSAFE_SCREENSHOTS")
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +55,9 @@ async def stack(
 
 
 async def _shot(page: Page, name: str) -> None:
-    if os.environ.get("UPDATE_DOCS"):
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(SHOTS / name), full_page=True)
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(Path(SHOTS) / name), full_page=True)
 
 
 async def _held(stack: StackClient, broker: Broker) -> tuple[str, str]:

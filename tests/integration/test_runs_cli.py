@@ -34,7 +34,11 @@ def _journal(i: int) -> list[RunEvent]:
     run_id = f"run_{i:04d}"
     at = T0 + timedelta(minutes=i)
     first = msgspec.structs.replace(
-        started(at=at), run_id=run_id, guest_id=f"g{i % 7}", session_id=f"s{i % 50}", tenant="acme"
+        started(at=at),
+        run_id=run_id,
+        guest_id=f"g{i % 7}",
+        session_id=f"s{i % 50}",
+        tenant="zeta" if i % 3 == 0 else "acme",
     )
     # A model's steps, as a run journals them: most of a journal's bytes, none of which a listing needs.
     answers = [
@@ -131,6 +135,14 @@ async def test_the_listing_equals_the_fold_of_every_journal_and_reads_a_fraction
     assert {r.run_id for r in rows} == {
         f"run_{i:04d}" for i in range(250, RUNS) if i % 10 == 0 and i % 25 and i % 7 == 0
     }
+    # The console's filters: one tenant's runs only, one session's, by index and by whole stream alike.
+    for limit in (0, 3):
+        rows, _ = await list_runs(broker, namespace, tenant="zeta", limit=limit)
+        zeta = [r for r in everything if r.run_id in {f"run_{i:04d}" for i in range(0, RUNS, 3)}]
+        assert rows == (zeta[:limit] if limit else zeta) and {r.tenant for r in rows} == {"zeta"}
+        rows, _ = await list_runs(broker, namespace, session="s7", tenant="acme", limit=limit)
+        ours = [r for r in everything if r.session_id == "s7" and r.tenant == "acme"]
+        assert len(ours) > 3 and rows == (ours[:limit] if limit else ours)
 
 
 def test_since_reads_durations_and_times() -> None:
