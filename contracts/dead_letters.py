@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import msgspec
@@ -25,3 +26,25 @@ class DeadLetter(
 
 dead_letter_encoder = msgspec.json.Encoder()
 dead_letter_decoder = msgspec.json.Decoder(DeadLetter)
+
+
+class Settled(StrEnum):
+    REPLAYED = "replayed"
+    DISCARDED = "discarded"
+
+
+class DeadLetterMark(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="dead_letter.mark"
+):
+    """`<ns>_dead_marks`, key `dead.<stream_seq>`: what an operator did with one dead letter, written once."""
+
+    stream_seq: int
+    settled: str  # a Settled
+    by: str
+    at: datetime
+    # What a replay sent: the subject it published to (its original, or the run's wake subject).
+    replayed_to: str = ""
+
+
+dead_mark_encoder = msgspec.json.Encoder()
+dead_mark_decoder = msgspec.json.Decoder(DeadLetterMark)

@@ -64,6 +64,10 @@ class ErrorCode(StrEnum):
     PROFILE_UNREADABLE = "profile_unreadable"  # a guest's KV record that does not decode (slice R)
     # A projection not delivered within its retry policy (issue 10): its dead letter and `ops.projection_failed`.
     PROJECTION_EXHAUSTED = "projection_exhausted"
+    # Dead letters an operator acts on (issue 11): none at that sequence, one already settled, one not replayable.
+    DEAD_LETTER_NOT_FOUND = "dead_letter_not_found"
+    DEAD_LETTER_SETTLED = "dead_letter_settled"
+    REPLAY_REFUSED = "replay_refused"
 
 
 class RetryClass(StrEnum):
@@ -622,3 +626,46 @@ class CatalogRevisionGone(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return _facts(revision=self.revision, agent=self.agent, run_id=self.run_id)
+
+
+class DeadLetterNotFound(CrashsafeError):
+    """No dead letter at this sequence of the DEAD stream (or one of another tenant's runs: the same answer)."""
+
+    code = ErrorCode.DEAD_LETTER_NOT_FOUND
+
+    def __init__(self, *, stream_seq: int) -> None:
+        super().__init__(f"no dead letter {stream_seq}; list them with `crashsafe dead-letters list`")
+        self.stream_seq = stream_seq
+
+    def details(self) -> dict[str, Any]:
+        return {"stream_seq": self.stream_seq}
+
+
+class DeadLetterSettled(CrashsafeError):
+    """A dead letter already replayed or discarded (HTTP 409): nothing was sent again."""
+
+    code = ErrorCode.DEAD_LETTER_SETTLED
+
+    def __init__(self, *, stream_seq: int, settled: str, by: str) -> None:
+        super().__init__(f"dead letter {stream_seq} was already {settled} by {by}; nothing was sent again")
+        self.stream_seq = stream_seq
+        self.settled = settled
+        self.by = by
+
+    def details(self) -> dict[str, Any]:
+        return {"stream_seq": self.stream_seq, "settled": self.settled, "by": self.by}
+
+
+class ReplayRefused(CrashsafeError):
+    """A dead letter whose consumer would not take a second delivery safely (HTTP 409): `message` says what
+    to do instead; nothing was sent."""
+
+    code = ErrorCode.REPLAY_REFUSED
+
+    def __init__(self, message: str, *, stream_seq: int, subject: str) -> None:
+        super().__init__(message)
+        self.stream_seq = stream_seq
+        self.subject = subject
+
+    def details(self) -> dict[str, Any]:
+        return {"stream_seq": self.stream_seq, "subject": self.subject}

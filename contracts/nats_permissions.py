@@ -32,6 +32,9 @@ APPROVALS = "approvals"
 SESSIONS = "sessions"
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 PROJECTIONS = "projections"  # projection receipts (issue 10): the projector writes them, the reconciler reads
+DEAD_MARKS = (
+    "dead_marks"  # dead letters an operator replayed or discarded (issue 11): the gateway and the CLI
+)
 
 
 class Role(StrEnum):
@@ -55,6 +58,9 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     publish_deny: tuple[str, ...] = ()
+    # May answer a request it received (publish once to that request's reply subject, for a short time), as the
+    # executors answer the gateway's provider views; nothing else of the asker's inbox.
+    allow_responses: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,7 @@ def _user(
     subscribe: Iterable[str] = (),
     family: str | None = None,
     deny: Iterable[str] = (),
+    responses: bool = False,
 ) -> NatsUser:
     name = user_name(role, family)
     deny = () if role is Role.OPERATOR else (*DESTRUCTIVE, *deny)
@@ -174,6 +181,7 @@ def _user(
             publish=tuple(dict.fromkeys(publish)),
             subscribe=(f"{inbox_prefix(name)}.>", *dict.fromkeys(subscribe)),
             publish_deny=deny,
+            allow_responses=responses,
         ),
     )
 
@@ -218,6 +226,7 @@ def users(
             *direct_get(s.kv_stream(ACTIVE)),
             *direct_get(s.kv_stream(APPROVALS)),
             *direct_get(s.kv_stream(SESSIONS)),
+            *_operating(s),
             # The console's run page shows the run's projection receipts: read only, never written.
             stream_info(s.kv_stream(PROJECTIONS)),
             *direct_get(s.kv_stream(PROJECTIONS)),
@@ -286,7 +295,10 @@ def users(
                     *direct_get(s.kv_stream("leases")),
                     *_profile_writes(s, family),
                 ],
+                # The provider's by-key view of its own family only (the console's run page), answered once.
+                [f"{n}.provider_view.{family}"],
                 family=family,
+                responses=True,
             )
         )
     reconciler = _user(
@@ -387,6 +399,22 @@ def _projector(s: Scope, concrete: Namespace) -> NatsUser:
             *direct_get(s.kv_stream(PROJECTIONS)),
         ],
     )
+
+
+def _operating(s: Scope) -> list[str]:
+    """What the console's operating pages need of the gateway (issue 11): read the dead letters and settle each
+    once in its marks bucket (never delete a stream message), replay a dead projection task (its receiver
+    deduplicates by key; the reconciler holds the same right), and ask a family's executors for the provider's
+    by-key view (request/reply; the gateway holds no provider credential)."""
+    n, dead = s.n, s.stream(StreamKind.DEAD_LETTERS)
+    return [
+        *direct_get(dead),
+        s.kv(DEAD_MARKS, "dead.*"),
+        stream_info(s.kv_stream(DEAD_MARKS)),
+        *direct_get(s.kv_stream(DEAD_MARKS)),
+        f"{n}.projection.*.*",
+        f"{n}.provider_view.*",
+    ]
 
 
 def _profile_writes(s: Scope, family: str) -> list[str]:

@@ -271,3 +271,8 @@ def catalog_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 def projections_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """Projection receipts, `projection.<tool>.<digest(key)>`: one `ProjectionRecord` per projection key."""
     return KvSpec(bucket=ns.projections_bucket, replicas=replicas)
+
+
+def dead_marks_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Settled dead letters, `dead.<stream_seq>`: a `DeadLetterMark` (replayed or discarded), created once."""
+    return KvSpec(bucket=ns.dead_letter_marks_bucket, replicas=replicas)

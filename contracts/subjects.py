@@ -141,6 +141,30 @@ class Namespace:
     def dead_letters_all(self) -> str:
         return f"{self.name}.dead.*"
 
+    # The provider's by-key view (request/reply, read-only): a family's executors answer what the provider says
+    # about one key, so the gateway never holds a provider credential.
+    def provider_view(self, family: str) -> str:
+        if not _TOKEN.match(family):
+            raise ValueError(f"tool family {family!r} must match {_TOKEN.pattern}")
+        return f"{self.name}.provider_view.{family}"
+
+    @property
+    def provider_views_all(self) -> str:
+        return f"{self.name}.provider_view.*"
+
+    # Dead letters an operator settled (replayed or discarded): one record per dead letter's stream sequence,
+    # created once (compare-and-set on revision 0), so a double click is one replay.
+    @property
+    def dead_letter_marks_bucket(self) -> str:
+        return f"{self.name}_dead_marks"
+
+    def dead_letter_mark_key(self, stream_seq: int) -> str:
+        return f"dead.{_literal(str(stream_seq))}"
+
+    @property
+    def dead_letter_marks_all(self) -> str:
+        return "dead.*"
+
     # Support tickets: one subject per handed-off run, so the first ticket is the lasting one.
     def support(self, tenant: str, run_id: str) -> str:
         return f"{self.name}.support.{_literal(tenant or '_')}.{_literal(run_id)}"

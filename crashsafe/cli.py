@@ -242,6 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
     projections_retry.add_argument("key", help="the projection's key, as `projections list` prints it")
     projections_retry.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
+    dead = sub.add_parser("dead-letters", help="messages a service gave up on: list, replay once, discard")
+    dead_sub = dead.add_subparsers(dest="dead_command", required=True)
+    dead_list = dead_sub.add_parser(
+        "list", help="open dead letters: seq, when, service, subject, code, reason"
+    )
+    dead_list.add_argument("--all", action="store_true", help="also the replayed and discarded ones")
+    dead_replay = dead_sub.add_parser(
+        "replay", help="send one again, once, where its consumer dedupes by key (else refused, saying why)"
+    )
+    dead_discard = dead_sub.add_parser("discard", help="mark one discarded: it is never replayed")
+    for command in (dead_replay, dead_discard):
+        command.add_argument("seq", type=int, help="the dead letter's sequence, as `list` prints it")
+    for command in (dead_list, dead_replay, dead_discard):
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     keys = sub.add_parser("keys", help="API keys of the gateway's clients")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="mint a key (printed once; only its hash is stored)")
@@ -456,6 +471,19 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(asyncio.run(_keys(operations, args)))
             case "projections":
                 sys.exit(asyncio.run(_projections(args)))
+            case "dead-letters":
+                from crashsafe.dead_letters import dead_letters_command
+
+                sys.exit(
+                    asyncio.run(
+                        dead_letters_command(
+                            Path(args.state_dir),
+                            args.dead_command,
+                            getattr(args, "seq", None),
+                            getattr(args, "all", False),
+                        )
+                    )
+                )
             case "guests":
                 sys.exit(asyncio.run(_guests(args)))
             case "approvals" if args.approvals_command == "list":

@@ -312,6 +312,8 @@ CHANNEL_MESSAGES: dict[str, tuple[str, ...]] = {
     "approval_timer": ("run.wake",),  # a schedule: its body fires to timer.fired.<run_id>
     "timer_cancelled": (),  # an empty body with `Nats-Schedule-Next: purge`
     "timer_fired": ("run.wake",),
+    # Request/reply (issue 11): the gateway asks a family's executors what the provider says about a key.
+    "provider_view": ("provider_view.request", "provider_view.reply"),
 }
 
 

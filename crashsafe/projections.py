@@ -19,10 +19,8 @@ from contracts.streams import projections_spec
 from crashsafe.operations import settings_for
 from services import registry as registries
 from services.platform.jetstream import Broker, KvEntry
-from services.platform.journal import RunJournal
-from services.projector.plan import plan
-from services.reconciler.projections import STALE_S, Verdict, replanned, retried_record, verdict
-from services.runtime.core.fold import replay
+from services.reconciler.projections import STALE_S, Verdict, retried_record, verdict
+from services.reconciler.replan import replan_projection
 
 record_encoder = msgspec.json.Encoder()
 
@@ -107,14 +105,7 @@ async def projections_retry(state_dir: Path, key: str) -> int:
             )
             print(f"crashsafe: projection {key} is {record.status}, not dead: {what}", file=sys.stderr)
             return 1
-        events, _ = await RunJournal(broker, ns).read(record.run_id)
-        state = replay(events)
-        agent = registry.agents.get(state.agent) if state is not None else None
-        task = (
-            replanned(plan(state, state.events, agent, registry.tools, now), key, record.run_id, now)
-            if state is not None and agent is not None
-            else None
-        )
+        task = await replan_projection(broker, ns, registry, record.run_id, key, now)
         if task is None:
             print(
                 f"crashsafe: run {record.run_id}'s journal no longer calls for {key} (released or refunded?):"

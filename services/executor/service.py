@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
@@ -72,6 +73,7 @@ from services.platform.jetstream import Broker, Subscription
 from services.platform.provisioning import executor_streams, require
 from services.platform.logs import log
 from services.platform import metrics, probes
+from services.platform import provider_views
 from services.platform.providers import Providers
 from services.platform.settings import Settings
 from contracts.spans import SpanName
@@ -146,6 +148,7 @@ class Executor:
         self._leftovers: dict[int, set[asyncio.Task[None]]] = {}
         self._leftover_slots = asyncio.Semaphore(LEFTOVER_CONCURRENCY)
         self.incarnation = uuid.uuid4().hex
+        self._views: Any = None
         self.keeper = PartitionKeeper(
             broker,
             settings,
@@ -176,9 +179,18 @@ class Executor:
         await require(self.broker, executor_streams(self.ns))
         # Takes the partitions that are free now and returns; the keeper takes the rest as others let go.
         await self.keeper.start()
+        # The provider's by-key view for the console (read-only lookups; issue 11).
+        self._views = await provider_views.serve(
+            self.broker, self.ns, self.family, self.tools, self.providers, self.logger
+        )
         log(self.logger, logging.INFO, "executor ready", family=self.family, partitions=self.partitions)
 
     async def close(self) -> None:
+        if self._views is not None:
+            try:
+                await self._views.unsubscribe()
+            except (nats.errors.Error, OSError):
+                pass
         await (
             self.keeper.close()
         )  # every partition handed back: unsubscribed, its keys finished, store closed

@@ -21,8 +21,6 @@ from contracts.clients import Scope
 from contracts.errors import AgentNotAllowed
 from contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from contracts.errors import (
-    ApprovalNotFound,
-    ApprovalNotPending,
     BodyTooLarge,
     InvalidRequest,
     TooManyActiveRuns,
@@ -65,8 +63,9 @@ from services.platform.tracing import (
     trace_requests,
 )
 from services.registry import Registry
+from services.platform import approvals as approval_decisions
 from services.platform.approvals import ApprovalRecords
-from services.platform.asks import reconcile_run, wake_run
+from services.platform.asks import reconcile_run
 from services.platform.sessions import SessionRecords
 from services.runtime.core import approvals as approval_rules
 from services.runtime.core.fold import replay, summarize
@@ -379,19 +378,6 @@ def _approval_json(record: ApprovalRecord, now: datetime) -> dict[str, Any]:
     return msgspec.to_builtins(record) | {"status": approval_rules.current_status(record, now)}
 
 
-async def _visible_approval(state: State, client: Client, approval_id: str) -> tuple[ApprovalRecords, Any]:
-    records = ApprovalRecords(state.broker, state.settings.namespace)
-    if not approval_id.startswith("apr_") or len(approval_id) > 128:
-        raise ApprovalNotFound(approval_id=approval_id[:64])
-    try:
-        stored = await records.get(approval_id)
-    except ValueError:  # not a literal key token
-        stored = None
-    if stored is None or not client.sees(stored.record.tenant):
-        raise ApprovalNotFound(approval_id=approval_id)  # another tenant's: the same answer as none at all
-    return records, stored
-
-
 @get(
     "/v1/approvals",
     summary="List approvals",
@@ -412,12 +398,8 @@ async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Respo
     except CrashsafeError as exc:
         return _error(exc)
     now = datetime.now(UTC)
-    shown = [
-        _approval_json(r, now)
-        for r in sorted(records, key=lambda r: r.requested_at, reverse=True)
-        if client.sees(r.tenant) and (wanted is None or approval_rules.current_status(r, now) == wanted)
-    ]
-    return Response(content={"approvals": shown})
+    listed = [_approval_json(r, now) for r in approval_decisions.shown(records, client.sees, wanted, now)]
+    return Response(content={"approvals": listed})
 
 
 @get(
@@ -430,7 +412,8 @@ async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Respo
 async def get_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
     try:
         client = await state.door.client(request, Scope.RUNS_READ)
-        _, stored = await _visible_approval(state, client, approval_id)
+        records = ApprovalRecords(state.broker, state.settings.namespace)
+        stored = await approval_decisions.visible(records, client.sees, approval_id)
     except CrashsafeError as exc:
         return _error(exc)
     return Response(content=_approval_json(stored.record, datetime.now(UTC)))
@@ -462,33 +445,16 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
             ) from exc
         except msgspec.DecodeError as exc:
             raise InvalidRequest(f"body is not valid JSON: {exc}; send one JSON object") from exc
-        records, stored = await _visible_approval(state, client, approval_id)
         decision = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
-        decided_by = f"manager:{body.approver}"
-
-        def change(record: ApprovalRecord) -> ApprovalRecord | None:
-            now = datetime.now(UTC)
-            return approval_rules.decide(
-                record, decision.value, decided_by, body.reason, now
-            ) or approval_rules.expired(record, now)
-
-        moved, ours = await records.move(approval_id, change)
-        if moved is None:
-            raise ApprovalNotFound(approval_id=approval_id)
-        crash_point("gateway.after_approval_decided")
-        # The run journals the decision (or the expiry this call found) whoever wins: wake it either way.
-        if ours or moved.record.status != ApprovalStatus.PENDING:
-            await wake_run(
-                state.broker,
-                state.settings,
-                moved.record.run_id,
-                f"approval {approval_id} is {moved.record.status}",
-                "gateway:approvals",
-            )
-        if not ours or moved.record.status != decision:
-            raise ApprovalNotPending(
-                approval_id=approval_id, status=moved.record.status, decided_by=moved.record.decided_by
-            )
+        moved = await approval_decisions.decide(
+            state.broker,
+            state.settings,
+            client.sees,
+            approval_id,
+            decision,
+            f"manager:{body.approver}",
+            body.reason,
+        )
     except CrashsafeError as exc:
         return _error(exc)
     log(

@@ -17,7 +17,10 @@ from contracts.errors import (
     SessionOfAnotherGuest,
     BrokerUnavailable,
     CrashsafeError,
+    DeadLetterNotFound,
+    DeadLetterSettled,
     Forbidden,
+    ReplayRefused,
     IdempotencyConflict,
     InvalidRequest,
     LeaseConflict,
@@ -49,6 +52,9 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     ApprovalNotFound: 404,
     ApprovalNotPending: 409,
     SessionOfAnotherGuest: 409,
+    DeadLetterNotFound: 404,
+    DeadLetterSettled: 409,
+    ReplayRefused: 409,
 }
 UNLISTED = 500
 

@@ -11,12 +11,22 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from contracts.approvals import ApprovalRecord
-from contracts.errors import CrashsafeError, LeaseConflict
+from contracts.approvals import ApprovalRecord, ApprovalStatus
+from contracts.errors import (
+    ApprovalNotFound,
+    ApprovalNotPending,
+    CrashsafeError,
+    LeaseConflict,
+    UnprocessableBody,
+)
 from contracts.streams import approvals_spec
 from contracts.subjects import Header, Namespace, StreamKind
 from contracts.tool_messages import RunWake, tool_encoder
+from services.platform.asks import wake_run
+from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker
+from services.platform.settings import Settings
+from services.runtime.core import approvals as approval_rules
 
 record_encoder = msgspec.json.Encoder()
 record_decoder = msgspec.json.Decoder(ApprovalRecord)
@@ -128,3 +138,77 @@ def schedule_time(at: datetime) -> str:
     at = at.astimezone(UTC)
     whole = at.replace(microsecond=0) + timedelta(seconds=math.ceil(at.microsecond / 1_000_000))
     return whole.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# A manager's decision, shared by the API (POST /v1/approvals/{id}) and the console's approvals page -------------
+
+
+def shown(
+    records: list[ApprovalRecord], sees: Callable[[str], bool], wanted: str | None, now: datetime
+) -> list[ApprovalRecord]:
+    """The records a client sees (its tenant's; an admin all), newest first, filtered by what each means now."""
+    return [
+        r
+        for r in sorted(records, key=lambda r: r.requested_at, reverse=True)
+        if sees(r.tenant) and (wanted is None or approval_rules.current_status(r, now) == wanted)
+    ]
+
+
+async def visible(records: ApprovalRecords, sees: Callable[[str], bool], approval_id: str) -> Stored:
+    """One record, if the client sees it: another tenant's gets the answer a missing one gets."""
+    if not approval_id.startswith("apr_") or len(approval_id) > 128:
+        raise ApprovalNotFound(approval_id=approval_id[:64])
+    try:
+        stored = await records.get(approval_id)
+    except ValueError:  # not a literal key token
+        stored = None
+    if stored is None or not sees(stored.record.tenant):
+        raise ApprovalNotFound(approval_id=approval_id)
+    return stored
+
+
+async def decide(
+    broker: Broker,
+    settings: Settings,
+    sees: Callable[[str], bool],
+    approval_id: str,
+    decision: ApprovalStatus,
+    decided_by: str,
+    reason: str,
+    *,
+    input_hash: str | None = None,
+) -> Stored:
+    """Move a pending record once (compare-and-set), then wake its run, which journals what the record says.
+    Decided or expired already: ApprovalNotPending naming the status, nothing changes. `input_hash`: the action
+    the decider saw (the console's form); a record bound to other arguments is refused."""
+    records = ApprovalRecords(broker, settings.namespace)
+    stored = await visible(records, sees, approval_id)
+    if input_hash is not None and input_hash != stored.record.input_hash:
+        raise UnprocessableBody(
+            f"approval {approval_id} is bound to another action than the one decided on; reload the page"
+        )
+
+    def change(record: ApprovalRecord) -> ApprovalRecord | None:
+        now = datetime.now(UTC)
+        return approval_rules.decide(
+            record, decision.value, decided_by, reason, now
+        ) or approval_rules.expired(record, now)
+
+    moved, ours = await records.move(approval_id, change)
+    if moved is None:
+        raise ApprovalNotFound(approval_id=approval_id)
+    crash_point("gateway.after_approval_decided")
+    # The run journals the decision (or the expiry this call found) whoever wins: wake it either way.
+    if ours or moved.record.status != ApprovalStatus.PENDING:
+        await wake_run(
+            broker,
+            settings,
+            moved.record.run_id,
+            f"approval {approval_id} is {moved.record.status}",
+            "gateway:approvals",
+        )
+    if not ours or moved.record.status != decision:
+        raise ApprovalNotPending(
+            approval_id=approval_id, status=moved.record.status, decided_by=moved.record.decided_by
+        )
+    return moved

@@ -624,7 +624,8 @@ class Broker:
             return
         for reply, sent_to in list(self._publishing.items()):
             future = self._acks.get(reply)
-            if sent_to == subject and future is not None and not future.done():
+            # nats-py hands the server's error over lower-cased: `$KV.<bucket>` arrives as `$kv.<bucket>`.
+            if sent_to.lower() == subject.lower() and future is not None and not future.done():
                 future.set_exception(NotPermitted(user=self.user, subject=subject))
 
     async def _on_ack(self, msg: Msg) -> None:

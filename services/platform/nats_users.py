@@ -105,11 +105,12 @@ def authorization_block(users: list[NatsUser], credentials: dict[str, Credential
     for user in users:
         p = user.permissions
         deny = f", deny: {quoted(p.publish_deny)}" if p.publish_deny else ""
+        responses = ",\n      allow_responses: true" if p.allow_responses else ""
         entries.append(
             f"    # {user.name}\n"
             f"    {{ nkey: {credentials[user.name].public_key}, permissions: {{\n"
             f"      publish: {{ allow: {quoted(p.publish)}{deny} }},\n"
-            f"      subscribe: {{ allow: {quoted(p.subscribe)} }}\n"
+            f"      subscribe: {{ allow: {quoted(p.subscribe)} }}{responses}\n"
             f"    }} }}"
         )
     return "authorization {\n  users: [\n" + ",\n".join(entries) + "\n  ]\n}"

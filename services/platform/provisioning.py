@@ -13,6 +13,7 @@ from contracts.streams import (
     approvals_spec,
     catalog_spec,
     clients_spec,
+    dead_marks_spec,
     guests_spec,
     leases_spec,
     projections_spec,
@@ -35,6 +36,7 @@ def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
         approvals_spec(ns, replicas),
         sessions_spec(ns, replicas),
         projections_spec(ns, replicas),  # projection receipts (issue 10)
+        dead_marks_spec(ns, replicas),  # dead letters an operator replayed or discarded (issue 11)
     ]
 
 

@@ -80,6 +80,7 @@ KV_PROJECTIONS = "KV_sweep_projections"
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
 KV_CATALOG = "KV_sweep_catalog"
 KV_GUESTS = "KV_sweep_guests"
+KV_DEAD_MARKS = "KV_sweep_dead_marks"
 
 
 def probes() -> list[Probe]:
@@ -106,6 +107,9 @@ def probes() -> list[Probe]:
         Probe("publish", "dead letter: projector", NS.dead_letters("projector")),
         Probe("publish", "ops: projection failed", NS.ops("projection_failed", "update_crm")),
         Probe("publish", "KV projections: a receipt", "$KV.sweep_projections.projection.update_crm.h"),
+        # The operating pages (issue 11): settle a dead letter once, ask a family's executors for a provider view.
+        Probe("publish", "KV dead marks: `dead.1`", "$KV.sweep_dead_marks.dead.1"),
+        *(Probe("publish", f"ask a provider view: {f}", NS.provider_view(f)) for f in FAMILIES),
         Probe(
             "streams",
             "create a stream",
@@ -132,6 +136,7 @@ def probes() -> list[Probe]:
                 KV_GUESTS,
                 PROJECTIONS,
                 KV_PROJECTIONS,
+                KV_DEAD_MARKS,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -194,6 +199,11 @@ def probes() -> list[Probe]:
         ),
         Probe("subscribe", "raw `sweep.action.>` (snoop requests)", "sweep.action.>", subscribe=True),
         Probe("subscribe", "the runtime's reply inbox", "_INBOX.runtime.>", subscribe=True),
+        Probe("subscribe", "the gateway's reply inbox", "_INBOX.gateway.>", subscribe=True),
+        *(
+            Probe("subscribe", f"answer provider views: {f}", NS.provider_view(f), subscribe=True)
+            for f in FAMILIES
+        ),
         # Destructive ones last: the operator really does them.
         Probe("streams", f"delete message 1 of {RUNS}", f"{API}.STREAM.MSG.DELETE.{RUNS}", b'{"seq":1}'),
         Probe("streams", f"purge {RUNS}", f"{API}.STREAM.PURGE.{RUNS}", b"{}"),
@@ -223,6 +233,11 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         # A manager's decision on an approval record; the session lane a new message claims.
         allowed |= {"KV approvals: `approval.apr_1`", "KV sessions: `session.t1.h`"}
         allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
+        # The operating pages: read the dead letters and settle each once (never delete a stream message), plan
+        # a dead projection again (its receiver dedupes by key), ask any family for the provider's view by key.
+        allowed |= {f"direct get on {DEAD}", "KV dead marks: `dead.1`", f"direct get on {KV_DEAD_MARKS}"}
+        allowed |= {"projection task", "the gateway's reply inbox"}
+        allowed |= {f"ask a provider view: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {KV_PROJECTIONS}"}  # the console shows a run's projection receipts
     elif role is Role.RUNTIME:
         allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
@@ -246,6 +261,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
+        allowed |= {f"answer provider views: {family}"}  # its own family's, never another's
         if family == "memory":  # the one writer of guest profiles
             allowed |= {"KV guests: `guest.t1.h` (a profile)", f"direct get on {KV_GUESTS}"}
     elif role is Role.RECONCILER:

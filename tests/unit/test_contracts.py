@@ -23,7 +23,21 @@ import contracts
 from contracts.errors import AgentNotAllowed
 from contracts.synthetic import SyntheticTurn, synthetic_decoder, synthetic_encoder
 from contracts.capabilities import Capability
-from contracts.dead_letters import DeadLetter, dead_letter_decoder, dead_letter_encoder
+from contracts.dead_letters import (
+    DeadLetter,
+    DeadLetterMark,
+    dead_letter_decoder,
+    dead_letter_encoder,
+    dead_mark_decoder,
+    dead_mark_encoder,
+)
+from contracts.provider_view import (
+    ProviderViewReply,
+    ProviderViewRequest,
+    provider_view_encoder,
+    provider_view_reply_decoder,
+    provider_view_request_decoder,
+)
 from contracts.support import SupportTicket, support_decoder, support_encoder
 from contracts.projections import (
     ProjectionFailed,
@@ -311,6 +325,15 @@ SAMPLES: list[msgspec.Struct] = [
         payload='{"type":"action.request"}',
         at=AT,
     ),
+    DeadLetterMark(
+        stream_seq=42,
+        settled="replayed",
+        by="console:k_1",
+        at=AT,
+        replayed_to="crashsafe.outcome._wake." + RUN,
+    ),
+    ProviderViewRequest(tool="create_booking", key="k" * 64, args={"hotel_id": "lis-1"}),
+    ProviderViewReply(answer="found", ref="bk_1", effect={"booking_id": "bk_1", "status": "held"}),
     ProjectionTask(
         tool="send_confirmation_email",
         key="email:" + "e" * 64,
@@ -381,6 +404,12 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return inbound_encoder, inbound_decoder
         case DeadLetter():
             return dead_letter_encoder, dead_letter_decoder
+        case DeadLetterMark():
+            return dead_mark_encoder, dead_mark_decoder
+        case ProviderViewRequest():
+            return provider_view_encoder, provider_view_request_decoder
+        case ProviderViewReply():
+            return provider_view_encoder, provider_view_reply_decoder
         case SupportTicket():
             return support_encoder, support_decoder
         case ProjectionTask():

@@ -53,6 +53,8 @@ MAY_IMPORT: dict[str, set[str]] = {
         "services.gateway.core",
         "services.runtime.core",
         "services.projector.plan",
+        "services.reconciler.service",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
+        "services.reconciler.replan",  # a dead projection replayed is planned again, as `projections retry` does
     },
     "services.reconciler": {
         "contracts",

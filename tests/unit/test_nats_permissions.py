@@ -69,6 +69,8 @@ def test_every_user_listens_only_on_its_own_inbox_and_its_own_deliveries() -> No
             ]
         elif user.role is Role.OPERATOR:
             assert rest == ["prod.>"]
+        elif user.role is Role.EXECUTOR:
+            assert rest == [f"prod.provider_view.{user.family}"]  # its own family's provider views (issue 11)
         else:
             assert rest == []
 

@@ -1,0 +1,51 @@
+"""`crashsafe dead-letters list|replay|discard`: the console's dead-letters page, for a terminal (one home for the
+logic: services/platform/dead_letters.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from contracts.errors import CrashsafeError
+from crashsafe.operations import settings_for
+from services.platform.dead_letters import DeadLetters
+from services import registry as registries
+from services.platform.jetstream import Broker
+from services.reconciler.replan import replanner
+
+
+async def dead_letters_command(state_dir: Path, command: str, seq: int | None, show_settled: bool) -> int:
+    settings = settings_for(state_dir)
+    broker = await Broker.connect(
+        settings.nats_url, "crashsafe-dead-letters", fail_fast=True, access=settings.nats_access
+    )
+    try:
+        registry = registries.load(settings.registry)
+        letters = DeadLetters(broker, settings.namespace, replanner(broker, settings.namespace, registry))
+        if command == "list":
+            listed = [s for s in await letters.list() if show_settled or s.mark is None]
+            for s in listed:
+                letter = s.letter
+                state = f"{s.mark.settled} by {s.mark.by}" if s.mark else "open"
+                print(
+                    f"{s.seq}  {letter.at:%Y-%m-%d %H:%M:%S}  {letter.service}  {letter.subject}  {letter.code}"
+                    f"  run {s.run_id or '-'}  {state}  {letter.reason}"
+                )
+            if not listed:
+                print("no dead letters" + ("" if show_settled else " open (--all shows settled ones)"))
+            return 0
+        assert seq is not None
+        stored = await letters.get(seq)
+        try:
+            if command == "replay":
+                mark = await letters.replay(stored, "operator:cli")
+                print(f"dead letter {seq} replayed to {mark.replayed_to}")
+            else:
+                await letters.discard(stored, "operator:cli")
+                print(f"dead letter {seq} discarded")
+        except CrashsafeError as exc:
+            print(f"crashsafe: {exc.message}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        await broker.close()

@@ -1,0 +1,379 @@
+"""The console's operating pages: approvals waiting, dead letters, audit findings, reconciliation, and the provider's
+by-key view on the run page. Each reads and acts through the one platform function the API or CLI uses
+(services/platform/approvals.py, dead_letters.py, unknowns.py, asks.py, provider_views.py); every action is a
+POST needing `runs:operate` and the session's CSRF token, tenant-scoped exactly as the API is."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+
+from contracts.approvals import ApprovalStatus
+from contracts.clients import Scope
+from contracts.errors import (
+    ApprovalNotFound,
+    ApprovalNotPending,
+    CrashsafeError,
+    DeadLetterNotFound,
+    RunNotFound,
+    UnprocessableBody,
+)
+from contracts.keys import is_run_id
+from contracts.provider_view import ProviderViewReply
+from contracts.run_events import ActionCompleted, ActionRequested, RunStarted, decode_event
+from contracts.subjects import StreamKind
+from contracts.tool_messages import Answer
+from services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
+from services.gateway.access import Client
+from services.gateway.core import status_for
+from services.platform import approvals as approval_decisions
+from services.platform import provider_views
+from services.platform.approvals import ApprovalRecords
+from services.platform.asks import reconcile_run
+from services.platform.dead_letters import (
+    DeadLetters,
+    Plan,
+    Refusal,
+    Replan,
+    Republish,
+    Stored,
+    WakeKeys,
+    replay_plan,
+)
+from services.platform.journal import RunJournal
+from services.platform.logs import log
+from services.platform.unknowns import open_unknowns
+from services.reconciler.replan import replanner
+from services.reconciler.service import audit_all
+from services.registry import ProviderAnswer, Registry, Tool
+from services.runtime.core import approvals as approval_rules
+
+logger = logging.getLogger("crashsafe.console")
+
+
+def _state(request: Request[Any, Any, Any]) -> Any:
+    return request.app.state
+
+
+def _outcome(request: Request[Any, Any, Any], status: int) -> int:
+    """htmx swaps only 2xx answers: a refused action is shown in the page it re-renders, with its real status
+    for any other client (a script, a forged form)."""
+    return 200 if request.headers.get("hx-request") else status
+
+
+async def _tenant_of_run(
+    request: Request[Any, Any, Any], run_id: str, cache: dict[str, str | None]
+) -> str | None:
+    if run_id in cache:
+        return cache[run_id]
+    state = _state(request)
+    ns = state.settings.namespace
+    tenant = None
+    if is_run_id(run_id):
+        first = await state.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+        started = decode_event(first.data) if first is not None else None
+        tenant = started.tenant if isinstance(started, RunStarted) else None
+    cache[run_id] = tenant
+    return tenant
+
+
+# Approvals ----------------------------------------------------------------------------------------------------
+
+
+async def _approvals_page(
+    request: Request[Any, Any, Any], session: Session, notice: str = "", status_code: int = 200
+) -> Response[str]:
+    state = _state(request)
+    wanted = request.query_params.get("status", ApprovalStatus.PENDING.value)
+    if wanted not in {s.value for s in ApprovalStatus}:
+        wanted = ApprovalStatus.PENDING.value
+    now = datetime.now(UTC)
+    records = await ApprovalRecords(state.broker, state.settings.namespace).scan()
+    shown = [
+        (r, approval_rules.current_status(r, now))
+        for r in approval_decisions.shown(records, session.client.sees, wanted, now)
+    ]
+    return render(
+        "approvals.html",
+        session,
+        page="approvals",
+        status_code=status_code,
+        approvals=shown,
+        wanted=wanted,
+        statuses=[s.value for s in ApprovalStatus],
+        may_operate=session.client.may(Scope.RUNS_OPERATE),
+        notice=notice,
+    )
+
+
+@get("/approvals", include_in_schema=False)
+async def approvals_page(request: Request[Any, Any, Any]) -> Response[str]:
+    return await _approvals_page(request, await session_of(request))
+
+
+@post("/approvals/{approval_id:str}", include_in_schema=False, request_max_body_size=MAX_FORM_BYTES)
+async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> Response[str]:
+    """The decision the API takes (POST /v1/approvals/{id}), bound to the action the page showed (its input
+    hash); decided or expired already: the 409 message, in the page."""
+    session = await session_of(request, Scope.RUNS_OPERATE)
+    form = await check_csrf(request, session)
+    decision = form.get("decision")
+    if decision not in ("approve", "reject"):
+        raise UnprocessableBody("decision must be approve or reject")
+    status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
+    state = _state(request)
+    try:
+        moved = await approval_decisions.decide(
+            state.broker,
+            state.settings,
+            session.client.sees,
+            approval_id,
+            status,
+            f"manager:console:{session.client.key_id}",
+            form.get("reason", "")[:1000],
+            input_hash=form.get("input_hash", ""),
+        )
+    except (ApprovalNotPending, ApprovalNotFound, UnprocessableBody) as exc:
+        code = (
+            409 if isinstance(exc, ApprovalNotPending) else 404 if isinstance(exc, ApprovalNotFound) else 422
+        )
+        return await _approvals_page(request, session, exc.message, _outcome(request, code))
+    log(logger, logging.INFO, "approval decided", approval_id=approval_id, decision=status.value)
+    notice = f"approval {approval_id} {moved.record.status}: run {moved.record.run_id} is woken to go on"
+    return await _approvals_page(request, session, notice)
+
+
+# Dead letters -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LetterRow:
+    stored: Stored
+    plan: str
+    replayable: bool
+    details: str
+
+
+def _plan_text(plan: Plan) -> tuple[str, bool]:
+    match plan:
+        case Replan(task=task):
+            return f"{task.tool} {task.key} planned again from run {task.run_id}'s journal, sent once", True
+        case Republish(subject=subject):
+            return f"sent again to {subject} (its consumer dedupes by key)", True
+        case WakeKeys(run_id=run_id, keys=keys):
+            return f"run {run_id} woken to re-send {', '.join(keys)} (answered from the receipt)", True
+        case Refusal(why=why):
+            return f"not replayable: {why}", False
+
+
+async def _visible_letters(
+    request: Request[Any, Any, Any], client: Client, letters: list[Stored]
+) -> list[Stored]:
+    if client.admin:
+        return letters
+    cache: dict[str, str | None] = {}
+    out = []
+    for s in letters:
+        # A letter about no run it can name is an admin's to see (it may be any tenant's).
+        if s.run_id is not None and await _tenant_of_run(request, s.run_id, cache) == client.tenant:
+            out.append(s)
+    return out
+
+
+async def _dead_letters_page(
+    request: Request[Any, Any, Any], session: Session, notice: str = "", status_code: int = 200
+) -> Response[str]:
+    state = _state(request)
+    show_all = request.query_params.get("all") == "1"
+    letters = await DeadLetters(state.broker, state.settings.namespace).list()
+    visible = await _visible_letters(request, session.client, letters)
+    now = datetime.now(UTC)
+    rows = []
+    for s in reversed(visible):
+        if s.mark is not None and not show_all:
+            continue
+        text, replayable = _plan_text(replay_plan(state.settings.namespace, s.letter, now))
+        details = msgspec.json.encode(s.letter.details).decode() if s.letter.details else ""
+        rows.append(LetterRow(s, text, replayable, details))
+    return render(
+        "dead_letters.html",
+        session,
+        page="dead-letters",
+        status_code=status_code,
+        rows=rows,
+        show_all=show_all,
+        settled=sum(1 for s in visible if s.mark is not None),
+        may_operate=session.client.may(Scope.RUNS_OPERATE),
+        notice=notice,
+    )
+
+
+@get("/dead-letters", include_in_schema=False)
+async def dead_letters_page(request: Request[Any, Any, Any]) -> Response[str]:
+    return await _dead_letters_page(request, await session_of(request))
+
+
+@post("/dead-letters/{seq:int}/{action:str}", include_in_schema=False, request_max_body_size=MAX_FORM_BYTES)
+async def settle_dead_letter(request: Request[Any, Any, Any], seq: int, action: str) -> Response[str]:
+    session = await session_of(request, Scope.RUNS_OPERATE)
+    await check_csrf(request, session)
+    if action not in ("replay", "discard"):
+        raise UnprocessableBody("a dead letter is replayed or discarded")
+    state = _state(request)
+    ns = state.settings.namespace
+    letters = DeadLetters(state.broker, ns, replanner(state.broker, ns, state.registry))
+    by = f"operator:console:{session.client.key_id}"
+    try:
+        stored = await letters.get(seq)
+        if not await _visible_letters(request, session.client, [stored]):
+            raise DeadLetterNotFound(stream_seq=seq)  # another tenant's: the answer a missing one gets
+        if action == "replay":
+            mark = await letters.replay(stored, by)
+            notice = f"dead letter {seq} replayed: {mark.replayed_to}"
+        else:
+            await letters.discard(stored, by)
+            notice = f"dead letter {seq} discarded"
+    except CrashsafeError as exc:
+        return await _dead_letters_page(request, session, exc.message, _outcome(request, status_for(exc)))
+    log(logger, logging.INFO, "dead letter settled", seq=seq, action=action)
+    return await _dead_letters_page(request, session, notice)
+
+
+# Audit --------------------------------------------------------------------------------------------------------
+
+
+class _ProviderViews:
+    """The audit's by-key questions, asked of the executors (the gateway holds no provider credential)."""
+
+    def __init__(self, request: Request[Any, Any, Any]) -> None:
+        self.broker = _state(request).broker
+        self.ns = _state(request).settings.namespace
+
+    async def lookup(self, tool: Tool, key: str, timeout: float) -> ProviderAnswer:
+        reply = await provider_views.ask(self.broker, self.ns, tool, key, {}, timeout_s=timeout + 1)
+        kind = Answer(reply.answer) if reply.answer in {a.value for a in Answer} else Answer.UNKNOWN
+        return ProviderAnswer(kind, reply.effect, ref=reply.ref, detail=reply.detail)  # type: ignore[arg-type]
+
+
+@get("/audit", include_in_schema=False)
+async def audit_page(request: Request[Any, Any, Any]) -> Response[str]:
+    """What `crashsafe audit` reports (every journal against the providers' by-key answers; no provider listing
+    from the gateway), for the runs this client sees."""
+    session = await session_of(request)
+    state = _state(request)
+    registry: Registry = state.registry
+    findings, stats = await audit_all(state.broker, state.settings, registry, _ProviderViews(request))
+    cache: dict[str, str | None] = {}
+    shown = [
+        f
+        for f in findings
+        if session.client.admin
+        or (f.run_id and await _tenant_of_run(request, f.run_id, cache) == session.client.tenant)
+    ]
+    return render("audit.html", session, page="audit", findings=shown, stats=stats)
+
+
+# Reconciliation -----------------------------------------------------------------------------------------------
+
+
+async def _reconciliation_page(
+    request: Request[Any, Any, Any], session: Session, notice: str = "", status_code: int = 200
+) -> Response[str]:
+    state = _state(request)
+    journals = await RunJournal(state.broker, state.settings.namespace).read_all()
+    unknowns = open_unknowns(journals, session.client.sees)
+    return render(
+        "reconciliation.html",
+        session,
+        page="reconciliation",
+        status_code=status_code,
+        unknowns=unknowns,
+        may_operate=session.client.may(Scope.RUNS_OPERATE),
+        notice=notice,
+    )
+
+
+@get("/reconciliation", include_in_schema=False)
+async def reconciliation_page(request: Request[Any, Any, Any]) -> Response[str]:
+    return await _reconciliation_page(request, await session_of(request))
+
+
+@post("/reconciliation/{run_id:str}", include_in_schema=False, request_max_body_size=MAX_FORM_BYTES)
+async def ask_again(request: Request[Any, Any, Any], run_id: str) -> Response[str]:
+    """ "Ask again now": what POST /v1/runs/{id}/reconcile does (the run woken naming its open keys), limited
+    per run the same way."""
+    session = await session_of(request, Scope.RUNS_OPERATE)
+    await check_csrf(request, session)
+    state = _state(request)
+    try:
+        tenant = await _tenant_of_run(request, run_id, {})
+        if tenant is None or not session.client.sees(tenant):
+            raise RunNotFound(run_id=run_id[:64])  # another tenant's: the answer a missing one gets
+        door = state.door
+        door.limit(door.reconciles, f"{session.client.tenant}/{run_id}", "run")
+        done = await reconcile_run(
+            state.broker, state.settings, run_id, by=f"operator:console:{session.client.key_id}"
+        )
+    except CrashsafeError as exc:
+        return await _reconciliation_page(request, session, exc.message, _outcome(request, status_for(exc)))
+    notice = f"run {run_id} asked to resolve {', '.join(done.asked) or 'nothing open'} by key"
+    return await _reconciliation_page(request, session, notice)
+
+
+# The provider's by-key view (a fragment the run page loads) --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRow:
+    request: ActionRequested
+    receipt: ActionCompleted | None
+    provider: ProviderViewReply
+
+
+@get("/runs/{run_id:str}/provider", include_in_schema=False)
+async def provider_view_fragment(request: Request[Any, Any, Any], run_id: str) -> Response[str]:
+    """For each action of the run: what its provider answers when asked by the action's key, beside our receipt."""
+    session = await session_of(request)
+    state = _state(request)
+    registry: Registry = state.registry
+    if not is_run_id(run_id):
+        raise RunNotFound(run_id=run_id[:64])
+    events = [e for _, e in await RunJournal(state.broker, state.settings.namespace).read_with_seqs(run_id)]
+    first = events[0] if events else None
+    if not isinstance(first, RunStarted) or not session.client.sees(first.tenant):
+        raise RunNotFound(run_id=run_id)
+    receipts: dict[int, ActionCompleted] = {}
+    requested: list[ActionRequested] = []
+    for event in events:
+        if isinstance(event, ActionRequested):
+            requested.append(event)
+        elif isinstance(event, ActionCompleted):
+            receipts[event.step_no] = event  # the last one: a late resolution replaces an unknown
+
+    async def view(req: ActionRequested) -> ProviderViewReply:
+        tool = registry.tools.get(req.tool)
+        if tool is None:
+            return ProviderViewReply(answer="unknown", detail=f"{req.tool} is not a tool of this deployment")
+        return await provider_views.ask(state.broker, state.settings.namespace, tool, req.key, req.args)
+
+    answers = await asyncio.gather(*(view(r) for r in requested))
+    rows = [ViewRow(r, receipts.get(r.step_no), a) for r, a in zip(requested, answers, strict=True)]
+    return render("provider_view.html", session, rows=rows, run_id=run_id)
+
+
+HANDLERS = [
+    approvals_page,
+    decide_approval,
+    dead_letters_page,
+    settle_dead_letter,
+    audit_page,
+    reconciliation_page,
+    ask_again,
+    provider_view_fragment,
+]

@@ -1,0 +1,100 @@
+"""The provider's by-key view over NATS request/reply: executors answer, the gateway asks.
+
+Read-only: a lookup through the tool's lookup path (services/platform/providers.py), never a call. The gateway
+holds no provider credential; each family's executors answer for their own family only (NATS permissions), one
+replica per question (a queue group)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+
+from contracts.provider_view import (
+    NO_LOOKUP,
+    ProviderViewReply,
+    ProviderViewRequest,
+    provider_view_encoder,
+    provider_view_reply_decoder,
+    provider_view_request_decoder,
+)
+from contracts.subjects import Namespace
+from services.platform.jetstream import Broker
+from services.platform.logs import log
+from services.platform.providers import Providers
+from services.registry import ProviderAnswer, Tool
+
+# The gateway's own answer when no executor replied in time (or none runs): shown as such, never a 500.
+NO_ANSWER = "no_answer"
+LOOKUP_TIMEOUT_S = 5.0
+
+
+def view_of(answer: ProviderAnswer) -> ProviderViewReply:
+    """A provider's lookup answer as the view's reply."""
+    return ProviderViewReply(
+        answer=str(answer.kind), detail=answer.detail, ref=answer.ref, effect=dict(answer.body)
+    )
+
+
+async def answer(
+    tools: Mapping[str, Tool], providers: Providers, request: ProviderViewRequest
+) -> ProviderViewReply:
+    """What the provider says about `request.key`, for one of `tools` (this family's)."""
+    tool = tools.get(request.tool)
+    if tool is None:
+        return ProviderViewReply(answer="unknown", detail=f"{request.tool} is not a tool of this family")
+    if not providers.can_look_up(tool):
+        return ProviderViewReply(answer=NO_LOOKUP, detail=f"{tool.name}: no lookup by key")
+    timeout = min(tool.contract.timeout_s, LOOKUP_TIMEOUT_S)
+    return view_of(await providers.lookup(tool, request.key, timeout, args=request.args or None))
+
+
+async def serve(
+    broker: Broker,
+    ns: Namespace,
+    family: str,
+    tools: Mapping[str, Tool],
+    providers: Providers,
+    logger: logging.Logger,
+) -> Any:
+    """Answer `<ns>.provider_view.<family>` until unsubscribed; a question that cannot be read, or a lookup
+    that fails, is answered `unknown`, never left to crash the executor."""
+
+    async def on_request(msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            request = provider_view_request_decoder.decode(msg.data)
+            reply = await answer(tools, providers, request)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            reply = ProviderViewReply(answer="unknown", detail=f"unreadable question: {exc}")
+        except Exception as exc:  # noqa: BLE001 -- a lookup that broke must not take the subscription down
+            log(logger, logging.WARNING, "provider view failed", error=f"{type(exc).__name__}: {exc}")
+            reply = ProviderViewReply(answer="unknown", detail=f"lookup failed: {type(exc).__name__}")
+        try:
+            await msg.respond(provider_view_encoder.encode(reply))
+        except (nats.errors.Error, OSError):
+            pass  # the asker is gone or the connection is: it shows "provider did not answer"
+
+    return await broker.nc.subscribe(ns.provider_view(family), queue=f"provider_view_{family}", cb=on_request)
+
+
+async def ask(
+    broker: Broker, ns: Namespace, tool: Tool, key: str, args: dict[str, Any], timeout_s: float = 6.0
+) -> ProviderViewReply:
+    """The provider's answer about `key`, through `tool`'s family's executors; `no_answer` if none replied."""
+    request = ProviderViewRequest(tool=tool.name, key=key, args=args)
+    try:
+        msg = await broker.nc.request(
+            ns.provider_view(tool.contract.family), provider_view_encoder.encode(request), timeout=timeout_s
+        )
+    except (TimeoutError, nats.errors.Error, OSError) as exc:
+        return ProviderViewReply(answer=NO_ANSWER, detail=f"provider did not answer ({type(exc).__name__})")
+    try:
+        return provider_view_reply_decoder.decode(msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ProviderViewReply(answer=NO_ANSWER, detail="provider did not answer (an unreadable reply)")

@@ -1,0 +1,36 @@
+"""A dead projection planned again from its run's journal, now: what `crashsafe projections retry` sends and what
+replaying a projector's dead letter sends (the console, `crashsafe dead-letters replay`). One home, so both carry
+what the run decided by now (a booking refunded since is not confirmed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from contracts.projections import ProjectionTask
+from contracts.subjects import Namespace
+from services.platform.dead_letters import Replanner
+from services.platform.jetstream import Broker
+from services.platform.journal import RunJournal
+from services.projector.plan import plan
+from services.reconciler.projections import replanned
+from services.registry import Registry
+from services.runtime.core.fold import replay
+
+
+async def replan_projection(
+    broker: Broker, ns: Namespace, registry: Registry, run_id: str, key: str, now: datetime
+) -> ProjectionTask | None:
+    """The task of `key` as the run's journal plans it now; None if the journal no longer calls for it."""
+    events, _ = await RunJournal(broker, ns).read(run_id)
+    state = replay(events)
+    agent = registry.agents.get(state.agent) if state is not None else None
+    if state is None or agent is None:
+        return None
+    return replanned(plan(state, state.events, agent, registry.tools, now), key, run_id, now)
+
+
+def replanner(broker: Broker, ns: Namespace, registry: Registry) -> Replanner:
+    async def replan(dead: ProjectionTask) -> ProjectionTask | None:
+        return await replan_projection(broker, ns, registry, dead.run_id, dead.key, datetime.now(UTC))
+
+    return replan
