@@ -113,10 +113,17 @@ async def test_a_booking_shows_in_every_services_metrics(world: StackClient) -> 
     assert (
         sum(total(p, "crashsafe_provider_call_seconds_count", tool="create_payment") for p in payments) >= 1
     )
-    # Each partition held by exactly one replica: the two sets are disjoint and cover them all.
+    # Each partition held by one replica at most, ever; and (once a hand-over in flight lands: a replica that
+    # joined late takes its share at its next lease round) by exactly one, the two covering them all.
     partitions = Settings.from_env({}).partitions
-    held = [owned(p) for p in payments]
-    assert held[0].isdisjoint(held[1]) and held[0] | held[1] == set(range(partitions)), held
+
+    async def split() -> list[set[int]] | None:
+        held = [owned(await scrape(urls[name])) for name in PAYMENT_REPLICAS]
+        assert held[0].isdisjoint(held[1]), f"a partition held by both replicas: {held}"
+        return held if held[0] | held[1] == set(range(partitions)) else None
+
+    held = await eventually(split, what="the payment partitions split between the two replicas")
+    assert all(held), held  # both replicas take a share
 
     gateway = await scrape(urls["gateway"])
     assert total(gateway, "crashsafe_gateway_requests_total", route="/v1/events", status="202") >= 1
@@ -130,6 +137,23 @@ async def test_a_booking_shows_in_every_services_metrics(world: StackClient) -> 
         lambda: _has(urls["projector"], "crashsafe_projection_backlog"),
         what="the projector's backlog sampled",
     )
+
+
+async def test_a_callers_path_never_becomes_a_label_value(world: StackClient) -> None:
+    """Hostile paths are counted under the route they matched, so a caller cannot mint series (or inject text
+    into the exposition); /metrics itself needs no key, like the probes, and says nothing about tenants."""
+    hostile = "run_<script>alert(1)</script>"
+    answered = await world.gateway.get(f"/v1/runs/{hostile}")
+    assert answered.status_code in (400, 404)
+    async with httpx.AsyncClient(timeout=10.0) as anonymous:
+        text = (await anonymous.get(f"{world.stack.gateway_url}/metrics")).text
+    assert "<script>" not in text and "alert(1)" not in text
+    assert world.api_key not in text
+    samples = await scrape(ops_urls(world)["gateway"])
+    routes = {
+        dict(labels).get("route") for name, labels in samples if name == "crashsafe_gateway_requests_total"
+    }
+    assert "/v1/runs/{run_id}" in routes, routes
 
 
 async def _has(url: str, name: str) -> bool:
