@@ -197,6 +197,10 @@ async def run_up(state_dir: Path, nats_url: str | None, scale: dict[str, int] | 
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nsandbox  {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
     )
+    # Where each process answers /healthz, /readyz and /metrics (also `ops_url` per process in stack.json).
+    for name in stack.services:
+        if (url := stack.ops_url(name)) is not None:
+            console.print(f"ops      {name:<20} {url}/metrics", highlight=False)
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)
     console.print("stack stopped")
