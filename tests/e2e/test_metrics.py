@@ -4,6 +4,7 @@ and each payment partition's lease held by exactly one of two replicas, moving w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.streams import sessions_spec
+from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from tests.support.stack import StackClient, open_stack
@@ -184,3 +187,34 @@ async def test_a_paused_replicas_leases_move_to_the_other(world: StackClient) ->
             return (await http.get(f"{urls[paused]}/readyz")).status_code == 200
 
     await eventually(resumed_and_ready, what=f"{paused} ready again once resumed")
+
+
+async def test_a_bucket_deleted_under_the_stack_turns_gateway_and_runtime_unready_until_provisioned(
+    world: StackClient, broker: Broker
+) -> None:
+    """Last in the module: the operator deletes the session lanes bucket by mistake; the gateway and the runtime
+    (both use it) answer 503 naming it, the projector (which does not) stays ready; `infra apply` restores."""
+    urls = ops_urls(world)
+    lanes = sessions_spec(world.ns)
+    await broker.js.delete_stream(lanes.stream)
+
+    async def unready(name: str) -> dict[str, Any] | None:
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            answer = await http.get(f"{urls[name]}/readyz")
+        body = answer.json()
+        return body if answer.status_code == 503 else None
+
+    for name in ("gateway", "runtime"):
+        body = await eventually(lambda n=name: unready(n), what=f"{name} to say the bucket is gone")
+        assert body["missing"] == [lanes.bucket], (name, body)
+        assert body["checks"][f"bucket:{lanes.bucket}"] == f"bucket {lanes.bucket} does not exist"
+    assert await unready("projector") is None
+
+    await asyncio.to_thread(world.stack.provision)  # `crashsafe infra apply`, as the operator
+    for name in ("gateway", "runtime"):
+        await eventually(lambda n=name: _ready(urls[n]), what=f"{name} ready again once provisioned")
+
+
+async def _ready(url: str) -> bool:
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        return (await http.get(f"{url}/readyz")).status_code == 200
