@@ -135,7 +135,7 @@ PROJECTIONS_DELIVERED = MetricSpec(
 LEASE_OWNED = MetricSpec(
     name="crashsafe_partition_lease_owned",
     kind=MetricKind.GAUGE,
-    help="1 while this replica holds the lease of a partition, else 0",
+    help="1 while this replica holds the lease of a partition and may act on it (set every lease round), else 0",
     labels=("family", "partition"),
     services=("executor",),
 )

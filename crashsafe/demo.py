@@ -218,6 +218,10 @@ async def run_up(
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
         f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )
+    # Where each process answers /healthz, /readyz and /metrics (also `ops_url` per process in stack.json).
+    for name in stack.services:
+        if (url := stack.ops_url(name)) is not None:
+            console.print(f"ops      {name:<20} {url}/metrics", highlight=False)
     await stack.supervise(stop)
     await asyncio.to_thread(stack.stop)
     console.print("stack stopped")

@@ -237,7 +237,11 @@ class Executor:
 
     async def _lease_held(self, partition: int) -> str | None:
         why = fenced(self.keeper.tenures.get(partition), time.monotonic())
-        return None if why is None else f"partition {partition}: {why}"
+        if why is not None:
+            return f"partition {partition}: {why}"
+        if partition not in self._subscriptions:
+            return f"partition {partition}: lease held, store and consumer still being taken up"
+        return None
 
     async def _take_up(self, partition: int, token: int) -> None:
         """A partition's lease was acquired: open its store, learn whether it is a takeover, settle what it left

@@ -42,7 +42,7 @@ def metrics_endpoint() -> Response[bytes]:
 
 def count_requests(app: ASGIApp) -> ASGIApp:
     """crashsafe_gateway_requests{route,status} and its latency. The route is the matched template
-    (`/v1/runs/{run_id:str}`), so a caller cannot mint label values; a path that matches no route never reaches
+    (`/v1/runs/{run_id}`), so a caller cannot mint label values; a path that matches no route never reaches
     a route's middleware and is not counted."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:

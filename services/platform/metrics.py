@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from contracts import metrics as spec
@@ -13,6 +13,8 @@ from contracts.metrics import MetricKind, MetricSpec
 # One registry per process, not prometheus-client's global one: /metrics shows only crashsafe's metrics and the
 # process collectors registered below, and tests can read it without other libraries' metrics.
 REGISTRY = CollectorRegistry(auto_describe=True)
+# process_cpu_seconds_total, process_resident_memory_bytes, open fds: read from /proc at each scrape only.
+ProcessCollector(registry=REGISTRY)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 

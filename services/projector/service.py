@@ -202,6 +202,11 @@ def _request(task: ProjectionTask, tool: Tool, args: dict[str, Any], key: str) -
     )
 
 
+# crashsafe_projections{tool,result}: each attempt's decision, counted once it is made.
+_PROJECTIONS = metrics.Children(metrics.PROJECTIONS_DELIVERED)
+_RESULT: dict[type, str] = {Delivered: "delivered", RetryIn: "retry", Dead: "dead"}
+
+
 class Projector:
     """The planner on every run journal and a worker per projection tool, sharing one broker connection."""
 
@@ -481,6 +486,7 @@ class Projector:
             detail=answer.detail[:500],
         )
         annotate(current_trace(), outcome=type(decision).__name__.lower())
+        _PROJECTIONS(task.tool, _RESULT[type(decision)]).inc()
         match decision:
             case Delivered():
                 await self._save(

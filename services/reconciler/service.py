@@ -178,9 +178,9 @@ class Reconciler:
                 self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
         await self._projections(now)
-        self._count_unknowns()
+        self.report_unknowns()
 
-    def _count_unknowns(self) -> None:
+    def report_unknowns(self) -> None:
         """crashsafe_unknown_outcomes_open by tool, from what this tick scanned (a tool back to none reads 0)."""
         counts: dict[str, int] = dict.fromkeys(self._unknown_tools, 0)
         for request in self.work.unknown.values():

@@ -4,6 +4,7 @@ and each payment partition's lease held by exactly one of two replicas, moving w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.streams import sessions_spec
+from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from tests.support.stack import StackClient, open_stack
@@ -103,6 +106,7 @@ async def test_a_booking_shows_in_every_services_metrics(world: StackClient) -> 
     assert total(runtime, "crashsafe_step_seconds_count", agent="booking") > 0
     assert total(runtime, "crashsafe_model_call_seconds_count", outcome="ok") > 0
     assert total(runtime, "crashsafe_ready", check="nats") == 1
+    assert total(runtime, "process_resident_memory_bytes") > 0  # the process collector, per process
 
     payments = [await scrape(urls[name]) for name in PAYMENT_REPLICAS]
     charged = sum(
@@ -113,10 +117,17 @@ async def test_a_booking_shows_in_every_services_metrics(world: StackClient) -> 
     assert (
         sum(total(p, "crashsafe_provider_call_seconds_count", tool="create_payment") for p in payments) >= 1
     )
-    # Each partition held by exactly one replica: the two sets are disjoint and cover them all.
+    # Each partition held by one replica at most, ever; and (once a hand-over in flight lands: a replica that
+    # joined late takes its share at its next lease round) by exactly one, the two covering them all.
     partitions = Settings.from_env({}).partitions
-    held = [owned(p) for p in payments]
-    assert held[0].isdisjoint(held[1]) and held[0] | held[1] == set(range(partitions)), held
+
+    async def split() -> list[set[int]] | None:
+        held = [owned(await scrape(urls[name])) for name in PAYMENT_REPLICAS]
+        assert held[0].isdisjoint(held[1]), f"a partition held by both replicas: {held}"
+        return held if held[0] | held[1] == set(range(partitions)) and all(held) else None
+
+    # (the replica started second joins once the first sees its member record and lets half go)
+    await eventually(split, what="the payment partitions split between the two replicas")
 
     gateway = await scrape(urls["gateway"])
     assert total(gateway, "crashsafe_gateway_requests_total", route="/v1/events", status="202") >= 1
@@ -130,6 +141,23 @@ async def test_a_booking_shows_in_every_services_metrics(world: StackClient) -> 
         lambda: _has(urls["projector"], "crashsafe_projection_backlog"),
         what="the projector's backlog sampled",
     )
+
+
+async def test_a_callers_path_never_becomes_a_label_value(world: StackClient) -> None:
+    """Hostile paths are counted under the route they matched, so a caller cannot mint series (or inject text
+    into the exposition); /metrics itself needs no key, like the probes, and says nothing about tenants."""
+    hostile = "run_<script>alert(1)</script>"
+    answered = await world.gateway.get(f"/v1/runs/{hostile}")
+    assert answered.status_code in (400, 404)
+    async with httpx.AsyncClient(timeout=10.0) as anonymous:
+        text = (await anonymous.get(f"{world.stack.gateway_url}/metrics")).text
+    assert "<script>" not in text and "alert(1)" not in text
+    assert world.api_key not in text
+    samples = await scrape(ops_urls(world)["gateway"])
+    routes = {
+        dict(labels).get("route") for name, labels in samples if name == "crashsafe_gateway_requests_total"
+    }
+    assert "/v1/runs/{run_id}" in routes, routes
 
 
 async def _has(url: str, name: str) -> bool:
@@ -160,3 +188,34 @@ async def test_a_paused_replicas_leases_move_to_the_other(world: StackClient) ->
             return (await http.get(f"{urls[paused]}/readyz")).status_code == 200
 
     await eventually(resumed_and_ready, what=f"{paused} ready again once resumed")
+
+
+async def test_a_bucket_deleted_under_the_stack_turns_gateway_and_runtime_unready_until_provisioned(
+    world: StackClient, broker: Broker
+) -> None:
+    """Last in the module: the operator deletes the session lanes bucket by mistake; the gateway and the runtime
+    (both use it) answer 503 naming it, the projector (which does not) stays ready; `infra apply` restores."""
+    urls = ops_urls(world)
+    lanes = sessions_spec(world.ns)
+    await broker.js.delete_stream(lanes.stream)
+
+    async def unready(name: str) -> dict[str, Any] | None:
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            answer = await http.get(f"{urls[name]}/readyz")
+        body = answer.json()
+        return body if answer.status_code == 503 else None
+
+    for name in ("gateway", "runtime"):
+        body = await eventually(lambda n=name: unready(n), what=f"{name} to say the bucket is gone")
+        assert body["missing"] == [lanes.bucket], (name, body)
+        assert body["checks"][f"bucket:{lanes.bucket}"] == f"bucket {lanes.bucket} does not exist"
+    assert await unready("projector") is None
+
+    await asyncio.to_thread(world.stack.provision)  # `crashsafe infra apply`, as the operator
+    for name in ("gateway", "runtime"):
+        await eventually(lambda n=name: _ready(urls[n]), what=f"{name} ready again once provisioned")
+
+
+async def _ready(url: str) -> bool:
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        return (await http.get(f"{url}/readyz")).status_code == 200

@@ -84,7 +84,20 @@ async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
         after = await eventually(
             restarted("runtime-0", runtime_pid), what="the supervisor to restart runtime-0", timeout_s=30
         )
-        assert next(s for s in after["services"] if s["name"] == "runtime-0")["restarts"] == 1
+        restarted_runtime = next(s for s in after["services"] if s["name"] == "runtime-0")
+        assert restarted_runtime["restarts"] == 1
+        # Its ops port is kept across the restart, so a scrape target stays valid.
+        ops_url = next(s for s in stack["services"] if s["name"] == "runtime-0")["ops_url"]
+        assert ops_url and restarted_runtime["ops_url"] == ops_url
+
+        async def ops_ready() -> bool:
+            async with httpx.AsyncClient(timeout=5) as http:
+                try:
+                    return (await http.get(f"{ops_url}/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+        await eventually(ops_ready, what="the restarted runtime ready on its ops port")
 
         nats_pid = _pid_of(after, "nats-server")
         os.kill(nats_pid, signal.SIGKILL)

@@ -32,6 +32,7 @@ from contracts.run_events import (
     TurnReceived,
 )
 from contracts.subjects import Namespace, StreamKind
+from services.platform import metrics
 from services.platform.approvals import ApprovalRecords
 from services.platform.asks import wake_run
 from services.platform.jetstream import Broker
@@ -377,8 +378,14 @@ async def test_a_decision_whose_wake_was_lost_is_journaled_by_the_reconcilers_ba
 
 async def test_another_guests_yes_in_the_session_never_answers_the_run(world: World, broker: Broker) -> None:
     held = await _held_run(world)
+    series = ("crashsafe_dead_letters_total", {"service": "runtime", "code": "session_of_another_guest"})
+    before = metrics.REGISTRY.get_sample_value(*series) or 0.0
     await _say(world, held, "yes", guest="mallory")
     await eventually(lambda: dead_letters(broker, world.ns), what="the stranger's message dead-lettered")
+    await eventually(
+        lambda: (metrics.REGISTRY.get_sample_value(*series) or 0.0) == before + 1,
+        what="the dead letter counted, once",
+    )
     (letter,) = await dead_letters(broker, world.ns)
     assert letter.code == "session_of_another_guest"
     state = replay(await _events(world, held.run_id))

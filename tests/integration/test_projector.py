@@ -46,6 +46,7 @@ from contracts.run_events import (
 )
 from contracts.streams import KvSpec, projections_spec
 from contracts.subjects import Header, Namespace, StreamKind
+from services.platform import metrics
 from services.agents import stayhub
 from services.platform.jetstream import Broker, KvEntry
 from services.platform.journal import RunJournal
@@ -177,11 +178,22 @@ async def test_an_email_retried_through_503s_is_delivered_once(world: World) -> 
     await world.sandbox.arm("emails", fail_5xx=3)
     booking = await world.booking("guest-503")
     task = world.task(EMAIL, booking["booking_id"], "guest-503")
+
+    def attempts(result: str) -> float:
+        return (
+            metrics.REGISTRY.get_sample_value(
+                "crashsafe_projections_total", {"tool": EMAIL, "result": result}
+            )
+            or 0
+        )
+
+    before = {result: attempts(result) for result in ("retry", "delivered")}
     async with inprocess.projector(world.settings()):
         await world.publish(task)
         record = await world.settled(task, ProjectionStatus.DELIVERED)
         await world.idle(EMAIL)
     assert record.attempts == 4  # three 503s, then the email
+    assert {r: attempts(r) - n for r, n in before.items()} == {"retry": 3, "delivered": 1}
     assert record.provider_ref and record.provider_ref.startswith("em_")
     assert [e["key"] for e in await world.effects("email")] == [task.key]
 

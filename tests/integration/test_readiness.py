@@ -3,6 +3,7 @@ record or store goes (or NATS does), 200 again once restored; /healthz answers t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -102,6 +103,33 @@ async def test_executor_readiness_covers_its_member_record_consumers_and_stores(
         await store.close()  # a store that no longer answers
         body = await eventually(lambda: failing(http, f"store:{held[-1]}"), what="readyz names the store")
         assert body["missing"] == [str(held[-1])]
+
+
+async def test_an_executor_given_a_partition_another_holds_is_not_ready_until_it_holds_it(
+    nats_server: NatsServer, namespace: Namespace, tmp_path: Path
+) -> None:
+    """Explicit partitions (`CRASHSAFE_PARTITIONS=0`) are still leased: a second replica given the same one
+    waits, not ready, naming the lease, until the first lets it go."""
+    base = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path)
+    only_0 = dataclasses.replace(base.with_partitions("0"), lease_s=2)
+    first = dataclasses.replace(only_0, worker_id="first")
+    second = dataclasses.replace(only_0, worker_id="second")
+    async with inprocess.executor(second, "payment", start=False) as waiting:
+        async with inprocess.executor(first, "payment") as holder:
+            assert holder.partitions == [0]
+            await waiting.start()
+            async with ops_port(waiting.ops_checks) as http:
+                status, body = await readyz(http)
+                assert status == 503 and body["checks"]["lease:0"] == "partition 0: not held", body
+                assert "member" not in body["checks"]  # an explicit list has no member record
+                metrics_text = (await http.get("/metrics")).text
+                assert 'crashsafe_partition_lease_owned{family="payment",partition="0"} 0.0' in metrics_text
+        # The holder closed: it handed the lease back, and the waiting replica takes it at its next round.
+        async with ops_port(waiting.ops_checks) as http:
+            await eventually(lambda: ready(http), what="the second replica ready once it holds partition 0")
+            assert waiting.partitions == [0]
+            metrics_text = (await http.get("/metrics")).text
+            assert 'crashsafe_partition_lease_owned{family="payment",partition="0"} 1.0' in metrics_text
 
 
 async def test_projector_readiness_names_a_workers_consumer(

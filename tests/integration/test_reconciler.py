@@ -21,6 +21,7 @@ from services.executor.service import Executor
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
 from services.platform.natsd import NatsServer
+from services.platform import metrics
 from services.reconciler.core import unsettled_unknowns
 from services.reconciler.service import Reconciler
 from services.runtime.core.fold import replay
@@ -115,6 +116,8 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
     assert held.status_code == 201, held.text
     intent = await _journal_a_payment_intent(world, held.json())
     request = request_for(intent)
+    unknown_calls = _sample("crashsafe_provider_calls_total", tool=intent.tool, outcome="unknown")
+    found = _sample("crashsafe_lookups_total", tool=intent.tool, answer="found")
 
     # The charge goes through but its answer is lost, and every lookup by key is refused, until the executor's
     # last delivery: the run is told `unknown` and hands off. No message for the key is left anywhere.
@@ -133,6 +136,13 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
     state = replay(events)
     assert state is not None and (state.status, state.handoff_reason) == ("handed_off", "outcome_unknown")
     assert [d.status for r, d in state.completed if r.key == intent.key] == ["unknown"]
+    assert _sample("crashsafe_provider_calls_total", tool=intent.tool, outcome="unknown") > unknown_calls
+
+    def counted_open() -> bool:
+        world.reconciler.report_unknowns()  # what each tick ends with, without asking anything yet
+        return _sample("crashsafe_unknown_outcomes_open", tool=intent.tool) == 1
+
+    await eventually(counted_open, what="the reconciler to count the open unknown outcome")
     await world.sandbox.clear_faults()
 
     # An ended run is never woken to republish its requests: only the reconciler's own ask can reach the executor.
@@ -159,6 +169,7 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
     )  # the journal learns the truth; the run stays ended
     assert [d.status for r, d in state.completed if r.key == intent.key] == ["succeeded"]
     assert (await world.sandbox.ledger())["replays"]["charge"] == 0  # found by key, never charged again
+    assert _sample("crashsafe_lookups_total", tool=intent.tool, answer="found") > found
 
     # And the reconciler stops asking about it.
     async def forgotten() -> bool:
@@ -167,3 +178,10 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
         )
 
     assert await eventually(forgotten, what="the reconciler to drop the settled key")
+    await world.reconciler.tick(now)
+    assert _sample("crashsafe_unknown_outcomes_open", tool=intent.tool) == 0
+
+
+def _sample(name: str, **labels: str) -> float:
+    """This process's metric (the in-process services share its registry)."""
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
