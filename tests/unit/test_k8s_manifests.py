@@ -42,14 +42,6 @@ ROLE_SECRETS = {
     "crashsafe-synthetic-api-key": {"reconciler"},
     "crashsafe-model": {"runtime"},
 }
-# Variables the manifests set that other issue-11 slices add to Settings (METRICS: the ops port; SYNTHETIC: the
-# synthetic turn's gateway and key file). Once those are merged, in VARIABLES, this set can go.
-ANNOUNCED = {
-    "CRASHSAFE_OPS_HOST",
-    "CRASHSAFE_OPS_PORT",
-    "CRASHSAFE_SYNTHETIC_GATEWAY_URL",
-    "CRASHSAFE_SYNTHETIC_KEY_FILE",
-}
 # NATS users that are no pod of this base: `analytics` is the example consumer's (examples/analytics).
 NOT_PODS = {"analytics"}
 
@@ -284,7 +276,7 @@ def selector_problems(base: Rendered) -> list[str]:
 
 def variable_problems(base: Rendered) -> list[str]:
     """Every CRASHSAFE_ variable the base sets is one the product reads (or another slice announced)."""
-    known = {v.name for v in VARIABLES} | ANNOUNCED
+    known = {v.name for v in VARIABLES}
     names = set(base.get("ConfigMap", "crashsafe-config")["data"])
     for obj in base.workloads():
         for container in _pod(obj)["containers"]:
