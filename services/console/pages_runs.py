@@ -159,6 +159,7 @@ async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
             render_batch,
             lambda: still_signed_in(request),
             slots_of(request.app.state),
+            session.client.key_id,
         )
     )
 
@@ -264,6 +265,7 @@ async def run_stream(request: Request[Any, Any, Any], run_id: str) -> ServerSent
             render_batch,
             lambda: still_signed_in(request),
             slots_of(request.app.state),
+            session.client.key_id,
         )
     )
 
