@@ -21,6 +21,7 @@ from contracts.errors import (
     ApprovalNotPending,
     CrashsafeError,
     DeadLetterNotFound,
+    RateLimited,
     RunNotFound,
     UnprocessableBody,
 )
@@ -268,7 +269,20 @@ async def audit_page(request: Request[Any, Any, Any]) -> Response[str]:
     session = await session_of(request)
     state = _state(request)
     registry: Registry = state.registry
-    findings, stats = await audit_all(state.broker, state.settings, registry, _ProviderViews(request))
+    running = state.get("console_audit")
+    if not isinstance(running, asyncio.Lock):
+        running = state["console_audit"] = asyncio.Lock()
+    if running.locked():
+        # An audit reads every journal and asks the providers about each key: one at a time per gateway.
+        raise RateLimited(
+            limit="audit",
+            retry_after_s=5.0,
+            message="an audit is running in this gateway now: reload in a few seconds",
+        )
+    async with running:
+        findings, stats = await audit_all(
+            state.broker, state.settings, registry, _ProviderViews(request), sees=session.client.sees
+        )
     cache: dict[str, str | None] = {}
     shown = [
         f

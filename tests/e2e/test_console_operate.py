@@ -364,6 +364,22 @@ async def test_another_tenants_key_sees_none_of_it_and_cannot_act_on_it(
     ]
 
 
+async def test_another_tenants_audit_asks_no_provider_about_our_keys_and_counts_none_of_our_runs(
+    stack: StackClient, broker: Broker
+) -> None:
+    """Any runs:read key may load the audit page: it must audit that tenant's runs only. Before, every load by
+    any tenant asked the providers about every keyed intent of every tenant (a tenant's reader could keep the
+    executors busy answering for everyone) and told it how many runs and intents the whole deployment holds."""
+    await _unknown_run(stack, broker)
+    key = (await ClientKeys(broker, stack.ns).create("initech", [Scope.RUNS_READ], "other")).key
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: key}, timeout=60
+    ) as other:
+        page = await other.get("/console/audit")
+    assert page.status_code == 200, page.text
+    assert "audited 0 runs, 0 keyed intents" in " ".join(page.text.split()), page.text
+
+
 async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(
     stack: StackClient, page: Page
 ) -> None:
