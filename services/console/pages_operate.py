@@ -62,6 +62,24 @@ def _state(request: Request[Any, Any, Any]) -> Any:
     return request.app.state
 
 
+def _whole_stream_read(request: Request[Any, Any, Any], page: str, wait: bool = False) -> asyncio.Lock:
+    """The gateway's one permit for a page that reads every run's journal into memory (audit, reconciliation):
+    any runs:read key may ask for them at its full rate, and each read at once would hold its own copy of the
+    RUNS stream. Busy: RateLimited (429, Retry-After), unless `wait` (the page re-rendered after an action,
+    which its own rate already limits)."""
+    state = _state(request)
+    permit = state.get("console_whole_stream_read")
+    if not isinstance(permit, asyncio.Lock):
+        permit = state["console_whole_stream_read"] = asyncio.Lock()
+    if permit.locked() and not wait:
+        raise RateLimited(
+            limit="page",
+            retry_after_s=2.0,
+            message=f"the {page} page reads every journal and one is being read now: reload in a moment",
+        )
+    return permit
+
+
 def _outcome(request: Request[Any, Any, Any], status: int) -> int:
     """htmx swaps only 2xx answers: a refused action is shown in the page it re-renders, with its real status
     for any other client (a script, a forged form)."""
@@ -269,17 +287,7 @@ async def audit_page(request: Request[Any, Any, Any]) -> Response[str]:
     session = await session_of(request)
     state = _state(request)
     registry: Registry = state.registry
-    running = state.get("console_audit")
-    if not isinstance(running, asyncio.Lock):
-        running = state["console_audit"] = asyncio.Lock()
-    if running.locked():
-        # An audit reads every journal and asks the providers about each key: one at a time per gateway.
-        raise RateLimited(
-            limit="audit",
-            retry_after_s=5.0,
-            message="an audit is running in this gateway now: reload in a few seconds",
-        )
-    async with running:
+    async with _whole_stream_read(request, "audit"):
         findings, stats = await audit_all(
             state.broker, state.settings, registry, _ProviderViews(request), sees=session.client.sees
         )
@@ -300,8 +308,10 @@ async def _reconciliation_page(
     request: Request[Any, Any, Any], session: Session, notice: str = "", status_code: int = 200
 ) -> Response[str]:
     state = _state(request)
-    journals = await RunJournal(state.broker, state.settings.namespace).read_all()
-    unknowns = open_unknowns(journals, session.client.sees)
+    async with _whole_stream_read(request, "reconciliation", wait=bool(notice)):
+        journals = await RunJournal(state.broker, state.settings.namespace).read_all()
+        unknowns = open_unknowns(journals, session.client.sees)
+        del journals
     return render(
         "reconciliation.html",
         session,

@@ -8,6 +8,7 @@ The stack runs without its reconciler, so nothing but the clicks here resolves o
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -378,6 +379,25 @@ async def test_another_tenants_audit_asks_no_provider_about_our_keys_and_counts_
         page = await other.get("/console/audit")
     assert page.status_code == 200, page.text
     assert "audited 0 runs, 0 keyed intents" in " ".join(page.text.split()), page.text
+
+
+async def test_pages_that_read_every_journal_are_read_one_at_a_time_and_a_crowd_is_told_to_come_back(
+    stack: StackClient, broker: Broker
+) -> None:
+    """The reconciliation and audit pages read the whole RUNS stream into memory. A runs:read key may make
+    thousands of requests a second: all of them at once would each hold a copy of every journal. One at a time
+    per gateway; the others a 429 with Retry-After, and the gateway answers the API meanwhile."""
+    await _unknown_run(stack, broker)
+    key = (await ClientKeys(broker, stack.ns).create("initech", [Scope.RUNS_READ], "crowd")).key
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: key}, timeout=60
+    ) as crowd:
+        for path in ("/console/reconciliation", "/console/audit"):
+            answers = await asyncio.gather(*(crowd.get(path) for _ in range(30)))
+            codes = sorted(a.status_code for a in answers)
+            assert 200 in codes and 429 in codes and set(codes) == {200, 429}, (path, codes)
+            assert all(a.headers.get("retry-after") for a in answers if a.status_code == 429), path
+            assert (await crowd.get(path)).status_code == 200, path  # and once it is done, the next is served
 
 
 async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(
