@@ -33,6 +33,7 @@ from contracts.tool_messages import Answer
 from services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
 from services.gateway.access import Client
 from services.gateway.core import status_for
+from services.gateway.quotas import Rate, TokenBuckets
 from services.platform import approvals as approval_decisions
 from services.platform import provider_views
 from services.platform.approvals import ApprovalRecords
@@ -360,10 +361,25 @@ class ViewRow:
     provider: ProviderViewReply
 
 
+# A run page loads its provider view once; each load asks the providers about every action of the run. Per key,
+# a few loads at once and one a second after: a runs:read key never turns the gateway into an amplifier against
+# the providers the executors need for real actions.
+PROVIDER_VIEWS = Rate(per_s=1.0, burst=10.0)
+
+
+def _provider_views_limit(request: Request[Any, Any, Any], client: Client) -> None:
+    state = _state(request)
+    buckets = state.get("console_provider_views")
+    if not isinstance(buckets, TokenBuckets):
+        buckets = state["console_provider_views"] = TokenBuckets(PROVIDER_VIEWS)
+    state.door.limit(buckets, client.key_id, "provider view")
+
+
 @get("/runs/{run_id:str}/provider", include_in_schema=False)
 async def provider_view_fragment(request: Request[Any, Any, Any], run_id: str) -> Response[str]:
     """For each action of the run: what its provider answers when asked by the action's key, beside our receipt."""
     session = await session_of(request)
+    _provider_views_limit(request, session.client)
     state = _state(request)
     registry: Registry = state.registry
     if not is_run_id(run_id):

@@ -400,6 +400,22 @@ async def test_pages_that_read_every_journal_are_read_one_at_a_time_and_a_crowd_
             assert (await crowd.get(path)).status_code == 200, path  # and once it is done, the next is served
 
 
+async def test_the_provider_view_asks_the_providers_at_a_bounded_rate_per_key(
+    stack: StackClient, broker: Broker
+) -> None:
+    """Each load of a run's provider view asks the executors (and through them the providers) about every
+    action of the run. A runs:read key at its full API rate would turn the gateway into an amplifier against
+    the providers the executors need for real actions: past a small burst, a 429."""
+    run_id, _, _ = await _unknown_run(stack, broker)
+    key = (await ClientKeys(broker, stack.ns).create(stack.tenant, [Scope.RUNS_READ], "viewer")).key
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: key}, timeout=60
+    ) as viewer:
+        answers = await asyncio.gather(*(viewer.get(f"/console/runs/{run_id}/provider") for _ in range(40)))
+    codes = [a.status_code for a in answers]
+    assert set(codes) == {200, 429} and codes.count(200) <= 12, codes
+
+
 async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(
     stack: StackClient, page: Page
 ) -> None:
