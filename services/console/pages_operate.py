@@ -64,14 +64,15 @@ def _state(request: Request[Any, Any, Any]) -> Any:
 
 
 def _whole_stream_read(request: Request[Any, Any, Any], page: str, wait: bool = False) -> asyncio.Lock:
-    """The gateway's one permit for a page that reads every run's journal into memory (audit, reconciliation):
+    """The gateway's one permit per page that reads every run's journal into memory (audit, reconciliation):
     any runs:read key may ask for them at its full rate, and each read at once would hold its own copy of the
-    RUNS stream. Busy: RateLimited (429, Retry-After), unless `wait` (the page re-rendered after an action,
-    which its own rate already limits)."""
+    RUNS stream. One per page, so a long audit (its provider lookups) never keeps reconciliation from an
+    operator. Busy: RateLimited (429, Retry-After), unless `wait` (the page re-rendered after an action, which
+    its own rate already limits)."""
     state = _state(request)
-    permit = state.get("console_whole_stream_read")
+    permit = state.get(f"console_whole_stream_read_{page}")
     if not isinstance(permit, asyncio.Lock):
-        permit = state["console_whole_stream_read"] = asyncio.Lock()
+        permit = state[f"console_whole_stream_read_{page}"] = asyncio.Lock()
     if permit.locked() and not wait:
         raise RateLimited(
             limit="page",
