@@ -397,3 +397,21 @@ async def test_every_html_answer_of_the_console_carries_its_security_headers(
             assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, path
             assert response.headers.get("x-frame-options") == "DENY", path
             assert response.headers.get("x-content-type-options") == "nosniff", path
+
+
+async def test_an_open_live_stream_ends_soon_after_its_key_is_revoked(
+    console: Console, acme_run: str
+) -> None:
+    minted = await console.keys.create("acme", [Scope.RUNS_READ], name="revoked mid-stream")
+    async with _cookie_client(console, minted.key) as http:
+        async with http.stream("GET", "/console/runs/stream") as live:
+            assert live.status_code == 200
+            await console.keys.revoke(minted.record.key_id)
+            seen = ""
+            async for chunk in live.aiter_text():  # the keepalive and the recheck both come within RECHECK_S
+                seen += chunk
+                if "event: signed_out" in seen:
+                    break
+        assert "event: signed_out" in seen
+        again = await http.get("/console/runs/stream", headers={"accept": "text/event-stream"})
+        assert again.status_code == 401  # and its reconnect is refused with a status, not a stream
