@@ -31,6 +31,7 @@ from contracts.run_events import ActionCompleted, ActionRequested, RunStarted, d
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
+from services.console.live import head_seq
 from services.gateway.access import Client
 from services.gateway.core import status_for
 from services.gateway.quotas import Rate, TokenBuckets
@@ -173,6 +174,11 @@ async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> 
 # Dead letters -------------------------------------------------------------------------------------------------
 
 
+# The dead letters page reads the newest letters only: the DEAD stream keeps 30 days of them, however many a
+# flood of poison made, and every load (any runs:read key) would read them all. The CLI lists every one.
+SHOWN_LETTERS = 500
+
+
 @dataclass(frozen=True, slots=True)
 class LetterRow:
     stored: Stored
@@ -212,7 +218,9 @@ async def _dead_letters_page(
 ) -> Response[str]:
     state = _state(request)
     show_all = request.query_params.get("all") == "1"
-    letters = await DeadLetters(state.broker, state.settings.namespace).list()
+    head = await head_seq(state.broker, state.settings.namespace.stream(StreamKind.DEAD_LETTERS))
+    first = max(0, head - SHOWN_LETTERS)
+    letters = await DeadLetters(state.broker, state.settings.namespace).list(after_seq=first)
     visible = await _visible_letters(request, session.client, letters)
     now = datetime.now(UTC)
     rows = []
@@ -230,6 +238,8 @@ async def _dead_letters_page(
         rows=rows,
         show_all=show_all,
         settled=sum(1 for s in visible if s.mark is not None),
+        older=first > 0,
+        shown_letters=SHOWN_LETTERS,
         may_operate=session.client.may(Scope.RUNS_OPERATE),
         notice=notice,
     )

@@ -190,9 +190,9 @@ class DeadLetters:
         self.stream = ns.stream(StreamKind.DEAD_LETTERS)
         self.marks = dead_marks_spec(ns)
 
-    async def list(self) -> list[Stored]:
-        """Every dead letter in the stream, oldest first, with its mark."""
-        stored = await self.broker.read_subject(self.stream, self.ns.dead_letters_all, batch=500)
+    async def list(self, after_seq: int = 0) -> list[Stored]:
+        """Every dead letter in the stream (after sequence `after_seq`), oldest first, with its mark."""
+        stored = await self.broker.read_subject(self.stream, self.ns.dead_letters_all, after_seq, batch=500)
         entries = await self.broker.kv_scan(self.marks, self.ns.dead_letter_marks_all)
         marks: dict[int, DeadLetterMark] = {}
         for entry in entries:

@@ -27,6 +27,7 @@ from contracts.policy import Approver
 from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunHandedOff, RunStarted
 from contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
 from services.console.app import COOKIE, CSRF_FIELD, csrf_token
+from services.console.pages_operate import SHOWN_LETTERS
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
@@ -414,6 +415,25 @@ async def test_the_provider_view_asks_the_providers_at_a_bounded_rate_per_key(
         answers = await asyncio.gather(*(viewer.get(f"/console/runs/{run_id}/provider") for _ in range(40)))
     codes = [a.status_code for a in answers]
     assert set(codes) == {200, 429} and codes.count(200) <= 12, codes
+
+
+async def test_the_dead_letters_page_reads_the_newest_letters_only_however_many_are_kept(
+    stack: StackClient, broker: Broker
+) -> None:
+    """The DEAD stream keeps 30 days of letters, however many a flood of poison made; every load of the page
+    (any runs:read key) read them all into memory, and a tenant's load asked for each one's run too."""
+    run_id, _, _ = await _unknown_run(stack, broker)
+    seqs = [
+        (await _dead_letter(broker, stack, run_id, reason=f"flood {i}"))[0] for i in range(SHOWN_LETTERS + 20)
+    ]
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: stack.api_key}, timeout=60
+    ) as admin:
+        page = await admin.get("/console/dead-letters")
+    assert page.status_code == 200
+    assert page.text.count('<tr id="dead-') <= SHOWN_LETTERS
+    assert f'id="dead-{seqs[-1]}"' in page.text and f'id="dead-{seqs[0]}"' not in page.text
+    assert "crashsafe dead-letters list" in page.text  # where the older ones are
 
 
 async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(
