@@ -47,6 +47,7 @@ SECURITY_HEADERS = {
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self';"
         " frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
     ),
+    "x-frame-options": "DENY",  # frame-ancestors' older spelling, for browsers that predate CSP level 2
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",

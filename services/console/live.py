@@ -26,6 +26,7 @@ KEEPALIVE_S = 15.0  # a comment line, so proxies and the browser keep an idle st
 RECHECK_S = 10.0  # how often an open stream checks its key again (a revoked key's stream ends)
 BATCH = 256
 MAX_STREAMS = 200  # open live streams per gateway process
+MAX_STREAMS_PER_CLIENT = 20  # of them, held by one key: one client never takes every other client's slots
 # A runs stream starts at most this many messages behind the head: an old or forged `after` never makes the
 # gateway read the whole stream again.
 MAX_BEHIND = 5_000
@@ -68,21 +69,31 @@ def resume_after(headers: Mapping[str, str], query: Mapping[str, str], floor: in
 
 
 class StreamSlots:
-    """How many live streams one gateway process keeps open at once: past it, a new one is told to come back
-    later rather than letting open tabs grow the gateway's polling without bound."""
+    """How many live streams one gateway process keeps open at once, and one client (key) of them: past either,
+    a new one is told to come back later rather than letting open tabs grow the gateway's polling without bound
+    or one key's tabs (or script) crowd out every other client's live pages."""
 
-    def __init__(self, limit: int = MAX_STREAMS) -> None:
+    def __init__(self, limit: int = MAX_STREAMS, per_client: int = MAX_STREAMS_PER_CLIENT) -> None:
         self.limit = limit
+        self.per_client = per_client
         self.open = 0
+        self.held: dict[str, int] = {}
 
-    def take(self) -> bool:
-        if self.open >= self.limit:
+    def take(self, owner: str) -> bool:
+        held = self.held.get(owner, 0)
+        if self.open >= self.limit or held >= self.per_client:
             return False
         self.open += 1
+        self.held[owner] = held + 1
         return True
 
-    def give_back(self) -> None:
+    def give_back(self, owner: str) -> None:
         self.open -= 1
+        held = self.held.get(owner, 0) - 1
+        if held > 0:
+            self.held[owner] = held
+        else:
+            self.held.pop(owner, None)
 
 
 async def head_seq(broker: Broker, stream: str) -> int:
@@ -99,19 +110,20 @@ async def stream_events(
     render: Callable[[list[StoredMessage], int], Awaitable[list[ServerSentEventMessage]]],
     still_allowed: Callable[[], Awaitable[bool]],
     slots: StreamSlots,
+    owner: str,
 ) -> AsyncIterator[ServerSentEventMessage]:
     """Server-sent events for what `follower` finds, rendered by `render(batch, cursor before it)`, until the
     client goes (Litestar cancels this generator on disconnect) or its key stops being allowed. It holds one of
-    `slots` while it runs (taken here, so a stream that never started holds none); with none free, the browser
-    is told to reconnect in 5 s."""
-    if not slots.take():
+    `slots` for `owner` (the key) while it runs (taken here, so a stream that never started holds none); with
+    none free, the browser is told to reconnect in 5 s."""
+    if not slots.take(owner):
         yield ServerSentEventMessage(data=None, comment="busy: too many live streams", retry=5000)
         return
     try:
         async for message in _events(follower, render, still_allowed):
             yield message
     finally:
-        slots.give_back()
+        slots.give_back(owner)
 
 
 async def _events(

@@ -21,6 +21,7 @@ from contracts.errors import (
     ApprovalNotPending,
     CrashsafeError,
     DeadLetterNotFound,
+    RateLimited,
     RunNotFound,
     UnprocessableBody,
 )
@@ -30,8 +31,10 @@ from contracts.run_events import ActionCompleted, ActionRequested, RunStarted, d
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
 from services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
+from services.console.live import head_seq
 from services.gateway.access import Client
 from services.gateway.core import status_for
+from services.gateway.quotas import Rate, TokenBuckets
 from services.platform import approvals as approval_decisions
 from services.platform import provider_views
 from services.platform.approvals import ApprovalRecords
@@ -59,6 +62,25 @@ logger = logging.getLogger("crashsafe.console")
 
 def _state(request: Request[Any, Any, Any]) -> Any:
     return request.app.state
+
+
+def _whole_stream_read(request: Request[Any, Any, Any], page: str, wait: bool = False) -> asyncio.Lock:
+    """The gateway's one permit per page that reads every run's journal into memory (audit, reconciliation):
+    any runs:read key may ask for them at its full rate, and each read at once would hold its own copy of the
+    RUNS stream. One per page, so a long audit (its provider lookups) never keeps reconciliation from an
+    operator. Busy: RateLimited (429, Retry-After), unless `wait` (the page re-rendered after an action, which
+    its own rate already limits)."""
+    state = _state(request)
+    permit = state.get(f"console_whole_stream_read_{page}")
+    if not isinstance(permit, asyncio.Lock):
+        permit = state[f"console_whole_stream_read_{page}"] = asyncio.Lock()
+    if permit.locked() and not wait:
+        raise RateLimited(
+            limit="page",
+            retry_after_s=2.0,
+            message=f"the {page} page reads every journal and one is being read now: reload in a moment",
+        )
+    return permit
 
 
 def _outcome(request: Request[Any, Any, Any], status: int) -> int:
@@ -152,6 +174,11 @@ async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> 
 # Dead letters -------------------------------------------------------------------------------------------------
 
 
+# The dead letters page reads the newest letters only: the DEAD stream keeps 30 days of them, however many a
+# flood of poison made, and every load (any runs:read key) would read them all. The CLI lists every one.
+SHOWN_LETTERS = 500
+
+
 @dataclass(frozen=True, slots=True)
 class LetterRow:
     stored: Stored
@@ -191,7 +218,9 @@ async def _dead_letters_page(
 ) -> Response[str]:
     state = _state(request)
     show_all = request.query_params.get("all") == "1"
-    letters = await DeadLetters(state.broker, state.settings.namespace).list()
+    head = await head_seq(state.broker, state.settings.namespace.stream(StreamKind.DEAD_LETTERS))
+    first = max(0, head - SHOWN_LETTERS)
+    letters = await DeadLetters(state.broker, state.settings.namespace).list(after_seq=first)
     visible = await _visible_letters(request, session.client, letters)
     now = datetime.now(UTC)
     rows = []
@@ -209,6 +238,8 @@ async def _dead_letters_page(
         rows=rows,
         show_all=show_all,
         settled=sum(1 for s in visible if s.mark is not None),
+        older=first > 0,
+        shown_letters=SHOWN_LETTERS,
         may_operate=session.client.may(Scope.RUNS_OPERATE),
         notice=notice,
     )
@@ -268,7 +299,10 @@ async def audit_page(request: Request[Any, Any, Any]) -> Response[str]:
     session = await session_of(request)
     state = _state(request)
     registry: Registry = state.registry
-    findings, stats = await audit_all(state.broker, state.settings, registry, _ProviderViews(request))
+    async with _whole_stream_read(request, "audit"):
+        findings, stats = await audit_all(
+            state.broker, state.settings, registry, _ProviderViews(request), sees=session.client.sees
+        )
     cache: dict[str, str | None] = {}
     shown = [
         f
@@ -286,8 +320,10 @@ async def _reconciliation_page(
     request: Request[Any, Any, Any], session: Session, notice: str = "", status_code: int = 200
 ) -> Response[str]:
     state = _state(request)
-    journals = await RunJournal(state.broker, state.settings.namespace).read_all()
-    unknowns = open_unknowns(journals, session.client.sees)
+    async with _whole_stream_read(request, "reconciliation", wait=bool(notice)):
+        journals = await RunJournal(state.broker, state.settings.namespace).read_all()
+        unknowns = open_unknowns(journals, session.client.sees)
+        del journals
     return render(
         "reconciliation.html",
         session,
@@ -336,10 +372,25 @@ class ViewRow:
     provider: ProviderViewReply
 
 
+# A run page loads its provider view once; each load asks the providers about every action of the run. Per key,
+# a few loads at once and one a second after: a runs:read key never turns the gateway into an amplifier against
+# the providers the executors need for real actions.
+PROVIDER_VIEWS = Rate(per_s=1.0, burst=10.0)
+
+
+def _provider_views_limit(request: Request[Any, Any, Any], client: Client) -> None:
+    state = _state(request)
+    buckets = state.get("console_provider_views")
+    if not isinstance(buckets, TokenBuckets):
+        buckets = state["console_provider_views"] = TokenBuckets(PROVIDER_VIEWS)
+    state.door.limit(buckets, client.key_id, "provider view")
+
+
 @get("/runs/{run_id:str}/provider", include_in_schema=False)
 async def provider_view_fragment(request: Request[Any, Any, Any], run_id: str) -> Response[str]:
     """For each action of the run: what its provider answers when asked by the action's key, beside our receipt."""
     session = await session_of(request)
+    _provider_views_limit(request, session.client)
     state = _state(request)
     registry: Registry = state.registry
     if not is_run_id(run_id):

@@ -22,7 +22,7 @@ from contracts.projections import ProjectionRecord, ProjectionStatus, record_dec
 from contracts.run_events import JournalEvent, RunStarted, RunStatus
 from contracts.streams import projections_spec
 from contracts.subjects import Header, Namespace, StreamKind
-from services.console.app import PREFIX, render, session_of, still_signed_in, templates
+from services.console.app import PREFIX, SECURITY_HEADERS, render, session_of, still_signed_in, templates
 from services.console.live import MAX_BEHIND, Follower, head_seq, resume_after, slots_of, stream_events
 from services.console.timeline import Entry, entry, trace_id_of
 from services.gateway.access import Client
@@ -159,6 +159,7 @@ async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
             render_batch,
             lambda: still_signed_in(request),
             slots_of(request.app.state),
+            session.client.key_id,
         )
     )
 
@@ -264,6 +265,7 @@ async def run_stream(request: Request[Any, Any, Any], run_id: str) -> ServerSent
             render_batch,
             lambda: still_signed_in(request),
             slots_of(request.app.state),
+            session.client.key_id,
         )
     )
 
@@ -320,7 +322,8 @@ async def run_projections(request: Request[Any, Any, Any], run_id: str) -> Respo
     html = _fragment(
         "run_projections.html", run_id=run_id, projections=projections, settled=settled, problem=problem
     )
-    return Response(content=html, media_type="text/html", headers={"cache-control": "no-store"})
+    # A fragment is HTML too: opened on its own it gets the pages' policy (no framing, no foreign script).
+    return Response(content=html, media_type="text/html", headers=SECURITY_HEADERS)
 
 
 HANDLERS: list[Any] = [runs_page, runs_stream, run_page, run_stream, run_projections]

@@ -92,7 +92,38 @@ _encoder = msgspec.json.Encoder()
 
 def replay_plan(ns: Namespace, letter: DeadLetter, now: datetime) -> Plan:
     """What replaying `letter` at `now` may send, from its original subject and payload; a refusal says what
-    to do instead."""
+    to do instead. A payload naming another run than its subject does (what the runtime refuses as
+    `wrong_subject`) is never replayed: the replay would act on a run the message was not sent for."""
+    plan = _plan(ns, letter)
+    named, run_id = _subject_run(ns, letter.subject), _run_of_plan(plan)
+    if named is not None and run_id is not None and run_id != named:
+        return Refusal(
+            f"its payload names run {run_id} but it was sent on run {named}'s subject: whose it is cannot be"
+            " told; discard it"
+        )
+    return plan
+
+
+def _subject_run(ns: Namespace, subject: str) -> str | None:
+    """The run a letter's original subject names, if it names one (outcomes, wakes, fired timers, projections)."""
+    source = ns.outcome_source(subject)
+    if source is not None:
+        return source[1]
+    tokens = subject.split(".")
+    if len(tokens) == 4 and tokens[0] == ns.name and tokens[1] == "projection":
+        return tokens[3]
+    return ns.fired_run(subject)
+
+
+def _run_of_plan(plan: Plan) -> str | None:
+    if isinstance(plan, Republish | WakeKeys):
+        return plan.run_id
+    if isinstance(plan, Replan):
+        return plan.task.run_id
+    return None
+
+
+def _plan(ns: Namespace, letter: DeadLetter) -> Plan:
     tokens = letter.subject.split(".")
     if len(tokens) < 3 or tokens[0] != ns.name:
         return Refusal(f"{letter.subject} is not a subject of namespace {ns.name}")
@@ -132,18 +163,18 @@ def replay_plan(ns: Namespace, letter: DeadLetter, now: datetime) -> Plan:
 
 
 def run_of(ns: Namespace, letter: DeadLetter) -> str | None:
-    """The run a dead letter is about, if its payload names one (for tenant scoping and the run link)."""
-    plan = replay_plan(ns, letter, datetime.now(UTC))
-    if isinstance(plan, Republish | WakeKeys):
-        return plan.run_id
-    if isinstance(plan, Replan):
-        return plan.task.run_id
-    try:
-        value = msgspec.json.decode(letter.payload.encode())
-    except msgspec.DecodeError:
-        return None
-    run_id = value.get("run_id") if isinstance(value, dict) else None
-    return run_id if isinstance(run_id, str) else None
+    """The run a dead letter is about, if its payload names one and its subject names no other (for tenant
+    scoping and the run link): a letter whose two disagree is no tenant's to see, only an admin's."""
+    run_id = _run_of_plan(_plan(ns, letter))
+    if run_id is None:
+        try:
+            value = msgspec.json.decode(letter.payload.encode())
+        except msgspec.DecodeError:
+            return None
+        named = value.get("run_id") if isinstance(value, dict) else None
+        run_id = named if isinstance(named, str) else None
+    subject_run = _subject_run(ns, letter.subject)
+    return run_id if subject_run is None or run_id == subject_run else None
 
 
 def replay_msg_id(stream: str, seq: int) -> str:
@@ -159,9 +190,9 @@ class DeadLetters:
         self.stream = ns.stream(StreamKind.DEAD_LETTERS)
         self.marks = dead_marks_spec(ns)
 
-    async def list(self) -> list[Stored]:
-        """Every dead letter in the stream, oldest first, with its mark."""
-        stored = await self.broker.read_subject(self.stream, self.ns.dead_letters_all, batch=500)
+    async def list(self, after_seq: int = 0) -> list[Stored]:
+        """Every dead letter in the stream (after sequence `after_seq`), oldest first, with its mark."""
+        stored = await self.broker.read_subject(self.stream, self.ns.dead_letters_all, after_seq, batch=500)
         entries = await self.broker.kv_scan(self.marks, self.ns.dead_letter_marks_all)
         marks: dict[int, DeadLetterMark] = {}
         for entry in entries:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -13,7 +14,7 @@ from nats.aio.msg import Msg
 
 from contracts.errors import CrashsafeError
 from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
-from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
+from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, RunStarted, decode_event
 from contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
 from contracts.spans import SpanName
 from contracts.subjects import StreamKind
@@ -368,9 +369,18 @@ async def audit_all(
     registry: Registry,
     facts: ProviderFacts,
     listing: ProviderListing | None = None,
+    sees: Callable[[str], bool] | None = None,
 ) -> tuple[list[Finding], AuditStats]:
-    """Every run's journal against the providers' by-key answers and, where they offer one, their listing."""
+    """Every run's journal against the providers' by-key answers and, where they offer one, their listing.
+    `sees`: only the runs of the tenants it admits are audited (and their keys asked about), as the console
+    audits for a tenant's key; None: every run, as the operator's `crashsafe audit`."""
     journals = await RunJournal(broker, settings.namespace).read_all()
+    if sees is not None:
+        journals = {
+            run_id: events
+            for run_id, events in journals.items()
+            if events and isinstance(events[0], RunStarted) and sees(events[0].tenant)
+        }
     effects = await listing.effects() if listing is not None else None
     keyed = [i for i in intents(journals).values() if audited(i, registry.tools)]
     slots = asyncio.Semaphore(32)

@@ -372,3 +372,46 @@ async def test_a_fragment_asked_for_without_a_key_tells_htmx_to_go_to_sign_in(
     assert response.status_code == 401
     # Back to the page the fragment belongs to once signed in, never to the bare fragment.
     assert response.headers["hx-redirect"] == f"/console/signin?next=/console/runs/{acme_run}"
+
+
+async def test_every_html_answer_of_the_console_carries_its_security_headers(
+    console: Console, acme_run: str
+) -> None:
+    """A fragment is HTML too: opened on its own (or framed by another site) it must carry the same policy as a
+    page, so an escaping slip anywhere has the CSP behind it and no console answer can be framed."""
+    async with _cookie_client(console, console.acme_reader) as http:
+        for path in (
+            "/console/signin",
+            "/console/runs",
+            f"/console/runs/{acme_run}",
+            f"/console/runs/{acme_run}/projections",
+            f"/console/runs/{acme_run}/provider",
+            "/console/approvals",
+            "/console/dead-letters",
+            "/console/reconciliation",
+            "/console/runs/run_000000000000000000000000",  # an error page
+        ):
+            response = await http.get(path)
+            assert response.headers["content-type"].startswith("text/html"), path
+            policy = response.headers.get("content-security-policy", "")
+            assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, path
+            assert response.headers.get("x-frame-options") == "DENY", path
+            assert response.headers.get("x-content-type-options") == "nosniff", path
+
+
+async def test_an_open_live_stream_ends_soon_after_its_key_is_revoked(
+    console: Console, acme_run: str
+) -> None:
+    minted = await console.keys.create("acme", [Scope.RUNS_READ], name="revoked mid-stream")
+    async with _cookie_client(console, minted.key) as http:
+        async with http.stream("GET", "/console/runs/stream") as live:
+            assert live.status_code == 200
+            await console.keys.revoke(minted.record.key_id)
+            seen = ""
+            async for chunk in live.aiter_text():  # the keepalive and the recheck both come within RECHECK_S
+                seen += chunk
+                if "event: signed_out" in seen:
+                    break
+        assert "event: signed_out" in seen
+        again = await http.get("/console/runs/stream", headers={"accept": "text/event-stream"})
+        assert again.status_code == 401  # and its reconnect is refused with a status, not a stream

@@ -8,6 +8,7 @@ The stack runs without its reconciler, so nothing but the clicks here resolves o
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,7 @@ from contracts.policy import Approver
 from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunHandedOff, RunStarted
 from contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
 from services.console.app import COOKIE, CSRF_FIELD, csrf_token
+from services.console.pages_operate import SHOWN_LETTERS
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
 from services.platform.journal import RunJournal
@@ -362,6 +364,76 @@ async def test_another_tenants_key_sees_none_of_it_and_cannot_act_on_it(
     assert not [
         e for e in await _events(stack, run_id, "run.nudged") if e["by"].startswith("operator:console:")
     ]
+
+
+async def test_another_tenants_audit_asks_no_provider_about_our_keys_and_counts_none_of_our_runs(
+    stack: StackClient, broker: Broker
+) -> None:
+    """Any runs:read key may load the audit page: it must audit that tenant's runs only. Before, every load by
+    any tenant asked the providers about every keyed intent of every tenant (a tenant's reader could keep the
+    executors busy answering for everyone) and told it how many runs and intents the whole deployment holds."""
+    await _unknown_run(stack, broker)
+    key = (await ClientKeys(broker, stack.ns).create("initech", [Scope.RUNS_READ], "other")).key
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: key}, timeout=60
+    ) as other:
+        page = await other.get("/console/audit")
+    assert page.status_code == 200, page.text
+    assert "audited 0 runs, 0 keyed intents" in " ".join(page.text.split()), page.text
+
+
+async def test_pages_that_read_every_journal_are_read_one_at_a_time_and_a_crowd_is_told_to_come_back(
+    stack: StackClient, broker: Broker
+) -> None:
+    """The reconciliation and audit pages read the whole RUNS stream into memory. A runs:read key may make
+    thousands of requests a second: all of them at once would each hold a copy of every journal. One at a time
+    per gateway; the others a 429 with Retry-After, and the gateway answers the API meanwhile."""
+    await _unknown_run(stack, broker)
+    key = (await ClientKeys(broker, stack.ns).create("initech", [Scope.RUNS_READ], "crowd")).key
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: key}, timeout=60
+    ) as crowd:
+        for path in ("/console/reconciliation", "/console/audit"):
+            answers = await asyncio.gather(*(crowd.get(path) for _ in range(30)))
+            codes = sorted(a.status_code for a in answers)
+            assert 200 in codes and 429 in codes and set(codes) == {200, 429}, (path, codes)
+            assert all(a.headers.get("retry-after") for a in answers if a.status_code == 429), path
+            assert (await crowd.get(path)).status_code == 200, path  # and once it is done, the next is served
+
+
+async def test_the_provider_view_asks_the_providers_at_a_bounded_rate_per_key(
+    stack: StackClient, broker: Broker
+) -> None:
+    """Each load of a run's provider view asks the executors (and through them the providers) about every
+    action of the run. A runs:read key at its full API rate would turn the gateway into an amplifier against
+    the providers the executors need for real actions: past a small burst, a 429."""
+    run_id, _, _ = await _unknown_run(stack, broker)
+    key = (await ClientKeys(broker, stack.ns).create(stack.tenant, [Scope.RUNS_READ], "viewer")).key
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: key}, timeout=60
+    ) as viewer:
+        answers = await asyncio.gather(*(viewer.get(f"/console/runs/{run_id}/provider") for _ in range(40)))
+    codes = [a.status_code for a in answers]
+    assert set(codes) == {200, 429} and codes.count(200) <= 12, codes
+
+
+async def test_the_dead_letters_page_reads_the_newest_letters_only_however_many_are_kept(
+    stack: StackClient, broker: Broker
+) -> None:
+    """The DEAD stream keeps 30 days of letters, however many a flood of poison made; every load of the page
+    (any runs:read key) read them all into memory, and a tenant's load asked for each one's run too."""
+    run_id, _, _ = await _unknown_run(stack, broker)
+    seqs = [
+        (await _dead_letter(broker, stack, run_id, reason=f"flood {i}"))[0] for i in range(SHOWN_LETTERS + 20)
+    ]
+    async with httpx.AsyncClient(
+        base_url=stack.stack.gateway_url, cookies={COOKIE: stack.api_key}, timeout=60
+    ) as admin:
+        page = await admin.get("/console/dead-letters")
+    assert page.status_code == 200
+    assert page.text.count('<tr id="dead-') <= SHOWN_LETTERS
+    assert f'id="dead-{seqs[-1]}"' in page.text and f'id="dead-{seqs[0]}"' not in page.text
+    assert "crashsafe dead-letters list" in page.text  # where the older ones are
 
 
 async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(

@@ -19,10 +19,21 @@ def test_a_forged_or_ancient_position_never_starts_before_the_floor() -> None:
 
 def test_stream_slots_refuse_past_the_limit_and_come_back_when_given_back() -> None:
     slots = StreamSlots(limit=2)
-    assert slots.take() and slots.take()
-    assert not slots.take()
-    slots.give_back()
-    assert slots.take()
+    assert slots.take("a") and slots.take("b")
+    assert not slots.take("c")
+    slots.give_back("a")
+    assert slots.take("c")
+
+
+def test_one_key_cannot_hold_every_stream_slot_of_the_gateway() -> None:
+    # One signed-in key (a script, or a tab reopened in a loop) would otherwise take every slot, and every
+    # other tenant's live pages would be told "busy" until its streams go.
+    slots = StreamSlots(limit=10, per_client=3)
+    assert all(slots.take("greedy") for _ in range(3))
+    assert not slots.take("greedy")
+    assert slots.take("other")
+    slots.give_back("greedy")
+    assert slots.take("greedy")
 
 
 def test_the_floor_is_never_below_the_first_sequence() -> None:

@@ -127,3 +127,21 @@ def test_an_unknown_is_open_until_a_later_receipt_resolves_it_and_only_for_whoev
         result=done.result,
     )
     assert open_unknowns({RUN: [*journal, late]}, lambda tenant: True) == []
+
+
+def test_a_letter_whose_payload_names_another_run_than_its_subject_is_no_runs_and_never_replayed() -> None:
+    # What the runtime dead-letters as `wrong_subject` (an outcome on another run's subject, a wake posing for
+    # another run): whose run it is cannot be told, so no tenant is shown it (an admin's to see) and a replay
+    # would act on the run the payload names, not the one it was sent for.
+    other = "run_" + "f" * 24
+    outcome = ActionOutcome(
+        run_id=RUN, step_no=2, tool="create_booking", key="k1", status=OutcomeStatus.UNKNOWN
+    )
+    wake = tool_encoder.encode(RunWake(run_id=RUN, reason="r", at=NOW))
+    for letter in (
+        _letter(NS.outcomes("booking", other), tool_encoder.encode(outcome)),
+        _letter(NS.wakes(other), wake),
+        _letter(NS.timer_fired(other), wake),
+    ):
+        assert isinstance(replay_plan(NS, letter, NOW), Refusal), letter.subject
+        assert run_of(NS, letter) is None, letter.subject

@@ -51,6 +51,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "services.console",
         "services.gateway.access",
         "services.gateway.core",
+        "services.gateway.quotas",  # the provider view's per-key rate: the gateway's own token buckets
         "services.runtime.core",
         "services.projector.plan",
         "services.reconciler.service",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
