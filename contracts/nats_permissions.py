@@ -403,16 +403,17 @@ def _projector(s: Scope, concrete: Namespace) -> NatsUser:
 
 def _operating(s: Scope) -> list[str]:
     """What the console's operating pages need of the gateway (issue 11): read the dead letters and settle each
-    once in its marks bucket (never delete a stream message), replay a dead projection task (its receiver
-    deduplicates by key; the reconciler holds the same right), and ask a family's executors for the provider's
-    by-key view (request/reply; the gateway holds no provider credential)."""
+    once in its marks bucket (never delete a stream message), and ask a family's executors for the provider's
+    by-key view (request/reply; the gateway holds no provider credential). Never publish a projection task: a
+    task carries its own arguments and the projector sends what it says, so the internet-facing service could
+    have any email sent; a dead projection is re-planned with operator credentials (`crashsafe dead-letters
+    replay`, `crashsafe projections retry`) or by the reconciler."""
     n, dead = s.n, s.stream(StreamKind.DEAD_LETTERS)
     return [
         *direct_get(dead),
         s.kv(DEAD_MARKS, "dead.*"),
         stream_info(s.kv_stream(DEAD_MARKS)),
         *direct_get(s.kv_stream(DEAD_MARKS)),
-        f"{n}.projection.*.*",
         f"{n}.provider_view.*",
     ]
 

@@ -52,7 +52,6 @@ from services.platform.dead_letters import (
 from services.platform.journal import RunJournal
 from services.platform.logs import log
 from services.platform.unknowns import open_unknowns
-from services.reconciler.replan import replanner
 from services.reconciler.service import audit_all
 from services.registry import ProviderAnswer, Registry, Tool
 from services.runtime.core import approvals as approval_rules
@@ -258,7 +257,9 @@ async def settle_dead_letter(request: Request[Any, Any, Any], seq: int, action: 
         raise UnprocessableBody("a dead letter is replayed or discarded")
     state = _state(request)
     ns = state.settings.namespace
-    letters = DeadLetters(state.broker, ns, replanner(state.broker, ns, state.registry))
+    # No replanner: the gateway may not publish projection tasks (contracts/nats_permissions.py `_operating`), so a
+    # dead projection's replay is refused here, naming the operator's command that re-plans it.
+    letters = DeadLetters(state.broker, ns)
     by = f"operator:console:{session.client.key_id}"
     try:
         stored = await letters.get(seq)

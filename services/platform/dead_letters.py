@@ -241,7 +241,8 @@ class DeadLetters:
                         f"run {dead.run_id}'s journal no longer calls for {dead.key} (released or refunded?):"
                         " discard it"
                         if self.replan is not None
-                        else "a projection is planned again from its run's journal: `crashsafe projections retry`"
+                        else "a projection is planned again from its run's journal with operator credentials:"
+                        f" `crashsafe dead-letters replay {stored.seq}` or `crashsafe projections retry {dead.key}`"
                     )
                     raise ReplayRefused(why, stream_seq=stored.seq, subject=stored.letter.subject)
                 sent_to = self.ns.projection(task.tool, task.run_id)

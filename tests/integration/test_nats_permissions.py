@@ -233,10 +233,10 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         # A manager's decision on an approval record; the session lane a new message claims.
         allowed |= {"KV approvals: `approval.apr_1`", "KV sessions: `session.t1.h`"}
         allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
-        # The operating pages: read the dead letters and settle each once (never delete a stream message), plan
-        # a dead projection again (its receiver dedupes by key), ask any family for the provider's view by key.
+        # The operating pages: read the dead letters and settle each once (never delete a stream message), ask
+        # any family for the provider's view by key; never a projection task (it says what the projector sends).
         allowed |= {f"direct get on {DEAD}", "KV dead marks: `dead.1`", f"direct get on {KV_DEAD_MARKS}"}
-        allowed |= {"projection task", "the gateway's reply inbox"}
+        allowed |= {"the gateway's reply inbox"}
         allowed |= {f"ask a provider view: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {KV_PROJECTIONS}"}  # the console shows a run's projection receipts
     elif role is Role.RUNTIME:

@@ -196,11 +196,15 @@ async def test_a_dead_projection_is_planned_again_from_its_journal_once_and_a_di
     planned = msgspec.structs.replace(trail, planned_at=T0)
     subject = namespace.projection(trail.tool, RUN)
     projection_seq = await _dead(broker, namespace, "projector", subject, task_encoder.encode(planned))
-    # Without the journal's planner (a caller that cannot plan) it is refused, pointing at the CLI.
+    # The console (the gateway) cannot plan: it is refused, pointing at the operator's commands, and the gateway's
+    # NATS user could not publish a task anyway (a task says what the projector sends).
     plain = DeadLetters(gateway, namespace)
-    with pytest.raises(ReplayRefused, match="projections retry"):
+    with pytest.raises(ReplayRefused, match="dead-letters replay"):
         await plain.replay(await plain.get(projection_seq), "a")
-    letters = DeadLetters(gateway, namespace, replanner(gateway, namespace, product))
+    with pytest.raises(NotPermitted):
+        await gateway.publish(subject, task_encoder.encode(planned))
+    # With operator credentials (`crashsafe dead-letters replay`): planned again from the journal, sent once.
+    letters = DeadLetters(broker, namespace, replanner(broker, namespace, product))
     mark = await letters.replay(await letters.get(projection_seq), "operator:a")
     assert mark.replayed_to == subject
     (sent,) = await broker.read_subject(namespace.stream(StreamKind.PROJECTIONS), subject)
