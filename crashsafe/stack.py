@@ -32,6 +32,8 @@ EXECUTOR_FAMILIES = ("booking", "payment", "notify", "memory")
 NATS = "nats-server"
 # These bind one fixed port each (the URL in stack.json); replicas of them need a load balancer, not `--scale`.
 SINGLE_PORT = ("sandbox", "gateway")
+# What a service prints once its ops port is bound (services/platform/probes.py), before `ready: …`.
+OPS_LINE = b"ops listening on "
 # The tenant of the admin key a stack mints for its own use (the demo, the tests, the scripts).
 STACK_TENANT = "demo"
 API_KEY_FILE = "api_key"
@@ -172,6 +174,9 @@ class Service:
     started_at: float = 0.0
     delay_s: float | None = None  # the last restart delay, for the back-off
     restart_at: float | None = None  # when the supervisor restarts it (set once it saw it dead)
+    # Where this life's log starts, and the ops URL it printed (`ops listening on …`), once read.
+    log_offset: int = 0
+    ops_url: str | None = None
 
 
 class Stack:
@@ -249,11 +254,6 @@ class Stack:
                 seam = crash.get(name, crash.get(base))
                 once = {"CRASHSAFE_CRASH_AT": seam} if seam else {}
                 self.services[name] = Service(name=name, args=list(args), once_env=once, base=base)
-        # Every process's own ops port (/healthz, /readyz, /metrics), kept across its restarts; the gateway
-        # answers them on its own port and the sandbox has none.
-        self.ops_ports: dict[str, int] = {
-            name: free_port() for name in self.services if name not in SINGLE_PORT
-        }
 
     @property
     def gateway_url(self) -> str:
@@ -323,8 +323,10 @@ class Stack:
         if creds is not None:
             env["CRASHSAFE_NATS_CREDS"] = str(creds)
         env.update(self.base_env)
-        if service.name in self.ops_ports:
-            env["CRASHSAFE_OPS_PORT"] = str(self.ops_ports[service.name])
+        if service.name not in SINGLE_PORT:
+            # Each life binds a free ops port itself and prints it (`ops listening on …`): a port chosen here and
+            # bound later could be taken meanwhile by another process, and replicas keep one environment.
+            env["CRASHSAFE_OPS_PORT"] = "0"
         env.update(service.env)
         env.update(service.once_env)
         return env
@@ -333,8 +335,18 @@ class Stack:
         """Where a process answers /healthz, /readyz and /metrics (the gateway: its own port; the sandbox: none)."""
         if name == "gateway":
             return self.gateway_url
-        port = self.ops_ports.get(name)
-        return f"http://127.0.0.1:{port}" if port is not None else None
+        service = self.services.get(name)
+        if service is None or name in SINGLE_PORT:
+            return None
+        if service.ops_url is None:
+            path = self.logs_dir / f"{name}.log"
+            if path.exists():
+                with open(path, "rb") as log:
+                    log.seek(service.log_offset)
+                    for line in log:
+                        if line.startswith(OPS_LINE):
+                            service.ops_url = line[len(OPS_LINE) :].decode().strip()
+        return service.ops_url
 
     def creds_for(self, base: str) -> Path | None:
         """The credential file of the NATS user a service of `base` runs as (the sandbox speaks no NATS)."""
@@ -469,7 +481,10 @@ class Stack:
 
     def spawn(self, name: str) -> subprocess.Popen[bytes]:
         service = self.services[name]
-        log = open(self.logs_dir / f"{name}.log", "ab")
+        path = self.logs_dir / f"{name}.log"
+        service.log_offset = path.stat().st_size if path.exists() else 0
+        service.ops_url = None
+        log = open(path, "ab")
         service.process = subprocess.Popen(
             [sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
             env=self.env_for(service),
@@ -560,8 +575,13 @@ class Stack:
             else Backoff(backoff_s, self.backoff.cap_s, self.backoff.stable_s)
         )
         nats_restart: asyncio.Task[None] | None = None
+        # Restarted without waiting: stack.json gets each one's new ops URL once it printed it.
+        unannounced: set[str] = set()
         while not stop.is_set():
             now = time.monotonic()
+            if unannounced and (known := {n for n in unannounced if self.ops_url(n) is not None}):
+                unannounced -= known
+                self.write_state()
             for service in self._supervised():
                 if service is self.nats_supervision and nats_restart is not None and not nats_restart.done():
                     continue  # starting: waiting for its readiness must not hold up the other restarts
@@ -577,6 +597,8 @@ class Stack:
                         nats_restart = asyncio.create_task(self._restart_nats())
                     else:
                         self.restart(service.name, wait=False)
+                        if service.name not in SINGLE_PORT:
+                            unannounced.add(service.name)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.05)
             except TimeoutError:

@@ -86,9 +86,16 @@ async def test_up_supervises_and_down_stops(tmp_path: Path) -> None:
         )
         restarted_runtime = next(s for s in after["services"] if s["name"] == "runtime-0")
         assert restarted_runtime["restarts"] == 1
-        # Its ops port is kept across the restart, so a scrape target stays valid.
-        ops_url = next(s for s in stack["services"] if s["name"] == "runtime-0")["ops_url"]
-        assert ops_url and restarted_runtime["ops_url"] == ops_url
+        # Each life binds a free ops port of its own; stack.json names the new one once it is bound.
+        before = next(s for s in stack["services"] if s["name"] == "runtime-0")["ops_url"]
+
+        def announced() -> str | None:
+            current = _stack_json(state)
+            entry = next(s for s in current["services"] if s["name"] == "runtime-0") if current else None
+            return entry["ops_url"] if entry and entry["pid"] != runtime_pid and entry["ops_url"] else None
+
+        ops_url = await eventually(announced, what="stack.json to name the restarted runtime's ops port")
+        assert before and ops_url
 
         async def ops_ready() -> bool:
             async with httpx.AsyncClient(timeout=5) as http:
