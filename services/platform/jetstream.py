@@ -730,7 +730,8 @@ async def _unless_stopped(attempt: Awaitable[Client], stop: asyncio.Event, url: 
     finally:
         stopping.cancel()
     if not trying.done():
+        # Not awaited: nats-py's initial connect loop may take a cancel only at its next attempt; the process is
+        # stopping, and asyncio.run's end cancels what is left.
         trying.cancel()
-        await asyncio.gather(trying, return_exceptions=True)
         raise BrokerUnavailable(f"stopped while waiting for NATS at {url}", url=url)
     return trying.result()
