@@ -25,7 +25,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
     )
     ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
-        settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access
+        settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
     try:
         async with Providers.connect(settings.sandbox_url) as providers:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import uvicorn
 
@@ -35,8 +36,22 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     print(f"gateway listening on {scheme}://{settings.gateway_host}:{settings.gateway_port}", flush=True)
     serving = asyncio.create_task(server.serve())
     stopping = asyncio.create_task(stop.wait())
+    starting = asyncio.create_task(_stop_if_asked_while_starting(server, serving))
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
-    await serving
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
     stopping.cancel()
+    starting.cancel()
     telemetry.close()
+
+
+async def _stop_if_asked_while_starting(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
+    """uvicorn takes SIGTERM for itself while it serves, but reads it only once started: a gateway still waiting
+    for NATS in its lifespan would sit out Kubernetes' whole grace period. Nothing is served yet, so nothing to
+    drain: the start is given up."""
+    while not server.started:
+        if server.should_exit:
+            serving.cancel()
+            return
+        await asyncio.sleep(0.1)

@@ -185,12 +185,20 @@ class Broker:
 
     @classmethod
     async def connect(
-        cls, url: str, name: str, fail_fast: bool = False, *, access: NatsAccess | None = None
+        cls,
+        url: str,
+        name: str,
+        fail_fast: bool = False,
+        *,
+        access: NatsAccess | None = None,
+        stop: asyncio.Event | None = None,
     ) -> Broker:
         """Connect to NATS. A service reconnects forever (a broker restart is expected); a one-shot command
         (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting.
 
-        `access` says who this process is (its role's credential file) and how to check the server (TLS)."""
+        `access` says who this process is (its role's credential file) and how to check the server (TLS). A
+        service passes its `stop`: a SIGTERM while NATS is away ends the wait (`BrokerUnavailable`), or the pod
+        would sit out its whole termination grace period, reconnecting."""
         identity = _identity(access or NatsAccess(), url)
 
         made: list[Broker] = []
@@ -207,20 +215,21 @@ class Broker:
         try:
             # nats-py's initial connect cycles its server pool until a server is discarded: one attempt per server
             # after the first (`max_reconnect_attempts=1`) is what makes it give up; the outer timeout bounds it.
-            nc = await asyncio.wait_for(
-                nats.connect(
-                    # A cluster's seed URLs, comma-separated: a service restarted while one node is down still connects.
-                    [server.strip() for server in url.split(",") if server.strip()],
-                    name=name,
-                    max_reconnect_attempts=1 if fail_fast else -1,
-                    reconnect_time_wait=0.25,
-                    connect_timeout=2 if fail_fast else 5,
-                    allow_reconnect=not fail_fast,
-                    error_cb=on_error,
-                    **identity,
-                ),
-                timeout=8 if fail_fast else None,
+            attempt = nats.connect(
+                # A cluster's seed URLs, comma-separated: a service restarted while one node is down still connects.
+                [server.strip() for server in url.split(",") if server.strip()],
+                name=name,
+                max_reconnect_attempts=1 if fail_fast else -1,
+                reconnect_time_wait=0.25,
+                connect_timeout=2 if fail_fast else 5,
+                allow_reconnect=not fail_fast,
+                error_cb=on_error,
+                **identity,
             )
+            if stop is None:
+                nc = await asyncio.wait_for(attempt, timeout=8 if fail_fast else None)
+            else:
+                nc = await _unless_stopped(attempt, stop, url)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             if isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(exc):
                 raise InvalidSetting(
@@ -710,3 +719,19 @@ class Broker:
                 more = int(headers.get(Header.NUM_PENDING, "0")) > 0
         finally:
             await sub.unsubscribe()
+
+
+async def _unless_stopped(attempt: Awaitable[Client], stop: asyncio.Event, url: str) -> Client:
+    """The attempt's result, unless `stop` is set first: then the attempt is cancelled and the wait refused."""
+    trying = asyncio.ensure_future(attempt)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({trying, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not trying.done():
+        # Not awaited: nats-py's initial connect loop may take a cancel only at its next attempt; the process is
+        # stopping, and asyncio.run's end cancels what is left.
+        trying.cancel()
+        raise BrokerUnavailable(f"stopped while waiting for NATS at {url}", url=url)
+    return trying.result()

@@ -18,9 +18,26 @@ ProcessCollector(registry=REGISTRY)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+class _SetGauge(Gauge):
+    """An unlabelled gauge with no sample until this process sets it. Every process registers every metric, and
+    a gauge it never sets would read 0 there: `crashsafe_synthetic_up == 0` from each gateway, runtime, executor
+    and projector pod, which never run the turn (a labelled gauge has no child until set, so needs no help)."""
+
+    _was_set = False
+
+    def set(self, value: float) -> None:
+        self._was_set = True
+        super().set(value)
+
+    def collect(self) -> Any:
+        return super().collect() if self._was_set else []
+
+
 def _build(metric: MetricSpec) -> Counter | Gauge | Histogram:
     if metric.kind is MetricKind.COUNTER:
         return Counter(metric.name, metric.help, metric.labels, registry=REGISTRY)
+    if metric.kind is MetricKind.GAUGE and not metric.labels:
+        return _SetGauge(metric.name, metric.help, registry=REGISTRY)
     if metric.kind is MetricKind.GAUGE:
         return Gauge(metric.name, metric.help, metric.labels, registry=REGISTRY)
     return Histogram(metric.name, metric.help, metric.labels, buckets=metric.buckets, registry=REGISTRY)

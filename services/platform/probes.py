@@ -108,11 +108,16 @@ def consumer_checks(broker: Broker, specs: Iterable[ConsumerSpec]) -> dict[str, 
 
 def lag_sampler(broker: Broker, specs: Callable[[], Iterable[ConsumerSpec]]) -> Sampler:
     """Each durable's num_pending into crashsafe_consumer_lag (the current specs: an executor's change with its
-    partitions)."""
+    partitions). A durable no longer in them loses its child: its new holder reports it, this replica's last
+    value would stand beside that for ever."""
     children: dict[tuple[str, str], Any] = {}
 
     async def sample() -> None:
-        for spec in list(specs()):
+        current = list(specs())
+        for gone in children.keys() - {(spec.stream, spec.durable) for spec in current}:
+            del children[gone]
+            metrics.CONSUMER_LAG.remove(*gone)
+        for spec in current:
             pending = await broker.consumer_pending(spec.stream, spec.durable)
             if pending is None:
                 continue
@@ -141,15 +146,28 @@ async def run_checks(checks: Mapping[str, Check], timeout_s: float = CHECK_TIMEO
     first = {NATS: await one(checks[NATS])} if NATS in checks else {}
     if first.get(NATS) is not None:
         readiness = verdict(first)
-        for name in checks:
-            metrics.READY.labels(name).set(0)
+        _report(dict.fromkeys(checks, 0))
         return readiness
     names = [n for n in checks if n != NATS]
     results = await asyncio.gather(*(one(checks[n]) for n in names))
     readiness = verdict({**first, **dict(zip(names, results, strict=True))})
-    for name, result in readiness.checks.items():
-        metrics.READY.labels(name).set(1 if result == OK else 0)
+    _report({name: 1 if result == OK else 0 for name, result in readiness.checks.items()})
     return readiness
+
+
+# The checks crashsafe_ready last had a child for (one readiness per process, like the registry itself).
+_reported: set[str] = set()
+
+
+def _report(values: Mapping[str, int]) -> None:
+    """crashsafe_ready{check} as this probe found it; a check no longer asked (`started` once the service is up, a
+    partition handed on) loses its child, or its last 0 would read as a failure for ever."""
+    for name in _reported - values.keys():
+        metrics.READY.remove(name)
+    for name, value in values.items():
+        metrics.READY.labels(name).set(value)
+    _reported.clear()
+    _reported.update(values)
 
 
 # The server ---------------------------------------------------------------------------------------------------

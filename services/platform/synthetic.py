@@ -137,7 +137,10 @@ async def synthetic_turn(
                 journal = await _json(answer)
                 if answer.status != 200:
                     raise _Refused(f"the gateway answered {answer.status} to the journal: {_said(journal)}")
-            result, reason = judge(journal.get("events", []))
+            events = journal.get("events", [])
+            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+                raise _Refused(f"the gateway's journal is not a list of events: {str(events)[:200]}")
+            result, reason = judge(events)
     except TimeoutError:
         result = SyntheticResult.SLOW
         reason = f"no answer within the budget of {budget_s:g}s" + (

@@ -84,6 +84,16 @@ def _bounded(attrs: dict[str, AttrValue]) -> dict[str, str | int | float | bool]
     return {k: v[:_ATTR_CHARS] if isinstance(v, str) else v for k, v in attrs.items() if v is not None}
 
 
+def _sampled(carrier: dict[str, str]) -> dict[str, str]:
+    """A caller's traceparent with the sampled flag set: the caller may name the trace its run joins, but a
+    cleared flag would make every service's span of the run non-recording (the sampler follows the parent)."""
+    parent = carrier.get(Header.TRACEPARENT.value, "")
+    if not _TRACEPARENT.fullmatch(parent):
+        return carrier
+    flags = int(parent[-2:], 16) | 0x01
+    return {**carrier, Header.TRACEPARENT.value: f"{parent[:-2]}{flags:02x}"}
+
+
 def _root_traceparent() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
@@ -240,7 +250,7 @@ def trace_requests(app: ASGIApp) -> ASGIApp:
         for name, value in scope.get("headers", ()):
             if name in (b"traceparent", b"tracestate"):
                 carrier[name.decode("latin-1")] = value.decode("latin-1")
-        parent = context_from(carrier)
+        parent = context_from(_sampled(carrier))
         with span(
             SpanName.GATEWAY_REQUEST,
             parent,

@@ -21,7 +21,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     telemetry = configure_telemetry("projector", settings.otel)
     ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
-        settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access
+        settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
     try:
         # The receivers (email, CRM, audit log) are asked as the executors ask the providers: same adapter, same

@@ -24,7 +24,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     telemetry = configure_telemetry("reconciler", settings.otel)
     ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
-        settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access
+        settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
     try:
         reconciler = Reconciler(broker, settings, logger, registry=registry)

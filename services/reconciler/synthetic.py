@@ -82,7 +82,17 @@ class SyntheticCadence:
                 at=datetime.now(UTC),
             )
         else:
-            turn = await synthetic_turn(self.gateway_url, key, budget_s=budget_s, by="reconciler")
+            try:
+                turn = await synthetic_turn(self.gateway_url, key, budget_s=budget_s, by="reconciler")
+            except Exception as exc:  # noqa: BLE001 -- a probe's own fault is a failed turn; the cadence goes on
+                turn = SyntheticTurn(
+                    result=SyntheticResult.FAILED.value,
+                    reason=f"the turn could not be judged: {type(exc).__name__}: {exc}"[:300],
+                    duration_s=0.0,
+                    budget_s=budget_s,
+                    by="reconciler",
+                    at=datetime.now(UTC),
+                )
         self.turns += 1
         record(turn)
         await publish_turn(self.broker, self.settings.namespace, turn, self.logger)

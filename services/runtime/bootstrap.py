@@ -31,7 +31,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     # Liveness answers from here on, readiness once subscribed (and about its real seams thereafter).
     ops = await OpsServer(settings.ops_host, settings.ops_port).start()
     broker = await Broker.connect(
-        settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access
+        settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
     try:
         # The documents are indexed once, before the first run can search them.

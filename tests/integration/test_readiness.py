@@ -206,3 +206,66 @@ async def test_before_the_service_is_up_it_is_alive_and_not_ready() -> None:
             assert (await http.post("/readyz")).status_code == 405
     finally:
         await server.stop()
+
+
+async def test_a_paused_nats_makes_readiness_fail_in_time_and_liveness_stays_up(
+    own_nats: NatsServer, namespace: Namespace
+) -> None:
+    """SIGSTOP: the socket stays open and nothing answers (the client still thinks it is connected). Each probe
+    must still answer well inside Kubernetes' 1 s, 503 naming what did not answer."""
+    import os
+    import signal
+    import time
+
+    settings = inprocess.settings_for(own_nats.url, namespace)
+    async with inprocess.runtime(settings) as worker:
+        await worker.start()
+        async with ops_port(worker.ops_checks) as http:
+            assert await ready(http), await readyz(http)
+            assert own_nats.process is not None
+            os.kill(own_nats.process.pid, signal.SIGSTOP)
+            try:
+                for _ in range(3):
+                    started = time.monotonic()
+                    status, body = await readyz(http)
+                    assert time.monotonic() - started < 1.0
+                    assert status == 503 and body["missing"], body
+                    health = await http.get("/healthz")
+                    assert health.status_code == 200
+            finally:
+                os.kill(own_nats.process.pid, signal.SIGCONT)
+            await eventually(lambda: ready(http), what="ready again once NATS answers")
+
+
+async def test_a_consumer_no_longer_sampled_leaves_no_lag_gauge_behind(
+    broker: Broker, namespace: Namespace
+) -> None:
+    """An executor that hands a partition on stops sampling its durable: its last lag (high, in a takeover under
+    load) must not stay on this replica's /metrics for ever beside the new holder's live one."""
+    from contracts.streams import ConsumerSpec, StreamSpec
+    from services.platform import metrics
+    from services.platform.probes import lag_sampler
+
+    stream = f"{namespace.name.upper()}_LAG"
+    await broker.ensure_stream(StreamSpec(name=stream, subjects=(f"{namespace.name}.lag.>",)))
+    specs = [ConsumerSpec(stream, f"{namespace.name}_p{p}", f"{namespace.name}.lag.{p}") for p in (0, 1)]
+    for spec in specs:
+        await broker.ensure_consumer(spec)
+    for p in (0, 1):
+        await broker.publish(f"{namespace.name}.lag.{p}", b"x")
+    held = list(specs)
+    sample = lag_sampler(broker, lambda: held)
+    await sample()
+
+    def lags() -> dict[str, float]:
+        text = metrics.exposition().decode()
+        return {
+            line.split('consumer="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("crashsafe_consumer_lag{") and f'stream="{stream}"' in line
+        }
+
+    assert lags() == {specs[0].durable: 1.0, specs[1].durable: 1.0}
+    held.pop()  # partition 1 handed on
+    await sample()
+    assert lags() == {specs[0].durable: 1.0}

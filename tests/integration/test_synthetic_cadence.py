@@ -101,3 +101,45 @@ async def test_the_reconcilers_user_publishes_only_its_own_synthetic_subject(
         await reconciler_broker.publish(namespace.ops("synthetic", "cli"), b"{}")
     with pytest.raises(NotPermitted):
         await reconciler_broker.publish(namespace.inbound("run_0123456789abcdef01234567"), b"{}")
+
+
+async def test_a_gateway_answering_garbage_is_a_failed_turn_and_the_cadence_goes_on(
+    nats_server: NatsServer, namespace: Namespace, reconciler_broker: Broker, tmp_path: Path
+) -> None:
+    """A wrong CRASHSAFE_SYNTHETIC_GATEWAY_URL (some other JSON service) answers shapes the judge never saw: the
+    turn is failed, saying so; it must not raise out of `once` (the cadence's task would die unseen and
+    crashsafe_synthetic_up keep its last 1 for ever)."""
+    from aiohttp import web
+
+    async def accepted(request: web.Request) -> web.Response:
+        return web.json_response({"run_id": "run_x"}, status=202)
+
+    async def run(request: web.Request) -> web.Response:
+        return web.json_response({"status": "completed"})
+
+    async def events(request: web.Request) -> web.Response:
+        return web.json_response({"events": ["not an event", 7]})
+
+    app = web.Application()
+    app.router.add_post("/v1/events", accepted)
+    app.router.add_get("/v1/runs/run_x", run)
+    app.router.add_get("/v1/runs/run_x/events", events)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        key_file = tmp_path / "synthetic_key"
+        key_file.write_text("csk_0123456789abcdef_" + "s" * 43)
+        settings = _settings(nats_server, namespace, key_file, f"http://127.0.0.1:{port}")
+        cadence = SyntheticCadence.configured(
+            reconciler_broker, settings, logging.getLogger("tests.synthetic")
+        )
+        assert cadence is not None
+        metrics.SYNTHETIC_UP.set(1)
+        await cadence.once()
+    finally:
+        await runner.cleanup()
+    (turn,) = await _published(reconciler_broker, namespace)
+    assert turn.result == SyntheticResult.FAILED and turn.run_id == "run_x", turn
+    assert metrics.REGISTRY.get_sample_value("crashsafe_synthetic_up") == 0.0

@@ -71,3 +71,38 @@ async def test_otel_service_name_wins_over_ours(monkeypatch: pytest.MonkeyPatch)
         await asyncio.to_thread(provider.force_flush)
         await asyncio.to_thread(provider.shutdown)
         assert [s.service for s in collector.spans] == ["stayhub-runtime-eu"]
+
+
+async def test_a_backend_that_accepts_and_never_answers_holds_up_neither_spans_nor_a_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not refusing (that is quick): a collector that takes the connection and never answers. Ending spans stays
+    a queue put even once the queue is full, and a stopping service waits at most SHUTDOWN_BOUND_S for it."""
+    import time
+
+    from services.platform.telemetry import SHUTDOWN_BOUND_S, Telemetry
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read nothing, answer nothing, close nothing
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    try:
+        provider = exporting_provider("runtime")
+        tracer = provider.get_tracer("test")
+        started = time.monotonic()
+        for n in range(5000):  # past the default queue of 2048
+            with tracer.start_as_current_span("runtime.step") as opened:
+                opened.set_attribute("step_no", n)
+        assert time.monotonic() - started < 2.0
+        started = time.monotonic()
+        await asyncio.to_thread(Telemetry(provider).close)
+        assert time.monotonic() - started < SHUTDOWN_BOUND_S + 1.0
+        assert held, "the exporter never reached the hanging backend"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()

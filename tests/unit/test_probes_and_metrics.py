@@ -90,7 +90,8 @@ def test_every_spec_is_registered_once_with_a_valid_name_and_labels() -> None:
     # Each spec in contracts is in ALL_METRICS, and has its one object in the process's registry.
     declared = {v.name for v in vars(spec).values() if isinstance(v, spec.MetricSpec)}
     assert declared == set(names)
-    registered = {family.name for family in metrics.REGISTRY.collect()}
+    # By the registry's names, not a scrape: an unlabelled gauge has no sample until its process sets it.
+    registered = {name for name in metrics.REGISTRY._names_to_collectors}
     assert set(names) <= registered
 
 
@@ -106,3 +107,32 @@ def test_the_exposition_parses_and_a_child_is_made_once() -> None:
     }
     key = ("crashsafe_provider_calls_total", (("outcome", "succeeded"), ("tool", "t_tool")))
     assert parsed[key] == before + 1
+
+
+def _ready_gauges() -> dict[str, float]:
+    return {
+        s.labels["check"]: s.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for s in family.samples
+        if s.name == "crashsafe_ready"
+    }
+
+
+async def test_a_check_no_longer_asked_leaves_no_ready_gauge_behind() -> None:
+    """A pod probed while starting (`started`), or an executor that handed a partition on (`store:2`), must not
+    show crashsafe_ready 0 for a check it no longer has: an alert on `crashsafe_ready == 0` would page forever."""
+
+    async def fine() -> str | None:
+        return None
+
+    async def starting() -> str | None:
+        return "starting: not yet connected and subscribed"
+
+    assert not (await run_checks({"t_started": starting})).ready
+    assert _ready_gauges()["t_started"] == 0
+    assert (await run_checks({"nats": fine, "t_store:2": fine})).ready
+    assert (await run_checks({"nats": fine})).ready
+    gauges = _ready_gauges()
+    assert "t_started" not in gauges
+    assert "t_store:2" not in gauges
+    assert gauges["nats"] == 1

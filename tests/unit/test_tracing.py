@@ -178,3 +178,32 @@ async def test_each_http_request_is_a_span_its_handler_runs_in(spans: InMemorySp
     assert fresh.parent is None
     assert (fresh.attributes or {})["http.response.status_code"] == 202
     assert seen[:2] == [f"{continued.context.trace_id:032x}", f"{fresh.context.trace_id:032x}"]
+
+
+async def test_a_caller_cannot_switch_tracing_off_for_its_runs(spans: InMemorySpanExporter) -> None:
+    """A caller's traceparent with the sampled flag cleared would make every service's span of its run a
+    non-recording one (the sampler follows the parent): the caller keeps its trace id, never the decision."""
+    published: list[dict[str, str]] = []
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        published.append(headers_for(current()))  # what the run's messages would carry on
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: Any) -> None:
+        pass
+
+    unsampled = INCOMING[:-2] + "00"
+    await trace_requests(handler)(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/events",
+            "headers": [(b"traceparent", unsampled.encode())],
+        },
+        None,
+        send,
+    )
+    (request,) = spans.get_finished_spans()
+    assert format(request.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert published[0]["traceparent"].endswith("-01")
