@@ -288,6 +288,39 @@ def variable_problems(base: Rendered) -> list[str]:
     ]
 
 
+def _admits(policy: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    """The `from` peers of every ingress rule of `policy` that opens `port` ([{}] for "from anywhere")."""
+    peers: list[dict[str, Any]] = []
+    for rule in policy["spec"].get("ingress", []):
+        if any(p.get("port") == port for p in rule.get("ports", [])) or "ports" not in rule:
+            peers += rule.get("from", [{}])
+    return peers
+
+
+def network_problems(base: Rendered) -> list[str]:
+    """Ingress refused unless admitted: a default deny over every pod; the ops port only from the scraper's
+    namespace; NATS's client port only from crashsafe's pods; nothing but the gateway's port from anywhere."""
+    policies = [o for o in base.objects if o["kind"] == "NetworkPolicy"]
+    problems = []
+    if not any(p["spec"]["podSelector"] == {} and "ingress" not in p["spec"] for p in policies):
+        problems.append("no default-deny ingress policy over every pod")
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ours = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "crashsafe"}}}
+    for policy in policies:
+        name = policy["metadata"]["name"]
+        selected = policy["spec"]["podSelector"].get("matchLabels", {})
+        for peer in _admits(policy, OPS_PORT):
+            if peer != scraper:
+                problems.append(f"{name}: the ops port {OPS_PORT} is open to {peer or 'anyone'}")
+        for peer in _admits(policy, 4222):
+            if peer != ours:
+                problems.append(f"{name}: NATS's client port is open to {peer or 'anyone'}")
+        for rule in policy["spec"].get("ingress", []):
+            if "from" not in rule and selected.get("app.kubernetes.io/component") != "gateway":
+                problems.append(f"{name}: a port open to anyone on pods other than the gateway's")
+    return problems
+
+
 RULES: list[Rule] = [
     schema_problems,
     probe_problems,
@@ -296,6 +329,7 @@ RULES: list[Rule] = [
     executor_problems,
     selector_problems,
     variable_problems,
+    network_problems,
 ]
 
 
@@ -320,6 +354,8 @@ def test_the_base_has_every_component(rendered: Rendered) -> None:
         ("Job", "crashsafe-infra-apply"),
         ("ConfigMap", "crashsafe-config"),
         ("ConfigMap", "nats-auth"),
+        ("NetworkPolicy", "default-deny-ingress"),
+        ("NetworkPolicy", "nats-clients"),
     } <= kinds
     assert rendered.get("Deployment", "gateway")["spec"]["replicas"] == 2
     assert rendered.get("Deployment", "runtime")["spec"]["replicas"] == 2
@@ -432,7 +468,18 @@ def _drop_executor(obj: dict[str, Any]) -> None:
     obj["spec"].pop("serviceName")
 
 
+def _open_to_all(obj: dict[str, Any]) -> None:
+    obj["spec"]["ingress"][0].pop("from")
+
+
 BREAKAGES = {
+    "NATS open to every pod in the cluster": (
+        network_problems,
+        "NetworkPolicy",
+        "nats-clients",
+        _open_to_all,
+    ),
+    "the ops port open to anyone": (network_problems, "NetworkPolicy", "ops-scrape", _open_to_all),
     "an unknown field": (schema_problems, "Deployment", "gateway", _set(["spec", "replica"], 2)),
     "a probe on an undeclared port": (
         probe_problems,
