@@ -202,6 +202,9 @@ class Broker:
         identity = _identity(access or NatsAccess(), url)
 
         made: list[Broker] = []
+        # Failed connection attempts since the last good connection: an outage is one WARNING when it starts and
+        # one INFO when it ends, not a line per attempt (4 a second per process while NATS is away).
+        outage = {"failures": 0}
 
         async def on_error(exc: Exception) -> None:
             refused = _VIOLATION.search(str(exc))
@@ -210,7 +213,14 @@ class Broker:
                 return
             # Reconnects are expected (a broker restart); say so in one line, not a traceback.
             if not fail_fast:
-                log.warning("nats connection: %s: %s", type(exc).__name__, exc)
+                outage["failures"] += 1
+                level = logging.WARNING if outage["failures"] == 1 else logging.DEBUG
+                log.log(level, "nats connection: %s: %s (retrying)", type(exc).__name__, exc)
+
+        async def on_reconnected() -> None:
+            if outage["failures"]:
+                log.info("nats connection: back after %d failed attempts", outage["failures"])
+            outage["failures"] = 0
 
         try:
             # nats-py's initial connect cycles its server pool until a server is discarded: one attempt per server
@@ -224,6 +234,7 @@ class Broker:
                 connect_timeout=2 if fail_fast else 5,
                 allow_reconnect=not fail_fast,
                 error_cb=on_error,
+                reconnected_cb=on_reconnected,
                 **identity,
             )
             if stop is None:

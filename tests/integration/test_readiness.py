@@ -4,6 +4,7 @@ record or store goes (or NATS does), 200 again once restored; /healthz answers t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -176,8 +177,9 @@ def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
 
 
 async def test_without_nats_readiness_says_nats_and_liveness_stays_up(
-    own_nats: NatsServer, namespace: Namespace
+    own_nats: NatsServer, namespace: Namespace, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="crashsafe.jetstream")
     settings = inprocess.settings_for(own_nats.url, namespace)
     async with inprocess.runtime(settings) as worker:
         await worker.start()
@@ -190,9 +192,17 @@ async def test_without_nats_readiness_says_nats_and_liveness_stays_up(
             assert health.status_code == 200 and health.json() == {"status": "ok"}
             metrics_text = (await http.get("/metrics")).text
             assert 'crashsafe_ready{check="nats"} 0.0' in metrics_text
+            failed = lambda: [r for r in caplog.records if "(retrying)" in r.getMessage()]  # noqa: E731
+            await eventually(lambda: len(failed()) >= 3, what="several reconnect attempts to fail")
             own_nats.start()
             await eventually(lambda: ready(http), what="ready again once NATS is back")
             assert 'crashsafe_ready{check="nats"} 1.0' in (await http.get("/metrics")).text
+    # The outage is one WARNING when it starts and one INFO when it ends, not a line per attempt.
+    attempts = failed()
+    assert [r.levelno for r in attempts].count(logging.WARNING) == 1
+    assert all(r.levelno == logging.DEBUG for r in attempts[1:])
+    back = [r for r in caplog.records if "back after" in r.getMessage()]
+    assert back and back[0].levelno == logging.INFO
 
 
 async def test_before_the_service_is_up_it_is_alive_and_not_ready() -> None:
