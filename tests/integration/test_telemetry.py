@@ -90,6 +90,7 @@ async def test_a_backend_that_accepts_and_never_answers_holds_up_neither_spans_n
     server = await asyncio.start_server(swallow, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
     try:
         provider = exporting_provider("runtime")
         tracer = provider.get_tracer("test")
@@ -106,3 +107,20 @@ async def test_a_backend_that_accepts_and_never_answers_holds_up_neither_spans_n
         for writer in held:
             writer.close()
         server.close()
+        # The bounded close left the SDK's threads retrying in the background: wait them out here, or they go on
+        # drawing from `random` (the exporter's back-off jitter, span ids) during the tests that follow.
+        await asyncio.to_thread(_join_export_threads)
+
+
+def _join_export_threads(timeout_s: float = 30.0) -> None:
+    import threading
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and (
+            thread.name == "otel-shutdown" or thread.name.startswith("OtelBatchSpanRecordProcessor")
+        ):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in threading.enumerate() if t.name == "otel-shutdown" or "OtelBatch" in t.name]
+    assert not left, f"the exporter's threads outlived the test: {left}"
