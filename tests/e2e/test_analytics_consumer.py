@@ -56,7 +56,9 @@ async def _run(client: StackClient, state: Path) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         *_command(client, state), cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    # A hang guard, not a speed check: after the follower's SIGKILL its unacknowledged deliveries come back only
+    # when their ack wait (30 s) runs out, and a drain waits for them; on a loaded machine that took over 60 s.
+    out, err = await asyncio.wait_for(process.communicate(), timeout=150)
     return process.returncode or 0, out.decode(), err.decode()
 
 
