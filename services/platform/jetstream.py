@@ -47,6 +47,15 @@ from services.platform.pull_feed import PullFeed
 from services.platform.settings import NatsAccess
 
 log = logging.getLogger("crashsafe.jetstream")
+# What nats-py's error callback reports when the connection itself failed (a reconnect attempt, a dropped socket).
+_CONNECTION_ERRORS = (
+    OSError,
+    TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.NoServersError,
+    nats.errors.StaleConnectionError,
+    nats.errors.UnexpectedEOF,
+)
 
 # JetStream API error codes we translate into domain errors.
 _WRONG_LAST_SEQUENCE = 10071
@@ -212,10 +221,15 @@ class Broker:
                 made[0]._refused(refused.group(1), refused.group(2))
                 return
             # Reconnects are expected (a broker restart); say so in one line, not a traceback.
-            if not fail_fast:
-                outage["failures"] += 1
-                level = logging.WARNING if outage["failures"] == 1 else logging.DEBUG
-                log.log(level, "nats connection: %s: %s (retrying)", type(exc).__name__, exc)
+            if fail_fast:
+                return
+            if not isinstance(exc, _CONNECTION_ERRORS):
+                # Not the connection: nats-py also reports here what a subscription's callback raised.
+                log.warning("nats client: %s: %s", type(exc).__name__, exc)
+                return
+            outage["failures"] += 1
+            level = logging.WARNING if outage["failures"] == 1 else logging.DEBUG
+            log.log(level, "nats connection: %s: %s (retrying)", type(exc).__name__, exc)
 
         async def on_reconnected() -> None:
             if outage["failures"]:
