@@ -23,6 +23,8 @@ def test_sigterm_while_waiting_for_nats_stops_the_service(tmp_path: Path, servic
         "CRASHSAFE_OPS_PORT": "0",
         "CRASHSAFE_GATEWAY_PORT": str(free_port()),
         "CRASHSAFE_DATA_DIR": str(tmp_path),
+        # Every failed attempt is a line at DEBUG (at INFO an outage is one line), so the test can count them.
+        "CRASHSAFE_LOG_LEVEL": "DEBUG",
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "crashsafe.cli", "serve", service],
