@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from contracts.clients import Scope
 from contracts.subjects import DEFAULT_NAMESPACE, Namespace
 from services.platform.capability_keys import (
     SIGNING_KEY_VARIABLE,
@@ -413,25 +414,41 @@ class Stack:
 
     def _mint_api_key(self) -> str:
         """An admin key for this stack's own clients, written to `<state>/api_key` (0600, the key alone on one
-        line); the key a previous start left there is revoked. Runs its own event loop in its own thread, since
-        `start` may be called from a thread that already runs one."""
+        line); the key a previous start left there is revoked."""
+        return self._mint_key(API_KEY_FILE, STACK_TENANT, (Scope.ADMIN,), "crashsafe up")
+
+    def _mint_synthetic_key(self) -> str:
+        """The synthetic turn's key (tenant `synthetic`, events:write + runs:read) in `<state>/synthetic_key`,
+        0600; the one a previous start left there is revoked, as the admin key's is."""
+        from contracts.synthetic import SYNTHETIC_TENANT
+
+        return self._mint_key(
+            SYNTHETIC_KEY_FILE, SYNTHETIC_TENANT, (Scope.EVENTS_WRITE, Scope.RUNS_READ), "synthetic turn"
+        )
+
+    def _mint_key(self, file: str, tenant: str, scopes: tuple[Scope, ...], name: str) -> str:
+        """A key of this stack's, minted as the operator into `<state>/<file>` (0600, the key alone on one line),
+        revoking the one a previous start left there. Runs its own event loop in its own thread, since `start`
+        may be called from a thread that already runs one."""
         from services.platform.clients import replace_stack_key
         from services.platform.settings import NatsAccess, Settings
 
         # The bucket gets the replicas the services would give it (a cluster's `CRASHSAFE_STREAM_REPLICAS=3`).
         replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas
-        path = self.state_dir / API_KEY_FILE
+        path = self.state_dir / file
         previous = path.read_text().strip() if path.exists() else None
-        with ThreadPoolExecutor(1, thread_name_prefix="mint-api-key") as pool:
+        with ThreadPoolExecutor(1, thread_name_prefix="mint-key") as pool:
             key = pool.submit(
                 asyncio.run,
                 replace_stack_key(
                     self.nats_url,
                     self.namespace,
-                    STACK_TENANT,
+                    tenant,
                     previous,
                     replicas,
                     NatsAccess(creds=self.creds_for("operator")),
+                    scopes=scopes,
+                    name=name,
                 ),
             ).result()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -439,37 +456,6 @@ class Stack:
         with os.fdopen(fd, "w") as out:
             out.write(key + "\n")
         os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
-        return key
-
-    def _mint_synthetic_key(self) -> str:
-        """The synthetic turn's key (tenant `synthetic`, events:write + runs:read) in `<state>/synthetic_key`,
-        0600; the one a previous start left there is revoked, as the admin key's is."""
-        from contracts.clients import Scope
-        from contracts.synthetic import SYNTHETIC_TENANT
-        from services.platform.clients import replace_stack_key
-        from services.platform.settings import NatsAccess, Settings
-
-        replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas
-        path = self.state_dir / SYNTHETIC_KEY_FILE
-        previous = path.read_text().strip() if path.exists() else None
-        with ThreadPoolExecutor(1, thread_name_prefix="mint-synthetic-key") as pool:
-            key = pool.submit(
-                asyncio.run,
-                replace_stack_key(
-                    self.nats_url,
-                    self.namespace,
-                    SYNTHETIC_TENANT,
-                    previous,
-                    replicas,
-                    NatsAccess(creds=self.creds_for("operator")),
-                    scopes=(Scope.EVENTS_WRITE, Scope.RUNS_READ),
-                    name="synthetic turn",
-                ),
-            ).result()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(key + "\n")
-        os.chmod(path, 0o600)
         return key
 
     def _track_nats(self) -> None:
