@@ -145,6 +145,11 @@ def _sent(intent: ActionRequested) -> str:
     return f"{intent.step_no}:{intent.key}"
 
 
+def _still_moving(journal: RunJournal, run_id: str, run: _Run | None) -> RunVersionConflict:
+    """The error of a message that lost every append race: retry later, with the sequence it last expected."""
+    return RunVersionConflict(subject=journal.ns.run_events(run_id), expected_seq=run.seq if run else 0)
+
+
 class Runtime:
     def __init__(
         self,
@@ -392,6 +397,9 @@ class Runtime:
                 break
             except RunVersionConflict:
                 run = await self._reload(run, ctx)
+        else:
+            # Lost the race every time: the turn is not journaled, so the message must come again (nak), not ack.
+            raise _still_moving(self.journal, owner, run)
         assert run is not None
         await self._drive(run, ctx)
         return True
@@ -492,6 +500,9 @@ class Runtime:
                 break
             except RunVersionConflict:
                 run = await self._reload(run, ctx)
+        else:
+            # The receipt is not journaled: it must come again (nak), never be acked (guarantee 3).
+            raise _still_moving(self.journal, outcome.run_id, run)
         await self._drive(run, ctx)
 
     async def wake(self, wake: RunWake, ctx: Context) -> None:
