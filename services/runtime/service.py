@@ -565,6 +565,9 @@ class Runtime:
             gone, config = exc, agent.config
         conflicts = 0
         while True:
+            # Every turn of the loop yields: however many moves a run takes, the event loop keeps turning (other
+            # runs, heartbeats, probes). A move that makes no progress is an AgentFault hand-off in `next_move`.
+            await asyncio.sleep(0)
             move: Move
             if gone is None or run.state.terminal:
                 move = next_move(run.state, agent, utcnow(), config)
