@@ -312,9 +312,26 @@ class Runtime:
                 async with self._lock(event.run_id):
                     await self.accept(event, ctx)
                 return
+            stranger = False
             async with self._lock(owner):
-                if await self.join(owner, event, ctx):
-                    return
+                try:
+                    if await self.join(owner, event, ctx):
+                        return
+                except SessionOfAnotherGuest:
+                    stranger = True
+            if stranger:
+                # The session changed hands after the gateway checked the guest (it answered 202): the message
+                # must not answer another guest's run, nor be lost. It becomes its own run, outside the lane.
+                log(
+                    self.logger,
+                    logging.WARNING,
+                    "a turn of another guest's session starts its own run",
+                    run_id=event.run_id,
+                    owner=owner,
+                )
+                async with self._lock(event.run_id):
+                    await self.accept(msgspec.structs.replace(event, turn_of=""), ctx)
+                return
             # The owner ended before the turn reached it: decide the lane again.
         raise RunVersionConflict(subject=self.ns.run_events(event.run_id), expected_seq=0)
 
@@ -346,7 +363,9 @@ class Runtime:
             if owner == event.run_id:
                 return owner  # the gateway claimed the session for this message's run
             if not owner:
-                won = await self.lanes.take_over(tenant, session, event.run_id, "", None)
+                won = await self.lanes.take_over(
+                    tenant, session, event.run_id, "", None, event.message.guest_id
+                )
                 if won == event.run_id:
                     return won
                 continue
@@ -364,7 +383,9 @@ class Runtime:
                         await self.accept(msgspec.structs.replace(started, turn_of=""), ctx)
                     return owner
             # The owner ended (or never started: its gateway died between claiming and publishing).
-            won = await self.lanes.take_over(tenant, session, event.run_id, owner, state)
+            won = await self.lanes.take_over(
+                tenant, session, event.run_id, owner, state, event.message.guest_id
+            )
             if won == event.run_id:
                 return won
         return event.run_id
@@ -416,7 +437,7 @@ class Runtime:
             profile = (
                 await self.profiles.read(event.tenant, event.message.guest_id) if config.memory else None
             )
-            history = await self.lanes.history(event.tenant, event.message.session_id)
+            history = await self.lanes.history(event.tenant, event.message.session_id, event.message.guest_id)
             started = RunStarted(
                 run_id=event.run_id,
                 at=now,
