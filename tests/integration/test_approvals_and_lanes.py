@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from contracts.approvals import ApprovalStatus
@@ -31,6 +32,7 @@ from contracts.run_events import (
     RunStarted,
     TurnReceived,
 )
+from contracts.memory import SessionTurn
 from contracts.subjects import Namespace, StreamKind
 from services.platform.approvals import ApprovalRecords
 from services.platform.asks import wake_run
@@ -380,6 +382,13 @@ async def test_another_guests_yes_in_the_session_never_answers_the_run(world: Wo
     the run: it becomes its own run, outside the lane. It was a dead letter (`session_of_another_guest`) before:
     an accepted message lost."""
     held = await _held_run(world)
+    # The lane as a gateway now claims it (with the owner's guest), and something the owner said earlier.
+    earlier = SessionTurn(run_id="run_earlier", text="my card ends in 4242", reply="noted")
+    await world.sessions.change(
+        TENANT,
+        held.session_id,
+        lambda lane: msgspec.structs.replace(lane, guest_id=held.guest_id, history=[earlier]),
+    )
     said = await _say(world, held, "yes", guest="mallory")
     own = run_id_for(TENANT, said)
 
@@ -394,7 +403,7 @@ async def test_another_guests_yes_in_the_session_never_answers_the_run(world: Wo
     stored = await world.records.get(held.approval.approval_id)
     assert stored is not None and stored.record.status == ApprovalStatus.PENDING
     lane, _ = await world.sessions.get(TENANT, held.session_id)
-    assert lane.run_id == held.run_id  # the session stays the owner's
+    assert (lane.run_id, lane.guest_id, lane.history) == (held.run_id, held.guest_id, [earlier])
     assert await dead_letters(broker, world.ns) == []
 
 

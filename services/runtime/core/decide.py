@@ -109,7 +109,10 @@ DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
 def argument_types(agent: Agent) -> dict[str, type[msgspec.Struct]]:
     """The agent's argument structs by tool name (`agent.argument_types`), if it declares them."""
     types = getattr(agent, "argument_types", None)
-    return types if isinstance(types, dict) else {}
+    if not isinstance(types, dict):
+        return {}
+    # An entry that is not a Struct type is the agent's mistake: its tool is checked as if it declared none.
+    return {k: t for k, t in types.items() if isinstance(t, type) and issubclass(t, msgspec.Struct)}
 
 
 def argument_limits(agent: Agent) -> ArgumentLimits:
