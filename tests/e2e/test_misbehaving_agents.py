@@ -6,6 +6,8 @@ runtime whose event loop is held by code that never awaits fails /healthz and ex
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 
@@ -116,3 +118,30 @@ async def test_a_runtime_whose_event_loop_stops_turning_fails_liveness_and_exits
         )
         restarted = stack.services["runtime"].process
         assert restarted is not None and restarted.pid != process.pid
+
+
+async def test_a_runtime_paused_whole_is_not_taken_for_a_stalled_loop_when_it_resumes(
+    start_stack: Callable[..., Awaitable[StackClient]],
+) -> None:
+    """SIGSTOP stops the watchdog's thread with the loop: resumed, the process lives on (only time the watchdog saw
+    pass counts), and runs go through it."""
+    client = await start_stack(
+        executors=("noop",),
+        reconciler=False,
+        projector=False,
+        registry=REGISTRY,
+        env={"CRASHSAFE_LOOP_STALL_S": "2"},
+    )
+    stack = client.stack
+    ops = stack.ops_url("runtime")
+    process = stack.services["runtime"].process
+    assert ops is not None and process is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    await asyncio.sleep(5)  # over twice the stall limit
+    os.kill(process.pid, signal.SIGCONT)
+    await asyncio.sleep(3)
+    assert process.poll() is None, process.returncode
+    async with httpx.AsyncClient(timeout=1.0) as http:
+        assert (await http.get(f"{ops}/healthz")).status_code == 200
+    run_id, _ = await client.start_run(agent="well_behaved")
+    assert (await client.wait_terminal(run_id))["status"] == "completed"
