@@ -68,6 +68,8 @@ class ErrorCode(StrEnum):
     DEAD_LETTER_NOT_FOUND = "dead_letter_not_found"
     DEAD_LETTER_SETTLED = "dead_letter_settled"
     REPLAY_REFUSED = "replay_refused"
+    # An agent's own code raised, answered with the wrong type, or asked for a move that makes no progress.
+    AGENT_FAULT = "agent_fault"
 
 
 class RetryClass(StrEnum):
@@ -626,6 +628,27 @@ class CatalogRevisionGone(CrashsafeError):
 
     def details(self) -> dict[str, Any]:
         return _facts(revision=self.revision, agent=self.agent, run_id=self.run_id)
+
+
+class AgentFault(CrashsafeError):
+    """An agent's code (`prepare`, `compensations`, `script`) raised, answered something that is not what the
+    runtime asks of it, or asked for a move that makes no progress (undo an effect already undone). Retrying
+    cannot help (the agent is pure over the journal): the run is handed off with reason `agent_fault`."""
+
+    code = ErrorCode.AGENT_FAULT
+    retry = RetryClass.POISON
+
+    def __init__(self, *, agent: str, hook: str, problem: str) -> None:
+        super().__init__(
+            f"agent {agent}'s {hook} {problem}; the run is handed to a person: fix the agent's code and "
+            "redeploy (its journal replays as it stands)"
+        )
+        self.agent = agent
+        self.hook = hook
+        self.problem = problem
+
+    def details(self) -> dict[str, Any]:
+        return {"agent": self.agent, "hook": self.hook, "problem": self.problem}
 
 
 class DeadLetterNotFound(CrashsafeError):

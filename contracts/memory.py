@@ -50,10 +50,14 @@ class SessionTurn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class SessionLane(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Who owns a guest session now (`<ns>_sessions`, key `session.<tenant>.<digest>`), fenced by its KV revision.
 
-    `run_id` empty: no run is active, the next message starts one. `history`: the session's last finished runs."""
+    `run_id` empty: no run is active, the next message starts one. `history`: the session's last finished runs.
+    `guest_id`: the guest whose run owns it, written with `run_id` by whoever claims it, so the gateway refuses
+    another guest's message before its 202 even while the owner's run has no journal yet ("": unknown, an older
+    writer's record)."""
 
     run_id: str = ""
     history: list[SessionTurn] = []
+    guest_id: str = ""
 
 
 profile_encoder = msgspec.json.Encoder()

@@ -45,6 +45,8 @@ class HandOffReason(StrEnum):
     MODEL_UNAVAILABLE = "model_unavailable"
     # A policy question while the policy documents are missing: never an invented policy, a person answers.
     POLICY_UNAVAILABLE = "policy_unavailable"
+    # The agent's code raised, answered the wrong type, or asked for a move that makes no progress (`AgentFault`).
+    AGENT_FAULT = "agent_fault"
 
 
 # What one tool call's arguments may be before the runtime even decodes them. A default here, in the contract,

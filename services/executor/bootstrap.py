@@ -23,7 +23,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
     verifier = load_verifier(
         settings.capability_verify_keys, registry.compensation_only, registry.model_tools
     )
-    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
+    ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(
         settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access, stop=stop
     )

@@ -164,10 +164,12 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         sessions: SessionRecords = state.sessions
         # The session lane: a free session is claimed for this run (compare-and-set); a session whose run is
         # active gets this message as that run's next turn (the runtime checks the lane again when it arrives).
-        owner = await sessions.claim(client.tenant, message.session_id, admission.run_id)
-        turn_of = "" if owner == admission.run_id else owner
+        lane = await sessions.claim_lane(
+            client.tenant, message.session_id, admission.run_id, message.guest_id
+        )
+        turn_of = "" if lane.run_id == admission.run_id else lane.run_id
         if turn_of:
-            await _same_guest(broker, ns, turn_of, message.guest_id, message.session_id)
+            await _same_guest(broker, ns, lane, message.guest_id, message.session_id)
         if not turn_of:
             try:
                 await claim(
@@ -210,12 +212,24 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     return Response(content=body, status_code=202)
 
 
-async def _same_guest(broker: Broker, ns: Namespace, owner: str, guest_id: str, session_id: str) -> None:
+async def _same_guest(
+    broker: Broker, ns: Namespace, lane: SessionLane, guest_id: str, session_id: str
+) -> None:
     """A turn joins only a run of the same guest: another guest's message in the session could answer its
-    approval. (The runtime checks again; a run not started yet is checked there.)"""
-    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
-    started = decode_event(first.data) if first is not None else None
-    if isinstance(started, RunStarted) and started.guest_id != guest_id:
+    approval. Decided before the 202, from the lane (its claimer wrote the owner's guest), else the owner's
+    journal, else the owner's own message: a turn accepted here is never the runtime's to refuse. (A lane that
+    changes hands after this is the runtime's: a turn of another guest's run becomes its own run there.)"""
+    owner = lane.run_id
+    if lane.guest_id:
+        owners_guest: str | None = lane.guest_id
+    else:
+        first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
+        started = decode_event(first.data) if first is not None else None
+        owners_guest = started.guest_id if isinstance(started, RunStarted) else None
+        if owners_guest is None:
+            sent = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), ns.inbound(owner))
+            owners_guest = inbound_decoder.decode(sent.data).message.guest_id if sent is not None else None
+    if owners_guest is not None and owners_guest != guest_id:
         raise SessionOfAnotherGuest(session_id=session_id[:128], run_id=owner)
 
 
@@ -223,7 +237,7 @@ async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, 
     """Give back a lane claimed for a run that was then refused (the caps), if it is still this run's."""
 
     def give_back(lane: SessionLane) -> SessionLane | None:
-        return msgspec.structs.replace(lane, run_id="") if lane.run_id == run_id else None
+        return msgspec.structs.replace(lane, run_id="", guest_id="") if lane.run_id == run_id else None
 
     await sessions.change(tenant, session_id, give_back)
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +174,75 @@ def _report(values: Mapping[str, int]) -> None:
     _reported.update(values)
 
 
+# Liveness: the event loop turns ---------------------------------------------------------------------------------
+
+EXIT_STALLED = 70  # the exit code of a process whose event loop stopped turning (EX_SOFTWARE)
+BEAT_S = 0.25
+
+
+class Watchdog:
+    """Whether the event loop still turns: a callback on the loop stamps the time every BEAT_S, a thread of its own
+    reads the stamp. A loop held by code that never awaits answers no probe at all; past `stall_s` the thread
+    logs where the loop is stuck and ends the process, so the supervisor (or Kubernetes) starts a fresh one.
+
+    Only time the thread itself saw pass counts: a process stopped whole (SIGSTOP, a suspended VM) is not a
+    stalled loop when it resumes."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self._beat = time.monotonic()
+        self._stalled_s = 0.0
+        self._loop_thread = threading.get_ident()
+        self._handle: asyncio.TimerHandle | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stalled_s(self) -> float:
+        """How long the loop has not turned, as the watchdog's thread saw it."""
+        return self._stalled_s
+
+    def start(self) -> None:
+        self._loop_thread = threading.get_ident()
+        self._stamp()
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def _stamp(self) -> None:
+        self._beat = time.monotonic()
+        self._handle = asyncio.get_running_loop().call_later(BEAT_S, self._stamp)
+
+    def _watch(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(BEAT_S):
+            now = time.monotonic()
+            seen = min(now - last, 2 * BEAT_S)  # a whole-process pause counts for one tick at most
+            last = now
+            self._stalled_s = self._stalled_s + seen if now - self._beat > 2 * BEAT_S else 0.0
+            if self._stalled_s >= self.stall_s:
+                self._end()
+
+    def _end(self) -> None:
+        frame = sys._current_frames().get(self._loop_thread)
+        where = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "unknown"
+        log.critical(
+            "event loop has not turned for %.1fs (CRASHSAFE_LOOP_STALL_S=%g): exiting %d to be restarted; it is at\n%s",
+            self._stalled_s,
+            self.stall_s,
+            EXIT_STALLED,
+            where,
+        )
+        for handler in logging.getLogger().handlers + log.handlers:
+            handler.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STALLED)
+
+
 # The server ---------------------------------------------------------------------------------------------------
 
 
@@ -181,9 +254,13 @@ class OpsServer:
     """GET /healthz, /readyz and /metrics on `host:port` (0: a free port, printed). Started first thing, so
     liveness answers while the service connects; not ready until `serve` hands it the service's checks."""
 
-    def __init__(self, host: str, port: int, sample_s: float = SAMPLE_S) -> None:
+    def __init__(
+        self, host: str, port: int, sample_s: float = SAMPLE_S, stall_s: float | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        # A service's process (`stall_s` from CRASHSAFE_LOOP_STALL_S) watches its loop; a test's in-process one not.
+        self.watchdog = Watchdog(stall_s) if stall_s is not None else None
         self._checks: Callable[[], Mapping[str, Check]] = lambda: {"started": _starting}
         self._samplers: list[Sampler] = []
         self.sample_s = sample_s
@@ -231,9 +308,13 @@ class OpsServer:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         print(f"ops listening on {self.url}", flush=True)
+        if self.watchdog is not None:
+            self.watchdog.start()
         return self
 
     async def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self._sampling is not None:
             self._sampling.cancel()
             await asyncio.gather(self._sampling, return_exceptions=True)
@@ -254,8 +335,14 @@ class OpsServer:
             await self.sample()
             await asyncio.sleep(max(self.sample_s - (time.monotonic() - started), 0.1))
 
-    # Liveness never touches NATS: a broker outage must not get every pod restarted.
+    # Liveness never touches NATS: a broker outage must not get every pod restarted. It is the event loop: one
+    # that does not turn answers nothing (a probe's timeout), then the watchdog ends the process.
     async def _healthz(self, request: web.Request) -> web.Response:
+        watchdog = self.watchdog
+        if watchdog is not None and watchdog.stalled_s >= watchdog.stall_s / 2:
+            return web.json_response(
+                {"status": "stalled", "stalled_s": round(watchdog.stalled_s, 1)}, status=503
+            )
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, request: web.Request) -> web.Response:

@@ -62,12 +62,16 @@ class SessionRecords:
                 continue  # another writer moved the lane: read it again and decide again
         raise LeaseConflict(key=key, expected_revision=0)
 
-    async def claim(self, tenant: str, session_id: str, run_id: str) -> str:
+    async def claim(self, tenant: str, session_id: str, run_id: str, guest_id: str = "") -> str:
         """Make `run_id` the session's owner if nobody owns it; the owner afterwards (`run_id` if it won)."""
+        return (await self.claim_lane(tenant, session_id, run_id, guest_id)).run_id
+
+    async def claim_lane(self, tenant: str, session_id: str, run_id: str, guest_id: str) -> SessionLane:
+        """`claim`, answering the lane as it then is: its owner and the owner's guest, read in one compare-and-set."""
 
         def take(lane: SessionLane) -> SessionLane | None:
             if lane.run_id:
                 return None
-            return msgspec.structs.replace(lane, run_id=run_id)
+            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id)
 
-        return (await self.change(tenant, session_id, take)).run_id
+        return await self.change(tenant, session_id, take)

@@ -140,6 +140,11 @@ VARIABLES: tuple[Variable, ...] = (
         "9464",
         "ops port of runtime, executors, projector and reconciler (0: a free port, printed); the gateway serves them on its own",
     ),
+    Variable(
+        "CRASHSAFE_LOOP_STALL_S",
+        "30",
+        "a service whose event loop has not turned for this long fails `/healthz` and exits (code 70), to be restarted",
+    ),
 )
 _KNOWN = {v.name for v in VARIABLES}
 
@@ -233,6 +238,8 @@ class Settings:
     # The ops port (issue 11): liveness, readiness and metrics of every non-HTTP service.
     ops_host: str = "127.0.0.1"
     ops_port: int = 9464
+    # A wedged event loop (code that never awaits) is a dead service: it exits after this long (probes.Watchdog).
+    loop_stall_s: float = 30.0
 
     @classmethod
     def from_env(
@@ -437,6 +444,9 @@ class Settings:
             otel=tuple(sorted((k, v) for k, v in env.items() if k.startswith("OTEL_"))),
             ops_host=get("CRASHSAFE_OPS_HOST") or cls.ops_host,
             ops_port=read("CRASHSAFE_OPS_PORT", cls.ops_port, port, "a port number 0-65535"),
+            loop_stall_s=read(
+                "CRASHSAFE_LOOP_STALL_S", cls.loop_stall_s, positive_float, "seconds, a number > 0"
+            ),
         )
 
     def with_partitions(self, spec: str) -> Settings:

@@ -19,7 +19,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     crashpoints.arm(settings.crash_at)
     logger = configure("projector", settings.log_level)
     telemetry = configure_telemetry("projector", settings.otel)
-    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
+    ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(
         settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access, stop=stop
     )

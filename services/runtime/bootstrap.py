@@ -29,7 +29,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
     model = ModelGateway(settings.openai_base_url, settings.openai_api_key, settings.model)
     # Liveness answers from here on, readiness once subscribed (and about its real seams thereafter).
-    ops = await OpsServer(settings.ops_host, settings.ops_port).start()
+    ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access, stop=stop
     )

@@ -25,11 +25,13 @@ class SessionLanes:
     def __init__(self, broker: Broker | None = None, ns: Namespace | None = None) -> None:
         self.records = SessionRecords(broker, ns) if broker is not None and ns is not None else None
 
-    async def history(self, tenant: str, session_id: str) -> list[SessionTurn]:
-        """The session's earlier runs, for a run starting in it."""
+    async def history(self, tenant: str, session_id: str, guest_id: str = "") -> list[SessionTurn]:
+        """The session's earlier runs, for a run starting in it (none while another guest's run owns it)."""
         if self.records is None or not tenant:
             return []
         lane, _ = await self.records.get(tenant, session_id)
+        if guest_id and lane.guest_id not in ("", guest_id):
+            return []
         return list(lane.history)
 
     async def owner(self, tenant: str, session_id: str) -> str:
@@ -39,10 +41,17 @@ class SessionLanes:
         return lane.run_id
 
     async def take_over(
-        self, tenant: str, session_id: str, run_id: str, owner: str, ended: RunState | None
+        self,
+        tenant: str,
+        session_id: str,
+        run_id: str,
+        owner: str,
+        ended: RunState | None,
+        guest_id: str = "",
     ) -> str:
-        """Make `run_id` the owner if the session is free, or still owned by `owner` (a run that has ended, with
-        its turn `ended` added to the history, or one that never started). Returns the owner afterwards."""
+        """Make `run_id` (a message of `guest_id`) the owner if the session is free, or still owned by `owner` (a
+        run that has ended, with its turn `ended` added to the history, or one that never started). Returns the
+        owner afterwards."""
         if self.records is None or not tenant:
             return run_id
 
@@ -50,7 +59,7 @@ class SessionLanes:
             if lane.run_id not in ("", owner, run_id):
                 return None  # someone else won the session meanwhile
             lane = with_turn(lane, finished_turn(ended)) if ended is not None else lane
-            return msgspec.structs.replace(lane, run_id=run_id)
+            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id)
 
         return (await self.records.change(tenant, session_id, take)).run_id
 
@@ -61,7 +70,11 @@ class SessionLanes:
             return
 
         def give_back(lane: SessionLane) -> SessionLane | None:
+            if lane.run_id != state.run_id and lane.guest_id != state.guest_id:
+                return None  # a run outside the lane (another guest's turn made its own run): not its history
             lane = with_turn(lane, finished_turn(state))
-            return msgspec.structs.replace(lane, run_id="") if lane.run_id == state.run_id else lane
+            return (
+                msgspec.structs.replace(lane, run_id="", guest_id="") if lane.run_id == state.run_id else lane
+            )
 
         await self.records.change(tenant, state.session_id, give_back)

@@ -145,6 +145,11 @@ def _sent(intent: ActionRequested) -> str:
     return f"{intent.step_no}:{intent.key}"
 
 
+def _still_moving(journal: RunJournal, run_id: str, run: _Run | None) -> RunVersionConflict:
+    """The error of a message that lost every append race: retry later, with the sequence it last expected."""
+    return RunVersionConflict(subject=journal.ns.run_events(run_id), expected_seq=run.seq if run else 0)
+
+
 class Runtime:
     def __init__(
         self,
@@ -307,9 +312,26 @@ class Runtime:
                 async with self._lock(event.run_id):
                     await self.accept(event, ctx)
                 return
+            stranger = False
             async with self._lock(owner):
-                if await self.join(owner, event, ctx):
-                    return
+                try:
+                    if await self.join(owner, event, ctx):
+                        return
+                except SessionOfAnotherGuest:
+                    stranger = True
+            if stranger:
+                # The session changed hands after the gateway checked the guest (it answered 202): the message
+                # must not answer another guest's run, nor be lost. It becomes its own run, outside the lane.
+                log(
+                    self.logger,
+                    logging.WARNING,
+                    "a turn of another guest's session starts its own run",
+                    run_id=event.run_id,
+                    owner=owner,
+                )
+                async with self._lock(event.run_id):
+                    await self.accept(msgspec.structs.replace(event, turn_of=""), ctx)
+                return
             # The owner ended before the turn reached it: decide the lane again.
         raise RunVersionConflict(subject=self.ns.run_events(event.run_id), expected_seq=0)
 
@@ -341,7 +363,9 @@ class Runtime:
             if owner == event.run_id:
                 return owner  # the gateway claimed the session for this message's run
             if not owner:
-                won = await self.lanes.take_over(tenant, session, event.run_id, "", None)
+                won = await self.lanes.take_over(
+                    tenant, session, event.run_id, "", None, event.message.guest_id
+                )
                 if won == event.run_id:
                     return won
                 continue
@@ -359,7 +383,9 @@ class Runtime:
                         await self.accept(msgspec.structs.replace(started, turn_of=""), ctx)
                     return owner
             # The owner ended (or never started: its gateway died between claiming and publishing).
-            won = await self.lanes.take_over(tenant, session, event.run_id, owner, state)
+            won = await self.lanes.take_over(
+                tenant, session, event.run_id, owner, state, event.message.guest_id
+            )
             if won == event.run_id:
                 return won
         return event.run_id
@@ -392,6 +418,9 @@ class Runtime:
                 break
             except RunVersionConflict:
                 run = await self._reload(run, ctx)
+        else:
+            # Lost the race every time: the turn is not journaled, so the message must come again (nak), not ack.
+            raise _still_moving(self.journal, owner, run)
         assert run is not None
         await self._drive(run, ctx)
         return True
@@ -408,7 +437,7 @@ class Runtime:
             profile = (
                 await self.profiles.read(event.tenant, event.message.guest_id) if config.memory else None
             )
-            history = await self.lanes.history(event.tenant, event.message.session_id)
+            history = await self.lanes.history(event.tenant, event.message.session_id, event.message.guest_id)
             started = RunStarted(
                 run_id=event.run_id,
                 at=now,
@@ -492,6 +521,9 @@ class Runtime:
                 break
             except RunVersionConflict:
                 run = await self._reload(run, ctx)
+        else:
+            # The receipt is not journaled: it must come again (nak), never be acked (guarantee 3).
+            raise _still_moving(self.journal, outcome.run_id, run)
         await self._drive(run, ctx)
 
     async def wake(self, wake: RunWake, ctx: Context) -> None:
@@ -554,6 +586,9 @@ class Runtime:
             gone, config = exc, agent.config
         conflicts = 0
         while True:
+            # Every turn of the loop yields: however many moves a run takes, the event loop keeps turning (other
+            # runs, heartbeats, probes). A move that makes no progress is an AgentFault hand-off in `next_move`.
+            await asyncio.sleep(0)
             move: Move
             if gone is None or run.state.terminal:
                 move = next_move(run.state, agent, utcnow(), config)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from contracts.approvals import ApprovalStatus
@@ -31,8 +32,8 @@ from contracts.run_events import (
     RunStarted,
     TurnReceived,
 )
+from contracts.memory import SessionTurn
 from contracts.subjects import Namespace, StreamKind
-from services.platform import metrics
 from services.platform.approvals import ApprovalRecords
 from services.platform.asks import wake_run
 from services.platform.jetstream import Broker
@@ -377,21 +378,33 @@ async def test_a_decision_whose_wake_was_lost_is_journaled_by_the_reconcilers_ba
 
 
 async def test_another_guests_yes_in_the_session_never_answers_the_run(world: World, broker: Broker) -> None:
+    """Past the gateway's check (the session changed hands after its 202), another guest's message never answers
+    the run: it becomes its own run, outside the lane. It was a dead letter (`session_of_another_guest`) before:
+    an accepted message lost."""
     held = await _held_run(world)
-    series = ("crashsafe_dead_letters_total", {"service": "runtime", "code": "session_of_another_guest"})
-    before = metrics.REGISTRY.get_sample_value(*series) or 0.0
-    await _say(world, held, "yes", guest="mallory")
-    await eventually(lambda: dead_letters(broker, world.ns), what="the stranger's message dead-lettered")
-    await eventually(
-        lambda: (metrics.REGISTRY.get_sample_value(*series) or 0.0) == before + 1,
-        what="the dead letter counted, once",
+    # The lane as a gateway now claims it (with the owner's guest), and something the owner said earlier.
+    earlier = SessionTurn(run_id="run_earlier", text="my card ends in 4242", reply="noted")
+    await world.sessions.change(
+        TENANT,
+        held.session_id,
+        lambda lane: msgspec.structs.replace(lane, guest_id=held.guest_id, history=[earlier]),
     )
-    (letter,) = await dead_letters(broker, world.ns)
-    assert letter.code == "session_of_another_guest"
+    said = await _say(world, held, "yes", guest="mallory")
+    own = run_id_for(TENANT, said)
+
+    async def started() -> list[JournalEvent]:
+        return await _events(world, own)
+
+    first, *_ = await eventually(started, what="the stranger's message started its own run")
+    assert isinstance(first, RunStarted) and (first.guest_id, first.event_id) == ("mallory", said)
+    assert first.history == []  # nothing of the session's owner is shown to another guest's run
     state = replay(await _events(world, held.run_id))
     assert state is not None and state.awaiting is not None and state.turn_ids == ()
     stored = await world.records.get(held.approval.approval_id)
     assert stored is not None and stored.record.status == ApprovalStatus.PENDING
+    lane, _ = await world.sessions.get(TENANT, held.session_id)
+    assert (lane.run_id, lane.guest_id, lane.history) == (held.run_id, held.guest_id, [earlier])
+    assert await dead_letters(broker, world.ns) == []
 
 
 async def test_a_turn_that_comes_again_after_its_run_ended_starts_no_second_run(world: World) -> None:

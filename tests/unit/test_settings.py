@@ -92,6 +92,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_KNOWLEDGE_DIR": "/knowledge",
         "CRASHSAFE_OPS_HOST": "0.0.0.0",
         "CRASHSAFE_OPS_PORT": "0",
+        "CRASHSAFE_LOOP_STALL_S": "12.5",
     }
     assert set(env) == {v.name for v in VARIABLES}
     s = Settings.from_env(env)
@@ -119,7 +120,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
     assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
     assert s.projection_time_scale == 0.01
-    assert (s.ops_host, s.ops_port) == ("0.0.0.0", 0)
+    assert (s.ops_host, s.ops_port, s.loop_stall_s) == ("0.0.0.0", 0, 12.5)
     assert s.capability_signing_key == Path("/keys/capability.key")
     assert s.capability_verify_keys == (Path("/keys/old.pub"), Path("/keys/new.pub"))
     access = s.nats_access

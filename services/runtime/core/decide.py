@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 
 from contracts.catalog import AgentConfig
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.keys import action_key, compensation_key, tool_input_hash
+from contracts.errors import AgentFault, ErrorCode, ErrorInfo
+from contracts.keys import CompensationKind, action_key, compensation_key, tool_input_hash
 from contracts.run_events import (
     MAX_EVENT_BYTES,
     ActionRequested,
@@ -32,7 +32,7 @@ from contracts.run_events import (
 )
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import ToolContract
-from services.runtime.core.agent import Agent, Compensation
+from services.runtime.core.agent import Agent, Compensation, ScriptedStep
 from services.runtime.core.approvals import guest_answer
 from services.runtime.core.arguments import check_arguments, check_schema
 from services.runtime.core.fold import fold_run
@@ -109,7 +109,10 @@ DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
 def argument_types(agent: Agent) -> dict[str, type[msgspec.Struct]]:
     """The agent's argument structs by tool name (`agent.argument_types`), if it declares them."""
     types = getattr(agent, "argument_types", None)
-    return types if isinstance(types, dict) else {}
+    if not isinstance(types, dict):
+        return {}
+    # An entry that is not a Struct type is the agent's mistake: its tool is checked as if it declared none.
+    return {k: t for k, t in types.items() if isinstance(t, type) and issubclass(t, msgspec.Struct)}
 
 
 def argument_limits(agent: Agent) -> ArgumentLimits:
@@ -119,7 +122,28 @@ def argument_limits(agent: Agent) -> ArgumentLimits:
 
 
 def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig | None = None) -> Move:
-    """`config`: the agent's configuration at the run's pinned catalog revision (None: the agent's built-in)."""
+    """`config`: the agent's configuration at the run's pinned catalog revision (None: the agent's built-in).
+
+    Nothing an agent's code returns may wedge the run or the runtime: a hook that raises or answers the wrong
+    type, or a move that makes no progress, is an `AgentFault`, and the run is handed off with its reason."""
+    try:
+        move = _next_move(state, agent, now, config)
+        if isinstance(move, Append) and not move.events:
+            raise AgentFault(agent=agent.name, hook="next move", problem="journals nothing (no progress)")
+        return move
+    except AgentFault as fault:
+        return _agent_failed(state, fault, now)
+
+
+def _agent_failed(state: RunState, fault: AgentFault, now: datetime) -> Move:
+    """A live run is handed to a person; one already ended (with a person already) only waits on what is
+    pending, as it would without the agent's further say."""
+    if not state.terminal:
+        return Append((handed_off(state, now, HandOffReason.AGENT_FAULT, fault.message[:1000]),))
+    return AwaitActions(state.pending) if state.pending else Idle()
+
+
+def _next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig | None) -> Move:
     config = config or agent.config
     if state.terminal:
         return _after_the_end(state, agent, now)
@@ -173,7 +197,7 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
     if over:
         reason, detail = over
         return Append((handed_off(state, now, reason, detail),))
-    scripted = agent.script(state)
+    scripted = _scripted(state, agent)
     if scripted is not None:
         if scripted.calls:
             return Append(plan_calls(state, agent, scripted.calls, now, origin=Origin.PLAN, config=config))
@@ -390,10 +414,53 @@ def plan_calls(
     return tuple(events)
 
 
+def _raised(agent: Agent, hook: str, exc: Exception) -> AgentFault:
+    return AgentFault(agent=agent.name, hook=hook, problem=f"raised {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _wrong(agent: Agent, hook: str, answer: object, expected: str) -> AgentFault:
+    return AgentFault(
+        agent=agent.name, hook=hook, problem=f"returned {type(answer).__name__}, not {expected}"
+    )
+
+
+def _scripted(state: RunState, agent: Agent) -> ScriptedStep | None:
+    """`agent.script(state)`, checked: a ScriptedStep of ToolCalls (or None)."""
+    try:
+        step = agent.script(state)
+    except Exception as exc:  # noqa: BLE001 -- the agent's code is foreign: whatever it raises is its fault
+        raise _raised(agent, "script", exc) from exc
+    if step is None:
+        return None
+    if (
+        not isinstance(step, ScriptedStep)
+        or not isinstance(step.calls, tuple)
+        or not all(isinstance(c, ToolCall) for c in step.calls)
+        or not (step.reply is None or isinstance(step.reply, str))
+    ):
+        raise _wrong(agent, "script", step, "None or a ScriptedStep of ToolCalls")
+    return step
+
+
+def _fits(comp: object) -> bool:
+    return (
+        isinstance(comp, Compensation)
+        and isinstance(comp.tool, str)
+        and isinstance(comp.args, dict)
+        and isinstance(comp.undoes, str)
+        and comp.kind in set(CompensationKind)
+    )
+
+
 def _compensations(state: RunState, agent: Agent, ending: bool) -> tuple[Compensation, ...]:
     """What the agent would undo, less the effects another run made (a business key's stored receipt handed to
     this run): that run undoes them, if anyone does; this one releasing them would undo another run's booking."""
-    undo = agent.compensations(state, ending=ending)
+    try:
+        undo = agent.compensations(state, ending=ending)
+    except Exception as exc:  # noqa: BLE001 -- the agent's code is foreign: whatever it raises is its fault
+        raise _raised(agent, "compensations", exc) from exc
+    if not isinstance(undo, (tuple, list)) or not all(_fits(c) for c in undo):
+        raise _wrong(agent, "compensations", undo, "a tuple of Compensation")
     return tuple(c for c in undo if not handed_by_another_run(state, c.undoes))
 
 
@@ -422,6 +489,12 @@ def plan_compensations(
         )
         events.append(event)
         planned = fold_run(planned, event)
+    if undo and not events:
+        # Every one is pending or carried out already: planning nothing again and again would spin the runtime.
+        keys = ", ".join(sorted({compensation_key(c.undoes, c.kind) for c in undo}))[:300]
+        raise AgentFault(
+            agent=agent.name, hook="compensations", problem=f"asked again for {keys}, already carried out"
+        )
     return tuple(events)
 
 
@@ -489,10 +562,20 @@ def _plan_one(
         misfit = check_schema(contract.name, args, schema)
         if misfit is not None:
             return rejected(misfit)
-    prepared = agent.prepare(state, contract, args)
+    try:
+        prepared = agent.prepare(state, contract, args)
+    except Exception as exc:  # noqa: BLE001 -- the agent's code is foreign: whatever it raises is its fault
+        raise _raised(agent, "prepare", exc) from exc
     if isinstance(prepared, ErrorInfo):
         return rejected(prepared)
-    hashed = tool_input_hash(contract.name, prepared)
+    if not isinstance(prepared, dict):
+        raise _wrong(agent, "prepare", prepared, "a dict of arguments or an ErrorInfo")
+    try:
+        hashed = tool_input_hash(contract.name, prepared)
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise AgentFault(
+            agent=agent.name, hook="prepare", problem=f"returned arguments that are not JSON ({exc})"[:300]
+        ) from exc
     verdict = check_policy(state, config, contract, prepared, hashed, origin, now)
     if origin != Origin.COMPENSATION and not isinstance(verdict, (Deny, Hold)):
         # The key names the action's business identity (compensations keep the key of what they undo); a new
@@ -551,7 +634,10 @@ def policy_unavailable(
     finds no passages and says it does not know (`problem`: why the documents are missing)."""
     if not problem or not policy_question(query) or state.pending or state.unplanned:
         return None
-    if _compensations(state, agent, ending=True):
-        return None
+    try:
+        if _compensations(state, agent, ending=True):
+            return None
+    except AgentFault:
+        return None  # `next_move` hands the run off for it
     detail = f"policy documents unavailable ({problem[:300]}); the guest asked: {query[:200]}"
     return handed_off(state, now, HandOffReason.POLICY_UNAVAILABLE, detail)

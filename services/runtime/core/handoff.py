@@ -39,6 +39,10 @@ _REPLIES: dict[str, str] = {
         "I can't look up StayHub's policies right now and I won't guess at them, so a member of our support team "
         "will answer your question."
     ),
+    HandOffReason.AGENT_FAULT: (
+        "Something went wrong on our side, so a member of our support team will take over from here; nothing "
+        "was booked or charged twice."
+    ),
 }
 _DEFAULT = "A member of our support team will take over from here and get back to you."
 
