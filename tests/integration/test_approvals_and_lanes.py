@@ -383,7 +383,9 @@ async def test_another_guests_yes_in_the_session_never_answers_the_run(world: Wo
     an accepted message lost."""
     held = await _held_run(world)
     # The lane as a gateway now claims it (with the owner's guest), and something the owner said earlier.
-    earlier = SessionTurn(run_id="run_earlier", text="my card ends in 4242", reply="noted")
+    earlier = SessionTurn(
+        run_id="run_earlier", text="my card ends in 4242", reply="noted", guest_id=held.guest_id
+    )
     await world.sessions.change(
         TENANT,
         held.session_id,
