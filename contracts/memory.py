@@ -40,17 +40,22 @@ class GuestProfile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 
 class SessionTurn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One finished run of a session, as the next run of the session is told about it."""
+    """One finished run of a session, as the next run of the same guest in the session is told about it."""
 
     run_id: str
     text: str
     reply: str = ""
+    # Whose turn it was: a session's history is (tenant, guest, session)'s, so a run is given only its own
+    # guest's turns, and a session id another guest used before starts clean. "": written before turns carried
+    # their guest; the turn's run journal then says whose it was.
+    guest_id: str = ""
 
 
 class SessionLane(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Who owns a guest session now (`<ns>_sessions`, key `session.<tenant>.<digest>`), fenced by its KV revision.
 
-    `run_id` empty: no run is active, the next message starts one. `history`: the session's last finished runs.
+    `run_id` empty: no run is active, the next message starts one. `history`: the session's last finished runs,
+    each with its guest (a run is given only its own guest's).
     `guest_id`: the guest whose run owns it, written with `run_id` by whoever claims it, so the gateway refuses
     another guest's message before its 202 even while the owner's run has no journal yet ("": unknown, an older
     writer's record)."""

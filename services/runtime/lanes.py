@@ -1,21 +1,26 @@
-"""Session lanes from the runtime's side: a finished run hands its session back and leaves its turn in history;
-a message whose session's owner has ended takes the session over for its own run."""
+"""Session lanes from the runtime's side: a finished run hands its session back and leaves its turn (with its guest)
+in history; a message whose session's owner has ended takes the session over for its own run; a run starting in
+a session is given its own guest's earlier turns only."""
 
 from __future__ import annotations
 
 import msgspec
 
 from contracts.memory import SessionLane, SessionTurn
-from contracts.subjects import Namespace
+from contracts.run_events import RunStarted, decode_event
+from contracts.subjects import Namespace, StreamKind
 from services.platform.jetstream import Broker
 from services.platform.sessions import SessionRecords, with_turn
 from services.runtime.core.state import RunState
 
 
 def finished_turn(state: RunState) -> SessionTurn:
-    """An ended run as the next run of its session is told about it."""
+    """An ended run as the next run of its guest in its session is told about it."""
     return SessionTurn(
-        run_id=state.run_id, text=state.started.text[:1000], reply=(state.final_reply or "")[:1000]
+        run_id=state.run_id,
+        text=state.started.text[:1000],
+        reply=(state.final_reply or "")[:1000],
+        guest_id=state.guest_id,
     )
 
 
@@ -25,14 +30,35 @@ class SessionLanes:
     def __init__(self, broker: Broker | None = None, ns: Namespace | None = None) -> None:
         self.records = SessionRecords(broker, ns) if broker is not None and ns is not None else None
 
-    async def history(self, tenant: str, session_id: str, guest_id: str = "") -> list[SessionTurn]:
-        """The session's earlier runs, for a run starting in it (none while another guest's run owns it)."""
+    async def history(self, tenant: str, session_id: str, guest_id: str) -> list[SessionTurn]:
+        """The guest's own earlier runs in the session, for a run of theirs starting in it. A session's history is
+        (tenant, guest, session)'s: another guest's turns in the same session id are never given (guarantee 8),
+        so a session id reused by another guest starts clean."""
+        if self.records is None or not tenant or not guest_id:
+            return []
+        lane, _ = await self.records.get(tenant, session_id)
+        own: list[SessionTurn] = []
+        for turn in lane.history:
+            whose = turn.guest_id or await self._guest_of(turn.run_id)
+            if whose == guest_id:
+                own.append(msgspec.structs.replace(turn, guest_id=whose))
+        return own
+
+    async def finished_runs(self, tenant: str, session_id: str) -> list[str]:
+        """The session's last finished runs, whoever's (a redelivered message may be a turn of any of them)."""
         if self.records is None or not tenant:
             return []
         lane, _ = await self.records.get(tenant, session_id)
-        if guest_id and lane.guest_id not in ("", guest_id):
-            return []
-        return list(lane.history)
+        return [t.run_id for t in lane.history]
+
+    async def _guest_of(self, run_id: str) -> str:
+        """Whose run `run_id` was, from its journal's `run.started`, for a turn recorded before turns carried their
+        guest; "" (nobody's: given to no one) when the journal is gone."""
+        assert self.records is not None
+        ns = self.records.ns
+        first = await self.records.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+        started = decode_event(first.data) if first is not None else None
+        return started.guest_id if isinstance(started, RunStarted) else ""
 
     async def owner(self, tenant: str, session_id: str) -> str:
         if self.records is None or not tenant:

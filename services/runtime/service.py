@@ -342,8 +342,8 @@ class Runtime:
         if not event.tenant:
             return False
         owner = await self.lanes.owner(event.tenant, event.message.session_id)
-        history = await self.lanes.history(event.tenant, event.message.session_id)
-        for run_id in {owner, *(t.run_id for t in history)} - {"", event.run_id}:
+        finished = await self.lanes.finished_runs(event.tenant, event.message.session_id)
+        for run_id in {owner, *finished} - {"", event.run_id}:
             state = await self._peek(run_id)
             if state is not None and state.terminal and event.message.event_id in state.turn_ids:
                 return True  # (a run still active that holds it is driven again by the usual path)

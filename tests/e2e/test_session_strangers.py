@@ -1,26 +1,36 @@
 """Two guests racing one session id (issue 17, item 6), against a real gateway and runtime: the second guest's
 message sent before the first's journal exists is refused before any 202 (`409 session_of_another_guest`), and
-every message answered 202 ends as a journaled run or turn; nothing is dead-lettered."""
+every message answered 202 ends as a journaled run or turn; nothing is dead-lettered. A session id another guest
+(or another tenant) used before starts clean: its history is (tenant, guest, session)'s, never the id's."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import json
+from typing import Any
+
 import httpx
 
+from contracts.clients import Scope
+from contracts.memory import SessionLane
 from contracts.subjects import Namespace
+from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
+from services.platform.sessions import SessionRecords
 from tests.support.broker import dead_letters
 from tests.support.misbehaving import REGISTRY
-from tests.support.stack import StackClient, guest_event
-from tests.support.waiting import unique
+from tests.support.stack import StackClient, auth_header, guest_event
+from tests.support.waiting import eventually, unique
 
 SESSIONS = 6
 
 
-async def _post(client: StackClient, event_id: str, guest: str, session: str) -> httpx.Response:
-    body = guest_event(event_id, guest_id=guest, session_id=session, text="hello")
+async def _post(
+    client: StackClient, event_id: str, guest: str, session: str, text: str = "hello"
+) -> httpx.Response:
+    body = guest_event(event_id, guest_id=guest, session_id=session, text=text)
     return await client.gateway.post("/v1/events", json=body, params={"agent": "well_behaved"})
 
 
@@ -59,4 +69,75 @@ async def test_two_guests_racing_one_session_before_any_journal_exists_never_dea
         assert event_id in taken, (event_id, events)
         started = next(e for e in events if e["type"] == "run.started")
         assert started["guest_id"] == guest  # never another guest's run
+    assert await dead_letters(broker, namespace) == []
+
+
+SECRET = "my card ends in 4242, door code 7781"
+
+
+async def _run_in(client: StackClient, guest: str, session: str, text: str) -> dict[str, Any]:
+    """One message of `guest` in `session` that starts a run; the run's `run.started` once the run has ended."""
+    answer = await _post(client, unique("ev"), guest, session, text)
+    assert answer.status_code == 202 and "turn" not in answer.json(), answer.text
+    run_id = answer.json()["run_id"]
+    assert (await client.wait_terminal(run_id))["status"] == "completed"
+    events = await client.events(run_id)
+    return next(e for e in events if e["type"] == "run.started")
+
+
+async def _free(sessions: SessionRecords, tenant: str, session: str, run_id: str) -> SessionLane:
+    """The lane once the ended run `run_id` has handed it back (the runtime does so after the run's last event)."""
+
+    async def handed_back() -> SessionLane | None:
+        lane, _ = await sessions.get(tenant, session)
+        return lane if not lane.run_id and any(t.run_id == run_id for t in lane.history) else None
+
+    return await eventually(handed_back, what=f"session {session} handed back by {run_id}")
+
+
+async def test_a_session_id_another_guest_used_before_gives_the_new_guest_none_of_their_history(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker, namespace: Namespace
+) -> None:
+    """Guarantee 8 between guests of one tenant: ana's run in session S ends; bob then writes in S. Bob's run is
+    given none of ana's turns (its `run.started` history is what the model is shown), and ana's next run in S is
+    given her own turn and none of bob's. Before: the lane's history had no guest on it, so bob's run was told
+    what ana had said."""
+    client = await start_stack(executors=("noop",), reconciler=False, projector=False, registry=REGISTRY)
+    sessions = SessionRecords(broker, namespace)
+    session, ana, bob = unique("shared"), unique("ana"), unique("bob")
+
+    anas = await _run_in(client, ana, session, SECRET)
+    await _free(sessions, client.tenant, session, anas["run_id"])
+    bobs = await _run_in(client, bob, session, "hello, is breakfast included?")
+    assert bobs["guest_id"] == bob
+    assert bobs.get("history", []) == [], bobs  # none of ana's turns
+    bobs_journal = json.dumps(await client.events(bobs["run_id"]))
+    assert "4242" not in bobs_journal and anas["run_id"] not in bobs_journal
+
+    # Ana comes back to S: her own earlier turn, and nothing of bob's.
+    await _free(sessions, client.tenant, session, bobs["run_id"])
+    again = await _run_in(client, ana, session, "and a late check-out?")
+    assert [t["run_id"] for t in again.get("history", [])] == [anas["run_id"]], again
+    assert SECRET in again["history"][0]["text"]
+
+    # Another tenant using the same session id, even with the same guest id, starts clean.
+    other = (await ClientKeys(broker, namespace).create("initech", [Scope.EVENTS_WRITE, Scope.RUNS_READ])).key
+    async with httpx.AsyncClient(
+        base_url=client.stack.gateway_url, timeout=20.0, headers=auth_header(other)
+    ) as initech:
+        body = guest_event(unique("ev"), guest_id=ana, session_id=session, text="hello")
+        answer = await initech.post("/v1/events", json=body, params={"agent": "well_behaved"})
+        assert answer.status_code == 202 and "turn" not in answer.json(), answer.text
+        run_id = answer.json()["run_id"]
+
+        async def journal() -> list[dict[str, Any]] | None:
+            response = await initech.get(f"/v1/runs/{run_id}/events")
+            events = response.json()["events"] if response.status_code == 200 else []
+            ended = any(e["type"] in ("run.completed", "run.handed_off") for e in events)
+            return list(events) if ended else None
+
+        events = await eventually(journal, what="the other tenant's run ended", timeout_s=90)
+    started = next(e for e in events if e["type"] == "run.started")
+    assert started["tenant"] == "initech" and started.get("history", []) == [], started
+    assert "4242" not in json.dumps(events)
     assert await dead_letters(broker, namespace) == []

@@ -383,7 +383,9 @@ async def test_another_guests_yes_in_the_session_never_answers_the_run(world: Wo
     an accepted message lost."""
     held = await _held_run(world)
     # The lane as a gateway now claims it (with the owner's guest), and something the owner said earlier.
-    earlier = SessionTurn(run_id="run_earlier", text="my card ends in 4242", reply="noted")
+    earlier = SessionTurn(
+        run_id="run_earlier", text="my card ends in 4242", reply="noted", guest_id=held.guest_id
+    )
     await world.sessions.change(
         TENANT,
         held.session_id,
@@ -462,3 +464,68 @@ async def test_a_turn_that_overtakes_its_owners_first_message_starts_the_owner_f
             await worker.admit(first, context_from(None))
             events, _ = await journal.read(first.run_id)
             assert sum(isinstance(e, RunStarted) for e in events) == 1
+
+
+async def _first_run_in(world: World, session: str, guest: str, text: str) -> RunStarted:
+    """A guest's message in a free session, as the gateway publishes it; the run.started it is journaled as."""
+    key = unique("ev")
+    event = InboundEvent(
+        key=key,
+        run_id=run_id_for(TENANT, key),
+        input_hash="3" * 64,
+        message=InboundMessage(key, session, guest, text),
+        received_at=datetime.now(UTC),
+        tenant=TENANT,
+    )
+    await world.broker.publish(
+        world.ns.inbound(event.run_id), inbound_encoder.encode(event), msg_id=event.run_id
+    )
+
+    async def started() -> list[JournalEvent]:
+        return await _events(world, event.run_id)
+
+    first, *_ = await eventually(started, what=f"{guest}'s run started")
+    assert isinstance(first, RunStarted) and first.guest_id == guest
+    return first
+
+
+async def test_turns_recorded_before_turns_carried_their_guest_are_given_only_to_their_runs_guest(
+    world: World,
+) -> None:
+    """A lane an older runtime wrote has turns with no guest on them: each is attributed by its run's run.started,
+    so the new guest of a reused session id is given none of them, the guest who said them is given theirs, and
+    a turn whose journal is gone is given to nobody."""
+    ana, bob = unique("ana"), unique("bob")
+    key = unique("ev")
+    anas_run = run_id_for(TENANT, key)
+    now = datetime.now(UTC)
+    await world.journal.append(
+        RunStarted(
+            run_id=anas_run,
+            at=now,
+            agent="booking",
+            session_id="s-earlier",
+            guest_id=ana,
+            event_id=key,
+            idempotency_key=key,
+            input_hash="0" * 64,
+            text="my card ends in 4242",
+            budget=Budget(),
+            deadline_at=now + timedelta(seconds=Budget().deadline_s),
+            tenant=TENANT,
+        ),
+        0,
+    )
+    older = [
+        SessionTurn(run_id=anas_run, text="my card ends in 4242", reply="noted"),
+        SessionTurn(run_id=run_id_for(TENANT, unique("gone")), text="door code 7781", reply="ok"),
+    ]
+    sessions = {guest: unique("s") for guest in (ana, bob)}
+    for session in sessions.values():
+        await world.sessions.change(
+            TENANT, session, lambda lane: msgspec.structs.replace(lane, history=older)
+        )
+    bobs = await _first_run_in(world, sessions[bob], bob, "hello")
+    assert bobs.history == []
+    anas = await _first_run_in(world, sessions[ana], ana, "a quiet room, please")
+    assert anas.history == [msgspec.structs.replace(older[0], guest_id=ana)]
