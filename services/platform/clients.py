@@ -70,7 +70,7 @@ class ClientKeys:
             )
         if not scopes:
             raise InvalidRequest("a key needs at least one scope: " + ", ".join(s.value for s in Scope))
-        if EXCLUSIVE_SCOPES <= {s.value for s in scopes}:
+        if {s.value for s in scopes} >= EXCLUSIVE_SCOPES:
             raise InvalidRequest(
                 "a key may not both start runs (events:write) and approve what they hold (approvals:decide):"
                 " mint the manager's key separately"
