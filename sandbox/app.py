@@ -396,7 +396,7 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
     @post("/payments/{payment_id:str}/refund", opt=target(FaultTarget.PAYMENTS))
     async def refund_payment(request: Request[Any, Any, Any], payment_id: FromPath[str]) -> Response[bytes]:
         key, body = await _key_and_body(request, RefundBody, empty=RefundBody())
-        refund = RefundRequest(payment_id, body.amount_cents, account=_account(request))
+        refund = RefundRequest(payment_id, body.amount_cents, account=body.account)
         return _written(books.refund_payment(key, refund))
 
     @post("/emails", opt=target(FaultTarget.EMAILS))

@@ -54,6 +54,7 @@ class PaymentRequest(msgspec.Struct, frozen=True):
 class RefundBody(msgspec.Struct, frozen=True):
     # None refunds whatever is left of the payment.
     amount_cents: Cents | None = None
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class RefundRequest(msgspec.Struct, frozen=True):
@@ -111,7 +112,7 @@ class HotelSearch(msgspec.Struct, frozen=True):
     hotels: list[Hotel]
 
 
-class Booking(msgspec.Struct, frozen=True):
+class Booking(msgspec.Struct, frozen=True, omit_defaults=True):
     booking_id: str
     hotel_id: str
     hotel_name: str
@@ -139,7 +140,7 @@ class Payment(msgspec.Struct, frozen=True, omit_defaults=True):
     account: str = ""  # the provider account it belongs to
 
 
-class Refund(msgspec.Struct, frozen=True):
+class Refund(msgspec.Struct, frozen=True, omit_defaults=True):
     refund_id: str
     payment_id: str
     booking_id: str
@@ -162,7 +163,7 @@ class Email(msgspec.Struct, frozen=True):
     account: str = ""  # the provider account it belongs to
 
 
-class CrmUpdate(msgspec.Struct, frozen=True):
+class CrmUpdate(msgspec.Struct, frozen=True, omit_defaults=True):
     crm_update_id: str
     guest_id: str
     booking_id: str | None
@@ -212,7 +213,7 @@ class LedgerEntry(msgspec.Struct, frozen=True):
     at: str
 
 
-class PaymentSummary(msgspec.Struct, frozen=True):
+class PaymentSummary(msgspec.Struct, frozen=True, omit_defaults=True):
     """One of a guest's payments as `GET /payments?guest_id=` lists it: what was paid and what is left to refund."""
 
     payment_id: str
