@@ -17,7 +17,7 @@ from contracts.clients import Scope
 from services.platform.clients import ClientKeys
 from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
-from tests.support.stack import StackClient, auth_header, guest_event, open_stack
+from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually
 
 HOLD = '{"hotel_id": "lis-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}'  # 2 nights, 240.00 EUR
@@ -147,3 +147,32 @@ async def test_another_tenants_key_neither_sees_nor_refunds_nor_approves_for_a_g
     assert await payments(stack, alice, "evil") == []
     refunds = [e for e in (await stack.ledger(alice))["entries"] if e["kind"] == "refund"]
     assert refunds == []
+
+
+async def test_the_cli_mints_a_key_naming_its_agents_and_refuses_one_that_starts_and_approves(
+    stack: StackClient,
+) -> None:
+    env = cli_env(stack.stack, sandbox=False)
+    made = await crashsafe(
+        "keys", "create", "--tenant", "evil", "--scope", "events:write", "--agent", "support", env=env
+    )
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    listed = await crashsafe("keys", "list", env=env)
+    assert f"{key.split('_')[1]}  tenant evil  scopes events:write  agents support" in listed.stdout
+    async with as_key(stack, key) as evil:
+        assert (await start(evil, "bob", "hello", "support")).status_code == 202
+        refused = await start(evil, "bob", "hello", "booking")  # named no longer: not the default either
+        assert refused.status_code == 403 and refused.json()["error"]["details"]["allowed"] == "support"
+    both = await crashsafe(
+        "keys",
+        "create",
+        "--tenant",
+        "evil",
+        "--scope",
+        "events:write",
+        "--scope",
+        "approvals:decide",
+        env=env,
+    )
+    assert both.returncode != 0 and "approvals:decide" in both.stderr, both.stderr
