@@ -16,6 +16,8 @@ class FindingKind(StrEnum):
     DUPLICATE_EFFECT = "duplicate_effect"
     SUCCESS_WITHOUT_EFFECT = "success_without_effect"
     EFFECT_NOT_JOURNALED = "effect_not_journaled"
+    # A run of one tenant acted on (or was shown) what was made for another tenant's guest.
+    OTHER_TENANTS_GUEST = "other_tenants_guest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class Intent:
     request: ActionRequested
     completed: ActionCompleted | None
     run_terminal: bool
+    tenant: str = ""  # the tenant whose run journaled it (its run.started's)
 
     @property
     def succeeded(self) -> bool:

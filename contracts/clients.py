@@ -15,8 +15,17 @@ class Scope(StrEnum):
 
     EVENTS_WRITE = "events:write"  # POST /v1/events
     RUNS_READ = "runs:read"  # GET /v1/runs/{id}, /v1/runs/{id}/events
-    RUNS_OPERATE = "runs:operate"  # POST /v1/runs/{id}/reconcile (and future approvals)
+    RUNS_OPERATE = "runs:operate"  # POST /v1/runs/{id}/reconcile
+    # POST /v1/approvals/{id}: a manager's decision. Never on a key that may also start runs (`events:write`):
+    # the key that asked for the action must not be the one that approves it (docs/security.md).
+    APPROVALS_DECIDE = "approvals:decide"
     ADMIN = "admin"
+
+
+# The scopes no one key may hold together: starting runs and approving what they hold back.
+EXCLUSIVE_SCOPES = frozenset({Scope.EVENTS_WRITE.value, Scope.APPROVALS_DECIDE.value})
+# `ApiKeyRecord.agents` naming every agent of the deployment.
+EVERY_AGENT = "*"
 
 
 # A key is `csk_<key_id>_<secret>`: the id names the stored record, the secret is what proves the holder.
@@ -65,6 +74,9 @@ class ApiKeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
     created_at: datetime
     revoked_at: datetime | None = None
+    # The agents this key may start with `POST /v1/events?agent=` (`*`: every one). None, a key minted before
+    # keys named their agents: the deployment's default agent only, what a request without `?agent=` starts.
+    agents: list[str] | None = None
 
 
 api_key_encoder = msgspec.json.Encoder()

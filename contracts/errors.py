@@ -383,21 +383,38 @@ class Forbidden(CrashsafeError):
 
 
 class AgentNotAllowed(Forbidden):
-    """A tenant kept to one agent (the synthetic turn's, whose only tool is a read) asked for another (HTTP 403):
-    a leaked probe key can search hotels, never book or pay."""
+    """A key asked for an agent it may not start (HTTP 403): a key names its agents (`crashsafe keys create
+    --agent`), and the synthetic turn's tenant may start only its own (a leaked probe key can search hotels, never
+    book or pay)."""
 
     def __init__(self, *, agent: str, allowed: str, tenant: str, key_id: str) -> None:
         CrashsafeError.__init__(
             self,
-            f"tenant {tenant!r} may start only {allowed!r} runs, not {agent[:64]!r}; use a key of another tenant",
+            f"key {key_id} of tenant {tenant!r} may start only {allowed or 'no'} runs, not {agent[:64]!r}; ask an"
+            " operator for a key naming that agent (crashsafe keys create --agent)",
         )
-        self.scope = f"agent:{allowed}"
+        self.scope = f"agent:{agent[:64]}"
         self.key_id = key_id
         self.agent = agent[:64]
+        self.allowed = allowed
         self.tenant = tenant
 
     def details(self) -> dict[str, Any]:
-        return {"agent": self.agent, "tenant": self.tenant, "key_id": self.key_id}
+        return {"agent": self.agent, "allowed": self.allowed, "tenant": self.tenant, "key_id": self.key_id}
+
+
+class ApproverStartsRuns(Forbidden):
+    """A key that may start runs (`events:write`) asked to decide an approval (HTTP 403): the key whose run asked
+    for an action would approve it itself."""
+
+    def __init__(self, *, key_id: str) -> None:
+        CrashsafeError.__init__(
+            self,
+            f"key {key_id} may start runs (events:write), so it may not approve what runs hold back; decide with"
+            " a manager's key that has approvals:decide and not events:write",
+        )
+        self.scope = "approvals:decide"
+        self.key_id = key_id
 
 
 class RateLimited(CrashsafeError):

@@ -54,6 +54,24 @@ class KeyScheme(StrEnum):
     BUSINESS = "business"  # each tool by its KeyRule: business identity where it has one (tools.KeyRule)
 
 
+class GuestScope(StrEnum):
+    """Who a run's guest is at the providers (`RunStarted.guest_scope`, pinned for the run's life so a replay
+    decides the arguments its journal holds; `str` on the wire: open)."""
+
+    GUEST = ""  # the guest id alone, in the providers' one account: the journals written before tenancy
+    TENANT = "tenant"  # (tenant, guest): every call acts in the tenant's own provider account
+
+
+# The argument naming the provider account an action acts in; the executor sends it as `Provider-Account`.
+ACCOUNT_ARG = "account"
+
+
+def provider_account(tenant: str, scope: str) -> str:
+    """The provider account a run of `tenant` acts in: the tenant's own, computed here and nowhere else (never
+    by a model). "": the providers' default account, for a run journaled before tenants had their own."""
+    return tenant if scope == GuestScope.TENANT else ""
+
+
 def business_key(kind: str, tenant: str, values: dict[str, Any], attempt: int = 1) -> str:
     """The idempotency key of a business action: what it is (`kind`: hold, charge, ...), for whom (`tenant`) and
     on what (`values`: the contract's identity fields from the prepared arguments). The same intent asked in

@@ -107,6 +107,9 @@ class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     history: list[SessionTurn] = []
     # How this run keys its actions (a keys.KeyScheme): "" for journals from before business keys.
     key_scheme: str = ""
+    # Who the guest is at the providers (a keys.GuestScope): "" for journals from before tenant accounts, where
+    # a guest was its id alone; "tenant": (tenant, guest), every call in the tenant's own provider account.
+    guest_scope: str = ""
 
 
 class Passage(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,6 +31,9 @@ class Header(StrEnum):
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
+    # The provider account a call acts in: the run's tenant (`RunState.account`), so one tenant's call never finds
+    # another's guests, bookings or payments at the provider.
+    PROVIDER_ACCOUNT = "Provider-Account"
     AUTHORIZATION = "Authorization"
     RETRY_AFTER = "Retry-After"
     CONTENT_LENGTH = "Content-Length"

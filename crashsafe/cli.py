@@ -74,7 +74,9 @@ async def _keys(operations: ModuleType, args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir)
     match args.keys_command:
         case "create":
-            return int(await operations.keys_create(state_dir, args.tenant, args.scope, args.name))
+            return int(
+                await operations.keys_create(state_dir, args.tenant, args.scope, args.name, args.agent)
+            )
         case "list":
             return int(await operations.keys_list(state_dir))
         case _:
@@ -267,6 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         choices=[s.value for s in Scope],
         help="repeat for several scopes",
+    )
+    create.add_argument(
+        "--agent",
+        action="append",
+        default=None,
+        help="an agent the key may start with ?agent= (repeat for several; * for every agent);"
+        " none: the default agent only",
     )
     create.add_argument("--name", default="", help="what the key is for (shown by `keys list`)")
     listing = keys_sub.add_parser("list", help="every key: id, tenant, scopes, state (never a secret)")

@@ -65,8 +65,11 @@ def api_key_for(state_dir: Path) -> str | None:
     return path.read_text().strip() or None if path.exists() else None
 
 
-async def keys_create(state_dir: Path, tenant: str, scopes: list[str], name: str) -> int:
-    """Mint a key; the key is printed once, here, and stored only as the hash of its secret."""
+async def keys_create(
+    state_dir: Path, tenant: str, scopes: list[str], name: str, agents: list[str] | None = None
+) -> int:
+    """Mint a key; the key is printed once, here, and stored only as the hash of its secret. `agents`: what it
+    may start (`*`: every agent); none, the default agent only."""
     settings = settings_for(state_dir)
     broker = await Broker.connect(
         settings.nats_url, "crashsafe-keys", fail_fast=True, access=settings.nats_access
@@ -74,13 +77,14 @@ async def keys_create(state_dir: Path, tenant: str, scopes: list[str], name: str
     try:
         keys = ClientKeys(broker, settings.namespace, settings.stream_replicas)
         await keys.ensure()
-        minted = await keys.create(tenant, [Scope(s) for s in scopes], name)
+        minted = await keys.create(tenant, [Scope(s) for s in scopes], name, agents)
     finally:
         await broker.close()
     record = minted.record
     print(minted.key)
     print(
-        f"key {record.key_id} for tenant {record.tenant}, scopes {', '.join(record.scopes)}: shown once, keep it"
+        f"key {record.key_id} for tenant {record.tenant}, scopes {', '.join(record.scopes)}, agents"
+        f" {', '.join(record.agents) if record.agents else 'the default agent only'}: shown once, keep it"
         " secret (only a hash of it is stored)",
         file=sys.stderr,
     )
@@ -99,7 +103,8 @@ async def keys_list(state_dir: Path) -> int:
     for r in sorted(records, key=lambda r: r.created_at):
         state = f"revoked {r.revoked_at:%Y-%m-%d %H:%M:%S}" if r.revoked_at else "active"
         print(
-            f"{r.key_id}  tenant {r.tenant}  scopes {','.join(r.scopes)}  {state}  "
+            f"{r.key_id}  tenant {r.tenant}  scopes {','.join(r.scopes)}  "
+            f"agents {','.join(r.agents) if r.agents else '(default)'}  {state}  "
             f"created {r.created_at:%Y-%m-%d %H:%M:%S}  {r.name}".rstrip()
         )
     if not records:
@@ -334,7 +339,7 @@ def _gateway(state_dir: Path, gateway_url: str | None) -> tuple[str, dict[str, s
         raise InvalidSetting(
             variable="CRASHSAFE_API_KEY",
             value="",
-            expected=f"an API key with scope runs:operate (or a stack started with `crashsafe up` in {state_dir})",
+            expected=f"an API key with scope runs:read (approvals:decide to decide; or a stack started with `crashsafe up` in {state_dir})",
         )
     return url.rstrip("/"), {"authorization": f"Bearer {key}"}
 

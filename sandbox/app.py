@@ -50,6 +50,7 @@ from sandbox.records import (
 )
 
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+ACCOUNT_HEADER = "provider-account"  # which account a request acts in (a real provider's per-account key)
 REPLAYED_HEADER = "Idempotent-Replayed"
 FAULT_TARGET = "fault_target"  # route handler `opt` key naming the endpoint group faults aim at
 
@@ -126,9 +127,14 @@ async def _key_and_body(
     # The key is checked before the body so a keyless write is always a 400, whatever it carries.
     key = check_idempotency_key(request.headers.get(IDEMPOTENCY_KEY_HEADER))
     raw = await request.body()
-    if not raw.strip() and empty is not None:
-        return key, empty
-    return key, _decode(raw, body_type)
+    body = empty if not raw.strip() and empty is not None else _decode(raw, body_type)
+    # The account is the header's alone: a body naming one acts in the header's account all the same.
+    return key, msgspec.structs.replace(body, account=_account(request))  # type: ignore[type-var]
+
+
+def _account(request: Request[Any, Any, Any]) -> str:
+    """The provider account a request acts in: its `Provider-Account` header, else the default account."""
+    return str(request.headers.get(ACCOUNT_HEADER) or "")
 
 
 def _sandbox_error(_: Request[Any, Any, Any], exc: SandboxError) -> Response[bytes]:
@@ -372,7 +378,8 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
     @post("/bookings/{booking_id:str}/release", opt=target(FaultTarget.BOOKINGS))
     async def release_booking(request: Request[Any, Any, Any], booking_id: FromPath[str]) -> Response[bytes]:
         key = check_idempotency_key(request.headers.get(IDEMPOTENCY_KEY_HEADER))
-        return _written(books.release_booking(key, ReleaseRequest(booking_id=booking_id)), created=200)
+        released = ReleaseRequest(booking_id=booking_id, account=_account(request))
+        return _written(books.release_booking(key, released), created=200)
 
     @post("/payments", opt=target(FaultTarget.PAYMENTS))
     async def create_payment(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -381,14 +388,16 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
         return _written(books.create_payment(key, body, fate, timedelta(milliseconds=pending_ms)))
 
     @get("/payments")  # a read of the ledger: faults are armed on the writes
-    async def find_payments(guest_id: FromQuery[str]) -> Response[bytes]:
-        # Only the named guest's payments: the caller (the support agent's prepare) names the run's own guest.
-        return _json(GuestPayments(payments=books.payments_of(guest_id)))
+    async def find_payments(request: Request[Any, Any, Any], guest_id: FromQuery[str]) -> Response[bytes]:
+        # Only the named guest's payments in the caller's account: the caller (the support agent's prepare)
+        # names the run's own guest, and another account's guest of the same id is not this one.
+        return _json(GuestPayments(payments=books.payments_of(guest_id, _account(request))))
 
     @post("/payments/{payment_id:str}/refund", opt=target(FaultTarget.PAYMENTS))
     async def refund_payment(request: Request[Any, Any, Any], payment_id: FromPath[str]) -> Response[bytes]:
         key, body = await _key_and_body(request, RefundBody, empty=RefundBody())
-        return _written(books.refund_payment(key, RefundRequest(payment_id, body.amount_cents)))
+        refund = RefundRequest(payment_id, body.amount_cents, account=body.account)
+        return _written(books.refund_payment(key, refund))
 
     @post("/emails", opt=target(FaultTarget.EMAILS))
     async def send_email(request: Request[Any, Any, Any]) -> Response[bytes]:

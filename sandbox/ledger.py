@@ -185,7 +185,9 @@ class SandboxLedger:
             self._table(record)[_ref_of(record)] = record
         for update in self._crm_updates.values():
             if update.booking_id is not None:
-                self._crm_by_booking.setdefault((update.guest_id, update.booking_id), update.crm_update_id)
+                self._crm_by_booking.setdefault(
+                    (update.account, update.guest_id, update.booking_id), update.crm_update_id
+                )
         for refund in self._refunds.values():
             self._refunded_cents[refund.payment_id] = (
                 self._refunded_cents.get(refund.payment_id, 0) + refund.amount_cents
@@ -211,7 +213,7 @@ class SandboxLedger:
         self._emails: dict[str, Email] = {}
         self._crm_updates: dict[str, CrmUpdate] = {}
         # The CRM's own identity of a record: one per (guest, booking), whatever key the update came with.
-        self._crm_by_booking: dict[tuple[str, str], str] = {}
+        self._crm_by_booking: dict[tuple[str, str, str], str] = {}
         self._writes: dict[EffectKind, dict[str, Stored]] = {kind: {} for kind in EffectKind}
         self._entries: list[LedgerEntry] = []
         self._replays: dict[EffectKind, int] = dict.fromkeys(EffectKind, 0)
@@ -256,12 +258,13 @@ class SandboxLedger:
                 return msgspec.structs.replace(record, status=ChargeFate.CAPTURED.value, settles_at=None)
         return record
 
-    def payments_of(self, guest_id: str) -> list[PaymentSummary]:
-        """A guest's payments, oldest first, each with what has been refunded of it (a read: no fault, no key)."""
+    def payments_of(self, guest_id: str, account: str = "") -> list[PaymentSummary]:
+        """A guest's payments in an account, oldest first, each with what has been refunded of it (a read: no
+        fault, no key)."""
         now = self._now()
         found = []
         for payment in self._payments.values():
-            if payment.guest_id != guest_id:
+            if payment.guest_id != guest_id or payment.account != account:
                 continue
             settled = self._settled(payment, now)
             status = settled.status if isinstance(settled, Payment) else payment.status
@@ -274,6 +277,7 @@ class SandboxLedger:
                     currency=payment.currency,
                     status=status,
                     refunded_cents=self._refunded_cents.get(payment.payment_id, 0),
+                    account=payment.account,
                 )
             )
         return found
@@ -327,6 +331,7 @@ class SandboxLedger:
                 currency=hotel.currency,
                 status="held",
                 key=key,
+                account=body.account,
             )
             self._bookings[booking.booking_id] = booking
             entry = self._entry(
@@ -343,7 +348,7 @@ class SandboxLedger:
 
     def release_booking(self, key: str, body: ReleaseRequest) -> Outcome[Booking]:
         def effect() -> tuple[str, Booking, LedgerEntry]:
-            booking = self._held_booking(body.booking_id)
+            booking = self._held_booking(body.booking_id, body.account)
             released = msgspec.structs.replace(booking, status="released")
             self._bookings[released.booking_id] = released
             entry = self._entry(
@@ -368,7 +373,7 @@ class SandboxLedger:
         """A charge; `fate` is what the card does with it (declined: a record with no money moved, no entry)."""
 
         def effect() -> tuple[str, Payment, LedgerEntry | None]:
-            booking = self._held_booking(body.booking_id)
+            booking = self._held_booking(body.booking_id, body.account)
             self._check_guest(body.guest_id, booking)
             if body.currency is not None and body.currency != booking.currency:
                 raise InvalidRequest(
@@ -396,6 +401,7 @@ class SandboxLedger:
                 status=fate.value,
                 key=key,
                 settles_at=_iso(self._writing_at + pending_for) if fate is ChargeFate.PENDING else None,
+                account=booking.account,
             )
             self._payments[payment.payment_id] = payment
             if fate is ChargeFate.DECLINED:
@@ -415,7 +421,7 @@ class SandboxLedger:
     def refund_payment(self, key: str, body: RefundRequest) -> Outcome[Refund]:
         def effect() -> tuple[str, Refund, LedgerEntry]:
             payment = self._payments.get(body.payment_id)
-            if payment is None:
+            if payment is None or payment.account != body.account:  # another account's: not found from here
                 raise NotFound(
                     ErrorCode.PAYMENT_NOT_FOUND,
                     f"No payment {body.payment_id!r}; refund a payment_id returned by POST /payments.",
@@ -440,6 +446,7 @@ class SandboxLedger:
                 currency=payment.currency,
                 status="succeeded",
                 key=key,
+                account=payment.account,
             )
             self._refunds[refund.refund_id] = refund
             self._refunded_cents[payment.payment_id] = already + amount
@@ -458,7 +465,7 @@ class SandboxLedger:
     def send_email(self, key: str, body: EmailRequest) -> Outcome[Email]:
         def effect() -> tuple[str, Email, LedgerEntry]:
             if body.booking_id is not None:
-                self._check_guest(body.guest_id, self._booking(body.booking_id))
+                self._check_guest(body.guest_id, self._booking(body.booking_id, body.account))
             email = Email(
                 email_id=_resource_id("em_", EffectKind.EMAIL, key),
                 guest_id=body.guest_id,
@@ -467,6 +474,7 @@ class SandboxLedger:
                 status="sent",
                 key=key,
                 to=body.to,
+                account=body.account,
             )
             self._emails[email.email_id] = email
             entry = self._entry(EffectKind.EMAIL, key, email.guest_id, 0, None, email.email_id)
@@ -478,14 +486,14 @@ class SandboxLedger:
         """A CRM record per (guest, booking): a second update of them under another key is answered with the
         first record (replayed; its key now finds it too), never a second record. Without a booking: by key."""
         if body.booking_id is not None:
-            first = self._crm_by_booking.get((body.guest_id, body.booking_id))
+            first = self._crm_by_booking.get((body.account, body.guest_id, body.booking_id))
             stored = self._writes[EffectKind.CRM_UPDATE].get(key)
             if first is not None and (stored is None or self._now() - stored.committed_at >= self.retention):
                 return self._same_record(key, body, self._crm_updates[first])
 
         def effect() -> tuple[str, CrmUpdate, LedgerEntry]:
             if body.booking_id is not None:
-                self._check_guest(body.guest_id, self._booking(body.booking_id))
+                self._check_guest(body.guest_id, self._booking(body.booking_id, body.account))
             update = CrmUpdate(
                 crm_update_id=_resource_id("crm_", EffectKind.CRM_UPDATE, key),
                 guest_id=body.guest_id,
@@ -493,10 +501,13 @@ class SandboxLedger:
                 fields=dict(body.fields),
                 status="applied",
                 key=key,
+                account=body.account,
             )
             self._crm_updates[update.crm_update_id] = update
             if update.booking_id is not None:
-                self._crm_by_booking[(update.guest_id, update.booking_id)] = update.crm_update_id
+                self._crm_by_booking[(update.account, update.guest_id, update.booking_id)] = (
+                    update.crm_update_id
+                )
             entry = self._entry(EffectKind.CRM_UPDATE, key, update.guest_id, 0, None, update.crm_update_id)
             return update.crm_update_id, update, entry
 
@@ -550,9 +561,10 @@ class SandboxLedger:
     ) -> LedgerEntry:
         return LedgerEntry(kind, key, guest_id, amount_cents, currency, ref, _iso(self._writing_at))
 
-    def _booking(self, booking_id: str) -> Booking:
+    def _booking(self, booking_id: str, account: str) -> Booking:
+        """The booking, if it is the account's: another account's is not found from here."""
         booking = self._bookings.get(booking_id)
-        if booking is None:
+        if booking is None or booking.account != account:
             raise NotFound(
                 ErrorCode.BOOKING_NOT_FOUND,
                 f"No booking {booking_id!r}; use a booking_id returned by POST /bookings.",
@@ -560,8 +572,8 @@ class SandboxLedger:
             )
         return booking
 
-    def _held_booking(self, booking_id: str) -> Booking:
-        booking = self._booking(booking_id)
+    def _held_booking(self, booking_id: str, account: str) -> Booking:
+        booking = self._booking(booking_id, account)
         if booking.status != "held":
             raise StateConflict(
                 ErrorCode.BOOKING_RELEASED,

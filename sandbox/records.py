@@ -22,6 +22,9 @@ class EffectKind(StrEnum):
     CRM_UPDATE = "crm_update"
 
 
+# A provider keeps each account's records apart: a request made in one account (its `Provider-Account` header,
+# never its body) finds nothing of another's, as with a real provider's per-account API keys.
+
 # Request bodies. Unknown fields are ignored rather than refused so that a caller adding
 # tracing fields does not break; the idempotency fingerprint covers only the fields below.
 
@@ -31,10 +34,12 @@ class BookingRequest(msgspec.Struct, frozen=True):
     guest_id: NonEmpty
     check_in: str
     check_out: str
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class ReleaseRequest(msgspec.Struct, frozen=True):
     booking_id: NonEmpty
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class PaymentRequest(msgspec.Struct, frozen=True):
@@ -43,16 +48,19 @@ class PaymentRequest(msgspec.Struct, frozen=True):
     amount_cents: Cents
     # Optional because the booking already fixes the currency; when sent it must match.
     currency: str | None = None
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class RefundBody(msgspec.Struct, frozen=True):
     # None refunds whatever is left of the payment.
     amount_cents: Cents | None = None
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class RefundRequest(msgspec.Struct, frozen=True):
     payment_id: NonEmpty
     amount_cents: Cents | None = None
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class EmailRequest(msgspec.Struct, frozen=True):
@@ -61,12 +69,14 @@ class EmailRequest(msgspec.Struct, frozen=True):
     booking_id: str | None = None
     # Where it goes; absent: the guest's address of record (the runtime sends only a verified address).
     to: str | None = None
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class CrmUpdateRequest(msgspec.Struct, frozen=True):
     guest_id: NonEmpty
     booking_id: str | None = None
     fields: dict[str, Any] = {}
+    account: str = ""  # its Provider-Account header ("": the default account)
 
 
 class AuditRecordIn(msgspec.Struct, frozen=True):
@@ -102,7 +112,7 @@ class HotelSearch(msgspec.Struct, frozen=True):
     hotels: list[Hotel]
 
 
-class Booking(msgspec.Struct, frozen=True):
+class Booking(msgspec.Struct, frozen=True, omit_defaults=True):
     booking_id: str
     hotel_id: str
     hotel_name: str
@@ -115,6 +125,7 @@ class Booking(msgspec.Struct, frozen=True):
     currency: str
     status: str  # "held" | "released"
     key: str
+    account: str = ""  # the provider account it belongs to
 
 
 class Payment(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -126,9 +137,10 @@ class Payment(msgspec.Struct, frozen=True, omit_defaults=True):
     status: str  # "captured" | "declined" | "pending" (until settles_at, then "captured")
     key: str
     settles_at: str | None = None
+    account: str = ""  # the provider account it belongs to
 
 
-class Refund(msgspec.Struct, frozen=True):
+class Refund(msgspec.Struct, frozen=True, omit_defaults=True):
     refund_id: str
     payment_id: str
     booking_id: str
@@ -137,6 +149,7 @@ class Refund(msgspec.Struct, frozen=True):
     currency: str
     status: str  # "succeeded"
     key: str
+    account: str = ""  # the provider account it belongs to
 
 
 class Email(msgspec.Struct, frozen=True):
@@ -147,15 +160,17 @@ class Email(msgspec.Struct, frozen=True):
     status: str  # "sent"
     key: str
     to: str | None = None
+    account: str = ""  # the provider account it belongs to
 
 
-class CrmUpdate(msgspec.Struct, frozen=True):
+class CrmUpdate(msgspec.Struct, frozen=True, omit_defaults=True):
     crm_update_id: str
     guest_id: str
     booking_id: str | None
     fields: dict[str, Any]
     status: str  # "applied"
     key: str
+    account: str = ""  # the provider account it belongs to
 
 
 Record = Booking | Payment | Refund | Email | CrmUpdate
@@ -198,7 +213,7 @@ class LedgerEntry(msgspec.Struct, frozen=True):
     at: str
 
 
-class PaymentSummary(msgspec.Struct, frozen=True):
+class PaymentSummary(msgspec.Struct, frozen=True, omit_defaults=True):
     """One of a guest's payments as `GET /payments?guest_id=` lists it: what was paid and what is left to refund."""
 
     payment_id: str
@@ -208,6 +223,7 @@ class PaymentSummary(msgspec.Struct, frozen=True):
     currency: str
     status: str
     refunded_cents: int
+    account: str = ""  # the provider account it belongs to
 
 
 class GuestPayments(msgspec.Struct, frozen=True):

@@ -30,6 +30,7 @@ from contracts.provider_view import ProviderViewReply
 from contracts.run_events import ActionCompleted, ActionRequested, RunStarted, decode_event
 from contracts.subjects import StreamKind
 from contracts.tool_messages import Answer
+from services.gateway.access import may_approve, require_approver
 from services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
 from services.console.live import head_seq
 from services.gateway.access import Client
@@ -128,7 +129,7 @@ async def _approvals_page(
         approvals=shown,
         wanted=wanted,
         statuses=[s.value for s in ApprovalStatus],
-        may_operate=session.client.may(Scope.RUNS_OPERATE),
+        may_operate=may_approve(session.client),
         notice=notice,
     )
 
@@ -142,7 +143,8 @@ async def approvals_page(request: Request[Any, Any, Any]) -> Response[str]:
 async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> Response[str]:
     """The decision the API takes (POST /v1/approvals/{id}), bound to the action the page showed (its input
     hash); decided or expired already: the 409 message, in the page."""
-    session = await session_of(request, Scope.RUNS_OPERATE)
+    session = await session_of(request, Scope.APPROVALS_DECIDE)
+    require_approver(session.client)  # never a key that may start the runs it would approve
     form = await check_csrf(request, session)
     decision = form.get("decision")
     if decision not in ("approve", "reject"):

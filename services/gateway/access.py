@@ -5,8 +5,8 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from contracts.clients import ApiKeyRecord, Scope, secret_hash, split_key
-from contracts.errors import Forbidden, Unauthenticated
+from contracts.clients import EVERY_AGENT, ApiKeyRecord, Scope, secret_hash, split_key
+from contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
 
 BEARER = "bearer "
 
@@ -18,6 +18,8 @@ class Client:
     key_id: str
     tenant: str
     scopes: frozenset[str]
+    # The agents the key may start (`*`: every one); None: a key minted before keys named them.
+    agents: frozenset[str] | None = None
 
     @property
     def admin(self) -> bool:
@@ -54,9 +56,44 @@ def authenticate(key_id: str, secret: str, record: ApiKeyRecord | None) -> Clien
         raise Unauthenticated("invalid")
     if record.revoked_at is not None:  # whatever its time says: the operator's clock is not the gateway's
         raise Unauthenticated("revoked")
-    return Client(key_id=record.key_id, tenant=record.tenant, scopes=frozenset(record.scopes))
+    agents = frozenset(record.agents) if record.agents is not None else None
+    return Client(key_id=record.key_id, tenant=record.tenant, scopes=frozenset(record.scopes), agents=agents)
 
 
 def require(client: Client, scope: Scope) -> None:
     if not client.may(scope):
         raise Forbidden(scope=scope.value, key_id=client.key_id)
+
+
+def allowed_agents(client: Client, default_agent: str) -> frozenset[str]:
+    """The agents a client may start: what its key names; a key that names none (minted before keys did), only
+    the default agent, which is what it started before `?agent=` existed."""
+    if client.agents is None:
+        return frozenset({default_agent})
+    return client.agents
+
+
+def require_agent(client: Client, agent: str, default_agent: str) -> None:
+    """A key starts only the agents it names (an admin key: any). Another tenant's guest ids are never reachable
+    from an agent, but a key for the booking app must not become a refund desk (`?agent=support`)."""
+    if client.admin:
+        return
+    allowed = allowed_agents(client, default_agent)
+    if EVERY_AGENT not in allowed and agent not in allowed:
+        raise AgentNotAllowed(
+            agent=agent, allowed=", ".join(sorted(allowed)), tenant=client.tenant, key_id=client.key_id
+        )
+
+
+def may_approve(client: Client) -> bool:
+    """A manager's key: `approvals:decide` (or admin), and not a key that may also start runs."""
+    starts_runs = not client.admin and Scope.EVENTS_WRITE.value in client.scopes
+    return client.may(Scope.APPROVALS_DECIDE) and not starts_runs
+
+
+def require_approver(client: Client) -> None:
+    """A manager's decision: never by a key that may start runs, so the key whose run holds an action (the
+    `events:write` key of the run's tenant) never approves it."""
+    require(client, Scope.APPROVALS_DECIDE)
+    if not may_approve(client):
+        raise ApproverStartsRuns(key_id=client.key_id)

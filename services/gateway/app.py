@@ -40,7 +40,14 @@ from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_
 from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
 from contracts.subjects import Header, Namespace, StreamKind
 from services.console.app import console_router
-from services.gateway.access import Client, authenticate, parse_bearer, require
+from services.gateway.access import (
+    Client,
+    authenticate,
+    parse_bearer,
+    require,
+    require_agent,
+    require_approver,
+)
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
 from services.gateway import openapi as api
 from services.gateway import ops
@@ -139,11 +146,14 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     admission = admit(await _read_body(request), client.tenant, agent)
     if agent not in registry.agents:
         raise UnknownAgent(agent, known=sorted(registry.agents))
-    if client.tenant == SYNTHETIC_TENANT and agent != SYNTHETIC_AGENT:
-        # The synthetic turn's tenant: its key sits on the reconciler's pod; leaked, it may still only search.
-        raise AgentNotAllowed(
-            agent=agent, allowed=SYNTHETIC_AGENT, tenant=client.tenant, key_id=client.key_id
-        )
+    if client.tenant == SYNTHETIC_TENANT:
+        if agent != SYNTHETIC_AGENT:
+            # The synthetic turn's tenant: its key sits on the reconciler's pod; leaked, it may still only search.
+            raise AgentNotAllowed(
+                agent=agent, allowed=SYNTHETIC_AGENT, tenant=client.tenant, key_id=client.key_id
+            )
+    else:
+        require_agent(client, agent, registry.default_agent)  # a key starts only the agents it names
     message = admission.message
     door.limit(door.guests, f"{client.tenant}/{message.guest_id}", "guest")
     # The request's `gateway.request` span (trace_requests), whose context the inbound message carries on.
@@ -449,7 +459,8 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
     """A manager's decision: the record moves from pending once (compare-and-set); then the run is woken, and
     journals what the record says. Decided or expired already: 409 naming the status, nothing changes."""
     try:
-        client = await state.door.client(request, Scope.RUNS_OPERATE)
+        client = await state.door.client(request, Scope.APPROVALS_DECIDE)
+        require_approver(client)  # never a key that may start the runs it would approve
         try:
             body = _decision_decoder.decode(await _read_body(request))
         except msgspec.ValidationError as exc:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from contracts.clients import (
+    EXCLUSIVE_SCOPES,
     SECRET_BYTES,
     ApiKeyRecord,
     Scope,
@@ -59,13 +60,21 @@ class ClientKeys:
         except msgspec.DecodeError:
             return None  # a record this version cannot read authenticates nobody
 
-    async def create(self, tenant: str, scopes: list[Scope], name: str = "") -> MintedKey:
+    async def create(
+        self, tenant: str, scopes: list[Scope], name: str = "", agents: list[str] | None = None
+    ) -> MintedKey:
+        """`agents`: what the key may start (`*`: every agent); none named, the deployment's default agent only."""
         if not is_tenant(tenant):
             raise InvalidRequest(
                 f"tenant {tenant[:64]!r} must be lower-case letters, digits, _ and -, starting with a letter or digit"
             )
         if not scopes:
             raise InvalidRequest("a key needs at least one scope: " + ", ".join(s.value for s in Scope))
+        if {s.value for s in scopes} >= EXCLUSIVE_SCOPES:
+            raise InvalidRequest(
+                "a key may not both start runs (events:write) and approve what they hold (approvals:decide):"
+                " mint the manager's key separately"
+            )
         key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(SECRET_BYTES)
         record = ApiKeyRecord(
             key_id=key_id,
@@ -74,6 +83,7 @@ class ClientKeys:
             secret_sha256=secret_hash(secret),
             name=name,
             created_at=datetime.now(UTC),
+            agents=sorted(set(agents)) if agents else None,
         )
         await self.broker.kv_write(
             self.spec, self.ns.client_key(key_id), api_key_encoder.encode(record), revision=0

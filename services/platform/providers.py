@@ -12,6 +12,7 @@ from httpx_aiohttp import HttpxAiohttpClient
 
 from opentelemetry.context import Context
 
+from contracts.keys import ACCOUNT_ARG
 from contracts.spans import SpanAttr, SpanName
 from contracts.subjects import Header
 from contracts.tool_messages import ActionRequest, Answer
@@ -178,6 +179,8 @@ class Providers:
                 ) as sent:
                     headers = headers_for(sent)
                     headers[Header.IDEMPOTENCY_KEY.value] = request.key
+                    if account := request.args.get(ACCOUNT_ARG):
+                        headers[Header.PROVIDER_ACCOUNT.value] = str(account)
                     try:
                         # The client's timeout bounds each read, not the answer: one trickled a byte at a time
                         # would hold the call (and the worker's slot and claim) for ever. The whole call too.

@@ -6,13 +6,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from contracts.audit import Finding, FindingKind, Intent, ProviderEffect
-from contracts.keys import undone_by
+from contracts.keys import ACCOUNT_ARG, undone_by
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     JournalEvent,
     RunCompleted,
     RunHandedOff,
+    RunStarted,
     UnknownEvent,
 )
 from contracts.tool_messages import OutcomeStatus
@@ -29,10 +30,12 @@ def intents(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, Intent]
     askers: dict[str, list[Intent]] = {}
     for run_id, events in journals.items():
         terminal = any(isinstance(e, RunCompleted | RunHandedOff) for e in events)
+        tenant = next((e.tenant for e in events if isinstance(e, RunStarted)), "")
         requested = {e.step_no: e for e in events if isinstance(e, ActionRequested)}
         completed = {e.step_no: e for e in events if isinstance(e, ActionCompleted)}
         for step, request in requested.items():
-            askers.setdefault(request.key, []).append(Intent(run_id, request, completed.get(step), terminal))
+            intent = Intent(run_id, request, completed.get(step), terminal, tenant)
+            askers.setdefault(request.key, []).append(intent)
     return {key: _judged_by(found) for key, found in askers.items()}
 
 
@@ -106,9 +109,84 @@ def audit(
                     f"the provider holds {intent.request.tool} for the key; the ended run journaled {status or 'no receipt'}",
                 )
             )
+    findings.extend(other_tenants_guests(journals, tools))
     for rule in rules:
         findings.extend(rule(known))
     return findings
+
+
+def other_tenants_guests(
+    journals: Mapping[str, Sequence[JournalEvent]], tools: Mapping[str, Tool]
+) -> list[Finding]:
+    """Every action of one tenant's run that names, or was answered with, a provider record (a booking, a
+    payment) that a write of another tenant's run made, or that acts in another tenant's provider account.
+
+    A guest id alone cannot tell (two tenants may each have an `alice`), so records are traced to the run whose
+    write the provider answered with them. Every journaled step is judged, reads too: a listing of another
+    tenant's guest's payments is already a leak."""
+    steps: list[tuple[str, str, ActionRequested, ActionCompleted | None]] = []
+    for run_id, events in journals.items():
+        tenant = next((e.tenant for e in events if isinstance(e, RunStarted)), "")
+        completed = {e.step_no: e for e in events if isinstance(e, ActionCompleted)}
+        for e in events:
+            if isinstance(e, ActionRequested):
+                steps.append((run_id, tenant, e, completed.get(e.step_no)))
+    # Record id -> (tenant, run) whose write the provider answered with it.
+    made: dict[str, tuple[str, str]] = {}
+    for run_id, tenant, request, done in steps:
+        tool = tools.get(request.tool)
+        if done is None or done.status != OutcomeStatus.SUCCEEDED or tool is None:
+            continue
+        if tool.contract.effect is not Effect.READ:
+            for record in _ids(done.result) - _ids(request.args):
+                made.setdefault(record, (tenant, run_id))
+    findings: list[Finding] = []
+    for run_id, tenant, request, done in steps:
+        account = request.args.get(ACCOUNT_ARG)
+        if account and account != tenant:
+            findings.append(
+                Finding(
+                    FindingKind.OTHER_TENANTS_GUEST,
+                    request.key,
+                    run_id,
+                    f"{request.tool} of tenant {tenant!r} acted in provider account {account!r}",
+                )
+            )
+            continue
+        seen = _ids(request.args) | (_ids(done.result) if done is not None else set())
+        # A journal from before tenants (tenant "") is nobody's to compare with.
+        others = sorted((r, made[r]) for r in seen if r in made and tenant and made[r][0] not in ("", tenant))
+        if others:
+            record, (owner, maker) = others[0]
+            findings.append(
+                Finding(
+                    FindingKind.OTHER_TENANTS_GUEST,
+                    request.key,
+                    run_id,
+                    f"{request.tool} of tenant {tenant!r} touched {record}, made for tenant {owner!r} by {maker}",
+                )
+            )
+    return findings
+
+
+def _ids(value: object) -> set[str]:
+    """The provider record ids in a value: every string under a key ending in `_id` (but the guest's and the
+    run's own), at any depth (a listing's payments)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if isinstance(item, str) and name.endswith("_id") and name not in _NOT_RECORDS and item:
+                found.add(item)
+            elif isinstance(item, dict | list):
+                found |= _ids(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _ids(item)
+    return found
+
+
+# Ids that name no provider record: a guest id is per tenant, and the rest are ours.
+_NOT_RECORDS = frozenset({"guest_id", "run_id", "session_id", "event_id", "hotel_id", "call_id"})
 
 
 def unknown_events(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, list[str]]:

@@ -91,7 +91,7 @@ from services.runtime.core.decide import (
     next_move,
 )
 from contracts.catalog import AgentConfig
-from contracts.keys import KeyScheme
+from contracts.keys import GuestScope, KeyScheme
 from contracts.run_events import HandOffReason, Passage
 from services.knowledge.library import Library
 from services.platform.guests import GuestProfiles
@@ -455,6 +455,7 @@ class Runtime:
                 profile=profile,
                 history=history,
                 key_scheme=KeyScheme.BUSINESS,
+                guest_scope=GuestScope.TENANT,  # the guest is (tenant, guest) at every provider
             )
             try:
                 seq = await self.journal.append(started, 0, headers_for(ctx))

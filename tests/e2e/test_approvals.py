@@ -120,7 +120,9 @@ async def test_another_tenants_approval_is_not_found_and_the_cli_decides_through
     await eventually(lambda: _approval(client, approval_id), what="the approval's record")
 
     stranger = (
-        await ClientKeys(broker, client.ns).create("initech", [Scope.RUNS_OPERATE, Scope.RUNS_READ])
+        await ClientKeys(broker, client.ns).create(
+            "initech", [Scope.RUNS_OPERATE, Scope.RUNS_READ, Scope.APPROVALS_DECIDE]
+        )
     ).key
     async with httpx.AsyncClient(
         base_url=client.stack.gateway_url, timeout=20.0, headers=auth_header(stranger)

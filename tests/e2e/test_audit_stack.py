@@ -71,7 +71,8 @@ async def test_audit_finds_nothing_after_clean_runs_then_names_effects_no_run_as
     charge_key, booking_key = unique("rogue-charge"), unique("rogue-booking")
     charged = await client.http.post(
         f"{stack.sandbox_url}/payments",
-        headers={"Idempotency-Key": charge_key},
+        # In the booking's own provider account (the tenant's): another account does not find it.
+        headers={"Idempotency-Key": charge_key, "Provider-Account": held["account"]},
         json={
             "booking_id": held["booking_id"],
             "guest_id": held["guest_id"],

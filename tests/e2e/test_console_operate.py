@@ -335,7 +335,9 @@ async def test_another_tenants_key_sees_none_of_it_and_cannot_act_on_it(
     seq, _ = await _dead_letter(broker, stack, run_id, reason="theirs")
     unknown_run, _, _ = await _unknown_run(stack, broker)
     key = (
-        await ClientKeys(broker, stack.ns).create("initech", [Scope.RUNS_READ, Scope.RUNS_OPERATE], "other")
+        await ClientKeys(broker, stack.ns).create(
+            "initech", [Scope.RUNS_READ, Scope.RUNS_OPERATE, Scope.APPROVALS_DECIDE], "other"
+        )
     ).key
     base = stack.stack.gateway_url
     await signed_in(page, base, key, "/console/approvals")

@@ -35,15 +35,19 @@ class Run:
     run_id: str
     events: list[RunEvent] = field(default_factory=list)
     step: int = 0
+    tenant: str = ""
+    guest_id: str = "g"
+    agent: str = "booking"
 
     def __post_init__(self) -> None:
         self.events.append(
             RunStarted(
                 run_id=self.run_id,
                 at=T0,
-                agent="booking",
+                agent=self.agent,
                 session_id="s",
-                guest_id="g",
+                guest_id=self.guest_id,
+                tenant=self.tenant,
                 event_id=self.run_id,
                 idempotency_key=self.run_id,
                 input_hash="h",
@@ -445,3 +449,52 @@ def test_stray_effects_under_a_business_key_name_the_run_that_journaled_it_or_no
     found = sorted((f.kind, f.key, f.run_id) for f in world.findings())
 
     assert found == [("duplicate_effect", CHARGE, "run_a"), ("effect_without_intent", HOLD, "")]
+
+
+# Tenants ------------------------------------------------------------------------------------------------------
+
+
+def alice_paid_in_demo(world: World) -> str:
+    """Tenant demo's guest alice holds a room and pays 240.00 EUR; the payment's id."""
+    run = Run("run_demo", tenant="demo", guest_id="alice")
+    args = {"guest_id": "alice", "account": "demo"}
+    run.act(
+        "create_booking", {**args, "hotel_id": "lis-1"}, result={"booking_id": "bk_1", "total_cents": 24000}
+    )
+    run.act(
+        "create_payment", {**args, "booking_id": "bk_1"}, result={"payment_id": "pay_1", "booking_id": "bk_1"}
+    )
+    world.runs.append(run.end())
+    return "pay_1"
+
+
+def test_another_tenants_run_listing_and_refunding_a_guests_payment_is_a_finding() -> None:
+    """Issue 17: tenant evil's support run for "alice" listed and refunded demo's alice's payment, and the
+    audit reported nothing (a guest id alone cannot tell: both tenants may have an alice)."""
+    world = World()
+    payment_id = alice_paid_in_demo(world)
+    evil = Run("run_evil", tenant="evil", guest_id="alice", agent="support")
+    listed = {"payments": [{"payment_id": payment_id, "guest_id": "alice", "amount_cents": 24000}]}
+    listing = evil.act("find_payments", {"guest_id": "alice"}, result=listed)
+    refund = evil.act(
+        "refund_payment", {"payment_id": payment_id, "amount_cents": 15000}, result={"refund_id": "re_1"}
+    )
+    world.runs.append(evil.end())
+    found = [f for f in world.findings() if f.kind == "other_tenants_guest"]
+    assert {(f.key, f.run_id) for f in found} == {(listing, "run_evil"), (refund, "run_evil")}
+    assert all("made for tenant 'demo' by run_demo" in f.detail for f in found)
+
+
+def test_a_call_in_another_tenants_provider_account_is_a_finding_and_one_tenants_own_are_not() -> None:
+    world = World()
+    alice_paid_in_demo(world)
+    mine = Run("run_demo_2", tenant="demo", guest_id="alice", agent="support")
+    mine.act("find_payments", {"guest_id": "alice", "account": "demo"}, result={"payments": []})
+    mine.act("refund_payment", {"payment_id": "pay_1", "amount_cents": 100, "account": "demo"})
+    world.runs.append(mine.end())
+    assert [f for f in world.findings() if f.kind == "other_tenants_guest"] == []
+    astray = Run("run_evil", tenant="evil", guest_id="bob", agent="support")
+    key = astray.act("find_payments", {"guest_id": "bob", "account": "demo"}, result={"payments": []})
+    world.runs.append(astray.end())
+    (finding,) = [f for f in world.findings() if f.kind == "other_tenants_guest"]
+    assert (finding.key, finding.run_id) == (key, "run_evil") and "account 'demo'" in finding.detail

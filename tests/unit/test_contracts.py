@@ -703,7 +703,7 @@ def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
             lambda: AgentNotAllowed(agent="booking", allowed="synthetic", tenant="synthetic", key_id="k1"),
             "forbidden",
             "none",
-            {"agent": "booking", "tenant": "synthetic", "key_id": "k1"},
+            {"agent": "booking", "allowed": "synthetic", "tenant": "synthetic", "key_id": "k1"},
         ),
     ],
 )

@@ -11,9 +11,16 @@ import pytest
 
 from contracts.active import GRACE_S, ActiveRuns, entry_deadline
 from contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
-from contracts.errors import Forbidden, Unauthenticated
+from contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
 from crashsafe.operations import api_key_for
-from services.gateway.access import Client, authenticate, parse_bearer, require
+from services.gateway.access import (
+    Client,
+    authenticate,
+    parse_bearer,
+    require,
+    require_agent,
+    require_approver,
+)
 from services.gateway.quotas import Rate, TokenBuckets
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -99,6 +106,42 @@ def test_a_scope_is_required_and_admin_holds_every_scope_and_tenant() -> None:
     for scope in Scope:
         require(admin, scope)
     assert admin.sees("globex") and admin.sees("")
+
+
+def test_a_key_starts_only_the_agents_it_names_and_one_naming_none_only_the_default() -> None:
+    """Issue 17: a tenant's booking key sent `?agent=support` and refunded another tenant's guest."""
+    named = authenticate(KEY_ID, SECRET, record(agents=["booking"]))
+    require_agent(named, "booking", "booking")
+    with pytest.raises(AgentNotAllowed) as refused:
+        require_agent(named, "support", "booking")
+    assert refused.value.details() == {
+        "agent": "support",
+        "allowed": "booking",
+        "tenant": "acme",
+        "key_id": KEY_ID,
+    }
+    older = authenticate(KEY_ID, SECRET, record())  # minted before keys named agents: the default agent only
+    require_agent(older, "booking", "booking")
+    with pytest.raises(AgentNotAllowed):
+        require_agent(older, "support", "booking")
+    every = authenticate(KEY_ID, SECRET, record(agents=["*"]))
+    require_agent(every, "support", "booking")
+    require_agent(Client(key_id="a", tenant="ops", scopes=frozenset({"admin"})), "support", "booking")
+
+
+def test_an_approval_needs_a_managers_key_never_one_that_starts_runs() -> None:
+    """Issue 17: the key whose run held a refund for a manager approved it itself (runs:operate sufficed)."""
+    starter = Client(
+        key_id="k1", tenant="evil", scopes=frozenset({"events:write", "runs:read", "runs:operate"})
+    )
+    with pytest.raises(Forbidden) as missing:
+        require_approver(starter)
+    assert missing.value.details()["scope"] == "approvals:decide"
+    both = Client(key_id="k2", tenant="evil", scopes=frozenset({"events:write", "approvals:decide"}))
+    with pytest.raises(ApproverStartsRuns):
+        require_approver(both)
+    require_approver(Client(key_id="k3", tenant="evil", scopes=frozenset({"approvals:decide", "runs:read"})))
+    require_approver(Client(key_id="k4", tenant="ops", scopes=frozenset({"admin"})))
 
 
 def test_a_scope_a_newer_writer_granted_is_kept_and_never_matches_a_known_one() -> None:

@@ -20,6 +20,7 @@ from services.agents.booking.tools import TOOLS
 from services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
 from services.registry import compensation_contracts, model_contracts
 from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
+from services.runtime.core.guests import in_account
 from services.runtime.core.state import RunState
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -112,12 +113,13 @@ class BookingAgent:
             ):
                 continue
             confirmed.add(booking_id)
-            email: dict[str, Any] = {"booking_id": booking_id, "guest_id": state.guest_id}
+            email: dict[str, Any] = in_account(state, {"booking_id": booking_id, "guest_id": state.guest_id})
             profile = state.started.profile
             if profile is not None and profile.verified_email:
                 email["to"] = profile.verified_email
             calls.append(ProjectionCall("send_confirmation_email", email))
-            calls.append(ProjectionCall("update_crm", {"booking_id": booking_id, "guest_id": state.guest_id}))
+            crm = in_account(state, {"booking_id": booking_id, "guest_id": state.guest_id})
+            calls.append(ProjectionCall("update_crm", crm))
         return tuple(calls)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
@@ -192,12 +194,8 @@ class BookingAgent:
                 dates = _dates(args)
                 if isinstance(dates, ErrorInfo):
                     return dates
-                return {
-                    "hotel_id": hotel_id,
-                    "guest_id": state.guest_id,
-                    "check_in": dates[0],
-                    "check_out": dates[1],
-                }
+                hold = {"hotel_id": hotel_id, "check_in": dates[0], "check_out": dates[1]}
+                return in_account(state, hold | {"guest_id": state.guest_id})
             case "create_payment":
                 booking = self._held_booking(state, args)
                 if isinstance(booking, ErrorInfo):
@@ -217,25 +215,29 @@ class BookingAgent:
                         message=f"booking {booking['booking_id']} is already paid or being paid in this run",
                         details={"booking_id": booking["booking_id"]},
                     )
-                return {
+                charge = {
                     "booking_id": booking["booking_id"],
                     "guest_id": state.guest_id,
                     "amount_cents": int(booking["total_cents"]),
                     # Never a guessed currency: none from the provider is refused by the policy.
                     "currency": str(booking.get("currency") or ""),
                 }
+                return in_account(state, charge)
             case "release_booking":
                 booking_id = _string(args, "booking_id")
-                return booking_id if isinstance(booking_id, ErrorInfo) else {"booking_id": booking_id}
+                if isinstance(booking_id, ErrorInfo):
+                    return booking_id
+                return in_account(state, {"booking_id": booking_id})
             case "refund_payment":
                 payment_id = _string(args, "payment_id")
                 if isinstance(payment_id, ErrorInfo):
                     return payment_id
-                return {
+                refund = {
                     "payment_id": payment_id,
                     "amount_cents": int(args.get("amount_cents") or 0),
                     "booking_id": str(args.get("booking_id", "")),
                 }
+                return in_account(state, refund)
             case "remember_preference":
                 return prepare_preference(state, args)
         # The email and the CRM record are not prepared here: never the model's tools, they are projections

@@ -22,6 +22,7 @@ from services.agents.booking.arguments import RefundArgs
 from services.agents.support.tools import FIND_PAYMENTS, FindPaymentsArgs
 from services.registry import model_contracts
 from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
+from services.runtime.core.guests import in_account, owns, the_guest
 from services.runtime.core.state import RunState
 
 INSTRUCTIONS = (
@@ -56,11 +57,7 @@ def found_payment(state: RunState, payment_id: str) -> dict[str, Any] | None:
     if latest is None:
         return None
     for payment in latest[1].get("payments", []):
-        if (
-            isinstance(payment, dict)
-            and payment.get("payment_id") == payment_id
-            and payment.get("guest_id") == state.guest_id
-        ):
+        if isinstance(payment, dict) and payment.get("payment_id") == payment_id and owns(state, payment):
             return payment
     return None
 
@@ -107,7 +104,7 @@ class SupportAgent:
     ) -> dict[str, Any] | ErrorInfo:
         match tool.name:
             case "find_payments":
-                return {"guest_id": state.guest_id}  # the run's guest, whatever the model names
+                return the_guest(state)  # the run's guest in its tenant's account, whatever the model names
             case "refund_payment":
                 return self._refund(state, args)
         return _invalid(ErrorCode.INVALID_TOOL_ARGUMENTS, f"no argument rules for {tool.name}")
@@ -150,10 +147,11 @@ class SupportAgent:
                 left_cents=left,
                 asked_cents=asked,
             )
-        return {
+        refund = {
             "payment_id": payment_id,
             "amount_cents": asked,
             "currency": str(payment.get("currency", "")),
             "booking_id": str(payment.get("booking_id", "")),
             "guest_id": state.guest_id,
         }
+        return in_account(state, refund)

@@ -13,6 +13,7 @@ from typing import Any
 
 from contracts.approvals import ApprovalStatus
 from contracts.catalog import AgentConfig
+from contracts.keys import ACCOUNT_ARG
 from contracts.policy import (
     ApprovalAbove,
     Approver,
@@ -26,6 +27,7 @@ from contracts.policy import (
 from contracts.run_events import Origin
 from contracts.tool_messages import OutcomeStatus
 from contracts.tools import Effect, ToolContract
+from services.runtime.core.guests import owns
 from services.runtime.core.state import RunState
 
 
@@ -115,7 +117,7 @@ def check_asked(
             # An amount the model names for a payment of this guest the run has seen is bounded here, as asked
             # (a payment the run has not seen is the agent's `prepare` to refuse: find it first).
             seen = _payment(state, str(asked.get("payment_id", "")))
-            if seen is not None and seen[0].get("guest_id") == state.guest_id:
+            if seen is not None and owns(state, seen[0]):
                 bounded = _refund_within_paid(state, rule, asked, "")
                 if isinstance(bounded, Deny):
                     return bounded
@@ -379,6 +381,7 @@ def _payment(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | N
             made = {
                 "payment_id": payment_id,
                 "guest_id": req.args.get("guest_id"),
+                ACCOUNT_ARG: req.args.get(ACCOUNT_ARG, ""),
                 "amount_cents": req.args.get("amount_cents"),
                 "currency": req.args.get("currency", ""),
             }
@@ -405,7 +408,7 @@ def _refund_within_paid(
     payment_id = str(args.get("payment_id", ""))
     amount = args.get("amount_cents")
     seen = _payment(state, payment_id)
-    if seen is None or seen[0].get("guest_id") != state.guest_id:
+    if seen is None or not owns(state, seen[0]):  # (tenant, guest): another tenant's "alice" is not ours
         return Deny(name, f"payment {payment_id} is not one of this guest's payments found in this run")
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         return Deny(name, "a refund names a positive amount in cents")

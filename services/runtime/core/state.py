@@ -17,6 +17,7 @@ from contracts.run_events import (
     ToolCall,
     TurnReceived,
 )
+from contracts.keys import provider_account
 from contracts.tool_messages import OutcomeStatus
 
 
@@ -73,6 +74,11 @@ class RunState:
     # Guest turns in the transcript when the latest model answer was journaled: retrieval searches a turn's
     # text once, before that turn's first answered model call (`core/retrieval.py`).
     searched_turns: int = 0
+
+    @property
+    def account(self) -> str:
+        """The provider account this run acts in: its tenant's own ("" for a run journaled before tenancy)."""
+        return provider_account(self.started.tenant, self.started.guest_scope)
 
     @property
     def budget(self) -> Budget:
