@@ -36,6 +36,12 @@ class Record:
     status: RecordStatus
     attempts: int
     outcome: ActionOutcome | None
+    # Wall clock when the latest call with the key was sent (None: not known); with `attempts`, what a previous
+    # life or a previous store leaves to the next: until the tool's in-flight window passes, "absent" is no proof.
+    sent_at: float | None = None
+    # The run and step whose request first asked for the key ("" if not known): the effect is theirs.
+    run_id: str = ""
+    step_no: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +65,12 @@ class Conflict:
 
 @dataclass(frozen=True, slots=True)
 class Resolve:
-    """An intent with no receipt (a previous life died, or the answer was lost): ask the provider by key first."""
+    """An intent with no receipt (a previous life died, or the answer was lost): ask the provider by key first.
+    `sent_at`: when its latest call was sent (wall clock), if known; the key is not called again before the
+    tool's in-flight window from then has passed."""
 
     attempts: int
+    sent_at: float | None = None
 
 
 Plan = Execute | Replay | Conflict | Resolve
@@ -123,7 +132,33 @@ def classify(
                 evidence=[*stored.evidence, first_asked_by(stored)],
             )
         )
-    return Resolve(attempts=record.attempts)
+    return Resolve(attempts=record.attempts, sent_at=record.sent_at)
+
+
+def credited(outcome: ActionOutcome, record: Record | None) -> ActionOutcome:
+    """An outcome settled for a key another run or step asked for first (its intent was open, then this request
+    came): the effect is the first asker's, and the evidence says so, so this run never undoes or pays for it
+    as its own. A provider's answer to this request is never proof that this request made the effect."""
+    if record is None or not record.run_id:
+        return outcome
+    if (record.run_id, record.step_no) == (outcome.run_id, outcome.step_no):
+        return outcome
+    line = Evidence(
+        asked=Asked.STORE_RECEIPT,
+        key=outcome.key,
+        answer=Answer.REPLAYED,
+        detail=first_made_detail(record.run_id, record.step_no),
+        at=outcome.evidence[-1].at if outcome.evidence else _EPOCH,
+    )
+    return msgspec.structs.replace(outcome, evidence=[*outcome.evidence, line])
+
+
+def receipt_of(outcome: ActionOutcome, record: Record | None) -> ActionOutcome:
+    """The receipt the store keeps: the first asker's, whoever's request settled it, so a replay to anyone else
+    names them (`first_asked_by`)."""
+    if record is None or not record.run_id:
+        return outcome
+    return msgspec.structs.replace(outcome, run_id=record.run_id, step_no=record.step_no)
 
 
 def _undone(request: ActionRequest, stored: ActionOutcome, undone_key: str, deliveries: int) -> ActionOutcome:

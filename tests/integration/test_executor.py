@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -448,12 +449,12 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
             1,
             None,
         )
-        assert [(r.key, n) for r, n in await store.open_intents()] == [(request.key, 1), (other.key, 1)]
+        assert [(r.key, n) for r, n, _ in await store.open_intents()] == [(request.key, 1), (other.key, 1)]
         assert (await store.open_intents())[0][
             0
         ] == request  # the full request survives for start-up reconciliation
 
-        await store.attempt(request.key, 2)
+        await store.attempt(request.key, 2, time.time())
         outcome = ActionOutcome(
             run_id="run_a",
             step_no=2,
@@ -478,7 +479,7 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
             2,
             outcome,
         )
-        assert [(r.key, n) for r, n in await reopened.open_intents()] == [(other.key, 1)]
+        assert [(r.key, n) for r, n, _ in await reopened.open_intents()] == [(other.key, 1)]
         assert (await reopened.get(other.key)).status == "unknown"  # type: ignore[union-attr]
         assert await reopened.count() == 2
     finally:
