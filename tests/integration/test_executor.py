@@ -621,13 +621,18 @@ async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unk
     harness: Harness,
 ) -> None:
     """A delivery died mid-call; the next one finds the intent: the lookup says absent (the provider is still
-    processing), the call with the same key answers 409 idempotency_key_in_use. That is not a refusal: the
-    outcome stays unknown until the provider has decided, and then it is found."""
+    processing, slower than the tool's declared in-flight window), the call with the same key answers 409
+    idempotency_key_in_use. That is not a refusal: the outcome stays unknown until the provider has decided,
+    and then it is found."""
     await harness.start("payment", registry=FAST, max_deliver=3)
     executor = harness.executors["payment"]
     booking = await harness.booking()
     request = harness.request("create_payment", "payment", pay_args(booking))
-    assert await executor._store_for(request.key).begin(request, stream_seq=1)
+    store = executor._store_for(request.key)
+    assert await store.begin(request, stream_seq=1)
+    # The previous life's call was sent longer ago than the window: the next life may call again at once
+    # (within the window it would not: test_a_call_of_a_previous_life_is_waited_out_not_called_over).
+    await store.attempt(request.key, 1, time.time() - 60)
     await harness.world.arm("payments", commit_delay_ms=2000)
     previous_life = asyncio.create_task(
         harness.sandbox.post("/payments", json=request.args, headers={"Idempotency-Key": request.key})
@@ -648,6 +653,39 @@ async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unk
     found = [o for o in await harness.outcomes_for(request.key) if o.status == OutcomeStatus.SUCCEEDED]
     assert found and found[-1].via == "provider_lookup"
     assert not [o for o in harness.outcomes if o.status == OutcomeStatus.FAILED]
+    assert len(await charges(harness)) == 1
+
+
+async def test_a_call_of_a_previous_life_is_waited_out_not_called_over(harness: Harness) -> None:
+    """Issue 17, item 7: a delivery died mid-call; the next life's lookup says absent while that call is still in
+    the provider's hands. The time it was sent is on the intent row, so the key is called again only once the
+    tool's in-flight window from then has passed, and the attempt count goes on from the row's."""
+    await harness.start("payment", registry=FAST, max_deliver=3)
+    executor = harness.executors["payment"]
+    booking = await harness.booking()
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    store = executor._store_for(request.key)
+    assert await store.begin(request, stream_seq=1)
+    sent = time.time()
+    await harness.world.arm("payments", commit_delay_ms=1000)
+    previous_life = asyncio.create_task(
+        harness.sandbox.post("/payments", json=request.args, headers={"Idempotency-Key": request.key})
+    )
+    await eventually(
+        lambda: _in_flight(harness, request.key),
+        what="the previous call in the provider's hands",
+        every_s=0.02,
+    )
+
+    await inprocess.deliver(executor, request, 2)
+
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert outcome.status == OutcomeStatus.SUCCEEDED and outcome.attempts == 2, outcome
+    assert trail_of(outcome)[:2] == [("provider.lookup", "absent"), ("provider.call", "unknown")]
+    assert not [e for e in outcome.evidence if "in progress" in e.detail]  # never called over it (409)
+    called = next(e.at for e in outcome.evidence if e.asked == "provider.call").timestamp()
+    assert called - sent >= FAST_WINDOW_S, f"called again {called - sent:.2f}s after the previous life's call"
+    assert (await previous_life).status_code == 201
     assert len(await charges(harness)) == 1
 
 
