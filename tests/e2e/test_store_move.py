@@ -73,4 +73,6 @@ async def test_a_paid_booking_is_never_released_by_a_later_run_after_its_partiti
     assert ledger["counts"]["booking_release"] == 0
     # The provider was not asked for the key again: once its retention passed, it could not have said it knew it.
     assert ledger["replays"].get("booking", 0) == 0
-    assert list((tmp_path / "new-volume").glob("*-booking-p*.sqlite3")), "the new volume's stores were not used"
+    assert list((tmp_path / "new-volume").glob("*-booking-p*.sqlite3")), (
+        "the new volume's stores were not used"
+    )
