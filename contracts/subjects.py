@@ -33,6 +33,8 @@ class Header(StrEnum):
     IDEMPOTENCY_KEY = "Idempotency-Key"
     AUTHORIZATION = "Authorization"
     RETRY_AFTER = "Retry-After"
+    # A provider's "this answer is the one an earlier request with the key got" (Stripe's header).
+    IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
     CONTENT_LENGTH = "Content-Length"
     # Per-message TTL (nats-server 2.11+): a lease or membership key the server removes unless it is renewed.
     MSG_TTL = "Nats-TTL"

@@ -16,6 +16,9 @@ from contracts.tool_messages import (
     Asked,
     Evidence,
     OutcomeStatus,
+    ANOTHER_REQUEST,
+    FIRST_MADE_FOR,
+    first_made_by,
     first_made_detail,
     RecordStatus,
     Via,
@@ -129,7 +132,11 @@ def classify(
                 via=Via.REPLAY if stored.via == Via.CALL else stored.via,
                 attempts=stored.attempts,
                 deliveries=deliveries,
-                evidence=[*stored.evidence, first_asked_by(stored)],
+                # A receipt that already names its maker (a provider's replay) keeps it: the store's first asker
+                # only asked, another request made it.
+                evidence=[*stored.evidence]
+                if first_made_by(stored.evidence) is not None
+                else [*stored.evidence, first_asked_by(stored)],
             )
         )
     return Resolve(attempts=record.attempts, sent_at=record.sent_at)
@@ -248,6 +255,16 @@ def after_call(
     if attempts < contract.max_attempts:
         return CallAgain(delay_s=max(_backoff(attempts), answer.retry_after_s or 0.0))
     return Done(_unavailable(request, answer, attempts, deliveries))
+
+
+def made_by_another(key_shared: bool, answer: ProviderAnswer, attempts: int) -> str | None:
+    """The evidence detail for a call whose answer the provider says it replayed (`Idempotent-Replayed`), if
+    that answer is proof another request made the effect: our first call with a shared key had no earlier call
+    of ours to replay (from the second attempt on, the replay may be of our own earlier call, and a step key is
+    only ever its own run's). A provider's replay never counts as "this run made it"."""
+    if not (key_shared and answer.replayed and answer.kind == Answer.OK and attempts == 1):
+        return None
+    return f"{FIRST_MADE_FOR}{ANOTHER_REQUEST} (the provider replayed an earlier request's answer)"
 
 
 def after_lookup(

@@ -55,6 +55,7 @@ from services.executor.core import (
     after_lookup,
     classify,
     credited,
+    made_by_another,
     receipt_of,
     refused,
     unknown_outcome,
@@ -513,6 +514,9 @@ class Executor:
             )
             _PROVIDER_CALL_SECONDS(request.tool).observe(time.monotonic() - started)
             _PROVIDER_CALLS(request.tool, _CALL_OUTCOME.get(answer.kind, str(answer.kind))).inc()
+            maker = made_by_another(key_facts.shared(request.key), answer, attempts)
+            if maker is not None:  # the call's evidence line says whose effect this is
+                trail[-1] = msgspec.structs.replace(trail[-1], detail=maker)
             if answer.kind == Answer.UNKNOWN:
                 unknown_sent_at, skew = sent_wall, 0.0
             return after_call(request, contract, answer, attempts, deliveries)

@@ -96,7 +96,10 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"dead letter: executor_{f}", NS.dead_letters(f"executor_{f}")) for f in FAMILIES),
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
         # An action key's facts beside its partition's store (issue 17): each family's executors, their own only.
-        *(Probe("publish", f"KV key facts: `fact.{f}.h`", f"$KV.sweep_key_facts.fact.{f}.h") for f in FAMILIES),
+        *(
+            Probe("publish", f"KV key facts: `fact.{f}.h`", f"$KV.sweep_key_facts.fact.{f}.h")
+            for f in FAMILIES
+        ),
         *(
             Probe(
                 "direct get",
