@@ -646,7 +646,8 @@ async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unk
     with pytest.raises(OutcomeStillUnknown) as comes_back:
         await inprocess.deliver(executor, request, 1)
     in_use = [e for e in comes_back.value.evidence if e.asked == "provider.call"]
-    assert in_use and all(e.answer == "unknown" and "in progress" in e.detail for e in in_use)
+    assert in_use, comes_back.value.evidence
+    assert all(e.answer == "unknown" and "in progress" in e.detail for e in in_use)
     assert (await previous_life).status_code == 201
     await harness.world.clear_faults()
     await inprocess.deliver(executor, request, 2)
@@ -687,6 +688,40 @@ async def test_a_call_of_a_previous_life_is_waited_out_not_called_over(harness: 
     assert called - sent >= FAST_WINDOW_S, f"called again {called - sent:.2f}s after the previous life's call"
     assert (await previous_life).status_code == 201
     assert len(await charges(harness)) == 1
+
+
+async def test_a_takeover_by_an_empty_store_counts_on_from_the_previous_stores_attempts(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """Issue 17, item 7: the previous holder spent both attempts of a charge on unknown answers and handed its
+    partitions back; the replica that takes them over has an empty store. Its lookup says absent: it counts on
+    from the two attempts in the key's facts, so the key's outcome stays unknown (the reconciler asks on), and
+    it never sends a third call (with its count restarting at 0, it did)."""
+    booking = await harness.booking()
+    request = harness.request(
+        "create_payment",
+        "payment",
+        pay_args(booking),
+        key=business_key("charge", "t1", {"booking_id": booking["booking_id"]}),
+    )
+    async with inprocess.executor(harness.settings, "payment", registry=FAST, max_deliver=3) as previous:
+        await harness.world.arm("payments", fail_5xx=2)
+        with pytest.raises(OutcomeStillUnknown) as spent:
+            await inprocess.deliver(previous, request, 1)
+        assert [e.asked for e in spent.value.evidence].count("provider.call") == 2
+    assert len(await charges(harness)) == 0
+
+    moved = dataclasses.replace(
+        harness.settings, data_dir=tmp_path / "new-volume", worker_id="test-executor-b"
+    )
+    async with inprocess.executor(moved, "payment", registry=FAST, max_deliver=3) as taking_over:
+        await eventually(
+            lambda: taking_over.partitions == list(range(PARTITIONS)) or None, what="the takeover"
+        )
+        with pytest.raises(OutcomeStillUnknown) as asked:
+            await inprocess.deliver(taking_over, request, 1)
+    assert trail_of(asked.value) == [("provider.lookup", "absent")]  # no third call
+    assert len(await charges(harness)) == 0
 
 
 async def _in_flight(harness: Harness, key: str) -> bool:
