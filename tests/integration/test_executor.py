@@ -19,7 +19,7 @@ import httpx
 import msgspec
 import pytest
 
-from contracts.errors import CrashsafeError, ErrorCode, RetryClass
+from contracts.errors import CrashsafeError, ErrorCode, PartitionNotOwned, RetryClass
 from contracts.keys import action_key, business_key, input_hash, partition_of
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from contracts.tool_messages import (
@@ -29,12 +29,15 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services.executor.fact_book import FactBook
+from services.executor.facts import attempted, first_asked
 from services.executor.service import Executor, OutcomeStillUnknown
 from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from tests.support import inprocess
+from tests.support.broker import ensure_streams
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
 from tests.support.capabilities import signed
@@ -722,6 +725,24 @@ async def test_a_takeover_by_an_empty_store_counts_on_from_the_previous_stores_a
             await inprocess.deliver(taking_over, request, 1)
     assert trail_of(asked.value) == [("provider.lookup", "absent")]  # no third call
     assert len(await charges(harness)) == 0
+
+
+async def test_a_stale_lease_holder_never_writes_a_keys_facts(harness: Harness) -> None:
+    """The fence carried into the key-facts bucket: a value written under a newer lease token refuses a writer
+    holding an older one (an old holder paused between its fence check and its write), and the value stays."""
+    await ensure_streams(harness.broker, harness.ns)  # as the operator
+    book = FactBook(harness.broker, harness.ns, "payment")
+    request = harness.request("create_payment", "payment", {"booking_id": "bk_1"}, key="charge:abc")
+    newer = first_asked(request, time.time(), token=9, store="store-b")
+    assert await book.first(newer, lambda: None) is None
+    with pytest.raises(PartitionNotOwned):
+        await book.change(
+            request.key, lambda f: attempted(f or newer, 2, time.time(), 7, "store-a"), 7, lambda: None, 0
+        )
+    assert (await book.read(request.key))[0] == newer
+    await book.change(request.key, lambda f: attempted(f or newer, 2, 5.0, 9, "store-b"), 9, lambda: None, 0)
+    stored, _ = await book.read(request.key)
+    assert stored is not None and (stored.attempts, stored.sent_at) == (2, 5.0)
 
 
 async def _in_flight(harness: Harness, key: str) -> bool:
