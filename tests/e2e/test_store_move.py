@@ -24,6 +24,7 @@ from services.platform.jetstream import Broker
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from services.registry import load
+from tests.support import inprocess
 from tests.support.payment_replicas import Payments, Replica, owners, payment_world
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually, unique
@@ -49,7 +50,7 @@ def _maker(completed: dict[str, Any]) -> str | None:
 
 
 async def test_a_paid_booking_is_never_released_by_a_later_run_after_its_partition_moved_to_an_empty_store(
-    stack: StackClient, tmp_path: Path
+    stack: StackClient, broker: Broker, tmp_path: Path
 ) -> None:
     guest = unique("guest")
     first = await stack.submit(f"obey: create_booking {HOLD}\n{PAY}", guest_id=guest)
@@ -83,6 +84,10 @@ async def test_a_paid_booking_is_never_released_by_a_later_run_after_its_partiti
     assert ledger["counts"]["booking_release"] == 0
     # The provider was not asked for the key again: once its retention passed, it could not have said it knew it.
     assert ledger["replays"].get("booking", 0) == 0
+    # `crashsafe audit`'s check: every effect at the provider is one some run asked for and still stands for.
+    settings = inprocess.settings_for(stack.stack.nats_url, stack.ns, sandbox_url=stack.stack.sandbox_url)
+    findings, _ = await inprocess.audit(broker, settings)
+    assert [(f.kind, f.key) for f in findings] == []
     assert list((tmp_path / "new-volume").glob("*-booking-p*.sqlite3")), (
         "the new volume's stores were not used"
     )
