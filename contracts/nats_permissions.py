@@ -30,6 +30,9 @@ GUESTS = "guests"
 # Approval records and session lanes (issue 9).
 APPROVALS = "approvals"
 SESSIONS = "sessions"
+KEY_FACTS = (
+    "key_facts"  # an action key's facts beside its partition's store (issue 17): its family's executors
+)
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 PROJECTIONS = "projections"  # projection receipts (issue 10): the projector writes them, the reconciler reads
 DEAD_MARKS = (
@@ -286,6 +289,7 @@ def users(
                     s.kv("leases", f"lease.{family}.*"),
                     s.kv("leases", f"holder.{family}.*"),
                     s.kv("leases", f"member.{family}.*"),
+                    s.kv(KEY_FACTS, f"fact.{family}.*"),  # its own family's key facts (compare-and-set)
                     *(
                         stream_info(s.stream(k))
                         for k in (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)
@@ -293,6 +297,8 @@ def users(
                     stream_info(s.kv_stream("leases")),
                     *(subject for c in consumers for subject in own_consumer(c)),
                     *direct_get(s.kv_stream("leases")),
+                    stream_info(s.kv_stream(KEY_FACTS)),
+                    *_facts_reads(s, family),
                     *_profile_writes(s, family),
                 ],
                 # The provider's by-key view of its own family only (the console's run page), answered once.
@@ -416,6 +422,12 @@ def _operating(s: Scope) -> list[str]:
         *direct_get(s.kv_stream(DEAD_MARKS)),
         f"{n}.provider_view.*",
     ]
+
+
+def _facts_reads(s: Scope, family: str) -> list[str]:
+    """A direct get of its own family's key facts only (the last-by-subject form names the key; the JSON form,
+    which could read any family's, is not granted)."""
+    return [f"{API}.DIRECT.GET.{s.kv_stream(KEY_FACTS)}.{s.kv(KEY_FACTS, f'fact.{family}.*')}"]
 
 
 def _profile_writes(s: Scope, family: str) -> list[str]:

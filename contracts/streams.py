@@ -234,6 +234,13 @@ def leases_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     return KvSpec(bucket=ns.leases_bucket, replicas=replicas)
 
 
+def key_facts_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Per action key facts that must outlive a partition's store, `fact.<family>.<digest(key)>`: who asked first,
+    the input hash, attempts, when the last call was sent, the receipt, and the compensation that undid it.
+    Written by compare-and-set, fenced by the lease token of the partition's holder."""
+    return KvSpec(bucket=ns.key_facts_bucket, replicas=replicas)
+
+
 def clients_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """API client keys (hashed), `client.<key_id>`."""
     return KvSpec(bucket=ns.clients_bucket, replicas=replicas)

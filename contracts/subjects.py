@@ -36,6 +36,8 @@ class Header(StrEnum):
     PROVIDER_ACCOUNT = "Provider-Account"
     AUTHORIZATION = "Authorization"
     RETRY_AFTER = "Retry-After"
+    # A provider's "this answer is the one an earlier request with the key got" (Stripe's header).
+    IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
     CONTENT_LENGTH = "Content-Length"
     # Per-message TTL (nats-server 2.11+): a lease or membership key the server removes unless it is renewed.
     MSG_TTL = "Nats-TTL"
@@ -245,6 +247,16 @@ class Namespace:
 
     def members_of(self, family: str) -> str:
         return f"member.{_literal(family)}.*"
+
+    # What a business key's first ask, attempts and undoing were, beside the partition stores (issue 17): a store
+    # that never saw a key (a new volume after a takeover) learns them here instead of calling the provider.
+    @property
+    def key_facts_bucket(self) -> str:
+        return f"{self.name}_key_facts"
+
+    def key_facts_key(self, family: str, key: str) -> str:
+        """One action key's shared facts, `fact.<family>.<digest(key)>` (keys hold `:`, which KV keys may not)."""
+        return f"fact.{_literal(family)}.{_digest(key)}"
 
     # API client keys: one record per key, written by the operator, read by every gateway on every request.
     @property

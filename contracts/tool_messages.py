@@ -97,6 +97,9 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
 
 # The evidence line of a receipt the executor's store answers (`executor.core.first_asked_by`): who made it.
 FIRST_MADE_FOR = "first made for "
+# Who made it when all that is known is that it was not this request: a provider replayed its answer to the
+# first call this key ever had from us (`executor.core.replayed_by_provider`).
+ANOTHER_REQUEST = "another-request"
 
 
 def first_made_detail(run_id: str, step_no: int) -> str:
@@ -108,7 +111,9 @@ def first_made_by(evidence: list[Evidence]) -> str | None:
     """The run whose request made the effect of a receipt answered from the store (a business key asked again
     by another step or run), or None for a receipt of the asker's own call."""
     for line in reversed(evidence):
-        if line.asked == Asked.STORE_RECEIPT and line.detail.startswith(FIRST_MADE_FOR):
+        # A provider call's line too: the provider replayed an earlier request's answer to our first call.
+        asked_whom = line.asked in (Asked.STORE_RECEIPT, Asked.PROVIDER_CALL)
+        if asked_whom and line.detail.startswith(FIRST_MADE_FOR):
             return line.detail.removeprefix(FIRST_MADE_FOR).split(" ", 1)[0]
     return None
 

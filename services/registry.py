@@ -86,6 +86,8 @@ class ProviderAnswer:
     detail: str = ""
     # The provider's Retry-After: how long to wait before asking it again (a 429, a key in use).
     retry_after_s: float | None = None
+    # The provider said this answer replays an earlier request with the key (`Idempotent-Replayed: true`).
+    replayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,9 @@ from contracts.tool_messages import (
     Asked,
     Evidence,
     OutcomeStatus,
+    ANOTHER_REQUEST,
+    FIRST_MADE_FOR,
+    first_made_by,
     first_made_detail,
     RecordStatus,
     Via,
@@ -36,6 +39,12 @@ class Record:
     status: RecordStatus
     attempts: int
     outcome: ActionOutcome | None
+    # Wall clock when the latest call with the key was sent (None: not known); with `attempts`, what a previous
+    # life or a previous store leaves to the next: until the tool's in-flight window passes, "absent" is no proof.
+    sent_at: float | None = None
+    # The run and step whose request first asked for the key ("" if not known): the effect is theirs.
+    run_id: str = ""
+    step_no: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +68,12 @@ class Conflict:
 
 @dataclass(frozen=True, slots=True)
 class Resolve:
-    """An intent with no receipt (a previous life died, or the answer was lost): ask the provider by key first."""
+    """An intent with no receipt (a previous life died, or the answer was lost): ask the provider by key first.
+    `sent_at`: when its latest call was sent (wall clock), if known; the key is not called again before the
+    tool's in-flight window from then has passed."""
 
     attempts: int
+    sent_at: float | None = None
 
 
 Plan = Execute | Replay | Conflict | Resolve
@@ -120,10 +132,40 @@ def classify(
                 via=Via.REPLAY if stored.via == Via.CALL else stored.via,
                 attempts=stored.attempts,
                 deliveries=deliveries,
-                evidence=[*stored.evidence, first_asked_by(stored)],
+                # A receipt that already names its maker (a provider's replay) keeps it: the store's first asker
+                # only asked, another request made it.
+                evidence=[*stored.evidence]
+                if first_made_by(stored.evidence) is not None
+                else [*stored.evidence, first_asked_by(stored)],
             )
         )
-    return Resolve(attempts=record.attempts)
+    return Resolve(attempts=record.attempts, sent_at=record.sent_at)
+
+
+def credited(outcome: ActionOutcome, record: Record | None) -> ActionOutcome:
+    """An outcome settled for a key another run or step asked for first (its intent was open, then this request
+    came): the effect is the first asker's, and the evidence says so, so this run never undoes or pays for it
+    as its own. A provider's answer to this request is never proof that this request made the effect."""
+    if record is None or not record.run_id:
+        return outcome
+    if (record.run_id, record.step_no) == (outcome.run_id, outcome.step_no):
+        return outcome
+    line = Evidence(
+        asked=Asked.STORE_RECEIPT,
+        key=outcome.key,
+        answer=Answer.REPLAYED,
+        detail=first_made_detail(record.run_id, record.step_no),
+        at=outcome.evidence[-1].at if outcome.evidence else _EPOCH,
+    )
+    return msgspec.structs.replace(outcome, evidence=[*outcome.evidence, line])
+
+
+def receipt_of(outcome: ActionOutcome, record: Record | None) -> ActionOutcome:
+    """The receipt the store keeps: the first asker's, whoever's request settled it, so a replay to anyone else
+    names them (`first_asked_by`)."""
+    if record is None or not record.run_id:
+        return outcome
+    return msgspec.structs.replace(outcome, run_id=record.run_id, step_no=record.step_no)
 
 
 def _undone(request: ActionRequest, stored: ActionOutcome, undone_key: str, deliveries: int) -> ActionOutcome:
@@ -213,6 +255,16 @@ def after_call(
     if attempts < contract.max_attempts:
         return CallAgain(delay_s=max(_backoff(attempts), answer.retry_after_s or 0.0))
     return Done(_unavailable(request, answer, attempts, deliveries))
+
+
+def made_by_another(key_shared: bool, answer: ProviderAnswer, attempts: int) -> str | None:
+    """The evidence detail for a call whose answer the provider says it replayed (`Idempotent-Replayed`), if
+    that answer is proof another request made the effect: our first call with a shared key had no earlier call
+    of ours to replay (from the second attempt on, the replay may be of our own earlier call, and a step key is
+    only ever its own run's). A provider's replay never counts as "this run made it"."""
+    if not (key_shared and answer.replayed and answer.kind == Answer.OK and attempts == 1):
+        return None
+    return f"{FIRST_MADE_FOR}{ANOTHER_REQUEST} (the provider replayed an earlier request's answer)"
 
 
 def after_lookup(

@@ -54,9 +54,14 @@ from services.executor.core import (
     after_call,
     after_lookup,
     classify,
+    credited,
+    made_by_another,
+    receipt_of,
     refused,
     unknown_outcome,
 )
+from services.executor import facts as key_facts
+from services.executor.fact_book import FactBook
 from services.executor.ownership import (
     Holder,
     fenced,
@@ -142,6 +147,8 @@ class Executor:
         self.max_deliver = max_deliver
         # The stores of the partitions this replica holds a lease on, opened on acquire and closed on release.
         self.stores: dict[int, ActionStore] = {}
+        # Each key's facts beside its partition's store: what a store that never saw a key learns it from.
+        self.facts = FactBook(broker, self.ns, family, settings.stream_replicas)
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
@@ -302,22 +309,27 @@ class Executor:
 
     async def _settle_leftovers(self, partition: int, store: ActionStore) -> None:
         loop = asyncio.get_running_loop()
-        for request, attempts in await store.open_intents():
+        for request, attempts, sent_at in await store.open_intents():
             if request.key in self._inflight:
                 continue  # a delivery of the key is settling it already
             done: asyncio.Future[None] = loop.create_future()
             self._inflight[request.key] = done
-            task = asyncio.create_task(self._settle_leftover(store, request, attempts, done))
+            task = asyncio.create_task(self._settle_leftover(store, request, attempts, sent_at, done))
             tasks = self._leftovers.setdefault(partition, set())
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
     async def _settle_leftover(
-        self, store: ActionStore, request: ActionRequest, attempts: int, done: asyncio.Future[None]
+        self,
+        store: ActionStore,
+        request: ActionRequest,
+        attempts: int,
+        sent_at: float,
+        done: asyncio.Future[None],
     ) -> None:
         try:
             async with self._leftover_slots:
-                await self._resolve_leftover(store, request, attempts)
+                await self._resolve_leftover(store, request, attempts, sent_at)
         finally:
             if self._inflight.get(request.key) is done:
                 del self._inflight[request.key]
@@ -407,17 +419,29 @@ class Executor:
         deliveries: int,
     ) -> None:
         # The common case is a key never seen: try to commit its intent first, and read the record only if it exists.
+        record: Record | None
         if await store.begin(request, stream_seq):
             crash_point("executor.after_intent")
-            # A key this store never saw may still be known to the store this partition was taken over from.
-            plan: Plan = Resolve(attempts=0) if store.inherits(request) else Execute()
+            # A key this store never saw may be known beside it (asked by another run, on another store).
+            record, undone = await self._learn(store, request)
+            if record is not None:
+                plan: Plan = classify(record, request, deliveries, undone)
+            elif store.inherits(request):
+                # Asked before this store took the partition over, and no facts: the previous holder may have
+                # sent one call (a second would have left facts), no later than the takeover.
+                plan = Resolve(attempts=1, sent_at=store.takeover_at)
+            else:
+                plan = Execute()
         else:
             record = await store.get(request.key)
             undone = (
-                await self._undone(request, tool) if record is not None and record.status.settled else None
+                await self._undone(store, request, tool)
+                if record is not None and record.status.settled
+                else None
             )
             plan = classify(record, request, deliveries, undone)
         attempts, look_first = 1, False
+        sent_at: float | None = None
         match plan:
             case Replay(outcome=outcome):
                 await self._publish(self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
@@ -430,10 +454,10 @@ class Executor:
                 return
             case Execute():
                 pass
-            case Resolve(attempts=attempts):
+            case Resolve(attempts=attempts, sent_at=sent_at):
                 look_first = True
         try:
-            outcome = await self._run(request, tool, attempts, deliveries, look_first, store, ctx)
+            outcome = await self._run(request, tool, attempts, deliveries, look_first, store, ctx, sent_at)
         except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
             if deliveries >= self.max_deliver - 1:
@@ -443,8 +467,9 @@ class Executor:
                 return
             raise
         crash_point("executor.after_provider_ack")
-        await store.finish(outcome, stream_seq)
+        await self._settle(store, request, receipt_of(outcome, record), stream_seq)
         crash_point("executor.after_receipt")
+        outcome = credited(outcome, record)
         await self._publish(outcome, ctx)
         crash_point("executor.after_outcome_published")
 
@@ -457,13 +482,16 @@ class Executor:
         look_first: bool,
         store: ActionStore | None = None,
         ctx: Context | None = None,
+        sent_at: float | None = None,
     ) -> ActionOutcome:
         """Call, and on an unknown answer look up by key; call again (same key) only once the provider has no
-        record of it and no earlier call whose answer was unknown can still be in its hands."""
+        record of it and no earlier call whose answer was unknown can still be in its hands. `sent_at`: when a
+        previous life's (or a previous store's) last call with the key was sent (wall clock), if there was one."""
         trail: list[Evidence] = []
         contract = tool.contract
-        # When the last call whose answer was unknown was sent (monotonic): it may commit until the window passes.
-        unknown_sent_at: float | None = None
+        # When the last call whose answer was unknown was sent (wall clock), and the clock skew to allow for (a
+        # previous life's time may come from another host): it may commit until the window passes.
+        unknown_sent_at, skew = sent_at, (self.settings.clock_skew_s if sent_at is not None else 0.0)
 
         def note(asked: str, answer: ProviderAnswer) -> ProviderAnswer:
             trail.append(
@@ -477,25 +505,26 @@ class Executor:
             )
             return answer
 
-        async def call() -> Next:
-            nonlocal unknown_sent_at
-            sent_at = time.monotonic()
+        async def call(sent_wall: float) -> Next:
+            nonlocal unknown_sent_at, skew
+            started = time.monotonic()
             answer = note(
                 Asked.PROVIDER_CALL,
                 await self.providers.call(tool, request, self._timeout(request, contract), ctx=ctx),
             )
-            _PROVIDER_CALL_SECONDS(request.tool).observe(time.monotonic() - sent_at)
+            _PROVIDER_CALL_SECONDS(request.tool).observe(time.monotonic() - started)
             _PROVIDER_CALLS(request.tool, _CALL_OUTCOME.get(answer.kind, str(answer.kind))).inc()
+            maker = made_by_another(key_facts.shared(request.key), answer, attempts)
+            if maker is not None:  # the call's evidence line says whose effect this is
+                trail[-1] = msgspec.structs.replace(trail[-1], detail=maker)
             if answer.kind == Answer.UNKNOWN:
-                unknown_sent_at = sent_at
+                unknown_sent_at, skew = sent_wall, 0.0
             return after_call(request, contract, answer, attempts, deliveries)
 
         def in_flight_left() -> float:
-            if unknown_sent_at is None:
-                return 0.0
-            return max(contract.in_flight_window_s - (time.monotonic() - unknown_sent_at), 0.0)
+            return key_facts.in_flight_left(contract.in_flight_window_s, unknown_sent_at, time.time(), skew)
 
-        step: Next = LookUp() if look_first else await call()
+        step: Next = LookUp() if look_first else await call(time.time())
         while True:
             match step:
                 case Done(outcome=outcome):
@@ -520,9 +549,13 @@ class Executor:
                 case CallAgain(delay_s=delay):
                     await asyncio.sleep(delay)
                     attempts += 1
+                    now = time.time()
                     if store is not None:
-                        await store.attempt(request.key, attempts)
-                    step = await call()
+                        # Durable before the call, here and beside the store: a next life or a next store
+                        # counts on from here and waits out this call's window before calling again.
+                        await self._attempted(store, request, attempts, now)
+                        await store.attempt(request.key, attempts, now)
+                    step = await call(now)
                 case StillUnknown(detail=detail):
                     raise OutcomeStillUnknown(
                         f"outcome of {request.key} still unknown: {detail}", trail, key=request.key
@@ -536,12 +569,15 @@ class Executor:
             0.2,
         )
 
-    async def _resolve_leftover(self, store: ActionStore, request: ActionRequest, attempts: int) -> None:
+    async def _resolve_leftover(
+        self, store: ActionStore, request: ActionRequest, attempts: int, sent_at: float
+    ) -> None:
         tool = self.tools.get(request.tool)
         if tool is None:
             return
         try:
-            outcome = await self._run(request, tool, attempts, 1, True, store)
+            record = await store.get(request.key)
+            outcome = await self._run(request, tool, attempts, 1, True, store, sent_at=sent_at)
         except OutcomeStillUnknown as exc:
             log(
                 self.logger,
@@ -557,7 +593,7 @@ class Executor:
             )
             return
         try:
-            await store.finish(outcome, None)
+            await self._settle(store, request, receipt_of(outcome, record), None)
         except PartitionNotOwned:
             log(
                 self.logger,
@@ -566,6 +602,7 @@ class Executor:
                 key=request.key,
             )
             return
+        outcome = credited(outcome, record)
         await self._publish(outcome, context_from(None))
         log(
             self.logger,
@@ -577,10 +614,12 @@ class Executor:
             status=outcome.status,
         )
 
-    async def _undone(self, request: ActionRequest, tool: Tool) -> Record | None:
+    async def _undone(self, own: ActionStore, request: ActionRequest, tool: Tool) -> Record | None:
         """The record of a compensation of this key, if a store this executor holds has one. A business key's
         compensation is partitioned with the key it undoes (`keys.partition_key`), so the key's own store has it;
-        a step key's may be in a partition another replica owns (its run never asks for it again anyway)."""
+        a step key's may be in a partition another replica owns (its run never asks for it again anyway). A
+        store that took its partition over may have missed a compensation the previous store ran: the key's
+        facts say."""
         if tool.contract.compensation is None:
             return None
         for kind in CompensationKind:
@@ -589,7 +628,71 @@ class Executor:
             record = await store.get(key) if store is not None else None
             if record is not None:
                 return record
+        if own.takeover_at is not None and key_facts.shared(request.key):
+            facts, _ = await self.facts.read(request.key)
+            return key_facts.undone_record(facts) if facts is not None else None
         return None
+
+    async def _learn(self, store: ActionStore, request: ActionRequest) -> tuple[Record | None, Record | None]:
+        """A key this store has just begun: its facts beside the store, if another store or run asked for it
+        first (adopted into this store, which answers it from now on), and the compensation that undid it.
+        A shared key's first ask is recorded there now (one compare-and-set); a step key's facts are only
+        read, and only when it was asked before this store took its partition over."""
+        partition = partition_of(request.key, self.settings.partitions)
+        if key_facts.shared(request.key):
+            mine = key_facts.first_asked(request, time.time(), self._token(partition), store.store_id)
+            known = await self.facts.first(mine, store.fence)
+        elif store.inherits(request):
+            known, _ = await self.facts.read(request.key)
+        else:
+            return None, None
+        if known is None:
+            return None, None
+        record = key_facts.as_record(known)
+        await store.adopt(record)
+        return record, key_facts.undone_record(known)
+
+    async def _attempted(
+        self, store: ActionStore, request: ActionRequest, attempts: int, sent_at: float
+    ) -> None:
+        partition = partition_of(request.key, self.settings.partitions)
+        token = self._token(partition)
+
+        def change(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts:
+            base = current or key_facts.first_asked(request, sent_at, token, store.store_id)
+            return key_facts.attempted(base, attempts, sent_at, token, store.store_id)
+
+        await self.facts.change(request.key, change, token, store.fence, partition)
+
+    async def _settle(
+        self, store: ActionStore, request: ActionRequest, receipt: ActionOutcome, stream_seq: int | None
+    ) -> None:
+        """Commit the receipt: beside the store first (a shared key, or one whose attempts left facts there),
+        then in it; and a compensation's success on the key it undid, so no store replays the undone effect."""
+        partition = partition_of(request.key, self.settings.partitions)
+        token = self._token(partition)
+        if key_facts.shared(receipt.key) or receipt.attempts > 1:
+
+            def change(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts:
+                base = current or key_facts.first_asked(request, time.time(), token, store.store_id)
+                return key_facts.settled(base, receipt, token, store.store_id)
+
+            await self.facts.change(receipt.key, change, token, store.fence, partition)
+        base_key = key_facts.undoes(receipt)
+        if base_key is not None:
+
+            def mark(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts | None:
+                if current is None:
+                    return None  # never asked through the facts (a key from before them): its store knows
+                return key_facts.undone(current, receipt.key, token, store.store_id)
+
+            await self.facts.change(base_key, mark, token, store.fence, partition)
+        await store.finish(receipt, stream_seq)
+
+    def _token(self, partition: int) -> int:
+        """The lease token this replica holds the partition under (0 if none: every fenced write then refuses)."""
+        tenure = self.keeper.tenures.get(partition)
+        return tenure.token if tenure is not None else 0
 
     @staticmethod
     def _with_note(outcome: ActionOutcome, asked: str, answer: str) -> ActionOutcome:

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS actions (
     attempts    INTEGER NOT NULL DEFAULT 0,
     stream_seq  INTEGER,
     created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
+    updated_at  REAL NOT NULL,
+    sent_at     REAL
 );
 CREATE INDEX IF NOT EXISTS actions_open ON actions(status) WHERE status IN {_OPEN};
 -- The store's own identity: a partition's lease holder record names it, so a new owner knows whose store it is.
@@ -79,6 +80,11 @@ class ActionStore:
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute(f"PRAGMA synchronous={synchronous}")
         await db.executescript(_SCHEMA)
+        columns = {row[1] for row in await db.execute_fetchall("PRAGMA table_info(actions)")}
+        if (
+            "sent_at" not in columns
+        ):  # a file from before issue 17: its open keys' last call time is not known
+            await db.execute("ALTER TABLE actions ADD COLUMN sent_at REAL")
         await db.execute(
             "INSERT OR IGNORE INTO meta (name, value) VALUES ('store_id', ?)", (uuid.uuid4().hex,)
         )
@@ -110,14 +116,22 @@ class ActionStore:
 
     async def get(self, key: str) -> Record | None:
         rows = await self._db.execute_fetchall(
-            "SELECT key, input_hash, status, attempts, outcome FROM actions WHERE key = ?", (key,)
+            "SELECT key, input_hash, status, attempts, outcome, sent_at, run_id, step_no FROM actions WHERE key = ?",
+            (key,),
         )
         row = next(iter(rows), None)
         if row is None:
             return None
         outcome = _outcome_decoder.decode(row[4]) if row[4] else None
         return Record(
-            key=row[0], input_hash=row[1], status=RecordStatus(row[2]), attempts=row[3], outcome=outcome
+            key=row[0],
+            input_hash=row[1],
+            status=RecordStatus(row[2]),
+            attempts=row[3],
+            outcome=outcome,
+            sent_at=row[5],
+            run_id=row[6],
+            step_no=row[7],
         )
 
     async def begin(self, request: ActionRequest, stream_seq: int) -> bool:
@@ -125,8 +139,8 @@ class ActionStore:
         self.fence()
         now = time.time()
         cur = await self._db.execute(
-            "INSERT OR IGNORE INTO actions (key, input_hash, run_id, step_no, tool, request, status, attempts, stream_seq, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
+            "INSERT OR IGNORE INTO actions (key, input_hash, run_id, step_no, tool, request, status, attempts, stream_seq, created_at, updated_at, sent_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
             (
                 request.key,
                 request.input_hash,
@@ -139,15 +153,37 @@ class ActionStore:
                 stream_seq,
                 now,
                 now,
+                now,  # the first call is sent right after the intent commits
             ),
         )
         return cur.rowcount == 1
 
-    async def attempt(self, key: str, attempts: int) -> None:
+    async def adopt(self, record: Record) -> None:
+        """A key this store had just begun is known beside it (its facts): take the first asker, input hash,
+        attempts, last call time and any receipt from there, so the store answers it from now on."""
+        self.fence()
+        await self._db.execute(
+            "UPDATE actions SET input_hash = ?, run_id = ?, step_no = ?, status = ?, outcome = ?, attempts = ?,"
+            " sent_at = ?, updated_at = ? WHERE key = ?",
+            (
+                record.input_hash,
+                record.run_id,
+                record.step_no,
+                record.status.value,
+                tool_encoder.encode(record.outcome) if record.outcome is not None else None,
+                record.attempts,
+                record.sent_at,
+                time.time(),
+                record.key,
+            ),
+        )
+
+    async def attempt(self, key: str, attempts: int, sent_at: float) -> None:
         # Fenced: an attempt is recorded right before calling the provider again, so a lost lease stops the call.
         self.fence()
         await self._db.execute(
-            "UPDATE actions SET attempts = ?, updated_at = ? WHERE key = ?", (attempts, time.time(), key)
+            "UPDATE actions SET attempts = ?, sent_at = ?, updated_at = ? WHERE key = ?",
+            (attempts, sent_at, time.time(), key),
         )
 
     async def mark_unknown(self, key: str) -> None:
@@ -172,12 +208,14 @@ class ActionStore:
             ),
         )
 
-    async def open_intents(self) -> list[tuple[ActionRequest, int]]:
-        """Intents with no receipt: what a previous life of this executor left behind."""
+    async def open_intents(self) -> list[tuple[ActionRequest, int, float]]:
+        """Intents with no receipt: what a previous life of this executor left behind, with the attempts spent
+        and when the last call was sent (a row from before `sent_at` was kept: its last write, no earlier)."""
         rows = await self._db.execute_fetchall(
-            f"SELECT request, attempts FROM actions WHERE status IN {_OPEN} ORDER BY created_at"
+            f"SELECT request, attempts, COALESCE(sent_at, updated_at) FROM actions WHERE status IN {_OPEN}"
+            " ORDER BY created_at"
         )
-        return [(_request_decoder.decode(row[0]), int(row[1])) for row in rows]
+        return [(_request_decoder.decode(row[0]), int(row[1]), float(row[2])) for row in rows]
 
     async def recent_receipts(self, since_s: float) -> list[ActionOutcome]:
         """Receipts written in the last `since_s`: a previous life may have died before publishing them."""

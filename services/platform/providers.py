@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -97,7 +98,10 @@ def read_answer(response: httpx.Response, operation: HttpOperation) -> ProviderA
     if body is None:
         return _unknown(response, " with a body that is not JSON")
     if 200 <= status < 300:
-        return _by_status(operation, body, Answer.OK)
+        answer = _by_status(operation, body, Answer.OK)
+        if response.headers.get(Header.IDEMPOTENT_REPLAYED.value, "").lower() == "true":
+            return dataclasses.replace(answer, replayed=True)
+        return answer
     error = _provider_error(body)
     if status < 400 or error is None:
         return _unknown(response, " with a body that is not the provider's")

@@ -15,6 +15,7 @@ from contracts.streams import (
     clients_spec,
     dead_marks_spec,
     guests_spec,
+    key_facts_spec,
     leases_spec,
     projections_spec,
     sessions_spec,
@@ -25,10 +26,11 @@ from services.platform.jetstream import Broker
 
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
-    """Executor partition leases, the gateway's API client keys (hashed), active runs per guest and session, the
+    """Executor partition leases and key facts, the gateway's API client keys (hashed), active runs per guest and session, the
     configuration catalog, guest profiles, approval records, session lanes and projection receipts."""
     return [
         leases_spec(ns, replicas),
+        key_facts_spec(ns, replicas),  # business keys' facts that outlive a partition's store (issue 17)
         clients_spec(ns, replicas),
         active_spec(ns, replicas),
         catalog_spec(ns, replicas),
@@ -61,7 +63,7 @@ async def require(broker: Broker, streams: list[str]) -> None:
 
 def executor_streams(ns: Namespace) -> list[str]:
     kinds = (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)
-    return [ns.stream(k) for k in kinds] + [leases_spec(ns).stream]
+    return [ns.stream(k) for k in kinds] + [leases_spec(ns).stream, key_facts_spec(ns).stream]
 
 
 def all_streams(ns: Namespace) -> list[str]:

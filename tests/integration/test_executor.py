@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -18,7 +19,7 @@ import httpx
 import msgspec
 import pytest
 
-from contracts.errors import CrashsafeError, ErrorCode, RetryClass
+from contracts.errors import CrashsafeError, ErrorCode, PartitionNotOwned, RetryClass
 from contracts.keys import action_key, business_key, input_hash, partition_of
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from contracts.tool_messages import (
@@ -28,12 +29,15 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from services.executor.fact_book import FactBook
+from services.executor.facts import attempted, first_asked
 from services.executor.service import Executor, OutcomeStillUnknown
 from services.executor.store import ActionStore
 from services.platform.jetstream import Broker, Published
 from services.platform.natsd import NatsServer
 from services.platform.settings import Settings
 from tests.support import inprocess
+from tests.support.broker import ensure_streams
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
 from tests.support.capabilities import signed
@@ -448,12 +452,12 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
             1,
             None,
         )
-        assert [(r.key, n) for r, n in await store.open_intents()] == [(request.key, 1), (other.key, 1)]
+        assert [(r.key, n) for r, n, _ in await store.open_intents()] == [(request.key, 1), (other.key, 1)]
         assert (await store.open_intents())[0][
             0
         ] == request  # the full request survives for start-up reconciliation
 
-        await store.attempt(request.key, 2)
+        await store.attempt(request.key, 2, time.time())
         outcome = ActionOutcome(
             run_id="run_a",
             step_no=2,
@@ -478,7 +482,7 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
             2,
             outcome,
         )
-        assert [(r.key, n) for r, n in await reopened.open_intents()] == [(other.key, 1)]
+        assert [(r.key, n) for r, n, _ in await reopened.open_intents()] == [(other.key, 1)]
         assert (await reopened.get(other.key)).status == "unknown"  # type: ignore[union-attr]
         assert await reopened.count() == 2
     finally:
@@ -620,13 +624,18 @@ async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unk
     harness: Harness,
 ) -> None:
     """A delivery died mid-call; the next one finds the intent: the lookup says absent (the provider is still
-    processing), the call with the same key answers 409 idempotency_key_in_use. That is not a refusal: the
-    outcome stays unknown until the provider has decided, and then it is found."""
+    processing, slower than the tool's declared in-flight window), the call with the same key answers 409
+    idempotency_key_in_use. That is not a refusal: the outcome stays unknown until the provider has decided,
+    and then it is found."""
     await harness.start("payment", registry=FAST, max_deliver=3)
     executor = harness.executors["payment"]
     booking = await harness.booking()
     request = harness.request("create_payment", "payment", pay_args(booking))
-    assert await executor._store_for(request.key).begin(request, stream_seq=1)
+    store = executor._store_for(request.key)
+    assert await store.begin(request, stream_seq=1)
+    # The previous life's call was sent longer ago than the window: the next life may call again at once
+    # (within the window it would not: test_a_call_of_a_previous_life_is_waited_out_not_called_over).
+    await store.attempt(request.key, 1, time.time() - 60)
     await harness.world.arm("payments", commit_delay_ms=2000)
     previous_life = asyncio.create_task(
         harness.sandbox.post("/payments", json=request.args, headers={"Idempotency-Key": request.key})
@@ -640,7 +649,8 @@ async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unk
     with pytest.raises(OutcomeStillUnknown) as comes_back:
         await inprocess.deliver(executor, request, 1)
     in_use = [e for e in comes_back.value.evidence if e.asked == "provider.call"]
-    assert in_use and all(e.answer == "unknown" and "in progress" in e.detail for e in in_use)
+    assert in_use, comes_back.value.evidence
+    assert all(e.answer == "unknown" and "in progress" in e.detail for e in in_use)
     assert (await previous_life).status_code == 201
     await harness.world.clear_faults()
     await inprocess.deliver(executor, request, 2)
@@ -648,6 +658,91 @@ async def test_a_key_still_in_flight_from_a_previous_life_answers_409_and_is_unk
     assert found and found[-1].via == "provider_lookup"
     assert not [o for o in harness.outcomes if o.status == OutcomeStatus.FAILED]
     assert len(await charges(harness)) == 1
+
+
+async def test_a_call_of_a_previous_life_is_waited_out_not_called_over(harness: Harness) -> None:
+    """Issue 17, item 7: a delivery died mid-call; the next life's lookup says absent while that call is still in
+    the provider's hands. The time it was sent is on the intent row, so the key is called again only once the
+    tool's in-flight window from then has passed, and the attempt count goes on from the row's."""
+    await harness.start("payment", registry=FAST, max_deliver=3)
+    executor = harness.executors["payment"]
+    booking = await harness.booking()
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    store = executor._store_for(request.key)
+    assert await store.begin(request, stream_seq=1)
+    sent = time.time()
+    await harness.world.arm("payments", commit_delay_ms=1000)
+    previous_life = asyncio.create_task(
+        harness.sandbox.post("/payments", json=request.args, headers={"Idempotency-Key": request.key})
+    )
+    await eventually(
+        lambda: _in_flight(harness, request.key),
+        what="the previous call in the provider's hands",
+        every_s=0.02,
+    )
+
+    await inprocess.deliver(executor, request, 2)
+
+    (outcome,) = await harness.outcomes_for(request.key)
+    assert outcome.status == OutcomeStatus.SUCCEEDED and outcome.attempts == 2, outcome
+    assert trail_of(outcome)[:2] == [("provider.lookup", "absent"), ("provider.call", "unknown")]
+    assert not [e for e in outcome.evidence if "in progress" in e.detail]  # never called over it (409)
+    called = next(e.at for e in outcome.evidence if e.asked == "provider.call").timestamp()
+    assert called - sent >= FAST_WINDOW_S, f"called again {called - sent:.2f}s after the previous life's call"
+    assert (await previous_life).status_code == 201
+    assert len(await charges(harness)) == 1
+
+
+async def test_a_takeover_by_an_empty_store_counts_on_from_the_previous_stores_attempts(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """Issue 17, item 7: the previous holder spent both attempts of a charge on unknown answers and handed its
+    partitions back; the replica that takes them over has an empty store. Its lookup says absent: it counts on
+    from the two attempts in the key's facts, so the key's outcome stays unknown (the reconciler asks on), and
+    it never sends a third call (with its count restarting at 0, it did)."""
+    booking = await harness.booking()
+    request = harness.request(
+        "create_payment",
+        "payment",
+        pay_args(booking),
+        key=business_key("charge", "t1", {"booking_id": booking["booking_id"]}),
+    )
+    async with inprocess.executor(harness.settings, "payment", registry=FAST, max_deliver=3) as previous:
+        await harness.world.arm("payments", fail_5xx=2)
+        with pytest.raises(OutcomeStillUnknown) as spent:
+            await inprocess.deliver(previous, request, 1)
+        assert [e.asked for e in spent.value.evidence].count("provider.call") == 2
+    assert len(await charges(harness)) == 0
+
+    moved = dataclasses.replace(
+        harness.settings, data_dir=tmp_path / "new-volume", worker_id="test-executor-b"
+    )
+    async with inprocess.executor(moved, "payment", registry=FAST, max_deliver=3) as taking_over:
+        await eventually(
+            lambda: taking_over.partitions == list(range(PARTITIONS)) or None, what="the takeover"
+        )
+        with pytest.raises(OutcomeStillUnknown) as asked:
+            await inprocess.deliver(taking_over, request, 1)
+    assert trail_of(asked.value) == [("provider.lookup", "absent")]  # no third call
+    assert len(await charges(harness)) == 0
+
+
+async def test_a_stale_lease_holder_never_writes_a_keys_facts(harness: Harness) -> None:
+    """The fence carried into the key-facts bucket: a value written under a newer lease token refuses a writer
+    holding an older one (an old holder paused between its fence check and its write), and the value stays."""
+    await ensure_streams(harness.broker, harness.ns)  # as the operator
+    book = FactBook(harness.broker, harness.ns, "payment")
+    request = harness.request("create_payment", "payment", {"booking_id": "bk_1"}, key="charge:abc")
+    newer = first_asked(request, time.time(), token=9, store="store-b")
+    assert await book.first(newer, lambda: None) is None
+    with pytest.raises(PartitionNotOwned):
+        await book.change(
+            request.key, lambda f: attempted(f or newer, 2, time.time(), 7, "store-a"), 7, lambda: None, 0
+        )
+    assert (await book.read(request.key))[0] == newer
+    await book.change(request.key, lambda f: attempted(f or newer, 2, 5.0, 9, "store-b"), 9, lambda: None, 0)
+    stored, _ = await book.read(request.key)
+    assert stored is not None and (stored.attempts, stored.sent_at) == (2, 5.0)
 
 
 async def _in_flight(harness: Harness, key: str) -> bool:

@@ -81,6 +81,7 @@ KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients
 KV_CATALOG = "KV_sweep_catalog"
 KV_GUESTS = "KV_sweep_guests"
 KV_DEAD_MARKS = "KV_sweep_dead_marks"
+KV_KEY_FACTS = "KV_sweep_key_facts"
 
 
 def probes() -> list[Probe]:
@@ -94,6 +95,19 @@ def probes() -> list[Probe]:
         Probe("publish", "dead letter: runtime", NS.dead_letters("runtime")),
         *(Probe("publish", f"dead letter: executor_{f}", NS.dead_letters(f"executor_{f}")) for f in FAMILIES),
         *(Probe("publish", f"KV leases: `lease.{f}.0`", f"$KV.sweep_leases.lease.{f}.0") for f in FAMILIES),
+        # An action key's facts beside its partition's store (issue 17): each family's executors, their own only.
+        *(
+            Probe("publish", f"KV key facts: `fact.{f}.h`", f"$KV.sweep_key_facts.fact.{f}.h")
+            for f in FAMILIES
+        ),
+        *(
+            Probe(
+                "direct get",
+                f"read key facts: `fact.{f}.h`",
+                f"{API}.DIRECT.GET.{KV_KEY_FACTS}.$KV.sweep_key_facts.fact.{f}.h",
+            )
+            for f in FAMILIES
+        ),
         Probe("publish", "KV clients: `client.k1`", "$KV.sweep_clients.client.k1"),
         Probe("publish", "KV active: `guest.t1.h`", "$KV.sweep_active.guest.t1.h"),
         Probe("publish", "KV approvals: `approval.apr_1`", "$KV.sweep_approvals.approval.apr_1"),
@@ -137,6 +151,7 @@ def probes() -> list[Probe]:
                 PROJECTIONS,
                 KV_PROJECTIONS,
                 KV_DEAD_MARKS,
+                KV_KEY_FACTS,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -259,6 +274,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
         allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
+        allowed |= {f"KV key facts: `fact.{family}.h`", f"read key facts: `fact.{family}.h`"}
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
         allowed |= {f"answer provider views: {family}"}  # its own family's, never another's

@@ -129,3 +129,12 @@ def test_absent_only_from_the_providers_typed_no_such_key() -> None:
 )
 def test_any_other_lookup_answer_is_unknown(status: int, body: Any, text: str | None) -> None:
     assert read_lookup(response(status, body, text), PAYMENT).kind == Answer.UNKNOWN
+
+
+def test_a_success_the_provider_says_it_replayed_is_read_as_replayed() -> None:
+    """Issue 17: `Idempotent-Replayed: true` says the answer is an earlier request's; the executor never counts
+    it as this request's effect."""
+    fresh = read_answer(response(201, CHARGE), PAYMENT)
+    replayed = read_answer(response(200, CHARGE, **{"Idempotent-Replayed": "true"}), PAYMENT)
+    assert (fresh.replayed, replayed.replayed) == (False, True)
+    assert (replayed.kind, replayed.body) == (Answer.OK, CHARGE)

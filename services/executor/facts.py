@@ -1,0 +1,128 @@
+"""An action key's facts that must outlive its partition's store: what they are, and pure decisions over them.
+
+A business key is shared by every run of a tenant that asks for the same thing (`keys.business_key`), and a
+partition moves between stores (a new volume after a takeover). The store is the fast path for the keys it
+knows; for a key it does not know, these facts, kept in the key-facts bucket, say who asked first, with which
+input, how many attempts were spent and when the last call was sent, the receipt, and whether a compensation
+undid it (docs/decisions.md, "Key facts beside the store")."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts.keys import undone_by
+from contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus
+from services.executor.core import Record
+
+
+class KeyFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of `fact.<family>.<digest(key)>`; rewritten by compare-and-set on its KV revision."""
+
+    key: str
+    input_hash: str
+    run_id: str  # the run and step whose request first asked for the key: the effect is theirs
+    step_no: int
+    tool: str
+    status: str  # a RecordStatus
+    attempts: int = 1
+    # Wall clock (epoch seconds) when the latest call with the key was sent: until the tool's in-flight window
+    # has passed, a lookup saying "absent" is no proof (that call may still commit).
+    sent_at: float | None = None
+    outcome: ActionOutcome | None = None  # the settled receipt, as the first asker's store committed it
+    undone_by: str = ""  # the compensation key whose success undid the effect (`hold:<d>:release`)
+    token: int = 0  # the lease token of the partition holder that wrote this value: a lower one is stale
+    store: str = ""  # the id of the store that wrote it (for an operator reading an incident)
+
+
+facts_encoder = msgspec.json.Encoder()
+facts_decoder = msgspec.json.Decoder(KeyFacts)
+
+
+def shared(key: str) -> bool:
+    """Whether a key's facts are kept beside the store from its first ask: a business key (and its
+    compensation) names an intent other runs may ask for; a step key (`run_…:n`) is only ever its own run's."""
+    return not key.startswith("run_")
+
+
+def first_asked(request: ActionRequest, sent_at: float, token: int, store: str) -> KeyFacts:
+    """The facts of a key asked for the first time anywhere: this request is its first asker."""
+    return KeyFacts(
+        key=request.key,
+        input_hash=request.input_hash,
+        run_id=request.run_id,
+        step_no=request.step_no,
+        tool=request.tool,
+        status=RecordStatus.STARTED.value,
+        attempts=1,
+        sent_at=sent_at,
+        token=token,
+        store=store,
+    )
+
+
+def as_record(facts: KeyFacts) -> Record:
+    """The facts as the store's record of the key, so the same `classify` decides for a known and a learnt key."""
+    return Record(
+        key=facts.key,
+        input_hash=facts.input_hash,
+        status=RecordStatus(facts.status),
+        attempts=facts.attempts,
+        outcome=facts.outcome,
+        sent_at=facts.sent_at,
+        run_id=facts.run_id,
+        step_no=facts.step_no,
+    )
+
+
+def undone_record(facts: KeyFacts) -> Record | None:
+    """The compensation that undid the key's effect, as `classify` takes it (settled success), if one did."""
+    if not facts.undone_by:
+        return None
+    return Record(key=facts.undone_by, input_hash="", status=RecordStatus.SUCCEEDED, attempts=1, outcome=None)
+
+
+def attempted(facts: KeyFacts, attempts: int, sent_at: float, token: int, store: str) -> KeyFacts:
+    """Another call is about to be sent with the key."""
+    return msgspec.structs.replace(
+        facts, attempts=max(facts.attempts, attempts), sent_at=sent_at, token=token, store=store
+    )
+
+
+def settled(facts: KeyFacts, outcome: ActionOutcome, token: int, store: str) -> KeyFacts:
+    """The key's receipt committed. A receipt already there is kept: the first settled answer is the key's."""
+    if facts.outcome is not None and RecordStatus(facts.status).settled:
+        return msgspec.structs.replace(facts, token=max(facts.token, token))
+    return msgspec.structs.replace(
+        facts,
+        status=RecordStatus.of(outcome.status).value,
+        outcome=outcome,
+        attempts=max(facts.attempts, outcome.attempts),
+        token=token,
+        store=store,
+    )
+
+
+def undone(facts: KeyFacts, compensation_key: str, token: int, store: str) -> KeyFacts:
+    return msgspec.structs.replace(facts, undone_by=compensation_key, token=token, store=store)
+
+
+def undoes(outcome: ActionOutcome) -> str | None:
+    """The shared key a settled compensation undid (`hold:<d>` for `hold:<d>:release`), if this is one."""
+    base = undone_by(outcome.key)
+    if base is None or not shared(base) or outcome.status != "succeeded":
+        return None
+    return base
+
+
+def stale(current: KeyFacts | None, token: int) -> bool:
+    """A writer whose lease token is older than the one that last wrote the key lost the partition since: it
+    must not write (the fence, carried into the bucket)."""
+    return current is not None and current.token > token
+
+
+def in_flight_left(window_s: float, sent_at: float | None, now: float, skew_s: float) -> float:
+    """How long a call sent at wall-clock `sent_at` (maybe by another host) may still be in the provider's
+    hands: the tool's in-flight window less the time since, allowing for the hosts' clock skew."""
+    if sent_at is None:
+        return 0.0
+    return max(window_s + skew_s - (now - sent_at), 0.0)
