@@ -211,6 +211,36 @@ async def test_a_revocation_holds_on_every_gateway_replica_from_its_next_request
         replica.wait(timeout=10)
 
 
+async def test_two_keys_of_one_tenant_sending_the_same_event_land_on_one_run(
+    world: StackClient, broker: Broker
+) -> None:
+    """The run is the tenant's event, not the key's: a client that rotates its key, or two services of one tenant
+    relaying one event, get one run (the second a duplicate); a key of another tenant gets its own run."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    one = await new_key(broker, world, tenant, Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    two = await new_key(broker, world, tenant, Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    stranger = await new_key(broker, world, f"t-{uuid.uuid4().hex[:8]}", Scope.EVENTS_WRITE)
+    sent = hello(f"evt-{uuid.uuid4().hex[:8]}")
+    async with gateway(world, one) as a, gateway(world, two) as b, gateway(world, stranger) as c:
+        first = await a.post("/v1/events", json=sent)
+        second = await b.post("/v1/events", json=sent)
+        assert first.status_code == second.status_code == 202, (first.text, second.text)
+        assert first.json() == {"run_id": run_id_for(tenant, sent["event_id"]), "duplicate": False}
+        assert second.json() == {"run_id": first.json()["run_id"], "duplicate": True}
+        # At once from both keys too: still the one run, every answer a duplicate.
+        burst = await asyncio.gather(*(k.post("/v1/events", json=sent) for k in (a, b, a, b)))
+        assert {(r.status_code, r.json()["run_id"], r.json()["duplicate"]) for r in burst} == {
+            (202, first.json()["run_id"], True)
+        }
+        other = await c.post("/v1/events", json=sent)
+        assert other.status_code == 202 and other.json()["run_id"] != first.json()["run_id"]
+        run_id = first.json()["run_id"]
+        await eventually(
+            lambda: _summary(b, run_id, "completed"), what=f"run {run_id} to complete", timeout_s=30
+        )
+    assert [e["type"] for e in await world.events(run_id)].count("run.started") == 1
+
+
 async def test_a_missing_scope_is_403_naming_it(world: StackClient, broker: Broker) -> None:
     writer = await new_key(broker, world, "acme", Scope.EVENTS_WRITE)
     reader = await new_key(broker, world, "acme", Scope.RUNS_READ)
