@@ -51,6 +51,7 @@ from services.gateway.access import (
 from services.gateway.core import Admission, admit, conflict, status_for, too_large
 from services.gateway import openapi as api
 from services.gateway import ops
+from services.gateway.linger import linger_on_unread_bodies
 from services.gateway.quotas import Rate, TokenBuckets
 from services.platform.active_runs import Caps, claim
 from services.platform.clients import ClientKeys
@@ -568,8 +569,9 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             console_router(),  # the evidence console at /console (services/console)
             ops.metrics_endpoint,
         ],
-        # Outermost first: the request's span is open while it is counted and handled.
-        middleware=[trace_requests, ops.count_requests],
+        # Outermost first: an answer given before its body was read lingers for that body (services/gateway/
+        # linger.py); the request's span is open while it is counted and handled.
+        middleware=[linger_on_unread_bodies, trace_requests, ops.count_requests],
         lifespan=[lifespan],
         before_request=_schema_for_clients_only,
         debug=False,

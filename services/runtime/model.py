@@ -108,7 +108,12 @@ def read_response(raw: bytes, model: str) -> ModelReply:
 
 
 class _Refused(Exception):
-    """A 4xx other than 429: the request's fault, which another provider would refuse too (no failover)."""
+    """A 4xx that is the request's fault (a 400, a 422), which another provider would refuse too (no failover)."""
+
+
+# 4xx answers that speak of the route, not the request: its key expired or lacks access (401, 403), its model or
+# path is unknown there (404), it is throttled (429). Another route, with its own key and provider, may answer.
+_ROUTE_FAULTS = frozenset({401, 403, 404, 429})
 
 
 class _NoKey(Exception):
@@ -274,7 +279,7 @@ class ModelGateway:
                     options={"headers": {"Content-Type": "application/json"}, "timeout": timeout_s},
                 )
         except openai.APIStatusError as exc:
-            if 400 <= exc.status_code < 500 and exc.status_code != 429:
+            if 400 <= exc.status_code < 500 and exc.status_code not in _ROUTE_FAULTS:
                 raise _Refused(f"{exc.status_code} {exc.message}") from exc
             raise
         return read_completion(raw.content, route.model) if chat else read_response(raw.content, route.model)

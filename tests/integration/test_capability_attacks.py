@@ -18,7 +18,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from contracts.capabilities import CapabilityOrigin
+from contracts.capabilities import GRACE_S, CapabilityOrigin
 from contracts.dead_letters import DeadLetter
 from contracts.keys import (
     CompensationKind,
@@ -181,6 +181,21 @@ def _expired(w: World, booking: dict[str, Any]) -> ActionRequest:
     return signed(request, expires_at=datetime.now(UTC) - timedelta(seconds=1))
 
 
+def _replayed_after_expiry(w: World, booking: dict[str, Any]) -> ActionRequest:
+    """A legitimate request, signed by the runtime ten minutes ago with the usual grace past its deadline, replayed
+    (captured off the wire, or left in a queue) a second after its capability expired. Judged by its own
+    `requested_at` it was in time; only the executor's clock now says it is not."""
+    now = datetime.now(UTC)
+    asked_at = now - timedelta(minutes=10)
+    request = msgspec.structs.replace(
+        w.payment(booking), requested_at=asked_at, deadline_at=now - timedelta(seconds=1 + GRACE_S)
+    )
+    replayed = signed(request)  # expires at its deadline plus the grace: a second ago
+    assert replayed.capability is not None and replayed.capability.expires_at < now
+    assert replayed.requested_at < replayed.capability.expires_at
+    return replayed
+
+
 def _refund_with_a_plan_capability(w: World, booking: dict[str, Any]) -> ActionRequest:
     key = compensation_key(action_key(run_id_for("", unique("ev")), 6), CompensationKind.REFUND)
     refund = _request("refund_payment", {"payment_id": "pay_anyone"}, key)
@@ -207,6 +222,10 @@ ATTACKS = {
     "valid capability for another tool": (_another_tool, "altered"),
     "valid capability for another key": (_another_key_of_the_run, "altered"),
     "expired capability": (_expired, "expired"),
+    "a request of ten minutes ago, replayed a second after its capability expired": (
+        _replayed_after_expiry,
+        "expired",
+    ),
     "refund_payment with a plan capability": (_refund_with_a_plan_capability, "wrong_origin"),
     "refund_payment with a plan capability of a booking run": (_refund_for_a_booking_run, "wrong_origin"),
     "refund_payment, capability relabelled to another agent": (

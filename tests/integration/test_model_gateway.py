@@ -1,5 +1,5 @@
 """The model gateway over real HTTP: routes from the pinned catalog tried in order, failover on a provider's
-5xx, slowness or garbage (journaled), the Chat Completions dialect, timeouts bounded by the run's deadline, and
+5xx, an expired key (401, 403), an unknown model (404), slowness or garbage (journaled), the Chat Completions dialect, timeouts bounded by the run's deadline, and
 token accounting from the provider's own usage. Two sandboxes play two providers; faults are armed on them."""
 
 from __future__ import annotations
@@ -222,12 +222,71 @@ async def test_every_route_failing_names_each_and_a_4xx_is_not_failed_over(world
     assert "primary: answered 503" in raised.value.message
     assert "backup: answered 429" in raised.value.message
 
-    # A 404 (a route the provider does not know) is the request's fault: the backup would refuse it too.
-    await world.primary.arm("model", route_404=1)
-    await world.backup.arm("model", fail_5xx=1)
-    with pytest.raises(ModelUnavailable, match="primary refused the request: 404"):
-        await world.model.answer(BOOKING, items, both)
+    # A 400 (too long a context, a bad tool schema) is the request's fault: the backup would refuse it too.
+    async with _refusing_provider(400) as (url, asked):
+        bad = ModelRoute(name="primary", model="m", base_url=url)
+        await world.backup.arm("model", fail_5xx=1)
+        with pytest.raises(ModelUnavailable, match="primary refused the request: 400"):
+            await world.model.answer(BOOKING, items, _booking(routes=[bad, _route("backup", world.backup)]))
+    assert asked == [400]
     assert (await world.backup.faults())["model"]["fail_5xx"] == 1  # never asked
+
+
+@asynccontextmanager
+async def _refusing_provider(status: int) -> AsyncIterator[tuple[str, list[int]]]:
+    """A provider on loopback that refuses every model call with `status` and the OpenAI error shape (an expired
+    key's 401, a revoked project's 403, a model it does not serve's 404); the list holds each refusal given."""
+    asked: list[int] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        await request.read()
+        asked.append(status)
+        error = {"message": f"refused with {status}", "type": "invalid_request_error", "code": str(status)}
+        return web.json_response({"error": error}, status=status)
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", refuse)
+    app.router.add_post("/v1/chat/completions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/v1", asked
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+@pytest.mark.parametrize("api", [ModelApi.RESPONSES, ModelApi.CHAT])
+async def test_a_route_refusing_its_key_or_model_fails_over(world: World, api: ModelApi, status: int) -> None:
+    """An expired key (401), a key without access (403) or a model the provider does not serve (404) is that
+    route's trouble, not the request's: the next route, with its own key and provider, answers."""
+    items: tuple[dict[str, Any], ...] = ({"role": "user", "content": BOOKING_TEXT},)
+    async with _refusing_provider(status) as (url, asked):
+        expired = ModelRoute(name="expired", model="m", api=api.value, base_url=url)
+        config = _booking(routes=[expired, _route("backup", world.backup, api=api.value)])
+        reply = await world.model.answer(BOOKING, items, config)
+    assert asked == [status]
+    assert reply.provider == "backup" and reply.tool_calls
+    assert reply.failovers == (f"expired: answered {status}",)
+
+
+async def test_an_expired_key_on_the_primary_leaves_every_run_to_the_secondary(world: World) -> None:
+    """The primary's key expired: a whole booking run still completes, every step answered by the secondary,
+    instead of being handed off as `model_unavailable`."""
+    async with _refusing_provider(401) as (url, asked):
+        expired = ModelRoute(name="expired", model="scripted-booking", base_url=url)
+        await _publish(world, _booking(routes=[expired, _route("secondary", world.primary)]))
+        guest, events = await _book(world)
+    state = replay(events)
+    assert state is not None and state.status == "completed", state
+    assert (await world.primary.counts(guest)) == BOOKED_AND_PAID
+    answers = _answers(events)
+    assert answers and {a.provider for a in answers} == {"secondary"}
+    assert all(a.failovers == ["expired: answered 401"] for a in answers)
+    assert len(asked) == len(answers)
 
 
 async def test_a_route_without_its_key_fails_over(world: World, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,12 +7,16 @@ import asyncio
 import contextlib
 import time
 
+from typing import Any, cast
+
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from contracts.streams import executor_consumer
 from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform.provisioning import provision
+from services.platform.pull_feed import PullFeed
 
 
 async def test_a_feed_stops_at_once_under_a_steady_stream_and_hands_nothing_over_after(
@@ -63,3 +67,73 @@ async def test_a_feed_stops_at_once_under_a_steady_stream_and_hands_nothing_over
         pouring.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pouring
+
+
+class _SwallowingClient:
+    """The real NATS client, except that a cancel landing inside `publish` is swallowed once, as nats-py's own
+    `_flush_pending` does (`except asyncio.CancelledError: pass`) and as 3.11's `wait_for` can (gh-86296). It
+    counts the pull requests sent, and says when one is being sent so a stop can land right there."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self.pull_requests = 0
+        self.publishing = asyncio.Event()
+        self.swallowed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nc, name)
+
+    async def publish(self, subject: str, payload: bytes = b"", reply: str = "", **kw: Any) -> None:
+        self.publishing.set()
+        try:
+            await asyncio.sleep(0.2)  # a flush in progress
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed += 1
+        self.publishing.clear()
+        self.pull_requests += 1
+        await self._nc.publish(subject, payload, reply=reply, **kw)
+
+
+async def test_a_feed_whose_cancel_is_swallowed_still_stops_at_once_and_asks_for_nothing_more(
+    broker: Broker, namespace: Namespace
+) -> None:
+    """The stop's cancel lands inside the client's publish, which swallows it: the feed must still end at once,
+    by its own flag, and send no further pull request (one that kept asking would take messages for an inbox
+    nobody reads, each lost for an ack wait, and hold its partition's release)."""
+    await provision(broker, namespace)
+    spec = executor_consumer(namespace, "payment", 0, ack_wait_s=1.0, lease_s=1)
+    await broker.ensure_consumer(spec)
+    handled: list[Msg] = []
+    after_stop: list[Msg] = []
+    stopped = False
+
+    async def handle(msg: Msg) -> None:
+        (after_stop if stopped else handled).append(msg)
+        await msg.ack()
+
+    client = _SwallowingClient(broker.nc)
+    feed = PullFeed(cast(Client, client), spec, handle)
+    await feed.start()
+    await broker.publish(namespace.actions("payment", 0), b"{}", msg_id="before-stop")
+    while not handled:  # the feed works: the message is handed over
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(client.publishing.wait(), timeout=5)  # the next pull request is being sent
+
+    try:
+        began = time.monotonic()
+        await feed.stop()
+        stopped = True
+        took = time.monotonic() - began
+        assert client.swallowed == 1  # the cancel did land in the publish, and was swallowed there
+        asked = client.pull_requests
+        await asyncio.sleep(spec.pull_expires_s + 1.0)  # long enough for a feed that kept going to ask again
+        assert took < 1.0, f"the stop took {took:.2f}s"
+        assert feed._task is not None and feed._task.done()
+        assert client.pull_requests == asked, "the feed kept asking after its stop"
+        assert after_stop == []
+    finally:
+        if feed._task is not None and not feed._task.done():  # a feed that failed to stop: end it (cancels
+            feed._task.cancel()  # are no longer swallowed) so the broker can close
+            await asyncio.wait({feed._task}, timeout=5.0)

@@ -11,7 +11,6 @@ from contracts.approvals import ApprovalStatus
 from contracts.policy import Approver
 from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, TurnReceived
 from services.runtime.core.approvals import (
-    approved_for,
     current_status,
     decide,
     decided_event,
@@ -22,6 +21,7 @@ from services.runtime.core.approvals import (
 )
 from services.runtime.core.decide import Append, AwaitApproval, DecideApproval, approval_id_for, next_move
 from services.runtime.core.fold import fold_run, summarize
+from services.runtime.core.policy import approved as approves
 from services.runtime.core.state import RunState
 from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, booked_run, call, started
 
@@ -157,23 +157,26 @@ def test_a_turn_is_folded_once_however_often_it_comes() -> None:
     assert fold_run(state, turn("evt-1", "Book a room in Lisbon")).inbox == state.inbox
 
 
-def test_an_approval_covers_only_the_exact_action_it_was_asked_for_and_only_once() -> None:
+def test_an_approval_covers_only_the_exact_action_it_was_asked_for() -> None:
+    """`policy.approved` is the one reading of "was this action approved" (the policy's hold rules ask it)."""
     record = new_record(waiting(), held())
     yes = decide(record, "approved", "guest:guest-1", "", T0 + timedelta(minutes=1))
     assert yes is not None
     approved = decided_event(yes, held(), T0 + timedelta(minutes=1), "evt-2")
     assert approved is not None
     state = fold_run(fold_run(waiting(), turn("evt-2", "yes")), approved)
-    assert approved_for(state, "create_payment", held().input_hash) == approved
+    assert approves(state, "create_payment", held().input_hash, Approver.GUEST)
     # A changed action (another amount, another hotel) prepares to another hash: not approved.
-    assert approved_for(state, "create_payment", "x" * 64) is None
-    assert approved_for(state, "create_booking", held().input_hash) is None
+    assert not approves(state, "create_payment", "x" * 64, Approver.GUEST)
+    assert not approves(state, "create_booking", held().input_hash, Approver.GUEST)
+    # A guest's approval is not a manager's.
+    assert not approves(state, "create_payment", held().input_hash, Approver.MANAGER)
     # A rejection approves nothing.
     no = decide(record, "rejected", "manager:ana", "", T0 + timedelta(minutes=1))
     assert no is not None
     refused = decided_event(no, held(), T0 + timedelta(minutes=1))
     assert refused is not None
-    assert approved_for(fold_run(waiting(), refused), "create_payment", held().input_hash) is None
+    assert not approves(fold_run(waiting(), refused), "create_payment", held().input_hash, Approver.GUEST)
 
 
 @pytest.mark.parametrize(

@@ -122,22 +122,3 @@ def decided_event(
 
 def journaled_decision(state: RunState, approval_id: str) -> ApprovalDecided | None:
     return next((d for d in state.approvals if d.approval_id == approval_id), None)
-
-
-def approved_for(state: RunState, tool: str, input_hash: str) -> ApprovalDecided | None:
-    """The approval that lets this exact action through (for the policy's hold rules): approved, for this tool,
-    bound to this input hash, and not used yet by a request of the same input. Another amount or hotel prepares
-    to another hash: no approval covers it, and the rule holds it again."""
-    used = {req.input_hash for req, _ in state.completed} | {p.input_hash for p in state.pending}
-    asked = {r.approval_id: r for r in state.approval_requests}
-    for decided in state.approvals:
-        request = asked.get(decided.approval_id)
-        if (
-            decided.decision == ApprovalStatus.APPROVED
-            and request is not None
-            and request.tool == tool
-            and decided.input_hash == input_hash
-            and input_hash not in used
-        ):
-            return decided
-    return None
