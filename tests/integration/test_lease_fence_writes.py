@@ -75,7 +75,7 @@ async def test_a_replica_whose_lease_ran_out_writes_no_attempt_unknown_mark_or_r
         attempts=2,
     )
     with pytest.raises(PartitionNotOwned):
-        await store.attempt(request.key, 2)
+        await store.attempt(request.key, 2, sent_at=time.time())
     with pytest.raises(PartitionNotOwned):
         await store.mark_unknown(request.key)
     with pytest.raises(PartitionNotOwned):
