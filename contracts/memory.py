@@ -50,10 +50,12 @@ class SessionTurn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class SessionLane(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Who owns a guest session now (`<ns>_sessions`, key `session.<tenant>.<digest>`), fenced by its KV revision.
 
-    `run_id` empty: no run is active, the next message starts one. `history`: the session's last finished runs."""
+    `run_id` empty: no run is active, the next message starts one. `history`: the session's last finished runs.
+    `turns`: messages the gateway accepted as turns of `run_id` (its caps; 0 again whenever the owner changes)."""
 
     run_id: str = ""
     history: list[SessionTurn] = []
+    turns: int = 0
 
 
 profile_encoder = msgspec.json.Encoder()

@@ -22,7 +22,11 @@ from services.platform.logs import log
 
 
 class Deliveries:
-    """Runs handlers for deliveries concurrently (bounded), and settles each message exactly as its outcome says."""
+    """Runs handlers for deliveries concurrently (bounded), and settles each message exactly as its outcome says.
+
+    The bound is room a pull feed reserves before it asks the server for messages (`reserve`), so a message that
+    arrives always finds a handler free: nothing ever waits inside a subscription's callback (a callback that waited
+    for a slot made nats-py buffer, then drop, a flood's messages as a slow consumer)."""
 
     def __init__(
         self,
@@ -40,15 +44,36 @@ class Deliveries:
         self.logger = logger
         self.max_deliver = max_deliver
         self.heartbeat_s = max(ack_wait_s / 4, 0.1)
-        self._slots = asyncio.Semaphore(concurrency)
+        self._room = concurrency  # handlers that may still start: reserved by the feeds before they ask
+        self._roomier = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         # Messages being handled, and when their ack timer was last reset: one sweeper heartbeats them all.
         self._handling: dict[int, tuple[Msg, float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
+    async def reserve(self, most: int) -> int:
+        """Wait until a handler is free, then reserve room for up to `most` messages: how many to ask for."""
+        while self._room <= 0:
+            self._roomier.clear()
+            await self._roomier.wait()
+        taken = min(most, self._room)
+        self._room -= taken
+        return taken
+
+    def release(self, count: int) -> None:
+        """Give back room reserved for messages that never came (a pull request that expired short)."""
+        self._room += count
+        if self._room > 0:
+            self._roomier.set()
+
+    def overdraw(self) -> None:
+        """A message arrived that no reservation covered (a request's straggler): it is handled all the same."""
+        self._room -= 1
+
     def dispatch(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        """The callback for a feed that reserved room for each message: it starts the handler and returns."""
+
         async def on_message(msg: Msg) -> None:
-            await self._slots.acquire()
             task = asyncio.create_task(self._settle(msg, handler))
             self._tasks.add(task)
             task.add_done_callback(self._done)
@@ -57,10 +82,29 @@ class Deliveries:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._slots.release()
+        self.release(1)
 
     async def _settle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]]) -> None:
         deliveries = msg.metadata.num_delivered
+        if deliveries > self.max_deliver:
+            # Taken this often and never settled (each handler died or stalled first): the server has no limit of
+            # its own (it would end deliveries silently), so the message is given up here, as a dead letter.
+            try:
+                await self.dead_letter(
+                    msg,
+                    f"delivered {deliveries} times and never settled (over {self.max_deliver}); "
+                    "find why its handler died or stalled, then replay or discard it",
+                    ErrorCode.DELIVERIES_EXHAUSTED,
+                    {"deliveries": deliveries, "max_deliver": self.max_deliver},
+                )
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
+                log(
+                    self.logger,
+                    logging.WARNING,
+                    "could not dead-letter; it will be redelivered",
+                    error=str(exc),
+                )
+            return
         # A short ack wait lets a dead worker's messages come back fast; a live worker's long steps say "in progress".
         self._handling[id(msg)] = (msg, time.monotonic())
         if self._sweeper is None or self._sweeper.done():

@@ -50,7 +50,7 @@ class SessionLanes:
             if lane.run_id not in ("", owner, run_id):
                 return None  # someone else won the session meanwhile
             lane = with_turn(lane, finished_turn(ended)) if ended is not None else lane
-            return msgspec.structs.replace(lane, run_id=run_id)
+            return msgspec.structs.replace(lane, run_id=run_id, turns=0)
 
         return (await self.records.change(tenant, session_id, take)).run_id
 
@@ -62,6 +62,6 @@ class SessionLanes:
 
         def give_back(lane: SessionLane) -> SessionLane | None:
             lane = with_turn(lane, finished_turn(state))
-            return msgspec.structs.replace(lane, run_id="") if lane.run_id == state.run_id else lane
+            return msgspec.structs.replace(lane, run_id="", turns=0) if lane.run_id == state.run_id else lane
 
         await self.records.change(tenant, state.session_id, give_back)
