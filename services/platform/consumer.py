@@ -19,12 +19,13 @@ from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform import metrics
 from services.platform.logs import log
+from services.platform.pull_feed import Room
 
 
 class Deliveries:
     """Runs handlers for deliveries concurrently (bounded), and settles each message exactly as its outcome says.
 
-    The bound is room a pull feed reserves before it asks the server for messages (`reserve`), so a message that
+    The bound is room a pull feed reserves before it asks the server for messages (`Room`), so a message that
     arrives always finds a handler free: nothing ever waits inside a subscription's callback (a callback that waited
     for a slot made nats-py buffer, then drop, a flood's messages as a slow consumer)."""
 
@@ -44,31 +45,13 @@ class Deliveries:
         self.logger = logger
         self.max_deliver = max_deliver
         self.heartbeat_s = max(ack_wait_s / 4, 0.1)
-        self._room = concurrency  # handlers that may still start: reserved by the feeds before they ask
-        self._roomier = asyncio.Event()
+        self.room = Room(
+            concurrency
+        )  # reserved by the pull feeds before they ask (`Broker.subscribe(room=)`)
         self._tasks: set[asyncio.Task[None]] = set()
         # Messages being handled, and when their ack timer was last reset: one sweeper heartbeats them all.
         self._handling: dict[int, tuple[Msg, float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
-
-    async def reserve(self, most: int) -> int:
-        """Wait until a handler is free, then reserve room for up to `most` messages: how many to ask for."""
-        while self._room <= 0:
-            self._roomier.clear()
-            await self._roomier.wait()
-        taken = min(most, self._room)
-        self._room -= taken
-        return taken
-
-    def release(self, count: int) -> None:
-        """Give back room reserved for messages that never came (a pull request that expired short)."""
-        self._room += count
-        if self._room > 0:
-            self._roomier.set()
-
-    def overdraw(self) -> None:
-        """A message arrived that no reservation covered (a request's straggler): it is handled all the same."""
-        self._room -= 1
 
     def dispatch(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
         """The callback for a feed that reserved room for each message: it starts the handler and returns."""
@@ -82,7 +65,7 @@ class Deliveries:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self.release(1)
+        self.room.release(1)
 
     async def _settle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]]) -> None:
         deliveries = msg.metadata.num_delivered

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 import nats.errors
 from nats.aio.client import Client
@@ -21,14 +20,32 @@ PULL_BATCH = 64
 _HEARTBEAT = "100"
 
 
-class Room(Protocol):
-    """How many handlers are free: the feed reserves room before it asks, so a callback never waits for one."""
+class Room:
+    """How many more handlers a service may start: a feed reserves room before it asks the server for messages,
+    so a message that arrives always finds a handler free and a callback never waits for one."""
 
-    async def reserve(self, most: int) -> int: ...
+    def __init__(self, handlers: int) -> None:
+        self._free = handlers
+        self._freed = asyncio.Event()
 
-    def release(self, count: int) -> None: ...
+    async def reserve(self, most: int) -> int:
+        """Wait until a handler is free, then reserve room for up to `most` messages: how many to ask for."""
+        while self._free <= 0:
+            self._freed.clear()
+            await self._freed.wait()
+        taken = min(most, self._free)
+        self._free -= taken
+        return taken
 
-    def overdraw(self) -> None: ...
+    def release(self, count: int) -> None:
+        """A handler ended, or room reserved for messages that never came (a request that expired short)."""
+        self._free += count
+        if self._free > 0:
+            self._freed.set()
+
+    def overdraw(self) -> None:
+        """A message arrived that no reservation covered (a request's straggler): it is handled all the same."""
+        self._free -= 1
 
 
 class PullFeed:

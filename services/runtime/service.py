@@ -213,11 +213,15 @@ class Runtime:
         for spec in (inbound, outcomes, timers):
             await self.broker.ensure_consumer(spec)
         # Pulled as handlers free up (room), never waiting inside a callback (contracts/streams.py).
-        await self.broker.subscribe(inbound, self.deliveries.dispatch(self._on_inbound), room=self.deliveries)
         await self.broker.subscribe(
-            outcomes, self.deliveries.dispatch(self._on_runtime_message), room=self.deliveries
+            inbound, self.deliveries.dispatch(self._on_inbound), room=self.deliveries.room
         )
-        await self.broker.subscribe(timers, self.deliveries.dispatch(self._on_timer), room=self.deliveries)
+        await self.broker.subscribe(
+            outcomes, self.deliveries.dispatch(self._on_runtime_message), room=self.deliveries.room
+        )
+        await self.broker.subscribe(
+            timers, self.deliveries.dispatch(self._on_timer), room=self.deliveries.room
+        )
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
 
     def ops_checks(self) -> dict[str, probes.Check]:
