@@ -91,9 +91,9 @@ async def test_a_flood_on_a_run_waiting_for_its_manager_is_refused_typed_and_ano
     took = time.monotonic() - begun
     answers = await asyncio.wait_for(flooding, timeout=120)
     assert booked["status"] == "completed", booked
-    # Promptly: a booking takes a few seconds on this stack; the flood may not hold it up for minutes (it was
-    # still `run_not_found` 8 minutes on, and lost, before the fix).
-    assert took < 60, f"the other guest's booking took {took:.1f} s behind the flood"
+    # Promptly: a booking takes well under a second on this stack (0.4 s measured during the flood); the flood may
+    # not hold it up (it was still `run_not_found` 8 minutes on, and lost, before the fix). Generous for a loaded CI.
+    assert took < 20, f"the other guest's booking took {took:.1f} s behind the flood"
 
     accepted = [event_id for event_id, r in answers if r.status_code == 202]
     refused = [(event_id, r) for event_id, r in answers if r.status_code != 202]
