@@ -70,6 +70,12 @@ class ErrorCode(StrEnum):
     REPLAY_REFUSED = "replay_refused"
     # An agent's own code raised, answered with the wrong type, or asked for a move that makes no progress.
     AGENT_FAULT = "agent_fault"
+    # A message delivered more often than its consumer's limit without being settled: dead-lettered, never dropped.
+    DELIVERIES_EXHAUSTED = "deliveries_exhausted"
+    # A guest's message refused because the session's run took its whole share of turns (409) or has too many
+    # messages waiting to be read (429, Retry-After).
+    TURN_LIMIT_REACHED = "turn_limit_reached"
+    RUN_INBOX_FULL = "run_inbox_full"
 
 
 class RetryClass(StrEnum):
@@ -450,6 +456,54 @@ class TooManyActiveRuns(RateLimited):
 
     def details(self) -> dict[str, Any]:
         return super().details() | {"cap": self.cap}
+
+
+class RunInboxFull(RateLimited):
+    """The session's run has `cap` of the guest's messages it has not read yet (HTTP 429, `Retry-After`): the
+    message was not accepted; send it again later (the same `event_id`), once the run has read what it has."""
+
+    code = ErrorCode.RUN_INBOX_FULL
+
+    def __init__(self, *, run_id: str, session_id: str, waiting: int, cap: int, retry_after_s: float) -> None:
+        super().__init__(
+            limit="run",
+            retry_after_s=retry_after_s,
+            message=(
+                f"run {run_id} (session {session_id}) has {waiting} of your messages it has not read yet (at most "
+                f"{cap}); this one was not accepted: send it again after {retry_after_s:.0f} s with the same event_id"
+            ),
+        )
+        self.run_id = run_id
+        self.session_id = session_id
+        self.waiting = waiting
+        self.cap = cap
+
+    def details(self) -> dict[str, Any]:
+        return super().details() | {
+            "run_id": self.run_id,
+            "session_id": self.session_id,
+            "waiting": self.waiting,
+            "cap": self.cap,
+        }
+
+
+class TurnLimitReached(CrashsafeError):
+    """The session's run has taken its `cap` messages (HTTP 409): no more join it. Nothing was accepted; wait for
+    its reply and write again once it has ended (the session's next run takes it), or use a new session."""
+
+    code = ErrorCode.TURN_LIMIT_REACHED
+
+    def __init__(self, *, run_id: str, session_id: str, cap: int) -> None:
+        super().__init__(
+            f"run {run_id} (session {session_id}) has taken {cap} messages, its most; this one was not accepted: "
+            f"wait for its reply (GET /v1/runs/{run_id}) and send it again once the run has ended"
+        )
+        self.run_id = run_id
+        self.session_id = session_id
+        self.cap = cap
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "session_id": self.session_id, "cap": self.cap}
 
 
 # Trust boundaries ---------------------------------------------------------------------------------------------

@@ -58,11 +58,13 @@ class SessionLane(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     each with its guest (a run is given only its own guest's).
     `guest_id`: the guest whose run owns it, written with `run_id` by whoever claims it, so the gateway refuses
     another guest's message before its 202 even while the owner's run has no journal yet ("": unknown, an older
-    writer's record)."""
+    writer's record).
+    `turns`: messages the gateway accepted as turns of `run_id` (its caps; 0 again whenever the owner changes)."""
 
     run_id: str = ""
     history: list[SessionTurn] = []
     guest_id: str = ""
+    turns: int = 0
 
 
 profile_encoder = msgspec.json.Encoder()

@@ -8,7 +8,7 @@ listed in docs/security.md with what it does (read from nats-server's server/jet
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from contracts.memory import MEMORY_FAMILY
@@ -205,9 +205,7 @@ def users(
     inbound_consumer, outcomes_consumer = (s.consumer(c) for c in runtime_consumers(concrete))
     timers = s.consumer(timers_consumer(concrete))
     # The runtime's outcome consumer covers every family's outcomes and the wakes (`{ns}.outcome.>`).
-    outcomes_consumer = ConsumerSpec(
-        stream=outcomes_consumer.stream, durable=outcomes_consumer.durable, filter_subject=f"{n}.outcome.>"
-    )
+    outcomes_consumer = replace(outcomes_consumer, filter_subject=f"{n}.outcome.>")
 
     gateway = _user(
         Role.GATEWAY,
@@ -271,11 +269,7 @@ def users(
             f"{API}.CONSUMER.CREATE.{s.kv_stream(CATALOG)}",
             f"$JS.FC.{s.kv_stream(CATALOG)}.>",
         ],
-        [
-            inbound_consumer.deliver_subject or "",
-            outcomes_consumer.deliver_subject or "",
-            timers.deliver_subject or "",
-        ],
+        # Pulled (contracts/streams.py): what it is sent arrives on its own inbox, nothing to subscribe to beyond.
     )
     executors = []
     for family in families:

@@ -126,19 +126,33 @@ def support_spec(ns: Namespace, replicas: int = 1) -> StreamSpec:
     )
 
 
+# How often the runtime takes a message before it gives up on it: past this, the message is dead-lettered (and
+# counted, and logged as an error) by the runtime itself, never dropped by the server. Its consumers have no
+# server-side `max_deliver`: the server's limit ends deliveries silently, with no dead letter and no alarm (a
+# guest's accepted booking was lost that way under a flood).
+RUNTIME_MAX_DELIVER = 20
+UNLIMITED = -1
+
+
 def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerSpec]:
+    """Pulled, not pushed: the runtime asks for as many messages as it has room for, so nothing waits in its
+    client for a free handler (a push consumer's client dropped them as a slow consumer under a flood)."""
     return [
         ConsumerSpec(
             stream=ns.stream(StreamKind.INBOUND),
             durable=ns.runtime_inbound_consumer,
             filter_subject=ns.inbound_all,
             ack_wait_s=ack_wait_s,
+            max_deliver=UNLIMITED,
+            pull=True,
         ),
         ConsumerSpec(
             stream=ns.stream(StreamKind.OUTCOMES),
             durable=ns.runtime_outcomes_consumer,
             filter_subject=ns.outcomes_all,
             ack_wait_s=ack_wait_s,
+            max_deliver=UNLIMITED,
+            pull=True,
         ),
     ]
 
@@ -150,6 +164,8 @@ def timers_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
         durable=ns.runtime_timers_consumer,
         filter_subject=ns.timers_fired_all,
         ack_wait_s=ack_wait_s,
+        max_deliver=UNLIMITED,
+        pull=True,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from contracts.run_events import event_id
+from contracts.streams import RUNTIME_MAX_DELIVER
 from crashsafe import contract_access as access
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_lock
@@ -114,9 +115,15 @@ def events_md() -> str:
     ]
     for c in cat.consumers():
         spec = c.spec
+        # No server limit: the service itself dead-letters a message taken too often (never a silent drop).
+        most = (
+            str(spec.max_deliver)
+            if spec.max_deliver > 0
+            else f"none: dead-lettered past {RUNTIME_MAX_DELIVER}"
+        )
         out.append(
             f"| `{spec.durable}` | `{spec.stream}` | `{spec.filter_subject}` | {'pull' if spec.pull else 'push'} "
-            f"| {_seconds(spec.ack_wait_s)} | {spec.max_deliver} | {spec.max_ack_pending} | `{c.declared_by}` "
+            f"| {_seconds(spec.ack_wait_s)} | {most} | {spec.max_ack_pending} | `{c.declared_by}` "
             f"| {_names(access.consumer_owners(spec, users))} |"
         )
     out += [

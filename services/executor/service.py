@@ -290,7 +290,7 @@ class Executor:
         )
         await self.broker.ensure_consumer(consumer)
         self._subscriptions[partition] = await self.broker.subscribe(
-            consumer, self.deliveries.dispatch(self._on_request)
+            consumer, self.deliveries.dispatch(self._on_request), room=self.deliveries.room
         )
 
     async def _put_down(self, partition: int) -> None:

@@ -53,6 +53,7 @@ from services.gateway import openapi as api
 from services.gateway import ops
 from services.gateway.linger import linger_on_unread_bodies
 from services.gateway.quotas import Rate, TokenBuckets
+from services.gateway.turns import TurnCaps, take_turn
 from services.platform.active_runs import Caps, claim
 from services.platform.clients import ClientKeys
 from services.platform.crashpoints import crash_point
@@ -181,6 +182,8 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         turn_of = "" if lane.run_id == admission.run_id else lane.run_id
         if turn_of:
             await _same_guest(broker, ns, lane, message.guest_id, message.session_id)
+            # The run's caps: its turns (409) and its unread messages (429); counted before anything is published.
+            await take_turn(broker, ns, sessions, state.turn_caps, client.tenant, message.session_id, turn_of)
         if not turn_of:
             try:
                 await claim(
@@ -248,7 +251,7 @@ async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, 
     """Give back a lane claimed for a run that was then refused (the caps), if it is still this run's."""
 
     def give_back(lane: SessionLane) -> SessionLane | None:
-        return msgspec.structs.replace(lane, run_id="", guest_id="") if lane.run_id == run_id else None
+        return msgspec.structs.replace(lane, run_id="", guest_id="", turns=0) if lane.run_id == run_id else None
 
     await sessions.change(tenant, session_id, give_back)
 
@@ -545,6 +548,7 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
         keys = ClientKeys(broker, ns, settings.stream_replicas)
         app.state.door = Door(keys, settings)
         app.state.caps = Caps(settings.active_runs_per_guest, settings.active_runs_per_session)
+        app.state.turn_caps = TurnCaps(settings.turns_per_run, settings.run_inbox)
         app.state.broker = broker
         app.state.sessions = SessionRecords(broker, ns)
         app.state.settings = settings

@@ -27,6 +27,7 @@ from contracts.errors import (
     RunNotFound,
     RateLimited,
     RunVersionConflict,
+    TurnLimitReached,
     Unauthenticated,
     UnprocessableBody,
 )
@@ -52,6 +53,7 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     ApprovalNotFound: 404,
     ApprovalNotPending: 409,
     SessionOfAnotherGuest: 409,
+    TurnLimitReached: 409,
     DeadLetterNotFound: 404,
     DeadLetterSettled: 409,
     ReplayRefused: 409,

@@ -104,10 +104,16 @@ _ERRORS = {
     401: "no API key, or one that is unknown, revoked or wrong (`unauthenticated`)",
     403: "the key lacks the scope this route needs (`forbidden`)",
     404: "no such run or approval, or another tenant's (`run_not_found`, `approval_not_found`)",
-    409: "the same key with another body, an approval already decided, a session of another guest",
+    409: (
+        "the same key with another body, an approval already decided, a session of another guest, a run that"
+        " took its most turns (`turn_limit_reached`)"
+    ),
     413: "the body is over the limit (`body_too_large`), refused before it is read",
     422: "readable but not the schema (`invalid_request`)",
-    429: "over a rate or the active-runs cap (`rate_limited`, `too_many_active_runs`); see `Retry-After`",
+    429: (
+        "over a rate, the active-runs cap or a run's unread messages (`rate_limited`, `too_many_active_runs`,"
+        " `run_inbox_full`); see `Retry-After`"
+    ),
     503: "NATS is unreachable or a record is contended: retry (`broker_unavailable`, `lease_conflict`)",
 }
 

@@ -19,10 +19,15 @@ from contracts.subjects import Namespace
 from services.platform.jetstream import Broker
 from services.platform import metrics
 from services.platform.logs import log
+from services.platform.pull_feed import Room
 
 
 class Deliveries:
-    """Runs handlers for deliveries concurrently (bounded), and settles each message exactly as its outcome says."""
+    """Runs handlers for deliveries concurrently (bounded), and settles each message exactly as its outcome says.
+
+    The bound is room a pull feed reserves before it asks the server for messages (`Room`), so a message that
+    arrives always finds a handler free: nothing ever waits inside a subscription's callback (a callback that waited
+    for a slot made nats-py buffer, then drop, a flood's messages as a slow consumer)."""
 
     def __init__(
         self,
@@ -40,15 +45,18 @@ class Deliveries:
         self.logger = logger
         self.max_deliver = max_deliver
         self.heartbeat_s = max(ack_wait_s / 4, 0.1)
-        self._slots = asyncio.Semaphore(concurrency)
+        self.room = Room(
+            concurrency
+        )  # reserved by the pull feeds before they ask (`Broker.subscribe(room=)`)
         self._tasks: set[asyncio.Task[None]] = set()
         # Messages being handled, and when their ack timer was last reset: one sweeper heartbeats them all.
         self._handling: dict[int, tuple[Msg, float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     def dispatch(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        """The callback for a feed that reserved room for each message: it starts the handler and returns."""
+
         async def on_message(msg: Msg) -> None:
-            await self._slots.acquire()
             task = asyncio.create_task(self._settle(msg, handler))
             self._tasks.add(task)
             task.add_done_callback(self._done)
@@ -57,10 +65,29 @@ class Deliveries:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._slots.release()
+        self.room.release(1)
 
     async def _settle(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]]) -> None:
         deliveries = msg.metadata.num_delivered
+        if deliveries > self.max_deliver:
+            # Taken this often and never settled (each handler died or stalled first): the server has no limit of
+            # its own (it would end deliveries silently), so the message is given up here, as a dead letter.
+            try:
+                await self.dead_letter(
+                    msg,
+                    f"delivered {deliveries} times and never settled (over {self.max_deliver}); "
+                    "find why its handler died or stalled, then replay or discard it",
+                    ErrorCode.DELIVERIES_EXHAUSTED,
+                    {"deliveries": deliveries, "max_deliver": self.max_deliver},
+                )
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
+                log(
+                    self.logger,
+                    logging.WARNING,
+                    "could not dead-letter; it will be redelivered",
+                    error=str(exc),
+                )
+            return
         # A short ack wait lets a dead worker's messages come back fast; a live worker's long steps say "in progress".
         self._handling[id(msg)] = (msg, time.monotonic())
         if self._sweeper is None or self._sweeper.done():

@@ -43,7 +43,7 @@ from contracts.nats_permissions import inbox_prefix
 from contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 from contracts.subjects import Header
 from services.platform.nats_users import CREDS_VARIABLE, read_credential
-from services.platform.pull_feed import PullFeed
+from services.platform.pull_feed import PullFeed, Room
 from services.platform.settings import NatsAccess
 
 log = logging.getLogger("crashsafe.jetstream")
@@ -152,6 +152,14 @@ class Subscription:
     def __init__(self, sub: object | None = None, feed: PullFeed | None = None) -> None:
         self._sub = sub
         self._feed = feed
+
+
+def _counted(room: Room, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+    async def counted(msg: Msg) -> None:
+        room.overdraw()
+        await handler(msg)
+
+    return counted
 
 
 def _identity(access: NatsAccess, url: str) -> dict[str, object]:
@@ -434,10 +442,13 @@ class Broker:
         config.opt_start_seq = existing.opt_start_seq
         return True
 
-    async def subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> Subscription:
-        """Deliver the consumer's messages to `handler`; replicas sharing the durable share the work."""
+    async def subscribe(
+        self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]], room: Room | None = None
+    ) -> Subscription:
+        """Deliver the consumer's messages to `handler`; replicas sharing the durable share the work. A pull
+        consumer with `room` asks only for as many messages as it has free handlers (see `PullFeed`)."""
         if spec.pull:
-            feed = PullFeed(self.nc, spec, handler)
+            feed = PullFeed(self.nc, spec, handler, room)
             await feed.start()
             self._feeds.add(feed)
             return Subscription(feed=feed)
@@ -446,7 +457,9 @@ class Broker:
             queue=spec.durable,
             stream=spec.stream,
             manual_ack=True,
-            cb=_only_from(spec, handler),
+            # A push consumer's messages come as the server sends them (up to max_ack_pending); `room` only
+            # counts them, it cannot ask for fewer.
+            cb=_only_from(spec, handler if room is None else _counted(room, handler)),
             pending_msgs_limit=max(spec.max_ack_pending * 2, 1024),
         )
         self._subs.append(sub)

@@ -20,17 +20,56 @@ PULL_BATCH = 64
 _HEARTBEAT = "100"
 
 
+class Room:
+    """How many more handlers a service may start: a feed reserves room before it asks the server for messages,
+    so a message that arrives always finds a handler free and a callback never waits for one."""
+
+    def __init__(self, handlers: int) -> None:
+        self._free = handlers
+        self._freed = asyncio.Event()
+
+    async def reserve(self, most: int) -> int:
+        """Wait until a handler is free, then reserve room for up to `most` messages: how many to ask for."""
+        while self._free <= 0:
+            self._freed.clear()
+            await self._freed.wait()
+        taken = min(most, self._free)
+        self._free -= taken
+        return taken
+
+    def release(self, count: int) -> None:
+        """A handler ended, or room reserved for messages that never came (a request that expired short)."""
+        self._free += count
+        if self._free > 0:
+            self._freed.set()
+
+    def overdraw(self) -> None:
+        """A message arrived that no reservation covered (a request's straggler): it is handled all the same."""
+        self._free -= 1
+
+
 class PullFeed:
     """One outstanding pull request at a time, each for at most `spec.pull_expires_s`.
 
     nats-py's `fetch` waits for a whole batch before it returns; here every message goes to the handler the
     moment it arrives, and the next request is sent once the last one is filled or ends (a 408 when it expires,
-    a 409 when the server drops it). A request lost with a broker restart is replaced after its expiry."""
+    a 409 when the server drops it). A request lost with a broker restart is replaced after its expiry.
 
-    def __init__(self, nc: Client, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> None:
+    With a `room`, each request asks for no more messages than there are free handlers (flow control): what the
+    server sends is handled at once, and the rest waits on the server, unacknowledged, for whoever asks next."""
+
+    def __init__(
+        self,
+        nc: Client,
+        spec: ConsumerSpec,
+        handler: Callable[[Msg], Awaitable[None]],
+        room: Room | None = None,
+    ) -> None:
         self.nc = nc
         self.spec = spec
         self.handler = handler
+        self.room = room
+        self._open = False  # a request is outstanding: what arrives is counted against it
         self._inbox = nc.new_inbox()
         self._next_subject = spec.next_subject
         self._asked = 0
@@ -67,30 +106,41 @@ class PullFeed:
                 self._last_status = status
                 self._request_over.set()  # expired (408), dropped (409), or nothing more to give (404)
             return
+        if self._open and self._received < self._asked:
+            self._received += 1
+            if self._received >= self._asked:
+                self._request_over.set()
+        elif self.room is not None:
+            self.room.overdraw()  # a straggler of a request that ended: handled, never dropped
         if self._stopping:
+            if self.room is not None:
+                self.room.release(1)
             return  # not ours to handle any more: unacked, it comes back to whoever asks next
-        self._received += 1
-        if self._received >= self._asked:
-            self._request_over.set()
         await self.handler(msg)
 
     async def _ask_forever(self) -> None:
         expires_s = self.spec.pull_expires_s
-        request = json.dumps({"batch": PULL_BATCH, "expires": int(expires_s * 1e9)}).encode()
         while not self._stopping:
-            self._asked, self._received = PULL_BATCH, 0
+            batch = PULL_BATCH if self.room is None else await self.room.reserve(PULL_BATCH)
+            self._asked, self._received, self._open = batch, 0, True
             self._request_over.clear()
             try:
-                await self.nc.publish(self._next_subject, request, reply=self._inbox)
-            except (nats.errors.Error, OSError):
-                await asyncio.sleep(expires_s)  # disconnected: nats-py reconnects; ask again then
-                continue
-            # asyncio.wait, not wait_for: it never swallows a cancel (see stop).
-            over = asyncio.ensure_future(self._request_over.wait())
-            try:
-                await asyncio.wait({over}, timeout=expires_s + 1.0)
+                request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9)}).encode()
+                try:
+                    await self.nc.publish(self._next_subject, request, reply=self._inbox)
+                except (nats.errors.Error, OSError):
+                    await asyncio.sleep(expires_s)  # disconnected: nats-py reconnects; ask again then
+                    continue
+                # asyncio.wait, not wait_for: it never swallows a cancel (see stop).
+                over = asyncio.ensure_future(self._request_over.wait())
+                try:
+                    await asyncio.wait({over}, timeout=expires_s + 1.0)
+                finally:
+                    over.cancel()
             finally:
-                over.cancel()
+                self._open = False
+                if self.room is not None:
+                    self.room.release(self._asked - self._received)  # room for messages that never came
             if self._last_status.startswith("409"):
                 # Dropped (a leader change, too many waiting requests): ask again, but not in a tight loop.
                 log.info("pull request on %s ended: %s", self.spec.durable, self._last_status)

@@ -72,6 +72,6 @@ class SessionRecords:
         def take(lane: SessionLane) -> SessionLane | None:
             if lane.run_id:
                 return None
-            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id)
+            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id, turns=0)
 
         return await self.change(tenant, session_id, take)

@@ -80,6 +80,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
     Variable(
+        "CRASHSAFE_TURNS_PER_RUN",
+        "50",
+        "guest messages one run takes as turns; past it `409 turn_limit_reached` (0: no cap)",
+    ),
+    Variable(
+        "CRASHSAFE_RUN_INBOX",
+        "10",
+        "a run's accepted messages not yet read by its model; past it `429 run_inbox_full` (0: no cap)",
+    ),
+    Variable(
         "CRASHSAFE_CAPABILITY_SIGNING_KEY",
         "unset",
         "runtime only: its Ed25519 private key (PEM) that signs every action request; required",
@@ -220,6 +230,9 @@ class Settings:
     reconcile_per_minute: float = 6.0
     active_runs_per_guest: int = 10
     active_runs_per_session: int = 5
+    # A run's turns (issue 17): how many messages it takes, and how many may wait unread (services/gateway/turns.py).
+    turns_per_run: int = 50
+    run_inbox: int = 10
     capability_signing_key: Path | None = None
     capability_verify_keys: tuple[Path, ...] = ()
     nats_access: NatsAccess = field(default_factory=NatsAccess)
@@ -407,6 +420,10 @@ class Settings:
                 non_negative_int,
                 "a whole number >= 0",
             ),
+            turns_per_run=read(
+                "CRASHSAFE_TURNS_PER_RUN", cls.turns_per_run, non_negative_int, "a whole number >= 0"
+            ),
+            run_inbox=read("CRASHSAFE_RUN_INBOX", cls.run_inbox, non_negative_int, "a whole number >= 0"),
             capability_signing_key=(
                 Path(raw) if (raw := get("CRASHSAFE_CAPABILITY_SIGNING_KEY")) is not None else None
             ),

@@ -47,6 +47,7 @@ from contracts.subjects import Header, StreamKind
 from contracts.tool_messages import ActionRequest, Answer
 from services.platform.crashpoints import crash_point
 from services.platform.jetstream import Broker, StoredMessage, Subscription
+from services.platform.pull_feed import Room
 from services.platform import metrics, probes
 from services.platform.logs import log
 from services.platform.providers import Providers
@@ -127,12 +128,12 @@ class Claims:
         self.logger = logger
         self.heartbeat_s = heartbeat_s
         self.give_up = give_up
-        self._slots = asyncio.Semaphore(concurrency)
+        # Reserved by the pull feeds before they ask: a message's callback starts its handler and never waits.
+        self.room = Room(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def dispatch(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
         async def on_message(msg: Msg) -> None:
-            await self._slots.acquire()
             task = asyncio.create_task(self._run(msg, handler))
             self._tasks.add(task)
             task.add_done_callback(self._done)
@@ -141,7 +142,7 @@ class Claims:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._slots.release()
+        self.room.release(1)
 
     async def _run(self, msg: Msg, handler: Callable[[Msg], Awaitable[None]]) -> None:
         beat = asyncio.create_task(self._heartbeat(msg))
@@ -251,8 +252,8 @@ class Projector:
             spec = projection_consumer(self.ns, name, self.settings.ack_wait_s)
             await self.broker.ensure_consumer(spec)
             handler = self._worker(tool)
-            self._subscriptions.append(await self.broker.subscribe(spec, self._claimed(handler)))
-        self._subscriptions.append(await self.broker.subscribe(planner, self._claimed(self._on_run_event)))
+            self._subscriptions.append(await self._subscribe(spec, handler))
+        self._subscriptions.append(await self._subscribe(planner, self._on_run_event))
         log(self.logger, logging.INFO, "projector ready", tools=sorted(self.tools))
 
     def ops_checks(self) -> dict[str, probes.Check]:
@@ -292,13 +293,15 @@ class Projector:
         for claims in self._claims:
             await claims.drain()
 
-    def _claimed(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+    async def _subscribe(self, spec: ConsumerSpec, handler: Callable[[Msg], Awaitable[None]]) -> Subscription:
+        """Pull `spec` into its own bounded claims, asking only for as many messages as it has room for."""
+
         async def give_up(msg: Msg, reason: str) -> None:
             await self._dead_letter(msg, reason, ErrorCode.HANDLER_FAILED)
 
         claims = Claims(self.logger, self.heartbeat_s, give_up, self.concurrency)
         self._claims.append(claims)
-        return claims.dispatch(handler)
+        return await self.broker.subscribe(spec, claims.dispatch(handler), room=claims.room)
 
     # Planning -----------------------------------------------------------------------------------------------
 

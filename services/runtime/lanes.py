@@ -85,7 +85,7 @@ class SessionLanes:
             if lane.run_id not in ("", owner, run_id):
                 return None  # someone else won the session meanwhile
             lane = with_turn(lane, finished_turn(ended)) if ended is not None else lane
-            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id)
+            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id, turns=0)
 
         return (await self.records.change(tenant, session_id, take)).run_id
 
@@ -100,7 +100,7 @@ class SessionLanes:
                 return None  # a run outside the lane (another guest's turn made its own run): not its history
             lane = with_turn(lane, finished_turn(state))
             return (
-                msgspec.structs.replace(lane, run_id="", guest_id="") if lane.run_id == state.run_id else lane
+                msgspec.structs.replace(lane, run_id="", guest_id="", turns=0) if lane.run_id == state.run_id else lane
             )
 
         await self.records.change(tenant, state.session_id, give_back)

@@ -44,6 +44,7 @@ from contracts.run_events import (
     request_for,
 )
 from contracts.streams import (
+    RUNTIME_MAX_DELIVER,
     ConsumerSpec,
     active_spec,
     approvals_spec,
@@ -192,7 +193,12 @@ class Runtime:
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._wakes: set[asyncio.Task[None]] = set()
         self.deliveries = Deliveries(
-            broker, self.ns, "runtime", logger, max_deliver=20, ack_wait_s=settings.ack_wait_s
+            broker,
+            self.ns,
+            "runtime",
+            logger,
+            max_deliver=RUNTIME_MAX_DELIVER,
+            ack_wait_s=settings.ack_wait_s,
         )
         self.consumers: tuple[ConsumerSpec, ...] = ()  # its durables, once started
 
@@ -211,9 +217,16 @@ class Runtime:
         self.consumers = (inbound, outcomes, timers)
         for spec in (inbound, outcomes, timers):
             await self.broker.ensure_consumer(spec)
-        await self.broker.subscribe(inbound, self.deliveries.dispatch(self._on_inbound))
-        await self.broker.subscribe(outcomes, self.deliveries.dispatch(self._on_runtime_message))
-        await self.broker.subscribe(timers, self.deliveries.dispatch(self._on_timer))
+        # Pulled as handlers free up (room), never waiting inside a callback (contracts/streams.py).
+        await self.broker.subscribe(
+            inbound, self.deliveries.dispatch(self._on_inbound), room=self.deliveries.room
+        )
+        await self.broker.subscribe(
+            outcomes, self.deliveries.dispatch(self._on_runtime_message), room=self.deliveries.room
+        )
+        await self.broker.subscribe(
+            timers, self.deliveries.dispatch(self._on_timer), room=self.deliveries.room
+        )
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
 
     def ops_checks(self) -> dict[str, probes.Check]:
@@ -619,7 +632,9 @@ class Runtime:
                         await self._publish_pending(run, ctx)
                         decided = await self.approvals.wait(run.state, approval, ctx)
                         if decided is None:
-                            self._runs.pop(run.state.run_id, None)  # waits holding no worker and no memory
+                            # Waits holding no worker; its folded state stays in the bounded cache, so a guest's
+                            # message while it waits is journaled without reading and folding the whole journal
+                            # again (nor a `run.resumed` per message).
                             return
                         self._apply(
                             run, decided, await self.journal.append(decided, run.seq, headers_for(ctx))

@@ -207,8 +207,15 @@ def probes() -> list[Probe]:
             b'{"batch":1,"no_wait":true}',
         ),
         Probe(
+            "consumers",
+            "pull next from `runtime_inbound`",
+            f"{API}.CONSUMER.MSG.NEXT.{INBOUND}.runtime_inbound",
+            b'{"batch":1,"no_wait":true}',
+        ),
+        # Pulled since issue 17: nobody, the runtime included, listens on the old push deliveries.
+        Probe(
             "subscribe",
-            "the runtime's push deliveries (inbound)",
+            "the runtime's old push deliveries (inbound)",
             f"_deliver.{INBOUND}.runtime_inbound",
             subscribe=True,
         ),
@@ -271,7 +278,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"direct get on KV_sweep_approvals", "direct get on KV_sweep_sessions"}
         allowed |= {f"direct get on {_stream(StreamKind.TIMERS)}"}
         allowed |= {p.label for p in probes() if "`runtime_" in p.label}
-        allowed |= {"the runtime's push deliveries (inbound)", "the runtime's reply inbox"}
+        allowed |= {"the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
         allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
         allowed |= {f"KV key facts: `fact.{family}.h`", f"read key facts: `fact.{family}.h`"}

@@ -1,10 +1,12 @@
-"""A partition's pull feed, on a real nats-server: it stops when told, even while messages pour in, and hands
-nothing to its handler afterwards (a feed that kept asking once held a released partition forever)."""
+"""A pull feed, on a real nats-server: it stops when told, even while messages pour in, and hands nothing to its
+handler afterwards (a feed that kept asking once held a released partition forever); it asks for no more messages
+than its handlers have room for."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
 from typing import Any, cast
@@ -12,11 +14,13 @@ from typing import Any, cast
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from contracts.streams import executor_consumer
+from contracts.streams import executor_consumer, runtime_consumers
 from contracts.subjects import Namespace
+from services.platform.consumer import Deliveries
 from services.platform.jetstream import Broker
 from services.platform.provisioning import provision
 from services.platform.pull_feed import PullFeed
+from tests.support.waiting import eventually
 
 
 async def test_a_feed_stops_at_once_under_a_steady_stream_and_hands_nothing_over_after(
@@ -137,3 +141,42 @@ async def test_a_feed_whose_cancel_is_swallowed_still_stops_at_once_and_asks_for
         if feed._task is not None and not feed._task.done():  # a feed that failed to stop: end it (cancels
             feed._task.cancel()  # are no longer swallowed) so the broker can close
             await asyncio.wait({feed._task}, timeout=5.0)
+
+
+async def test_a_feed_asks_only_for_what_its_handlers_have_room_for_the_rest_waits_on_the_server(
+    broker: Broker, namespace: Namespace
+) -> None:
+    """Flow control (issue 17): with 3 handlers busy, the runtime's inbound feed holds 3 messages, not a batch
+    buffered in its client behind a callback waiting for a free handler (which nats-py dropped as a slow consumer
+    under a flood); the rest waits on the server, and every message is handled once as handlers free up."""
+    await provision(broker, namespace)
+    inbound = runtime_consumers(namespace, ack_wait_s=1.0)[0]
+    await broker.ensure_consumer(inbound)
+    for n in range(40):
+        await broker.publish(namespace.inbound(f"run_{n:024x}"), b"{}", msg_id=f"m{n}")
+    deliveries = Deliveries(
+        broker, namespace, "runtime", logging.getLogger("test"), max_deliver=20, ack_wait_s=1.0, concurrency=3
+    )
+    gate = asyncio.Event()
+    in_hand: set[str] = set()
+    handled: list[str] = []
+
+    async def handle(msg: Msg) -> None:
+        in_hand.add(msg.subject)
+        await gate.wait()
+        in_hand.discard(msg.subject)
+        handled.append(msg.subject)
+
+    subscription = await broker.subscribe(inbound, deliveries.dispatch(handle), room=deliveries.room)
+    try:
+        await eventually(lambda: len(in_hand) == 3, what="three handlers busy")
+        await asyncio.sleep(0.5)  # time for a batch to arrive, were one asked for
+        info = await broker.js.consumer_info(inbound.stream, inbound.durable)
+        assert (len(in_hand), info.num_ack_pending, info.num_pending) == (3, 3, 37)
+        gate.set()
+        await eventually(lambda: len(handled) == 40, what="every message handled", timeout_s=30)
+        assert len(set(handled)) == 40
+    finally:
+        gate.set()
+        await broker.unsubscribe(subscription)
+        await deliveries.drain()

@@ -3,13 +3,14 @@ its guest's next message, and how turns of a session fold (once each, after the 
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 
 import pytest
 
 from contracts.approvals import ApprovalStatus
 from contracts.policy import Approver
-from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, TurnReceived
+from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunResumed, TurnReceived
 from services.runtime.core.approvals import (
     current_status,
     decide,
@@ -249,3 +250,50 @@ def test_a_message_the_guest_sent_while_the_run_waited_is_read_when_the_approval
 
     assert not isinstance(move, Append) or not any(isinstance(e, RunCompleted) for e in move.events)
     assert {"role": "user", "content": "also a quiet room, please"} in state.transcript
+
+
+class _CountedId(str):
+    """An event id that counts how often it is compared for equality: a scan of every earlier id shows up."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedId.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def _flood(turns: int) -> list[RunState]:
+    """Every state of a run waiting for its manager while its guest sends `turns` messages, each after a
+    `run.resumed` (as the runtime journaled them before the flood fix)."""
+    states = [waiting(Approver.MANAGER.value)]
+    for n in range(turns):
+        at = T0 + timedelta(seconds=n)
+        resumed = RunResumed(run_id=RUN, at=at, worker="w", next_step=3, reason="picked up")
+        message = TurnReceived(run_id=RUN, at=at, event_id=_CountedId(f"flood-{n:06d}"), text="hello?")
+        states.append(fold_run(fold_run(states[-1], resumed), message))
+    return states
+
+
+def test_folding_turns_is_linear_a_turn_neither_scans_nor_copies_the_turns_before_it() -> None:
+    """Structural, not a stopwatch: a flood of 4,000 turns folds with no id compared against the earlier ones
+    (a tuple's `in` compared each new id with every earlier one: 8 million comparisons here) and no state
+    copying the turns before it (every state kept alive holds the first turn once in shared storage, not once
+    per state: a tuple per state made the whole fold's memory, and its time, quadratic in turns)."""
+    _CountedId.compared = 0
+    states = _flood(4000)
+    last = states[-1]
+    assert last.turns == 4001 and len(last.inbox) == len(last.turn_ids) == 4000
+    assert last.awaiting is not None  # a manager's approval: the messages wait in the inbox
+    # One comparison per turn (with the run's own first message), not one per earlier turn.
+    assert _CountedId.compared <= 2 * 4000, f"{_CountedId.compared} id comparisons for 4,000 turns"
+    first = last.turn_ids[0]
+    # A handful of references (the storage, its index, the event, this frame), not one per state (4,000).
+    assert sys.getrefcount(first) < 16, sys.getrefcount(first)
+    # Still values: an earlier state is not changed by what came after it, nor by a state forked from it.
+    middle = states[2000]
+    assert len(middle.turn_ids) == 2000 and "flood-003000" not in middle.turn_ids
+    forked = fold_run(middle, turn("another", "a second branch"))
+    assert "another" in forked.turn_ids and "another" not in last.turn_ids and len(middle.inbox) == 2000
+    assert list(last.turn_ids)[-1] == "flood-003999" and "flood-000000" in forked.turn_ids

@@ -34,6 +34,7 @@ from contracts.run_events import (
     UnknownEvent,
 )
 from contracts.tool_messages import OutcomeStatus
+from services.runtime.core.chain import Chain
 from services.runtime.core.handoff import handoff_reply
 from services.runtime.core.state import RunState, Summary
 
@@ -203,8 +204,10 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             waiting = state.awaiting
             if waiting is None or waiting.approval_id != approval_id:
                 return replace(state, **base)  # already decided (a redelivery): folded once
-            inbox = tuple(
-                t for t in state.inbox if t.event_id != event.turn_event_id or not event.turn_event_id
+            inbox = (
+                Chain(t for t in state.inbox if t.event_id != event.turn_event_id)
+                if event.turn_event_id
+                else state.inbox
             )
             waited = max((event.at - waiting.at).total_seconds(), 0.0)
             decided = replace(
@@ -238,9 +241,9 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             queued = replace(
                 state,
                 **base,
-                inbox=state.inbox + (event,),
+                inbox=state.inbox.add(event),
                 turns=state.turns + 1,
-                turn_ids=state.turn_ids + (event_id,),
+                turn_ids=state.turn_ids.add(event_id),
             )
             return _flushed(queued)
         case ActionCompleted(step_no=step):
@@ -298,7 +301,7 @@ def _flushed(state: RunState) -> RunState:
     if not state.inbox or state.pending or state.unplanned or state.awaiting is not None:
         return state
     said = tuple({"role": "user", "content": turn.text} for turn in state.inbox)
-    return dataclasses.replace(state, inbox=(), transcript=state.transcript + said, final_reply=None)
+    return dataclasses.replace(state, inbox=Chain(), transcript=state.transcript + said, final_reply=None)
 
 
 def context_items(started: RunStarted) -> tuple[dict[str, Any], ...]:

@@ -19,6 +19,7 @@ from contracts.run_events import (
 )
 from contracts.keys import provider_account
 from contracts.tool_messages import OutcomeStatus
+from services.runtime.core.chain import Chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +63,12 @@ class RunState:
     approval_requests: tuple[ApprovalRequested, ...] = ()
     approvals: tuple[ApprovalDecided, ...] = ()
     # Guest messages of the session that arrived while the run was mid-step: they join the model's view
-    # once nothing is pending (a function call and its output are never split by a user message).
-    inbox: tuple[TurnReceived, ...] = ()
+    # once nothing is pending (a function call and its output are never split by a user message). Chains, not
+    # tuples: a run waiting for a manager may take many turns, and each must fold in O(1) (`core/chain.py`).
+    inbox: Chain[TurnReceived] = field(default_factory=Chain)
     turns: int = 1
     # The event ids of the session's messages this run took as turns: a redelivered turn is folded once.
-    turn_ids: tuple[str, ...] = ()
+    turn_ids: Chain[str] = field(default_factory=Chain)
     # Seconds spent waiting for approvals: they do not count against the run's deadline.
     waited_s: float = 0.0
     denials: int = 0  # run.policy_denied
