@@ -251,7 +251,9 @@ async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, 
     """Give back a lane claimed for a run that was then refused (the caps), if it is still this run's."""
 
     def give_back(lane: SessionLane) -> SessionLane | None:
-        return msgspec.structs.replace(lane, run_id="", guest_id="", turns=0) if lane.run_id == run_id else None
+        return (
+            msgspec.structs.replace(lane, run_id="", guest_id="", turns=0) if lane.run_id == run_id else None
+        )
 
     await sessions.change(tenant, session_id, give_back)
 

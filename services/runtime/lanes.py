@@ -100,7 +100,9 @@ class SessionLanes:
                 return None  # a run outside the lane (another guest's turn made its own run): not its history
             lane = with_turn(lane, finished_turn(state))
             return (
-                msgspec.structs.replace(lane, run_id="", guest_id="", turns=0) if lane.run_id == state.run_id else lane
+                msgspec.structs.replace(lane, run_id="", guest_id="", turns=0)
+                if lane.run_id == state.run_id
+                else lane
             )
 
         await self.records.change(tenant, state.session_id, give_back)

@@ -228,14 +228,15 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
     assert heard[0]["via"] == Via.REPLAY and heard[0]["status"] == "succeeded"
     assert await world.profile(guest) == (profile, revision)
 
-    # The executor's store is lost and another takes the partitions: it never saw the key, so it asks the
-    # record by key first, finds the write, and answers from it; the record is not written again.
+    # The executor's store is lost and another takes the partitions: it never saw the key, but the key's facts
+    # (issue 17: they survive a store move) hold the settled receipt, so it answers from them as a replay; the
+    # record is not written again.
     await memory.close()
     await world.running.enter_async_context(inprocess.executor(world.settings("executor-b", "b"), "memory"))
     await runtime._publish_request(requested, context_from(None), msg_id="after-loss", agent="booking")
     await eventually(lambda: len(heard) >= 2, what="the lost store's key looked up")
     await listening.unsubscribe()
-    assert heard[1]["via"] == Via.PROVIDER_LOOKUP and heard[1]["status"] == "succeeded"
+    assert heard[1]["via"] == Via.REPLAY and heard[1]["status"] == "succeeded"
     assert await world.profile(guest) == (profile, revision)
 
     # The next run of the guest is told the preference; its model asking to remember it again finds the
