@@ -424,8 +424,10 @@ def build_app(ledger: SandboxLedger | None = None, faults: FaultBoard | None = N
 
     def lookup(path: str, kind: EffectKind) -> Any:
         @get(path, opt=target(FaultTarget.LOOKUPS), name=f"lookup-{kind.value}")
-        async def by_key(key: FromPath[str]) -> Response[bytes]:
-            return _json(books.lookup(kind, key, timedelta(milliseconds=board.lookup_lag_ms())))
+        async def by_key(request: Request[Any, Any, Any], key: FromPath[str]) -> Response[bytes]:
+            # Asked in the request's account: another account's key is no key here (its records stay its own).
+            lag = timedelta(milliseconds=board.lookup_lag_ms())
+            return _json(books.lookup(kind, key, lag, _account(request)))
 
         return by_key
 

@@ -226,11 +226,14 @@ class SandboxLedger:
         wanted = city.strip().casefold()
         return [hotel for hotel in self._hotels.values() if hotel.city.casefold() == wanted]
 
-    def lookup(self, kind: EffectKind, key: str, lag: timedelta = timedelta(0)) -> Record:
+    def lookup(self, kind: EffectKind, key: str, lag: timedelta = timedelta(0), account: str = "") -> Record:
         """The current state of whatever `key` created: the reconciliation path after an unknown outcome.
 
-        `lag` is a lagging read replica: a write younger than it is not seen yet (says "no such key")."""
+        `lag` is a lagging read replica: a write younger than it is not seen yet (says "no such key"). `account`:
+        the account asking; a key written in another account is not found from it, as at a real provider."""
         stored = self._writes[kind].get(key)
+        if stored is not None and stored.record.account != account:
+            stored = None
         now = self._now()
         if stored is not None and now - stored.committed_at >= self.retention:
             raise KeyExpired(key, kind.value, int(self.retention.total_seconds()))

@@ -289,8 +289,10 @@ class _ProviderViews:
         self.broker = _state(request).broker
         self.ns = _state(request).settings.namespace
 
-    async def lookup(self, tool: Tool, key: str, timeout: float) -> ProviderAnswer:
-        reply = await provider_views.ask(self.broker, self.ns, tool, key, {}, timeout_s=timeout + 1)
+    async def lookup(
+        self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
+    ) -> ProviderAnswer:
+        reply = await provider_views.ask(self.broker, self.ns, tool, key, args or {}, timeout_s=timeout + 1)
         kind = Answer(reply.answer) if reply.answer in {a.value for a in Answer} else Answer.UNKNOWN
         return ProviderAnswer(kind, reply.effect, ref=reply.ref, detail=reply.detail)  # type: ignore[arg-type]
 

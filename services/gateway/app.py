@@ -148,14 +148,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     admission = admit(await _read_body(request), client.tenant, agent)
     if agent not in registry.agents:
         raise UnknownAgent(agent, known=sorted(registry.agents))
-    if client.tenant == SYNTHETIC_TENANT:
-        if agent != SYNTHETIC_AGENT:
-            # The synthetic turn's tenant: its key sits on the reconciler's pod; leaked, it may still only search.
-            raise AgentNotAllowed(
-                agent=agent, allowed=SYNTHETIC_AGENT, tenant=client.tenant, key_id=client.key_id
-            )
-    else:
-        require_agent(client, agent, registry.default_agent)  # a key starts only the agents it names
+    may_start(client, agent, registry.default_agent)
     message = admission.message
     door.limit(door.guests, f"{client.tenant}/{message.guest_id}", "guest")
     # The request's `gateway.request` span (trace_requests), whose context the inbound message carries on.
@@ -181,7 +174,12 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         )
         turn_of = "" if lane.run_id == admission.run_id else lane.run_id
         if turn_of:
-            await _same_guest(broker, ns, lane, message.guest_id, message.session_id)
+            owners_guest, owners_agent = await _owner(broker, ns, lane)
+            if owners_guest is not None and owners_guest != message.guest_id:
+                raise SessionOfAnotherGuest(session_id=message.session_id[:128], run_id=turn_of)
+            if owners_agent is not None:
+                # The message speaks to the owner's agent (its model, its approval): as if it started that agent.
+                may_start(client, owners_agent, registry.default_agent)
             # The run's caps: its turns (409) and its unread messages (429); counted before anything is published.
             await take_turn(broker, ns, sessions, state.turn_caps, client.tenant, message.session_id, turn_of)
         if not turn_of:
@@ -226,25 +224,35 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     return Response(content=body, status_code=202)
 
 
-async def _same_guest(
-    broker: Broker, ns: Namespace, lane: SessionLane, guest_id: str, session_id: str
-) -> None:
-    """A turn joins only a run of the same guest: another guest's message in the session could answer its
-    approval. Decided before the 202, from the lane (its claimer wrote the owner's guest), else the owner's
-    journal, else the owner's own message: a turn accepted here is never the runtime's to refuse. (A lane that
-    changes hands after this is the runtime's: a turn of another guest's run becomes its own run there.)"""
-    owner = lane.run_id
-    if lane.guest_id:
-        owners_guest: str | None = lane.guest_id
+def may_start(client: Client, agent: str, default_agent: str) -> None:
+    """A key starts only the agents it names, and writes only into runs of those agents (a turn is a message to
+    the run's agent: its model, its approval)."""
+    if client.tenant == SYNTHETIC_TENANT:
+        if agent != SYNTHETIC_AGENT:
+            # The synthetic turn's tenant: its key sits on the reconciler's pod; leaked, it may still only search.
+            raise AgentNotAllowed(
+                agent=agent, allowed=SYNTHETIC_AGENT, tenant=client.tenant, key_id=client.key_id
+            )
     else:
-        first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
-        started = decode_event(first.data) if first is not None else None
-        owners_guest = started.guest_id if isinstance(started, RunStarted) else None
-        if owners_guest is None:
-            sent = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), ns.inbound(owner))
-            owners_guest = inbound_decoder.decode(sent.data).message.guest_id if sent is not None else None
-    if owners_guest is not None and owners_guest != guest_id:
-        raise SessionOfAnotherGuest(session_id=session_id[:128], run_id=owner)
+        require_agent(client, agent, default_agent)
+
+
+async def _owner(broker: Broker, ns: Namespace, lane: SessionLane) -> tuple[str | None, str | None]:
+    """The guest and the agent of the session's run, for a message that would be its next turn: a turn joins only
+    a run of the same guest (another guest's message could answer its approval) and of an agent the key may start.
+    Read before the 202 from the owner's journal, else the owner's own message (the lane's claimer wrote the
+    owner's guest too): a turn accepted here is never the runtime's to refuse. (A lane that changes hands after
+    this is the runtime's: a turn of another guest's run becomes its own run there.) None: not known yet."""
+    owner = lane.run_id
+    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
+    started = decode_event(first.data) if first is not None else None
+    if isinstance(started, RunStarted):
+        return started.guest_id, started.agent
+    sent = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), ns.inbound(owner))
+    if sent is not None:
+        inbound = inbound_decoder.decode(sent.data)
+        return lane.guest_id or inbound.message.guest_id, inbound.agent
+    return lane.guest_id or None, None
 
 
 async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, run_id: str) -> None:

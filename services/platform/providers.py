@@ -222,7 +222,8 @@ class Providers:
         ctx: Context | None = None,
     ) -> ProviderAnswer:
         """What happened to `key`: found (with the effect), absent (never seen), or unknown (no answer to trust).
-        `args`: the request's, which name the record a KV-backed tool wrote (without them: unknown)."""
+        `args`: the request's, which name the record a KV-backed tool wrote (without them: unknown) and the
+        provider account an HTTP tool's write acted in (its `Provider-Account`)."""
         match tool.operation:
             case LocalOperation():
                 return ProviderAnswer(Answer.ABSENT, {})
@@ -242,10 +243,15 @@ class Providers:
                     tool=tool.name,
                     **{SpanAttr.HTTP_METHOD: "GET", SpanAttr.HTTP_ROUTE: path},
                 ) as asked:
+                    headers = headers_for(asked)
+                    # Asked in the account the write acted in: a provider keeps each account's keys apart, so
+                    # asked in another (or the default) a tenant's effect would read as never made.
+                    if account := (args or {}).get(ACCOUNT_ARG):
+                        headers[Header.PROVIDER_ACCOUNT.value] = str(account)
                     try:
                         async with asyncio.timeout(timeout * _WHOLE_CALL):
                             response = await self.http.get(
-                                path.format(key=key), headers=headers_for(asked), timeout=timeout
+                                path.format(key=key), headers=headers, timeout=timeout
                             )
                     except (httpx.HTTPError, TimeoutError) as exc:
                         answer = ProviderAnswer(

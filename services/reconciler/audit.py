@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from contracts.audit import Finding, FindingKind, Intent, ProviderEffect
-from contracts.keys import ACCOUNT_ARG, undone_by
+from contracts.keys import ACCOUNT_ARG, provider_account, undone_by
 from contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -125,8 +125,11 @@ def other_tenants_guests(
     write the provider answered with them. Every journaled step is judged, reads too: a listing of another
     tenant's guest's payments is already a leak."""
     steps: list[tuple[str, str, ActionRequested, ActionCompleted | None]] = []
+    accounts: dict[str, str] = {}  # run -> the provider account it acts in
     for run_id, events in journals.items():
-        tenant = next((e.tenant for e in events if isinstance(e, RunStarted)), "")
+        started = next((e for e in events if isinstance(e, RunStarted)), None)
+        tenant = started.tenant if started is not None else ""
+        accounts[run_id] = provider_account(tenant, started.guest_scope) if started is not None else ""
         completed = {e.step_no: e for e in events if isinstance(e, ActionCompleted)}
         for e in events:
             if isinstance(e, ActionRequested):
@@ -150,6 +153,20 @@ def other_tenants_guests(
                     request.key,
                     run_id,
                     f"{request.tool} of tenant {tenant!r} acted in provider account {account!r}",
+                )
+            )
+            continue
+        # The provider names each record's account: one not the run's is a leak, whoever made it (a run whose
+        # journal is gone, one from before tenants, a write outside crashsafe).
+        foreign = _foreign(done.result, accounts[run_id]) if done is not None else []
+        if foreign:
+            record, owner = foreign[0]
+            findings.append(
+                Finding(
+                    FindingKind.OTHER_TENANTS_GUEST,
+                    request.key,
+                    run_id,
+                    f"{request.tool} of tenant {tenant!r} was answered with {record} of provider account {owner!r}",
                 )
             )
             continue
@@ -182,6 +199,28 @@ def _ids(value: object) -> set[str]:
     elif isinstance(value, list):
         for item in value:
             found |= _ids(item)
+    return found
+
+
+def _foreign(value: object, account: str) -> list[tuple[str, str]]:
+    """(record id, account) of every record in a value, at any depth, that its provider says is another account's
+    than `account`: a dict naming an `account` and a record id of its own."""
+    found: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        owner = value.get(ACCOUNT_ARG)
+        own_ids = sorted(
+            item
+            for name, item in value.items()
+            if isinstance(item, str) and name.endswith("_id") and name not in _NOT_RECORDS and item
+        )
+        if isinstance(owner, str) and owner != account and own_ids:
+            found.append((own_ids[0], owner))
+        for item in value.values():
+            if isinstance(item, dict | list):
+                found += _foreign(item, account)
+    elif isinstance(value, list):
+        for item in value:
+            found += _foreign(item, account)
     return found
 
 

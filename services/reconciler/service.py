@@ -344,9 +344,12 @@ _NO_AGENT: Any = _NoProjections()
 
 
 class ProviderFacts(Protocol):
-    """What the audit asks a provider: what happened to key K. Every real provider with idempotency keys can answer."""
+    """What the audit asks a provider: what happened to key K. Every real provider with idempotency keys can answer.
+    `args`: the journaled request's, which name the account the key was written in (asked in another: absent)."""
 
-    async def lookup(self, tool: Tool, key: str, timeout: float) -> ProviderAnswer: ...
+    async def lookup(
+        self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
+    ) -> ProviderAnswer: ...
 
 
 class ProviderListing(Protocol):
@@ -388,7 +391,8 @@ async def audit_all(
 
     async def look(intent: Intent) -> None:
         async with slots:
-            answer = await facts.lookup(registry.tools[intent.request.tool], intent.request.key, 5.0)
+            tool = registry.tools[intent.request.tool]
+            answer = await facts.lookup(tool, intent.request.key, 5.0, intent.request.args)
         if answer.kind in (Answer.FOUND, Answer.ABSENT):
             found[intent.request.key] = answer.kind == Answer.FOUND
 

@@ -394,7 +394,9 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     unknown_run: UnknownRun, broker: Broker
 ) -> None:
     run = unknown_run
-    _, receipt = step(run.events, "create_payment")
+    requested, receipt = step(run.events, "create_payment")
+    # The charge is the tenant's, in its own provider account: asked by key there (elsewhere it is no key).
+    in_account = {"Provider-Account": requested["args"]["account"]}
 
     assert run.summary["status"] == "handed_off"
     assert run.summary["handoff_reason"] == "outcome_unknown"
@@ -411,7 +413,9 @@ async def test_unknown_payment_is_handed_off_never_released_and_audit_finds_the_
     # Faults cleared and reconciled by key: the journal learns the charge went through (a late, settling
     # receipt on the ended run), and the audit then finds nothing wrong.
     assert (
-        await run.client.http.get(f"{run.client.stack.sandbox_url}/payments/by-key/{run.payment_key}")
+        await run.client.http.get(
+            f"{run.client.stack.sandbox_url}/payments/by-key/{run.payment_key}", headers=in_account
+        )
     ).status_code == 200
 
     async def settled() -> dict[str, Any] | None:

@@ -141,3 +141,34 @@ async def test_a_session_id_another_guest_used_before_gives_the_new_guest_none_o
     assert started["tenant"] == "initech" and started.get("history", []) == [], started
     assert "4242" not in json.dumps(events)
     assert await dead_letters(broker, namespace) == []
+
+
+async def test_a_key_never_writes_into_a_run_of_an_agent_it_may_not_start(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker, namespace: Namespace
+) -> None:
+    """A key names the agents it may start (issue 17): a booking app's key must not become the refund desk. Its
+    message in a session whose run is of another agent would be that run's next turn (the guest's words to that
+    agent's model, or a "yes" to its approval), so it is refused as the agent itself would be: `403`, naming the
+    run's agent. Before: `?agent=` was checked, then the message joined whatever run held the session."""
+    client = await start_stack(executors=("noop",), reconciler=False, projector=False, registry=REGISTRY)
+    await asyncio.to_thread(client.stack.kill, "runtime")  # the gateway alone decides (no journal needed)
+    keys = ClientKeys(broker, namespace)
+    scopes = [Scope.EVENTS_WRITE, Scope.RUNS_READ]
+    desk = (await keys.create(client.tenant, scopes, agents=["blocks_the_loop"])).key
+    app = (await keys.create(client.tenant, scopes, agents=["well_behaved"])).key
+    session, ana = unique("desk"), unique("ana")
+    url = client.stack.gateway_url
+
+    async def post(key: str, agent: str) -> httpx.Response:
+        body = guest_event(unique("ev"), guest_id=ana, session_id=session, text="yes")
+        async with httpx.AsyncClient(base_url=url, timeout=20.0, headers=auth_header(key)) as http:
+            return await http.post("/v1/events", json=body, params={"agent": agent})
+
+    started = await post(desk, "blocks_the_loop")
+    assert started.status_code == 202 and "turn" not in started.json(), started.text
+    refused = await post(app, "well_behaved")
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["details"]["agent"] == "blocks_the_loop", refused.text
+    # The desk's own key may go on writing in its run.
+    turn = await post(desk, "blocks_the_loop")
+    assert turn.status_code == 202 and turn.json()["run_id"] == started.json()["run_id"], turn.text

@@ -376,3 +376,29 @@ async def test_a_later_run_handed_the_paid_hold_by_replay_never_releases_it(stac
     assert _requested(second, "release_booking") == []
     counts = await stack.sandbox.counts(guest)
     assert (counts["booking"], counts["charge"], counts["booking_release"]) == (1, 1, 0)
+
+
+async def test_the_audit_asks_a_tenants_keys_in_the_tenants_own_account(
+    stack: Stack, nats_server: NatsServer
+) -> None:
+    """A tenant's run acts in its own provider account; the audit asks each of its keys there. Asked in the
+    default account, a provider that keeps accounts apart answers "no such key", and every clean effect of every
+    tenant would be reported as a success the provider does not hold (issue 17, guarantee 8)."""
+    from services.platform.providers import Providers
+    from services.reconciler.service import audit_all
+
+    event_id = unique("ev")
+    text = f'obey: create_booking {HOLD}\nobey: create_payment {{"booking_id": "$booking_id"}}'
+    run_id = await submit_inbound(
+        stack.broker, stack.ns, event_id, agent="booking", text=text, guest_id="alice", tenant="demo"
+    )
+    events = await stack.ended(run_id)
+    (paid,) = _completed(events, "create_payment")
+    assert paid.status == OutcomeStatus.SUCCEEDED, paid
+    keys = {r.key for r in _requested(events, "create_booking") + _requested(events, "create_payment")}
+    assert {r.args.get("account") for r in _requested(events, "create_payment")} == {"demo"}
+    settings = inprocess.settings_for(nats_server.url, stack.ns, sandbox_url=stack.sandbox.url)
+    async with Providers.connect(stack.sandbox.url) as providers:
+        findings, stats = await audit_all(stack.broker, settings, REGISTRY, providers)
+    assert stats.looked_up >= len(keys)
+    assert [f for f in findings if f.key in keys] == []

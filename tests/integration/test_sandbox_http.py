@@ -696,3 +696,31 @@ async def test_http_concurrent_deliveries_of_one_projection_keep_one_record(
     assert sorted(u.status_code for u in updates) == [200, 200, 200, 201]
     assert len({u.json()["crm_update_id"] for u in updates}) == 1
     assert (await sandbox.counts(guest))["crm_update"] == 1
+
+
+async def test_http_a_key_is_looked_up_in_its_own_account_only(sandbox_url: str) -> None:
+    """A real provider's idempotency keys live in an account: a lookup by key in another account (or in the
+    default one) finds nothing of it. The executor's, the provider view's and the audit's lookups of a tenant's
+    key therefore act in the request's account (`Provider-Account` from its arguments), as its write did:
+    asked in the default account, a tenant's charge would read as never made (issue 17, guarantee 8)."""
+    from contracts.tool_messages import Answer
+    from services.agents import stayhub
+    from services.platform.providers import Providers
+
+    key = unique("bk")
+    body = {"hotel_id": "lis-1", "guest_id": "alice", "check_in": "2031-12-01", "check_out": "2031-12-03"}
+    async with httpx.AsyncClient(base_url=sandbox_url, timeout=5) as http:
+        made = await http.post(
+            "/bookings", json=body, headers={"Idempotency-Key": key, "Provider-Account": "demo"}
+        )
+        assert made.status_code == 201, made.text
+        path = f"/bookings/by-key/{key}"
+        assert (await http.get(path, headers={"Provider-Account": "demo"})).status_code == 200
+        assert (await http.get(path, headers={"Provider-Account": "evil"})).status_code == 404
+        assert (await http.get(path)).status_code == 404
+    tool = stayhub().tools["create_booking"]
+    async with Providers.connect(sandbox_url) as providers:
+        ours = await providers.lookup(tool, key, 5.0, {"account": "demo", "guest_id": "alice"})
+        theirs = await providers.lookup(tool, key, 5.0, {"account": "evil", "guest_id": "alice"})
+    assert ours.kind == Answer.FOUND and ours.body.get("booking_id") == made.json()["booking_id"]
+    assert theirs.kind == Answer.ABSENT

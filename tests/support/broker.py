@@ -48,16 +48,18 @@ async def submit_inbound(
     text: str,
     guest_id: str | None = None,
     session_id: str | None = None,
+    tenant: str = "",
 ) -> str:
     """Publish a guest event straight to its inbound subject, as the gateway would; returns its run id. The guest
-    and session default to ones of the event's own (`guest-<event_id>`, `sess-<event_id>`)."""
+    and session default to ones of the event's own (`guest-<event_id>`, `sess-<event_id>`); `tenant`, the one
+    the gateway would have stamped from the caller's key ("": none)."""
     message = InboundMessage(
         event_id=event_id,
         session_id=session_id or f"sess-{event_id}",
         guest_id=guest_id or f"guest-{event_id}",
         text=text,
     )
-    run_id = run_id_for("", event_id)  # no tenant: published past the gateway
+    run_id = run_id_for(tenant, event_id)
     event = InboundEvent(
         key=event_id,
         run_id=run_id,
@@ -65,6 +67,7 @@ async def submit_inbound(
         message=message,
         agent=agent,
         received_at=datetime.now(UTC),
+        tenant=tenant,
     )
     await broker.publish(ns.inbound(run_id), inbound_encoder.encode(event), msg_id=run_id)
     return run_id

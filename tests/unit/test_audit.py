@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -498,3 +499,24 @@ def test_a_call_in_another_tenants_provider_account_is_a_finding_and_one_tenants
     world.runs.append(astray.end())
     (finding,) = [f for f in world.findings() if f.kind == "other_tenants_guest"]
     assert (finding.key, finding.run_id) == (key, "run_evil") and "account 'demo'" in finding.detail
+
+
+def test_a_record_the_provider_says_is_another_accounts_is_a_finding_even_with_no_journal_of_its_maker() -> (
+    None
+):
+    """The provider names the account of each record it answers with. A listing of tenant evil's run answered
+    with demo's payment is a leak whoever made it: a run whose journal is gone, demo's own website, a run from
+    before tenants. Tracing record ids to journaled writes alone missed every such record."""
+    world = World()
+    evil = Run("run_evil", tenant="evil", guest_id="alice", agent="support")
+    evil.events[0] = msgspec.structs.replace(evil.events[0], guest_scope="tenant")  # type: ignore[type-var]
+    stray = {"payment_id": "pay_web", "guest_id": "alice", "amount_cents": 9000, "account": "demo"}
+    listing = evil.act(
+        "find_payments", {"guest_id": "alice", "account": "evil"}, result={"payments": [stray]}
+    )
+    own = {"payment_id": "pay_own", "guest_id": "alice", "amount_cents": 100, "account": "evil"}
+    evil.act("find_payments", {"guest_id": "alice", "account": "evil"}, result={"payments": [own]})
+    world.runs.append(evil.end())
+    (finding,) = [f for f in world.findings() if f.kind == "other_tenants_guest"]
+    assert (finding.key, finding.run_id) == (listing, "run_evil")
+    assert "pay_web" in finding.detail and "account 'demo'" in finding.detail
