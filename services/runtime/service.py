@@ -357,7 +357,9 @@ class Runtime:
         owner = await self.lanes.owner(event.tenant, event.message.session_id)
         finished = await self.lanes.finished_runs(event.tenant, event.message.session_id)
         for run_id in {owner, *finished} - {"", event.run_id}:
-            state = await self._peek(run_id)
+            # The journal, never this replica's cached copy: a run it holds waiting may have taken this very
+            # message as a turn on another replica and ended there (the copy would say "not ended, not taken").
+            state = await self._peek(run_id, cached=False)
             if state is not None and state.terminal and event.message.event_id in state.turn_ids:
                 return True  # (a run still active that holds it is driven again by the usual path)
         return False
@@ -403,10 +405,10 @@ class Runtime:
                 return won
         return event.run_id
 
-    async def _peek(self, run_id: str) -> RunState | None:
-        cached = self._runs.get(run_id)
-        if cached is not None and not cached.state.terminal:
-            return cached.state
+    async def _peek(self, run_id: str, cached: bool = True) -> RunState | None:
+        held = self._runs.get(run_id) if cached else None
+        if held is not None and not held.state.terminal:
+            return held.state
         events, _ = await self.journal.read(run_id)
         return replay(events)
 
