@@ -914,3 +914,41 @@ async def test_a_hold_whose_release_is_under_way_is_never_replayed_to_another_ru
     assert (undone.status, undone.error and undone.error.code) == (OutcomeStatus.FAILED, "action_undone")
     ledger = await harness.world.ledger()
     assert ledger["counts"]["booking"] == 1
+
+
+async def test_a_hold_whose_release_began_on_the_previous_store_is_not_replayed_as_held_after_a_move(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The same window across a partition's move: the release began on the previous store (its key's facts say
+    so) and the hold's facts are not marked undone. The store that takes the partition over learns the hold from
+    its facts and must not replay it to another run as held while the release is open."""
+    key = business_key("hold", "t1", book_args())
+    first = harness.request("create_booking", "booking", book_args(), key=key)
+    async with inprocess.executor(harness.settings, "booking") as previous:
+        await inprocess.deliver(previous, first, 1)
+        (made,) = await harness.outcomes_for(key)
+        release = harness.request(
+            "release_booking",
+            "booking",
+            {"booking_id": made.result["booking_id"]},
+            key=compensation_key(key, CompensationKind.RELEASE),
+        )
+        partition = partition_of(release.key, PARTITIONS)
+        store = previous.stores[partition]
+        assert await store.begin(release, stream_seq=2)
+        # What the release's first ask leaves beside the store, as `_learn` writes it, before its call.
+        begun = first_asked(release, time.time(), previous._token(partition), store.store_id)
+        assert await previous.facts.first(begun, store.fence) is None
+
+    moved = dataclasses.replace(
+        harness.settings, data_dir=tmp_path / "new-volume", worker_id="test-executor-b"
+    )
+    async with inprocess.executor(moved, "booking", max_deliver=3) as taking_over:
+        await eventually(
+            lambda: taking_over.partitions == list(range(PARTITIONS)) or None, what="the takeover"
+        )
+        second = msgspec.structs.replace(first, run_id="run_" + uuid.uuid4().hex[:24], step_no=4)
+        with pytest.raises(OutcomeStillUnknown):
+            await inprocess.deliver(taking_over, second, 1)
+    assert [o for o in harness.outcomes if o.run_id == second.run_id] == []  # never "held"
+    assert (await harness.world.ledger())["counts"]["booking"] == 1
