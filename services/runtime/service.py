@@ -623,7 +623,8 @@ class Runtime:
                 )
             try:
                 match move:
-                    case Idle():
+                    case Idle(fault=fault):
+                        self._report_fault(run.state, fault)
                         await release_active(self.broker, self.ns, run.state, self.logger)
                         await self.lanes.release(run.state)
                         self._settle(run)
@@ -690,7 +691,8 @@ class Runtime:
                         self._apply(
                             run, answered, await self.journal.append(answered, run.seq, headers_for(ctx))
                         )
-                    case AwaitActions():
+                    case AwaitActions(fault=fault):
+                        self._report_fault(run.state, fault)
                         await self._publish_pending(run, ctx)
                         self._arm_deadline(run.state)
                         return
@@ -699,6 +701,20 @@ class Runtime:
                 if conflicts > MAX_CONFLICT_RETRIES:
                     raise
                 run = await self._reload(run, ctx)
+
+    def _report_fault(self, state: RunState, fault: str) -> None:
+        """An ended run's agent faulted deciding what to undo: nothing is journaled (it is with a person already),
+        so it is said here, as an error an operator is alerted on, never passed over in silence."""
+        if fault:
+            log(
+                self.logger,
+                logging.ERROR,
+                "agent fault in an ended run: what it should still undo is not planned; a person must check",
+                run_id=state.run_id,
+                agent=state.agent,
+                status=state.status,
+                fault=fault,
+            )
 
     async def _publish_pending(self, run: _Run, ctx: Context) -> None:
         for request in run.state.pending:
