@@ -142,6 +142,17 @@ def classify(
     return Resolve(attempts=record.attempts, sent_at=record.sent_at)
 
 
+def being_undone(record: Record | None, request: ActionRequest, undone: Record | None) -> bool:
+    """Whether the key's stored success is another asker's and a compensation of it has begun but not settled:
+    the effect may be gone already (the release reached the provider; its receipt, and the key's "undone" mark,
+    are written after), so it is replayed to no one as still there until the compensation settles."""
+    if record is None or undone is None or record.outcome is None or not record.status.settled:
+        return False
+    stored = record.outcome
+    another_asker = (stored.run_id, stored.step_no) != (request.run_id, request.step_no)
+    return another_asker and stored.status == OutcomeStatus.SUCCEEDED and not undone.status.settled
+
+
 def credited(outcome: ActionOutcome, record: Record | None) -> ActionOutcome:
     """An outcome settled for a key another run or step asked for first (its intent was open, then this request
     came): the effect is the first asker's, and the evidence says so, so this run never undoes or pays for it

@@ -54,6 +54,7 @@ from services.executor.core import (
     after_call,
     after_lookup,
     classify,
+    being_undone,
     credited,
     made_by_another,
     receipt_of,
@@ -425,6 +426,8 @@ class Executor:
             # A key this store never saw may be known beside it (asked by another run, on another store).
             record, undone = await self._learn(store, request)
             if record is not None:
+                if undone is None and record.status.settled:
+                    undone = await self._undone(store, request, tool)
                 plan: Plan = classify(record, request, deliveries, undone)
             elif store.inherits(request):
                 # Asked before this store took the partition over, and no facts: the previous holder may have
@@ -440,6 +443,16 @@ class Executor:
                 else None
             )
             plan = classify(record, request, deliveries, undone)
+        if undone is not None and being_undone(record, request, undone):
+            # Another run's effect whose compensation is under way: neither "still there" nor "undone" yet.
+            detail = (
+                f"{request.key} is being undone by {undone.key}, whose outcome is not settled; "
+                "ask again once it is"
+            )
+            if deliveries >= self.max_deliver - 1:
+                await self._publish(unknown_outcome(request, detail, 0, deliveries), ctx)
+                return
+            raise OutcomeStillUnknown(detail, key=request.key)
         attempts, look_first = 1, False
         sent_at: float | None = None
         match plan:
@@ -630,7 +643,14 @@ class Executor:
                 return record
         if own.takeover_at is not None and key_facts.shared(request.key):
             facts, _ = await self.facts.read(request.key)
-            return key_facts.undone_record(facts) if facts is not None else None
+            undone = key_facts.undone_record(facts) if facts is not None else None
+            if undone is not None:
+                return undone
+            # Not marked undone (yet): a compensation begun on another store has facts of its own.
+            for kind in CompensationKind:
+                begun, _ = await self.facts.read(compensation_key(request.key, kind))
+                if begun is not None:
+                    return key_facts.as_record(begun)
         return None
 
     async def _learn(self, store: ActionStore, request: ActionRequest) -> tuple[Record | None, Record | None]:

@@ -357,7 +357,9 @@ class Runtime:
         owner = await self.lanes.owner(event.tenant, event.message.session_id)
         finished = await self.lanes.finished_runs(event.tenant, event.message.session_id)
         for run_id in {owner, *finished} - {"", event.run_id}:
-            state = await self._peek(run_id)
+            # The journal, never this replica's cached copy: a run it holds waiting may have taken this very
+            # message as a turn on another replica and ended there (the copy would say "not ended, not taken").
+            state = await self._peek(run_id, cached=False)
             if state is not None and state.terminal and event.message.event_id in state.turn_ids:
                 return True  # (a run still active that holds it is driven again by the usual path)
         return False
@@ -403,10 +405,10 @@ class Runtime:
                 return won
         return event.run_id
 
-    async def _peek(self, run_id: str) -> RunState | None:
-        cached = self._runs.get(run_id)
-        if cached is not None and not cached.state.terminal:
-            return cached.state
+    async def _peek(self, run_id: str, cached: bool = True) -> RunState | None:
+        held = self._runs.get(run_id) if cached else None
+        if held is not None and not held.state.terminal:
+            return held.state
         events, _ = await self.journal.read(run_id)
         return replay(events)
 
@@ -621,7 +623,8 @@ class Runtime:
                 )
             try:
                 match move:
-                    case Idle():
+                    case Idle(fault=fault):
+                        self._report_fault(run.state, fault)
                         await release_active(self.broker, self.ns, run.state, self.logger)
                         await self.lanes.release(run.state)
                         self._settle(run)
@@ -688,7 +691,8 @@ class Runtime:
                         self._apply(
                             run, answered, await self.journal.append(answered, run.seq, headers_for(ctx))
                         )
-                    case AwaitActions():
+                    case AwaitActions(fault=fault):
+                        self._report_fault(run.state, fault)
                         await self._publish_pending(run, ctx)
                         self._arm_deadline(run.state)
                         return
@@ -697,6 +701,20 @@ class Runtime:
                 if conflicts > MAX_CONFLICT_RETRIES:
                     raise
                 run = await self._reload(run, ctx)
+
+    def _report_fault(self, state: RunState, fault: str) -> None:
+        """An ended run's agent faulted deciding what to undo: nothing is journaled (it is with a person already),
+        so it is said here, as an error an operator is alerted on, never passed over in silence."""
+        if fault:
+            log(
+                self.logger,
+                logging.ERROR,
+                "agent fault in an ended run: what it should still undo is not planned; a person must check",
+                run_id=state.run_id,
+                agent=state.agent,
+                status=state.status,
+                fault=fault,
+            )
 
     async def _publish_pending(self, run: _Run, ctx: Context) -> None:
         for request in run.state.pending:

@@ -20,7 +20,14 @@ import msgspec
 import pytest
 
 from contracts.errors import CrashsafeError, ErrorCode, PartitionNotOwned, RetryClass
-from contracts.keys import action_key, business_key, input_hash, partition_of
+from contracts.keys import (
+    CompensationKind,
+    action_key,
+    business_key,
+    compensation_key,
+    input_hash,
+    partition_of,
+)
 from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from contracts.tool_messages import (
     ActionOutcome,
@@ -851,3 +858,97 @@ async def test_a_pending_charge_is_unknown_until_the_provider_settles_it(harness
     (outcome,) = await harness.outcomes_for(request.key)
     assert (outcome.status, outcome.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
     assert outcome.result["status"] == "captured"
+
+
+async def test_a_hold_whose_release_is_under_way_is_never_replayed_to_another_run_as_held(
+    harness: Harness,
+) -> None:
+    """A business key's compensation committed its intent and the provider released the hold, but its receipt
+    (and the key's 'undone' mark) is not written yet: the executor died in between, or the release is still in
+    the provider's hands. Another run asking for the same hold must not be told it is held (a replay of the
+    released booking): it is asked again later, told unknown at its last delivery, and `action_undone` once the
+    release has settled. Before: the stored receipt was replayed as `succeeded`, the room already let go."""
+    await harness.start("booking", max_deliver=3)
+    executor = harness.executors["booking"]
+    key = business_key("hold", "t1", book_args())
+    first = harness.request("create_booking", "booking", book_args(), key=key)
+    await inprocess.deliver(executor, first, 1)
+    (made,) = await harness.outcomes_for(key)
+    assert made.status == OutcomeStatus.SUCCEEDED
+    booking_id = made.result["booking_id"]
+
+    release = harness.request(
+        "release_booking",
+        "booking",
+        {"booking_id": booking_id},
+        key=compensation_key(key, CompensationKind.RELEASE),
+    )
+    store = executor.stores[partition_of(release.key, PARTITIONS)]
+    assert await store.begin(release, stream_seq=2)  # the release's intent, committed
+    released = await harness.sandbox.post(
+        f"/bookings/{booking_id}/release", json={}, headers={"Idempotency-Key": release.key}
+    )
+    assert released.status_code < 300, released.text  # the provider let the room go; no receipt yet
+
+    other_run = "run_" + uuid.uuid4().hex[:24]
+    second = msgspec.structs.replace(first, run_id=other_run, step_no=4)
+    with pytest.raises(OutcomeStillUnknown):
+        await inprocess.deliver(executor, second, 1)
+    assert [o for o in harness.outcomes if o.run_id == other_run] == []  # never "held"
+    await inprocess.deliver(executor, second, inprocess.last_delivery(executor))
+    unknown = await eventually(
+        lambda: next((o for o in harness.outcomes if o.run_id == other_run), None),
+        what="the second run's answer at its last delivery",
+    )
+    assert (unknown.status, unknown.attempts) == (OutcomeStatus.UNKNOWN, 0)
+
+    # The release settles (its redelivery finds it by key); the hold is then undone for whoever asks.
+    await inprocess.deliver(executor, release, 2, stream_seq=2)
+    (settled,) = await harness.outcomes_for(release.key)
+    assert (settled.status, settled.via) == (OutcomeStatus.SUCCEEDED, "provider_lookup")
+    await inprocess.deliver(executor, msgspec.structs.replace(second, step_no=5), 1)
+    undone = await eventually(
+        lambda: next((o for o in harness.outcomes if (o.run_id, o.step_no) == (other_run, 5)), None),
+        what="the second run's answer after the release settled",
+    )
+    assert (undone.status, undone.error and undone.error.code) == (OutcomeStatus.FAILED, "action_undone")
+    ledger = await harness.world.ledger()
+    assert ledger["counts"]["booking"] == 1
+
+
+async def test_a_hold_whose_release_began_on_the_previous_store_is_not_replayed_as_held_after_a_move(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The same window across a partition's move: the release began on the previous store (its key's facts say
+    so) and the hold's facts are not marked undone. The store that takes the partition over learns the hold from
+    its facts and must not replay it to another run as held while the release is open."""
+    key = business_key("hold", "t1", book_args())
+    first = harness.request("create_booking", "booking", book_args(), key=key)
+    async with inprocess.executor(harness.settings, "booking") as previous:
+        await inprocess.deliver(previous, first, 1)
+        (made,) = await harness.outcomes_for(key)
+        release = harness.request(
+            "release_booking",
+            "booking",
+            {"booking_id": made.result["booking_id"]},
+            key=compensation_key(key, CompensationKind.RELEASE),
+        )
+        partition = partition_of(release.key, PARTITIONS)
+        store = previous.stores[partition]
+        assert await store.begin(release, stream_seq=2)
+        # What the release's first ask leaves beside the store, as `_learn` writes it, before its call.
+        begun = first_asked(release, time.time(), previous._token(partition), store.store_id)
+        assert await previous.facts.first(begun, store.fence) is None
+
+    moved = dataclasses.replace(
+        harness.settings, data_dir=tmp_path / "new-volume", worker_id="test-executor-b"
+    )
+    async with inprocess.executor(moved, "booking", max_deliver=3) as taking_over:
+        await eventually(
+            lambda: taking_over.partitions == list(range(PARTITIONS)) or None, what="the takeover"
+        )
+        second = msgspec.structs.replace(first, run_id="run_" + uuid.uuid4().hex[:24], step_no=4)
+        with pytest.raises(OutcomeStillUnknown):
+            await inprocess.deliver(taking_over, second, 1)
+    assert [o for o in harness.outcomes if o.run_id == second.run_id] == []  # never "held"
+    assert (await harness.world.ledger())["counts"]["booking"] == 1

@@ -90,6 +90,34 @@ def test_an_ended_run_whose_agent_faults_waits_on_what_it_left_pending() -> None
     assert isinstance(_step(run, agent), AwaitActions)
 
 
+def test_an_ended_run_whose_agent_faults_says_so_in_its_move() -> None:
+    """Ended, the run journals nothing more for a fault: the move carries it, so the shell reports it (before, a
+    compensation the agent failed to plan after the hand-off, a late failed payment's release, went unsaid)."""
+
+    class RaisesWhenEnding(OneStep):
+        def compensations(self, state: RunState, ending: bool) -> Any:
+            if ending:
+                raise RuntimeError("no undo at the end")
+            return ()
+
+    agent = RaisesWhenEnding("raises_when_ending")
+    run = _run(agent)
+    (noop,) = _step(run, agent).events
+    run.add(noop)
+    run.tick(float(timedelta(hours=1).total_seconds()))
+    run.add(*_step(run, agent).events)  # handed off (agent_fault)
+    waiting = _step(run, agent)
+    assert isinstance(waiting, AwaitActions)
+    assert "raises_when_ending's compensations raised RuntimeError: no undo at the end" in waiting.fault
+    run.add(receipt(noop, run.tick(), "succeeded", {"done": True}))
+    idle = _step(run, agent)
+    assert isinstance(idle, Idle) and "compensations raised RuntimeError" in idle.fault
+    well = OneStep("well_behaved")
+    done = _run(well)
+    _drive(done, well)
+    assert _step(done, well) == Idle()  # no fault, nothing said
+
+
 def test_a_script_answering_tool_calls_of_the_wrong_kind_names_what_it_returned() -> None:
     class ScriptsNoneArguments(OneStep):
         def script(self, state: RunState) -> Any:

@@ -59,11 +59,14 @@ class AwaitActions:
     """Actions are in flight; the shell makes sure each request was published (idempotently) and waits."""
 
     pending: tuple[ActionRequested, ...]
+    # An ended run's agent faulted deciding what it must still undo: nothing is journaled (the run is with a person
+    # already), so the shell reports it; what the agent would have undone is left for that person.
+    fault: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Idle:
-    pass
+    fault: str = ""  # as AwaitActions.fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,8 @@ def _agent_failed(state: RunState, fault: AgentFault, now: datetime) -> Move:
     pending, as it would without the agent's further say."""
     if not state.terminal:
         return Append((handed_off(state, now, HandOffReason.AGENT_FAULT, fault.message[:1000]),))
-    return AwaitActions(state.pending) if state.pending else Idle()
+    said = fault.message[:1000]
+    return AwaitActions(state.pending, fault=said) if state.pending else Idle(fault=said)
 
 
 def _next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig | None) -> Move:
