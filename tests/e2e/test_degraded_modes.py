@@ -180,6 +180,7 @@ async def test_the_synthetic_key_reads_only_its_own_tenant_and_operates_nothing(
     assert booking.status_code == 403, booking.text
     assert booking.json()["error"]["details"] == {
         "agent": "booking",
+        "allowed": "synthetic",
         "tenant": SYNTHETIC_TENANT,
         "key_id": _synthetic_key(world).split("_")[1],
     }

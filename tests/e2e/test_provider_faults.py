@@ -167,7 +167,9 @@ async def test_a_declined_payment_fails_and_the_held_room_is_released(world: Sta
     assert booking is not None
     assert release_request["origin"] == "compensation"
     assert release_request["key"] == f"{booking_request['key']}:release"
-    assert release_request["args"] == {"booking_id": booking["result"]["booking_id"]}
+    # The release acts in the tenant's provider account, as the booking did (issue 17: a guest is (tenant, guest)).
+    assert release_request["args"] == {"booking_id": booking["result"]["booking_id"], "account": "demo"}
+    assert booking_request["args"]["account"] == "demo"
     assert release_request["step_no"] > payment["step_no"]
     assert release is not None and release["status"] == "succeeded"
 

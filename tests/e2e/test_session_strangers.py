@@ -121,7 +121,11 @@ async def test_a_session_id_another_guest_used_before_gives_the_new_guest_none_o
     assert SECRET in again["history"][0]["text"]
 
     # Another tenant using the same session id, even with the same guest id, starts clean.
-    other = (await ClientKeys(broker, namespace).create("initech", [Scope.EVENTS_WRITE, Scope.RUNS_READ])).key
+    other = (
+        await ClientKeys(broker, namespace).create(
+            "initech", [Scope.EVENTS_WRITE, Scope.RUNS_READ], agents=["well_behaved"]
+        )
+    ).key
     async with httpx.AsyncClient(
         base_url=client.stack.gateway_url, timeout=20.0, headers=auth_header(other)
     ) as initech:
