@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import msgspec
 
+from contracts.keys import provider_account
+from contracts.subjects import Header
 from crashsafe.stack import Stack
 from evals import operator
 from evals.checks import Observed, RunView, eventual, failures
@@ -321,10 +323,13 @@ class Conversation:
             events = list(response.json()["events"]) if response.status_code == 200 else []
             runs.append(RunView(run_id, summary, events))
         view = await SandboxListing(self.evals.sandbox).view(self.guest_id)
+        # A provider keeps each account's keys apart: the email is asked for in the account its run acted in.
+        account = next((_account_of(run.events) for run in runs if _account_of(run.events)), "")
+        headers = {Header.PROVIDER_ACCOUNT.value: account} if account else {}
         emails = []
         for entry in view.entries:
             if entry.kind.value == "email":
-                found = await self.evals.sandbox.get(f"/emails/by-key/{entry.key}")
+                found = await self.evals.sandbox.get(f"/emails/by-key/{entry.key}", headers=headers)
                 emails.append(dict(found.json()) if found.status_code == 200 else {"key": entry.key})
         return Observed(
             runs=runs,
@@ -333,6 +338,14 @@ class Conversation:
             scripted=self.evals.model == ModelChoice.SCRIPTED,
             emails=emails,
         )
+
+
+def _account_of(events: list[dict[str, Any]]) -> str:
+    """The provider account a run acted in, from its `run.started` ("" for none journaled yet)."""
+    started = next((e for e in events if e.get("type") == "run.started"), None)
+    if started is None:
+        return ""
+    return provider_account(str(started.get("tenant", "")), str(started.get("guest_scope", "")))
 
 
 def _slug(name: str) -> str:
