@@ -4,7 +4,7 @@ token accounting from the provider's own usage. Two sandboxes play two providers
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -75,6 +75,10 @@ async def world(
             broker,
             namespace,
         )
+
+
+# An aiohttp handler of one of a provider's routes.
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def _route(name: str, sandbox: Sandbox, **kw: Any) -> ModelRoute:
@@ -244,18 +248,8 @@ async def _refusing_provider(status: int) -> AsyncIterator[tuple[str, list[int]]
         error = {"message": f"refused with {status}", "type": "invalid_request_error", "code": str(status)}
         return web.json_response({"error": error}, status=status)
 
-    app = web.Application()
-    app.router.add_post("/v1/responses", refuse)
-    app.router.add_post("/v1/chat/completions", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/v1", asked
-    finally:
-        await runner.cleanup()
+    async with _serving(refuse, refuse) as url:
+        yield url, asked
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
@@ -368,6 +362,13 @@ async def _recording_provider() -> AsyncIterator[tuple[str, list[tuple[str, dict
         seen.append(("chat", await request.json()))
         return web.json_response({"id": "c1", "choices": [{"message": {"content": "ok"}}]})
 
+    async with _serving(responses, chat) as url:
+        yield url, seen
+
+
+@asynccontextmanager
+async def _serving(responses: Handler, chat: Handler) -> AsyncIterator[str]:
+    """A model provider on a free loopback port, its two dialects served by `responses` and `chat`; its base URL."""
     app = web.Application()
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/chat/completions", chat)
@@ -377,7 +378,7 @@ async def _recording_provider() -> AsyncIterator[tuple[str, list[tuple[str, dict
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}/v1", seen
+        yield f"http://127.0.0.1:{port}/v1"
     finally:
         await runner.cleanup()
 
