@@ -12,12 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from contracts.clients import Scope, split_key
-from contracts.subjects import Namespace
-from services.gateway.access import authenticate, parse_bearer
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
+from crashsafe.contracts.clients import Scope, split_key
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.gateway.access import authenticate, parse_bearer
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 
 
 async def measure(url: str, requests: int) -> dict[str, float]:

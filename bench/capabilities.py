@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from contracts.capabilities import GRACE_S, CapabilityIssuer, CapabilityOrigin, CapabilityVerifier
-from contracts.keys import action_key, tool_input_hash
-from contracts.tool_messages import ActionRequest, action_request_decoder, tool_encoder
+from crashsafe.contracts.capabilities import GRACE_S, CapabilityIssuer, CapabilityOrigin, CapabilityVerifier
+from crashsafe.contracts.keys import action_key, tool_input_hash
+from crashsafe.contracts.tool_messages import ActionRequest, action_request_decoder, tool_encoder
 
 
 def _request() -> ActionRequest:

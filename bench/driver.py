@@ -13,10 +13,10 @@ import msgspec
 from nats.aio.msg import Msg
 
 from bench.figures import RunSample
-from contracts.errors import CrashsafeError
-from contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import input_hash, run_id_for
-from contracts.run_events import (
+from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.keys import input_hash, run_id_for
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ModelAnswered,
@@ -24,9 +24,9 @@ from contracts.run_events import (
     RunHandedOff,
     event_decoder,
 )
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.tracing import context_from, headers_for
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.tracing import context_from, headers_for
 
 Submit = Callable[[GuestMessage], Awaitable[None]]
 

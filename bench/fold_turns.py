@@ -10,8 +10,14 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from contracts.run_events import ApprovalRequested, JournalEvent, RunResumed, TurnReceived, decode_event
-from services.runtime.core.fold import replay
+from crashsafe.contracts.run_events import (
+    ApprovalRequested,
+    JournalEvent,
+    RunResumed,
+    TurnReceived,
+    decode_event,
+)
+from crashsafe.domain.fold import replay
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "approval_guest_approves.jsonl"
 

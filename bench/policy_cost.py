@@ -10,16 +10,14 @@ from pathlib import Path
 
 import msgspec
 
-from contracts.keys import tool_input_hash
-from contracts.run_events import ActionRequested, Origin, decode_event
-from contracts.keys import KeyScheme
-from services.agents.booking.agent import BookingAgent
-from services.runtime.core.arguments import check_arguments
-from services.runtime.core.arguments import check_schema
-from services.runtime.core.decide import argument_limits, argument_types, plan_calls
-from services.runtime.core.fold import fold_run
-from services.runtime.core.identity import choose_key
-from services.runtime.core.policy import check_asked, check_policy
+from crashsafe.contracts.keys import KeyScheme, tool_input_hash
+from crashsafe.contracts.run_events import ActionRequested, Origin, decode_event
+from crashsafe.domain.arguments import check_arguments, check_schema
+from crashsafe.domain.decide import argument_limits, argument_types, plan_calls
+from crashsafe.domain.fold import fold_run
+from crashsafe.domain.identity import choose_key
+from crashsafe.domain.policy_engine import check_asked, check_policy
+from crashsafe.services.agents.booking.agent import BookingAgent
 
 JOURNAL = Path(__file__).resolve().parent.parent / "tests" / "golden" / "journal_booking_runtime_killed.jsonl"
 ROUNDS = 2000

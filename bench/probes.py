@@ -126,7 +126,7 @@ _COSTS = (
     ),
     ("message ack", r"Msg\.(ack|nak|term|in_progress)"),
     ("deliveries (tasks, heartbeats)", r"Deliveries\.(dispatch|_heartbeat|_done)|on_message"),
-    ("runtime core (fold, decide)", r"services/runtime/core/"),
+    ("runtime core (fold, decide)", r"domain/"),
     ("openai SDK", r"openai/|pydantic"),
     ("HTTP client (httpx, httpcore, anyio)", r"httpx2?/|httpcore2?/|anyio/"),
     ("HTTP server (uvicorn, litestar)", r"uvicorn/|litestar/|httptools"),

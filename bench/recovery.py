@@ -14,11 +14,11 @@ from pathlib import Path
 
 import httpx
 
-from contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.settings import NatsAccess
 from bench.workloads import REGISTRY
+from crashsafe.contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack import Stack
 
 AGENT = "steps5x100ms"

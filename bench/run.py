@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 import httpx
 
+from bench import otlp_sink
 from bench.driver import (
     JournalWatcher,
     RawGateway,
@@ -30,7 +31,6 @@ from bench.driver import (
     guest_messages,
     jetstream_submitter,
 )
-from bench import otlp_sink
 from bench.figures import Phase, cpu_table, phase_figures, phase_table, rss_line, to_json, verdict
 from bench.probes import (
     PY_SPY_HINT,
@@ -42,10 +42,10 @@ from bench.probes import (
     py_spy_binary,
     summarise,
 )
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.settings import NatsAccess
 from bench.workloads import REGISTRY
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack import EXECUTOR_FAMILIES, STACK_TENANT, Stack
 
 BOOKING_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"

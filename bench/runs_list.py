@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ModelAnswered,
@@ -24,14 +24,14 @@ from contracts.run_events import (
     ToolCall,
     event_encoder,
 )
-from contracts.subjects import Namespace, StreamKind
-from contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.fold import replay, summarize
 from crashsafe.runs import list_runs
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.provisioning import provision
-from services.runtime.core.fold import replay, summarize
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.provisioning import provision
 
 T0 = datetime(2031, 1, 1, tzinfo=UTC)
 TOOLS = ("search_hotels", "create_booking", "create_payment")

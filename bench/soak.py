@@ -20,22 +20,21 @@ from typing import Any, TypeVar
 
 import httpx
 
-from contracts.errors import CrashsafeError
-from contracts.projections import ProjectionStatus, record_decoder
-from contracts.streams import projections_spec
-from contracts.run_events import RunCompleted, RunHandedOff
-from contracts.subjects import Namespace
+from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.projections import ProjectionStatus, record_decoder
+from crashsafe.contracts.run_events import RunCompleted, RunHandedOff
+from crashsafe.contracts.streams import projections_spec
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.operations import api_key_for
+from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.sandbox.records import LedgerEntry
+from crashsafe.services.agents import stayhub
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.settings import NatsAccess, Settings
+from crashsafe.services.reconciler.service import audit_all
 from crashsafe.stack import API_KEY_FILE, NATS, ProcessIdentity
-from sandbox.listing import SandboxListing
-from sandbox.records import LedgerEntry
-from services.agents import stayhub
-from services.platform.jetstream import Broker
-from services.platform.settings import NatsAccess
-from services.platform.journal import RunJournal
-from services.platform.providers import Providers
-from services.platform.settings import Settings
-from services.reconciler.service import audit_all
 
 T = TypeVar("T")
 

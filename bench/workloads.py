@@ -6,17 +6,17 @@ Registered by the benchmark (and the tests that use the yardstick), never by the
 
 from __future__ import annotations
 
-from contracts.catalog import AgentConfig
 import asyncio
 from typing import Any
 
-from contracts.errors import ErrorInfo
-from contracts.run_events import ToolCall
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.agents import booking
-from services.registry import LocalOperation, Registration, Registry, Tool
-from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.run_events import ToolCall
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.agents import booking
 
 NOOP_CONTRACT = ToolContract(
     name="noop",

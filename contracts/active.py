@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from contracts.run_events import Budget
+from crashsafe.contracts.run_events import Budget
 
 # How long past a run's own deadline its entry still counts: the time compensations may take after a hand-off.
 # Past it the entry no longer counts, so a run whose end was never recorded (a crash) cannot wedge a guest.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contracts.run_events import ActionCompleted, ActionRequested
-from contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
+from crashsafe.contracts.tool_messages import OutcomeStatus
 
 
 class FindingKind(StrEnum):

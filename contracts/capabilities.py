@@ -15,10 +15,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from contracts.keys import tool_input_hash
+from crashsafe.contracts.keys import tool_input_hash
 
 if TYPE_CHECKING:
-    from contracts.tool_messages import ActionRequest
+    from crashsafe.contracts.tool_messages import ActionRequest
 
 # Domain separation: these bytes never mean anything else, and a v2 layout gets a new prefix.
 SIGNED_PREFIX = b"crashsafe.capability.v1\x00"

@@ -7,8 +7,8 @@ from enum import StrEnum
 
 import msgspec
 
-from contracts.policy import Rule
-from contracts.run_events import Budget
+from crashsafe.contracts.policy import Rule
+from crashsafe.contracts.run_events import Budget
 
 
 class ModelApi(StrEnum):

@@ -511,7 +511,7 @@ class TurnLimitReached(CrashsafeError):
 
 class CapabilityRefused(CrashsafeError):
     """An executor refused an action request whose capability is missing, forged, altered, expired or of the
-    wrong origin (`reason`, a `contracts.capabilities.Refusal`). Nothing was attempted and no outcome is sent:
+    wrong origin (`reason`, a `crashsafe.contracts.capabilities.Refusal`). Nothing was attempted and no outcome is sent:
     whoever published it could otherwise inject an answer into a real run. Dead-lettered."""
 
     code = ErrorCode.CAPABILITY_REFUSED
@@ -541,7 +541,7 @@ class CapabilityRefused(CrashsafeError):
 
 class OutcomeRefused(CrashsafeError):
     """The runtime refused an outcome its run never asked for, or one from an executor family that does not own
-    the tool (`reason`, a `contracts.capabilities.OutcomeRefusal`). Not journaled; dead-lettered."""
+    the tool (`reason`, a `crashsafe.contracts.capabilities.OutcomeRefusal`). Not journaled; dead-lettered."""
 
     code = ErrorCode.OUTCOME_REFUSED
     retry = RetryClass.POISON

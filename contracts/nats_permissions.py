@@ -11,15 +11,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from contracts.memory import MEMORY_FAMILY
-from contracts.streams import (
+from crashsafe.contracts.memory import MEMORY_FAMILY
+from crashsafe.contracts.streams import (
     ConsumerSpec,
     executor_consumer,
     projector_planner_consumer,
     runtime_consumers,
     timers_consumer,
 )
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
 
 API = "$JS.API"
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).

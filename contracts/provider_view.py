@@ -22,7 +22,7 @@ class ProviderViewRequest(
 class ProviderViewReply(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="provider_view.reply"
 ):
-    # found | absent | unknown (contracts.tool_messages.Answer) or `no_lookup`: the tool cannot be asked by key.
+    # found | absent | unknown (crashsafe.contracts.tool_messages.Answer) or `no_lookup`: the tool cannot be asked by key.
     answer: str
     detail: str = ""
     ref: str | None = None

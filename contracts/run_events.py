@@ -9,9 +9,9 @@ from typing import Any, TypeAlias, get_args
 
 import msgspec
 
-from contracts.errors import ErrorInfo
-from contracts.memory import GuestProfile, SessionTurn
-from contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.memory import GuestProfile, SessionTurn
+from crashsafe.contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
 
 
 class Origin(StrEnum):

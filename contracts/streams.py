@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 
 DUPLICATE_WINDOW_S = 120.0
 DAY_S = 86_400.0

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contracts.keys import partition_of
+from crashsafe.contracts.keys import partition_of
 
 DEFAULT_NAMESPACE = "crashsafe"
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,40}$")

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import msgspec
 
-from contracts.run_events import RunHandedOff
+from crashsafe.contracts.run_events import RunHandedOff
 
 
 class SupportTicket(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="support.ticket"):

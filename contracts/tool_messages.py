@@ -8,8 +8,8 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from contracts.capabilities import Capability
-from contracts.errors import ErrorInfo
+from crashsafe.contracts.capabilities import Capability
+from crashsafe.contracts.errors import ErrorInfo
 
 
 class OutcomeStatus(StrEnum):

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from contracts.clients import Scope
-from contracts.errors import CrashsafeError, InvalidSetting
-from contracts.run_events import RunStatus
-from services.platform.crashpoints import SEAMS
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.errors import CrashsafeError, InvalidSetting
+from crashsafe.contracts.run_events import RunStatus
+from crashsafe.services.platform.crashpoints import SEAMS
 
 DEFAULT_STATE_DIR = Path(".crashsafe")
 SERVICES = ("gateway", "runtime", "executor", "reconciler", "projector", "sandbox")
@@ -27,13 +27,13 @@ def _stop_event() -> asyncio.Event:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from services import registry as registries
-    from services.platform.settings import Settings
+    from crashsafe.domain import registry as registries
+    from crashsafe.services.platform.settings import Settings
 
     settings = Settings.from_env()
     stop = _stop_event()
     if args.service == "sandbox":
-        from sandbox.app import serve
+        from crashsafe.sandbox.app import serve
 
         await serve(host="127.0.0.1", port=settings.sandbox_port, data_dir=settings.data_dir / "sandbox")
         return 0
@@ -43,15 +43,15 @@ async def _serve(args: argparse.Namespace) -> int:
         sys.exit(f"crashsafe: CRASHSAFE_REGISTRY={settings.registry!r}: {exc}")
     match args.service:
         case "gateway":
-            from services.gateway import bootstrap as gateway
+            from crashsafe.services.gateway import bootstrap as gateway
 
             await gateway.run(settings, registry, stop)
         case "runtime":
-            from services.runtime import bootstrap as runtime
+            from crashsafe.services.runtime import bootstrap as runtime
 
             await runtime.run(settings, registry, stop)
         case "executor":
-            from services.executor import bootstrap as executor
+            from crashsafe.services.executor import bootstrap as executor
 
             families = sorted(registry.families)
             if args.tool not in registry.families:
@@ -60,11 +60,11 @@ async def _serve(args: argparse.Namespace) -> int:
                 settings = settings.with_partitions(args.partitions)
             await executor.run(settings, registry, stop, args.tool)
         case "reconciler":
-            from services.reconciler import bootstrap as reconciler
+            from crashsafe.services.reconciler import bootstrap as reconciler
 
             await reconciler.run(settings, registry, stop)
         case "projector":
-            from services.projector import bootstrap as projector
+            from crashsafe.services.projector import bootstrap as projector
 
             await projector.run(settings, registry, stop)
     return 0
@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     nats_auth.add_argument("--out", required=True, help="directory for auth.conf and creds/<user>.creds")
     nats_auth.add_argument("--namespace", default="crashsafe")
-    nats_auth.add_argument("--registry", default="services.agents:stayhub")
+    nats_auth.add_argument("--registry", default="crashsafe.services.agents:stayhub")
     nats_auth.add_argument("--partitions", type=int, default=4, help="CRASHSAFE_ACTION_PARTITIONS")
     return parser
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import msgspec
 
-from contracts.catalog import Catalog
-from contracts.errors import InvalidCatalog
+from crashsafe.contracts.catalog import Catalog
+from crashsafe.contracts.errors import InvalidCatalog
+from crashsafe.domain import registry as registries
 from crashsafe.operations import settings_for
-from services import registry as registries
-from services.platform.jetstream import Broker
-from services.runtime.catalog import publish_catalog, read_catalog, stored_catalog
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.runtime.catalog import publish_catalog, read_catalog, stored_catalog
 
 _pretty = msgspec.json.Encoder(order="sorted")
 

@@ -1,4 +1,4 @@
-"""Who may publish and read what, read from the NATS users (`contracts.nats_permissions.users()`), never spelled.
+"""Who may publish and read what, read from the NATS users (`crashsafe.contracts.nats_permissions.users()`), never spelled.
 
 The server enforces exactly these permissions, so a document built from them cannot name a publisher the server
 would refuse. Subject templates are compared with their parameters as `*` (a parameter is one whole token).
@@ -6,11 +6,10 @@ would refuse. Subject templates are compared with their parameters as `*` (a par
 
 from __future__ import annotations
 
-from contracts.nats_permissions import NatsUser, users
-from contracts.streams import ConsumerSpec, StreamSpec
-from contracts.subjects import Namespace
 from crashsafe.contract_catalog import NS, Consumer, Template, consumers, registry, streams, wildcard
-
+from crashsafe.contracts.nats_permissions import NatsUser, users
+from crashsafe.contracts.streams import ConsumerSpec, StreamSpec
+from crashsafe.contracts.subjects import Namespace
 
 # The NATS users of the reference deployment, and subject matching ---------------------------------------------
 

@@ -18,23 +18,23 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-import contracts
-from contracts import streams as stream_contracts
-from contracts.streams import ConsumerSpec, KvSpec, StreamSpec, stream_specs
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, _digest
-from services.registry import Registry, load
+import crashsafe.contracts
+from crashsafe.contracts import streams as stream_contracts
+from crashsafe.contracts.streams import ConsumerSpec, KvSpec, StreamSpec, stream_specs
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, _digest
+from crashsafe.domain.registry import Registry, load
 
 # The documents describe the default namespace; a deployment's `CRASHSAFE_NAMESPACE` replaces its first token.
 NS = Namespace()
-REGISTRY = "services.agents:stayhub"
+REGISTRY = "crashsafe.services.agents:stayhub"
 
 
 # Messages -------------------------------------------------------------------------------------------------------
 
 
 def _contract_modules() -> Iterator[Any]:
-    for info in sorted(pkgutil.iter_modules(contracts.__path__), key=lambda i: i.name):
-        yield importlib.import_module(f"contracts.{info.name}")
+    for info in sorted(pkgutil.iter_modules(crashsafe.contracts.__path__), key=lambda i: i.name):
+        yield importlib.import_module(f"crashsafe.contracts.{info.name}")
 
 
 def _structs() -> list[type[msgspec.Struct]]:
@@ -324,7 +324,7 @@ _MEMBER = re.compile(r"^\s+(\w+)\s*=\s*\"([^\"]+)\"(?:\s*#\s*(.*))?$")
 
 def headers() -> list[tuple[str, str]]:
     """Every `Header` name with its source comment (trailing, or the `#` lines above it)."""
-    from contracts.subjects import Header
+    from crashsafe.contracts.subjects import Header
 
     comments: dict[str, str] = {}
     above: list[str] = []
@@ -353,7 +353,7 @@ def registry() -> Registry:
 
 @dataclass(frozen=True, slots=True)
 class Consumer:
-    declared_by: str  # the contracts.streams function
+    declared_by: str  # the crashsafe.contracts.streams function
     spec: ConsumerSpec
     doc: str
 
@@ -363,7 +363,7 @@ def _returns(func: Any, names: set[str]) -> bool:
 
 
 def consumers(ns: Namespace = NS) -> list[Consumer]:
-    """Every durable `contracts.streams` declares, one per family partition and projection tool of the reference
+    """Every durable `crashsafe.contracts.streams` declares, one per family partition and projection tool of the reference
     deployment (a function's parameters other than the namespace come from the registry)."""
     reg = registry()
     values: dict[str, list[Any]] = {
@@ -394,7 +394,7 @@ def consumers(ns: Namespace = NS) -> list[Consumer]:
 
 
 def buckets(ns: Namespace = NS) -> list[tuple[KvSpec, str]]:
-    """Every KV bucket `contracts.streams` declares (a `*_spec` function returning a KvSpec), with its docstring."""
+    """Every KV bucket `crashsafe.contracts.streams` declares (a `*_spec` function returning a KvSpec), with its docstring."""
     return [
         (func(ns), " ".join(inspect.cleandoc(func.__doc__ or "").split()))
         for name, func in inspect.getmembers(stream_contracts, inspect.isfunction)

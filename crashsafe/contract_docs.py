@@ -14,11 +14,11 @@ from typing import Any
 
 import msgspec
 
-from contracts.run_events import event_id
-from contracts.streams import RUNTIME_MAX_DELIVER
 from crashsafe import contract_access as access
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_lock
+from crashsafe.contracts.run_events import event_id
+from crashsafe.contracts.streams import RUNTIME_MAX_DELIVER
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = Path("contracts/lock.json")
@@ -108,7 +108,7 @@ def events_md() -> str:
         "## Consumers",
         "",
         "Every durable the services declare (`contracts/streams.py`), one per executor family partition and "
-        "projection tool of the reference deployment (`services.agents:stayhub`).",
+        "projection tool of the reference deployment (`crashsafe.services.agents:stayhub`).",
         "",
         "| durable | stream | filter | kind | ack wait | max deliver | max ack pending | declared by | created by |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -146,7 +146,7 @@ def events_md() -> str:
         "",
         "## Event identity",
         "",
-        f"`contracts.run_events.event_id(run_id, position)`: {' '.join((event_id.__doc__ or '').split())} "
+        f"`crashsafe.contracts.run_events.event_id(run_id, position)`: {' '.join((event_id.__doc__ or '').split())} "
         "A journal read in order gives positions 1, 2, 3, … per run subject; a consumer that stores "
         "`event_id` (or the stream sequence) as its position deduplicates redeliveries.",
     ]
@@ -310,7 +310,7 @@ def _key(name: str) -> str:
 
 def openapi() -> dict[str, Any]:
     """The gateway's OpenAPI document, exactly as the running gateway serves it."""
-    from services.gateway.openapi import document
+    from crashsafe.services.gateway.openapi import document
 
     return document()
 
@@ -320,7 +320,7 @@ def openapi() -> dict[str, Any]:
 
 def metrics_md() -> str:
     """Every metric a service exposes on /metrics, from contracts/metrics.py (the one home of their names)."""
-    from contracts.metrics import ALL_METRICS, MetricKind
+    from crashsafe.contracts.metrics import ALL_METRICS, MetricKind
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")

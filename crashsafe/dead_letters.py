@@ -6,12 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from contracts.errors import CrashsafeError
+from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.domain import registry as registries
 from crashsafe.operations import settings_for
-from services.platform.dead_letters import DeadLetters
-from services import registry as registries
-from services.platform.jetstream import Broker
-from services.reconciler.replan import replanner
+from crashsafe.services.platform.dead_letters import DeadLetters
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.reconciler.replan import replanner
 
 
 async def dead_letters_command(state_dir: Path, command: str, seq: int | None, show_settled: bool) -> int:

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
-from contracts.tool_messages import Asked
+from crashsafe.contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
+from crashsafe.contracts.tool_messages import Asked
+from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.stack import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, ScaleError, Stack
-from sandbox.listing import SandboxListing
 from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 
 from crashsafe.operations import settings_for
-from services.platform.guests import GuestProfiles
-from services.platform.jetstream import Broker
+from crashsafe.services.platform.guests import GuestProfiles
+from crashsafe.services.platform.jetstream import Broker
 
 
 async def guests_show(state_dir: Path, tenant: str, guest_id: str) -> int:

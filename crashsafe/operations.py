@@ -14,26 +14,26 @@ import httpx
 import msgspec
 from rich.console import Console
 
-from contracts.clients import Scope
-from contracts.errors import InvalidSetting
-from contracts.run_events import RunEvent, UnknownEvent
-from contracts.subjects import Namespace
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.run_events import RunEvent, UnknownEvent
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain import registry as registries
+from crashsafe.domain.effect_audit import unknown_events
+from crashsafe.domain.fold import replay, summarize
+from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.services.platform.asks import reconcile_run
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.nats_users import creds_path, write_private
+from crashsafe.services.platform.natsd import NatsAuth
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.reconciler.service import audit_all
 from crashsafe.stack import API_KEY_FILE, SYNTHETIC_KEY_FILE, ProcessIdentity
 from crashsafe.timeline import timeline
-from sandbox.listing import SandboxListing
-from services import registry as registries
-from services.platform.asks import reconcile_run
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.nats_users import creds_path, write_private
-from services.platform.natsd import NatsAuth
-from services.platform.provisioning import provision
-from services.platform.journal import RunJournal
-from services.platform.providers import Providers
-from services.platform.settings import Settings
-from services.reconciler.audit import unknown_events
-from services.reconciler.service import audit_all
-from services.runtime.core.fold import replay, summarize
 
 
 def stack_file(state_dir: Path) -> dict[str, object]:
@@ -315,7 +315,7 @@ def infra_nats_auth(out: Path, namespace: str, registry: str, partitions: int) -
 
 def capability_key_new(out: Path) -> int:
     """`crashsafe capability-key new --out PATH`: a key pair for a rotation (docs/security.md#capabilities)."""
-    from services.platform.capability_keys import public_path, write_key_pair
+    from crashsafe.services.platform.capability_keys import public_path, write_key_pair
 
     if out.exists():
         sys.exit(f"crashsafe: {out} exists; a key is never overwritten: choose another path")
@@ -484,8 +484,8 @@ async def check_synthetic(
 ) -> int:
     """One synthetic turn; prints its result; 0 if ok, 1 if slow or failed. `record`: also publish it on
     `<ns>.ops.synthetic.cli` with the operator's NATS credential (the history the reconciler's turns go to)."""
-    from contracts.synthetic import SyntheticResult, synthetic_encoder
-    from services.platform.synthetic import publish_turn, synthetic_turn
+    from crashsafe.contracts.synthetic import SyntheticResult, synthetic_encoder
+    from crashsafe.services.platform.synthetic import publish_turn, synthetic_turn
 
     url, secret = synthetic_target(state_dir, gateway_url, key)
     budget = budget_s if budget_s is not None else Settings.from_env().synthetic_budget_s

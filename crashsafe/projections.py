@@ -9,18 +9,18 @@ from pathlib import Path
 
 import msgspec
 
-from contracts.projections import (
+from crashsafe.contracts.projections import (
     ProjectionRecord,
     ProjectionStatus,
     record_decoder,
     task_encoder,
 )
-from contracts.streams import projections_spec
+from crashsafe.contracts.streams import projections_spec
+from crashsafe.domain import registry as registries
+from crashsafe.domain.missing_projections import STALE_S, Verdict, retried_record, verdict
 from crashsafe.operations import settings_for
-from services import registry as registries
-from services.platform.jetstream import Broker, KvEntry
-from services.reconciler.projections import STALE_S, Verdict, retried_record, verdict
-from services.reconciler.replan import replan_projection
+from crashsafe.services.platform.jetstream import Broker, KvEntry
+from crashsafe.services.reconciler.replan import replan_projection
 
 record_encoder = msgspec.json.Encoder()
 

@@ -25,9 +25,10 @@ from typing import Any
 
 import msgspec
 
-from contracts.catalog import AgentConfig
-from contracts.errors import CatalogRevisionGone
-from contracts.run_events import (
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import CatalogRevisionGone
+from crashsafe.contracts.projections import ProjectionTask
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -47,18 +48,10 @@ from contracts.run_events import (
     UnknownEvent,
     decode_event,
 )
-from contracts.projections import ProjectionTask
-from contracts.subjects import StreamKind
-from crashsafe.operations import settings_for
-from crashsafe.timeline import describe
-from services import registry as registries
-from services.platform.jetstream import Broker
-from services.platform.settings import Settings
-from services.registry import Registry
-from services.projector.plan import plan
-from services.runtime.catalog import RunCatalog
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import (
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.domain import registry as registries
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import (
     Append,
     AskModel,
     AwaitActions,
@@ -71,8 +64,15 @@ from services.runtime.core.decide import (
     model_answered,
     next_move,
 )
-from services.runtime.core.fold import fold_run, summarize
-from services.runtime.core.state import RunState
+from crashsafe.domain.fold import fold_run, summarize
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import Registry
+from crashsafe.domain.run_state import RunState
+from crashsafe.operations import settings_for
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.timeline import describe
 
 EXPORT_TYPE = "crashsafe.export"
 EXPORT_FORMAT = 1

@@ -19,11 +19,11 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from contracts.errors import BrokerUnavailable
-from contracts.run_events import JournalEvent, RunStarted, UnknownEvent
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.run_index import (
+from crashsafe.contracts.errors import BrokerUnavailable
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.run_index import (
     ListStats,
     RunRow,
     decoded_event,

@@ -18,16 +18,16 @@ from typing import Any
 
 import httpx
 
-from contracts.clients import Scope
-from contracts.subjects import DEFAULT_NAMESPACE, Namespace
-from services.platform.capability_keys import (
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
+from crashsafe.services.platform.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
     ensure_key_pair,
     public_path,
 )
-from services.platform.nats_users import creds_path
-from services.platform.natsd import NatsAuth, NatsServer, free_port
+from crashsafe.services.platform.nats_users import creds_path
+from crashsafe.services.platform.natsd import NatsAuth, NatsServer, free_port
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify", "memory")
 NATS = "nats-server"
@@ -356,8 +356,8 @@ class Stack:
         return creds_path(self.nats_creds_dir, base)  # a service's name is its user's: `executor-payment`
 
     def _nats_auth(self) -> NatsAuth:
-        from services import registry as registries
-        from services.platform.settings import Settings
+        from crashsafe.domain import registry as registries
+        from crashsafe.services.platform.settings import Settings
 
         settings = Settings.from_env({**os.environ, **self.base_env})
         families = registries.load(self.registry or settings.registry).families
@@ -420,7 +420,7 @@ class Stack:
     def _mint_synthetic_key(self) -> str:
         """The synthetic turn's key (tenant `synthetic`, events:write + runs:read) in `<state>/synthetic_key`,
         0600; the one a previous start left there is revoked, as the admin key's is."""
-        from contracts.synthetic import SYNTHETIC_TENANT
+        from crashsafe.contracts.synthetic import SYNTHETIC_TENANT
 
         return self._mint_key(
             SYNTHETIC_KEY_FILE, SYNTHETIC_TENANT, (Scope.EVENTS_WRITE, Scope.RUNS_READ), "synthetic turn"
@@ -430,8 +430,8 @@ class Stack:
         """A key of this stack's, minted as the operator into `<state>/<file>` (0600, the key alone on one line),
         revoking the one a previous start left there. Runs its own event loop in its own thread, since `start`
         may be called from a thread that already runs one."""
-        from services.platform.clients import replace_stack_key
-        from services.platform.settings import NatsAccess, Settings
+        from crashsafe.services.platform.clients import replace_stack_key
+        from crashsafe.services.platform.settings import NatsAccess, Settings
 
         # The bucket gets the replicas the services would give it (a cluster's `CRASHSAFE_STREAM_REPLICAS=3`).
         replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas

@@ -9,8 +9,8 @@ from datetime import datetime
 from rich.table import Table
 from rich.text import Text
 
-from contracts.run_events import RunEvent
-from services.console.timeline import describe
+from crashsafe.contracts.run_events import RunEvent
+from crashsafe.services.console.timeline import describe
 
 __all__ = ["describe", "timeline"]
 

@@ -7,8 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from evals.runner import ModelChoice, report, run_suite, running_stack
-from evals.scenarios import Scenario, ScenarioClass, select
+from crashsafe.evals.runner import ModelChoice, report, run_suite, running_stack
+from crashsafe.evals.scenarios import Scenario, ScenarioClass, select
 
 
 def chosen(klass: str | None, name: str | None) -> tuple[Scenario, ...]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from contracts.catalog import AgentConfig, Catalog, catalog_decoder, catalog_encoder
-from contracts.policy import (
+from crashsafe.contracts.catalog import AgentConfig, Catalog, catalog_decoder, catalog_encoder
+from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
     OneActiveHold,

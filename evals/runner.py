@@ -20,13 +20,13 @@ from typing import Any
 import httpx
 import msgspec
 
-from contracts.keys import provider_account
-from contracts.subjects import Header
+from crashsafe.contracts.keys import provider_account
+from crashsafe.contracts.subjects import Header
+from crashsafe.evals import operator
+from crashsafe.evals.checks import Observed, RunView, eventual, failures
+from crashsafe.evals.scenarios import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario
+from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.stack import Stack
-from evals import operator
-from evals.checks import Observed, RunView, eventual, failures
-from evals.scenarios import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario
-from sandbox.listing import SandboxListing
 
 # How long one step of a conversation may take to settle (a booking's deadline is 90 s), and an expiry past its ttl.
 SETTLE_S = 90.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from evals.checks import (
+from crashsafe.evals.checks import (
     Charged,
     Check,
     Effects,
@@ -23,7 +23,7 @@ from evals.checks import (
     Scripted,
     Status,
 )
-from sandbox.scripted_model import CLARIFYING_QUESTION, NO_ANSWER
+from crashsafe.sandbox.scripted_model import CLARIFYING_QUESTION, NO_ANSWER
 
 
 class ScenarioClass(StrEnum):

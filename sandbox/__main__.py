@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from sandbox.app import serve
+from crashsafe.sandbox.app import serve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,11 +19,10 @@ from litestar.middleware import ASGIMiddleware
 from litestar.params import FromPath, FromQuery
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox import chat, scripted_model
-from sandbox.listing import LEDGER_PATH
-from sandbox.books import SqliteBooks
-from sandbox.errors import CardDeclined, ErrorCode, InvalidRequest, KeyInUse, SandboxError
-from sandbox.faults import (
+from crashsafe.sandbox import chat, scripted_model
+from crashsafe.sandbox.books import SqliteBooks
+from crashsafe.sandbox.errors import CardDeclined, ErrorCode, InvalidRequest, KeyInUse, SandboxError
+from crashsafe.sandbox.faults import (
     AfterCommit,
     BeforeHandling,
     ChargeFate,
@@ -32,20 +31,21 @@ from sandbox.faults import (
     FaultTarget,
     Refusal,
 )
-from sandbox.ledger import KEY_RETENTION, Outcome, SandboxLedger, check_idempotency_key
-from sandbox.records import (
+from crashsafe.sandbox.ledger import KEY_RETENTION, Outcome, SandboxLedger, check_idempotency_key
+from crashsafe.sandbox.listing import LEDGER_PATH
+from crashsafe.sandbox.records import (
     AuditBatch,
     AuditRecords,
     BookingRequest,
-    GuestPayments,
     CrmUpdateRequest,
     EffectKind,
     EmailRequest,
+    GuestPayments,
     HotelSearch,
+    Payment,
     PaymentRequest,
     RefundBody,
     RefundRequest,
-    Payment,
     ReleaseRequest,
 )
 

@@ -8,8 +8,8 @@ from typing import NamedTuple, Protocol
 
 import msgspec
 
-from sandbox.errors import ErrorCode, EventIdConflict, InvalidRequest
-from sandbox.records import AuditAccepted, AuditBatch, AuditEntry, AuditRecordIn
+from crashsafe.sandbox.errors import ErrorCode, EventIdConflict, InvalidRequest
+from crashsafe.sandbox.records import AuditAccepted, AuditBatch, AuditEntry, AuditRecordIn
 
 RUN_STARTED = "run.started"  # the one event that names the run's guest (for the ledger view's guest filter)
 

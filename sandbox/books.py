@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 
-from sandbox.audit_trail import HeldRecord
-from sandbox.ledger import Snapshot, Stored
-from sandbox.records import (
+from crashsafe.sandbox.audit_trail import HeldRecord
+from crashsafe.sandbox.ledger import Snapshot, Stored
+from crashsafe.sandbox.records import (
     AuditRecordIn,
     Booking,
     CrmUpdate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox import scripted_model
+from crashsafe.sandbox import scripted_model
 
 
 def _text(content: Any) -> str:

@@ -9,8 +9,8 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
-from sandbox.audit_trail import AuditBooks, AuditTrail
-from sandbox.errors import (
+from crashsafe.sandbox.audit_trail import AuditBooks, AuditTrail
+from crashsafe.sandbox.errors import (
     ErrorCode,
     IdempotencyConflict,
     InvalidRequest,
@@ -19,8 +19,8 @@ from sandbox.errors import (
     NotFound,
     StateConflict,
 )
-from sandbox.faults import ChargeFate
-from sandbox.records import (
+from crashsafe.sandbox.faults import ChargeFate
+from crashsafe.sandbox.records import (
     AuditAccepted,
     AuditBatch,
     AuditRecordIn,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from contracts.audit import ProviderEffect
-from sandbox.records import LedgerView
+from crashsafe.contracts.audit import ProviderEffect
+from crashsafe.sandbox.records import LedgerView
 
 LEDGER_PATH = "/_ledger"
 _view = msgspec.json.Decoder(LedgerView)

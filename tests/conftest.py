@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from contracts.nats_permissions import Role
-from services.platform.natsd import NatsAuth, NatsServer
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsAuth, NatsServer
 from tests.support.inprocess import REGISTRY
 from tests.support.nats_users import access, admit
 from tests.support.stack import StackClient, open_stack

@@ -1,4 +1,4 @@
-"""`python -m examples.analytics --creds F --url U`: bookings and revenue per hour, as a table or JSON lines."""
+"""`python -m crashsafe.examples.analytics --creds F --url U`: bookings and revenue per hour, as a table or JSON lines."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import msgspec
 
-from contracts.subjects import DEFAULT_NAMESPACE, Namespace
-from examples.analytics.consumer import DEFAULT_DURABLE, AnalyticsError, Consumer, connect
-from examples.analytics.core import Figures, Row, rows, totals
+from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
+from crashsafe.examples.analytics.consumer import DEFAULT_DURABLE, AnalyticsError, Consumer, connect
+from crashsafe.examples.analytics.core import Figures, Row, rows, totals
 
 
 def _money(cents: dict[str, int]) -> str:
@@ -67,7 +67,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m examples.analytics",
+        prog="python -m crashsafe.examples.analytics",
         description="Bookings and revenue per hour from crashsafe run events (a durable consumer on <NS>_RUNS).",
     )
     parser.add_argument(

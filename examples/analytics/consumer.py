@@ -22,10 +22,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from contracts.nats_permissions import inbox_prefix
-from contracts.run_events import JournalEvent, decode_event
-from contracts.subjects import Namespace, StreamKind
-from examples.analytics.core import Figures, fold
+from crashsafe.contracts.nats_permissions import inbox_prefix
+from crashsafe.contracts.run_events import JournalEvent, decode_event
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.examples.analytics.core import Figures, fold
 
 DEFAULT_DURABLE = "analytics_hourly"
 BATCH = 256

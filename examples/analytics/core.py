@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from contracts.run_events import ActionCompleted, ActionRequested, JournalEvent, UnknownEvent
-from contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, JournalEvent, UnknownEvent
+from crashsafe.contracts.tool_messages import OutcomeStatus
 
 # The StayHub tools whose receipts are the business: a hold, its release, a charge, a refund.
 BOOKING, RELEASE, PAYMENT, REFUND = "create_booking", "release_booking", "create_payment", "refund_payment"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from services.agents import booking, support, synthetic
-from services.agents.audit_trail import RECORD_AUDIT
-from services.registry import Registry
+from crashsafe.domain.registry import Registry
+from crashsafe.services.agents import booking, support, synthetic
+from crashsafe.services.agents.audit_trail import RECORD_AUDIT
 
 
 def stayhub() -> Registry:
-    """The reference deployment (`CRASHSAFE_REGISTRY=services.agents:stayhub`, the default): the booking agent
+    """The reference deployment (`CRASHSAFE_REGISTRY=crashsafe.services.agents:stayhub`, the default): the booking agent
     (the default for an event that names none), the support agent and the synthetic turn's read-only agent; every
     run's events go to the audit trail."""
     return Registry.of(

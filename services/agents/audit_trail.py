@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.projections import AUDIT_TRAIL_TOOL, RetryPolicy
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.registry import HttpOperation, HttpRequest, Tool
+from crashsafe.contracts.projections import AUDIT_TRAIL_TOOL, RetryPolicy
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.registry import HttpOperation, HttpRequest, Tool
 
 
 def _records(args: dict[str, Any]) -> HttpRequest:
-    # The projector builds `records` from the run's journal at delivery time (contracts.run_events.event_id per
+    # The projector builds `records` from the run's journal at delivery time (crashsafe.contracts.run_events.event_id per
     # event); the task itself carries only how far (`upto`): a journal may be megabytes.
     return HttpRequest("POST", "/audit/records", json={"records": args["records"]})
 

@@ -8,24 +8,24 @@ from typing import Annotated, Any
 
 import msgspec
 
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.memory import (
-    PreferenceName,
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.memory import (
     APPLIED_KEYS_KEPT,
     MEMORY_FAMILY,
     PREFERENCE_NAMES,
     PREFERENCE_VALUE_MAX,
     GuestProfile,
+    PreferenceName,
     profile_decoder,
     profile_encoder,
 )
-from contracts.streams import guests_spec
-from contracts.subjects import Namespace
-from contracts.tool_messages import OutcomeStatus
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.registry import KvOperation, Tool
-from services.runtime.core.arguments import parameters_of
-from services.runtime.core.state import RunState
+from crashsafe.contracts.streams import guests_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.arguments import parameters_of
+from crashsafe.domain.registry import KvOperation, Tool
+from crashsafe.domain.run_state import RunState
 
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 :\-]*")  # whole value (fullmatch): `$` allows a last "\n"
 

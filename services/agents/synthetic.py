@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.catalog import AgentConfig, ModelApi, ModelRoute
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.run_events import Budget
-from contracts.synthetic import DEFAULT_BUDGET_S, FIXED_MODEL, SYNTHETIC_AGENT
-from contracts.tools import ToolContract
-from services.agents.booking.agent import BookingAgent
-from services.agents.booking.arguments import SearchHotelsArgs
-from services.agents.booking.tools import SEARCH_HOTELS
-from services.registry import Registration, model_contracts
-from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.run_events import Budget
+from crashsafe.contracts.synthetic import DEFAULT_BUDGET_S, FIXED_MODEL, SYNTHETIC_AGENT
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.registry import Registration, model_contracts
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.agents.booking.agent import BookingAgent
+from crashsafe.services.agents.booking.arguments import SearchHotelsArgs
+from crashsafe.services.agents.booking.tools import SEARCH_HOTELS
 
 INSTRUCTIONS = (
     "You run StayHub's synthetic check. Search hotels for the city and dates in the message with search_hotels, "

@@ -26,11 +26,11 @@ from litestar.enums import MediaType
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from contracts.clients import Scope, split_key
-from contracts.errors import BrokerUnavailable, CrashsafeError, RateLimited, Unauthenticated
-from services.gateway.access import Client, authenticate
-from services.gateway.core import status_for
-from services.platform.logs import log
+from crashsafe.contracts.clients import Scope, split_key
+from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError, RateLimited, Unauthenticated
+from crashsafe.domain.admission import status_for
+from crashsafe.services.gateway.access import Client, authenticate
+from crashsafe.services.platform.logs import log
 
 logger = logging.getLogger("crashsafe.console")
 
@@ -63,7 +63,7 @@ NAV = (
 )
 
 templates = Environment(
-    loader=PackageLoader("services.console", "templates"),
+    loader=PackageLoader("crashsafe.services.console", "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
     undefined=StrictUndefined,
     trim_blocks=True,
@@ -340,7 +340,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 def console_router() -> Router:
     """The console at /console: the shell's own handlers, its static files, and every page's handlers."""
     # Imported here: the page modules import this module's helpers. One line per page module (additive).
-    from services.console import pages_operate, pages_runs
+    from crashsafe.services.console import pages_operate, pages_runs
 
     pages: list[Any] = [*pages_runs.HANDLERS, *pages_operate.HANDLERS]
     return Router(

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from litestar.datastructures import State
 from litestar.response import ServerSentEventMessage
 
-from contracts.errors import BrokerUnavailable
-from services.platform.jetstream import Broker, StoredMessage
-from services.platform.logs import log
+from crashsafe.contracts.errors import BrokerUnavailable
+from crashsafe.services.platform.jetstream import Broker, StoredMessage
+from crashsafe.services.platform.logs import log
 
 logger = logging.getLogger("crashsafe.console")
 

@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get, post
 
-from contracts.approvals import ApprovalStatus
-from contracts.clients import Scope
-from contracts.errors import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
     CrashsafeError,
@@ -25,22 +25,23 @@ from contracts.errors import (
     RunNotFound,
     UnprocessableBody,
 )
-from contracts.keys import is_run_id
-from contracts.provider_view import ProviderViewReply
-from contracts.run_events import ActionCompleted, ActionRequested, RunStarted, decode_event
-from contracts.subjects import StreamKind
-from contracts.tool_messages import Answer
-from services.gateway.access import may_approve, require_approver
-from services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
-from services.console.live import head_seq
-from services.gateway.access import Client
-from services.gateway.core import status_for
-from services.gateway.quotas import Rate, TokenBuckets
-from services.platform import approvals as approval_decisions
-from services.platform import provider_views
-from services.platform.approvals import ApprovalRecords
-from services.platform.asks import reconcile_run
-from services.platform.dead_letters import (
+from crashsafe.contracts.keys import is_run_id
+from crashsafe.contracts.provider_view import ProviderViewReply
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, RunStarted, decode_event
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.contracts.tool_messages import Answer
+from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.domain.admission import status_for
+from crashsafe.domain.registry import ProviderAnswer, Registry, Tool
+from crashsafe.services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
+from crashsafe.services.console.live import head_seq
+from crashsafe.services.gateway.access import Client, may_approve, require_approver
+from crashsafe.services.gateway.quotas import Rate, TokenBuckets
+from crashsafe.services.platform import approvals as approval_decisions
+from crashsafe.services.platform import provider_views
+from crashsafe.services.platform.approvals import ApprovalRecords
+from crashsafe.services.platform.asks import reconcile_run
+from crashsafe.services.platform.dead_letters import (
     DeadLetters,
     Plan,
     Refusal,
@@ -50,12 +51,10 @@ from services.platform.dead_letters import (
     WakeKeys,
     replay_plan,
 )
-from services.platform.journal import RunJournal
-from services.platform.logs import log
-from services.platform.unknowns import open_unknowns
-from services.reconciler.service import audit_all
-from services.registry import ProviderAnswer, Registry, Tool
-from services.runtime.core import approvals as approval_rules
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.unknowns import open_unknowns
+from crashsafe.services.reconciler.service import audit_all
 
 logger = logging.getLogger("crashsafe.console")
 

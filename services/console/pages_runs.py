@@ -16,21 +16,42 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from contracts.errors import CrashsafeError, InvalidSetting, RunNotFound
-from contracts.keys import is_run_id
-from contracts.projections import ProjectionRecord, ProjectionStatus, record_decoder
-from contracts.run_events import JournalEvent, RunStarted, RunStatus
-from contracts.streams import projections_spec
-from contracts.subjects import Header, Namespace, StreamKind
-from services.console.app import PREFIX, SECURITY_HEADERS, render, session_of, still_signed_in, templates
-from services.console.live import MAX_BEHIND, Follower, head_seq, resume_after, slots_of, stream_events
-from services.console.timeline import Entry, entry, trace_id_of
-from services.gateway.access import Client
-from services.platform.jetstream import Broker, StoredMessage
-from services.platform.run_index import RunFilter, RunRow, decoded_event, list_runs, parse_since, row_of
-from services.projector.plan import plan
-from services.registry import Registry
-from services.runtime.core.fold import replay, summarize
+from crashsafe.contracts.errors import CrashsafeError, InvalidSetting, RunNotFound
+from crashsafe.contracts.keys import is_run_id
+from crashsafe.contracts.projections import ProjectionRecord, ProjectionStatus, record_decoder
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, RunStatus
+from crashsafe.contracts.streams import projections_spec
+from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.domain.fold import replay, summarize
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import Registry
+from crashsafe.services.console.app import (
+    PREFIX,
+    SECURITY_HEADERS,
+    render,
+    session_of,
+    still_signed_in,
+    templates,
+)
+from crashsafe.services.console.live import (
+    MAX_BEHIND,
+    Follower,
+    head_seq,
+    resume_after,
+    slots_of,
+    stream_events,
+)
+from crashsafe.services.console.timeline import Entry, entry, trace_id_of
+from crashsafe.services.gateway.access import Client
+from crashsafe.services.platform.jetstream import Broker, StoredMessage
+from crashsafe.services.platform.run_index import (
+    RunFilter,
+    RunRow,
+    decoded_event,
+    list_runs,
+    parse_since,
+    row_of,
+)
 
 LIMIT = 100  # runs on one page, newest first
 MAX_FILTER = 200  # characters of one filter value (ids are far shorter)

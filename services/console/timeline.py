@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -31,7 +31,7 @@ from contracts.run_events import (
     TurnReceived,
     UnknownEvent,
 )
-from contracts.tool_messages import Evidence, Via
+from crashsafe.contracts.tool_messages import Evidence, Via
 
 
 def _short(value: Any, limit: int = 70) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from contracts.errors import LeaseConflict, PartitionNotOwned
-from contracts.streams import key_facts_spec
-from contracts.subjects import Namespace
-from services.executor.facts import KeyFacts, facts_decoder, facts_encoder, stale
-from services.platform.jetstream import Broker
+from crashsafe.contracts.errors import LeaseConflict, PartitionNotOwned
+from crashsafe.contracts.streams import key_facts_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.key_facts import KeyFacts, facts_decoder, facts_encoder, stale
+from crashsafe.services.platform.jetstream import Broker
 
 # Compare-and-set rounds before giving up (retry later): two writers of one key are only ever an old holder
 # and a new one, so a second round already sees who won.

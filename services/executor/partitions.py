@@ -7,9 +7,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from contracts.errors import BrokerUnavailable, CrashsafeError, LeaseConflict, PartitionNotOwned
-from contracts.streams import leases_spec
-from services.executor.ownership import (
+from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError, LeaseConflict, PartitionNotOwned
+from crashsafe.contracts.streams import leases_spec
+from crashsafe.domain.partition_ownership import (
     Acquire,
     Lease,
     Member,
@@ -25,10 +25,10 @@ from services.executor.ownership import (
     plan,
     tenure_after_write,
 )
-from services.platform.jetstream import Broker
-from services.platform import metrics
-from services.platform.logs import log
-from services.platform.settings import Settings
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.settings import Settings
 
 Acquired = Callable[[int, int], Awaitable[None]]  # (partition, fencing token): open its store, subscribe
 Released = Callable[[int], Awaitable[None]]  # partition: unsubscribe, let its keys finish, close its store

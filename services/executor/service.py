@@ -16,8 +16,8 @@ import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.capabilities import CapabilityVerifier
-from contracts.errors import (
+from crashsafe.contracts.capabilities import CapabilityVerifier
+from crashsafe.contracts.errors import (
     CapabilityRefused,
     CrashsafeError,
     ErrorCode,
@@ -27,9 +27,10 @@ from contracts.errors import (
     PoisonMessage,
     RetryClass,
 )
-from contracts.keys import CompensationKind, compensation_key, partition_of
-from contracts.streams import ConsumerSpec, executor_consumer, leases_spec
-from contracts.tool_messages import (
+from crashsafe.contracts.keys import CompensationKind, compensation_key, partition_of
+from crashsafe.contracts.spans import SpanName
+from crashsafe.contracts.streams import ConsumerSpec, executor_consumer, leases_spec
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Answer,
@@ -38,8 +39,9 @@ from contracts.tool_messages import (
     action_request_decoder,
     tool_encoder,
 )
-from contracts.tools import Effect, ToolContract
-from services.executor.core import (
+from crashsafe.contracts.tools import Effect, ToolContract
+from crashsafe.domain import key_facts
+from crashsafe.domain.execution import (
     CallAgain,
     Conflict,
     Done,
@@ -53,17 +55,15 @@ from services.executor.core import (
     StillUnknown,
     after_call,
     after_lookup,
-    classify,
     being_undone,
+    classify,
     credited,
     made_by_another,
     receipt_of,
     refused,
     unknown_outcome,
 )
-from services.executor import facts as key_facts
-from services.executor.fact_book import FactBook
-from services.executor.ownership import (
+from crashsafe.domain.partition_ownership import (
     Holder,
     fenced,
     holder_decoder,
@@ -71,21 +71,20 @@ from services.executor.ownership import (
     member_decoder,
     takeover,
 )
-from services.executor.partitions import PartitionKeeper
-from services.executor.store import ActionStore
-from services.platform.consumer import Deliveries
-from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker, Subscription
-from services.platform.provisioning import executor_streams, require
-from services.platform.logs import log
-from services.platform import metrics, probes
-from services.platform import provider_views
-from services.platform.providers import Providers
-from services.platform.settings import Settings
-from contracts.spans import SpanName
-from services.platform.tracing import annotate, context_from, headers_for, span
-from services.platform.kv_effects import KvEffects
-from services.registry import KvOperation, ProviderAnswer, Registry, Tool
+from crashsafe.domain.registry import KvOperation, ProviderAnswer, Registry, Tool
+from crashsafe.services.executor.fact_book import FactBook
+from crashsafe.services.executor.partitions import PartitionKeeper
+from crashsafe.services.executor.store import ActionStore
+from crashsafe.services.platform import metrics, probes, provider_views
+from crashsafe.services.platform.consumer import Deliveries
+from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.jetstream import Broker, Subscription
+from crashsafe.services.platform.kv_effects import KvEffects
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.provisioning import executor_streams, require
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span
 
 MAX_DELIVER = 12
 # Left-over intents settled at once after a partition is taken up (each one lookup, maybe a call).

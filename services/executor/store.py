@@ -10,9 +10,9 @@ from pathlib import Path
 import aiosqlite
 import msgspec
 
-from contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus, tool_encoder
-from services.executor.core import Record
-from services.executor.ownership import inherited
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus, tool_encoder
+from crashsafe.domain.execution import Record
+from crashsafe.domain.partition_ownership import inherited
 
 # Rows with an intent and no settled receipt, and rows with one, as SQL literals: the partial index below and the
 # queries that should use it must spell the same condition (SQLite proves the match on the text, not on bound

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from contracts.clients import EVERY_AGENT, ApiKeyRecord, Scope, secret_hash, split_key
-from contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
+from crashsafe.contracts.clients import EVERY_AGENT, ApiKeyRecord, Scope, secret_hash, split_key
+from crashsafe.contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
 
 BEARER = "bearer "
 

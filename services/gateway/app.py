@@ -15,32 +15,44 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from opentelemetry.context import Context
 
-from contracts.active import entry_deadline
-from contracts.approvals import ApprovalDecisionBody, ApprovalRecord, ApprovalStatus
-from contracts.clients import Scope
-from contracts.errors import AgentNotAllowed
-from contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
-from contracts.errors import (
+from crashsafe.contracts.active import entry_deadline
+from crashsafe.contracts.approvals import ApprovalDecisionBody, ApprovalRecord, ApprovalStatus
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.errors import (
+    AgentNotAllowed,
     BodyTooLarge,
-    InvalidRequest,
-    TooManyActiveRuns,
-    UnprocessableBody,
     CrashsafeError,
+    InvalidRequest,
     RateLimited,
     RunNotFound,
     SessionOfAnotherGuest,
     SubjectFull,
+    TooManyActiveRuns,
     Unauthenticated,
     UnknownAgent,
+    UnprocessableBody,
 )
-from contracts.inbound import MAX_BODY_BYTES, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
-from contracts.keys import is_run_id
-from contracts.memory import SessionLane
-from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
-from contracts.subjects import Header, Namespace, StreamKind
-from services.console.app import console_router
-from services.gateway.access import (
+from crashsafe.contracts.inbound import (
+    MAX_BODY_BYTES,
+    InboundEvent,
+    InboundMessage,
+    inbound_decoder,
+    inbound_encoder,
+)
+from crashsafe.contracts.keys import is_run_id
+from crashsafe.contracts.memory import SessionLane
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
+from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
+from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
+from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.domain.admission import Admission, admit, conflict, status_for, too_large
+from crashsafe.domain.fold import replay, summarize
+from crashsafe.domain.registry import Registry
+from crashsafe.services.console.app import console_router
+from crashsafe.services.gateway import openapi as api
+from crashsafe.services.gateway import ops
+from crashsafe.services.gateway.access import (
     Client,
     authenticate,
     parse_bearer,
@@ -48,22 +60,23 @@ from services.gateway.access import (
     require_agent,
     require_approver,
 )
-from services.gateway.core import Admission, admit, conflict, status_for, too_large
-from services.gateway import openapi as api
-from services.gateway import ops
-from services.gateway.linger import linger_on_unread_bodies
-from services.gateway.quotas import Rate, TokenBuckets
-from services.gateway.turns import TurnCaps, take_turn
-from services.platform.active_runs import Caps, claim
-from services.platform.clients import ClientKeys
-from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker
-from services.platform.provisioning import all_streams
-from services.platform.provisioning import require as require_streams
-from services.platform.journal import RunJournal
-from services.platform.logs import log
-from services.platform.settings import Settings
-from services.platform.tracing import (
+from crashsafe.services.gateway.linger import linger_on_unread_bodies
+from crashsafe.services.gateway.quotas import Rate, TokenBuckets
+from crashsafe.services.gateway.turns import TurnCaps, take_turn
+from crashsafe.services.platform import approvals as approval_decisions
+from crashsafe.services.platform.active_runs import Caps, claim
+from crashsafe.services.platform.approvals import ApprovalRecords
+from crashsafe.services.platform.asks import reconcile_run
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.provisioning import all_streams
+from crashsafe.services.platform.provisioning import require as require_streams
+from crashsafe.services.platform.sessions import SessionRecords
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import (
     context_from,
     current,
     has_trace,
@@ -71,13 +84,6 @@ from services.platform.tracing import (
     trace_id_of,
     trace_requests,
 )
-from services.registry import Registry
-from services.platform import approvals as approval_decisions
-from services.platform.approvals import ApprovalRecords
-from services.platform.asks import reconcile_run
-from services.platform.sessions import SessionRecords
-from services.runtime.core import approvals as approval_rules
-from services.runtime.core.fold import replay, summarize
 
 logger = logging.getLogger("crashsafe.gateway")
 

@@ -7,12 +7,12 @@ import contextlib
 
 import uvicorn
 
-from services.gateway.app import build_app
-from services.platform import crashpoints
-from services.platform.logs import configure
-from services.platform.settings import Settings
-from services.platform.telemetry import configure_telemetry
-from services.registry import Registry
+from crashsafe.domain.registry import Registry
+from crashsafe.services.gateway.app import build_app
+from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform.logs import configure
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.telemetry import configure_telemetry
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:

@@ -20,9 +20,9 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
-from contracts.approvals import ApprovalDecisionBody, ApprovalRecord
-from contracts.inbound import GuestMessage
-from services.runtime.core.state import Summary
+from crashsafe.contracts.approvals import ApprovalDecisionBody, ApprovalRecord
+from crashsafe.contracts.inbound import GuestMessage
+from crashsafe.domain.run_state import Summary
 
 TITLE = "crashsafe gateway"
 SCHEMA_PATH = "/schema"  # served to callers with a valid key only (app.py)
@@ -196,9 +196,9 @@ def document() -> dict[str, Any]:
     """The document the gateway serves, built from its app without starting it."""
     from litestar._openapi.plugin import OpenAPIPlugin
 
-    from services.gateway.app import build_app
-    from services.platform.settings import Settings
-    from services.registry import load
+    from crashsafe.domain.registry import load
+    from crashsafe.services.gateway.app import build_app
+    from crashsafe.services.platform.settings import Settings
 
     settings = Settings()
     with warnings.catch_warnings():

@@ -9,10 +9,10 @@ from litestar import Response, get
 from litestar.datastructures import State
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
-from services.platform import metrics, probes
-from services.platform.jetstream import Broker
-from services.platform.settings import Settings
+from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
+from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import Settings
 
 _REQUESTS = metrics.Children(metrics.GATEWAY_REQUESTS)
 _REQUEST_SECONDS = metrics.Children(metrics.GATEWAY_REQUEST_SECONDS)

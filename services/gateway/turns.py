@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from contracts.errors import RunInboxFull, TurnLimitReached
-from contracts.memory import SessionLane
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.sessions import SessionRecords
-from services.runtime.core.fold import replay
-from services.runtime.core.state import RunState
+from crashsafe.contracts.errors import RunInboxFull, TurnLimitReached
+from crashsafe.contracts.memory import SessionLane
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.fold import replay
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.sessions import SessionRecords
 
 # What a refused message's Retry-After says: the run reads its inbox at its next step (an approval may take longer;
 # the client is then refused again, cheaply).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tantivy
 
-from contracts.run_events import Passage
+from crashsafe.contracts.run_events import Passage
 
 # Below this BM25 score a section shares too little with the question to be worth the model's attention.
 MIN_SCORE = 2.5
@@ -111,7 +111,7 @@ class Library:
         no document or cannot be read gives an empty library that says why (`problem`), so the runtime starts
         and answers what needs no policy."""
         where: Traversable = (
-            folder if folder is not None else resources.files("services.knowledge") / "stayhub"
+            folder if folder is not None else resources.files("crashsafe.services.knowledge") / "stayhub"
         )
         try:
             documents = sorted(

@@ -10,13 +10,13 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from contracts.active import ActiveRuns, active_decoder, active_encoder
-from contracts.errors import CrashsafeError, LeaseConflict, TooManyActiveRuns
-from contracts.streams import active_spec
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.logs import log
-from services.runtime.core.state import RunState
+from crashsafe.contracts.active import ActiveRuns, active_decoder, active_encoder
+from crashsafe.contracts.errors import CrashsafeError, LeaseConflict, TooManyActiveRuns
+from crashsafe.contracts.streams import active_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
 
 # Compare-and-set rounds before giving up on a record many writers fight over (each round is one read, one write).
 MAX_ROUNDS = 8

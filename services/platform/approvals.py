@@ -1,6 +1,6 @@
 """Approval records in `<ns>_approvals` and their expiry schedules in `<NS>_TIMERS`: read by everyone, created by the
 runtime, moved from pending exactly once by compare-and-set on the record's KV revision (the gateway for a
-manager, the runtime for the guest's answer and the expiry). The pure rules are services/runtime/core/approvals.py."""
+manager, the runtime for the guest's answer and the expiry). The pure rules are domain/approval_flow.py."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from contracts.approvals import ApprovalRecord, ApprovalStatus
-from contracts.errors import (
+from crashsafe.contracts.approvals import ApprovalRecord, ApprovalStatus
+from crashsafe.contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
     CrashsafeError,
     LeaseConflict,
     UnprocessableBody,
 )
-from contracts.streams import approvals_spec
-from contracts.subjects import Header, Namespace, StreamKind
-from contracts.tool_messages import RunWake, tool_encoder
-from services.platform.asks import wake_run
-from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker
-from services.platform.settings import Settings
-from services.runtime.core import approvals as approval_rules
+from crashsafe.contracts.streams import approvals_spec
+from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.tool_messages import RunWake, tool_encoder
+from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.services.platform.asks import wake_run
+from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import Settings
 
 record_encoder = msgspec.json.Encoder()
 record_decoder = msgspec.json.Decoder(ApprovalRecord)

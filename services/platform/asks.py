@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 
 from opentelemetry.context import Context
 
-from contracts.errors import RunNotFound
-from contracts.tool_messages import OutcomeStatus, RunWake, tool_encoder
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.logs import log
-from services.platform.settings import Settings
-from services.platform.tracing import headers_for
-from services.runtime.core.fold import replay
+from crashsafe.contracts.errors import RunNotFound
+from crashsafe.contracts.tool_messages import OutcomeStatus, RunWake, tool_encoder
+from crashsafe.domain.fold import replay
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import headers_for
 
 logger = logging.getLogger("crashsafe.asks")
 

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
-from contracts.capabilities import CapabilityIssuer, CapabilityVerifier, key_id
-from contracts.errors import InvalidSetting
+from crashsafe.contracts.capabilities import CapabilityIssuer, CapabilityVerifier, key_id
+from crashsafe.contracts.errors import InvalidSetting
 
 SIGNING_KEY_VARIABLE = "CRASHSAFE_CAPABILITY_SIGNING_KEY"
 VERIFY_KEYS_VARIABLE = "CRASHSAFE_CAPABILITY_VERIFY_KEYS"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from contracts.clients import (
+from crashsafe.contracts.clients import (
     EXCLUSIVE_SCOPES,
     SECRET_BYTES,
     ApiKeyRecord,
@@ -21,12 +21,11 @@ from contracts.clients import (
     secret_hash,
     split_key,
 )
-from contracts.errors import BrokerUnavailable, InvalidRequest
-from contracts.streams import clients_spec
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.settings import NatsAccess
-
+from crashsafe.contracts.errors import BrokerUnavailable, InvalidRequest
+from crashsafe.contracts.streams import clients_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import NatsAccess
 
 MINT_ATTEMPTS = 60  # 15 s at 0.25 s
 

@@ -13,13 +13,13 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from contracts.dead_letters import DeadLetter, dead_letter_encoder
-from contracts.errors import CrashsafeError, ErrorCode, RetryClass
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform import metrics
-from services.platform.logs import log
-from services.platform.pull_feed import Room
+from crashsafe.contracts.dead_letters import DeadLetter, dead_letter_encoder
+from crashsafe.contracts.errors import CrashsafeError, ErrorCode, RetryClass
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.pull_feed import Room
 
 
 class Deliveries:

@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 
-
 # Every seam a test or `crashsafe demo --crash` may name; docs/failure-modes.md says what happens at each.
 SEAMS = (
     "executor.after_intent",

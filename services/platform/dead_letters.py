@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from contracts.dead_letters import (
+from crashsafe.contracts.dead_letters import (
     DeadLetter,
     DeadLetterMark,
     Settled,
@@ -27,12 +27,12 @@ from contracts.dead_letters import (
     dead_mark_decoder,
     dead_mark_encoder,
 )
-from contracts.errors import DeadLetterNotFound, DeadLetterSettled, LeaseConflict, ReplayRefused
-from contracts.projections import ProjectionTask
-from contracts.streams import dead_marks_spec
-from contracts.subjects import WAKE_TOKEN, Namespace, StreamKind
-from contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, tool_encoder
-from services.platform.jetstream import Broker
+from crashsafe.contracts.errors import DeadLetterNotFound, DeadLetterSettled, LeaseConflict, ReplayRefused
+from crashsafe.contracts.projections import ProjectionTask
+from crashsafe.contracts.streams import dead_marks_spec
+from crashsafe.contracts.subjects import WAKE_TOKEN, Namespace, StreamKind
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, tool_encoder
+from crashsafe.services.platform.jetstream import Broker
 
 # The dead letter keeps at most this many characters of the original payload (services/platform/consumer.py).
 PAYLOAD_LIMIT = 8192

@@ -6,11 +6,11 @@ from typing import Any
 
 import msgspec
 
-from contracts.errors import CrashsafeError, ErrorCode, LeaseConflict, RetryClass
-from contracts.memory import GuestProfile, profile_decoder, profile_encoder
-from contracts.streams import guests_spec
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
+from crashsafe.contracts.errors import CrashsafeError, ErrorCode, LeaseConflict, RetryClass
+from crashsafe.contracts.memory import GuestProfile, profile_decoder, profile_encoder
+from crashsafe.contracts.streams import guests_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
 
 
 class ProfileUnreadable(CrashsafeError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import re
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,7 +30,7 @@ from nats.js.api import (
 )
 
 # SubjectFull is importable from here too, where it lived before it joined the error family.
-from contracts.errors import (
+from crashsafe.contracts.errors import (
     BrokerUnavailable,
     InvalidSetting,
     LeaseConflict,
@@ -39,12 +39,12 @@ from contracts.errors import (
     StreamMissing,
     SubjectFull,
 )
-from contracts.nats_permissions import inbox_prefix
-from contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
-from contracts.subjects import Header
-from services.platform.nats_users import CREDS_VARIABLE, read_credential
-from services.platform.pull_feed import PullFeed, Room
-from services.platform.settings import NatsAccess
+from crashsafe.contracts.nats_permissions import inbox_prefix
+from crashsafe.contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
+from crashsafe.contracts.subjects import Header
+from crashsafe.services.platform.nats_users import CREDS_VARIABLE, read_credential
+from crashsafe.services.platform.pull_feed import PullFeed, Room
+from crashsafe.services.platform.settings import NatsAccess
 
 log = logging.getLogger("crashsafe.jetstream")
 # What nats-py's error callback reports when the connection itself failed (a reconnect attempt, a dropped socket).

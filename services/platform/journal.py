@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from contracts.run_events import JournalEvent, RunEvent, decode_event, event_encoder
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
+from crashsafe.contracts.run_events import JournalEvent, RunEvent, decode_event, event_encoder
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
 
 
 class RunJournal:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.errors import CrashsafeError, LeaseConflict
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionRequest, Answer
-from services.platform.jetstream import Broker
-from services.registry import KvOperation, ProviderAnswer
+from crashsafe.contracts.errors import CrashsafeError, LeaseConflict
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import ActionRequest, Answer
+from crashsafe.domain.registry import KvOperation, ProviderAnswer
+from crashsafe.services.platform.jetstream import Broker
 
 # Clashes with other writers of the same record before the answer is "unknown" (the executor then looks up by
 # key, and calls again only once the record says the key never took effect).

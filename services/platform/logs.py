@@ -47,7 +47,7 @@ def unbind_run(token: Token[str]) -> None:
 
 def _trace_id() -> str:
     # Imported late: the tracing module imports this one (to bind the run).
-    from services.platform import tracing
+    from crashsafe.services.platform import tracing
 
     return tracing.trace_id_of(tracing.current())
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import nkeys  # type: ignore[import-untyped]
 
-from contracts.errors import InvalidSetting
-from contracts.nats_permissions import NatsUser
+from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.nats_permissions import NatsUser
 
 CREDS_VARIABLE = "CRASHSAFE_NATS_CREDS"
 _HEADER = "# crashsafe NATS credentials: an nkey seed. Keep this file private (0600); the server holds only its public key."

@@ -15,9 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts.nats_permissions import NatsUser, Role, user_name, users
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
-from services.platform.nats_users import Credential, authorization_block, creds_path, ensure_credentials
+from crashsafe.contracts.nats_permissions import NatsUser, Role, user_name, users
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from crashsafe.services.platform.nats_users import (
+    Credential,
+    authorization_block,
+    creds_path,
+    ensure_credentials,
+)
 
 _LISTENING = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 _READY = "Server is ready"

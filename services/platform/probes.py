@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from contracts.errors import InvalidSetting
-from contracts.streams import ConsumerSpec, KvSpec
-from services.platform import metrics
-from services.platform.jetstream import Broker
+from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.streams import ConsumerSpec, KvSpec
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
 
 log = logging.getLogger("crashsafe.probes")
 

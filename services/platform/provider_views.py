@@ -14,7 +14,7 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 
-from contracts.provider_view import (
+from crashsafe.contracts.provider_view import (
     NO_LOOKUP,
     ProviderViewReply,
     ProviderViewRequest,
@@ -22,11 +22,11 @@ from contracts.provider_view import (
     provider_view_reply_decoder,
     provider_view_request_decoder,
 )
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.logs import log
-from services.platform.providers import Providers
-from services.registry import ProviderAnswer, Tool
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.registry import ProviderAnswer, Tool
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.providers import Providers
 
 # The gateway's own answer when no executor replied in time (or none runs): shown as such, never a 500.
 NO_ANSWER = "no_answer"

@@ -10,17 +10,15 @@ from typing import Any
 
 import httpx
 from httpx_aiohttp import HttpxAiohttpClient
-
 from opentelemetry.context import Context
 
-from contracts.keys import ACCOUNT_ARG
-from contracts.spans import SpanAttr, SpanName
-from contracts.subjects import Header
-from contracts.tool_messages import ActionRequest, Answer
-from services.platform.kv_effects import KvEffects
-from services.platform.tracing import annotate, current, failed, headers_for, span
-from services.registry import HttpOperation, KvOperation, LocalOperation, ProviderAnswer, Tool
-
+from crashsafe.contracts.keys import ACCOUNT_ARG
+from crashsafe.contracts.spans import SpanAttr, SpanName
+from crashsafe.contracts.subjects import Header
+from crashsafe.contracts.tool_messages import ActionRequest, Answer
+from crashsafe.domain.registry import HttpOperation, KvOperation, LocalOperation, ProviderAnswer, Tool
+from crashsafe.services.platform.kv_effects import KvEffects
+from crashsafe.services.platform.tracing import annotate, current, failed, headers_for, span
 
 # Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
 _NOT_NOW = frozenset({408, 425, 429})

@@ -6,7 +6,7 @@ exists (`required_streams`) and stops with `StreamMissing`, telling the operator
 
 from __future__ import annotations
 
-from contracts.streams import (
+from crashsafe.contracts.streams import (
     KvSpec,
     StreamSpec,
     active_spec,
@@ -21,8 +21,8 @@ from contracts.streams import (
     sessions_spec,
     stream_specs,
 )
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
 
 
 def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:

@@ -11,7 +11,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from contracts.streams import ConsumerSpec
+from crashsafe.contracts.streams import ConsumerSpec
 
 log = logging.getLogger("crashsafe.jetstream")
 

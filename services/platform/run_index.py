@@ -20,8 +20,8 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 from nats.aio.msg import Msg
 
-from contracts.errors import BrokerUnavailable, InvalidSetting
-from contracts.run_events import (
+from crashsafe.contracts.errors import BrokerUnavailable, InvalidSetting
+from crashsafe.contracts.run_events import (
     JournalEvent,
     RunCompleted,
     RunHandedOff,
@@ -29,9 +29,9 @@ from contracts.run_events import (
     RunStatus,
     decode_event,
 )
-from contracts.subjects import Header, Namespace, StreamKind
-from services.platform.jetstream import Broker, StoredMessage
-from services.runtime.core.fold import replay, summarize
+from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.domain.fold import replay, summarize
+from crashsafe.services.platform.jetstream import Broker, StoredMessage
 
 # How many runs one `multi_last` page answers, and how many first-event reads are in flight at once.
 PAGE = 500

@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import msgspec
 
-from contracts.errors import LeaseConflict
-from contracts.memory import SessionLane, SessionTurn
-from contracts.streams import sessions_spec
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
+from crashsafe.contracts.errors import LeaseConflict
+from crashsafe.contracts.memory import SessionLane, SessionTurn
+from crashsafe.contracts.streams import sessions_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
 
 lane_encoder = msgspec.json.Encoder()
 lane_decoder = msgspec.json.Decoder(SessionLane)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import InvalidSetting
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, DEFAULT_NAMESPACE, Namespace
+from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, DEFAULT_NAMESPACE, Namespace
 
 SQLITE_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -34,7 +34,9 @@ VARIABLES: tuple[Variable, ...] = (
         "the NATS server (a cluster: its URLs, comma-separated)",
     ),
     Variable("CRASHSAFE_NAMESPACE", DEFAULT_NAMESPACE, "prefix of every subject and stream"),
-    Variable("CRASHSAFE_REGISTRY", "services.agents:stayhub", "the agents and tools this deployment runs"),
+    Variable(
+        "CRASHSAFE_REGISTRY", "crashsafe.services.agents:stayhub", "the agents and tools this deployment runs"
+    ),
     Variable(
         "CRASHSAFE_ACTION_PARTITIONS",
         str(DEFAULT_ACTION_PARTITIONS),
@@ -197,7 +199,7 @@ class NatsAccess:
 class Settings:
     nats_url: str = "nats://127.0.0.1:4222"
     namespace: Namespace = field(default_factory=Namespace)
-    registry: str = "services.agents:stayhub"
+    registry: str = "crashsafe.services.agents:stayhub"
     partitions: int = DEFAULT_ACTION_PARTITIONS
     owned_partitions: tuple[int, ...] = tuple(range(DEFAULT_ACTION_PARTITIONS))
     # True for `all`: the replicas split the partitions among themselves; False for an explicit list.

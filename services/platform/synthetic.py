@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 
-from contracts.errors import CrashsafeError
-from contracts.subjects import Namespace
-from contracts.synthetic import (
+from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.synthetic import (
     DEFAULT_BUDGET_S,
     SYNTHETIC_AGENT,
     SYNTHETIC_PREFIX,
@@ -28,9 +28,9 @@ from contracts.synthetic import (
     SyntheticTurn,
     synthetic_encoder,
 )
-from services.platform import metrics
-from services.platform.jetstream import Broker
-from services.platform.logs import log
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
 
 SEARCH_TOOL = "search_hotels"
 CITY = "Lisbon"

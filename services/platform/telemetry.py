@@ -7,8 +7,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from services.platform import metrics
-from services.platform.logs import log
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.logs import log
 
 logger = logging.getLogger("crashsafe.telemetry")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from contracts.errors import CrashsafeError, SubjectFull
-from contracts.subjects import Namespace
-from contracts.support import SupportTicket, support_encoder
-from services.platform.jetstream import Broker
-from services.platform.logs import log
+from crashsafe.contracts.errors import CrashsafeError, SubjectFull
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.support import SupportTicket, support_encoder
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
 
 
 async def publish_ticket(

@@ -15,9 +15,9 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from contracts.spans import SpanAttr, SpanName
-from contracts.subjects import Header
-from services.platform.logs import bind_run, unbind_run
+from crashsafe.contracts.spans import SpanAttr, SpanName
+from crashsafe.contracts.subjects import Header
+from crashsafe.services.platform.logs import bind_run, unbind_run
 
 _tracer: tuple[object, trace.Tracer | None] = (None, None)  # (the provider it came from, our tracer)
 _CARRIER = "crashsafe.w3c"  # the verbatim W3C headers, on the no-SDK path

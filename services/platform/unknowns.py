@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from contracts.run_events import ActionRequested, JournalEvent, RunStarted
-from contracts.tool_messages import OutcomeStatus
-from services.runtime.core.fold import replay
+from crashsafe.contracts.run_events import ActionRequested, JournalEvent, RunStarted
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.fold import replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-from services.platform import crashpoints
-from services.platform.jetstream import Broker
-from services.platform.logs import configure
-from services.platform.probes import OpsServer
-from services.platform.providers import Providers
-from services.platform.settings import Settings
-from services.platform.telemetry import configure_telemetry
-from services.projector.service import Projector
-from services.registry import Registry
+from crashsafe.domain.registry import Registry
+from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import configure
+from crashsafe.services.platform.probes import OpsServer
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.projector.service import Projector
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:

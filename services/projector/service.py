@@ -16,15 +16,15 @@ import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.dead_letters import DeadLetter, dead_letter_encoder
-from contracts.errors import (
+from crashsafe.contracts.dead_letters import DeadLetter, dead_letter_encoder
+from crashsafe.contracts.errors import (
     BrokerUnavailable,
     CrashsafeError,
     ErrorCode,
     LeaseConflict,
     UnknownAgent,
 )
-from contracts.projections import (
+from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
     ProjectionFailed,
     ProjectionRecord,
@@ -34,28 +34,21 @@ from contracts.projections import (
     task_decoder,
     task_encoder,
 )
-from contracts.run_events import decode_event
-from contracts.streams import (
+from crashsafe.contracts.run_events import decode_event
+from crashsafe.contracts.spans import SpanName
+from crashsafe.contracts.streams import (
     PLANNER_HISTORY_S,
     ConsumerSpec,
     projection_consumer,
     projections_spec,
     projector_planner_consumer,
 )
-from contracts.spans import SpanName
-from contracts.subjects import Header, StreamKind
-from contracts.tool_messages import ActionRequest, Answer
-from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker, StoredMessage, Subscription
-from services.platform.pull_feed import Room
-from services.platform import metrics, probes
-from services.platform.logs import log
-from services.platform.providers import Providers
-from services.platform.provisioning import require
-from services.platform.settings import Settings
-from services.platform.tracing import annotate, context_from, headers_for, span
-from services.platform.tracing import current as current_trace
-from services.projector.core import (
+from crashsafe.contracts.subjects import Header, StreamKind
+from crashsafe.contracts.tool_messages import ActionRequest, Answer
+from crashsafe.domain.agent import ProjectionCall
+from crashsafe.domain.fold import replay
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.projection_rules import (
     Dead,
     Decision,
     Delivered,
@@ -67,11 +60,18 @@ from services.projector.core import (
     envelope_of,
     trigger,
 )
-from services.projector.plan import plan
-from services.registry import HttpOperation, ProviderAnswer, Registry, Tool
-from services.runtime.core.agent import ProjectionCall
-from services.runtime.core.fold import replay
-from services.runtime.core.state import RunState
+from crashsafe.domain.registry import HttpOperation, ProviderAnswer, Registry, Tool
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.jetstream import Broker, StoredMessage, Subscription
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.provisioning import require
+from crashsafe.services.platform.pull_feed import Room
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span
+from crashsafe.services.platform.tracing import current as current_trace
 
 SERVICE = "projector"  # its dead letters: `<ns>.dead.projector`
 # Deliveries one worker handles at once (one pull batch); a second replica shares the rest.

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from services.platform import crashpoints
-from services.platform.jetstream import Broker
-from services.platform.logs import configure
-from services.platform.probes import OpsServer
-from services.platform.settings import Settings
-from services.platform.telemetry import configure_telemetry
-from services.reconciler.service import Reconciler
-from services.reconciler.synthetic import SyntheticCadence
-from services.registry import Registry
+from crashsafe.domain.registry import Registry
+from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import configure
+from crashsafe.services.platform.probes import OpsServer
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.reconciler.service import Reconciler
+from crashsafe.services.reconciler.synthetic import SyntheticCadence
 
 TICK_S = 1.0
 

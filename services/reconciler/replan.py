@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from contracts.projections import ProjectionTask
-from contracts.subjects import Namespace
-from services.platform.dead_letters import Replanner
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.projector.plan import plan
-from services.reconciler.projections import replanned
-from services.registry import Registry
-from services.runtime.core.fold import replay
+from crashsafe.contracts.projections import ProjectionTask
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.fold import replay
+from crashsafe.domain.missing_projections import replanned
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import Registry
+from crashsafe.services.platform.dead_letters import Replanner
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
 
 
 async def replan_projection(

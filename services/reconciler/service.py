@@ -4,35 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
 from nats.aio.msg import Msg
 
-from contracts.errors import CrashsafeError
-from contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
-from contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, RunStarted, decode_event
-from contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
-from contracts.spans import SpanName
-from contracts.subjects import StreamKind
-from contracts.tool_messages import Answer
-from contracts.audit import Finding, Intent, ProviderEffect
-from services.registry import ProviderAnswer
-from services.platform.asks import wake_run
-from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker
-from services.platform.provisioning import all_streams, require
-from services.platform.journal import RunJournal
-from services.platform.logs import log
-from services.platform.settings import Settings
-from services.platform.tracing import context_from, span
-from services.registry import Registry, Tool
-from services.reconciler.audit import audit, audited, intents
-from services.platform.approvals import ApprovalRecords
-from services.reconciler.core import (
+from crashsafe.contracts.audit import Finding, Intent, ProviderEffect
+from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
+from crashsafe.contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, RunStarted, decode_event
+from crashsafe.contracts.spans import SpanName
+from crashsafe.contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.contracts.tool_messages import Answer
+from crashsafe.domain import missing_projections as projections
+from crashsafe.domain.agent import ProjectionCall
+from crashsafe.domain.effect_audit import audit, audited, intents
+from crashsafe.domain.fold import replay
+from crashsafe.domain.open_work import (
     OpenWork,
     approval_wake_due,
     awaiting_runs,
@@ -42,13 +34,20 @@ from services.reconciler.core import (
     stalled_runs,
     unsettled_unknowns,
 )
-from services.platform import metrics, probes
-from services.platform.tickets import publish_ticket
-from services.projector.plan import plan
-from services.reconciler import projections
-from services.runtime.core.agent import ProjectionCall
-from services.runtime.core.fold import replay
-from services.runtime.core.state import RunState
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import ProviderAnswer, Registry, Tool
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform.approvals import ApprovalRecords
+from crashsafe.services.platform.asks import wake_run
+from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.provisioning import all_streams, require
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tickets import publish_ticket
+from crashsafe.services.platform.tracing import context_from, span
 
 
 class Reconciler:

@@ -11,12 +11,11 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.synthetic import SyntheticResult, SyntheticTurn
-
-from services.platform.jetstream import Broker
-from services.platform.logs import log
-from services.platform.settings import Settings
-from services.platform.synthetic import publish_turn, record, synthetic_turn
+from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.synthetic import publish_turn, record, synthetic_turn
 
 # The first turn soon after start (the deployment gate: a fresh rollout shows its seam within seconds), then
 # one per `every_s`.

@@ -6,14 +6,14 @@ from datetime import UTC, datetime
 
 from opentelemetry.context import Context
 
-from contracts.approvals import ApprovalStatus
-from contracts.run_events import ApprovalDecided, ApprovalRequested
-from contracts.subjects import Namespace
-from services.platform.approvals import ApprovalRecords
-from services.platform.jetstream import Broker
-from services.runtime.core.approvals import decide, decided_event, expired, new_record
-from services.runtime.core.decide import DecideApproval
-from services.runtime.core.state import RunState
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.run_events import ApprovalDecided, ApprovalRequested
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.approval_flow import decide, decided_event, expired, new_record
+from crashsafe.domain.decide import DecideApproval
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform.approvals import ApprovalRecords
+from crashsafe.services.platform.jetstream import Broker
 
 
 def utcnow() -> datetime:

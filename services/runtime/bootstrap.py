@@ -5,21 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.platform import crashpoints
-from services.platform.capability_keys import load_issuer
-from services.platform.jetstream import Broker
-from services.platform.logs import configure, log
-from services.platform.probes import OpsServer
-from services.platform.settings import Settings
-from services.platform.telemetry import configure_telemetry
-from services.registry import Registry
-from services.knowledge.library import Library
-from services.platform.guests import GuestProfiles
-from services.runtime.approvals import ApprovalDesk
-from services.runtime.catalog import RunCatalog
-from services.runtime.lanes import SessionLanes
-from services.runtime.model import ModelGateway
-from services.runtime.service import Runtime
+from crashsafe.domain.registry import Registry
+from crashsafe.services.knowledge.library import Library
+from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform.capability_keys import load_issuer
+from crashsafe.services.platform.guests import GuestProfiles
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.logs import configure, log
+from crashsafe.services.platform.probes import OpsServer
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.runtime.approvals import ApprovalDesk
+from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.lanes import SessionLanes
+from crashsafe.services.runtime.model import ModelGateway
+from crashsafe.services.runtime.service import Runtime
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:

@@ -6,15 +6,15 @@ import logging
 
 import msgspec
 
-from contracts.catalog import AgentConfig, Catalog, catalog_decoder, catalog_encoder
-from contracts.errors import CatalogRevisionGone, InvalidCatalog
-from contracts.streams import KvSpec, catalog_spec
-from contracts.subjects import Namespace
-from services.platform import metrics
-from services.platform.jetstream import Broker, KvEntry
-from services.platform.logs import log
-from services.registry import Registry
-from services.runtime.core.catalog import builtin_catalog, validate_catalog
+from crashsafe.contracts.catalog import AgentConfig, Catalog, catalog_decoder, catalog_encoder
+from crashsafe.contracts.errors import CatalogRevisionGone, InvalidCatalog
+from crashsafe.contracts.streams import KvSpec, catalog_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.catalog_check import builtin_catalog, validate_catalog
+from crashsafe.domain.registry import Registry
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker, KvEntry
+from crashsafe.services.platform.logs import log
 
 # Revisions kept in memory besides the built-in and the current one; older ones are read again by revision.
 CACHED_REVISIONS = 16

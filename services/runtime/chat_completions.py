@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from contracts.run_events import ToolCall
-from services.runtime.core.decide import ModelReply
+from crashsafe.contracts.run_events import ToolCall
+from crashsafe.domain.decide import ModelReply
 
 # Roles the chat dialect knows; the Responses API's `developer` is a chat `system` message.
 _ROLE = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.memory import SessionLane, SessionTurn
-from contracts.run_events import RunStarted, decode_event
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.sessions import SessionRecords, with_turn
-from services.runtime.core.state import RunState
+from crashsafe.contracts.memory import SessionLane, SessionTurn
+from crashsafe.contracts.run_events import RunStarted, decode_event
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.sessions import SessionRecords, with_turn
 
 
 def finished_turn(state: RunState) -> SessionTurn:

@@ -13,21 +13,21 @@ import httpx
 import msgspec
 import openai
 
-from contracts.catalog import AgentConfig, ModelApi, ModelRoute
-from contracts.errors import ModelUnavailable
-from contracts.run_events import ToolCall
-from services.platform import metrics
-from services.platform.settings import route_key
-from services.runtime.chat_completions import (
+from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
+from crashsafe.contracts.errors import ModelUnavailable
+from crashsafe.contracts.run_events import ToolCall
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import ModelReply
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.settings import route_key
+from crashsafe.services.runtime.chat_completions import (
     MalformedAnswer,
     Tokens,
     chat_messages,
     chat_tools,
     read_completion,
 )
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import ModelReply
-from services.runtime.fixed_model import fixed_answer
+from crashsafe.services.runtime.fixed_model import fixed_answer
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ROUTE = "default"

@@ -15,8 +15,9 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from contracts.capabilities import CapabilityIssuer, OutcomeRefusal
-from contracts.errors import (
+from crashsafe.contracts.capabilities import CapabilityIssuer, OutcomeRefusal
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import (
     CatalogRevisionGone,
     CrashsafeError,
     ModelUnavailable,
@@ -25,12 +26,15 @@ from contracts.errors import (
     RunVersionConflict,
     SessionOfAnotherGuest,
 )
-from contracts.inbound import InboundEvent, inbound_decoder
-from contracts.run_events import (
+from crashsafe.contracts.inbound import InboundEvent, inbound_decoder
+from crashsafe.contracts.keys import GuestScope, KeyScheme
+from crashsafe.contracts.run_events import (
     MAX_EVENT_BYTES,
     ActionCompleted,
     ActionRequested,
+    HandOffReason,
     Origin,
+    Passage,
     PolicyDenied,
     RunCompleted,
     RunEvent,
@@ -43,7 +47,8 @@ from contracts.run_events import (
     event_encoder,
     request_for,
 )
-from contracts.streams import (
+from crashsafe.contracts.spans import SpanAttr, SpanName
+from crashsafe.contracts.streams import (
     RUNTIME_MAX_DELIVER,
     ConsumerSpec,
     active_spec,
@@ -52,31 +57,18 @@ from contracts.streams import (
     sessions_spec,
     timers_consumer,
 )
-from contracts.subjects import WAKE_TOKEN, Header, StreamKind
-from contracts.support import ticket_for
-from contracts.tool_messages import (
+from crashsafe.contracts.subjects import WAKE_TOKEN, Header, StreamKind
+from crashsafe.contracts.support import ticket_for
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     OutcomeStatus,
     RunWake,
     runtime_message_decoder,
     tool_encoder,
 )
-from services.platform import metrics
-from services.platform.active_runs import release_active
-from services.platform.asks import wake_run
-from services.platform.consumer import Deliveries
-from services.platform.crashpoints import crash_point
-from services.platform.jetstream import Broker
-from services.platform.provisioning import all_streams, require
-from services.platform.journal import RunJournal
-from services.platform.logs import log
-from services.platform import probes
-from services.platform.settings import Settings
-from contracts.spans import SpanAttr, SpanName
-from services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
-from services.registry import Registry
-from services.runtime.core.decide import (
-    policy_unavailable,
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.authority import Terms, outcome_refusal, resend_terms, terms_for, to_resolve
+from crashsafe.domain.decide import (
     Append,
     AskModel,
     AwaitActions,
@@ -90,23 +82,31 @@ from services.runtime.core.decide import (
     model_asked,
     model_rejected,
     next_move,
+    policy_unavailable,
 )
-from contracts.catalog import AgentConfig
-from contracts.keys import GuestScope, KeyScheme
-from contracts.run_events import HandOffReason, Passage
-from services.knowledge.library import Library
-from services.platform.guests import GuestProfiles
-from services.runtime.approvals import ApprovalDesk
-from services.runtime.catalog import RunCatalog
-from services.runtime.core.agent import Agent
-from services.runtime.core.retrieval import retrieval_query
-from services.runtime.lanes import SessionLanes
-from services.platform.tickets import publish_ticket
-from services.runtime.core.authority import Terms, outcome_refusal, resend_terms, terms_for, to_resolve
-from services.runtime.core.handoff import handoff_reply
-from services.runtime.core.fold import fold_run, passages_item, replay
-from services.runtime.core.state import RunState
-from services.runtime.model import Model
+from crashsafe.domain.fold import fold_run, passages_item, replay
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.registry import Registry
+from crashsafe.domain.retrieval import retrieval_query
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.knowledge.library import Library
+from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform.active_runs import release_active
+from crashsafe.services.platform.asks import wake_run
+from crashsafe.services.platform.consumer import Deliveries
+from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.guests import GuestProfiles
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.logs import log
+from crashsafe.services.platform.provisioning import all_streams, require
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tickets import publish_ticket
+from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
+from crashsafe.services.runtime.approvals import ApprovalDesk
+from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.lanes import SessionLanes
+from crashsafe.services.runtime.model import Model
 
 MAX_CACHED_RUNS = 50_000
 _sizer = msgspec.json.Encoder()  # measures what a model call sends, for the budget's token estimate

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crashsafe.domain import registry as registries
+from crashsafe.domain.fold import replay
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import Registry
+from crashsafe.evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
+from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
 from crashsafe.operations import settings_for
 from crashsafe.replay import Export, decode_journal, export_lines, read_run, recorded_views
-from evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
-from evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
-from sandbox.listing import SandboxListing
-from services import registry as registries
-from services.projector.plan import plan
-from services.registry import Registry
-from services.runtime.core.fold import replay
+from crashsafe.sandbox.listing import SandboxListing
 
 CORPUS = Path(__file__).resolve().parent
 # What the receivers hold for each recorded run's projections: {journal: {tool: [keys]}}.

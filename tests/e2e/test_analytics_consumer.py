@@ -15,11 +15,11 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from contracts.errors import NotPermitted
-from contracts.nats_permissions import Role
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.settings import NatsAccess
+from crashsafe.contracts.errors import NotPermitted
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.settings import NatsAccess
 from tests.support.paths import ROOT
 from tests.support.stack import StackClient, operator_access
 from tests.support.waiting import eventually, unique
@@ -36,7 +36,7 @@ def _command(client: StackClient, state: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "examples.analytics",
+        "crashsafe.examples.analytics",
         "--url",
         client.stack.nats_url,
         "--creds",

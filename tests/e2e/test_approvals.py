@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.clients import Scope
-from contracts.policy import Approver
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.policy import Approver
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, supervised
 from tests.support.waiting import eventually

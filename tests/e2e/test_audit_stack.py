@@ -7,12 +7,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.workloads import REGISTRY as BENCH_REGISTRY
-from services.platform.jetstream import Broker
+from crashsafe.services.platform.jetstream import Broker
 from tests.support import inprocess
 from tests.support.journals import of_type, step
 from tests.support.stack import StackClient, cli_env, crashsafe
 from tests.support.waiting import unique
-
 
 # The whole stack: audit_all and `crashsafe audit` -------------------------------------------------------------
 

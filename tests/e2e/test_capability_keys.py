@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import InvalidSetting
-from crashsafe.stack import Stack
-from services.platform.capability_keys import (
+from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.services.platform.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
     ensure_key_pair,
@@ -18,6 +17,7 @@ from services.platform.capability_keys import (
     load_verifier,
     public_path,
 )
+from crashsafe.stack import Stack
 from tests.support.stack import crashsafe
 
 

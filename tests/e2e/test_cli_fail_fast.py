@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from contracts.nats_permissions import Role
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from tests.support.nats_users import access
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support import inprocess
 from tests.support.broker import ensure_streams
+from tests.support.nats_users import access
 from tests.support.runs import started
 from tests.support.stack import crashsafe
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.errors import BrokerUnavailable
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.streams import StreamSpec
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsCluster, NatsServer, free_port
+from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack import EXECUTOR_FAMILIES
-from services.platform.jetstream import Broker
-from contracts.errors import BrokerUnavailable
-from contracts.nats_permissions import Role
-from contracts.streams import StreamSpec
-from services.platform.natsd import NatsCluster, NatsServer, free_port
-from services.platform.settings import NatsAccess
 from tests.support.nats_users import admit
 from tests.support.stack import StackClient, open_stack, operator_access, supervised
 from tests.support.waiting import eventually

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.run_events import ModelAnswered, RunEvent, RunStarted
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
+from crashsafe.contracts.run_events import ModelAnswered, RunEvent, RunStarted
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
 from tests.support.stack import StackClient, cli_env, crashsafe, open_stack, operator_access
 from tests.support.waiting import eventually
 from tests.support.world import EFFECTS, projected

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from playwright.async_api import Page, expect
 
-from contracts.clients import Scope
-from contracts.subjects import StreamKind
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support.browser import EXPECT_TIMEOUT_MS, browser, page, signed_in
 from tests.support.stack import StackClient, auth_header, guest_event, open_stack, operator_access
 from tests.support.waiting import eventually, unique

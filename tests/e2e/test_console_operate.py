@@ -19,21 +19,21 @@ import httpx
 import pytest
 from playwright.async_api import Page, expect
 
-from contracts.clients import Scope, split_key
-from contracts.dead_letters import DeadLetter, dead_letter_encoder
-from contracts.errors import ErrorInfo
-from contracts.keys import action_key, run_id_for, tool_input_hash
-from contracts.policy import Approver
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunHandedOff, RunStarted
-from contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
-from services.console.app import COOKIE, CSRF_FIELD, csrf_token
-from services.console.pages_operate import SHOWN_LETTERS
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.runtime.core.decide import model_answered
-from services.runtime.core.fold import fold_run
+from crashsafe.contracts.clients import Scope, split_key
+from crashsafe.contracts.dead_letters import DeadLetter, dead_letter_encoder
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.keys import action_key, run_id_for, tool_input_hash
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Budget, RunHandedOff, RunStarted
+from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
+from crashsafe.domain.decide import model_answered
+from crashsafe.domain.fold import fold_run
+from crashsafe.services.console.app import COOKIE, CSRF_FIELD, csrf_token
+from crashsafe.services.console.pages_operate import SHOWN_LETTERS
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support.browser import browser, page, signed_in
 from tests.support.holds import held_search
 from tests.support.runs import call, reply_of

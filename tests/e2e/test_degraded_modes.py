@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from contracts.run_events import HandOffReason
-from contracts.subjects import StreamKind
-from contracts.synthetic import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
+from crashsafe.contracts.run_events import HandOffReason
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.contracts.synthetic import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer, free_port
 from crashsafe.stack import SYNTHETIC_KEY_FILE
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer, free_port
-from services.runtime.core.handoff import handoff_reply
 from tests.support.stack import (
     StackClient,
     auth_header,

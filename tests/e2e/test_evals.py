@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.checks import Charged, Effects, Status
-from evals.runner import EvalStack, ModelChoice, Result, play, run_suite, running_stack
-from evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
+from crashsafe.evals.checks import Charged, Effects, Status
+from crashsafe.evals.runner import EvalStack, ModelChoice, Result, play, run_suite, running_stack
+from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
 from tests.support.paths import ROOT
 
 

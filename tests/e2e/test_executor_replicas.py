@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from contracts.keys import partition_of
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionRequest, Via
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from tests.support.waiting import eventually
+from crashsafe.contracts.keys import partition_of
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import ActionRequest, Via
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support.payment_replicas import LEASE_S, PARTITIONS, Payments, owners, payment_world
+from tests.support.waiting import eventually
 from tests.support.world import Sandbox
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from contracts.keys import partition_of
-from contracts.subjects import Namespace, StreamKind
-from contracts.tool_messages import Answer, ActionRequest, Asked, Via, runtime_message_decoder
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
+from crashsafe.contracts.keys import partition_of
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.tool_messages import ActionRequest, Answer, Asked, Via, runtime_message_decoder
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support.payment_replicas import PARTITIONS, Payments, owners, payment_world
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox

@@ -17,15 +17,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import inbound_hash, run_id_for
-from contracts.policy import Approver
-from contracts.streams import RUNTIME_MAX_DELIVER
-from contracts.subjects import StreamKind
+from crashsafe.contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.keys import inbound_hash, run_id_for
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.streams import RUNTIME_MAX_DELIVER
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.sessions import SessionRecords
 from crashsafe.stack import STACK_TENANT
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.sessions import SessionRecords
 from tests.support.broker import dead_letters
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, guest_event, open_stack

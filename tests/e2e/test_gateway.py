@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.inbound import MAX_BODY_BYTES, GuestMessage, InboundEvent, inbound_encoder
-from contracts.keys import inbound_hash, run_id_for
+from crashsafe.contracts.inbound import MAX_BODY_BYTES, GuestMessage, InboundEvent, inbound_encoder
+from crashsafe.contracts.keys import inbound_hash, run_id_for
+from crashsafe.contracts.run_events import Budget, RunStarted
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker, SubjectFull
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.stack import STACK_TENANT
-from contracts.run_events import Budget, RunStarted
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker, SubjectFull
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
 from tests.support.stack import StackClient, guest_event, open_stack
 from tests.support.waiting import eventually
 

@@ -19,13 +19,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from contracts.clients import Scope
-from contracts.nats_permissions import Role
-from contracts.subjects import Namespace
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer, free_port
-from services.platform.provisioning import provision
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer, free_port
+from crashsafe.services.platform.provisioning import provision
 from tests.support.nats_users import access
 from tests.support.stack import auth_header, guest_event
 from tests.support.waiting import eventually

@@ -10,12 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.subjects import StreamKind
-from contracts.support import support_decoder
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.contracts.support import support_decoder
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.stack import STACK_TENANT
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.runtime.core.handoff import handoff_reply
 from tests.support.journals import of_type
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually, unique

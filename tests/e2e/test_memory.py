@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 
-from contracts.memory import profile_decoder
-from contracts.streams import guests_spec
-from services.platform.jetstream import Broker
+from crashsafe.contracts.memory import profile_decoder
+from crashsafe.contracts.streams import guests_spec
+from crashsafe.services.platform.jetstream import Broker
 from tests.support.journals import step, trail
 from tests.support.stack import StackClient, cli_env, crashsafe, supervised
 from tests.support.waiting import eventually, unique

@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.streams import sessions_spec
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
+from crashsafe.contracts.streams import sessions_spec
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually
 

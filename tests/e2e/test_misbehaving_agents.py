@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.probes import EXIT_STALLED
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.probes import EXIT_STALLED
 from tests.support.broker import dead_letters
 from tests.support.misbehaving import MISBEHAVING, REGISTRY
 from tests.support.stack import StackClient, supervised

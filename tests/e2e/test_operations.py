@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from contracts.subjects import StreamKind
-from services.platform.jetstream import Broker
-from services.platform.nats_users import read_credential
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.nats_users import read_credential
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event
 from tests.support.waiting import eventually
 

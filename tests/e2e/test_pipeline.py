@@ -12,21 +12,21 @@ from typing import Any
 
 import pytest
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
-    RunEvent,
     ModelAnswered,
     RunCompleted,
+    RunEvent,
     RunResumed,
     RunStarted,
 )
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.agents import stayhub
-from services.projector.plan import plan
-from services.runtime.core.fold import replay
+from crashsafe.domain.fold import replay
+from crashsafe.domain.projection_plan import plan
+from crashsafe.services.agents import stayhub
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support.journals import decision_steps, receipt_of
 from tests.support.runs import (
     assert_replays,

@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts.dead_letters import DeadLetter
-from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import inbound_hash, run_id_for, tool_input_hash
+from crashsafe.contracts.dead_letters import DeadLetter
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.keys import inbound_hash, run_id_for, tool_input_hash
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.stack import STACK_TENANT
-from contracts.subjects import Namespace, StreamKind
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
 from tests.support.broker import action_subject, consumer_settled, dead_letters
 from tests.support.capabilities import signed
 from tests.support.stack import StackClient, open_stack

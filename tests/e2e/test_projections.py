@@ -20,11 +20,11 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from contracts.projections import ProjectionRecord, ProjectionStatus, record_decoder
-from contracts.streams import projections_spec
-from contracts.subjects import StreamKind
+from crashsafe.contracts.projections import ProjectionRecord, ProjectionStatus, record_decoder
+from crashsafe.contracts.streams import projections_spec
+from crashsafe.contracts.subjects import StreamKind
+from crashsafe.services.platform.jetstream import Broker
 from crashsafe.stack import Stack
-from services.platform.jetstream import Broker
 from tests.support.stack import StackClient, cli_env, crashsafe, operator_access, supervised
 from tests.support.waiting import eventually, unique
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.journals import of_type, step, trail
 from tests.support.stack import StackClient, open_stack

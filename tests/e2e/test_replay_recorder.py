@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contracts.run_events import RunResumed
+from crashsafe.contracts.run_events import RunResumed
+from crashsafe.domain import registry as registries
 from crashsafe.replay import decode_journal, divergences, read_export, recorded_views
-from services import registry as registries
 from tests.corpus.record import DELIVERED, VIEWS, record
 
 

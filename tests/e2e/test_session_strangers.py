@@ -6,19 +6,18 @@ every message answered 202 ends as a journaled run or turn; nothing is dead-lett
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 
-from contracts.clients import Scope
-from contracts.memory import SessionLane
-from contracts.subjects import Namespace
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.sessions import SessionRecords
+from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.memory import SessionLane
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.sessions import SessionRecords
 from tests.support.broker import dead_letters
 from tests.support.misbehaving import REGISTRY
 from tests.support.stack import StackClient, auth_header, guest_event

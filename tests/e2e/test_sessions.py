@@ -8,11 +8,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from contracts.keys import run_id_for
-from contracts.policy import Approver
-from services.platform.jetstream import Broker
-from services.platform.sessions import SessionRecords
-from services.runtime.core.decide import approval_id_for
+from crashsafe.contracts.keys import run_id_for
+from crashsafe.contracts.policy import Approver
+from crashsafe.domain.decide import approval_id_for
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.sessions import SessionRecords
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, guest_event, supervised
 from tests.support.waiting import eventually, unique

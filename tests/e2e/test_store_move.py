@@ -17,13 +17,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.keys import business_key
-from contracts.subjects import Namespace
-from contracts.tool_messages import Evidence, first_made_by
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
-from services.registry import load
+from crashsafe.contracts.keys import business_key
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import Evidence, first_made_by
+from crashsafe.domain.registry import load
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.payment_replicas import Payments, Replica, owners, payment_world
 from tests.support.stack import StackClient, open_stack

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.clients import Scope
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
+from crashsafe.contracts.clients import Scope
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually
 

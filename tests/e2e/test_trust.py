@@ -19,16 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.active import active_decoder
-from contracts.clients import Scope, format_key
-from contracts.inbound import MAX_BODY_BYTES
-from contracts.keys import run_id_for
-from contracts.streams import active_spec
+from crashsafe.contracts.active import active_decoder
+from crashsafe.contracts.clients import Scope, format_key
+from crashsafe.contracts.inbound import MAX_BODY_BYTES
+from crashsafe.contracts.keys import run_id_for
+from crashsafe.contracts.streams import active_spec
+from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer, free_port
+from crashsafe.services.platform.sessions import SessionRecords
 from crashsafe.stack import STACK_TENANT
-from services.platform.clients import ClientKeys
-from services.platform.jetstream import Broker
-from services.platform.sessions import SessionRecords
-from services.platform.natsd import NatsServer, free_port
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually
 from tests.support.world import BOOKING_TEXT

@@ -9,16 +9,16 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from contracts.approvals import ApprovalRecord, ApprovalStatus
-from contracts.errors import ApprovalNotPending
-from contracts.keys import run_id_for
-from contracts.nats_permissions import Role
-from contracts.subjects import Namespace
-from services.platform import approvals as decisions
-from services.platform.approvals import ApprovalRecords, Stored
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.provisioning import provision
+from crashsafe.contracts.approvals import ApprovalRecord, ApprovalStatus
+from crashsafe.contracts.errors import ApprovalNotPending
+from crashsafe.contracts.keys import run_id_for
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform import approvals as decisions
+from crashsafe.services.platform.approvals import ApprovalRecords, Stored
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.provisioning import provision
 from tests.support import inprocess
 from tests.support.nats_users import access
 

@@ -16,11 +16,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from contracts.approvals import ApprovalStatus
-from contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
-from contracts.keys import run_id_for, tool_input_hash
-from contracts.policy import Approver
-from contracts.run_events import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
+from crashsafe.contracts.keys import run_id_for, tool_input_hash
+from crashsafe.contracts.memory import SessionTurn
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import (
     ActionRequested,
     ApprovalDecided,
     ApprovalRequested,
@@ -32,22 +33,21 @@ from contracts.run_events import (
     RunStarted,
     TurnReceived,
 )
-from contracts.memory import SessionTurn
-from contracts.subjects import Namespace, StreamKind
-from services.platform.approvals import ApprovalRecords
-from services.platform.asks import wake_run
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.sessions import SessionRecords
-from services.platform.settings import Settings
-from services.platform.tracing import context_from
-from services.reconciler.core import awaiting_runs
-from services.runtime.core import approvals as rules
-from services.runtime.core.decide import approval_id_for, model_answered
-from services.runtime.core.fold import fold_run, replay
-from services.runtime.model import ResponsesModel
-from services.runtime.service import Runtime
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.domain import approval_flow as rules
+from crashsafe.domain.decide import approval_id_for, model_answered
+from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.open_work import awaiting_runs
+from crashsafe.services.platform.approvals import ApprovalRecords
+from crashsafe.services.platform.asks import wake_run
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.sessions import SessionRecords
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.runtime.model import ResponsesModel
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters
 from tests.support.inprocess import REGISTRY

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalRequested,
@@ -22,14 +22,14 @@ from contracts.run_events import (
     PolicyDenied,
     ToolRejected,
 )
-from contracts.subjects import Namespace
-from contracts.tool_messages import OutcomeStatus, Via
-from services.agents import stayhub
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.runtime.core.fold import replay
-from services.runtime.service import Runtime
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import OutcomeStatus, Via
+from crashsafe.domain.fold import replay
+from crashsafe.services.agents import stayhub
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
 from tests.support.runs import assert_replays
@@ -384,8 +384,8 @@ async def test_the_audit_asks_a_tenants_keys_in_the_tenants_own_account(
     """A tenant's run acts in its own provider account; the audit asks each of its keys there. Asked in the
     default account, a provider that keeps accounts apart answers "no such key", and every clean effect of every
     tenant would be reported as a success the provider does not hold (issue 17, guarantee 8)."""
-    from services.platform.providers import Providers
-    from services.reconciler.service import audit_all
+    from crashsafe.services.platform.providers import Providers
+    from crashsafe.services.reconciler.service import audit_all
 
     event_id = unique("ev")
     text = f'obey: create_booking {HOLD}\nobey: create_payment {{"booking_id": "$booking_id"}}'

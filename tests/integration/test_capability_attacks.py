@@ -18,9 +18,9 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from contracts.capabilities import GRACE_S, CapabilityOrigin
-from contracts.dead_letters import DeadLetter
-from contracts.keys import (
+from crashsafe.contracts.capabilities import GRACE_S, CapabilityOrigin
+from crashsafe.contracts.dead_letters import DeadLetter
+from crashsafe.contracts.keys import (
     CompensationKind,
     action_key,
     compensation_key,
@@ -28,21 +28,21 @@ from contracts.keys import (
     run_id_for,
     tool_input_hash,
 )
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, JournalEvent, RunStarted
-from contracts.nats_permissions import Role
-from contracts.streams import runtime_consumers
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
-from contracts.tool_messages import (
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Budget, JournalEvent, RunStarted
+from crashsafe.contracts.streams import runtime_consumers
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     OutcomeStatus,
     runtime_message_decoder,
     tool_encoder,
 )
-from services.executor.service import Executor
-from services.platform.jetstream import Broker, Published
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
+from crashsafe.services.executor.service import Executor
+from crashsafe.services.platform.jetstream import Broker, Published
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support import inprocess
 from tests.support.broker import dead_letters
 from tests.support.capabilities import OTHER_ISSUER, signed

@@ -13,25 +13,24 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.run_events import HandOffReason, RunHandedOff, RunNudged
-from services.runtime.core.handoff import handoff_reply
-
-from contracts.catalog import Catalog, catalog_encoder
-from contracts.errors import CatalogRevisionGone, InvalidCatalog
-from contracts.policy import ApprovalAbove
-from contracts.streams import CATALOG_HISTORY, catalog_spec
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.runtime.catalog import RunCatalog, publish_catalog, stored_catalog
-from services.runtime.service import Runtime
+from crashsafe.contracts.catalog import Catalog, catalog_encoder
+from crashsafe.contracts.errors import CatalogRevisionGone, InvalidCatalog
+from crashsafe.contracts.policy import ApprovalAbove
+from crashsafe.contracts.run_events import HandOffReason, RunHandedOff, RunNudged
+from crashsafe.contracts.streams import CATALOG_HISTORY, catalog_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.services.platform.asks import wake_run
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.runtime.catalog import RunCatalog, publish_catalog, stored_catalog
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
-from tests.support.inprocess import REGISTRY
 from tests.support.broker import dead_letters
+from tests.support.inprocess import REGISTRY
 from tests.support.runs import started
 from tests.support.waiting import eventually, unique
-from services.platform.journal import RunJournal
-from services.platform.asks import wake_run
 
 BOOKING = REGISTRY.agent("booking").config
 

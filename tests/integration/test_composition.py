@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from contracts.catalog import AgentConfig
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import ErrorInfo
-from contracts.run_events import RunCompleted, ToolCall
-from contracts.subjects import Namespace
-from contracts.tools import Effect, RetryRule, ToolContract
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.registry import LocalOperation, Registration, Registry, Tool
-from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.run_events import RunCompleted, ToolCall
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
+from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
 from tests.support import inprocess
 from tests.support.broker import submit_inbound
 from tests.support.waiting import eventually

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import RunVersionConflict
-from contracts.inbound import InboundEvent, InboundMessage
-from contracts.run_events import (
+from crashsafe.contracts.errors import RunVersionConflict
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
@@ -20,14 +20,14 @@ from contracts.run_events import (
     RunNudged,
     TurnReceived,
 )
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
-from services.platform.tracing import context_from
-from services.runtime import service
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.runtime import service
 from tests.support import inprocess
 from tests.support.broker import dead_letters, ensure_streams
 from tests.support.runs import SEARCH, Run, started

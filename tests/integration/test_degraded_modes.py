@@ -20,8 +20,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.catalog import Catalog, ModelRoute, catalog_encoder
-from contracts.run_events import (
+from crashsafe.contracts.catalog import Catalog, ModelRoute, catalog_encoder
+from crashsafe.contracts.run_events import (
     HandOffReason,
     JournalEvent,
     ModelAnswered,
@@ -31,20 +31,20 @@ from contracts.run_events import (
     RunStarted,
     ToolCall,
 )
-from contracts.streams import catalog_spec
-from contracts.subjects import Namespace, StreamKind
-from contracts.support import support_decoder
-from services.knowledge.library import Library
-from services.platform import metrics
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer, free_port
-from services.runtime.catalog import publish_catalog
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import MAX_FAILED_ASKS, ModelReply
-from services.runtime.core.fold import replay
-from services.runtime.core.handoff import handoff_reply
-from services.runtime.model import ModelGateway
+from crashsafe.contracts.streams import catalog_spec
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.support import support_decoder
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import MAX_FAILED_ASKS, ModelReply
+from crashsafe.domain.fold import replay
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.services.knowledge.library import Library
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer, free_port
+from crashsafe.services.runtime.catalog import publish_catalog
+from crashsafe.services.runtime.model import ModelGateway
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
 from tests.support.inprocess import REGISTRY

@@ -19,8 +19,8 @@ import httpx
 import msgspec
 import pytest
 
-from contracts.errors import CrashsafeError, ErrorCode, PartitionNotOwned, RetryClass
-from contracts.keys import (
+from crashsafe.contracts.errors import CrashsafeError, ErrorCode, PartitionNotOwned, RetryClass
+from crashsafe.contracts.keys import (
     CompensationKind,
     action_key,
     business_key,
@@ -28,26 +28,26 @@ from contracts.keys import (
     input_hash,
     partition_of,
 )
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
-from contracts.tool_messages import (
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     OutcomeStatus,
     runtime_message_decoder,
     tool_encoder,
 )
-from services.executor.fact_book import FactBook
-from services.executor.facts import attempted, first_asked
-from services.executor.service import Executor, OutcomeStillUnknown
-from services.executor.store import ActionStore
-from services.platform.jetstream import Broker, Published
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
+from crashsafe.domain.key_facts import attempted, first_asked
+from crashsafe.services.executor.fact_book import FactBook
+from crashsafe.services.executor.service import Executor, OutcomeStillUnknown
+from crashsafe.services.executor.store import ActionStore
+from crashsafe.services.platform.jetstream import Broker, Published
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.broker import ensure_streams
+from tests.support.capabilities import signed
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
-from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 DATES = {"check_in": "2031-12-01", "check_out": "2031-12-03"}

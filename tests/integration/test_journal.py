@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts.errors import ErrorCode, RetryClass, RunVersionConflict
-from contracts.run_events import Budget, ModelAnswered, RunStarted
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.runtime.core.fold import replay
+from crashsafe.contracts.errors import ErrorCode, RetryClass, RunVersionConflict
+from crashsafe.contracts.run_events import Budget, ModelAnswered, RunStarted
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.fold import replay
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
 from tests.support.broker import ensure_streams
 
 

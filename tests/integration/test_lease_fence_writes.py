@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from contracts.errors import PartitionNotOwned
-from contracts.keys import partition_of
-from contracts.tool_messages import ActionOutcome, OutcomeStatus, RecordStatus
-from services.executor.service import Executor
+from crashsafe.contracts.errors import PartitionNotOwned
+from crashsafe.contracts.keys import partition_of
+from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, RecordStatus
+from crashsafe.services.executor.service import Executor
 from tests.integration import test_partition_leases as leases
 from tests.integration.test_partition_leases import PARTITIONS, Replicas
 from tests.support import inprocess

@@ -15,11 +15,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import inbound_hash, run_id_for
-from contracts.memory import GuestProfile, profile_decoder, profile_encoder
-from contracts.nats_permissions import Role
-from contracts.run_events import (
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.keys import inbound_hash, run_id_for
+from crashsafe.contracts.memory import GuestProfile, profile_decoder, profile_encoder
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     JournalEvent,
@@ -28,22 +28,22 @@ from contracts.run_events import (
     RunStarted,
     ToolCall,
 )
-from contracts.streams import guests_spec
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionRequest, Via
-from services.agents.memory import REMEMBER_PREFERENCE
-from services.knowledge.library import Library
-from services.platform.guests import GuestProfiles, ProfileUnreadable
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.kv_effects import KvEffects
-from services.platform.natsd import NatsServer
-from services.platform.tracing import context_from
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import ModelReply
-from services.runtime.core.fold import passages_item, replay
-from services.registry import KvOperation
-from services.runtime.service import Runtime
+from crashsafe.contracts.streams import guests_spec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import ActionRequest, Via
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import ModelReply
+from crashsafe.domain.fold import passages_item, replay
+from crashsafe.domain.registry import KvOperation
+from crashsafe.services.agents.memory import REMEMBER_PREFERENCE
+from crashsafe.services.knowledge.library import Library
+from crashsafe.services.platform.guests import GuestProfiles, ProfileUnreadable
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.kv_effects import KvEffects
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique

@@ -8,13 +8,13 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.metrics import ALL_METRICS, MetricKind
+from crashsafe.contracts.metrics import ALL_METRICS, MetricKind
 
 _UNLABELLED_GAUGES = {m.name for m in ALL_METRICS if m.kind is MetricKind.GAUGE and not m.labels}
 
 
 def _fresh_exposition(code: str = "") -> dict[str, float]:
-    script = f"from services.platform import metrics\n{code}\nprint(metrics.exposition().decode())"
+    script = f"from crashsafe.services.platform import metrics\n{code}\nprint(metrics.exposition().decode())"
     text = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 

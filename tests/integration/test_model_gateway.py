@@ -16,18 +16,18 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from contracts.catalog import AgentConfig, Catalog, ModelApi, ModelRoute
-from contracts.errors import ModelUnavailable
-from contracts.run_events import JournalEvent, ModelAnswered, RunStarted
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.runtime.catalog import publish_catalog
-from services.runtime.chat_completions import chat_messages, chat_tools
-from services.runtime.core.fold import replay
-from services.runtime.model import ModelGateway
-from services.runtime.service import Runtime
+from crashsafe.contracts.catalog import AgentConfig, Catalog, ModelApi, ModelRoute
+from crashsafe.contracts.errors import ModelUnavailable
+from crashsafe.contracts.run_events import JournalEvent, ModelAnswered, RunStarted
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.fold import replay
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.runtime.catalog import publish_catalog
+from crashsafe.services.runtime.chat_completions import chat_messages, chat_tools
+from crashsafe.services.runtime.model import ModelGateway
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
 from tests.support.inprocess import REGISTRY

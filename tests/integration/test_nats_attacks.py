@@ -12,14 +12,14 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from contracts.errors import CrashsafeError, InvalidSetting, NotPermitted
-from contracts.nats_permissions import Role
-from contracts.streams import leases_spec, projector_planner_consumer, stream_specs
-from contracts.subjects import Namespace, StreamKind
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsAuth, NatsServer
-from services.platform.settings import NatsAccess
+from crashsafe.contracts.errors import CrashsafeError, InvalidSetting, NotPermitted
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.streams import leases_spec, projector_planner_consumer, stream_specs
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsAuth, NatsServer
+from crashsafe.services.platform.settings import NatsAccess
 
 NS = Namespace("attack")
 FAMILIES = ("booking", "notify", "payment")

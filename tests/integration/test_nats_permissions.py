@@ -17,17 +17,17 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from contracts.nats_permissions import NatsUser, Role, users
-from contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.nats_users import read_credential
-from services.platform.natsd import NatsAuth, NatsServer
-from services.platform.settings import NatsAccess
+from crashsafe.contracts.nats_permissions import NatsUser, Role, users
+from crashsafe.contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.nats_users import read_credential
+from crashsafe.services.platform.natsd import NatsAuth, NatsServer
+from crashsafe.services.platform.settings import NatsAccess
 from tests.support.paths import ROOT
 
 NS = Namespace("sweep")
-FAMILIES = ("booking", "memory", "notify", "payment")  # services.agents:stayhub's tool families
+FAMILIES = ("booking", "memory", "notify", "payment")  # crashsafe.services.agents:stayhub's tool families
 API = "$JS.API"
 DOC = ROOT / "docs/security.md"
 START, END = "<!-- nats-permissions:start -->", "<!-- nats-permissions:end -->"

@@ -16,14 +16,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from contracts.errors import BrokerUnavailable
-from contracts.nats_permissions import Role
-from contracts.streams import stream_specs
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.nats_users import write_private
-from services.platform.natsd import NatsAuth, NatsServer, ServerTls
-from services.platform.settings import NatsAccess, Settings
+from crashsafe.contracts.errors import BrokerUnavailable
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.streams import stream_specs
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.nats_users import write_private
+from crashsafe.services.platform.natsd import NatsAuth, NatsServer, ServerTls
+from crashsafe.services.platform.settings import NatsAccess, Settings
 
 NS = Namespace("tlsns")
 

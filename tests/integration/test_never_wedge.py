@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import ErrorCode, ModelUnavailable
-from contracts.run_events import (
+from crashsafe.contracts.errors import ErrorCode, ModelUnavailable
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
@@ -32,17 +32,17 @@ from contracts.run_events import (
     UnknownEvent,
     event_encoder,
 )
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
-from services.platform.asks import reconcile_run, wake_run
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
-from services.reconciler.audit import unknown_events
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import ModelReply
-from services.runtime.core.fold import replay
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import ModelReply
+from crashsafe.domain.effect_audit import unknown_events
+from crashsafe.domain.fold import replay
+from crashsafe.services.platform.asks import reconcile_run, wake_run
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.broker import dead_letters, ensure_streams, submit_inbound
 from tests.support.runs import SEARCH, Run, booked_run, call, started

@@ -13,13 +13,13 @@ import msgspec
 import nats
 import pytest
 
-from contracts.dead_letters import DeadLetter, Settled, dead_letter_encoder
-from contracts.errors import DeadLetterNotFound, DeadLetterSettled, NotPermitted, ReplayRefused
-from contracts.keys import action_key, input_hash, partition_of
-from contracts.nats_permissions import Role, inbox_prefix, user_name
-from contracts.projections import ProjectionTask, task_encoder
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
-from contracts.tool_messages import (
+from crashsafe.contracts.dead_letters import DeadLetter, Settled, dead_letter_encoder
+from crashsafe.contracts.errors import DeadLetterNotFound, DeadLetterSettled, NotPermitted, ReplayRefused
+from crashsafe.contracts.keys import action_key, input_hash, partition_of
+from crashsafe.contracts.nats_permissions import Role, inbox_prefix, user_name
+from crashsafe.contracts.projections import ProjectionTask, task_encoder
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     OutcomeStatus,
@@ -27,15 +27,15 @@ from contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
-from services import registry as registries
-from services.platform import provider_views
-from services.platform.dead_letters import DeadLetters, replay_msg_id
-from services.platform.journal import RunJournal
-from services.projector.plan import plan
-from services.reconciler.replan import replanner
-from services.platform.jetstream import Broker
-from services.platform.nats_users import read_credential
-from services.platform.natsd import NatsServer
+from crashsafe.domain import registry as registries
+from crashsafe.domain.projection_plan import plan
+from crashsafe.services.platform import provider_views
+from crashsafe.services.platform.dead_letters import DeadLetters, replay_msg_id
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.nats_users import read_credential
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.reconciler.replan import replanner
 from tests.support import inprocess
 from tests.support.capabilities import signed
 from tests.support.nats_users import access
@@ -43,7 +43,7 @@ from tests.support.runs import RUN, T0, Run, started
 from tests.support.waiting import eventually
 
 TOOLS = inprocess.REGISTRY.tools
-DEFAULT_REGISTRY = "services.agents:stayhub"
+DEFAULT_REGISTRY = "crashsafe.services.agents:stayhub"
 
 
 @pytest.fixture

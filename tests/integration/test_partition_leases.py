@@ -17,19 +17,25 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.errors import PartitionNotOwned
-from contracts.keys import action_key, input_hash, partition_of
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
-from contracts.tool_messages import ActionOutcome, ActionRequest, Asked, runtime_message_decoder, tool_encoder
-from services.executor.service import Executor
-from services.executor.store import ActionStore
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
+from crashsafe.contracts.errors import PartitionNotOwned
+from crashsafe.contracts.keys import action_key, input_hash, partition_of
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from crashsafe.contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    Asked,
+    runtime_message_decoder,
+    tool_encoder,
+)
+from crashsafe.services.executor.service import Executor
+from crashsafe.services.executor.store import ActionStore
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
+from tests.support.capabilities import signed
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
-from tests.support.capabilities import signed
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = 2  # short, so a hand-over takes seconds; the fence stops acting 0.5 s before it could expire

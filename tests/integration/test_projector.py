@@ -23,9 +23,9 @@ import httpx
 import msgspec
 import pytest
 
-from contracts.dead_letters import DeadLetter
-from contracts.nats_permissions import Role
-from contracts.projections import (
+from crashsafe.contracts.dead_letters import DeadLetter
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
     ProjectionFailed,
     ProjectionRecord,
@@ -35,7 +35,7 @@ from contracts.projections import (
     record_decoder,
     task_encoder,
 )
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalRequested,
@@ -44,18 +44,18 @@ from contracts.run_events import (
     RunHandedOff,
     event_encoder,
 )
-from contracts.streams import KvSpec, projections_spec
-from contracts.subjects import Header, Namespace, StreamKind
-from services.platform import metrics
-from services.agents import stayhub
-from services.platform.jetstream import Broker, KvEntry
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.providers import Providers
-from services.platform.settings import Settings
-from services.projector.plan import audit_key, plan
-from services.projector.service import Projector
-from services.runtime.core.fold import replay
+from crashsafe.contracts.streams import KvSpec, projections_spec
+from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.domain.fold import replay
+from crashsafe.domain.projection_plan import audit_key, plan
+from crashsafe.services.agents import stayhub
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker, KvEntry
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.projector.service import Projector
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
 from tests.support.nats_users import access

@@ -8,18 +8,17 @@ import asyncio
 import contextlib
 import logging
 import time
-
 from typing import Any, cast
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from contracts.streams import executor_consumer, runtime_consumers
-from contracts.subjects import Namespace
-from services.platform.consumer import Deliveries
-from services.platform.jetstream import Broker
-from services.platform.provisioning import provision
-from services.platform.pull_feed import PullFeed
+from crashsafe.contracts.streams import executor_consumer, runtime_consumers
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.consumer import Deliveries
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.platform.pull_feed import PullFeed
 from tests.support.waiting import eventually
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.streams import projection_consumer, projections_spec, runtime_consumers
-from contracts.subjects import Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsAuth, NatsServer
-from services.platform.probes import OpsServer
-from services.platform.provisioning import provision
+from crashsafe.contracts.streams import projection_consumer, projections_spec, runtime_consumers
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsAuth, NatsServer
+from crashsafe.services.platform.probes import OpsServer
+from crashsafe.services.platform.provisioning import provision
 from tests.support import inprocess
 from tests.support.nats_users import admit
 from tests.support.waiting import eventually
@@ -252,9 +252,9 @@ async def test_a_consumer_no_longer_sampled_leaves_no_lag_gauge_behind(
 ) -> None:
     """An executor that hands a partition on stops sampling its durable: its last lag (high, in a takeover under
     load) must not stay on this replica's /metrics for ever beside the new holder's live one."""
-    from contracts.streams import ConsumerSpec, StreamSpec
-    from services.platform import metrics
-    from services.platform.probes import lag_sampler
+    from crashsafe.contracts.streams import ConsumerSpec, StreamSpec
+    from crashsafe.services.platform import metrics
+    from crashsafe.services.platform.probes import lag_sampler
 
     stream = f"{namespace.name.upper()}_LAG"
     await broker.ensure_stream(StreamSpec(name=stream, subjects=(f"{namespace.name}.lag.>",)))

@@ -13,18 +13,25 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.errors import CrashsafeError
-from contracts.keys import action_key, input_hash, run_id_for
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunEvent, RunStarted, request_for
-from contracts.subjects import Namespace
-from services.executor.service import Executor
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform import metrics
-from services.reconciler.core import unsettled_unknowns
-from services.reconciler.service import Reconciler
-from services.runtime.core.fold import replay
+from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.keys import action_key, input_hash, run_id_for
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    RunEvent,
+    RunStarted,
+    request_for,
+)
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.fold import replay
+from crashsafe.domain.open_work import unsettled_unknowns
+from crashsafe.services.executor.service import Executor
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.reconciler.service import Reconciler
 from tests.support import inprocess
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox

@@ -13,9 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from contracts.keys import action_key, input_hash, run_id_for
-from contracts.nats_permissions import Role
-from contracts.projections import (
+from crashsafe.contracts.keys import action_key, input_hash, run_id_for
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
     ProjectionRecord,
     ProjectionStatus,
@@ -23,7 +23,7 @@ from contracts.projections import (
     record_decoder,
     task_decoder,
 )
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
@@ -31,20 +31,20 @@ from contracts.run_events import (
     RunEvent,
     RunStarted,
 )
-from contracts.streams import projections_spec
-from contracts.subjects import Namespace, StreamKind
-from contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.streams import projections_spec
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.registry import Registry, load
 from crashsafe.projections import projections_list, projections_retry
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.reconciler.service import Reconciler
-from services.registry import Registry, load
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.reconciler.service import Reconciler
 from tests.support import inprocess
 from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique
 
-STAYHUB = load("services.agents:stayhub")
+STAYHUB = load("crashsafe.services.agents:stayhub")
 record_encoder = msgspec.json.Encoder()
 
 

@@ -15,18 +15,18 @@ import httpx
 import msgspec
 import pytest
 
-from contracts.catalog import Catalog
-from contracts.nats_permissions import Role
-from contracts.run_events import JournalEvent
-from contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.catalog import Catalog
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.run_events import JournalEvent
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.domain.fold import replay
+from crashsafe.domain.run_state import RunState
 from crashsafe.replay import read_export, replay_events, state_view
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.runtime.catalog import publish_catalog
-from services.runtime.core.fold import replay
-from services.runtime.core.state import RunState
-from services.runtime.service import Runtime
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.runtime.catalog import publish_catalog
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import submit_inbound
 from tests.support.inprocess import REGISTRY

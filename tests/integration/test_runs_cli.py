@@ -12,15 +12,22 @@ from datetime import timedelta
 
 import msgspec
 
-from contracts.nats_permissions import Role
-from contracts.run_events import ModelAnswered, RunCompleted, RunEvent, RunHandedOff, RunNudged, event_encoder
-from contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.run_events import (
+    ModelAnswered,
+    RunCompleted,
+    RunEvent,
+    RunHandedOff,
+    RunNudged,
+    event_encoder,
+)
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.domain.fold import replay, summarize
 from crashsafe.runs import list_runs, parse_since
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.provisioning import provision
-from services.runtime.core.fold import replay, summarize
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.provisioning import provision
 from tests.support.nats_users import access
 from tests.support.paths import ROOT
 from tests.support.runs import T0, started

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.keys import run_id_for
-from contracts.run_events import (
+from crashsafe.contracts.keys import run_id_for
+from crashsafe.contracts.run_events import (
     ActionRequested,
     Budget,
     JournalEvent,
@@ -25,17 +25,17 @@ from contracts.run_events import (
     RunStarted,
     UnknownEvent,
 )
-from contracts.subjects import Namespace
-from tests.support.inprocess import REGISTRY
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.runtime.core.decide import model_answered
-from services.runtime.core.fold import fold_run, replay
-from services.runtime.model import ResponsesModel
-from services.runtime.service import Runtime
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.decide import model_answered
+from crashsafe.domain.fold import fold_run, replay
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.runtime.model import ResponsesModel
+from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
+from tests.support.inprocess import REGISTRY
 from tests.support.journals import decision_steps
 from tests.support.runs import assert_replays
 from tests.support.waiting import eventually, unique

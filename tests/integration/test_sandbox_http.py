@@ -17,7 +17,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from sandbox.app import serve
+from crashsafe.sandbox.app import serve
 from tests.support.inprocess import sandbox_server
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT as LISBON
@@ -703,9 +703,9 @@ async def test_http_a_key_is_looked_up_in_its_own_account_only(sandbox_url: str)
     default one) finds nothing of it. The executor's, the provider view's and the audit's lookups of a tenant's
     key therefore act in the request's account (`Provider-Account` from its arguments), as its write did:
     asked in the default account, a tenant's charge would read as never made (issue 17, guarantee 8)."""
-    from contracts.tool_messages import Answer
-    from services.agents import stayhub
-    from services.platform.providers import Providers
+    from crashsafe.contracts.tool_messages import Answer
+    from crashsafe.services.agents import stayhub
+    from crashsafe.services.platform.providers import Providers
 
     key = unique("bk")
     body = {"hotel_id": "lis-1", "guest_id": "alice", "check_in": "2031-12-01", "check_out": "2031-12-03"}

@@ -12,19 +12,19 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from contracts.inbound import InboundEvent, InboundMessage
-from contracts.keys import run_id_for
-from contracts.memory import SessionLane
-from contracts.run_events import ActionRequested, Budget, RunCompleted, TurnReceived
-from contracts.subjects import Namespace
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.sessions import SessionRecords, with_turn
-from services.platform.settings import Settings
-from services.platform.tracing import context_from
-from services.runtime.core.fold import replay
-from services.runtime.lanes import finished_turn
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage
+from crashsafe.contracts.keys import run_id_for
+from crashsafe.contracts.memory import SessionLane
+from crashsafe.contracts.run_events import ActionRequested, Budget, RunCompleted, TurnReceived
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.fold import replay
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.sessions import SessionRecords, with_turn
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.runtime.lanes import finished_turn
 from tests.support import inprocess
 from tests.support.broker import ensure_streams
 from tests.support.runs import SEARCH, Run, started

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from contracts.keys import run_id_for
-from contracts.nats_permissions import Role
-from contracts.run_events import Budget, HandOffReason, RunHandedOff, RunStarted
-from contracts.subjects import Namespace, StreamKind
-from contracts.support import support_decoder, ticket_for
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.platform.natsd import NatsServer
-from services.platform.tickets import publish_ticket
-from services.reconciler.service import Reconciler
-from services.runtime.core.handoff import handoff_reply
+from crashsafe.contracts.keys import run_id_for
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.run_events import Budget, HandOffReason, RunHandedOff, RunStarted
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.support import support_decoder, ticket_for
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.tickets import publish_ticket
+from crashsafe.services.reconciler.service import Reconciler
 from tests.support import inprocess
 from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique

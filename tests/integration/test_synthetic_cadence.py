@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import NotPermitted
-from contracts.nats_permissions import Role
-from contracts.subjects import Namespace, StreamKind
-from contracts.synthetic import SyntheticResult, SyntheticTurn, synthetic_decoder
-from services.platform import metrics
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer, free_port
-from services.platform.settings import Settings
-from services.reconciler.synthetic import SyntheticCadence
+from crashsafe.contracts.errors import NotPermitted
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn, synthetic_decoder
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer, free_port
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.reconciler.synthetic import SyntheticCadence
 from tests.support import inprocess
 from tests.support.nats_users import access
 

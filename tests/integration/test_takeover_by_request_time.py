@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from contracts.keys import partition_of
-from contracts.tool_messages import Asked
+from crashsafe.contracts.keys import partition_of
+from crashsafe.contracts.tool_messages import Asked
 from tests.integration import test_partition_leases as leases
 from tests.integration.test_partition_leases import PARTITIONS, Replicas
 from tests.support import inprocess

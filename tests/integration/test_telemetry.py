@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from services.platform import metrics
-from services.platform.telemetry import exporting_provider
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.telemetry import exporting_provider
 from tests.support.otlp import otlp_collector
 
 
@@ -80,7 +80,7 @@ async def test_a_backend_that_accepts_and_never_answers_holds_up_neither_spans_n
     a queue put even once the queue is full, and a stopping service waits at most SHUTDOWN_BOUND_S for it."""
     import time
 
-    from services.platform.telemetry import SHUTDOWN_BOUND_S, Telemetry
+    from crashsafe.services.platform.telemetry import SHUTDOWN_BOUND_S, Telemetry
 
     held: list[asyncio.StreamWriter] = []
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from contracts.dead_letters import DeadLetter, dead_letter_decoder
-from contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
-from contracts.keys import inbound_hash, run_id_for
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
-from services.platform.jetstream import Broker
-from services.platform.provisioning import provision
+from crashsafe.contracts.dead_letters import DeadLetter, dead_letter_decoder
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.keys import inbound_hash, run_id_for
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.provisioning import provision
 
 
 async def ensure_streams(broker: Broker, ns: Namespace) -> None:

@@ -7,13 +7,13 @@ import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from contracts.keys import run_id_for, tool_input_hash
-from contracts.run_events import ApprovalRequested, Budget, RunStarted
-from services.platform.asks import wake_run
-from services.platform.jetstream import Broker
-from services.platform.journal import RunJournal
-from services.runtime.core.decide import approval_id_for, model_answered
-from services.runtime.core.fold import fold_run
+from crashsafe.contracts.keys import run_id_for, tool_input_hash
+from crashsafe.contracts.run_events import ApprovalRequested, Budget, RunStarted
+from crashsafe.domain.decide import approval_id_for, model_answered
+from crashsafe.domain.fold import fold_run
+from crashsafe.services.platform.asks import wake_run
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
 from tests.support import inprocess
 from tests.support.inprocess import REGISTRY
 from tests.support.stack import StackClient

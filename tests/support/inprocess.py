@@ -17,38 +17,37 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-
-from contracts.errors import RunVersionConflict
-from contracts.run_events import ActionRequested, RunEvent, RunCompleted, RunHandedOff, ToolRejected
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionRequest, RunWake
 from bench.workloads import registry as bench_registry
-from sandbox.app import serve
-from services.executor import service as executor_service
-from services.executor.service import Executor
-from contracts.nats_permissions import Role
-from services.platform.jetstream import Broker
-from services.platform.provisioning import provision
-from tests.support.nats_users import access
-from services.platform.settings import Settings
-from services.platform.tracing import context_from
-from contracts.audit import Finding
-from sandbox.listing import SandboxListing
-from services.knowledge.library import Library
-from services.platform.guests import GuestProfiles
-from services.platform.providers import Providers
-from services.registry import Registry
-from services.reconciler.service import AuditStats, Reconciler, audit_all
-from services.projector.service import Projector
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import ModelReply
-from services.runtime.core.state import RunState
-from services.runtime.approvals import ApprovalDesk
-from services.runtime.catalog import RunCatalog
-from services.runtime.lanes import SessionLanes
-from services.runtime.model import ModelGateway
-from services.runtime.service import Runtime
+from crashsafe.contracts.audit import Finding
+from crashsafe.contracts.errors import RunVersionConflict
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.run_events import ActionRequested, RunCompleted, RunEvent, RunHandedOff, ToolRejected
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import ActionRequest, RunWake
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import ModelReply
+from crashsafe.domain.registry import Registry
+from crashsafe.domain.run_state import RunState
+from crashsafe.sandbox.app import serve
+from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.services.executor import service as executor_service
+from crashsafe.services.executor.service import Executor
+from crashsafe.services.knowledge.library import Library
+from crashsafe.services.platform.guests import GuestProfiles
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.providers import Providers
+from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.projector.service import Projector
+from crashsafe.services.reconciler.service import AuditStats, Reconciler, audit_all
+from crashsafe.services.runtime.approvals import ApprovalDesk
+from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.lanes import SessionLanes
+from crashsafe.services.runtime.model import ModelGateway
+from crashsafe.services.runtime.service import Runtime
 from tests.support import capabilities
+from tests.support.nats_users import access
 
 # The agents in-process services run: the product's booking agent and the benchmark's plan agents (steps5).
 REGISTRY = bench_registry()
@@ -357,7 +356,7 @@ async def projector(
 ) -> AsyncIterator[Projector]:
     """The projector (planner and a worker per projection tool) with its own NATS user and receivers' client.
     The default registry is the product's (`stayhub`: email, CRM and the audit trail)."""
-    from services.agents import stayhub
+    from crashsafe.services.agents import stayhub
 
     await provisioned(settings)
     broker = await Broker.connect(settings.nats_url, name, access=access(settings.nats_url, Role.PROJECTOR))

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalRequested,
@@ -22,7 +22,7 @@ from contracts.run_events import (
     event_decoder,
     request_for,
 )
-from contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
 from tests.support.capabilities import signed
 
 # The events that take a step number: the fold numbers them 1, 2, 3 ... with no gap and no repeat.

@@ -13,14 +13,14 @@ from typing import Any
 import msgspec
 
 from bench.workloads import NOOP, NOOP_CONTRACT, _noop
-from contracts.catalog import AgentConfig
-from contracts.errors import ErrorInfo
-from contracts.keys import CompensationKind
-from contracts.run_events import ToolCall
-from contracts.tools import ToolContract
-from services.registry import LocalOperation, Registration, Registry, Tool
-from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.keys import CompensationKind
+from crashsafe.contracts.run_events import ToolCall
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
+from crashsafe.domain.run_state import RunState
 
 UNDO = Tool(
     msgspec.structs.replace(NOOP_CONTRACT, name="undo_noop", description="Undoes a no-op, durably."),

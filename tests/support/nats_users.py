@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from contracts.nats_permissions import Role
-from services.platform.natsd import NatsAuth, NatsCluster, NatsServer
-from services.platform.settings import NatsAccess
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.services.platform.natsd import NatsAuth, NatsCluster, NatsServer
+from crashsafe.services.platform.settings import NatsAccess
 
 _BY_URL: dict[str, NatsAuth] = {}
 

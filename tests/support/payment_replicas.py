@@ -17,22 +17,26 @@ from typing import Any
 
 import httpx
 
-from contracts.keys import action_key, input_hash, partition_of
-from contracts.nats_permissions import Role
-from contracts.streams import leases_spec
-from contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
-from contracts.tool_messages import ActionOutcome, ActionRequest, runtime_message_decoder, tool_encoder
-from services.executor.ownership import lease_decoder
-from services.platform.jetstream import Broker
-from services.platform.natsd import NatsServer
-from services.platform.settings import Settings
+from crashsafe.contracts.keys import action_key, input_hash, partition_of
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.streams import leases_spec
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from crashsafe.contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    runtime_message_decoder,
+    tool_encoder,
+)
+from crashsafe.domain.partition_ownership import lease_decoder
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.broker import ensure_streams
 from tests.support.capabilities import executor_env, signed
 from tests.support.nats_users import access
 from tests.support.paths import ROOT
 from tests.support.world import Sandbox
-
 
 PARTITIONS = DEFAULT_ACTION_PARTITIONS
 LEASE_S = Settings.lease_s  # what a replica started from the environment uses

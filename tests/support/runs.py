@@ -12,20 +12,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from contracts.errors import ErrorInfo
-from contracts.run_events import (
+from bench.workloads import registry as bench_registry
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
-    RunEvent,
     ModelAnswered,
+    RunEvent,
     RunStarted,
     ToolCall,
 )
-from bench.workloads import registry as bench_registry
-from crashsafe.replay import divergences
-from services.runtime.core.agent import Agent
-from services.runtime.core.decide import (
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.decide import (
     Append,
     AskModel,
     AwaitActions,
@@ -36,8 +35,9 @@ from services.runtime.core.decide import (
     model_asked,
     next_move,
 )
-from services.runtime.core.fold import fold_run
-from services.runtime.core.state import RunState
+from crashsafe.domain.fold import fold_run
+from crashsafe.domain.run_state import RunState
+from crashsafe.replay import divergences
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 RUN = "run_0123456789abcdef01234567"

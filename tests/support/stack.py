@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from contracts.subjects import Namespace
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack import STACK_TENANT, Stack
 from tests.support import capabilities
-from services.platform.settings import NatsAccess
 from tests.support.nats_users import creds_dir
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox

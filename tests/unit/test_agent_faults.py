@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from contracts.run_events import ActionRequested, RunHandedOff, ToolCall
-from services.runtime.core.decide import Append, AwaitActions, Idle, next_move
-from services.runtime.core.state import RunState
+from crashsafe.contracts.run_events import ActionRequested, RunHandedOff, ToolCall
+from crashsafe.domain.decide import Append, AwaitActions, Idle, next_move
+from crashsafe.domain.run_state import RunState
 from tests.support.misbehaving import MISBEHAVING, OneStep, UndoesAgain
 from tests.support.runs import Run, receipt, started
 
@@ -121,7 +121,7 @@ def test_an_ended_run_whose_agent_faults_says_so_in_its_move() -> None:
 def test_a_script_answering_tool_calls_of_the_wrong_kind_names_what_it_returned() -> None:
     class ScriptsNoneArguments(OneStep):
         def script(self, state: RunState) -> Any:
-            from services.runtime.core.agent import ScriptedStep
+            from crashsafe.domain.agent import ScriptedStep
 
             return ScriptedStep(calls=[ToolCall(call_id="c", name="noop", arguments="{}")])  # type: ignore[arg-type]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     JournalEvent,
@@ -18,8 +18,8 @@ from contracts.run_events import (
     decode_event,
     event_encoder,
 )
-from contracts.tool_messages import OutcomeStatus, Via
-from examples.analytics.core import Figures, fold, hour_of, rows, totals
+from crashsafe.contracts.tool_messages import OutcomeStatus, Via
+from crashsafe.examples.analytics.core import Figures, fold, hour_of, rows, totals
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,16 @@ from datetime import timedelta
 
 import pytest
 
-from contracts.approvals import ApprovalStatus
-from contracts.policy import Approver
-from contracts.run_events import ActionRequested, ApprovalRequested, RunCompleted, RunResumed, TurnReceived
-from services.runtime.core.approvals import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import (
+    ActionRequested,
+    ApprovalRequested,
+    RunCompleted,
+    RunResumed,
+    TurnReceived,
+)
+from crashsafe.domain.approval_flow import (
     current_status,
     decide,
     decided_event,
@@ -20,10 +26,10 @@ from services.runtime.core.approvals import (
     is_clear_yes,
     new_record,
 )
-from services.runtime.core.decide import Append, AwaitApproval, DecideApproval, approval_id_for, next_move
-from services.runtime.core.fold import fold_run, summarize
-from services.runtime.core.policy import approved as approves
-from services.runtime.core.state import RunState
+from crashsafe.domain.decide import Append, AwaitApproval, DecideApproval, approval_id_for, next_move
+from crashsafe.domain.fold import fold_run, summarize
+from crashsafe.domain.policy_engine import approved as approves
+from crashsafe.domain.run_state import RunState
 from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, booked_run, call, started
 
 pytestmark = pytest.mark.unit

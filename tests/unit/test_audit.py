@@ -15,11 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.keys import action_key, compensation_key
-from contracts.run_events import ActionCompleted, ActionRequested, RunEvent, RunCompleted, RunStarted
-from contracts.audit import Finding, ProviderEffect
-from services.agents import stayhub
-from services.reconciler.audit import audit
+from crashsafe.contracts.audit import Finding, ProviderEffect
+from crashsafe.contracts.keys import action_key, compensation_key
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    RunCompleted,
+    RunEvent,
+    RunStarted,
+)
+from crashsafe.domain.effect_audit import audit
+from crashsafe.services.agents import stayhub
 
 STAYHUB = stayhub()
 

@@ -10,13 +10,19 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.keys import action_key, compensation_key, input_hash, tool_input_hash
-from contracts.memory import GuestProfile
-from contracts.run_events import ActionCompleted, ActionRequested, PolicyDenied, RunHandedOff, ToolRejected
-from services.agents import stayhub
-from services.runtime.core.agent import ProjectionCall
-from services.runtime.core.decide import AskModel, model_answered, next_move
+from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.keys import action_key, compensation_key, input_hash, tool_input_hash
+from crashsafe.contracts.memory import GuestProfile
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    PolicyDenied,
+    RunHandedOff,
+    ToolRejected,
+)
+from crashsafe.domain.agent import ProjectionCall
+from crashsafe.domain.decide import AskModel, model_answered, next_move
+from crashsafe.services.agents import stayhub
 from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
 
 

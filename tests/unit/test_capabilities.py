@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from contracts.capabilities import (
+from crashsafe.contracts.capabilities import (
     GRACE_S,
     SIGNED_PREFIX,
     Capability,
@@ -24,8 +24,8 @@ from contracts.capabilities import (
     key_id,
     signed_bytes,
 )
-from contracts.keys import action_key, compensation_key, tool_input_hash, CompensationKind
-from contracts.run_events import (
+from crashsafe.contracts.keys import CompensationKind, action_key, compensation_key, tool_input_hash
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
@@ -34,16 +34,16 @@ from contracts.run_events import (
     RunStarted,
     request_for,
 )
-from services.runtime.core.state import RunState
-from contracts.tool_messages import (
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     OutcomeStatus,
     action_request_decoder,
     tool_encoder,
 )
-from services.runtime.core.authority import outcome_refusal, resend_terms, terms_for, to_resolve
-from services.runtime.core.fold import replay
+from crashsafe.domain.authority import outcome_refusal, resend_terms, terms_for, to_resolve
+from crashsafe.domain.fold import replay
+from crashsafe.domain.run_state import RunState
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 RUN = "run_94cb296d1a30794270b8b64f"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.console.live import StreamSlots, resume_after
+from crashsafe.services.console.live import StreamSlots, resume_after
 
 
 def test_a_reconnect_resumes_after_its_last_event_id_else_after_the_rendered_sequence() -> None:

@@ -3,17 +3,17 @@ receipt is kept, the runs filter, and every template escapes what a caller or a 
 
 from __future__ import annotations
 
-from pathlib import Path
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
 
-from contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
 from crashsafe.replay import read_export
-from services.console.app import templates
-from services.console.timeline import entry, trace_id_of
-from services.platform.run_index import RunFilter, RunRow
+from crashsafe.services.console.app import templates
+from crashsafe.services.console.timeline import entry, trace_id_of
+from crashsafe.services.platform.run_index import RunFilter, RunRow
 from tests.support.paths import ROOT
 from tests.support.runs import T0, started
 

@@ -19,11 +19,9 @@ import msgspec
 import msgspec.inspect
 import pytest
 
-import contracts
-from contracts.errors import AgentNotAllowed
-from contracts.synthetic import SyntheticTurn, synthetic_decoder, synthetic_encoder
-from contracts.capabilities import Capability
-from contracts.dead_letters import (
+import crashsafe.contracts
+from crashsafe.contracts.capabilities import Capability
+from crashsafe.contracts.dead_letters import (
     DeadLetter,
     DeadLetterMark,
     dead_letter_decoder,
@@ -31,29 +29,15 @@ from contracts.dead_letters import (
     dead_mark_decoder,
     dead_mark_encoder,
 )
-from contracts.provider_view import (
-    ProviderViewReply,
-    ProviderViewRequest,
-    provider_view_encoder,
-    provider_view_reply_decoder,
-    provider_view_request_decoder,
-)
-from contracts.support import SupportTicket, support_decoder, support_encoder
-from contracts.projections import (
-    ProjectionFailed,
-    ProjectionTask,
-    failed_decoder,
-    task_decoder,
-    task_encoder,
-)
-from contracts.errors import (
+from crashsafe.contracts.errors import (
+    AgentNotAllowed,
     BodyTooLarge,
-    CatalogRevisionGone,
-    InvalidCatalog,
     BrokerUnavailable,
+    CatalogRevisionGone,
     CrashsafeError,
     ErrorInfo,
     IdempotencyConflict,
+    InvalidCatalog,
     InvalidRequest,
     InvalidSetting,
     ModelUnavailable,
@@ -64,8 +48,14 @@ from contracts.errors import (
     UnknownAgent,
     UnprocessableBody,
 )
-from contracts.inbound import GuestMessage, InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
-from contracts.policy import (
+from crashsafe.contracts.inbound import (
+    GuestMessage,
+    InboundEvent,
+    InboundMessage,
+    inbound_decoder,
+    inbound_encoder,
+)
+from crashsafe.contracts.policy import (
     ApprovalAbove,
     OneActiveHold,
     RefundWithinPaid,
@@ -75,30 +65,46 @@ from contracts.policy import (
     rule_decoder,
     rule_encoder,
 )
-from contracts.run_events import (
+from crashsafe.contracts.projections import (
+    ProjectionFailed,
+    ProjectionTask,
+    failed_decoder,
+    task_decoder,
+    task_encoder,
+)
+from crashsafe.contracts.provider_view import (
+    ProviderViewReply,
+    ProviderViewRequest,
+    provider_view_encoder,
+    provider_view_reply_decoder,
+    provider_view_request_decoder,
+)
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
     ApprovalRequested,
     Budget,
-    PolicyDenied,
-    RunEvent,
-    TurnReceived,
     ModelAnswered,
     ModelAsked,
     ModelRejected,
+    PolicyDenied,
     RunCompleted,
+    RunEvent,
     RunHandedOff,
     RunNudged,
     RunResumed,
     RunStarted,
     ToolCall,
     ToolRejected,
+    TurnReceived,
     event_decoder,
     event_encoder,
     request_for,
 )
-from contracts.tool_messages import (
+from crashsafe.contracts.support import SupportTicket, support_decoder, support_encoder
+from crashsafe.contracts.synthetic import SyntheticTurn, synthetic_decoder, synthetic_encoder
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Evidence,
@@ -524,8 +530,8 @@ def test_an_unknown_tag_is_refused_not_guessed() -> None:
 
 
 def _contract_structs() -> Iterator[type[msgspec.Struct]]:
-    for info in pkgutil.iter_modules(contracts.__path__):
-        module = importlib.import_module(f"contracts.{info.name}")
+    for info in pkgutil.iter_modules(crashsafe.contracts.__path__):
+        module = importlib.import_module(f"crashsafe.contracts.{info.name}")
         for value in vars(module).values():
             if (
                 isinstance(value, type)

@@ -7,13 +7,19 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from contracts.dead_letters import DeadLetter
-from contracts.errors import ErrorInfo
-from contracts.projections import ProjectionTask, task_encoder
-from contracts.run_events import ActionCompleted, RunHandedOff
-from contracts.subjects import Namespace
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, RunWake, tool_encoder
-from services.platform.dead_letters import (
+from crashsafe.contracts.dead_letters import DeadLetter
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.projections import ProjectionTask, task_encoder
+from crashsafe.contracts.run_events import ActionCompleted, RunHandedOff
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import (
+    ActionOutcome,
+    ActionRequest,
+    OutcomeStatus,
+    RunWake,
+    tool_encoder,
+)
+from crashsafe.services.platform.dead_letters import (
     PAYLOAD_LIMIT,
     Refusal,
     Replan,
@@ -22,7 +28,7 @@ from services.platform.dead_letters import (
     replay_plan,
     run_of,
 )
-from services.platform.unknowns import open_unknowns
+from crashsafe.services.platform.unknowns import open_unknowns
 from tests.support.runs import RUN, T0, booked_run
 
 NS = Namespace("prod")

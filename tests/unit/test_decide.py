@@ -6,10 +6,17 @@ from datetime import timedelta
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.keys import action_key
-from contracts.run_events import ActionRequested, Budget, RunCompleted, RunHandedOff, ToolCall, ToolRejected
-from services.runtime.core.decide import (
+from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.keys import action_key
+from crashsafe.contracts.run_events import (
+    ActionRequested,
+    Budget,
+    RunCompleted,
+    RunHandedOff,
+    ToolCall,
+    ToolRejected,
+)
+from crashsafe.domain.decide import (
     Append,
     AskModel,
     AwaitActions,
@@ -18,7 +25,7 @@ from services.runtime.core.decide import (
     next_move,
     plan_calls,
 )
-from services.runtime.core.fold import fold_run
+from crashsafe.domain.fold import fold_run
 from tests.support.journals import decision_steps
 from tests.support.runs import (
     BOOK,
@@ -33,7 +40,6 @@ from tests.support.runs import (
     reply_of,
     started,
 )
-
 
 # Ended runs ---------------------------------------------------------------------------------------------------
 

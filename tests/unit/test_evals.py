@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-import msgspec
-
-from contracts.inbound import guest_message_decoder
-from contracts.run_events import HandOffReason
-from evals import checks
-from evals.checks import Observed, RunView
-from evals.runner import ModelChoice, Result, model_env, report
-from evals.scenarios import SCENARIOS, Say, ScenarioClass, select
+from crashsafe.contracts.inbound import guest_message_decoder
+from crashsafe.contracts.run_events import HandOffReason
+from crashsafe.evals import checks
+from crashsafe.evals.checks import Observed, RunView
+from crashsafe.evals.runner import ModelChoice, Result, model_env, report
+from crashsafe.evals.scenarios import SCENARIOS, Say, ScenarioClass, select
 
 
 def seen(

@@ -1,4 +1,4 @@
-"""The executor's pure decisions (services/executor/core.py): what to do with a request given what the store
+"""The executor's pure decisions (domain/execution.py): what to do with a request given what the store
 holds for its key, and what each provider answer means for a keyed write and for a read."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorInfo
-from contracts.keys import input_hash
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, RecordStatus
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.agents import stayhub
-from services.executor.core import (
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.keys import input_hash
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, RecordStatus
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.execution import (
     CallAgain,
     Conflict,
     Done,
@@ -30,6 +29,7 @@ from services.executor.core import (
     refused,
     unknown_outcome,
 )
+from crashsafe.services.agents import stayhub
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 RUN = "run_0123456789abcdef01234567"

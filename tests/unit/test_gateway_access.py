@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.active import GRACE_S, ActiveRuns, entry_deadline
-from contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
-from contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
+from crashsafe.contracts.active import GRACE_S, ActiveRuns, entry_deadline
+from crashsafe.contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
+from crashsafe.contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
 from crashsafe.operations import api_key_for
-from services.gateway.access import (
+from crashsafe.services.gateway.access import (
     Client,
     authenticate,
     parse_bearer,
@@ -21,7 +21,7 @@ from services.gateway.access import (
     require_agent,
     require_approver,
 )
-from services.gateway.quotas import Rate, TokenBuckets
+from crashsafe.services.gateway.quotas import Rate, TokenBuckets
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 KEY_ID = "0123456789abcdef"

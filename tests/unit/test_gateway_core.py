@@ -1,4 +1,4 @@
-"""The gateway's pure rules (services/gateway/core.py): which key a guest event carries, which run it lands on,
+"""The gateway's pure rules (domain/admission.py): which key a guest event carries, which run it lands on,
 and which HTTP status each error becomes. (The gateway over real HTTP: tests/e2e/test_gateway.py.)"""
 
 from __future__ import annotations
@@ -7,23 +7,23 @@ import json
 
 import pytest
 
-from contracts.errors import (
+from crashsafe.contracts.errors import (
     BodyTooLarge,
     BrokerUnavailable,
     CrashsafeError,
+    Forbidden,
     IdempotencyConflict,
     InvalidRequest,
     ModelUnavailable,
+    RateLimited,
     RunNotFound,
     RunVersionConflict,
-    Forbidden,
-    RateLimited,
     TooManyActiveRuns,
     Unauthenticated,
 )
-from contracts.inbound import MAX_BODY_BYTES, GuestMessage
-from contracts.keys import inbound_hash, run_id_for
-from services.gateway.core import UnprocessableBody, admit, conflict, status_for, too_large
+from crashsafe.contracts.inbound import MAX_BODY_BYTES, GuestMessage
+from crashsafe.contracts.keys import inbound_hash, run_id_for
+from crashsafe.domain.admission import UnprocessableBody, admit, conflict, status_for, too_large
 from tests.support.stack import guest_event
 from tests.support.world import BOOKING_TEXT
 

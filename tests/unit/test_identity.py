@@ -3,22 +3,27 @@ charge is the guest's decision; an outcome binds to its own step; replays answer
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import dataclasses
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from contracts.approvals import ApprovalStatus
-from contracts.capabilities import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.capabilities import (
     SIGNED_PREFIX,
     SIGNED_PREFIX_V2,
     Capability,
+    CapabilityIssuer,
+    CapabilityOrigin,
+    CapabilityVerifier,
+    OutcomeRefusal,
+    Refusal,
     signed_bytes,
 )
-from contracts.capabilities import CapabilityIssuer, CapabilityOrigin, CapabilityVerifier, Refusal
-from contracts.keys import (
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.keys import (
     KeyScheme,
     business_key,
     compensation_key,
@@ -28,8 +33,7 @@ from contracts.keys import (
     tool_input_hash,
     undone_by,
 )
-from contracts.errors import ErrorInfo
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -39,19 +43,15 @@ from contracts.run_events import (
     RunStarted,
     ToolRejected,
 )
-from contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, Via
-from contracts.capabilities import OutcomeRefusal
-from services.agents import stayhub
-from services.agents.booking.tools import CREATE_BOOKING, SEND_CONFIRMATION_EMAIL
-from services.executor.core import Record, Replay, classify
-from contracts.tool_messages import RecordStatus
-from services.runtime.core.authority import outcome_refusal
-from services.runtime.core.identity import RETRY_RULE, choose_key, identity_of
-from services.runtime.core.policy import Allow, Hold
-from services.runtime.core.decide import AskModel, model_answered, next_move
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, RecordStatus, Via
+from crashsafe.domain.authority import outcome_refusal
+from crashsafe.domain.decide import AskModel, model_answered, next_move
+from crashsafe.domain.execution import Record, Replay, classify
+from crashsafe.domain.identity import RETRY_RULE, choose_key, identity_of
+from crashsafe.domain.policy_engine import Allow, Hold
+from crashsafe.services.agents import stayhub
+from crashsafe.services.agents.booking.tools import CREATE_BOOKING, SEND_CONFIRMATION_EMAIL
 from tests.support.runs import BOOK, RUN, Run, call, reply_of, started
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 HOLD = {"hotel_id": "lis-1", "guest_id": "guest-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}
 # The hold as the model asks it: the guest is the server's to name (the tool's schema refuses `guest_id`).
@@ -507,7 +507,7 @@ def test_support_counts_the_refunds_it_asked_for_since_its_last_look() -> None:
 def test_an_unpaid_hold_is_released_only_by_the_run_that_made_it(maker: str, released: bool) -> None:
     """A run ending unpaid releases its hold, also when its receipt came back as the store's replay (its first
     answer was lost); a hold the store handed over from another run's receipt is that run's, and is kept."""
-    from contracts.tool_messages import Answer, Asked, Evidence
+    from crashsafe.contracts.tool_messages import Answer, Asked, Evidence
     from tests.support.runs import receipt
 
     run = Run(started())

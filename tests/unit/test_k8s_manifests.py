@@ -20,12 +20,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from contracts.nats_permissions import users
-from contracts.subjects import Namespace
-from services import registry as registries
+from crashsafe.contracts.nats_permissions import users
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain import registry as registries
 from crashsafe.operations import infra_nats_auth
-from services.platform.capability_keys import write_key_pair
-from services.platform.settings import VARIABLES, Settings
+from crashsafe.services.platform.capability_keys import write_key_pair
+from crashsafe.services.platform.settings import VARIABLES, Settings
 from tests.support.kustomize import Rendered, render
 from tests.support.paths import ROOT
 

@@ -1,4 +1,4 @@
-"""The executor's key facts (services/executor/facts.py) and the decisions over them (issue 17): a store that
+"""The executor's key facts (domain/key_facts.py) and the decisions over them (issue 17): a store that
 never saw a key decides from its facts exactly as from its own record, stale writers are refused, the in-flight
 window and the attempt count survive a move, and a provider's replay is never "this run made it"."""
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from contracts.keys import business_key, input_hash
-from contracts.tool_messages import (
+from crashsafe.contracts.keys import business_key, input_hash
+from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Answer,
@@ -17,7 +17,7 @@ from contracts.tool_messages import (
     OutcomeStatus,
     first_made_by,
 )
-from services.executor.core import (
+from crashsafe.domain.execution import (
     Conflict,
     Replay,
     Resolve,
@@ -26,7 +26,7 @@ from services.executor.core import (
     made_by_another,
     receipt_of,
 )
-from services.executor.facts import (
+from crashsafe.domain.key_facts import (
     KeyFacts,
     as_record,
     attempted,
@@ -37,11 +37,11 @@ from services.executor.facts import (
     settled,
     shared,
     stale,
+    undoes,
     undone,
     undone_record,
-    undoes,
 )
-from services.registry import ProviderAnswer
+from crashsafe.domain.registry import ProviderAnswer
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 HOLD_ARGS = {"hotel_id": "lis-1", "guest_id": "g1", "check_in": "2031-12-01", "check_out": "2031-12-03"}

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.inbound import GuestMessage
-from contracts.keys import inbound_hash, input_hash, is_run_id, partition_of, run_id_for
-from contracts.streams import (
+from crashsafe.contracts.inbound import GuestMessage
+from crashsafe.contracts.keys import inbound_hash, input_hash, is_run_id, partition_of, run_id_for
+from crashsafe.contracts.streams import (
     Retention,
     StreamSpec,
     executor_consumer,
@@ -19,7 +19,7 @@ from contracts.streams import (
     runtime_consumers,
     stream_specs,
 )
-from contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 
 MESSAGE = GuestMessage(event_id="evt-1", session_id="s-1", guest_id="g-1", text="hi")
 

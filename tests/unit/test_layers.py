@@ -5,9 +5,12 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+
 from tests.support.paths import ROOT
 
-PROJECT = {"contracts", "services", "sandbox", "crashsafe", "bench", "tests", "evals", "examples"}
+PROJECT = {"crashsafe", "bench", "tests"}
+# The source folders each importable as crashsafe.<folder> (crashsafe/<folder> links to it; docs/architecture.md).
+LINKED = ("contracts", "domain", "services", "sandbox", "evals", "examples")
 IO_LIBRARIES = {
     "nats",
     "aiosqlite",
@@ -21,92 +24,108 @@ IO_LIBRARIES = {
 
 # Who may import whom, by the longest matching package prefix (docs/architecture.md draws this table).
 MAY_IMPORT: dict[str, set[str]] = {
-    "contracts": {"contracts"},
-    "services.registry": {"contracts", "services.registry", "services.runtime.core"},
-    "services.runtime.core": {"contracts", "services.runtime.core"},
-    "services.agents": {"contracts", "services.registry", "services.runtime.core", "services.agents"},
-    "services.platform": {"contracts", "services.platform", "services.registry", "services.runtime.core"},
-    "services.runtime": {
-        "contracts",
-        "services.platform",
-        "services.registry",
-        "services.runtime",
-        "services.knowledge",
+    "crashsafe.contracts": {"crashsafe.contracts"},
+    "crashsafe.domain": {"crashsafe.contracts", "crashsafe.domain"},
+    "crashsafe.services.agents": {
+        "crashsafe.contracts",
+        "crashsafe.domain",
+        "crashsafe.services.agents",
     },
-    "services.knowledge": {"contracts", "services.knowledge"},
-    "services.executor": {"contracts", "services.platform", "services.registry", "services.executor"},
-    "services.gateway": {
-        "contracts",
-        "services.platform",
-        "services.registry",
-        "services.gateway",
-        "services.runtime.core",
-        "services.console",  # the gateway mounts the console's router
+    "crashsafe.services.platform": {
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.domain",
+    },
+    "crashsafe.services.runtime": {
+        "crashsafe.domain",
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.services.runtime",
+        "crashsafe.services.knowledge",
+    },
+    "crashsafe.services.knowledge": {
+        "crashsafe.domain",
+        "crashsafe.contracts",
+        "crashsafe.services.knowledge",
+    },
+    "crashsafe.services.executor": {
+        "crashsafe.domain",
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.services.executor",
+    },
+    "crashsafe.services.gateway": {
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.services.gateway",
+        "crashsafe.domain",
+        "crashsafe.services.console",  # the gateway mounts the console's router
     },
     # The evidence console: pages over what the gateway reads, checked with the gateway's own access rules.
-    "services.console": {
-        "contracts",
-        "services.platform",
-        "services.registry",
-        "services.console",
-        "services.gateway.access",
-        "services.gateway.core",
-        "services.gateway.quotas",  # the provider view's per-key rate: the gateway's own token buckets
-        "services.runtime.core",
-        "services.projector.plan",
-        "services.reconciler.service",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
-        "services.reconciler.replan",  # a dead projection replayed is planned again, as `projections retry` does
+    "crashsafe.services.console": {
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.services.console",
+        "crashsafe.services.gateway.access",
+        "crashsafe.domain.admission",
+        "crashsafe.services.gateway.quotas",  # the provider view's per-key rate: the gateway's own token buckets
+        "crashsafe.domain",
+        "crashsafe.domain.projection_plan",
+        "crashsafe.services.reconciler.service",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
+        "crashsafe.services.reconciler.replan",  # a dead projection replayed is planned again, as `projections retry` does
     },
-    "services.reconciler": {
-        "contracts",
-        "services.platform",
-        "services.registry",
-        "services.reconciler",
-        "services.runtime.core",
-        "services.projector.plan",
+    "crashsafe.services.reconciler": {
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.services.reconciler",
+        "crashsafe.domain",
+        "crashsafe.domain.projection_plan",
     },
-    "services.projector": {
-        "contracts",
-        "services.platform",
-        "services.registry",
-        "services.projector",
-        "services.runtime.core",
+    "crashsafe.services.projector": {
+        "crashsafe.contracts",
+        "crashsafe.services.platform",
+        "crashsafe.services.projector",
+        "crashsafe.domain",
     },
-    "sandbox": {"sandbox", "contracts"},
-    "crashsafe": {"contracts", "services", "sandbox", "crashsafe"},
+    "crashsafe.sandbox": {"crashsafe.sandbox", "crashsafe.contracts"},
+    "crashsafe": {"crashsafe.contracts", "crashsafe.services", "crashsafe.sandbox", "crashsafe"},
     # The eval suite drives the product from outside: its stack machinery, its contracts, the sandbox's ledger.
-    "evals": {"contracts", "crashsafe", "sandbox", "evals"},
+    "crashsafe.evals": {"crashsafe.contracts", "crashsafe", "crashsafe.sandbox", "crashsafe.evals"},
     # An outside reader of the public contracts: nothing of the product but `contracts` (and nats itself).
-    "examples": {"contracts", "examples"},
+    "crashsafe.examples": {"crashsafe.contracts", "crashsafe.examples"},
 }
 
 # Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
 PURE = (
-    "contracts",
-    "services.registry",
-    "services.runtime.core",
-    "services.executor.core",
-    "services.reconciler.core",
-    "services.reconciler.audit",
-    "services.reconciler.projections",
-    "services.projector.plan",
-    "services.projector.core",
-    "services.gateway.core",
-    "services.gateway.access",
-    "services.gateway.quotas",
-    "services.console.timeline",
-    "services.agents",
-    "examples.analytics.core",
+    "crashsafe.contracts",
+    "crashsafe.domain.registry",
+    "crashsafe.domain",
+    "crashsafe.domain.execution",
+    "crashsafe.domain.open_work",
+    "crashsafe.domain.effect_audit",
+    "crashsafe.domain.missing_projections",
+    "crashsafe.domain.projection_plan",
+    "crashsafe.domain.projection_rules",
+    "crashsafe.domain.admission",
+    "crashsafe.services.gateway.access",
+    "crashsafe.services.gateway.quotas",
+    "crashsafe.services.console.timeline",
+    "crashsafe.services.agents",
+    "crashsafe.examples.analytics.core",
 )
 
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] in LINKED:
+        parts.insert(0, "crashsafe")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _module_file(name: str) -> Path | None:
-    base = ROOT.joinpath(*name.split("."))
+    base = ROOT.joinpath(
+        *name.split(".")
+    )  # crashsafe/<folder> is a link, so this finds the linked folders too
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -133,7 +152,11 @@ def _imports(path: Path) -> Iterator[str]:
 
 
 def _sources(*tops: str) -> list[Path]:
-    return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))
+    """Every file of these top folders; `crashsafe` means the CLI's own files (the linked folders are named apart)."""
+    paths = (p for top in tops for p in (ROOT / top).rglob("*.py"))
+    return sorted(
+        p for p in paths if p.relative_to(ROOT).parts[:2] not in {("crashsafe", top) for top in LINKED}
+    )
 
 
 def _rule_for(module: str) -> set[str] | None:
@@ -148,15 +171,15 @@ def _within(name: str, prefixes: set[str]) -> bool:
 def test_every_product_module_has_a_layering_rule() -> None:
     orphans = [
         _module_name(p)
-        for p in _sources("contracts", "services", "sandbox", "crashsafe", "evals", "examples")
-        if _rule_for(_module_name(p)) is None and _module_name(p) != "services"
+        for p in _sources("contracts", "domain", "services", "sandbox", "crashsafe", "evals", "examples")
+        if _rule_for(_module_name(p)) is None and _module_name(p) != "crashsafe.services"
     ]
     assert not orphans, f"modules with no rule in MAY_IMPORT: {orphans}"
 
 
 def test_packages_import_only_what_their_layer_allows() -> None:
     offenders: list[str] = []
-    for path in _sources("contracts", "services", "sandbox", "crashsafe", "evals", "examples"):
+    for path in _sources("contracts", "domain", "services", "sandbox", "crashsafe", "evals", "examples"):
         module = _module_name(path)
         allowed = _rule_for(module)
         if allowed is None:
@@ -168,16 +191,11 @@ def test_packages_import_only_what_their_layer_allows() -> None:
 
 
 def test_no_service_and_no_contract_imports_the_sandbox_bench_or_tests() -> None:
-    for path in _sources("contracts", "services"):
+    outside = {"crashsafe.sandbox", "bench", "tests", "crashsafe.evals", "crashsafe.examples"}
+    for path in _sources("contracts", "domain", "services"):
         for name in _imports(path):
-            assert name.split(".")[0] not in {
-                "sandbox",
-                "bench",
-                "tests",
-                "crashsafe",
-                "evals",
-                "examples",
-            }, (
+            cli = name.startswith("crashsafe.") and name.split(".")[1] not in LINKED
+            assert not cli and not _within(name, outside), (
                 f"{_module_name(path)} imports {name}: the outside world and the tools stay outside the product"
             )
 
@@ -186,15 +204,19 @@ def test_no_service_imports_the_agents_it_runs() -> None:
     """The deployment names its agents (CRASHSAFE_REGISTRY); a service gets them passed in, never imports them."""
     for path in _sources("services"):
         module = _module_name(path)
-        if module.startswith("services.agents"):
+        if module.startswith("crashsafe.services.agents"):
             continue
-        assert not any(_within(name, {"services.agents"}) for name in _imports(path)), module
+        assert not any(_within(name, {"crashsafe.services.agents"}) for name in _imports(path)), module
 
 
 def test_contracts_and_cores_import_no_io_library() -> None:
-    roots = [p for p in _sources("contracts", "services", "examples") if _within(_module_name(p), set(PURE))]
-    assert ROOT / "services" / "executor" / "core.py" in roots
-    assert ROOT / "services" / "runtime" / "core" / "decide.py" in roots
+    roots = [
+        p
+        for p in _sources("contracts", "domain", "services", "examples")
+        if _within(_module_name(p), set(PURE))
+    ]
+    assert ROOT / "domain" / "execution.py" in roots
+    assert ROOT / "domain" / "decide.py" in roots
     # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.
     seen: dict[Path, list[str]] = {path: [_module_name(path)] for path in roots}
     queue = list(roots)
@@ -211,12 +233,12 @@ def test_contracts_and_cores_import_no_io_library() -> None:
             parts = name.split(".")
             for i in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
                 target = _module_file(".".join(parts[:i]))
-                if target is not None and target not in seen:
+                if target is not None and target.resolve() not in {s.resolve() for s in seen}:
                     seen[target] = [*chain, ".".join(parts[:i])]
                     queue.append(target)
     assert not offenders, "pure modules reach I/O libraries:\n" + "\n".join(sorted(set(offenders)))
 
 
 def test_the_walker_sees_imports_it_must() -> None:
-    seen = set(_imports(ROOT / "services" / "runtime" / "core" / "fold.py"))
-    assert "contracts.run_events" in seen and "msgspec" in seen
+    seen = set(_imports(ROOT / "domain" / "fold.py"))
+    assert "crashsafe.contracts.run_events" in seen and "msgspec" in seen

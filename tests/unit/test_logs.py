@@ -13,10 +13,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.spans import SpanName
-from services.platform import logs
-from services.platform.telemetry import export_requested
-from services.platform.tracing import context_from, span
+from crashsafe.contracts.spans import SpanName
+from crashsafe.services.platform import logs
+from crashsafe.services.platform.telemetry import export_requested
+from crashsafe.services.platform.tracing import context_from, span
 
 INCOMING = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

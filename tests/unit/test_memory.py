@@ -5,17 +5,17 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.run_events import ActionCompleted, ActionRequested
-from contracts.memory import APPLIED_KEYS_KEPT, GuestProfile, profile_decoder, profile_encoder
-from services.agents.memory import (
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.memory import APPLIED_KEYS_KEPT, GuestProfile, profile_decoder, profile_encoder
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
+from crashsafe.domain.fold import fold_run
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.agents.memory import (
     REMEMBER_PREFERENCE,
     apply_preference,
     preference_applied,
     prepare_preference,
 )
-from services.runtime.core.fold import fold_run
-from services.runtime.core.state import RunState
 from tests.support.runs import BOOKING, started
 
 ARGS = {"tenant": "acme", "guest_id": "guest-1", "name": "quiet_room", "value": "yes", "basis": "v0.0"}

@@ -9,14 +9,25 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.catalog import AgentConfig, Catalog, ModelRoute, catalog_decoder, catalog_encoder
-from contracts.policy import ApprovalAbove, OneActiveHold, RefundWithinPaid, StayWindow, ToolsAllowed
-from contracts.run_events import Budget
-from sandbox import chat as sandbox_chat
-from sandbox import scripted_model
-from services.runtime.chat_completions import MalformedAnswer, chat_messages, chat_tools, read_completion
-from services.runtime.core.catalog import builtin_catalog, validate_catalog
-from services.runtime.model import read_response
+from crashsafe.contracts.catalog import AgentConfig, Catalog, ModelRoute, catalog_decoder, catalog_encoder
+from crashsafe.contracts.policy import (
+    ApprovalAbove,
+    OneActiveHold,
+    RefundWithinPaid,
+    StayWindow,
+    ToolsAllowed,
+)
+from crashsafe.contracts.run_events import Budget
+from crashsafe.domain.catalog_check import builtin_catalog, validate_catalog
+from crashsafe.sandbox import chat as sandbox_chat
+from crashsafe.sandbox import scripted_model
+from crashsafe.services.runtime.chat_completions import (
+    MalformedAnswer,
+    chat_messages,
+    chat_tools,
+    read_completion,
+)
+from crashsafe.services.runtime.model import read_response
 from tests.support.inprocess import REGISTRY
 from tests.support.world import BOOKING_TEXT
 

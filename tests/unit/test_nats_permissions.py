@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.nats_permissions import DESTRUCTIVE, Role, user_for, users
-from contracts.subjects import Namespace
+from crashsafe.contracts.nats_permissions import DESTRUCTIVE, Role, user_for, users
+from crashsafe.contracts.subjects import Namespace
 
 # Family names that cannot collide with a fixed subject token (`action`, `lease`, the namespace).
 FAMILIES = st.sets(st.from_regex(r"fam[a-z0-9]{1,6}", fullmatch=True), min_size=1, max_size=4)

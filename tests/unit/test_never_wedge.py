@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.run_events import (
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.run_events import (
     MAX_TOOL_ARGUMENT_BYTES,
     ActionRequested,
     ApprovalRequested,
@@ -32,10 +32,8 @@ from contracts.run_events import (
     decode_event,
     event_encoder,
 )
-from services.reconciler.audit import unknown_events
-from services.reconciler.core import OpenWork, observe, overdue_actions, unsettled_unknowns
-from services.runtime.core.arguments import check_arguments, nesting_depth
-from services.runtime.core.decide import (
+from crashsafe.domain.arguments import check_arguments, nesting_depth
+from crashsafe.domain.decide import (
     MAX_FAILED_ASKS,
     Append,
     AskModel,
@@ -47,7 +45,9 @@ from services.runtime.core.decide import (
     next_move,
     plan_calls,
 )
-from services.runtime.core.fold import fold_run, replay
+from crashsafe.domain.effect_audit import unknown_events
+from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.open_work import OpenWork, observe, overdue_actions, unsettled_unknowns
 from tests.support.runs import BOOKING, RUN, T0, Run, assert_replays, booked_run, call, reply_of, started
 
 LIMITS = ArgumentLimits()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.executor.ownership import (
+from crashsafe.domain.partition_ownership import (
     Acquire,
     Holder,
     Lease,

@@ -10,12 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.approvals import ApprovalStatus
-from contracts.catalog import AgentConfig
-from contracts.errors import ErrorCode
-from contracts.keys import action_key, tool_input_hash
-from contracts.memory import GuestProfile
-from contracts.policy import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.keys import action_key, tool_input_hash
+from crashsafe.contracts.memory import GuestProfile
+from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
     RefundWithinPaid,
@@ -23,7 +23,7 @@ from contracts.policy import (
     ToolsAllowed,
     VerifiedRecipient,
 )
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionRequested,
     ApprovalDecided,
     ApprovalRequested,
@@ -33,14 +33,12 @@ from contracts.run_events import (
     RunHandedOff,
     ToolRejected,
 )
-from contracts.tools import Effect, RetryRule, ToolContract
-from services.agents.booking.tools import REFUND_PAYMENT, SEND_CONFIRMATION_EMAIL
-from services.agents.support.agent import SupportAgent
-from services.runtime.core.arguments import check_schema, parameters_of
-from services.runtime.core.decide import Append, AwaitApproval, next_move, plan_calls
-from services.runtime.core.fold import summarize
-from services.runtime.core.handoff import handoff_reply
-from services.runtime.core.policy import (
+from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
+from crashsafe.domain.arguments import check_schema, parameters_of
+from crashsafe.domain.decide import Append, AwaitApproval, next_move, plan_calls
+from crashsafe.domain.fold import summarize
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.policy_engine import (
     Allow,
     Deny,
     Hold,
@@ -49,7 +47,9 @@ from services.runtime.core.policy import (
     check_policy,
     money,
 )
-from services.runtime.core.state import RunState
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.agents.booking.tools import REFUND_PAYMENT, SEND_CONFIRMATION_EMAIL
+from crashsafe.services.agents.support.agent import SupportAgent
 from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, Run, booked_run, call, started
 
 PAY = BOOKING.tools["create_payment"]

@@ -6,10 +6,10 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts import metrics as spec
-from contracts.metrics import ALL_METRICS, MetricKind
-from services.platform import metrics
-from services.platform.probes import OK, Readiness, run_checks, verdict
+from crashsafe.contracts import metrics as spec
+from crashsafe.contracts.metrics import ALL_METRICS, MetricKind
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.probes import OK, Readiness, run_checks, verdict
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

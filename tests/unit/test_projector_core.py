@@ -1,4 +1,4 @@
-"""The projector's pure decisions (services/projector/core.py): what each delivery attempt's answer leads to under
+"""The projector's pure decisions (domain/projection_rules.py): what each delivery attempt's answer leads to under
 a retry policy, which run events plan projections, and the audit records a journal gives."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.errors import ErrorCode
-from contracts.projections import RetryPolicy
-from contracts.run_events import RunCompleted, event_encoder
-from contracts.tool_messages import Answer
-from services.projector.core import (
+from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.run_events import RunCompleted, event_encoder
+from crashsafe.contracts.tool_messages import Answer
+from crashsafe.domain.projection_rules import (
     Dead,
     Delivered,
     RetryIn,
@@ -209,10 +209,10 @@ def test_an_event_naming_another_run_is_recorded_under_the_journal_it_is_in() ->
 def test_the_runtime_marks_an_event_appended_after_its_run_ended() -> None:
     from opentelemetry.context import Context
 
-    from contracts.run_events import RunCompleted
-    from contracts.subjects import Header
-    from services.runtime.core.fold import replay
-    from services.runtime.service import _journal_headers
+    from crashsafe.contracts.run_events import RunCompleted
+    from crashsafe.contracts.subjects import Header
+    from crashsafe.domain.fold import replay
+    from crashsafe.services.runtime.service import _journal_headers
     from tests.support.runs import Run, started
 
     run = Run(started())

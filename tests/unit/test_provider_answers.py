@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.tool_messages import Answer
-from services.agents.booking.tools import CREATE_BOOKING, CREATE_PAYMENT
-from services.platform.providers import read_answer, read_lookup, retry_after_s
-from services.registry import HttpOperation
+from crashsafe.contracts.tool_messages import Answer
+from crashsafe.domain.registry import HttpOperation
+from crashsafe.services.agents.booking.tools import CREATE_BOOKING, CREATE_PAYMENT
+from crashsafe.services.platform.providers import read_answer, read_lookup, retry_after_s
 
 PAYMENT = CREATE_PAYMENT.operation
 BOOKING = CREATE_BOOKING.operation

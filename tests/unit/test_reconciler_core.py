@@ -1,4 +1,4 @@
-"""The reconciler's pure core (services/reconciler/core.py): the open-work projection folded from every journal,
+"""The reconciler's pure core (domain/open_work.py): the open-work projection folded from every journal,
 and what in it is overdue, still unknown, or stalled at a given time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -19,8 +19,8 @@ from contracts.run_events import (
     RunStarted,
     ToolCall,
 )
-from contracts.tool_messages import OutcomeStatus
-from services.reconciler.core import (
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.open_work import (
     OpenRun,
     OpenWork,
     approval_wake_due,

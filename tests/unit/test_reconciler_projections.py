@@ -1,4 +1,4 @@
-"""The reconciler's projection decisions (services/reconciler/projections.py): which ended runs are due, which
+"""The reconciler's projection decisions (domain/missing_projections.py): which ended runs are due, which
 planned tasks are lost (no receipt, or a pending receipt nobody is trying), how a run is checked again, and what
 an operator's retry plans."""
 
@@ -8,13 +8,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts.audit import FindingKind, ProviderEffect
-from contracts.keys import action_key, input_hash
-from contracts.projections import ProjectionRecord, ProjectionStatus, ProjectionTask
-from contracts.run_events import ActionCompleted, ActionRequested, Budget, RunCompleted, RunEvent, RunStarted
-from contracts.tool_messages import OutcomeStatus
-from services.reconciler.audit import audit
-from services.reconciler.projections import (
+from crashsafe.contracts.audit import FindingKind, ProviderEffect
+from crashsafe.contracts.keys import action_key, input_hash
+from crashsafe.contracts.projections import ProjectionRecord, ProjectionStatus, ProjectionTask
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    Budget,
+    RunCompleted,
+    RunEvent,
+    RunStarted,
+)
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.effect_audit import audit
+from crashsafe.domain.missing_projections import (
     EndedRuns,
     Verdict,
     audit_upto,
@@ -29,11 +36,10 @@ from services.reconciler.projections import (
     to_republish,
     verdict,
 )
-
-from services.registry import load
+from crashsafe.domain.registry import load
 
 pytestmark = pytest.mark.unit
-STAYHUB = load("services.agents:stayhub")
+STAYHUB = load("crashsafe.services.agents:stayhub")
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 GRACE, STALE, RECHECK, MAX_GAP = 60.0, 600.0, 60.0, 1800.0

@@ -1,4 +1,4 @@
-"""The registry (services/registry.py): which agents a deployment runs and the one definition of each tool.
+"""The registry (domain/registry.py): which agents a deployment runs and the one definition of each tool.
 
 Built here inside each test, not at import: what a test module builds at import time no mutant can reach."""
 
@@ -9,18 +9,18 @@ import dataclasses
 import pytest
 
 from bench.workloads import NOOP, StepsAgent
-from contracts.errors import UnknownAgent
-from services.agents import booking, stayhub
-from services.agents.booking.agent import BookingAgent
-from services.agents.booking.audit import money_rules
-from services.agents.booking.tools import CREATE_PAYMENT, TOOLS
-from services.registry import (
+from crashsafe.contracts.errors import UnknownAgent
+from crashsafe.domain.registry import (
     Registration,
     Registry,
     compensation_contracts,
     load,
     model_contracts,
 )
+from crashsafe.services.agents import booking, stayhub
+from crashsafe.services.agents.booking.agent import BookingAgent
+from crashsafe.services.agents.booking.audit import money_rules
+from crashsafe.services.agents.booking.tools import CREATE_PAYMENT, TOOLS
 
 BOOKING_TOOLS = {
     "search_hotels",
@@ -108,14 +108,14 @@ def test_a_tool_names_the_arguments_its_call_cannot_be_made_without() -> None:
 
 
 def test_a_deployment_is_loaded_by_module_and_function() -> None:
-    assert set(load("services.agents:stayhub").agents) == {"booking", "support", "synthetic"}
+    assert set(load("crashsafe.services.agents:stayhub").agents) == {"booking", "support", "synthetic"}
     assert set(load("bench.workloads:registry").agents) >= {"booking", "steps5"}
     for spec in (
-        "services.agents",
+        "crashsafe.services.agents",
         ":stayhub",
-        "services.agents:",
-        "services.agents:nobody",
-        "contracts.keys:RUN_ID",
+        "crashsafe.services.agents:",
+        "crashsafe.services.agents:nobody",
+        "crashsafe.contracts.keys:RUN_ID",
     ):
         with pytest.raises(ValueError, match="registry"):
             load(spec)

@@ -3,15 +3,13 @@ from real stacks, are replayed in tests/unit/test_replay_corpus.py)."""
 
 from __future__ import annotations
 
-
 import msgspec
 import pytest
 
-from contracts.run_events import ActionRequested
-from services.runtime.core.fold import replay
+from crashsafe.contracts.run_events import ActionRequested
+from crashsafe.domain.fold import replay
 from tests.support.journals import decision_steps
 from tests.support.runs import assert_replays, booking_model, drive, started
-
 
 # Driven runs --------------------------------------------------------------------------------------------------
 

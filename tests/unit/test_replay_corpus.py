@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.keys import CompensationKind
-from contracts.run_events import (
+from crashsafe.contracts.keys import CompensationKind
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -30,16 +30,16 @@ from contracts.run_events import (
     ToolRejected,
     decode_event,
 )
-from contracts.tool_messages import Via
+from crashsafe.contracts.tool_messages import Via
+from crashsafe.domain import registry as registries
+from crashsafe.domain.agent import Agent, Compensation
+from crashsafe.domain.fold import replay
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import Registry
+from crashsafe.domain.run_state import RunState
 from crashsafe.replay import Export, decision_of, divergences, read_export, recorded_views
-from services import registry as registries
-from services.projector.plan import plan
-from services.registry import Registry
-from services.runtime.core.agent import Agent, Compensation
-from services.runtime.core.fold import replay
-from services.runtime.core.state import RunState
-from tests.support.journals import decision_steps
 from tests.corpus.record import DELIVERED, RECEIVED_AS, VIEWS
+from tests.support.journals import decision_steps
 from tests.support.paths import GOLDEN, ROOT
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -49,7 +49,7 @@ REGISTRIES: dict[str, Registry] = {}
 
 def _registry(spec: str) -> Registry:
     if spec not in REGISTRIES:
-        REGISTRIES[spec] = registries.load(spec or "services.agents:stayhub")
+        REGISTRIES[spec] = registries.load(spec or "crashsafe.services.agents:stayhub")
     return REGISTRIES[spec]
 
 

@@ -10,11 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.catalog import AgentConfig
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.domain import registry as registries
 from crashsafe.replay import (
     BadExport,
-    decode_journal,
     ExportHeader,
+    decode_journal,
     diff_views,
     export_lines,
     read_export,
@@ -23,10 +24,9 @@ from crashsafe.replay import (
     replay_command,
     replay_events,
 )
-from services import registry as registries
 from tests.support.paths import ROOT
 
-STAYHUB = registries.load("services.agents:stayhub")
+STAYHUB = registries.load("crashsafe.services.agents:stayhub")
 
 HEADER = ExportHeader(
     run_id="run_a387ee2d1485c57a0fcc294f",
@@ -64,7 +64,7 @@ def test_a_file_that_is_not_an_export_is_refused_naming_the_line(body: bytes, wh
 
 
 def test_replay_prints_each_transition_the_status_after_it_and_the_next_move() -> None:
-    from contracts.run_events import decode_event
+    from crashsafe.contracts.run_events import decode_event
 
     events = [decode_event(e) for e in _journal()]
     full = replay_events(events, STAYHUB, None)
@@ -94,7 +94,7 @@ def test_the_diff_names_each_field_that_changed_and_each_item_added_or_gone() ->
 
 def test_a_guests_text_naming_the_export_type_is_an_event_not_a_header() -> None:
     """Hostile text in the first event cannot make the journal's own first line pass for a header."""
-    from contracts.run_events import decode_event, event_encoder
+    from crashsafe.contracts.run_events import decode_event, event_encoder
 
     first = decode_event(_journal()[0])
     forged = msgspec.structs.replace(
@@ -128,7 +128,7 @@ def test_until_takes_a_journal_position_from_one() -> None:
 
 
 def test_what_a_guest_wrote_cannot_forge_a_line_of_the_replay_or_drive_the_terminal() -> None:
-    from contracts.run_events import decode_event, event_encoder
+    from crashsafe.contracts.run_events import decode_event, event_encoder
 
     raw = _journal()
     first = decode_event(raw[0])
@@ -147,10 +147,10 @@ def test_a_batch_cut_short_by_a_crash_and_decided_again_after_the_resume_is_no_d
     journals its resume marker, then the second request: the journal the runtime really writes in that case."""
     from datetime import timedelta
 
-    from contracts.run_events import ActionRequested, RunResumed
+    from crashsafe.contracts.run_events import ActionRequested, RunResumed
+    from crashsafe.domain.decide import Append, next_move
+    from crashsafe.domain.fold import replay
     from crashsafe.replay import divergences
-    from services.runtime.core.decide import Append, next_move
-    from services.runtime.core.fold import replay
     from tests.support.runs import BOOKING, Run, call, started
 
     run = Run(started())
@@ -199,7 +199,7 @@ async def test_an_export_never_chooses_the_code_that_replays_it(
         f"from pathlib import Path\n\ndef registry():\n    Path({str(marker)!r}).write_text('ran')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("CRASHSAFE_REGISTRY", "services.agents:stayhub")
+    monkeypatch.setenv("CRASHSAFE_REGISTRY", "crashsafe.services.agents:stayhub")
     head = {"type": "crashsafe.export", "format": 1, "run_id": "", "registry": f"{module}:registry"}
     events = _journal()
     head["run_id"] = msgspec.json.decode(events[0])["run_id"]

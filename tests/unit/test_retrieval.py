@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from contracts.catalog import AgentConfig
-from contracts.run_events import ModelRejected, Passage, TurnReceived
-from contracts.errors import ErrorInfo
-from services.knowledge.library import Library, sections
-from services.runtime.core.decide import Append, model_answered, next_move
-from services.runtime.core.fold import fold_run, passages_item
-from services.runtime.core.retrieval import retrieval_query
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.run_events import ModelRejected, Passage, TurnReceived
+from crashsafe.domain.decide import Append, model_answered, next_move
+from crashsafe.domain.fold import fold_run, passages_item
+from crashsafe.domain.retrieval import retrieval_query
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.knowledge.library import Library, sections
 from tests.support.runs import BOOKING, SEARCH, T0, receipt, reply_of, started
 
 ON = AgentConfig(agent="booking", retrieval=True)

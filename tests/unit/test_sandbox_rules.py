@@ -13,9 +13,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from sandbox import scripted_model
-from sandbox.books import SqliteBooks
-from sandbox.errors import (
+from crashsafe.sandbox import scripted_model
+from crashsafe.sandbox.books import SqliteBooks
+from crashsafe.sandbox.errors import (
     ErrorCode,
     EventIdConflict,
     IdempotencyConflict,
@@ -25,9 +25,9 @@ from sandbox.errors import (
     NotFound,
     SandboxError,
 )
-from sandbox.faults import AfterCommit, ChargeFate, FaultBoard, FaultSpec, FaultTarget, Refusal
-from sandbox.ledger import HOTELS, SandboxLedger
-from sandbox.records import (
+from crashsafe.sandbox.faults import AfterCommit, ChargeFate, FaultBoard, FaultSpec, FaultTarget, Refusal
+from crashsafe.sandbox.ledger import HOTELS, SandboxLedger
+from crashsafe.sandbox.records import (
     AuditBatch,
     AuditRecordIn,
     BookingRequest,

@@ -15,10 +15,10 @@ from typing import Annotated, Any
 import msgspec
 import pytest
 
-from contracts.run_events import UnknownEvent, decode_event
 from crashsafe import contract_catalog as cat
 from crashsafe import contract_docs
 from crashsafe.contract_lock import Lock, breaking_changes, current, entry_of, merged
+from crashsafe.contracts.run_events import UnknownEvent, decode_event
 from tests.support.paths import GOLDEN, ROOT
 
 pytestmark = pytest.mark.unit

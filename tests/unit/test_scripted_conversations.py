@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import scripted_model
+from crashsafe.sandbox import scripted_model
 from tests.support.world import BOOKING_TEXT, OFFERED_TOOLS
 
 SUPPORT_TOOLS = [{"type": "function", "name": n} for n in ("find_payments", "refund_payment")]

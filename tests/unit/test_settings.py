@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.platform.settings import VARIABLES, InvalidSetting, Settings, parse_partitions
+from crashsafe.services.platform.settings import VARIABLES, InvalidSetting, Settings, parse_partitions
 from tests.support.paths import ROOT
 
 
@@ -140,7 +140,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
     s = Settings.from_env({})
-    assert s.owned_partitions == (0, 1, 2, 3) and s.registry == "services.agents:stayhub"
+    assert s.owned_partitions == (0, 1, 2, 3) and s.registry == "crashsafe.services.agents:stayhub"
     assert (s.openai_api_key, s.openai_base_url) == ("sandbox", "http://127.0.0.1:8090/v1")
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from contracts.run_events import HandOffReason, RunCompleted, RunHandedOff
-from contracts.subjects import Namespace
-from contracts.support import ticket_for
-from services.reconciler.core import OpenWork, due_tickets, observe
-from services.runtime.core.handoff import handoff_reply
+from crashsafe.contracts.run_events import HandOffReason, RunCompleted, RunHandedOff
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.support import ticket_for
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.open_work import OpenWork, due_tickets, observe
 from tests.support.runs import RUN, T0, started
 
 

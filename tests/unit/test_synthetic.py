@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionRequested,
     Budget,
     HandOffReason,
@@ -19,21 +19,21 @@ from contracts.run_events import (
     ToolRejected,
     event_encoder,
 )
-from contracts.synthetic import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
-from contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.synthetic import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.catalog_check import builtin_catalog, validate_catalog
+from crashsafe.domain.decide import Append, AskModel, model_answered, next_move, policy_unavailable
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.retrieval import policy_question
+from crashsafe.examples.analytics.core import Figures, fold
 from crashsafe.replay import divergences
-from examples.analytics.core import Figures, fold
-from services.agents import stayhub
-from services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
-from services.knowledge.library import Library
-from services.platform import metrics
-from services.platform.synthetic import judge, record, synthetic_text
-from services.projector.plan import plan
-from services.runtime.core.catalog import builtin_catalog, validate_catalog
-from services.runtime.core.decide import Append, AskModel, model_answered, next_move, policy_unavailable
-from services.runtime.core.retrieval import policy_question
-from services.runtime.fixed_model import NOT_SYNTHETIC, fixed_answer
-from services.runtime.model import read_response
+from crashsafe.services.agents import stayhub
+from crashsafe.services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
+from crashsafe.services.knowledge.library import Library
+from crashsafe.services.platform import metrics
+from crashsafe.services.platform.synthetic import judge, record, synthetic_text
+from crashsafe.services.runtime.fixed_model import NOT_SYNTHETIC, fixed_answer
+from crashsafe.services.runtime.model import read_response
 from tests.support.runs import BOOKING, T0, Run, call, receipt, reply_of, started
 
 AGENT = SyntheticAgent()

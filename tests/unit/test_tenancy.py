@@ -10,12 +10,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import ErrorInfo
-from contracts.keys import GuestScope, action_key, tool_input_hash
-from contracts.run_events import ActionRequested, Origin
-from sandbox.errors import NotFound
-from sandbox.ledger import SandboxLedger
-from sandbox.records import (
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.keys import GuestScope, action_key, tool_input_hash
+from crashsafe.contracts.run_events import ActionRequested, Origin
+from crashsafe.domain.policy_engine import Deny, check_policy
+from crashsafe.sandbox.errors import NotFound
+from crashsafe.sandbox.ledger import SandboxLedger
+from crashsafe.sandbox.records import (
     BookingRequest,
     CrmUpdateRequest,
     EmailRequest,
@@ -23,11 +24,10 @@ from sandbox.records import (
     RefundRequest,
     ReleaseRequest,
 )
-from services.agents.booking.agent import BookingAgent
-from services.agents.booking.tools import CREATE_BOOKING, REFUND_PAYMENT
-from services.agents.support.agent import SupportAgent
-from services.agents.support.tools import FIND_PAYMENTS
-from services.runtime.core.policy import Deny, check_policy
+from crashsafe.services.agents.booking.agent import BookingAgent
+from crashsafe.services.agents.booking.tools import CREATE_BOOKING, REFUND_PAYMENT
+from crashsafe.services.agents.support.agent import SupportAgent
+from crashsafe.services.agents.support.tools import FIND_PAYMENTS
 from tests.support.runs import RUN, T0, Run, started
 
 SUPPORT = SupportAgent()

@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from opentelemetry.util._once import Once
 
-from contracts.spans import SpanName
-from services.platform.tracing import (
+from crashsafe.contracts.spans import SpanName
+from crashsafe.services.platform.tracing import (
     annotate,
     context_from,
     current,

@@ -8,13 +8,13 @@ from datetime import timedelta
 
 import pytest
 
-from contracts.errors import RunInboxFull, TurnLimitReached
-from contracts.memory import SessionLane
-from contracts.run_events import TurnReceived
-from services.gateway.core import status_for
-from services.gateway.turns import INBOX_RETRY_AFTER_S, TurnCaps, counted, unread
-from services.runtime.core.fold import fold_run
-from services.runtime.core.state import RunState
+from crashsafe.contracts.errors import RunInboxFull, TurnLimitReached
+from crashsafe.contracts.memory import SessionLane
+from crashsafe.contracts.run_events import TurnReceived
+from crashsafe.domain.admission import status_for
+from crashsafe.domain.fold import fold_run
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.gateway.turns import INBOX_RETRY_AFTER_S, TurnCaps, counted, unread
 from tests.support.runs import RUN, T0, started
 
 pytestmark = pytest.mark.unit

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from services.agents.booking.agent import BookingAgent
-from services.agents.booking.audit import money_rules
-from services.agents.booking.tools import TOOLS
-from services.agents.memory import REMEMBER_PREFERENCE
-from services.registry import Registration
+from crashsafe.domain.registry import Registration
+from crashsafe.services.agents.booking.agent import BookingAgent
+from crashsafe.services.agents.booking.audit import money_rules
+from crashsafe.services.agents.booking.tools import TOOLS
+from crashsafe.services.agents.memory import REMEMBER_PREFERENCE
 
 
 def registration() -> Registration:

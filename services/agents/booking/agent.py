@@ -8,20 +8,20 @@ from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
-from contracts.catalog import AgentConfig
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.keys import CompensationKind
-from contracts.run_events import ActionCompleted, ActionRequested
-from contracts.tool_messages import OutcomeStatus, first_made_by
-from contracts.tools import ToolContract
-from contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow
-from services.agents.booking.arguments import ARGUMENT_TYPES
-from services.agents.booking.tools import TOOLS
-from services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
-from services.registry import compensation_contracts, model_contracts
-from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
-from services.runtime.core.guests import in_account
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.keys import CompensationKind
+from crashsafe.contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
+from crashsafe.contracts.tool_messages import OutcomeStatus, first_made_by
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.guest_scope import in_account
+from crashsafe.domain.registry import compensation_contracts, model_contracts
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.agents.booking.arguments import ARGUMENT_TYPES
+from crashsafe.services.agents.booking.tools import TOOLS
+from crashsafe.services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from enum import StrEnum
 
-from contracts.audit import Finding, Intent
+from crashsafe.contracts.audit import Finding, Intent
 
 
 class BookingFinding(StrEnum):

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from contracts.projections import RetryPolicy
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.agents.booking.arguments import (
+from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.arguments import parameters_of
+from crashsafe.domain.registry import HttpOperation, HttpRequest, Tool
+from crashsafe.services.agents.booking.arguments import (
     BookingRefArgs,
     CreateBookingArgs,
     RefundArgs,
     SearchHotelsArgs,
 )
-from services.registry import HttpOperation, HttpRequest, Tool
-from services.runtime.core.arguments import parameters_of
-
 
 # A money record is read by its own status: a declined charge is a refusal, a pending one is not decided yet.
 CHARGE_REFUSED = frozenset({"declined", "failed", "canceled"})

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.agents.booking.tools import REFUND_PAYMENT
-from services.agents.support.agent import SupportAgent
-from services.agents.support.tools import FIND_PAYMENTS
-from services.registry import Registration
+from crashsafe.domain.registry import Registration
+from crashsafe.services.agents.booking.tools import REFUND_PAYMENT
+from crashsafe.services.agents.support.agent import SupportAgent
+from crashsafe.services.agents.support.tools import FIND_PAYMENTS
 
 
 def registration() -> Registration:

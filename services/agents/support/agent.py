@@ -12,18 +12,18 @@ from typing import Any
 
 import msgspec
 
-from contracts.catalog import AgentConfig
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.policy import RefundWithinPaid
-from contracts.tool_messages import OutcomeStatus
-from contracts.tools import ToolContract
-from services.agents.booking.tools import REFUND_PAYMENT
-from services.agents.booking.arguments import RefundArgs
-from services.agents.support.tools import FIND_PAYMENTS, FindPaymentsArgs
-from services.registry import model_contracts
-from services.runtime.core.agent import Compensation, ProjectionCall, ScriptedStep
-from services.runtime.core.guests import in_account, owns, the_guest
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.policy import RefundWithinPaid
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.guest_scope import in_account, owns, the_guest
+from crashsafe.domain.registry import model_contracts
+from crashsafe.domain.run_state import RunState
+from crashsafe.services.agents.booking.arguments import RefundArgs
+from crashsafe.services.agents.booking.tools import REFUND_PAYMENT
+from crashsafe.services.agents.support.tools import FIND_PAYMENTS, FindPaymentsArgs
 
 INSTRUCTIONS = (
     "You are StayHub's support assistant. When a guest asks for a refund, call find_payments first, then "

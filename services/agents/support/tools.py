@@ -7,9 +7,9 @@ from typing import Annotated
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from services.registry import HttpOperation, HttpRequest, Tool
-from services.runtime.core.arguments import parameters_of
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.arguments import parameters_of
+from crashsafe.domain.registry import HttpOperation, HttpRequest, Tool
 
 
 class FindPaymentsArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

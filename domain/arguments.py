@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from contracts.errors import ErrorCode, ErrorInfo
-from contracts.run_events import ArgumentLimits
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
+from crashsafe.contracts.run_events import ArgumentLimits
 
 
 def nesting_depth(text: str, stop_at: int) -> int:

@@ -8,10 +8,10 @@ from typing import Any
 
 import msgspec
 
-from contracts.catalog import AgentConfig
-from contracts.errors import AgentFault, ErrorCode, ErrorInfo
-from contracts.keys import CompensationKind, action_key, compensation_key, tool_input_hash
-from contracts.run_events import (
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import AgentFault, ErrorCode, ErrorInfo
+from crashsafe.contracts.keys import CompensationKind, action_key, compensation_key, tool_input_hash
+from crashsafe.contracts.run_events import (
     MAX_EVENT_BYTES,
     ActionRequested,
     ApprovalRequested,
@@ -30,17 +30,17 @@ from contracts.run_events import (
     ToolCall,
     ToolRejected,
 )
-from contracts.tool_messages import OutcomeStatus
-from contracts.tools import ToolContract
-from services.runtime.core.agent import Agent, Compensation, ScriptedStep
-from services.runtime.core.approvals import guest_answer
-from services.runtime.core.arguments import check_arguments, check_schema
-from services.runtime.core.fold import fold_run
-from services.runtime.core.handoff import handoff_reply
-from services.runtime.core.identity import choose_key, handed_by_another_run
-from services.runtime.core.policy import Deny, Hold, check_asked, check_policy
-from services.runtime.core.retrieval import policy_question
-from services.runtime.core.state import RunState
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.agent import Agent, Compensation, ScriptedStep
+from crashsafe.domain.approval_flow import guest_answer
+from crashsafe.domain.arguments import check_arguments, check_schema
+from crashsafe.domain.fold import fold_run
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.identity import choose_key, handed_by_another_run
+from crashsafe.domain.policy_engine import Deny, Hold, check_asked, check_policy
+from crashsafe.domain.retrieval import policy_question
+from crashsafe.domain.run_state import RunState
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from contracts.capabilities import GRACE_S, CapabilityOrigin, OutcomeRefusal
-from contracts.run_events import ActionRequested, Origin
-from contracts.subjects import WAKE_TOKEN
-from contracts.tool_messages import ActionOutcome
-from services.runtime.core.state import RunState
+from crashsafe.contracts.capabilities import GRACE_S, CapabilityOrigin, OutcomeRefusal
+from crashsafe.contracts.run_events import ActionRequested, Origin
+from crashsafe.contracts.subjects import WAKE_TOKEN
+from crashsafe.contracts.tool_messages import ActionOutcome
+from crashsafe.domain.run_state import RunState
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.keys import ACCOUNT_ARG
-from services.runtime.core.state import RunState
+from crashsafe.contracts.keys import ACCOUNT_ARG
+from crashsafe.domain.run_state import RunState
 
 
 def in_account(state: RunState, args: dict[str, Any]) -> dict[str, Any]:

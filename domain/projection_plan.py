@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from contracts.keys import business_key, input_hash
-from contracts.projections import AUDIT_TRAIL_TOOL, ProjectionTask
-from contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
-from services.registry import Tool
-from services.runtime.core.agent import Agent
-from services.runtime.core.identity import identity_of
-from services.runtime.core.state import RunState
+from crashsafe.contracts.keys import business_key, input_hash
+from crashsafe.contracts.projections import AUDIT_TRAIL_TOOL, ProjectionTask
+from crashsafe.contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.identity import identity_of
+from crashsafe.domain.registry import Tool
+from crashsafe.domain.run_state import RunState
 
 
 def audit_key(run_id: str, upto: int) -> str:

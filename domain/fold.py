@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from contracts.approvals import ApprovalStatus
-from contracts.policy import Approver
-from contracts.run_events import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -20,23 +20,23 @@ from contracts.run_events import (
     ModelAsked,
     ModelRejected,
     Origin,
+    Passage,
     PolicyDenied,
     RunCompleted,
     RunEvent,
     RunHandedOff,
     RunNudged,
     RunResumed,
-    Passage,
     RunStarted,
     RunStatus,
     ToolRejected,
     TurnReceived,
     UnknownEvent,
 )
-from contracts.tool_messages import OutcomeStatus
-from services.runtime.core.chain import Chain
-from services.runtime.core.handoff import handoff_reply
-from services.runtime.core.state import RunState, Summary
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.chain import Chain
+from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.run_state import RunState, Summary
 
 _json = msgspec.json.Encoder(order="sorted")
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from contracts.run_events import (
+from crashsafe.contracts.keys import provider_account
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -17,9 +18,8 @@ from contracts.run_events import (
     ToolCall,
     TurnReceived,
 )
-from contracts.keys import provider_account
-from contracts.tool_messages import OutcomeStatus
-from services.runtime.core.chain import Chain
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.chain import Chain
 
 
 @dataclass(frozen=True, slots=True)

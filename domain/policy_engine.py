@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from contracts.approvals import ApprovalStatus
-from contracts.catalog import AgentConfig
-from contracts.keys import ACCOUNT_ARG
-from contracts.policy import (
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.keys import ACCOUNT_ARG
+from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
     OneActiveHold,
@@ -24,11 +24,11 @@ from contracts.policy import (
     ToolsAllowed,
     VerifiedRecipient,
 )
-from contracts.run_events import Origin
-from contracts.tool_messages import OutcomeStatus
-from contracts.tools import Effect, ToolContract
-from services.runtime.core.guests import owns
-from services.runtime.core.state import RunState
+from crashsafe.contracts.run_events import Origin
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import Effect, ToolContract
+from crashsafe.domain.guest_scope import owns
+from crashsafe.domain.run_state import RunState
 
 
 @dataclass(frozen=True, slots=True)

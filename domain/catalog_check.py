@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Protocol
 
-from contracts.catalog import AgentConfig, Catalog, ModelApi, ModelRoute
-from contracts.policy import (
+from crashsafe.contracts.catalog import AgentConfig, Catalog, ModelApi, ModelRoute
+from crashsafe.contracts.policy import (
     ApprovalAbove,
     OneActiveHold,
     RefundWithinPaid,
@@ -17,7 +17,7 @@ from contracts.policy import (
     ToolsAllowed,
     VerifiedRecipient,
 )
-from services.runtime.core.agent import Agent
+from crashsafe.domain.agent import Agent
 
 # Upper bounds past which a figure is a typo, not a choice: a week-long run, a week-long approval wait.
 MAX_STEPS = 1_000

@@ -9,10 +9,10 @@ from datetime import datetime
 
 import msgspec
 
-from contracts.approvals import ApprovalRecord, ApprovalStatus
-from contracts.policy import Approver
-from contracts.run_events import ApprovalDecided, ApprovalRequested
-from services.runtime.core.state import RunState
+from crashsafe.contracts.approvals import ApprovalRecord, ApprovalStatus
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import ApprovalDecided, ApprovalRequested
+from crashsafe.domain.run_state import RunState
 
 # A guest's message that approves: a clear yes and nothing else ("yes, but for 3 nights" is not one: it is a
 # change of the action, so it goes to the model, which asks again with the new action).

@@ -11,10 +11,10 @@ from typing import Any
 
 import msgspec
 
-from contracts.errors import ErrorCode
-from contracts.projections import RetryPolicy
-from contracts.run_events import event_id
-from contracts.tool_messages import Answer
+from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.run_events import event_id
+from crashsafe.contracts.tool_messages import Answer
 
 
 @dataclass(frozen=True, slots=True)

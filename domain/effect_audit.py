@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from contracts.audit import Finding, FindingKind, Intent, ProviderEffect
-from contracts.keys import ACCOUNT_ARG, provider_account, undone_by
-from contracts.run_events import (
+from crashsafe.contracts.audit import Finding, FindingKind, Intent, ProviderEffect
+from crashsafe.contracts.keys import ACCOUNT_ARG, provider_account, undone_by
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     JournalEvent,
@@ -16,9 +16,9 @@ from contracts.run_events import (
     RunStarted,
     UnknownEvent,
 )
-from contracts.tool_messages import OutcomeStatus
-from contracts.tools import Effect
-from services.registry import AuditRule, Tool
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import Effect
+from crashsafe.domain.registry import AuditRule, Tool
 
 
 def intents(journals: Mapping[str, Sequence[JournalEvent]]) -> dict[str, Intent]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from contracts.catalog import AgentConfig
-from contracts.errors import ErrorInfo
-from contracts.keys import CompensationKind
-from contracts.run_events import ToolCall
-from contracts.tools import ToolContract
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.keys import CompensationKind
+from crashsafe.contracts.run_events import ToolCall
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.run_state import RunState
 
 
 @dataclass(frozen=True, slots=True)

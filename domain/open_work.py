@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from contracts.run_events import (
+from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     ApprovalDecided,
@@ -15,8 +15,8 @@ from contracts.run_events import (
     RunHandedOff,
     RunStarted,
 )
-from contracts.support import SupportTicket, ticket_for
-from contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.support import SupportTicket, ticket_for
+from crashsafe.contracts.tool_messages import OutcomeStatus
 
 
 @dataclass

@@ -8,24 +8,23 @@ from typing import Any
 
 import msgspec
 
-from contracts.errors import ErrorCode, ErrorInfo, RetryClass
-from contracts.tool_messages import (
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo, RetryClass
+from crashsafe.contracts.tool_messages import (
+    ANOTHER_REQUEST,
+    FIRST_MADE_FOR,
     ActionOutcome,
     ActionRequest,
     Answer,
     Asked,
     Evidence,
     OutcomeStatus,
-    ANOTHER_REQUEST,
-    FIRST_MADE_FOR,
-    first_made_by,
-    first_made_detail,
     RecordStatus,
     Via,
+    first_made_by,
+    first_made_detail,
 )
-from contracts.tools import ToolContract
-from services.registry import ProviderAnswer
-
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.registry import ProviderAnswer
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -17,13 +17,17 @@ from enum import StrEnum
 
 import msgspec
 
-from contracts.projections import AUDIT_TRAIL_TOOL, ProjectionRecord, ProjectionStatus, ProjectionTask
-from contracts.run_events import JournalEvent
-from services.projector.plan import plan
-from services.registry import Tool
-from services.runtime.core.agent import Agent
-from services.runtime.core.fold import replay
-
+from crashsafe.contracts.projections import (
+    AUDIT_TRAIL_TOOL,
+    ProjectionRecord,
+    ProjectionStatus,
+    ProjectionTask,
+)
+from crashsafe.contracts.run_events import JournalEvent
+from crashsafe.domain.agent import Agent
+from crashsafe.domain.fold import replay
+from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.registry import Tool
 
 # A pending receipt whose next attempt is this long past (times the projection clock's scale) has nobody trying
 # it: the projector's ack wait is 30 s and its longest pause 5 minutes.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from contracts.catalog import AgentConfig
-from services.runtime.core.state import RunState
+from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.domain.run_state import RunState
 
 # The runtime's own notes to the model (a refused answer) are user messages too; they are not the guest's words.
 RUNTIME_NOTE = "(runtime)"

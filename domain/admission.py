@@ -10,29 +10,29 @@ from dataclasses import dataclass
 
 import msgspec
 
-from contracts.errors import (
+from crashsafe.contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
     BodyTooLarge,
-    SessionOfAnotherGuest,
     BrokerUnavailable,
     CrashsafeError,
     DeadLetterNotFound,
     DeadLetterSettled,
     Forbidden,
-    ReplayRefused,
     IdempotencyConflict,
     InvalidRequest,
     LeaseConflict,
-    RunNotFound,
     RateLimited,
+    ReplayRefused,
+    RunNotFound,
     RunVersionConflict,
+    SessionOfAnotherGuest,
     TurnLimitReached,
     Unauthenticated,
     UnprocessableBody,
 )
-from contracts.inbound import MAX_BODY_BYTES, GuestMessage, guest_message_decoder
-from contracts.keys import inbound_hash, run_id_for
+from crashsafe.contracts.inbound import MAX_BODY_BYTES, GuestMessage, guest_message_decoder
+from crashsafe.contracts.keys import inbound_hash, run_id_for
 
 # The one table from error to HTTP status; nothing else picks a status. Keyed by error class, not code, because
 # one wire code can need two statuses (invalid_request: 400 unreadable, 422 readable but wrong); the most

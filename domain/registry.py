@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.audit import Finding, Intent
-from contracts.errors import UnknownAgent
-from contracts.projections import RetryPolicy
-from contracts.streams import KvSpec
-from contracts.subjects import Namespace
-from contracts.tool_messages import CallAnswer, LookupAnswer
-from contracts.tools import ToolContract
-from services.runtime.core.agent import Agent
+from crashsafe.contracts.audit import Finding, Intent
+from crashsafe.contracts.errors import UnknownAgent
+from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.streams import KvSpec
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import CallAnswer, LookupAnswer
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.agent import Agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +218,9 @@ def load(spec: str) -> Registry:
     """`package.module:function` -> the Registry that function returns (CRASHSAFE_REGISTRY names the deployment's)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"registry {spec!r} must be written module:function, e.g. services.agents:stayhub")
+        raise ValueError(
+            f"registry {spec!r} must be written module:function, e.g. crashsafe.services.agents:stayhub"
+        )
     factory = getattr(importlib.import_module(module_name), attribute, None)
     if factory is None:
         raise ValueError(f"registry {spec!r}: {module_name} has no {attribute}")

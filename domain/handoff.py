@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts.run_events import HandOffReason
+from crashsafe.contracts.run_events import HandOffReason
 
 _REPLIES: dict[str, str] = {
     HandOffReason.BUDGET_STEPS: (

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.keys import undone_by
-from contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus
-from services.executor.core import Record
+from crashsafe.contracts.keys import undone_by
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus
+from crashsafe.domain.execution import Record
 
 
 class KeyFacts(msgspec.Struct, frozen=True, kw_only=True):

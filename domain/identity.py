@@ -23,15 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.approvals import ApprovalStatus
-from contracts.errors import ErrorCode
-from contracts.keys import KeyScheme, business_key
-from contracts.policy import Approver
-from contracts.run_events import Origin
-from contracts.tool_messages import OutcomeStatus, first_made_by
-from contracts.tools import Effect, KeyRule, ToolContract
-from services.runtime.core.policy import Allow, Hold
-from services.runtime.core.state import RunState
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.keys import KeyScheme, business_key
+from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import Origin
+from crashsafe.contracts.tool_messages import OutcomeStatus, first_made_by
+from crashsafe.contracts.tools import Effect, KeyRule, ToolContract
+from crashsafe.domain.policy_engine import Allow, Hold
+from crashsafe.domain.run_state import RunState
 
 # The rule a held retry names (`run.approval_requested.rule`): counted by `attempt_of` once approved.
 RETRY_RULE = "retry_after_failure"
