@@ -242,3 +242,15 @@ def test_contracts_and_cores_import_no_io_library() -> None:
 def test_the_walker_sees_imports_it_must() -> None:
     seen = set(_imports(ROOT / "domain" / "fold.py"))
     assert "crashsafe.contracts.run_events" in seen and "msgspec" in seen
+
+
+def test_the_linked_folders_are_imported_only_as_crashsafe_names() -> None:
+    """`import services...` would load a second copy of a module beside `crashsafe.services...` (issue 18)."""
+    offenders = [
+        f"{_module_name(path)} imports {name}"
+        for top in (*LINKED, "crashsafe", "bench", "tests")
+        for path in _sources(top)
+        for name in _imports(path)
+        if name.split(".")[0] in LINKED
+    ]
+    assert not offenders, "\n".join(offenders)

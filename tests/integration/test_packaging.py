@@ -1,0 +1,44 @@
+"""What `pip install` puts into site-packages: the wheel built from this tree holds `crashsafe` alone at the top."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.support.paths import ROOT
+
+
+def test_the_wheel_installs_only_the_crashsafe_namespace(tmp_path: Path) -> None:
+    """An application's own `services` or `contracts` package must never collide with ours (issue 18)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            ".",
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=120,
+    )
+    (wheel,) = tmp_path.glob("crashsafe-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"crashsafe", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    # The linked folders travel inside the namespace, with the data files the services read at run time.
+    for path in (
+        "crashsafe/domain/fold.py",
+        "crashsafe/contracts/lock.json",
+        "crashsafe/services/runtime/bootstrap.py",
+        "crashsafe/services/console/templates/base.html",
+        "crashsafe/sandbox/app.py",
+    ):
+        assert path in names, path
