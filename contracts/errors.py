@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, dataclass_transform
 
 import msgspec
 
@@ -98,30 +101,46 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     details: dict[str, Any] = {}
 
 
-def _facts(**values: Any) -> dict[str, Any]:
-    """The typed fields that are set, for the wire: an unset optional fact is left out, never sent as null."""
-    return {name: value for name, value in values.items() if value is not None}
+# A field that shapes the message or the handling but is not one of the facts `details()` sends: the caller's
+# words, the evidence kept for the outcome, a value derived from the facts.
+NOT_SENT: Mapping[str, bool] = MappingProxyType({"sent": False})
 
 
+@dataclass_transform(kw_only_default=True, eq_default=False, field_specifiers=(field,))
 class CrashsafeError(Exception):
-    """Root of every error crashsafe raises on purpose.
+    """Root of every error crashsafe raises on purpose; never raised itself (a walk of the sources checks it).
 
-    Each subclass declares its facts as typed keyword fields, writes a message that says what to do next, and
-    builds `details()` (`ErrorInfo.details` on the wire) from those fields. `**extra` is kept only so that
-    subclasses and call sites written before the typed fields (`CrashsafeError(message, key=...)`) still run;
-    new code declares fields instead."""
+    A subclass declares its facts once, as typed class-level fields: subclassing makes it a dataclass, so those
+    fields are its (keyword) constructor, and `details()` (`ErrorInfo.details` on the wire) sends the ones that
+    are set, in declared order. A field marked `metadata=NOT_SENT` is kept on the error but not sent.
+    `explain()` writes the message from the fields; a class whose caller writes it declares `message` itself."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.INVALID_REQUEST
+    code: ClassVar[ErrorCode]
     retry: ClassVar[RetryClass] = RetryClass.NONE
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    message: str
 
-    def __init__(self, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.extra = extra
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # repr stays Exception's (the message); eq stays identity, so an error stays hashable.
+        dataclass(kw_only=True, eq=False, repr=False)(cls)
+
+    def __post_init__(self) -> None:
+        self.message = self.explain()
+        super().__init__(self.message)
+
+    def explain(self) -> str:
+        """The message: what happened and what to do next. By default the caller's own words (`message`)."""
+        return self.message
+
+    @classmethod
+    def facts(cls) -> tuple[str, ...]:
+        """The names `details()` may send, in declared order: every field not marked `NOT_SENT`."""
+        return tuple(f.name for f in fields(cls) if f.metadata.get("sent", True))
 
     def details(self) -> dict[str, Any]:
-        """The error's facts as `ErrorInfo.details`: its typed fields, then any untyped extras."""
-        return dict(self.extra)
+        """The facts as `ErrorInfo.details`: an unset optional fact (None) is left out, never sent as null."""
+        return {name: value for name in self.facts() if (value := getattr(self, name)) is not None}
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(
@@ -137,37 +156,32 @@ class InvalidRequest(CrashsafeError):
 
     code = ErrorCode.INVALID_REQUEST
 
-    def __init__(self, message: str, *, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-
-    def details(self) -> dict[str, Any]:
-        return _facts(key=self.key)
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    key: str | None = None
 
 
 class UnprocessableBody(InvalidRequest):
     """Well-formed JSON whose fields are missing, unknown or of the wrong type (HTTP 422, code invalid_request)."""
 
-    def __init__(self, message: str, *, agent: str | None = None) -> None:
-        super().__init__(message)
-        self.agent = agent
-
-    def details(self) -> dict[str, Any]:
-        return _facts(agent=self.agent)
+    agent: str | None = None
 
 
 class UnknownAgent(UnprocessableBody):
     """A guest event or a run names an agent this deployment does not run (HTTP 422)."""
 
-    def __init__(self, agent: str, *, known: list[str]) -> None:
-        super().__init__(
-            f"unknown agent {agent!r}; this deployment runs {known}: pass one as ?agent=, or none for the default",
-            agent=agent[:64],
-        )
-        self.known = known
+    message: str = field(init=False, metadata=NOT_SENT)
+    agent: str = field(kw_only=False)
+    known: list[str]
 
-    def details(self) -> dict[str, Any]:
-        return super().details() | _facts(known=self.known)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.agent = self.agent[:64]  # the message names it whole; the facts keep a bounded name
+
+    def explain(self) -> str:
+        return (
+            f"unknown agent {self.agent!r}; this deployment runs {self.known}: pass one as ?agent=, or none for"
+            " the default"
+        )
 
 
 class InvalidSetting(CrashsafeError):
@@ -175,26 +189,27 @@ class InvalidSetting(CrashsafeError):
 
     code = ErrorCode.INVALID_SETTING
 
-    def __init__(self, *, variable: str, value: str, expected: str) -> None:
-        super().__init__(f"{variable}={value!r} is not usable: {expected}")
-        self.variable = variable
-        self.value = value
-        self.expected = expected
+    variable: str
+    value: str
+    expected: str
+
+    def explain(self) -> str:
+        return f"{self.variable}={self.value!r} is not usable: {self.expected}"
 
     def details(self) -> dict[str, Any]:
-        return _facts(variable=self.variable, value=self.value[:200], expected=self.expected)
+        return super().details() | {"value": self.value[:200]}  # a pasted blob is not echoed whole
 
 
 class BodyTooLarge(CrashsafeError):
+    """A body over the size limit; nothing was read further."""
+
     code = ErrorCode.BODY_TOO_LARGE
 
-    def __init__(self, *, size: int, limit: int) -> None:
-        super().__init__(f"body is {size} bytes; the limit is {limit}: send a shorter text")
-        self.size = size
-        self.limit = limit
+    size: int
+    limit: int
 
-    def details(self) -> dict[str, Any]:
-        return {"size": self.size, "limit": self.limit}
+    def explain(self) -> str:
+        return f"body is {self.size} bytes; the limit is {self.limit}: send a shorter text"
 
 
 class IdempotencyConflict(CrashsafeError):
@@ -202,26 +217,26 @@ class IdempotencyConflict(CrashsafeError):
 
     code = ErrorCode.IDEMPOTENCY_CONFLICT
 
-    def __init__(self, *, key: str, run_id: str) -> None:
-        super().__init__(
-            f"Idempotency-Key {key!r} was already used with a different body; use a new key for a new request"
-        )
-        self.key = key
-        self.run_id = run_id
+    key: str
+    run_id: str
 
-    def details(self) -> dict[str, Any]:
-        return {"key": self.key, "run_id": self.run_id}
+    def explain(self) -> str:
+        return (
+            f"Idempotency-Key {self.key!r} was already used with a different body; use a new key for a new"
+            " request"
+        )
 
 
 class RunNotFound(CrashsafeError):
+    """No run with this id (or another tenant's: the same answer); `message` may say why the id is wrong."""
+
     code = ErrorCode.RUN_NOT_FOUND
 
-    def __init__(self, message: str | None = None, *, run_id: str) -> None:
-        super().__init__(message or f"no run {run_id}; check the run_id that POST /v1/events returned")
-        self.run_id = run_id
+    message: str = field(default="", kw_only=False, metadata=NOT_SENT)
+    run_id: str
 
-    def details(self) -> dict[str, Any]:
-        return {"run_id": self.run_id}
+    def explain(self) -> str:
+        return self.message or f"no run {self.run_id}; check the run_id that POST /v1/events returned"
 
 
 # The broker and the model -------------------------------------------------------------------------------------
@@ -235,13 +250,11 @@ class RunVersionConflict(CrashsafeError):
     code = ErrorCode.RUN_VERSION_CONFLICT
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, *, subject: str, expected_seq: int) -> None:
-        super().__init__(f"{subject} moved past sequence {expected_seq}; re-fold the run and decide again")
-        self.subject = subject
-        self.expected_seq = expected_seq
+    subject: str
+    expected_seq: int
 
-    def details(self) -> dict[str, Any]:
-        return {"subject": self.subject, "expected_seq": self.expected_seq}
+    def explain(self) -> str:
+        return f"{self.subject} moved past sequence {self.expected_seq}; re-fold the run and decide again"
 
 
 class SubjectFull(CrashsafeError):
@@ -251,12 +264,10 @@ class SubjectFull(CrashsafeError):
 
     code = ErrorCode.SUBJECT_FULL
 
-    def __init__(self, *, subject: str) -> None:
-        super().__init__(f"{subject} already holds its one message; read it instead of publishing another")
-        self.subject = subject
+    subject: str
 
-    def details(self) -> dict[str, Any]:
-        return {"subject": self.subject}
+    def explain(self) -> str:
+        return f"{self.subject} already holds its one message; read it instead of publishing another"
 
 
 class BrokerUnavailable(CrashsafeError):
@@ -265,13 +276,9 @@ class BrokerUnavailable(CrashsafeError):
     code = ErrorCode.BROKER_UNAVAILABLE
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, message: str, *, subject: str | None = None, url: str | None = None) -> None:
-        super().__init__(message)
-        self.subject = subject
-        self.url = url
-
-    def details(self) -> dict[str, Any]:
-        return _facts(subject=self.subject, url=self.url)
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    subject: str | None = None
+    url: str | None = None
 
 
 class ModelUnavailable(CrashsafeError):
@@ -280,37 +287,29 @@ class ModelUnavailable(CrashsafeError):
     code = ErrorCode.MODEL_UNAVAILABLE
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, message: str, *, model: str | None = None) -> None:
-        super().__init__(
-            f"{message}; the step is asked again later (check CRASHSAFE_MODEL and OPENAI_BASE_URL)"
-        )
-        self.model = model
+    problem: str = field(kw_only=False, metadata=NOT_SENT)
+    model: str | None = None
 
-    def details(self) -> dict[str, Any]:
-        return _facts(model=self.model)
+    def explain(self) -> str:
+        return f"{self.problem}; the step is asked again later (check CRASHSAFE_MODEL and OPENAI_BASE_URL)"
 
 
 # Messages nobody can handle -----------------------------------------------------------------------------------
 
 
 class PoisonMessage(CrashsafeError):
-    """A message retrying cannot help: terminated and dead-lettered with `reason`, for a person to look at.
-
-    `**extra` carries call-site facts with no field of their own (`missing=[...]` for unusable arguments)."""
+    """A message retrying cannot help: terminated and dead-lettered with `reason`, for a person to look at."""
 
     code = ErrorCode.POISON_MESSAGE
     retry = RetryClass.POISON
 
-    def __init__(
-        self, reason: str, *, key: str | None = None, run_id: str | None = None, **extra: Any
-    ) -> None:
-        super().__init__(f"{reason}; retrying cannot help: dead-lettered, fix what published it", **extra)
-        self.reason = reason
-        self.key = key
-        self.run_id = run_id
+    reason: str = field(kw_only=False, metadata=NOT_SENT)
+    key: str | None = None
+    run_id: str | None = None
+    missing: list[str] | None = None  # the arguments a tool needs that the request lacked
 
-    def details(self) -> dict[str, Any]:
-        return _facts(key=self.key, run_id=self.run_id) | super().details()
+    def explain(self) -> str:
+        return f"{self.reason}; retrying cannot help: dead-lettered, fix what published it"
 
 
 # Partition ownership ------------------------------------------------------------------------------------------
@@ -323,17 +322,16 @@ class PartitionNotOwned(CrashsafeError):
     code = ErrorCode.PARTITION_NOT_OWNED
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, *, family: str, partition: int, key: str | None = None, why: str = "not held") -> None:
-        super().__init__(
-            f"executor {family} does not hold partition {partition} ({why}); the message comes back to its owner"
-        )
-        self.family = family
-        self.partition = partition
-        self.key = key
-        self.why = why
+    family: str
+    partition: int
+    key: str | None = None
+    why: str = "not held"
 
-    def details(self) -> dict[str, Any]:
-        return _facts(family=self.family, partition=self.partition, key=self.key, why=self.why)
+    def explain(self) -> str:
+        return (
+            f"executor {self.family} does not hold partition {self.partition} ({self.why}); the message comes"
+            " back to its owner"
+        )
 
 
 class LeaseConflict(CrashsafeError):
@@ -342,16 +340,21 @@ class LeaseConflict(CrashsafeError):
     code = ErrorCode.LEASE_CONFLICT
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, *, key: str, expected_revision: int) -> None:
-        super().__init__(f"{key} moved past revision {expected_revision}; read it again before writing")
-        self.key = key
-        self.expected_revision = expected_revision
+    key: str
+    expected_revision: int
 
-    def details(self) -> dict[str, Any]:
-        return {"key": self.key, "expected_revision": self.expected_revision}
+    def explain(self) -> str:
+        return f"{self.key} moved past revision {self.expected_revision}; read it again before writing"
 
 
 # Clients and quotas at the gateway ----------------------------------------------------------------------------
+
+_UNAUTHENTICATED_ADVICE = {
+    "missing": "send Authorization: Bearer <key> (crashsafe keys create makes one)",
+    "malformed": "the key is csk_<key_id>_<secret>, as crashsafe keys create printed it",
+    "invalid": "this key is not known; check it, or ask an operator for a new one",
+    "revoked": "this key was revoked; ask an operator for a new one",
+}
 
 
 class Unauthenticated(CrashsafeError):
@@ -360,18 +363,10 @@ class Unauthenticated(CrashsafeError):
 
     code = ErrorCode.UNAUTHENTICATED
 
-    def __init__(self, reason: str) -> None:
-        advice = {
-            "missing": "send Authorization: Bearer <key> (crashsafe keys create makes one)",
-            "malformed": "the key is csk_<key_id>_<secret>, as crashsafe keys create printed it",
-            "invalid": "this key is not known; check it, or ask an operator for a new one",
-            "revoked": "this key was revoked; ask an operator for a new one",
-        }[reason]
-        super().__init__(f"not authenticated ({reason}): {advice}")
-        self.reason = reason
+    reason: str = field(kw_only=False)
 
-    def details(self) -> dict[str, Any]:
-        return {"reason": self.reason}
+    def explain(self) -> str:
+        return f"not authenticated ({self.reason}): {_UNAUTHENTICATED_ADVICE[self.reason]}"
 
 
 class Forbidden(CrashsafeError):
@@ -379,13 +374,11 @@ class Forbidden(CrashsafeError):
 
     code = ErrorCode.FORBIDDEN
 
-    def __init__(self, *, scope: str, key_id: str) -> None:
-        super().__init__(f"key {key_id} lacks scope {scope!r}; ask an operator for a key that has it")
-        self.scope = scope
-        self.key_id = key_id
+    scope: str
+    key_id: str
 
-    def details(self) -> dict[str, Any]:
-        return {"scope": self.scope, "key_id": self.key_id}
+    def explain(self) -> str:
+        return f"key {self.key_id} lacks scope {self.scope!r}; ask an operator for a key that has it"
 
 
 class AgentNotAllowed(Forbidden):
@@ -393,34 +386,36 @@ class AgentNotAllowed(Forbidden):
     --agent`), and the synthetic turn's tenant may start only its own (a leaked probe key can search hotels, never
     book or pay)."""
 
-    def __init__(self, *, agent: str, allowed: str, tenant: str, key_id: str) -> None:
-        CrashsafeError.__init__(
-            self,
-            f"key {key_id} of tenant {tenant!r} may start only {allowed or 'no'} runs, not {agent[:64]!r}; ask an"
-            " operator for a key naming that agent (crashsafe keys create --agent)",
-        )
-        self.scope = f"agent:{agent[:64]}"
-        self.key_id = key_id
-        self.agent = agent[:64]
-        self.allowed = allowed
-        self.tenant = tenant
+    scope: str = field(
+        init=False, metadata=NOT_SENT
+    )  # `agent:<name>`, for the logs; the facts name the agent
+    agent: str
+    allowed: str
+    tenant: str
 
-    def details(self) -> dict[str, Any]:
-        return {"agent": self.agent, "allowed": self.allowed, "tenant": self.tenant, "key_id": self.key_id}
+    def __post_init__(self) -> None:
+        self.agent = self.agent[:64]
+        self.scope = f"agent:{self.agent}"
+        super().__post_init__()
+
+    def explain(self) -> str:
+        return (
+            f"key {self.key_id} of tenant {self.tenant!r} may start only {self.allowed or 'no'} runs, not"
+            f" {self.agent!r}; ask an operator for a key naming that agent (crashsafe keys create --agent)"
+        )
 
 
 class ApproverStartsRuns(Forbidden):
     """A key that may start runs (`events:write`) asked to decide an approval (HTTP 403): the key whose run asked
     for an action would approve it itself."""
 
-    def __init__(self, *, key_id: str) -> None:
-        CrashsafeError.__init__(
-            self,
-            f"key {key_id} may start runs (events:write), so it may not approve what runs hold back; decide with"
-            " a manager's key that has approvals:decide and not events:write",
+    scope: str = field(init=False, default="approvals:decide")
+
+    def explain(self) -> str:
+        return (
+            f"key {self.key_id} may start runs (events:write), so it may not approve what runs hold back; decide"
+            " with a manager's key that has approvals:decide and not events:write"
         )
-        self.scope = "approvals:decide"
-        self.key_id = key_id
 
 
 class RateLimited(CrashsafeError):
@@ -429,16 +424,19 @@ class RateLimited(CrashsafeError):
     code = ErrorCode.RATE_LIMITED
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, *, limit: str, retry_after_s: float, message: str | None = None) -> None:
-        super().__init__(
-            message
-            or f"too many requests for this {limit}; retry after {retry_after_s:.1f} s with the same body"
+    limit: str
+    retry_after_s: float
+    message: str = field(default="", metadata=NOT_SENT)
+
+    def explain(self) -> str:
+        return (
+            self.message
+            or f"too many requests for this {self.limit}; retry after {self.retry_after_s:.1f} s with the same body"
         )
-        self.limit = limit
-        self.retry_after_s = retry_after_s
 
     def details(self) -> dict[str, Any]:
-        return {"limit": self.limit, "retry_after_s": round(self.retry_after_s, 3)}
+        # Rounded on the wire only: the Retry-After header is the ceiling of the exact value.
+        return super().details() | {"retry_after_s": round(self.retry_after_s, 3)}
 
 
 class TooManyActiveRuns(RateLimited):
@@ -446,16 +444,10 @@ class TooManyActiveRuns(RateLimited):
 
     code = ErrorCode.TOO_MANY_ACTIVE_RUNS
 
-    def __init__(self, *, limit: str, cap: int, retry_after_s: float) -> None:
-        super().__init__(
-            limit=limit,
-            retry_after_s=retry_after_s,
-            message=f"this {limit} already has {cap} runs under way; send it again once one has ended",
-        )
-        self.cap = cap
+    cap: int
 
-    def details(self) -> dict[str, Any]:
-        return super().details() | {"cap": self.cap}
+    def explain(self) -> str:
+        return f"this {self.limit} already has {self.cap} runs under way; send it again once one has ended"
 
 
 class RunInboxFull(RateLimited):
@@ -464,27 +456,18 @@ class RunInboxFull(RateLimited):
 
     code = ErrorCode.RUN_INBOX_FULL
 
-    def __init__(self, *, run_id: str, session_id: str, waiting: int, cap: int, retry_after_s: float) -> None:
-        super().__init__(
-            limit="run",
-            retry_after_s=retry_after_s,
-            message=(
-                f"run {run_id} (session {session_id}) has {waiting} of your messages it has not read yet (at most "
-                f"{cap}); this one was not accepted: send it again after {retry_after_s:.0f} s with the same event_id"
-            ),
-        )
-        self.run_id = run_id
-        self.session_id = session_id
-        self.waiting = waiting
-        self.cap = cap
+    limit: str = "run"
+    run_id: str
+    session_id: str
+    waiting: int
+    cap: int
 
-    def details(self) -> dict[str, Any]:
-        return super().details() | {
-            "run_id": self.run_id,
-            "session_id": self.session_id,
-            "waiting": self.waiting,
-            "cap": self.cap,
-        }
+    def explain(self) -> str:
+        return (
+            f"run {self.run_id} (session {self.session_id}) has {self.waiting} of your messages it has not read"
+            f" yet (at most {self.cap}); this one was not accepted: send it again after"
+            f" {self.retry_after_s:.0f} s with the same event_id"
+        )
 
 
 class TurnLimitReached(CrashsafeError):
@@ -493,17 +476,16 @@ class TurnLimitReached(CrashsafeError):
 
     code = ErrorCode.TURN_LIMIT_REACHED
 
-    def __init__(self, *, run_id: str, session_id: str, cap: int) -> None:
-        super().__init__(
-            f"run {run_id} (session {session_id}) has taken {cap} messages, its most; this one was not accepted: "
-            f"wait for its reply (GET /v1/runs/{run_id}) and send it again once the run has ended"
-        )
-        self.run_id = run_id
-        self.session_id = session_id
-        self.cap = cap
+    run_id: str
+    session_id: str
+    cap: int
 
-    def details(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "session_id": self.session_id, "cap": self.cap}
+    def explain(self) -> str:
+        return (
+            f"run {self.run_id} (session {self.session_id}) has taken {self.cap} messages, its most; this one was"
+            f" not accepted: wait for its reply (GET /v1/runs/{self.run_id}) and send it again once the run has"
+            " ended"
+        )
 
 
 # Trust boundaries ---------------------------------------------------------------------------------------------
@@ -517,26 +499,18 @@ class CapabilityRefused(CrashsafeError):
     code = ErrorCode.CAPABILITY_REFUSED
     retry = RetryClass.POISON
 
-    def __init__(self, *, reason: str, key: str, tool: str, run_id: str, family: str) -> None:
-        super().__init__(
-            f"capability refused ({reason}) for {tool} with key {key}: nothing was attempted; only the runtime "
-            "signs action requests: check who published it, or that executors hold the runtime's current "
-            "verification key (CRASHSAFE_CAPABILITY_VERIFY_KEYS)"
-        )
-        self.reason = reason
-        self.key = key
-        self.tool = tool
-        self.run_id = run_id
-        self.family = family
+    reason: str
+    key: str
+    tool: str
+    run_id: str
+    family: str
 
-    def details(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "key": self.key,
-            "tool": self.tool,
-            "run_id": self.run_id,
-            "family": self.family,
-        }
+    def explain(self) -> str:
+        return (
+            f"capability refused ({self.reason}) for {self.tool} with key {self.key}: nothing was attempted; only"
+            " the runtime signs action requests: check who published it, or that executors hold the runtime's"
+            " current verification key (CRASHSAFE_CAPABILITY_VERIFY_KEYS)"
+        )
 
 
 class OutcomeRefused(CrashsafeError):
@@ -546,25 +520,17 @@ class OutcomeRefused(CrashsafeError):
     code = ErrorCode.OUTCOME_REFUSED
     retry = RetryClass.POISON
 
-    def __init__(self, *, reason: str, key: str, tool: str, run_id: str, source: str) -> None:
-        super().__init__(
-            f"outcome refused ({reason}) for {tool} with key {key} from {source!r}: not journaled; outcomes are "
-            "accepted only for journaled requests, from the family that owns the tool"
-        )
-        self.reason = reason
-        self.key = key
-        self.tool = tool
-        self.run_id = run_id
-        self.source = source
+    reason: str
+    key: str
+    tool: str
+    run_id: str
+    source: str
 
-    def details(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "key": self.key,
-            "tool": self.tool,
-            "run_id": self.run_id,
-            "source": self.source,
-        }
+    def explain(self) -> str:
+        return (
+            f"outcome refused ({self.reason}) for {self.tool} with key {self.key} from {self.source!r}: not"
+            " journaled; outcomes are accepted only for journaled requests, from the family that owns the tool"
+        )
 
 
 class StreamMissing(CrashsafeError):
@@ -573,15 +539,13 @@ class StreamMissing(CrashsafeError):
     code = ErrorCode.STREAM_MISSING
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, *, stream: str) -> None:
-        super().__init__(
-            f"stream {stream} does not exist: run `crashsafe infra apply` (as the operator) to provision the"
+    stream: str
+
+    def explain(self) -> str:
+        return (
+            f"stream {self.stream} does not exist: run `crashsafe infra apply` (as the operator) to provision the"
             " namespace's streams and buckets, then start this service again"
         )
-        self.stream = stream
-
-    def details(self) -> dict[str, Any]:
-        return {"stream": self.stream}
 
 
 class NotPermitted(CrashsafeError):
@@ -590,16 +554,14 @@ class NotPermitted(CrashsafeError):
     code = ErrorCode.NOT_PERMITTED
     retry = RetryClass.POISON
 
-    def __init__(self, *, user: str, subject: str) -> None:
-        super().__init__(
-            f"NATS user {user} may not publish to {subject}; nothing was stored. If this role should, change"
-            " contracts/nats_permissions.py and regenerate the credentials' server config"
-        )
-        self.user = user
-        self.subject = subject
+    user: str
+    subject: str
 
-    def details(self) -> dict[str, Any]:
-        return {"user": self.user, "subject": self.subject}
+    def explain(self) -> str:
+        return (
+            f"NATS user {self.user} may not publish to {self.subject}; nothing was stored. If this role should,"
+            " change contracts/nats_permissions.py and regenerate the credentials' server config"
+        )
 
 
 # Approvals ----------------------------------------------------------------------------------------------------
@@ -609,36 +571,28 @@ class ApprovalNotFound(CrashsafeError):
     """No approval with this id, or another tenant's (the same answer: HTTP 404)."""
 
     code = ErrorCode.APPROVAL_NOT_FOUND
-    retry = RetryClass.NONE
 
-    def __init__(self, *, approval_id: str) -> None:
-        super().__init__(
-            f"no approval {approval_id}; list the pending ones with GET /v1/approvals?status=pending"
-        )
-        self.approval_id = approval_id
+    approval_id: str
 
-    def details(self) -> dict[str, Any]:
-        return {"approval_id": self.approval_id}
+    def explain(self) -> str:
+        return f"no approval {self.approval_id}; list the pending ones with GET /v1/approvals?status=pending"
 
 
 class ApprovalNotPending(CrashsafeError):
     """A decision on an approval that was already decided or has expired (HTTP 409): nothing changed."""
 
     code = ErrorCode.APPROVAL_NOT_PENDING
-    retry = RetryClass.NONE
 
-    def __init__(self, *, approval_id: str, status: str, decided_by: str = "") -> None:
-        by = f" by {decided_by}" if decided_by else ""
-        super().__init__(
-            f"approval {approval_id} is {status}{by}, not pending: it can no longer be decided; a new"
+    approval_id: str
+    status: str
+    decided_by: str = ""
+
+    def explain(self) -> str:
+        by = f" by {self.decided_by}" if self.decided_by else ""
+        return (
+            f"approval {self.approval_id} is {self.status}{by}, not pending: it can no longer be decided; a new"
             " request of the action needs a new approval"
         )
-        self.approval_id = approval_id
-        self.status = status
-        self.decided_by = decided_by
-
-    def details(self) -> dict[str, Any]:
-        return _facts(approval_id=self.approval_id, status=self.status, decided_by=self.decided_by)
 
 
 class SessionOfAnotherGuest(CrashsafeError):
@@ -648,15 +602,14 @@ class SessionOfAnotherGuest(CrashsafeError):
     code = ErrorCode.SESSION_OF_ANOTHER_GUEST
     retry = RetryClass.POISON
 
-    def __init__(self, *, session_id: str, run_id: str) -> None:
-        super().__init__(
-            f"session {session_id} is in use by another guest's run {run_id}; use a session id of your own"
-        )
-        self.session_id = session_id
-        self.run_id = run_id
+    session_id: str
+    run_id: str
 
-    def details(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "run_id": self.run_id}
+    def explain(self) -> str:
+        return (
+            f"session {self.session_id} is in use by another guest's run {self.run_id}; use a session id of your"
+            " own"
+        )
 
 
 # The configuration catalog ------------------------------------------------------------------------------------
@@ -668,16 +621,15 @@ class InvalidCatalog(CrashsafeError):
     code = ErrorCode.INVALID_CATALOG
     retry = RetryClass.POISON
 
-    def __init__(self, problems: list[str], *, revision: int | None = None) -> None:
-        at = f" (revision {revision})" if revision is not None else ""
-        super().__init__(
-            f"catalog{at} is invalid: {'; '.join(problems)}; fix it and check it with `crashsafe config validate`"
-        )
-        self.problems = problems
-        self.revision = revision
+    problems: list[str] = field(kw_only=False)
+    revision: int | None = None
 
-    def details(self) -> dict[str, Any]:
-        return _facts(problems=self.problems, revision=self.revision)
+    def explain(self) -> str:
+        at = f" (revision {self.revision})" if self.revision is not None else ""
+        return (
+            f"catalog{at} is invalid: {'; '.join(self.problems)}; fix it and check it with `crashsafe config"
+            " validate`"
+        )
 
 
 class CatalogRevisionGone(CrashsafeError):
@@ -687,18 +639,16 @@ class CatalogRevisionGone(CrashsafeError):
     code = ErrorCode.CATALOG_REVISION_GONE
     retry = RetryClass.POISON
 
-    def __init__(self, *, revision: int, agent: str, run_id: str | None = None) -> None:
-        super().__init__(
-            f"catalog revision {revision} (agent {agent}) is no longer in the catalog bucket's history; the run"
-            " cannot go on under the rules it started with: hand it off (`crashsafe reconcile`) and publish less"
-            " often than the bucket's history (docs/architecture.md, the catalog)"
-        )
-        self.revision = revision
-        self.agent = agent
-        self.run_id = run_id
+    revision: int
+    agent: str
+    run_id: str | None = None
 
-    def details(self) -> dict[str, Any]:
-        return _facts(revision=self.revision, agent=self.agent, run_id=self.run_id)
+    def explain(self) -> str:
+        return (
+            f"catalog revision {self.revision} (agent {self.agent}) is no longer in the catalog bucket's history;"
+            " the run cannot go on under the rules it started with: hand it off (`crashsafe reconcile`) and"
+            " publish less often than the bucket's history (docs/architecture.md, the catalog)"
+        )
 
 
 class AgentFault(CrashsafeError):
@@ -709,17 +659,15 @@ class AgentFault(CrashsafeError):
     code = ErrorCode.AGENT_FAULT
     retry = RetryClass.POISON
 
-    def __init__(self, *, agent: str, hook: str, problem: str) -> None:
-        super().__init__(
-            f"agent {agent}'s {hook} {problem}; the run is handed to a person: fix the agent's code and "
-            "redeploy (its journal replays as it stands)"
-        )
-        self.agent = agent
-        self.hook = hook
-        self.problem = problem
+    agent: str
+    hook: str
+    problem: str
 
-    def details(self) -> dict[str, Any]:
-        return {"agent": self.agent, "hook": self.hook, "problem": self.problem}
+    def explain(self) -> str:
+        return (
+            f"agent {self.agent}'s {self.hook} {self.problem}; the run is handed to a person: fix the agent's code"
+            " and redeploy (its journal replays as it stands)"
+        )
 
 
 class DeadLetterNotFound(CrashsafeError):
@@ -727,12 +675,10 @@ class DeadLetterNotFound(CrashsafeError):
 
     code = ErrorCode.DEAD_LETTER_NOT_FOUND
 
-    def __init__(self, *, stream_seq: int) -> None:
-        super().__init__(f"no dead letter {stream_seq}; list them with `crashsafe dead-letters list`")
-        self.stream_seq = stream_seq
+    stream_seq: int
 
-    def details(self) -> dict[str, Any]:
-        return {"stream_seq": self.stream_seq}
+    def explain(self) -> str:
+        return f"no dead letter {self.stream_seq}; list them with `crashsafe dead-letters list`"
 
 
 class DeadLetterSettled(CrashsafeError):
@@ -740,14 +686,14 @@ class DeadLetterSettled(CrashsafeError):
 
     code = ErrorCode.DEAD_LETTER_SETTLED
 
-    def __init__(self, *, stream_seq: int, settled: str, by: str) -> None:
-        super().__init__(f"dead letter {stream_seq} was already {settled} by {by}; nothing was sent again")
-        self.stream_seq = stream_seq
-        self.settled = settled
-        self.by = by
+    stream_seq: int
+    settled: str
+    by: str
 
-    def details(self) -> dict[str, Any]:
-        return {"stream_seq": self.stream_seq, "settled": self.settled, "by": self.by}
+    def explain(self) -> str:
+        return (
+            f"dead letter {self.stream_seq} was already {self.settled} by {self.by}; nothing was sent again"
+        )
 
 
 class ReplayRefused(CrashsafeError):
@@ -756,10 +702,6 @@ class ReplayRefused(CrashsafeError):
 
     code = ErrorCode.REPLAY_REFUSED
 
-    def __init__(self, message: str, *, stream_seq: int, subject: str) -> None:
-        super().__init__(message)
-        self.stream_seq = stream_seq
-        self.subject = subject
-
-    def details(self) -> dict[str, Any]:
-        return {"stream_seq": self.stream_seq, "subject": self.subject}
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    stream_seq: int
+    subject: str

@@ -692,7 +692,6 @@ def test_only_a_success_or_a_failure_settles_a_key_in_the_executor_store(
             {"key": "k-1", "run_id": "run_x", "missing": ["booking_id"]},
         ),
         (lambda: PoisonMessage("undecodable"), "poison_message", "poison", {}),
-        (lambda: CrashsafeError("legacy", key="k-1"), "invalid_request", "none", {"key": "k-1"}),
         (
             lambda: InvalidCatalog(["agents.x: unknown agent"], revision=7),
             "invalid_catalog",
