@@ -530,8 +530,8 @@ def test_an_unknown_tag_is_refused_not_guessed() -> None:
 
 
 def _contract_structs() -> Iterator[type[msgspec.Struct]]:
-    for info in pkgutil.iter_modules(crashsafe.contracts.__path__):
-        module = importlib.import_module(f"crashsafe.contracts.{info.name}")
+    for info in pkgutil.walk_packages(crashsafe.contracts.__path__, prefix="crashsafe.contracts."):
+        module = importlib.import_module(info.name)
         for value in vars(module).values():
             if (
                 isinstance(value, type)
