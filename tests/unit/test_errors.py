@@ -116,7 +116,7 @@ def _error_classes() -> list[type[CrashsafeError]]:
 
 
 ERROR_CLASSES = _error_classes()
-# A fact whose any value will not do: the advice is looked up by it.
+# A fact that must be one of a few values: the message looks its advice up by it.
 SAMPLES: dict[tuple[type[CrashsafeError], str], Any] = {(Unauthenticated, "reason"): "missing"}
 
 
