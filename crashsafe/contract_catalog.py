@@ -33,8 +33,10 @@ REGISTRY = "crashsafe.services.agents:stayhub"
 
 
 def _contract_modules() -> Iterator[Any]:
-    for info in sorted(pkgutil.iter_modules(crashsafe.contracts.__path__), key=lambda i: i.name):
-        yield importlib.import_module(f"crashsafe.contracts.{info.name}")
+    """Every module of the contracts, those of its packages (`contracts/errors/`) too."""
+    found = pkgutil.walk_packages(crashsafe.contracts.__path__, prefix="crashsafe.contracts.")
+    for info in sorted(found, key=lambda i: i.name):
+        yield importlib.import_module(info.name)
 
 
 def _structs() -> list[type[msgspec.Struct]]:

@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 import uuid
+from dataclasses import field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.capabilities import CapabilityVerifier
 from crashsafe.contracts.errors import (
+    NOT_SENT,
     CapabilityRefused,
     CrashsafeError,
     ErrorCode,
@@ -99,13 +101,10 @@ class OutcomeStillUnknown(CrashsafeError):
     code = ErrorCode.OUTCOME_UNKNOWN
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, message: str, evidence: list[Evidence] | None = None, *, key: str) -> None:
-        super().__init__(message)
-        self.evidence = evidence or []
-        self.key = key
-
-    def details(self) -> dict[str, Any]:
-        return {"key": self.key}
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    # What was asked and answered on the way, for the outcome the message gets when it comes back.
+    evidence: list[Evidence] = field(default_factory=list, kw_only=False, metadata=NOT_SENT)
+    key: str
 
 
 # Metric children per tool (and outcome), made once; a provider's answer kind as the metric names it.

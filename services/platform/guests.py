@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import field
 
 import msgspec
 
-from crashsafe.contracts.errors import CrashsafeError, ErrorCode, LeaseConflict, RetryClass
+from crashsafe.contracts.errors import (
+    NOT_SENT,
+    BrokerUnavailable,
+    CrashsafeError,
+    ErrorCode,
+    LeaseConflict,
+    RetryClass,
+)
 from crashsafe.contracts.memory import GuestProfile, profile_decoder, profile_encoder
 from crashsafe.contracts.streams import guests_spec
 from crashsafe.contracts.subjects import Namespace
@@ -20,14 +27,13 @@ class ProfileUnreadable(CrashsafeError):
     code = ErrorCode.PROFILE_UNREADABLE
     retry = RetryClass.RETRY_LATER
 
-    def __init__(self, *, key: str, reason: str) -> None:
-        super().__init__(
-            f"guest profile {key} is unreadable ({reason}); rewrite it with `crashsafe guests set`"
-        )
-        self.key = key
+    key: str
+    reason: str = field(metadata=NOT_SENT)
 
-    def details(self) -> dict[str, Any]:
-        return {"key": self.key}
+    def explain(self) -> str:
+        return (
+            f"guest profile {self.key} is unreadable ({self.reason}); rewrite it with `crashsafe guests set`"
+        )
 
 
 # How many times an operator's edit re-reads the record after another writer (the memory executor) came first.
@@ -81,8 +87,9 @@ class GuestProfiles:
         """The operator's edit: the fields given change, preferences and the keys that wrote them stay. A
         compare-and-set like the executor's, so an edit never loses a preference written at the same time."""
         if self.broker is None:
-            raise CrashsafeError("guest profiles need a broker")
+            raise BrokerUnavailable("guest profiles were built without a broker; an edit needs one")
         spec, key = guests_spec(self.ns), self.ns.guest_key(tenant, guest_id)
+        revision = 0
         for _ in range(MAX_CLASHES):
             stored = await self.stored(tenant, guest_id)
             profile, revision = stored if stored is not None else (GuestProfile(guest_id=guest_id), 0)
@@ -99,4 +106,5 @@ class GuestProfiles:
             except LeaseConflict:
                 continue
             return updated
-        raise CrashsafeError(f"guest {guest_id}'s profile kept changing under the edit; try again")
+        # Every round lost to another writer: the operator's edit is retried later, never written blind.
+        raise LeaseConflict(key=key, expected_revision=revision)

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.dead_letters import DeadLetter, dead_letter_encoder
 from crashsafe.contracts.errors import (
+    NOT_SENT,
     BrokerUnavailable,
     CrashsafeError,
     ErrorCode,
@@ -93,12 +94,8 @@ class Undeliverable(CrashsafeError):
 
     code = ErrorCode.POISON_MESSAGE
 
-    def __init__(self, message: str, *, key: str) -> None:
-        super().__init__(message)
-        self.key = key
-
-    def details(self) -> dict[str, Any]:
-        return {"key": self.key}
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    key: str
 
 
 @dataclass(frozen=True, slots=True)

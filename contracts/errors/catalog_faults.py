@@ -1,0 +1,63 @@
+"""Faults of the configuration catalog and of the agents it configures: an invalid catalog, a pinned revision
+that left the bucket's history, an agent's own code that fails."""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+from crashsafe.contracts.errors.crashsafe_error import CrashsafeError, ErrorCode, RetryClass
+
+
+class InvalidCatalog(CrashsafeError):
+    """A catalog that fails validation: refused at publish, and refused at reload (the last working one stays)."""
+
+    code = ErrorCode.INVALID_CATALOG
+    retry = RetryClass.POISON
+
+    problems: list[str] = field(kw_only=False)
+    revision: int | None = None
+
+    def explain(self) -> str:
+        at = f" (revision {self.revision})" if self.revision is not None else ""
+        return (
+            f"catalog{at} is invalid: {'; '.join(self.problems)}; fix it and check it with `crashsafe config"
+            " validate`"
+        )
+
+
+class CatalogRevisionGone(CrashsafeError):
+    """A run is pinned to a catalog revision the bucket no longer holds (more publishes than its history since
+    the run started). Never answered with another revision: the run would change its rules half-way."""
+
+    code = ErrorCode.CATALOG_REVISION_GONE
+    retry = RetryClass.POISON
+
+    revision: int
+    agent: str
+    run_id: str | None = None
+
+    def explain(self) -> str:
+        return (
+            f"catalog revision {self.revision} (agent {self.agent}) is no longer in the catalog bucket's history;"
+            " the run cannot go on under the rules it started with: hand it off (`crashsafe reconcile`) and"
+            " publish less often than the bucket's history (docs/architecture.md, the catalog)"
+        )
+
+
+class AgentFault(CrashsafeError):
+    """An agent's code (`prepare`, `compensations`, `script`) raised, answered something that is not what the
+    runtime asks of it, or asked for a move that makes no progress (undo an effect already undone). Retrying
+    cannot help (the agent is pure over the journal): the run is handed off with reason `agent_fault`."""
+
+    code = ErrorCode.AGENT_FAULT
+    retry = RetryClass.POISON
+
+    agent: str
+    hook: str
+    problem: str
+
+    def explain(self) -> str:
+        return (
+            f"agent {self.agent}'s {self.hook} {self.problem}; the run is handed to a person: fix the agent's code"
+            " and redeploy (its journal replays as it stands)"
+        )
