@@ -43,9 +43,11 @@ async def _serve(args: argparse.Namespace) -> int:
         sys.exit(f"crashsafe: CRASHSAFE_REGISTRY={settings.registry!r}: {exc}")
     match args.service:
         case "gateway":
+            from crashsafe.services.console.app import console_router
             from crashsafe.services.gateway import bootstrap as gateway
 
-            await gateway.run(settings, registry, stop)
+            # The evidence console at /console, in the gateway's process: mounted here, the gateway knows no console.
+            await gateway.run(settings, registry, stop, mounted=[console_router()])
         case "runtime":
             from crashsafe.services.runtime import bootstrap as runtime
 

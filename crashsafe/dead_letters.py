@@ -9,9 +9,9 @@ from pathlib import Path
 from crashsafe.contracts.errors import CrashsafeError
 from crashsafe.domain import registry as registries
 from crashsafe.operations import settings_for
-from crashsafe.services.platform.dead_letters import DeadLetters
+from crashsafe.services.operations.dead_letters import DeadLetters
+from crashsafe.services.operations.replan import replanner
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.reconciler.replan import replanner
 
 
 async def dead_letters_command(state_dir: Path, command: str, seq: int | None, show_settled: bool) -> int:

@@ -22,6 +22,7 @@ from crashsafe.domain import registry as registries
 from crashsafe.domain.effect_audit import unknown_events
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.services.operations.audit import audit_all
 from crashsafe.services.platform.asks import reconcile_run
 from crashsafe.services.platform.clients import ClientKeys
 from crashsafe.services.platform.jetstream import Broker
@@ -31,7 +32,6 @@ from crashsafe.services.platform.natsd import NatsAuth
 from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.reconciler.service import audit_all
 from crashsafe.stack import API_KEY_FILE, SYNTHETIC_KEY_FILE, ProcessIdentity
 from crashsafe.timeline import timeline
 

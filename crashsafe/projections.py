@@ -19,8 +19,8 @@ from crashsafe.contracts.streams import projections_spec
 from crashsafe.domain import registry as registries
 from crashsafe.domain.missing_projections import STALE_S, Verdict, retried_record, verdict
 from crashsafe.operations import settings_for
+from crashsafe.services.operations.replan import replan_projection
 from crashsafe.services.platform.jetstream import Broker, KvEntry
-from crashsafe.services.reconciler.replan import replan_projection
 
 record_encoder = msgspec.json.Encoder()
 

@@ -22,8 +22,7 @@ from nats.aio.msg import Msg
 from crashsafe.contracts.errors import BrokerUnavailable
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent
 from crashsafe.contracts.subjects import Namespace, StreamKind
-from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.run_index import (
+from crashsafe.services.operations.run_index import (
     ListStats,
     RunRow,
     decoded_event,
@@ -31,6 +30,7 @@ from crashsafe.services.platform.run_index import (
     list_runs,
     parse_since,
 )
+from crashsafe.services.platform.jetstream import Broker
 
 # The listing lives in services/platform/run_index.py (the console's runs page reads it too); re-exported here.
 __all__ = ["ListStats", "RunRow", "last_per_run", "list_runs", "parse_since", "runs_list", "tail"]

@@ -31,17 +31,14 @@ from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Run
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.domain.access import Client, may_approve, require_approver
 from crashsafe.domain.admission import status_for
 from crashsafe.domain.registry import ProviderAnswer, Registry, Tool
+from crashsafe.domain.token_buckets import Rate, TokenBuckets
 from crashsafe.services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
 from crashsafe.services.console.live import head_seq
-from crashsafe.services.gateway.access import Client, may_approve, require_approver
-from crashsafe.services.gateway.quotas import Rate, TokenBuckets
-from crashsafe.services.platform import approvals as approval_decisions
-from crashsafe.services.platform import provider_views
-from crashsafe.services.platform.approvals import ApprovalRecords
-from crashsafe.services.platform.asks import reconcile_run
-from crashsafe.services.platform.dead_letters import (
+from crashsafe.services.operations.audit import audit_all
+from crashsafe.services.operations.dead_letters import (
     DeadLetters,
     Plan,
     Refusal,
@@ -51,10 +48,13 @@ from crashsafe.services.platform.dead_letters import (
     WakeKeys,
     replay_plan,
 )
+from crashsafe.services.operations.unknowns import open_unknowns
+from crashsafe.services.platform import approvals as approval_decisions
+from crashsafe.services.platform import provider_views
+from crashsafe.services.platform.approvals import ApprovalRecords
+from crashsafe.services.platform.asks import reconcile_run
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.unknowns import open_unknowns
-from crashsafe.services.reconciler.service import audit_all
 
 logger = logging.getLogger("crashsafe.console")
 

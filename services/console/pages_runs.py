@@ -22,6 +22,7 @@ from crashsafe.contracts.projections import ProjectionRecord, ProjectionStatus, 
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, RunStatus
 from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.domain.access import Client
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
@@ -42,9 +43,7 @@ from crashsafe.services.console.live import (
     stream_events,
 )
 from crashsafe.services.console.timeline import Entry, entry, trace_id_of
-from crashsafe.services.gateway.access import Client
-from crashsafe.services.platform.jetstream import Broker, StoredMessage
-from crashsafe.services.platform.run_index import (
+from crashsafe.services.operations.run_index import (
     RunFilter,
     RunRow,
     decoded_event,
@@ -52,6 +51,7 @@ from crashsafe.services.platform.run_index import (
     parse_since,
     row_of,
 )
+from crashsafe.services.platform.jetstream import Broker, StoredMessage
 
 LIMIT = 100  # runs on one page, newest first
 MAX_FILTER = 200  # characters of one filter value (ids are far shorter)

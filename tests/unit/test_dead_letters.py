@@ -19,7 +19,7 @@ from crashsafe.contracts.tool_messages import (
     RunWake,
     tool_encoder,
 )
-from crashsafe.services.platform.dead_letters import (
+from crashsafe.services.operations.dead_letters import (
     PAYLOAD_LIMIT,
     Refusal,
     Replan,
@@ -28,7 +28,7 @@ from crashsafe.services.platform.dead_letters import (
     replay_plan,
     run_of,
 )
-from crashsafe.services.platform.unknowns import open_unknowns
+from crashsafe.services.operations.unknowns import open_unknowns
 from tests.support.runs import RUN, T0, booked_run
 
 NS = Namespace("prod")

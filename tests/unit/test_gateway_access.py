@@ -12,8 +12,7 @@ import pytest
 from crashsafe.contracts.active import GRACE_S, ActiveRuns, entry_deadline
 from crashsafe.contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
 from crashsafe.contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
-from crashsafe.operations import api_key_for
-from crashsafe.services.gateway.access import (
+from crashsafe.domain.access import (
     Client,
     authenticate,
     parse_bearer,
@@ -21,7 +20,8 @@ from crashsafe.services.gateway.access import (
     require_agent,
     require_approver,
 )
-from crashsafe.services.gateway.quotas import Rate, TokenBuckets
+from crashsafe.domain.token_buckets import Rate, TokenBuckets
+from crashsafe.operations import api_key_for
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 KEY_ID = "0123456789abcdef"

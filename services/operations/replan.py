@@ -12,7 +12,7 @@ from crashsafe.domain.fold import replay
 from crashsafe.domain.missing_projections import replanned
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform.dead_letters import Replanner
+from crashsafe.services.operations.dead_letters import Replanner
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 
