@@ -33,7 +33,7 @@ from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.services.executor import service as executor_service
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.knowledge.library import Library
-from crashsafe.services.operations.audit import AuditStats, audit_all
+from crashsafe.services.operations.provider_audit import AuditStats, audit_all
 from crashsafe.services.platform.guests import GuestProfiles
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.providers import Providers

@@ -1,5 +1,5 @@
-"""What replaying a dead letter may send (services/platform/dead_letters.py `replay_plan`), and the open unknowns
-the reconciliation page lists (services/platform/unknowns.py): pure readings of a letter and of journals."""
+"""What replaying a dead letter may send (services/operations/dead_letters.py `replay_plan`), and the open unknowns
+the reconciliation page lists (services/operations/unknowns.py): pure readings of a letter and of journals."""
 
 from __future__ import annotations
 

@@ -10,11 +10,14 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from crashsafe.contracts.audit import Finding, Intent, ProviderEffect
-from crashsafe.contracts.run_events import RunStarted
+from crashsafe.contracts.provider_view import ProviderViewReply
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, JournalEvent, RunStarted
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain import missing_projections as projections
-from crashsafe.domain.effect_audit import audit, audited, intents
+from crashsafe.domain.effect_audit import audit, audited, intents, unknown_events
 from crashsafe.domain.registry import ProviderAnswer, Registry, Tool
+from crashsafe.services.platform import provider_views
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.settings import Settings
@@ -83,3 +86,57 @@ async def audit_all(
         listed_effects=len(effects) if effects is not None else None,
     )
     return findings, stats
+
+
+class ProviderViews:
+    """The audit's by-key questions asked of the executors over NATS, for a process that holds no provider
+    credential (the gateway's, where the console runs): each executor answers for its own provider."""
+
+    def __init__(self, broker: Broker, ns: Namespace) -> None:
+        self.broker = broker
+        self.ns = ns
+
+    async def lookup(
+        self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
+    ) -> ProviderAnswer:
+        reply = await provider_views.ask(self.broker, self.ns, tool, key, args or {}, timeout_s=timeout + 1)
+        kind = Answer(reply.answer) if reply.answer in {a.value for a in Answer} else Answer.UNKNOWN
+        return ProviderAnswer(kind, reply.effect, ref=reply.ref, detail=reply.detail)  # type: ignore[arg-type]
+
+
+async def unreadable_runs(broker: Broker, ns: Namespace) -> dict[str, list[str]]:
+    """Runs a newer writer journaled events for that this version cannot read, with those events' types: named
+    beside an audit, never fatal to it."""
+    return unknown_events(await RunJournal(broker, ns).read_all())
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRow:
+    """One action of a run: its request, our receipt (the last one: a late resolution replaces an unknown), and
+    what its provider answers when asked by the action's key."""
+
+    request: ActionRequested
+    receipt: ActionCompleted | None
+    provider: ProviderViewReply
+
+
+async def provider_view(
+    broker: Broker, ns: Namespace, registry: Registry, events: list[JournalEvent]
+) -> list[ViewRow]:
+    """For each action of a run's journal: what its provider answers by the action's key, beside our receipt."""
+    receipts: dict[int, ActionCompleted] = {}
+    requested: list[ActionRequested] = []
+    for event in events:
+        if isinstance(event, ActionRequested):
+            requested.append(event)
+        elif isinstance(event, ActionCompleted):
+            receipts[event.step_no] = event  # the last one: a late resolution replaces an unknown
+
+    async def view(req: ActionRequested) -> ProviderViewReply:
+        tool = registry.tools.get(req.tool)
+        if tool is None:
+            return ProviderViewReply(answer="unknown", detail=f"{req.tool} is not a tool of this deployment")
+        return await provider_views.ask(broker, ns, tool, req.key, req.args)
+
+    answers = await asyncio.gather(*(view(r) for r in requested))
+    return [ViewRow(r, receipts.get(r.step_no), a) for r, a in zip(requested, answers, strict=True)]
