@@ -81,7 +81,6 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.services.platform",
         "crashsafe.services.reconciler",
         "crashsafe.domain",
-        "crashsafe.domain.projection_plan",
     },
     "crashsafe.services.projector": {
         "crashsafe.contracts",
@@ -109,8 +108,6 @@ PURE = (
     "crashsafe.domain.projection_plan",
     "crashsafe.domain.projection_rules",
     "crashsafe.domain.admission",
-    "crashsafe.domain.access",
-    "crashsafe.domain.token_buckets",
     "crashsafe.services.console.timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",
