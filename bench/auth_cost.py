@@ -14,7 +14,7 @@ from pathlib import Path
 
 from crashsafe.contracts.clients import Scope, split_key
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.services.gateway.access import authenticate, parse_bearer
+from crashsafe.domain.access import authenticate, parse_bearer
 from crashsafe.services.platform.clients import ClientKeys
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.natsd import NatsServer

@@ -25,15 +25,15 @@ from crashsafe.contracts.projections import ProjectionStatus, record_decoder
 from crashsafe.contracts.run_events import RunCompleted, RunHandedOff
 from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.operations import api_key_for
+from crashsafe.deployment import api_key_for
 from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.sandbox.records import LedgerEntry
 from crashsafe.services.agents import stayhub
+from crashsafe.services.operations.provider_audit import audit_all
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.settings import NatsAccess, Settings
-from crashsafe.services.reconciler.service import audit_all
 from crashsafe.stack import API_KEY_FILE, NATS, ProcessIdentity
 
 T = TypeVar("T")
@@ -159,7 +159,7 @@ def start_up(
 
 
 def stop_up(up: UpStack) -> None:
-    from crashsafe.operations import down
+    from crashsafe.down import down
 
     down(up.state_dir)
     try:

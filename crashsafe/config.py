@@ -1,4 +1,7 @@
-"""`crashsafe config show|validate|publish`: the configuration catalog, as the operator sees and changes it."""
+"""`crashsafe config show|validate|publish`: the configuration catalog, as the operator sees and changes it.
+
+The catalog's store (read, publish, the stored revisions) is the runtime's, which reads it for every run's start
+(services/runtime/catalog.py); this command prints and checks what it holds."""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ import msgspec
 
 from crashsafe.contracts.catalog import Catalog
 from crashsafe.contracts.errors import InvalidCatalog
+from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
-from crashsafe.operations import settings_for
-from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.runtime.catalog import publish_catalog, read_catalog, stored_catalog
 
 _pretty = msgspec.json.Encoder(order="sorted")
@@ -46,13 +49,8 @@ def validate(state_dir: Path, path: Path) -> int:
 async def show(state_dir: Path, revision: int | None) -> int:
     settings = settings_for(state_dir)
     registry = registries.load(settings.registry)
-    broker = await Broker.connect(
-        settings.nats_url, "crashsafe-config", fail_fast=True, access=settings.nats_access
-    )
-    try:
+    async with operator_broker(settings, "crashsafe-config") as broker:
         number, catalog = await stored_catalog(broker, settings.namespace, registry, revision)
-    finally:
-        await broker.close()
     print(f"revision {number}{f' ({catalog.label})' if catalog.label else ''}", file=sys.stderr)
     print(msgspec.json.format(_pretty.encode(catalog), indent=2).decode())
     return 0
@@ -68,15 +66,11 @@ async def publish(state_dir: Path, path: Path, label: str | None) -> int:
         return _refused(exc)
     if label is not None:
         catalog = msgspec.structs.replace(catalog, label=label)
-    broker = await Broker.connect(
-        settings.nats_url, "crashsafe-config", fail_fast=True, access=settings.nats_access
-    )
-    try:
-        revision = await publish_catalog(broker, settings.namespace, registry, catalog)
-    except InvalidCatalog as exc:
-        return _refused(exc)
-    finally:
-        await broker.close()
+    async with operator_broker(settings, "crashsafe-config") as broker:
+        try:
+            revision = await publish_catalog(broker, settings.namespace, registry, catalog)
+        except InvalidCatalog as exc:
+            return _refused(exc)
     print(revision)
     print(
         f"published catalog revision {revision}: new runs take it, running ones keep the revision they started with",

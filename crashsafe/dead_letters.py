@@ -1,5 +1,5 @@
 """`crashsafe dead-letters list|replay|discard`: the console's dead-letters page, for a terminal (one home for the
-logic: services/platform/dead_letters.py)."""
+logic: services/operations/dead_letters.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,17 @@ import sys
 from pathlib import Path
 
 from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
-from crashsafe.operations import settings_for
-from crashsafe.services.platform.dead_letters import DeadLetters
-from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.reconciler.replan import replanner
+from crashsafe.services.operations.connection import operator_broker
+from crashsafe.services.operations.replan import operator_letters
 
 
 async def dead_letters_command(state_dir: Path, command: str, seq: int | None, show_settled: bool) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(
-        settings.nats_url, "crashsafe-dead-letters", fail_fast=True, access=settings.nats_access
-    )
-    try:
+    async with operator_broker(settings, "crashsafe-dead-letters") as broker:
         registry = registries.load(settings.registry)
-        letters = DeadLetters(broker, settings.namespace, replanner(broker, settings.namespace, registry))
+        letters = operator_letters(broker, settings.namespace, registry)
         if command == "list":
             listed = [s for s in await letters.list() if show_settled or s.mark is None]
             for s in listed:
@@ -47,5 +43,3 @@ async def dead_letters_command(state_dir: Path, command: str, seq: int | None, s
             print(f"crashsafe: {exc.message}", file=sys.stderr)
             return 1
         return 0
-    finally:
-        await broker.close()

@@ -7,20 +7,15 @@ from pathlib import Path
 
 import msgspec
 
-from crashsafe.operations import settings_for
-from crashsafe.services.platform.guests import GuestProfiles
-from crashsafe.services.platform.jetstream import Broker
+from crashsafe.deployment import settings_for
+from crashsafe.services.operations.connection import operator_broker
+from crashsafe.services.operations.guest_profiles import guest_profile, set_guest_identity
 
 
 async def guests_show(state_dir: Path, tenant: str, guest_id: str) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(
-        settings.nats_url, "crashsafe-guests", fail_fast=True, access=settings.nats_access
-    )
-    try:
-        stored = await GuestProfiles(broker, settings.namespace).stored(tenant, guest_id)
-    finally:
-        await broker.close()
+    async with operator_broker(settings, "crashsafe-guests") as broker:
+        stored = await guest_profile(broker, settings.namespace, tenant, guest_id)
     if stored is None:
         print(f"no profile for guest {guest_id} of tenant {tenant}")
         return 1
@@ -40,15 +35,10 @@ async def guests_set(
     manager: str | None,
 ) -> int:
     settings = settings_for(state_dir)
-    broker = await Broker.connect(
-        settings.nats_url, "crashsafe-guests", fail_fast=True, access=settings.nats_access
-    )
-    try:
-        profile = await GuestProfiles(broker, settings.namespace).set_identity(
-            tenant, guest_id, verified_email=email, corporate=corporate, manager=manager
+    async with operator_broker(settings, "crashsafe-guests") as broker:
+        profile = await set_guest_identity(
+            broker, settings.namespace, tenant, guest_id, email=email, corporate=corporate, manager=manager
         )
-    finally:
-        await broker.close()
     print(
         f"guest {guest_id} of tenant {tenant}: email {profile.verified_email or '-'}"
         f"{'  corporate, manager ' + profile.manager if profile.corporate else ''}"

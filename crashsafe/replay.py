@@ -49,6 +49,7 @@ from crashsafe.contracts.run_events import (
     decode_event,
 )
 from crashsafe.contracts.subjects import StreamKind
+from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
 from crashsafe.domain.agent import Agent
 from crashsafe.domain.decide import (
@@ -68,8 +69,7 @@ from crashsafe.domain.fold import fold_run, summarize
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.run_state import RunState
-from crashsafe.operations import settings_for
-from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.timeline import describe
@@ -558,10 +558,7 @@ def recorded_views(journal: Sequence[JournalEvent]) -> dict[str, Any]:
 
 async def read_run(settings: Settings, registry: Registry, run_id: str) -> Export | None:
     """The run's export as a deployment holds it (None: no such run): raw events, the pinned configuration."""
-    broker = await Broker.connect(
-        settings.nats_url, "crashsafe-replay", fail_fast=True, access=settings.nats_access
-    )
-    try:
+    async with operator_broker(settings, "crashsafe-replay") as broker:
         ns = settings.namespace
         stored = await broker.read_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
         if not stored:
@@ -581,8 +578,6 @@ async def read_run(settings: Settings, registry: Registry, run_id: str) -> Expor
                 config = (
                     None  # as the runtime does: it hands the run off and decides under the built-in config
                 )
-    finally:
-        await broker.close()
     header = ExportHeader(run_id=run_id, catalog_revision=revision, config=config, registry=settings.registry)
     return Export(header, raw)
 

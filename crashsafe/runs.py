@@ -1,6 +1,7 @@
-"""`crashsafe runs list` and `crashsafe tail`: the runs of a namespace at a glance, and its events as they happen.
+"""`crashsafe runs list|show` and `crashsafe tail`: the runs of a namespace at a glance, one run's journal as a
+timeline, and its events as they happen.
 
-`runs list` prints what services/platform/run_index.py lists (by index before any journal is read whole; see
+`runs list` prints what services/operations/run_index.py lists (by index before any journal is read whole; see
 there for its cost), the listing the console's runs page shows too.
 """
 
@@ -14,16 +15,21 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
 
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
+from rich.console import Console
 
 from crashsafe.contracts.errors import BrokerUnavailable
-from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent
+from crashsafe.contracts.run_events import JournalEvent, RunEvent, RunStarted, UnknownEvent
 from crashsafe.contracts.subjects import Namespace, StreamKind
-from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.run_index import (
+from crashsafe.deployment import settings_for
+from crashsafe.domain.fold import replay, summarize
+from crashsafe.services.operations.connection import operator_broker
+from crashsafe.services.operations.run_index import (
     ListStats,
     RunRow,
     decoded_event,
@@ -31,9 +37,21 @@ from crashsafe.services.platform.run_index import (
     list_runs,
     parse_since,
 )
+from crashsafe.services.operations.run_journals import run_journal
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.timeline import timeline
 
-# The listing lives in services/platform/run_index.py (the console's runs page reads it too); re-exported here.
-__all__ = ["ListStats", "RunRow", "last_per_run", "list_runs", "parse_since", "runs_list", "tail"]
+# The listing lives in services/operations/run_index.py (the console's runs page reads it too); re-exported here.
+__all__ = [
+    "ListStats",
+    "RunRow",
+    "last_per_run",
+    "list_runs",
+    "parse_since",
+    "runs_list",
+    "runs_show",
+    "tail",
+]
 
 
 def _table(rows: Iterable[RunRow]) -> str:
@@ -57,9 +75,7 @@ def _table(rows: Iterable[RunRow]) -> str:
 
 
 async def runs_list(
-    broker: Broker,
-    ns: Namespace,
-    *,
+    state_dir: Path,
     status: str | None,
     guest: str | None,
     since: str | None,
@@ -67,9 +83,16 @@ async def runs_list(
     limit: int,
     stats: bool = False,
 ) -> int:
-    rows, read = await list_runs(
-        broker, ns, status=status, guest=guest, since=parse_since(since) if since else None, limit=limit
-    )
+    settings = settings_for(state_dir)
+    async with operator_broker(settings, "crashsafe-cli") as broker:
+        rows, read = await list_runs(
+            broker,
+            settings.namespace,
+            status=status,
+            guest=guest,
+            since=parse_since(since) if since else None,
+            limit=limit,
+        )
     if as_json:
         for row in rows:
             print(json.dumps(row.to_json()))
@@ -166,7 +189,21 @@ class Tail:
         self.printed += 1
 
 
-async def tail(broker: Broker, ns: Namespace, where: TailFilter, as_json: bool, since: str | None) -> int:
+async def tail(
+    state_dir: Path,
+    run_id: str | None,
+    session_id: str | None,
+    types: list[str],
+    as_json: bool,
+    since: str | None,
+) -> int:
+    settings = settings_for(state_dir)
+    where = TailFilter(run_id=run_id, session_id=session_id, types=tuple(types))
+    async with operator_broker(settings, "crashsafe-tail") as broker:
+        return await _follow(broker, settings.namespace, where, as_json, since)
+
+
+async def _follow(broker: Broker, ns: Namespace, where: TailFilter, as_json: bool, since: str | None) -> int:
     """Print matching events until SIGINT or SIGTERM: a run's from its start (`--run`), else from now
     (`--since` reaches back)."""
     stop = asyncio.Event()
@@ -185,4 +222,40 @@ async def tail(broker: Broker, ns: Namespace, where: TailFilter, as_json: bool, 
     except (nats.errors.Error, TimeoutError) as exc:
         raise BrokerUnavailable(f"cannot follow {subject}: {exc}; check that NATS runs") from exc
     await stop.wait()
+    return 0
+
+
+# runs show -------------------------------------------------------------------------------------------------------
+
+
+async def runs_show(state_dir: Path, run_id: str, as_json: bool) -> int:
+    settings = settings_for(state_dir)
+    async with operator_broker(settings, "crashsafe-cli") as broker:
+        events = await run_journal(broker, settings.namespace, run_id)
+    console = Console()
+    if not events:
+        # One plain line on stderr: a console would wrap it at the terminal's width.
+        print(
+            f"crashsafe: no run {run_id} in namespace {settings.namespace.name} at {settings.nats_url}",
+            file=sys.stderr,
+        )
+        return 1
+    if as_json:
+        for seq, event in events:
+            body = (
+                msgspec.json.decode(event.data)
+                if isinstance(event, UnknownEvent)
+                else msgspec.to_builtins(event)
+            )
+            print(json.dumps({"seq": seq, **body}))
+        return 0
+    # The timeline names an event type it does not know by its class; the note below says which tag it was.
+    console.print(timeline(cast(list[tuple[int, RunEvent]], events), title=f"run {run_id}"))
+    unknown = sorted({e.type for _, e in events if isinstance(e, UnknownEvent)})
+    if unknown:
+        console.print(f"[yellow]kept but not understood by this version:[/yellow] {', '.join(unknown)}")
+    state = replay(e for _, e in events)
+    assert state is not None
+    s = summarize(state)
+    console.print(f"status [bold]{s.status}[/bold], {s.steps} steps, {s.tokens_used} tokens")
     return 0

@@ -1,1 +1,2 @@
-"""The evidence console: server-rendered pages for operators, mounted by the gateway at /console."""
+"""The evidence console: server-rendered pages for operators, at /console in the gateway's process (mounted there by
+`crashsafe serve gateway`, never imported by the gateway)."""

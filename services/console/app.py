@@ -1,9 +1,10 @@
 """The evidence console's shell: a Litestar router at /console, signed in with an API key, rendering Jinja2 pages.
 
-The gateway mounts it (`services/gateway/app.py::build_app`) and lends it its broker, its `Door` (the stored key
-records and the per-client rates) and its Settings through `app.state`. A page handler asks `session_of(request,
-scope)` for the signed-in client: the key in the cookie is checked against its stored record on every request,
-as the API checks a bearer key, so a revocation takes effect at the next page load. A POST handler also calls
+The gateway's process mounts it (`crashsafe serve gateway` passes `console_router()` to the gateway's `build_app`),
+and the app lends it its broker, its `Door` (the stored key records and the per-client rates) and its Settings
+through `app.state`. A page handler asks `session_of(request, scope)` for the signed-in client: the key in the
+cookie is checked against its stored record on every request, as the API checks a bearer key, so a revocation
+takes effect at the next page load. A POST handler also calls
 `check_csrf(request, session)`. Pages are rendered with `render(...)` (autoescaped Jinja2 from the package).
 """
 
@@ -28,8 +29,8 @@ from litestar.static_files import create_static_files_router
 
 from crashsafe.contracts.clients import Scope, split_key
 from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError, RateLimited, Unauthenticated
+from crashsafe.domain.access import Client, authenticate
 from crashsafe.domain.admission import status_for
-from crashsafe.services.gateway.access import Client, authenticate
 from crashsafe.services.platform.logs import log
 
 logger = logging.getLogger("crashsafe.console")

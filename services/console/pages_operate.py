@@ -1,6 +1,6 @@
 """The console's operating pages: approvals waiting, dead letters, audit findings, reconciliation, and the provider's
-by-key view on the run page. Each reads and acts through the one platform function the API or CLI uses
-(services/platform/approvals.py, dead_letters.py, unknowns.py, asks.py, provider_views.py); every action is a
+by-key view on the run page. Each reads and acts through the operator task the API or CLI uses too
+(services/operations/: approval_decisions, dead_letters, provider_audit, unknowns, run_journals); every action is a
 POST needing `runs:operate` and the session's CSRF token, tenant-scoped exactly as the API is."""
 
 from __future__ import annotations
@@ -26,22 +26,16 @@ from crashsafe.contracts.errors import (
     UnprocessableBody,
 )
 from crashsafe.contracts.keys import is_run_id
-from crashsafe.contracts.provider_view import ProviderViewReply
-from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, RunStarted, decode_event
+from crashsafe.contracts.run_events import RunStarted
 from crashsafe.contracts.subjects import StreamKind
-from crashsafe.contracts.tool_messages import Answer
-from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.domain.access import Client, may_approve, require_approver
 from crashsafe.domain.admission import status_for
-from crashsafe.domain.registry import ProviderAnswer, Registry, Tool
+from crashsafe.domain.registry import Registry
+from crashsafe.domain.token_buckets import Rate, TokenBuckets
 from crashsafe.services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
 from crashsafe.services.console.live import head_seq
-from crashsafe.services.gateway.access import Client, may_approve, require_approver
-from crashsafe.services.gateway.quotas import Rate, TokenBuckets
-from crashsafe.services.platform import approvals as approval_decisions
-from crashsafe.services.platform import provider_views
-from crashsafe.services.platform.approvals import ApprovalRecords
-from crashsafe.services.platform.asks import reconcile_run
-from crashsafe.services.platform.dead_letters import (
+from crashsafe.services.operations.approval_decisions import approvals_shown, decide
+from crashsafe.services.operations.dead_letters import (
     DeadLetters,
     Plan,
     Refusal,
@@ -51,10 +45,10 @@ from crashsafe.services.platform.dead_letters import (
     WakeKeys,
     replay_plan,
 )
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.operations.provider_audit import ProviderViews, audit_all, provider_view
+from crashsafe.services.operations.run_journals import reconcile_run, run_journal, tenant_of_run
+from crashsafe.services.operations.unknowns import unknowns_in
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.unknowns import open_unknowns
-from crashsafe.services.reconciler.service import audit_all
 
 logger = logging.getLogger("crashsafe.console")
 
@@ -91,17 +85,10 @@ def _outcome(request: Request[Any, Any, Any], status: int) -> int:
 async def _tenant_of_run(
     request: Request[Any, Any, Any], run_id: str, cache: dict[str, str | None]
 ) -> str | None:
-    if run_id in cache:
-        return cache[run_id]
-    state = _state(request)
-    ns = state.settings.namespace
-    tenant = None
-    if is_run_id(run_id):
-        first = await state.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
-        started = decode_event(first.data) if first is not None else None
-        tenant = started.tenant if isinstance(started, RunStarted) else None
-    cache[run_id] = tenant
-    return tenant
+    if run_id not in cache:
+        state = _state(request)
+        cache[run_id] = await tenant_of_run(state.broker, state.settings.namespace, run_id)
+    return cache[run_id]
 
 
 # Approvals ----------------------------------------------------------------------------------------------------
@@ -114,12 +101,9 @@ async def _approvals_page(
     wanted = request.query_params.get("status", ApprovalStatus.PENDING.value)
     if wanted not in {s.value for s in ApprovalStatus}:
         wanted = ApprovalStatus.PENDING.value
-    now = datetime.now(UTC)
-    records = await ApprovalRecords(state.broker, state.settings.namespace).scan()
-    shown = [
-        (r, approval_rules.current_status(r, now))
-        for r in approval_decisions.shown(records, session.client.sees, wanted, now)
-    ]
+    shown = await approvals_shown(
+        state.broker, state.settings.namespace, session.client.sees, wanted, datetime.now(UTC)
+    )
     return render(
         "approvals.html",
         session,
@@ -151,7 +135,7 @@ async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> 
     status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     state = _state(request)
     try:
-        moved = await approval_decisions.decide(
+        moved = await decide(
             state.broker,
             state.settings,
             session.client.sees,
@@ -281,21 +265,6 @@ async def settle_dead_letter(request: Request[Any, Any, Any], seq: int, action: 
 # Audit --------------------------------------------------------------------------------------------------------
 
 
-class _ProviderViews:
-    """The audit's by-key questions, asked of the executors (the gateway holds no provider credential)."""
-
-    def __init__(self, request: Request[Any, Any, Any]) -> None:
-        self.broker = _state(request).broker
-        self.ns = _state(request).settings.namespace
-
-    async def lookup(
-        self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
-    ) -> ProviderAnswer:
-        reply = await provider_views.ask(self.broker, self.ns, tool, key, args or {}, timeout_s=timeout + 1)
-        kind = Answer(reply.answer) if reply.answer in {a.value for a in Answer} else Answer.UNKNOWN
-        return ProviderAnswer(kind, reply.effect, ref=reply.ref, detail=reply.detail)  # type: ignore[arg-type]
-
-
 @get("/audit", include_in_schema=False)
 async def audit_page(request: Request[Any, Any, Any]) -> Response[str]:
     """What `crashsafe audit` reports (every journal against the providers' by-key answers; no provider listing
@@ -303,9 +272,11 @@ async def audit_page(request: Request[Any, Any, Any]) -> Response[str]:
     session = await session_of(request)
     state = _state(request)
     registry: Registry = state.registry
+    # The audit's by-key questions go to the executors: the gateway holds no provider credential.
+    views = ProviderViews(state.broker, state.settings.namespace)
     async with _whole_stream_read(request, "audit"):
         findings, stats = await audit_all(
-            state.broker, state.settings, registry, _ProviderViews(request), sees=session.client.sees
+            state.broker, state.settings, registry, views, sees=session.client.sees
         )
     cache: dict[str, str | None] = {}
     shown = [
@@ -325,9 +296,7 @@ async def _reconciliation_page(
 ) -> Response[str]:
     state = _state(request)
     async with _whole_stream_read(request, "reconciliation", wait=bool(notice)):
-        journals = await RunJournal(state.broker, state.settings.namespace).read_all()
-        unknowns = open_unknowns(journals, session.client.sees)
-        del journals
+        unknowns = await unknowns_in(state.broker, state.settings.namespace, session.client.sees)
     return render(
         "reconciliation.html",
         session,
@@ -369,13 +338,6 @@ async def ask_again(request: Request[Any, Any, Any], run_id: str) -> Response[st
 # The provider's by-key view (a fragment the run page loads) --------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ViewRow:
-    request: ActionRequested
-    receipt: ActionCompleted | None
-    provider: ProviderViewReply
-
-
 # A run page loads its provider view once; each load asks the providers about every action of the run. Per key,
 # a few loads at once and one a second after: a runs:read key never turns the gateway into an amplifier against
 # the providers the executors need for real actions.
@@ -399,26 +361,12 @@ async def provider_view_fragment(request: Request[Any, Any, Any], run_id: str) -
     registry: Registry = state.registry
     if not is_run_id(run_id):
         raise RunNotFound(run_id=run_id[:64])
-    events = [e for _, e in await RunJournal(state.broker, state.settings.namespace).read_with_seqs(run_id)]
+    ns = state.settings.namespace
+    events = [e for _, e in await run_journal(state.broker, ns, run_id)]
     first = events[0] if events else None
     if not isinstance(first, RunStarted) or not session.client.sees(first.tenant):
         raise RunNotFound(run_id=run_id)
-    receipts: dict[int, ActionCompleted] = {}
-    requested: list[ActionRequested] = []
-    for event in events:
-        if isinstance(event, ActionRequested):
-            requested.append(event)
-        elif isinstance(event, ActionCompleted):
-            receipts[event.step_no] = event  # the last one: a late resolution replaces an unknown
-
-    async def view(req: ActionRequested) -> ProviderViewReply:
-        tool = registry.tools.get(req.tool)
-        if tool is None:
-            return ProviderViewReply(answer="unknown", detail=f"{req.tool} is not a tool of this deployment")
-        return await provider_views.ask(state.broker, state.settings.namespace, tool, req.key, req.args)
-
-    answers = await asyncio.gather(*(view(r) for r in requested))
-    rows = [ViewRow(r, receipts.get(r.step_no), a) for r, a in zip(requested, answers, strict=True)]
+    rows = await provider_view(state.broker, ns, registry, events)
     return render("provider_view.html", session, rows=rows, run_id=run_id)
 
 

@@ -18,13 +18,10 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from crashsafe.contracts.errors import CrashsafeError, InvalidSetting, RunNotFound
 from crashsafe.contracts.keys import is_run_id
-from crashsafe.contracts.projections import ProjectionRecord, ProjectionStatus, record_decoder
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, RunStatus
-from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.domain.access import Client
 from crashsafe.domain.fold import replay, summarize
-from crashsafe.domain.projection_plan import plan
-from crashsafe.domain.registry import Registry
 from crashsafe.services.console.app import (
     PREFIX,
     SECURITY_HEADERS,
@@ -42,9 +39,8 @@ from crashsafe.services.console.live import (
     stream_events,
 )
 from crashsafe.services.console.timeline import Entry, entry, trace_id_of
-from crashsafe.services.gateway.access import Client
-from crashsafe.services.platform.jetstream import Broker, StoredMessage
-from crashsafe.services.platform.run_index import (
+from crashsafe.services.operations.projection_receipts import Projection, projections_of_run
+from crashsafe.services.operations.run_index import (
     RunFilter,
     RunRow,
     decoded_event,
@@ -52,6 +48,7 @@ from crashsafe.services.platform.run_index import (
     parse_since,
     row_of,
 )
+from crashsafe.services.platform.jetstream import Broker, StoredMessage
 
 LIMIT = 100  # runs on one page, newest first
 MAX_FILTER = 200  # characters of one filter value (ids are far shorter)
@@ -294,40 +291,12 @@ async def run_stream(request: Request[Any, Any, Any], run_id: str) -> ServerSent
 # The run's projections (email, CRM, audit trail): their receipts, beside the journal ----------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Projection:
-    tool: str
-    key: str
-    record: ProjectionRecord | None  # None: planned, no receipt yet
-
-
 async def _projections(request: Request[Any, Any, Any], journal: Journal) -> tuple[list[Projection], bool]:
-    """The projections the run's journal calls for (planned as the projector plans them) and their receipts;
-    and whether it is settled (ended, every receipt delivered or dead), so the page stops asking."""
-    registry: Registry = request.app.state.registry
+    """The projections the run's journal calls for and their receipts, and whether it is settled (the page stops
+    asking): what `crashsafe projections list` reads, for one run."""
     events = [e for _, e in journal.stored]
-    try:
-        state = replay(events)
-    except ValueError:
-        return [], True
-    agent = registry.agents.get(state.agent) if state is not None else None
-    if state is None or agent is None or not state.terminal:
-        return [], state is not None and agent is None
-    broker: Broker = request.app.state.broker
-    ns = _ns(request)
-    spec = projections_spec(ns)
-    out: list[Projection] = []
-    for task in plan(state, state.events, agent, registry.tools, datetime.now(UTC)):
-        stored = await broker.kv_get(spec, ns.projection_record_key(task.tool, task.key))
-        record = None
-        if stored is not None:
-            try:
-                record = record_decoder.decode(stored.value)
-            except msgspec.DecodeError:
-                record = None
-        out.append(Projection(tool=task.tool, key=task.key, record=record))
-    settled = all(p.record is not None and p.record.status != ProjectionStatus.PENDING for p in out)
-    return out, settled
+    state = request.app.state
+    return await projections_of_run(state.broker, _ns(request), state.registry, events, datetime.now(UTC))
 
 
 @get("/runs/{run_id:str}/projections")

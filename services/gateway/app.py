@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, Router, get, post
 from litestar.datastructures import State
 from opentelemetry.context import Context
 
@@ -46,13 +46,7 @@ from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spe
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
 from crashsafe.contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from crashsafe.domain import approval_flow as approval_rules
-from crashsafe.domain.admission import Admission, admit, conflict, status_for, too_large
-from crashsafe.domain.fold import replay, summarize
-from crashsafe.domain.registry import Registry
-from crashsafe.services.console.app import console_router
-from crashsafe.services.gateway import openapi as api
-from crashsafe.services.gateway import ops
-from crashsafe.services.gateway.access import (
+from crashsafe.domain.access import (
     Client,
     authenticate,
     parse_bearer,
@@ -60,8 +54,13 @@ from crashsafe.services.gateway.access import (
     require_agent,
     require_approver,
 )
+from crashsafe.domain.admission import Admission, admit, conflict, status_for, too_large
+from crashsafe.domain.fold import replay, summarize
+from crashsafe.domain.registry import Registry
+from crashsafe.domain.token_buckets import Rate, TokenBuckets
+from crashsafe.services.gateway import openapi as api
+from crashsafe.services.gateway import ops
 from crashsafe.services.gateway.linger import linger_on_unread_bodies
-from crashsafe.services.gateway.quotas import Rate, TokenBuckets
 from crashsafe.services.gateway.turns import TurnCaps, take_turn
 from crashsafe.services.platform import approvals as approval_decisions
 from crashsafe.services.platform.active_runs import Caps, claim
@@ -544,7 +543,10 @@ async def _schema_for_clients_only(request: Request[Any, Any, Any]) -> Response[
     return None
 
 
-def build_app(settings: Settings, registry: Registry) -> Litestar:
+def build_app(settings: Settings, registry: Registry, mounted: Sequence[Router] = ()) -> Litestar:
+    """The API, with the routers the process's composition root mounts beside it (the console: bootstrap.py),
+    each lent the app's state (its broker, its `Door`, its settings and registry)."""
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         broker = await Broker.connect(
@@ -586,7 +588,7 @@ def build_app(settings: Settings, registry: Registry) -> Litestar:
             post_approval,
             healthz,
             readyz,
-            console_router(),  # the evidence console at /console (services/console)
+            *mounted,
             ops.metrics_endpoint,
         ],
         # Outermost first: an answer given before its body was read lingers for that body (services/gateway/

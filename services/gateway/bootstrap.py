@@ -1,11 +1,14 @@
-"""The gateway's composition root: the HTTP app on uvicorn, admitting only the agents this deployment registered."""
+"""The gateway's composition root: the HTTP app on uvicorn, admitting only the agents this deployment registered,
+with the routers the process mounts beside the API (`crashsafe serve gateway` mounts the console)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 import uvicorn
+from litestar import Router
 
 from crashsafe.domain.registry import Registry
 from crashsafe.services.gateway.app import build_app
@@ -15,12 +18,14 @@ from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
 
 
-async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:
+async def run(
+    settings: Settings, registry: Registry, stop: asyncio.Event, mounted: Sequence[Router] = ()
+) -> None:
     crashpoints.arm(settings.crash_at)
     configure("gateway", settings.log_level)
     telemetry = configure_telemetry("gateway", settings.otel)
     config = uvicorn.Config(
-        build_app(settings, registry),
+        build_app(settings, registry, mounted),
         host=settings.gateway_host,
         port=settings.gateway_port,
         log_level="warning",

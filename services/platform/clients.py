@@ -39,7 +39,7 @@ class MintedKey:
 
 
 class ClientKeys:
-    """The bucket of one namespace (a thin adapter: every rule about a key lives in services/gateway/access.py)."""
+    """The bucket of one namespace (a thin adapter: every rule about a key lives in domain/access.py)."""
 
     def __init__(self, broker: Broker, ns: Namespace, replicas: int = 1) -> None:
         self.broker = broker

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
 from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
-from crashsafe.operations import settings_for
 from crashsafe.replay import Export, decode_journal, export_lines, read_run, recorded_views
 from crashsafe.sandbox.listing import SandboxListing
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crashsafe import operations
+from crashsafe import infra
 from crashsafe.contracts.errors import NotPermitted
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential
@@ -18,7 +18,7 @@ from crashsafe.services.platform.settings import NatsAccess
 
 
 def test_credentials_are_private_and_the_config_holds_only_public_keys(tmp_path: Path) -> None:
-    assert operations.infra_nats_auth(tmp_path, "stayhub", "crashsafe.services.agents:stayhub", 4) == 0
+    assert infra.infra_nats_auth(tmp_path, "stayhub", "crashsafe.services.agents:stayhub", 4) == 0
     creds = sorted((tmp_path / "creds").glob("*.creds"))
     names = {p.stem for p in creds}
     assert names == {
@@ -33,12 +33,12 @@ def test_credentials_are_private_and_the_config_holds_only_public_keys(tmp_path:
         assert credential.seed not in config and credential.public_key in config
     # Run again (a registry change): the same identities, so running pods keep working.
     seeds = {p.name: read_credential(p).seed for p in creds}
-    operations.infra_nats_auth(tmp_path, "stayhub", "crashsafe.services.agents:stayhub", 4)
+    infra.infra_nats_auth(tmp_path, "stayhub", "crashsafe.services.agents:stayhub", 4)
     assert {p.name: read_credential(p).seed for p in creds} == seeds
 
 
 async def test_a_server_including_the_fragment_admits_each_role_to_its_subjects(tmp_path: Path) -> None:
-    operations.infra_nats_auth(tmp_path, "stayhub", "crashsafe.services.agents:stayhub", 4)
+    infra.infra_nats_auth(tmp_path, "stayhub", "crashsafe.services.agents:stayhub", 4)
     port = free_port()
     (tmp_path / "nats.conf").write_text(
         f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {tmp_path / 'js'} }}\ninclude ./auth.conf\n"

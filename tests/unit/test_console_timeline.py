@@ -13,7 +13,7 @@ from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEven
 from crashsafe.replay import read_export
 from crashsafe.services.console.app import templates
 from crashsafe.services.console.timeline import entry, trace_id_of
-from crashsafe.services.platform.run_index import RunFilter, RunRow
+from crashsafe.services.operations.run_index import RunFilter, RunRow
 from tests.support.paths import ROOT
 from tests.support.runs import T0, started
 

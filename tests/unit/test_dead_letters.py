@@ -1,5 +1,5 @@
-"""What replaying a dead letter may send (services/platform/dead_letters.py `replay_plan`), and the open unknowns
-the reconciliation page lists (services/platform/unknowns.py): pure readings of a letter and of journals."""
+"""What replaying a dead letter may send (services/operations/dead_letters.py `replay_plan`), and the open unknowns
+the reconciliation page lists (services/operations/unknowns.py): pure readings of a letter and of journals."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from crashsafe.contracts.tool_messages import (
     RunWake,
     tool_encoder,
 )
-from crashsafe.services.platform.dead_letters import (
+from crashsafe.services.operations.dead_letters import (
     PAYLOAD_LIMIT,
     Refusal,
     Replan,
@@ -28,7 +28,7 @@ from crashsafe.services.platform.dead_letters import (
     replay_plan,
     run_of,
 )
-from crashsafe.services.platform.unknowns import open_unknowns
+from crashsafe.services.operations.unknowns import open_unknowns
 from tests.support.runs import RUN, T0, booked_run
 
 NS = Namespace("prod")

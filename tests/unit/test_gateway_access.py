@@ -1,4 +1,4 @@
-"""The gateway's pure rules about clients (services/gateway/access.py), quotas (services/gateway/quotas.py) and the
+"""The gateway's pure rules about clients (domain/access.py), quotas (domain/token_buckets.py) and the
 active-runs record (contracts/active.py). Over real HTTP: tests/e2e/test_trust.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from crashsafe.contracts.active import GRACE_S, ActiveRuns, entry_deadline
 from crashsafe.contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
 from crashsafe.contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
-from crashsafe.operations import api_key_for
-from crashsafe.services.gateway.access import (
+from crashsafe.deployment import api_key_for
+from crashsafe.domain.access import (
     Client,
     authenticate,
     parse_bearer,
@@ -21,7 +21,7 @@ from crashsafe.services.gateway.access import (
     require_agent,
     require_approver,
 )
-from crashsafe.services.gateway.quotas import Rate, TokenBuckets
+from crashsafe.domain.token_buckets import Rate, TokenBuckets
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 KEY_ID = "0123456789abcdef"

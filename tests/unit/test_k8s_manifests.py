@@ -23,7 +23,7 @@ import yaml
 from crashsafe.contracts.nats_permissions import users
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain import registry as registries
-from crashsafe.operations import infra_nats_auth
+from crashsafe.infra import infra_nats_auth
 from crashsafe.services.platform.capability_keys import write_key_pair
 from crashsafe.services.platform.settings import VARIABLES, Settings
 from tests.support.kustomize import Rendered, render

@@ -59,27 +59,28 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.services.platform",
         "crashsafe.services.gateway",
         "crashsafe.domain",
-        "crashsafe.services.console",  # the gateway mounts the console's router
     },
-    # The evidence console: pages over what the gateway reads, checked with the gateway's own access rules.
+    # The evidence console: pages that read and act through the operator tasks, with the domain's access rules.
     "crashsafe.services.console": {
         "crashsafe.contracts",
-        "crashsafe.services.platform",
-        "crashsafe.services.console",
-        "crashsafe.services.gateway.access",
-        "crashsafe.domain.admission",
-        "crashsafe.services.gateway.quotas",  # the provider view's per-key rate: the gateway's own token buckets
         "crashsafe.domain",
-        "crashsafe.domain.projection_plan",
-        "crashsafe.services.reconciler.service",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
-        "crashsafe.services.reconciler.replan",  # a dead projection replayed is planned again, as `projections retry` does
+        "crashsafe.services.platform",
+        "crashsafe.services.operations",
+        "crashsafe.services.console",
+    },
+    # Operator tasks (runs, dead letters, unknowns, re-plan, audit, projections, keys, guests, the catalog): the
+    # one home the CLI and the console call; over the platform's adapters, never another service.
+    "crashsafe.services.operations": {
+        "crashsafe.contracts",
+        "crashsafe.domain",
+        "crashsafe.services.platform",
+        "crashsafe.services.operations",
     },
     "crashsafe.services.reconciler": {
         "crashsafe.contracts",
         "crashsafe.services.platform",
         "crashsafe.services.reconciler",
         "crashsafe.domain",
-        "crashsafe.domain.projection_plan",
     },
     "crashsafe.services.projector": {
         "crashsafe.contracts",
@@ -107,8 +108,6 @@ PURE = (
     "crashsafe.domain.projection_plan",
     "crashsafe.domain.projection_rules",
     "crashsafe.domain.admission",
-    "crashsafe.services.gateway.access",
-    "crashsafe.services.gateway.quotas",
     "crashsafe.services.console.timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from crashsafe.contracts.run_events import ActionRequested, JournalEvent, RunStarted
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.fold import replay
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.journal import RunJournal
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +49,9 @@ def open_unknowns(
                 detail = "still in flight when the run ended; never answered"
                 out.append(OpenUnknown(run_id, first.tenant, state.status, request, None, detail))
     return sorted(out, key=lambda u: (u.request.at, u.run_id, u.request.step_no))
+
+
+async def unknowns_in(broker: Broker, ns: Namespace, sees: Callable[[str], bool]) -> list[OpenUnknown]:
+    """Every open unknown of the runs a client sees, read from every journal (whole: not for a hot path). The
+    journals are let go on return; only the open unknowns are kept."""
+    return open_unknowns(await RunJournal(broker, ns).read_all(), sees)

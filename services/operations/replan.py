@@ -12,7 +12,7 @@ from crashsafe.domain.fold import replay
 from crashsafe.domain.missing_projections import replanned
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform.dead_letters import Replanner
+from crashsafe.services.operations.dead_letters import DeadLetters, Replanner
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 
@@ -34,3 +34,9 @@ def replanner(broker: Broker, ns: Namespace, registry: Registry) -> Replanner:
         return await replan_projection(broker, ns, registry, dead.run_id, dead.key, datetime.now(UTC))
 
     return replan
+
+
+def operator_letters(broker: Broker, ns: Namespace, registry: Registry) -> DeadLetters:
+    """The dead letters as an operator's credential settles them: a dead projection replayed is planned again
+    here (a process that may not publish projection tasks, the gateway's, builds `DeadLetters` without this)."""
+    return DeadLetters(broker, ns, replanner(broker, ns, registry))

@@ -1,0 +1,53 @@
+"""`crashsafe reconcile` and `crashsafe audit`: open actions asked about by key, and every journal cross-checked
+against the providers, as an operator reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crashsafe.deployment import settings_for
+from crashsafe.domain import registry as registries
+from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.services.operations.connection import operator_broker
+from crashsafe.services.operations.provider_audit import audit_all, unreadable_runs
+from crashsafe.services.operations.run_journals import reconcile_run, runs_to_reconcile
+from crashsafe.services.platform.providers import Providers
+
+
+async def reconcile(state_dir: Path, run_id: str | None) -> int:
+    settings = settings_for(state_dir)
+    async with operator_broker(settings, "crashsafe-reconcile") as broker:
+        run_ids = [run_id] if run_id else await runs_to_reconcile(broker, settings.namespace)
+        for rid in run_ids:
+            done = await reconcile_run(broker, settings, rid, by="operator:cli")
+            asked = ", ".join(done.asked) or "nothing open"
+            print(f"{rid}: {done.status}; asked to resolve: {asked}")
+        if not run_ids:
+            print("no open runs")
+    return 0
+
+
+async def audit(state_dir: Path) -> int:
+    settings = settings_for(state_dir)
+    registry = registries.load(settings.registry)
+    async with operator_broker(settings, "crashsafe-audit") as broker:
+        async with Providers.connect(settings.sandbox_url) as providers:
+            listing = SandboxListing(providers.http)
+            findings, stats = await audit_all(broker, settings, registry, providers, listing)
+        unreadable = await unreadable_runs(broker, settings.namespace)
+    listed = f", {stats.listed_effects} provider effects listed" if stats.listed_effects is not None else ""
+    print(
+        f"audited {stats.runs} runs, {stats.keyed_intents} keyed intents ({stats.looked_up} looked up){listed}"
+    )
+    for finding in findings:
+        print(f"WRONG {finding.kind}: run {finding.run_id or '(none)'} key {finding.key}: {finding.detail}")
+    for run_id, tags in sorted(unreadable.items()):
+        print(
+            f"NOTE run {run_id}: {len(tags)} event(s) of a type this version does not know "
+            f"({', '.join(sorted(set(tags)))}): kept and skipped; audit them with a newer crashsafe"
+        )
+    if not findings:
+        print(
+            "nothing wrong: every effect has one journaled intent and every journaled success has its effect"
+        )
+    return 1 if findings else 0
