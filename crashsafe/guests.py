@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 
 from crashsafe.operations import settings_for
-from crashsafe.services.platform.guests import GuestProfiles
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.guest_profiles import GuestProfiles
 
 
 async def guests_show(state_dir: Path, tenant: str, guest_id: str) -> int:

@@ -21,17 +21,17 @@ from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain import registry as registries
 from crashsafe.domain.effect_audit import unknown_events
 from crashsafe.domain.fold import replay, summarize
+from crashsafe.natsd import NatsAuth
 from crashsafe.sandbox.listing import SandboxListing
-from crashsafe.services.platform.asks import reconcile_run
-from crashsafe.services.platform.clients import ClientKeys
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.nats_users import creds_path, write_private
-from crashsafe.services.platform.natsd import NatsAuth
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.reconciler.service import audit_all
+from crashsafe.services.records.client_keys import ClientKeys
+from crashsafe.services.records.run_asks import reconcile_run
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.stack import API_KEY_FILE, SYNTHETIC_KEY_FILE, ProcessIdentity
 from crashsafe.timeline import timeline
 
@@ -315,7 +315,7 @@ def infra_nats_auth(out: Path, namespace: str, registry: str, partitions: int) -
 
 def capability_key_new(out: Path) -> int:
     """`crashsafe capability-key new --out PATH`: a key pair for a rotation (docs/security.md#capabilities)."""
-    from crashsafe.services.platform.capability_keys import public_path, write_key_pair
+    from crashsafe.services.records.capability_keys import public_path, write_key_pair
 
     if out.exists():
         sys.exit(f"crashsafe: {out} exists; a key is never overwritten: choose another path")
@@ -485,7 +485,7 @@ async def check_synthetic(
     """One synthetic turn; prints its result; 0 if ok, 1 if slow or failed. `record`: also publish it on
     `<ns>.ops.synthetic.cli` with the operator's NATS credential (the history the reconciler's turns go to)."""
     from crashsafe.contracts.synthetic import SyntheticResult, synthetic_encoder
-    from crashsafe.services.platform.synthetic import publish_turn, synthetic_turn
+    from crashsafe.services.reconciler.synthetic_turn import publish_turn, synthetic_turn
 
     url, secret = synthetic_target(state_dir, gateway_url, key)
     budget = budget_s if budget_s is not None else Settings.from_env().synthetic_budget_s

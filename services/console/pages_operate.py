@@ -1,6 +1,6 @@
 """The console's operating pages: approvals waiting, dead letters, audit findings, reconciliation, and the provider's
 by-key view on the run page. Each reads and acts through the one platform function the API or CLI uses
-(services/platform/approvals.py, dead_letters.py, unknowns.py, asks.py, provider_views.py); every action is a
+(services/records/approval_records.py, dead_letters.py, unknowns.py, asks.py, provider_views.py); every action is a
 POST needing `runs:operate` and the session's CSRF token, tenant-scoped exactly as the API is."""
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ from crashsafe.services.console.app import MAX_FORM_BYTES, Session, check_csrf, 
 from crashsafe.services.console.live import head_seq
 from crashsafe.services.gateway.access import Client, may_approve, require_approver
 from crashsafe.services.gateway.quotas import Rate, TokenBuckets
-from crashsafe.services.platform import approvals as approval_decisions
-from crashsafe.services.platform import provider_views
-from crashsafe.services.platform.approvals import ApprovalRecords
-from crashsafe.services.platform.asks import reconcile_run
 from crashsafe.services.platform.dead_letters import (
     DeadLetters,
     Plan,
@@ -51,10 +47,14 @@ from crashsafe.services.platform.dead_letters import (
     WakeKeys,
     replay_plan,
 )
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.unknowns import open_unknowns
+from crashsafe.services.providers import provider_views
 from crashsafe.services.reconciler.service import audit_all
+from crashsafe.services.records import approval_records
+from crashsafe.services.records.approval_records import ApprovalRecords
+from crashsafe.services.records.run_asks import reconcile_run
+from crashsafe.services.records.run_journal import RunJournal
 
 logger = logging.getLogger("crashsafe.console")
 
@@ -118,7 +118,7 @@ async def _approvals_page(
     records = await ApprovalRecords(state.broker, state.settings.namespace).scan()
     shown = [
         (r, approval_rules.current_status(r, now))
-        for r in approval_decisions.shown(records, session.client.sees, wanted, now)
+        for r in approval_records.shown(records, session.client.sees, wanted, now)
     ]
     return render(
         "approvals.html",
@@ -151,7 +151,7 @@ async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> 
     status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     state = _state(request)
     try:
-        moved = await approval_decisions.decide(
+        moved = await approval_records.decide(
             state.broker,
             state.settings,
             session.client.sees,

@@ -66,12 +66,12 @@ from crashsafe.services.platform import metrics, probes
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker, StoredMessage, Subscription
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import require
 from crashsafe.services.platform.pull_feed import Room
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span
 from crashsafe.services.platform.tracing import current as current_trace
+from crashsafe.services.providers.provider_calls import Providers
 
 SERVICE = "projector"  # its dead letters: `<ns>.dead.projector`
 # Deliveries one worker handles at once (one pull batch); a second replica shares the rest.
