@@ -1,7 +1,7 @@
 """The console's operating pages: approvals waiting, dead letters, audit findings, reconciliation, and the provider's
-by-key view on the run page. Each reads and acts through the one platform function the API or CLI uses
-(services/records/approval_records.py, dead_letters.py, unknowns.py, asks.py, provider_views.py); every action is a
-POST needing `runs:operate` and the session's CSRF token, tenant-scoped exactly as the API is."""
+by-key view on the run page. Each reads and acts through the one function the API or CLI uses (services/records/:
+approval_records.py, run_asks.py; services/platform/: dead_letters.py, unknowns.py; services/providers/:
+provider_views.py); every action is a POST needing `runs:operate` and the session's CSRF token, tenant-scoped exactly as the API is."""
 
 from __future__ import annotations
 

@@ -75,9 +75,8 @@ class Deliveries:
         self.logger = logger
         self.max_deliver = max_deliver
         self.heartbeat_s = max(ack_wait_s / 4, 0.1)
-        self.room = Room(
-            concurrency
-        )  # reserved by the pull feeds before they ask (`Broker.subscribe(room=)`)
+        # Reserved by the pull feeds before they ask (`Broker.subscribe(room=)`).
+        self.room = Room(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         # Messages being handled, and when their ack timer was last reset: one sweeper heartbeats them all.
         self._handling: dict[int, tuple[Msg, float]] = {}

@@ -69,8 +69,8 @@ class Undeliverable(CrashsafeError):
         return {"key": self.key}
 
 
-class DeadLetter(Protocol):
-    """The delivery loop's `dead_letter`, bound to this service."""
+class GiveUp(Protocol):
+    """Give up on a message: the delivery loop's `dead_letter`, bound to this service."""
 
     def __call__(
         self,
@@ -105,7 +105,7 @@ class ProjectionDelivery:
         records: KvSpec,
         providers: Providers,
         logger: logging.Logger,
-        dead_letter: DeadLetter,
+        dead_letter: GiveUp,
         *,
         time_scale: float,
         audit_chunk: int,

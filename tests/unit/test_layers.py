@@ -37,25 +37,6 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.services.platform",
         "crashsafe.domain",
     },
-    # The operator's read models still here until they move to their own home: they read the shared records.
-    "crashsafe.services.platform.dead_letters": {
-        "crashsafe.contracts",
-        "crashsafe.services.platform",
-        "crashsafe.services.records",
-        "crashsafe.domain",
-    },
-    "crashsafe.services.platform.unknowns": {
-        "crashsafe.contracts",
-        "crashsafe.services.platform",
-        "crashsafe.services.records",
-        "crashsafe.domain",
-    },
-    "crashsafe.services.platform.run_index": {
-        "crashsafe.contracts",
-        "crashsafe.services.platform",
-        "crashsafe.services.records",
-        "crashsafe.domain",
-    },
     # Records several services share, each in its JetStream bucket or stream, over the platform's adapter.
     "crashsafe.services.records": {
         "crashsafe.contracts",
