@@ -131,7 +131,7 @@ class Deliveries:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._give_up(msg, f"cannot decode: {exc}", ErrorCode.POISON_MESSAGE)
         except CrashsafeError as exc:
-            if exc.retry is RetryClass.POISON or deliveries >= self.max_deliver and not settles_itself:
+            if exc.retry is RetryClass.POISON or (deliveries >= self.max_deliver and not settles_itself):
                 await self._give_up(msg, exc.message, exc.code, exc.details())
             else:
                 log(
