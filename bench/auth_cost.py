@@ -15,9 +15,9 @@ from pathlib import Path
 from crashsafe.contracts.clients import Scope, split_key
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.access import authenticate, parse_bearer
-from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.client_keys import ClientKeys
 
 
 async def measure(url: str, requests: int) -> dict[str, float]:

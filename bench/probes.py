@@ -113,7 +113,7 @@ class PySpy:
 _COSTS = (
     ("tracing (OTel extract/inject)", r"context_from|headers_for|trace_id_of|opentelemetry/"),
     ("logging", r"services/platform/logs\.py|logging/"),
-    ("journal read (direct get)", r"_direct_batch|read_subject|first_on_subject"),
+    ("journal read (direct get)", r"_direct_batch|read_subject|first_on_subject|last_on_each_subject"),
     ("sqlite (aiosqlite + thread hops)", r"aiosqlite/|sqlite3"),
     ("socket writes (send syscalls)", r"_SelectorSocketTransport\.write|writelines|_flusher"),
     (

@@ -27,11 +27,11 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.fold import replay, summarize
+from crashsafe.natsd import NatsServer
 from crashsafe.runs import list_runs
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.records.run_journal import RunJournal
 
 T0 = datetime(2031, 1, 1, tzinfo=UTC)
 TOOLS = ("search_hotels", "create_booking", "create_payment")
@@ -126,8 +126,8 @@ async def measure(url: str, runs: int, repeat: int) -> None:
 
         for start in range(0, runs, 100):
             await asyncio.gather(*(append(i) for i in range(start, min(start + 100, runs))))
-        info = await broker.js.stream_info(ns.stream(StreamKind.RUNS))
-        print(f"{runs} runs, {info.state.messages} events, {info.state.bytes / 1e6:.1f} MB in the stream")
+        head = await broker.stream_head(ns.stream(StreamKind.RUNS))
+        print(f"{runs} runs, {head} events in the stream")
 
         async def listing(limit: int) -> str:
             rows, read = await list_runs(broker, ns, limit=limit)

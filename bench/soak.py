@@ -31,9 +31,9 @@ from crashsafe.sandbox.records import LedgerEntry
 from crashsafe.services.agents import stayhub
 from crashsafe.services.operations.provider_audit import audit_all
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.settings import NatsAccess, Settings
+from crashsafe.services.providers.provider_calls import Providers
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.stack import API_KEY_FILE, NATS, ProcessIdentity
 
 T = TypeVar("T")

@@ -46,6 +46,7 @@ class Header(StrEnum):
     SEQUENCE = "Nats-Sequence"
     SUBJECT = "Nats-Subject"
     NUM_PENDING = "Nats-Num-Pending"
+    UP_TO_SEQUENCE = "Nats-UpTo-Sequence"  # the sequence a paged multi-subject get answers up to
     # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
     SCHEDULE = "Nats-Schedule"
     SCHEDULE_TARGET = "Nats-Schedule-Target"

@@ -11,7 +11,7 @@ from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.operations.provider_audit import audit_all, unreadable_runs
 from crashsafe.services.operations.run_journals import reconcile_run, runs_to_reconcile
-from crashsafe.services.platform.providers import Providers
+from crashsafe.services.providers.provider_calls import Providers
 
 
 async def reconcile(state_dir: Path, run_id: str | None) -> int:

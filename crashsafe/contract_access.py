@@ -7,9 +7,11 @@ would refuse. Subject templates are compared with their parameters as `*` (a par
 from __future__ import annotations
 
 from crashsafe.contract_catalog import NS, Consumer, Template, consumers, registry, streams, wildcard
-from crashsafe.contracts.nats_permissions import NatsUser, users
+from crashsafe.contracts.nats_permissions import API, NatsUser, consumer_create, users
 from crashsafe.contracts.streams import ConsumerSpec, StreamSpec
 from crashsafe.contracts.subjects import Namespace
+
+_API = API.split(".")  # the JetStream API subject's leading tokens, as a permission spells them
 
 # The NATS users of the reference deployment, and subject matching ---------------------------------------------
 
@@ -79,7 +81,7 @@ def consumers_of(subject: str, ns: Namespace = NS) -> list[Consumer]:
 
 def consumer_owners(spec: ConsumerSpec, all_users: list[NatsUser]) -> list[str]:
     """The users allowed to create (hence read) this very durable: a named create that names it, not a wildcard."""
-    create = f"$JS.API.CONSUMER.CREATE.{spec.stream}.{spec.durable}.{spec.filter_subject}"
+    create = consumer_create(spec)
     return sorted(
         u.name
         for u in _users_but_operator(all_users)
@@ -102,12 +104,10 @@ def readers(subject: str, all_users: list[NatsUser], ns: Namespace = NS) -> list
     for u in _users_but_operator(all_users):
         for p in u.permissions.publish:
             tokens = p.split(".")
-            if tokens[:4] == ["$JS", "API", "CONSUMER", "CREATE"] and tokens[4:5] in ([stream.name], ["*"]):
+            if tokens[:4] == [*_API, "CONSUMER", "CREATE"] and tokens[4:5] in ([stream.name], ["*"]):
                 rest = tokens[5:]
                 if not rest or rest == [">"] or (len(rest) > 1 and overlaps(".".join(rest[1:]), subject)):
                     found.add(u.name)
-            elif tokens[:5] == ["$JS", "API", "CONSUMER", "DURABLE", "CREATE"] and tokens[5:6] == [
-                stream.name
-            ]:
+            elif tokens[:5] == [*_API, "CONSUMER", "DURABLE", "CREATE"] and tokens[5:6] == [stream.name]:
                 found.add(u.name)
     return sorted(found)

@@ -69,7 +69,7 @@ async def keys_revoke(state_dir: Path, key_id: str) -> int:
 
 def capability_key_new(out: Path) -> int:
     """`crashsafe capability-key new --out PATH`: a key pair for a rotation (docs/security.md#capabilities)."""
-    from crashsafe.services.platform.capability_keys import public_path, write_key_pair
+    from crashsafe.services.records.capability_keys import public_path, write_key_pair
 
     if out.exists():
         sys.exit(f"crashsafe: {out} exists; a key is never overwritten: choose another path")

@@ -20,14 +20,14 @@ import httpx
 
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
-from crashsafe.services.platform.capability_keys import (
+from crashsafe.natsd import NatsAuth, NatsServer, free_port
+from crashsafe.services.platform.nats_users import creds_path
+from crashsafe.services.records.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
     ensure_key_pair,
     public_path,
 )
-from crashsafe.services.platform.nats_users import creds_path
-from crashsafe.services.platform.natsd import NatsAuth, NatsServer, free_port
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify", "memory")
 NATS = "nats-server"
@@ -430,8 +430,8 @@ class Stack:
         """A key of this stack's, minted as the operator into `<state>/<file>` (0600, the key alone on one line),
         revoking the one a previous start left there. Runs its own event loop in its own thread, since `start`
         may be called from a thread that already runs one."""
-        from crashsafe.services.platform.clients import replace_stack_key
         from crashsafe.services.platform.settings import NatsAccess, Settings
+        from crashsafe.services.records.client_keys import replace_stack_key
 
         # The bucket gets the replicas the services would give it (a cluster's `CRASHSAFE_STREAM_REPLICAS=3`).
         replicas = Settings.from_env({**os.environ, **self.base_env}).stream_replicas

@@ -19,8 +19,8 @@ import pytest
 
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsAuth, NatsServer
 from tests.support.inprocess import REGISTRY
 from tests.support.nats_users import access, admit
 from tests.support.stack import StackClient, open_stack

@@ -98,11 +98,7 @@ class StreamSlots:
 
 async def head_seq(broker: Broker, stream: str) -> int:
     """The stream's last sequence now: where a live page rendered from a read starts following."""
-    try:
-        info = await broker.js.stream_info(stream)
-    except Exception as exc:  # noqa: BLE001 -- nats-py raises several types here; all mean "not now"
-        raise BrokerUnavailable(f"cannot read {stream}: {exc}; try again once NATS answers") from exc
-    return int(info.state.last_seq or 0)
+    return await broker.stream_head(stream)
 
 
 async def stream_events(

@@ -7,13 +7,13 @@ import asyncio
 from crashsafe.domain.registry import Registry
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.platform import crashpoints
-from crashsafe.services.platform.capability_keys import load_verifier
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.providers.provider_calls import Providers
+from crashsafe.services.records.capability_keys import load_verifier
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:

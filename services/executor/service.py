@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
@@ -77,16 +76,17 @@ from crashsafe.domain.registry import KvOperation, ProviderAnswer, Registry, Too
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.partitions import PartitionKeeper
 from crashsafe.services.executor.store import ActionStore
-from crashsafe.services.platform import metrics, probes, provider_views
-from crashsafe.services.platform.consumer import Deliveries
+from crashsafe.services.platform import metrics, probes
 from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker, Subscription
-from crashsafe.services.platform.kv_effects import KvEffects
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import executor_streams, require
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span
+from crashsafe.services.providers import provider_views
+from crashsafe.services.providers.kv_effects import KvEffects
+from crashsafe.services.providers.provider_calls import Providers
 
 MAX_DELIVER = 12
 # Left-over intents settled at once after a partition is taken up (each one lookup, maybe a call).
@@ -193,10 +193,7 @@ class Executor:
 
     async def close(self) -> None:
         if self._views is not None:
-            try:
-                await self._views.unsubscribe()
-            except (nats.errors.Error, OSError):
-                pass
+            await self.broker.unsubscribe(self._views)
         await (
             self.keeper.close()
         )  # every partition handed back: unsubscribed, its keys finished, store closed

@@ -62,18 +62,11 @@ from crashsafe.services.gateway import openapi as api
 from crashsafe.services.gateway import ops
 from crashsafe.services.gateway.linger import linger_on_unread_bodies
 from crashsafe.services.gateway.turns import TurnCaps, take_turn
-from crashsafe.services.platform import approvals as approval_decisions
-from crashsafe.services.platform.active_runs import Caps, claim
-from crashsafe.services.platform.approvals import ApprovalRecords
-from crashsafe.services.platform.asks import reconcile_run
-from crashsafe.services.platform.clients import ClientKeys
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams
 from crashsafe.services.platform.provisioning import require as require_streams
-from crashsafe.services.platform.sessions import SessionRecords
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import (
     context_from,
@@ -83,6 +76,13 @@ from crashsafe.services.platform.tracing import (
     trace_id_of,
     trace_requests,
 )
+from crashsafe.services.records import approval_records
+from crashsafe.services.records.active_runs import Caps, claim
+from crashsafe.services.records.approval_records import ApprovalRecords
+from crashsafe.services.records.client_keys import ClientKeys
+from crashsafe.services.records.run_asks import reconcile_run
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.records.session_lanes import SessionRecords
 
 logger = logging.getLogger("crashsafe.gateway")
 
@@ -441,7 +441,7 @@ async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Respo
     except CrashsafeError as exc:
         return _error(exc)
     now = datetime.now(UTC)
-    listed = [_approval_json(r, now) for r in approval_decisions.shown(records, client.sees, wanted, now)]
+    listed = [_approval_json(r, now) for r in approval_records.shown(records, client.sees, wanted, now)]
     return Response(content={"approvals": listed})
 
 
@@ -456,7 +456,7 @@ async def get_approval(state: State, request: Request[Any, Any, Any], approval_i
     try:
         client = await state.door.client(request, Scope.RUNS_READ)
         records = ApprovalRecords(state.broker, state.settings.namespace)
-        stored = await approval_decisions.visible(records, client.sees, approval_id)
+        stored = await approval_records.visible(records, client.sees, approval_id)
     except CrashsafeError as exc:
         return _error(exc)
     return Response(content=_approval_json(stored.record, datetime.now(UTC)))
@@ -490,7 +490,7 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
         except msgspec.DecodeError as exc:
             raise InvalidRequest(f"body is not valid JSON: {exc}; send one JSON object") from exc
         decision = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
-        moved = await approval_decisions.decide(
+        moved = await approval_records.decide(
             state.broker,
             state.settings,
             client.sees,

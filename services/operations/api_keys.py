@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from crashsafe.contracts.clients import ApiKeyRecord, Scope
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.services.platform.clients import ClientKeys, MintedKey
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.client_keys import ClientKeys, MintedKey
 
 
 async def mint_key(

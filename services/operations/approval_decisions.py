@@ -14,8 +14,8 @@ import httpx
 from crashsafe.contracts.approvals import ApprovalRecord
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain import approval_flow as approval_rules
-from crashsafe.services.platform.approvals import ApprovalRecords, decide, shown
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.approval_records import ApprovalRecords, decide, shown
 
 # A manager's decision: the one the API (POST /v1/approvals/{id}) takes; the console calls it from here.
 __all__ = ["GatewayAnswer", "approvals_shown", "decide", "decide_through_gateway", "list_through_gateway"]

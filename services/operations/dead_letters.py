@@ -34,7 +34,7 @@ from crashsafe.contracts.subjects import WAKE_TOKEN, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, tool_encoder
 from crashsafe.services.platform.jetstream import Broker
 
-# The dead letter keeps at most this many characters of the original payload (services/platform/consumer.py).
+# The dead letter keeps at most this many characters of the original payload (services/platform/deliveries.py).
 PAYLOAD_LIMIT = 8192
 
 

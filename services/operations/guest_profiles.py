@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from crashsafe.contracts.memory import GuestProfile
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.services.platform.guests import GuestProfiles
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.guest_profiles import GuestProfiles
 
 
 async def guest_profile(

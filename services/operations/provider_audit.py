@@ -17,10 +17,10 @@ from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain import missing_projections as projections
 from crashsafe.domain.effect_audit import audit, audited, intents, unknown_events
 from crashsafe.domain.registry import ProviderAnswer, Registry, Tool
-from crashsafe.services.platform import provider_views
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.providers import provider_views
+from crashsafe.services.records.run_journal import RunJournal
 
 
 class ProviderFacts(Protocol):

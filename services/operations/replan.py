@@ -14,7 +14,7 @@ from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.services.operations.dead_letters import DeadLetters, Replanner
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.records.run_journal import RunJournal
 
 
 async def replan_projection(

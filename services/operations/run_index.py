@@ -12,15 +12,13 @@ in the time of reading and folding everything (~340 ms).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
 import msgspec
-from nats.aio.msg import Msg
 
-from crashsafe.contracts.errors import BrokerUnavailable, InvalidSetting
+from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunCompleted,
@@ -29,7 +27,7 @@ from crashsafe.contracts.run_events import (
     RunStatus,
     decode_event,
 )
-from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.platform.jetstream import Broker, StoredMessage
 
@@ -107,71 +105,10 @@ def _ended_by(event: JournalEvent | None) -> str | None:
 
 
 async def last_per_run(broker: Broker, ns: Namespace) -> dict[str, StoredMessage]:
-    """The last message of every run subject: `multi_last` direct gets, paged at one stream sequence (the first
-    page's `up_to`), so a busy stream still gives one consistent snapshot."""
-    stream = ns.stream(StreamKind.RUNS)
+    """The last message of every run subject, in one consistent snapshot of the stream (paged `multi_last`)."""
     prefix = ns.run_events_all.removesuffix("*")
-    out: dict[str, StoredMessage] = {}
-    after, up_to = 0, 0
-    while True:
-        request: dict[str, object] = {"multi_last": [ns.run_events_all], "batch": PAGE}
-        if after:
-            request["seq"] = after + 1
-        if up_to:
-            request["up_to_seq"] = up_to
-        page, pending, up_to = await _multi_last_page(broker, stream, request)
-        for message in page:
-            out[message.subject.removeprefix(prefix)] = message
-        if not page or not pending:
-            return out
-        after = page[-1].seq
-
-
-async def _multi_last_page(
-    broker: Broker, stream: str, request: dict[str, object]
-) -> tuple[list[StoredMessage], int, int]:
-    inbox = broker.nc.new_inbox()
-    queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def collect(msg: Msg) -> None:
-        queue.put_nowait(msg)
-
-    sub = await broker.nc.subscribe(inbox, cb=collect)
-    try:
-        await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
-        page: list[StoredMessage] = []
-        while True:
-            try:
-                msg = await asyncio.wait_for(queue.get(), timeout=5)
-            except TimeoutError:
-                raise BrokerUnavailable(
-                    f"JetStream did not answer a listing of {stream}; try again once NATS answers"
-                ) from None
-            headers = dict(msg.headers or {})
-            status = headers.get("Status")
-            if status == "404":  # no run at all
-                return page, 0, 0
-            if status == "204":  # end of this page
-                return (
-                    page,
-                    int(headers.get(Header.NUM_PENDING, "0")),
-                    int(headers.get("Nats-UpTo-Sequence", "0")),
-                )
-            if status:
-                raise BrokerUnavailable(
-                    f"listing {stream} answered {status} {headers.get('Description', '')}; this needs nats-server"
-                    " 2.11 or later and a stream that allows direct gets (`crashsafe infra apply`)"
-                )
-            page.append(
-                StoredMessage(
-                    seq=int(headers[Header.SEQUENCE]),
-                    subject=headers.get(Header.SUBJECT, ""),
-                    data=msg.data,
-                    headers=headers,
-                )
-            )
-    finally:
-        await sub.unsubscribe()
+    lasts = await broker.last_on_each_subject(ns.stream(StreamKind.RUNS), ns.run_events_all, page=PAGE)
+    return {message.subject.removeprefix(prefix): message for message in lasts}
 
 
 def row_of(run_id: str, stored: list[StoredMessage]) -> RunRow | None:

@@ -7,9 +7,9 @@ from crashsafe.contracts.keys import is_run_id
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay
-from crashsafe.services.platform.asks import Reconciliation, reconcile_run
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.records.run_asks import Reconciliation, reconcile_run
+from crashsafe.services.records.run_journal import RunJournal
 
 # One run reconciled: the function the gateway's POST /v1/runs/{id}/reconcile calls too (services/platform/asks.py).
 __all__ = ["Reconciliation", "reconcile_run", "run_journal", "runs_to_reconcile", "tenant_of_run"]

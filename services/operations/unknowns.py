@@ -1,6 +1,6 @@
 """Open unknown outcomes for an operator: what the console's reconciliation page lists and "ask again now" asks.
 
-The same reading `reconcile_run` acts on (services/platform/asks.py): an action whose journaled outcome is
+The same reading `reconcile_run` acts on (services/records/run_asks.py): an action whose journaled outcome is
 unknown and not yet resolved by a later receipt, or one still pending when its run ended (a deadline)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.records.run_journal import RunJournal
 
 
 @dataclass(frozen=True, slots=True)

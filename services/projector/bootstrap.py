@@ -9,10 +9,10 @@ from crashsafe.services.platform import crashpoints
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
 from crashsafe.services.projector.service import Projector
+from crashsafe.services.providers.provider_calls import Providers
 
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> None:

@@ -33,16 +33,16 @@ from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.platform import metrics, probes
-from crashsafe.services.platform.approvals import ApprovalRecords
-from crashsafe.services.platform.asks import wake_run
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.platform.tickets import publish_ticket
 from crashsafe.services.platform.tracing import context_from, span
+from crashsafe.services.records.approval_records import ApprovalRecords
+from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.records.support_tickets import publish_ticket
 
 
 class Reconciler:

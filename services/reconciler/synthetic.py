@@ -15,7 +15,7 @@ from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.platform.synthetic import publish_turn, record, synthetic_turn
+from crashsafe.services.reconciler.synthetic_turn import publish_turn, record, synthetic_turn
 
 # The first turn soon after start (the deployment gate: a fresh rollout shows its seam within seconds), then
 # one per `every_s`.

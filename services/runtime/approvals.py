@@ -12,8 +12,8 @@ from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.approval_flow import decide, decided_event, expired, new_record
 from crashsafe.domain.decide import DecideApproval
 from crashsafe.domain.run_state import RunState
-from crashsafe.services.platform.approvals import ApprovalRecords
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.approval_records import ApprovalRecords
 
 
 def utcnow() -> datetime:

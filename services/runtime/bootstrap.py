@@ -8,13 +8,13 @@ import logging
 from crashsafe.domain.registry import Registry
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import crashpoints
-from crashsafe.services.platform.capability_keys import load_issuer
-from crashsafe.services.platform.guests import GuestProfiles
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure, log
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.records.capability_keys import load_issuer
+from crashsafe.services.records.guest_profiles import GuestProfiles
 from crashsafe.services.runtime.approvals import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.lanes import SessionLanes

@@ -11,7 +11,7 @@ from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.sessions import SessionRecords, with_turn
+from crashsafe.services.records.session_lanes import SessionRecords, with_turn
 
 
 def finished_turn(state: RunState) -> SessionTurn:

@@ -91,18 +91,18 @@ from crashsafe.domain.retrieval import retrieval_query
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics, probes
-from crashsafe.services.platform.active_runs import release_active
-from crashsafe.services.platform.asks import wake_run
-from crashsafe.services.platform.consumer import Deliveries
 from crashsafe.services.platform.crashpoints import crash_point
-from crashsafe.services.platform.guests import GuestProfiles
+from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.platform.tickets import publish_ticket
 from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
+from crashsafe.services.records.active_runs import release_active
+from crashsafe.services.records.guest_profiles import GuestProfiles
+from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.records.support_tickets import publish_ticket
 from crashsafe.services.runtime.approvals import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.lanes import SessionLanes

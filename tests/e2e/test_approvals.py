@@ -17,8 +17,8 @@ import pytest
 
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.policy import Approver
-from crashsafe.services.platform.clients import ClientKeys
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.client_keys import ClientKeys
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, supervised
 from tests.support.waiting import eventually

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.natsd import NatsServer
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import unique
 

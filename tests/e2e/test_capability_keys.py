@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from crashsafe.contracts.errors import InvalidSetting
-from crashsafe.services.platform.capability_keys import (
+from crashsafe.services.records.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
     ensure_key_pair,

@@ -12,9 +12,9 @@ import pytest
 
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.broker import ensure_streams
 from tests.support.nats_users import access

@@ -15,8 +15,8 @@ from crashsafe.contracts.errors import BrokerUnavailable
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.streams import StreamSpec
 from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.natsd import NatsCluster, NatsServer, free_port
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsCluster, NatsServer, free_port
 from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack import EXECUTOR_FAMILIES
 from tests.support.nats_users import admit

@@ -12,7 +12,7 @@ import pytest
 
 from crashsafe.contracts.run_events import ModelAnswered, RunEvent, RunStarted
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support.stack import StackClient, cli_env, crashsafe, open_stack, operator_access
 from tests.support.waiting import eventually
 from tests.support.world import EFFECTS, projected

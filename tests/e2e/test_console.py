@@ -17,9 +17,9 @@ from playwright.async_api import Page, expect
 
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.subjects import StreamKind
-from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.client_keys import ClientKeys
 from tests.support.browser import EXPECT_TIMEOUT_MS, browser, page, signed_in
 from tests.support.stack import StackClient, auth_header, guest_event, open_stack, operator_access
 from tests.support.waiting import eventually, unique

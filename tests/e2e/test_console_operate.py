@@ -28,12 +28,12 @@ from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Bud
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
 from crashsafe.domain.decide import model_answered
 from crashsafe.domain.fold import fold_run
+from crashsafe.natsd import NatsServer
 from crashsafe.services.console.app import COOKIE, CSRF_FIELD, csrf_token
 from crashsafe.services.console.pages_operate import SHOWN_LETTERS
-from crashsafe.services.platform.clients import ClientKeys
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.client_keys import ClientKeys
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support.browser import browser, page, signed_in
 from tests.support.holds import held_search
 from tests.support.runs import call, reply_of
@@ -146,7 +146,7 @@ async def test_a_read_only_key_sees_no_button_and_its_forged_post_is_refused(
 async def _dead_letter(
     broker: Broker, stack: StackClient, run_id: str, reason: str = "gave up"
 ) -> tuple[int, str]:
-    """A runtime dead letter of an outcome for `run_id`, as services/platform/consumer.py records one."""
+    """A runtime dead letter of an outcome for `run_id`, as services/platform/deliveries.py records one."""
     key = unique("k")
     outcome = ActionOutcome(
         run_id=run_id, step_no=2, tool="search_hotels", key=key, status=OutcomeStatus.UNKNOWN

@@ -24,8 +24,8 @@ from crashsafe.contracts.run_events import HandOffReason
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.contracts.synthetic import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
 from crashsafe.domain.handoff import handoff_reply
+from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer, free_port
 from crashsafe.stack import SYNTHETIC_KEY_FILE
 from tests.support.stack import (
     StackClient,

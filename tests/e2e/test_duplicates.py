@@ -15,8 +15,8 @@ from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.keys import partition_of, run_id_for
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker, Published, SubjectFull
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.stack import STACK_TENANT
 from tests.support.broker import consumer_idle, consumer_settled, dead_letters
 from tests.support.journals import action_outcome_from, action_request_from, of_type, step

@@ -15,8 +15,8 @@ import pytest
 from crashsafe.contracts.keys import partition_of
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionRequest, Via
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from tests.support.payment_replicas import LEASE_S, PARTITIONS, Payments, owners, payment_world
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox

@@ -17,8 +17,8 @@ import pytest
 from crashsafe.contracts.keys import partition_of
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionRequest, Answer, Asked, Via, runtime_message_decoder
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from tests.support.payment_replicas import PARTITIONS, Payments, owners, payment_world
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox

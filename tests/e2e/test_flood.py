@@ -22,9 +22,9 @@ from crashsafe.contracts.keys import inbound_hash, run_id_for
 from crashsafe.contracts.policy import Approver
 from crashsafe.contracts.streams import RUNTIME_MAX_DELIVER
 from crashsafe.contracts.subjects import StreamKind
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
-from crashsafe.services.platform.sessions import SessionRecords
+from crashsafe.services.records.session_lanes import SessionRecords
 from crashsafe.stack import STACK_TENANT
 from tests.support.broker import dead_letters
 from tests.support.holds import held_search

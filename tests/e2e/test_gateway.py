@@ -16,9 +16,9 @@ from crashsafe.contracts.inbound import MAX_BODY_BYTES, GuestMessage, InboundEve
 from crashsafe.contracts.keys import inbound_hash, run_id_for
 from crashsafe.contracts.run_events import Budget, RunStarted
 from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker, SubjectFull
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.stack import STACK_TENANT
 from tests.support.stack import StackClient, guest_event, open_stack
 from tests.support.waiting import eventually

@@ -22,10 +22,10 @@ from cryptography.x509.oid import NameOID
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer, free_port
 from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.records.client_keys import ClientKeys
 from tests.support.nats_users import access
 from tests.support.stack import auth_header, guest_event
 from tests.support.waiting import eventually

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crashsafe.contracts.streams import sessions_spec
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually

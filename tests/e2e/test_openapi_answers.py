@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.natsd import NatsServer
 from tests.support.paths import ROOT
 from tests.support.stack import StackClient, guest_event, open_stack
 

@@ -23,10 +23,10 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import plan
+from crashsafe.natsd import NatsServer
 from crashsafe.services.agents import stayhub
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support.journals import decision_steps, receipt_of
 from tests.support.runs import (
     assert_replays,

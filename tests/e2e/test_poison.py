@@ -13,8 +13,8 @@ from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_en
 from crashsafe.contracts.keys import inbound_hash, run_id_for, tool_input_hash
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.stack import STACK_TENANT
 from tests.support.broker import action_subject, consumer_settled, dead_letters
 from tests.support.capabilities import signed

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.journals import of_type, step, trail

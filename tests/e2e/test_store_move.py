@@ -21,8 +21,8 @@ from crashsafe.contracts.keys import business_key
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import Evidence, first_made_by
 from crashsafe.domain.registry import load
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.payment_replicas import Payments, Replica, owners, payment_world

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from crashsafe.contracts.clients import Scope
-from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.client_keys import ClientKeys
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.natsd import NatsServer
 from tests.support.otlp import Collector, ReceivedSpan, otlp_collector, tree
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually

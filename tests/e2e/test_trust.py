@@ -24,10 +24,10 @@ from crashsafe.contracts.clients import Scope, format_key
 from crashsafe.contracts.inbound import MAX_BODY_BYTES
 from crashsafe.contracts.keys import run_id_for
 from crashsafe.contracts.streams import active_spec
-from crashsafe.services.platform.clients import ClientKeys
+from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer, free_port
-from crashsafe.services.platform.sessions import SessionRecords
+from crashsafe.services.records.client_keys import ClientKeys
+from crashsafe.services.records.session_lanes import SessionRecords
 from crashsafe.stack import STACK_TENANT
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from crashsafe.services.platform.natsd import free_port
+from crashsafe.natsd import free_port
 from tests.support.stack import auth_header, crashsafe, guest_event
 from tests.support.waiting import eventually
 from tests.support.world import CONFIRMED, Sandbox, projected

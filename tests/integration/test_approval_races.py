@@ -14,11 +14,11 @@ from crashsafe.contracts.errors import ApprovalNotPending
 from crashsafe.contracts.keys import run_id_for
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.services.platform import approvals as decisions
-from crashsafe.services.platform.approvals import ApprovalRecords, Stored
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.records import approval_records
+from crashsafe.services.records.approval_records import ApprovalRecords, Stored
 from tests.support import inprocess
 from tests.support.nats_users import access
 
@@ -64,7 +64,7 @@ async def test_concurrent_decisions_move_a_pending_approval_once_and_tell_every_
         async def decide(n: int) -> Stored | ApprovalNotPending:
             decision = ApprovalStatus.APPROVED if n % 2 == 0 else ApprovalStatus.REJECTED
             try:
-                return await decisions.decide(
+                return await approval_records.decide(
                     replicas[n % 2],
                     settings,
                     lambda tenant: tenant == "acme",

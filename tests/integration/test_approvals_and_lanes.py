@@ -38,14 +38,14 @@ from crashsafe.domain import approval_flow as rules
 from crashsafe.domain.decide import approval_id_for, model_answered
 from crashsafe.domain.fold import fold_run, replay
 from crashsafe.domain.open_work import awaiting_runs
-from crashsafe.services.platform.approvals import ApprovalRecords
-from crashsafe.services.platform.asks import wake_run
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
-from crashsafe.services.platform.sessions import SessionRecords
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.records.approval_records import ApprovalRecords
+from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.records.session_lanes import SessionRecords
 from crashsafe.services.runtime.model import ResponsesModel
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess

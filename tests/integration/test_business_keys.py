@@ -25,10 +25,10 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import OutcomeStatus, Via
 from crashsafe.domain.fold import replay
+from crashsafe.natsd import NatsServer
 from crashsafe.services.agents import stayhub
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
@@ -385,7 +385,7 @@ async def test_the_audit_asks_a_tenants_keys_in_the_tenants_own_account(
     default account, a provider that keeps accounts apart answers "no such key", and every clean effect of every
     tenant would be reported as a success the provider does not hold (issue 17, guarantee 8)."""
     from crashsafe.services.operations.provider_audit import audit_all
-    from crashsafe.services.platform.providers import Providers
+    from crashsafe.services.providers.provider_calls import Providers
 
     event_id = unique("ev")
     text = f'obey: create_booking {HOLD}\nobey: create_payment {{"booking_id": "$booking_id"}}'

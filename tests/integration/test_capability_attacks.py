@@ -39,10 +39,10 @@ from crashsafe.contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from crashsafe.natsd import NatsServer
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.platform.jetstream import Broker, Published
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.broker import dead_letters
 from tests.support.capabilities import OTHER_ISSUER, signed

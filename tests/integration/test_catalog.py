@@ -20,10 +20,10 @@ from crashsafe.contracts.run_events import HandOffReason, RunHandedOff, RunNudge
 from crashsafe.contracts.streams import CATALOG_HISTORY, catalog_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.handoff import handoff_reply
-from crashsafe.services.platform.asks import wake_run
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.catalog import RunCatalog, publish_catalog, stored_catalog
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess

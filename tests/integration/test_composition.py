@@ -13,9 +13,9 @@ from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.broker import submit_inbound
 from tests.support.waiting import eventually

@@ -22,11 +22,11 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime import service
 from tests.support import inprocess
 from tests.support.broker import dead_letters, ensure_streams

@@ -38,11 +38,11 @@ from crashsafe.domain.agent import Agent
 from crashsafe.domain.decide import MAX_FAILED_ASKS, ModelReply
 from crashsafe.domain.fold import replay
 from crashsafe.domain.handoff import handoff_reply
+from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer, free_port
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.catalog import publish_catalog
 from crashsafe.services.runtime.model import ModelGateway
 from tests.support import inprocess

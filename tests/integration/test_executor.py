@@ -37,11 +37,11 @@ from crashsafe.contracts.tool_messages import (
     tool_encoder,
 )
 from crashsafe.domain.key_facts import attempted, first_asked
+from crashsafe.natsd import NatsServer
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.service import Executor, OutcomeStillUnknown
 from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform.jetstream import Broker, Published
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.broker import ensure_streams

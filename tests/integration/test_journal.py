@@ -14,7 +14,7 @@ from crashsafe.contracts.run_events import Budget, ModelAnswered, RunStarted
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support.broker import ensure_streams
 
 

@@ -35,14 +35,14 @@ from crashsafe.domain.agent import Agent
 from crashsafe.domain.decide import ModelReply
 from crashsafe.domain.fold import passages_item, replay
 from crashsafe.domain.registry import KvOperation
+from crashsafe.natsd import NatsServer
 from crashsafe.services.agents.memory import REMEMBER_PREFERENCE
 from crashsafe.services.knowledge.library import Library
-from crashsafe.services.platform.guests import GuestProfiles, ProfileUnreadable
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.kv_effects import KvEffects
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.providers.kv_effects import KvEffects
+from crashsafe.services.records.guest_profiles import GuestProfiles, ProfileUnreadable
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.nats_users import access

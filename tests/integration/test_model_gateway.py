@@ -21,9 +21,9 @@ from crashsafe.contracts.errors import ModelUnavailable
 from crashsafe.contracts.run_events import JournalEvent, ModelAnswered, RunStarted
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.catalog import publish_catalog
 from crashsafe.services.runtime.chat_completions import chat_messages, chat_tools
 from crashsafe.services.runtime.model import ModelGateway

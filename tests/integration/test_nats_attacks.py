@@ -17,8 +17,8 @@ from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.streams import leases_spec, projector_planner_consumer, stream_specs
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
+from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.settings import NatsAccess
 
 NS = Namespace("attack")

@@ -11,9 +11,9 @@ import pytest
 
 from crashsafe import infra
 from crashsafe.contracts.errors import NotPermitted
+from crashsafe.natsd import free_port, nats_server_binary
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential
-from crashsafe.services.platform.natsd import free_port, nats_server_binary
 from crashsafe.services.platform.settings import NatsAccess
 
 

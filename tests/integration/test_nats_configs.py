@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crashsafe.services.platform.natsd import NatsServer, nats_server_binary
+from crashsafe.natsd import NatsServer, nats_server_binary
 from tests.support.paths import ROOT
 
 CONFIGS = sorted((ROOT / "infra").glob("*.conf"))

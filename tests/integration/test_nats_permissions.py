@@ -20,9 +20,9 @@ from nats.aio.client import Client
 from crashsafe.contracts.nats_permissions import NatsUser, Role, users
 from crashsafe.contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
 from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential
-from crashsafe.services.platform.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.settings import NatsAccess
 from tests.support.paths import ROOT
 

@@ -20,9 +20,9 @@ from crashsafe.contracts.errors import BrokerUnavailable
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.streams import stream_specs
 from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.natsd import NatsAuth, NatsServer, ServerTls
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import write_private
-from crashsafe.services.platform.natsd import NatsAuth, NatsServer, ServerTls
 from crashsafe.services.platform.settings import NatsAccess, Settings
 
 NS = Namespace("tlsns")

@@ -38,11 +38,11 @@ from crashsafe.domain.agent import Agent
 from crashsafe.domain.decide import ModelReply
 from crashsafe.domain.effect_audit import unknown_events
 from crashsafe.domain.fold import replay
-from crashsafe.services.platform.asks import reconcile_run, wake_run
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.records.run_asks import reconcile_run, wake_run
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.broker import dead_letters, ensure_streams, submit_inbound
 from tests.support.runs import SEARCH, Run, booked_run, call, started

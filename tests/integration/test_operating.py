@@ -29,13 +29,13 @@ from crashsafe.contracts.tool_messages import (
 )
 from crashsafe.domain import registry as registries
 from crashsafe.domain.projection_plan import plan
+from crashsafe.natsd import NatsServer
 from crashsafe.services.operations.dead_letters import DeadLetters, replay_msg_id
 from crashsafe.services.operations.replan import replanner
-from crashsafe.services.platform import provider_views
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.nats_users import read_credential
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.providers import provider_views
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.capabilities import signed
 from tests.support.nats_users import access

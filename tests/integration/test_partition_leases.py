@@ -27,10 +27,10 @@ from crashsafe.contracts.tool_messages import (
     runtime_message_decoder,
     tool_encoder,
 )
+from crashsafe.natsd import NatsServer
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.capabilities import signed

@@ -48,14 +48,14 @@ from crashsafe.contracts.streams import KvSpec, projections_spec
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import audit_key, plan
+from crashsafe.natsd import NatsServer
 from crashsafe.services.agents import stayhub
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker, KvEntry
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.projector.service import Projector
+from crashsafe.services.providers.provider_calls import Providers
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.broker import consumer_idle, dead_letters
 from tests.support.nats_users import access

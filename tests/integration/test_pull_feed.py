@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 
 from crashsafe.contracts.streams import executor_consumer, runtime_consumers
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.services.platform.consumer import Deliveries
+from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.pull_feed import PullFeed

@@ -15,8 +15,8 @@ import pytest
 
 from crashsafe.contracts.streams import projection_consumer, projections_spec, runtime_consumers
 from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.provisioning import provision
 from tests.support import inprocess

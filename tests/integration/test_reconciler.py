@@ -26,12 +26,12 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import unsettled_unknowns
+from crashsafe.natsd import NatsServer
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.reconciler.service import Reconciler
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox

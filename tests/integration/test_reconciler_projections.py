@@ -35,11 +35,11 @@ from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.registry import Registry, load
+from crashsafe.natsd import NatsServer
 from crashsafe.projections import projections_list, projections_retry
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.reconciler.service import Reconciler
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique

@@ -23,11 +23,11 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay, summarize
+from crashsafe.natsd import NatsServer
 from crashsafe.runs import list_runs, parse_since
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support.nats_users import access
 from tests.support.paths import ROOT
 from tests.support.runs import T0, started

@@ -28,9 +28,9 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.decide import model_answered
 from crashsafe.domain.fold import fold_run, replay
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.model import ResponsesModel
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess

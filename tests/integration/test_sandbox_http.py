@@ -705,7 +705,7 @@ async def test_http_a_key_is_looked_up_in_its_own_account_only(sandbox_url: str)
     asked in the default account, a tenant's charge would read as never made (issue 17, guarantee 8)."""
     from crashsafe.contracts.tool_messages import Answer
     from crashsafe.services.agents import stayhub
-    from crashsafe.services.platform.providers import Providers
+    from crashsafe.services.providers.provider_calls import Providers
 
     key = unique("bk")
     body = {"hotel_id": "lis-1", "guest_id": "alice", "check_in": "2031-12-01", "check_out": "2031-12-03"}

@@ -18,12 +18,12 @@ from crashsafe.contracts.memory import SessionLane
 from crashsafe.contracts.run_events import ActionRequested, Budget, RunCompleted, TurnReceived
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
-from crashsafe.services.platform.sessions import SessionRecords, with_turn
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.records.session_lanes import SessionRecords, with_turn
 from crashsafe.services.runtime.lanes import finished_turn
 from tests.support import inprocess
 from tests.support.broker import ensure_streams

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crashsafe.services.platform.natsd import free_port
+from crashsafe.natsd import free_port
 
 
 @pytest.mark.parametrize("service", ["reconciler", "gateway"])

@@ -16,11 +16,11 @@ from crashsafe.contracts.run_events import Budget, HandOffReason, RunHandedOff, 
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.support import support_decoder, ticket_for
 from crashsafe.domain.handoff import handoff_reply
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
-from crashsafe.services.platform.natsd import NatsServer
-from crashsafe.services.platform.tickets import publish_ticket
 from crashsafe.services.reconciler.service import Reconciler
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.records.support_tickets import publish_ticket
 from tests.support import inprocess
 from tests.support.nats_users import access
 from tests.support.waiting import eventually, unique

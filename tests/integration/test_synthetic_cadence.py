@@ -16,9 +16,9 @@ from crashsafe.contracts.errors import NotPermitted
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn, synthetic_decoder
+from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer, free_port
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.reconciler.synthetic import SyntheticCadence
 from tests.support import inprocess

@@ -22,7 +22,7 @@ from bench.workloads import registry as bench_registry
 from crashsafe.contracts.capabilities import GRACE_S, CapabilityIssuer, CapabilityOrigin, CapabilityVerifier
 from crashsafe.contracts.tool_messages import ActionRequest
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform.capability_keys import VERIFY_KEYS_VARIABLE, public_path
+from crashsafe.services.records.capability_keys import VERIFY_KEYS_VARIABLE, public_path
 
 _COMPENSATION_TOOLS = bench_registry().compensation_only
 _SESSION_KEY = Ed25519PrivateKey.generate()

@@ -11,9 +11,9 @@ from crashsafe.contracts.keys import run_id_for, tool_input_hash
 from crashsafe.contracts.run_events import ApprovalRequested, Budget, RunStarted
 from crashsafe.domain.decide import approval_id_for, model_answered
 from crashsafe.domain.fold import fold_run
-from crashsafe.services.platform.asks import wake_run
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
+from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
 from tests.support.inprocess import REGISTRY
 from tests.support.stack import StackClient

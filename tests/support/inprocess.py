@@ -34,14 +34,14 @@ from crashsafe.services.executor import service as executor_service
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.operations.provider_audit import AuditStats, audit_all
-from crashsafe.services.platform.guests import GuestProfiles
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.projector.service import Projector
+from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.reconciler.service import Reconciler
+from crashsafe.services.records.guest_profiles import GuestProfiles
 from crashsafe.services.runtime.approvals import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.lanes import SessionLanes

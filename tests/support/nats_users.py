@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from crashsafe.contracts.nats_permissions import Role
-from crashsafe.services.platform.natsd import NatsAuth, NatsCluster, NatsServer
+from crashsafe.natsd import NatsAuth, NatsCluster, NatsServer
 from crashsafe.services.platform.settings import NatsAccess
 
 _BY_URL: dict[str, NatsAuth] = {}

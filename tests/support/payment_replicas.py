@@ -28,8 +28,8 @@ from crashsafe.contracts.tool_messages import (
     tool_encoder,
 )
 from crashsafe.domain.partition_ownership import lease_decoder
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.natsd import NatsServer
 from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
 from tests.support.broker import ensure_streams

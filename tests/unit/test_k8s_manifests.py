@@ -24,8 +24,9 @@ from crashsafe.contracts.nats_permissions import users
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain import registry as registries
 from crashsafe.infra import infra_nats_auth
-from crashsafe.services.platform.capability_keys import write_key_pair
-from crashsafe.services.platform.settings import VARIABLES, Settings
+from crashsafe.services.platform.environment_variables import VARIABLES
+from crashsafe.services.platform.settings import Settings
+from crashsafe.services.records.capability_keys import write_key_pair
 from tests.support.kustomize import Rendered, render
 from tests.support.paths import ROOT
 

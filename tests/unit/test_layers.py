@@ -31,15 +31,31 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.domain",
         "crashsafe.services.agents",
     },
+    # Process infrastructure: the JetStream adapter, the delivery loop, settings, logs, tracing, probes.
     "crashsafe.services.platform": {
         "crashsafe.contracts",
         "crashsafe.services.platform",
         "crashsafe.domain",
     },
+    # Records several services share, each in its JetStream bucket or stream, over the platform's adapter.
+    "crashsafe.services.records": {
+        "crashsafe.contracts",
+        "crashsafe.domain",
+        "crashsafe.services.platform",
+        "crashsafe.services.records",
+    },
+    # The outside providers' adapter the executor and the projector share.
+    "crashsafe.services.providers": {
+        "crashsafe.contracts",
+        "crashsafe.domain",
+        "crashsafe.services.platform",
+        "crashsafe.services.providers",
+    },
     "crashsafe.services.runtime": {
         "crashsafe.domain",
         "crashsafe.contracts",
         "crashsafe.services.platform",
+        "crashsafe.services.records",
         "crashsafe.services.runtime",
         "crashsafe.services.knowledge",
     },
@@ -52,17 +68,22 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.domain",
         "crashsafe.contracts",
         "crashsafe.services.platform",
+        "crashsafe.services.records",
+        "crashsafe.services.providers",
         "crashsafe.services.executor",
     },
     "crashsafe.services.gateway": {
         "crashsafe.contracts",
         "crashsafe.services.platform",
+        "crashsafe.services.records",
         "crashsafe.services.gateway",
         "crashsafe.domain",
     },
     # The evidence console: pages that read and act through the operator tasks, with the domain's access rules.
     "crashsafe.services.console": {
         "crashsafe.contracts",
+        "crashsafe.services.records",
+        "crashsafe.services.providers",
         "crashsafe.domain",
         "crashsafe.services.platform",
         "crashsafe.services.operations",
@@ -74,17 +95,21 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.contracts",
         "crashsafe.domain",
         "crashsafe.services.platform",
+        "crashsafe.services.records",
+        "crashsafe.services.providers",
         "crashsafe.services.operations",
     },
     "crashsafe.services.reconciler": {
         "crashsafe.contracts",
         "crashsafe.services.platform",
+        "crashsafe.services.records",
         "crashsafe.services.reconciler",
         "crashsafe.domain",
     },
     "crashsafe.services.projector": {
         "crashsafe.contracts",
         "crashsafe.services.platform",
+        "crashsafe.services.providers",
         "crashsafe.services.projector",
         "crashsafe.domain",
     },

@@ -1,4 +1,4 @@
-"""How the executor reads a provider's HTTP answers (services/platform/providers.py): as a careful engineer would.
+"""How the executor reads a provider's HTTP answers (services/providers/provider_calls.py): as a careful engineer would.
 
 A failure only from the provider's typed refusal, "absent" only from its typed "no such key", a found record by
 its own status, and everything else (5xx, 408, 429, a key in use, a body that is not the provider's) unknown."""
@@ -13,7 +13,7 @@ import pytest
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation
 from crashsafe.services.agents.booking.tools import CREATE_BOOKING, CREATE_PAYMENT
-from crashsafe.services.platform.providers import read_answer, read_lookup, retry_after_s
+from crashsafe.services.providers.provider_calls import read_answer, read_lookup, retry_after_s
 
 PAYMENT = CREATE_PAYMENT.operation
 BOOKING = CREATE_BOOKING.operation

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crashsafe.services.platform.settings import VARIABLES, InvalidSetting, Settings, parse_partitions
+from crashsafe.services.platform.environment_variables import VARIABLES
+from crashsafe.services.platform.settings import InvalidSetting, Settings, parse_partitions
 from tests.support.paths import ROOT
 
 

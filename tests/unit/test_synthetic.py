@@ -31,7 +31,7 @@ from crashsafe.services.agents import stayhub
 from crashsafe.services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics
-from crashsafe.services.platform.synthetic import judge, record, synthetic_text
+from crashsafe.services.reconciler.synthetic_turn import judge, record, synthetic_text
 from crashsafe.services.runtime.fixed_model import NOT_SYNTHETIC, fixed_answer
 from crashsafe.services.runtime.model import read_response
 from tests.support.runs import BOOKING, T0, Run, call, receipt, reply_of, started

@@ -17,8 +17,8 @@ from crashsafe.contracts.spans import SpanAttr, SpanName
 from crashsafe.contracts.subjects import Header
 from crashsafe.contracts.tool_messages import ActionRequest, Answer
 from crashsafe.domain.registry import HttpOperation, KvOperation, LocalOperation, ProviderAnswer, Tool
-from crashsafe.services.platform.kv_effects import KvEffects
 from crashsafe.services.platform.tracing import annotate, current, failed, headers_for, span
+from crashsafe.services.providers.kv_effects import KvEffects
 
 # Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
 _NOT_NOW = frozenset({408, 425, 429})

@@ -23,10 +23,10 @@ from crashsafe.contracts.streams import approvals_spec
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import RunWake, tool_encoder
 from crashsafe.domain import approval_flow as approval_rules
-from crashsafe.services.platform.asks import wake_run
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.records.run_asks import wake_run
 
 record_encoder = msgspec.json.Encoder()
 record_decoder = msgspec.json.Decoder(ApprovalRecord)

@@ -1,6 +1,6 @@
 """The provider's by-key view over NATS request/reply: executors answer, the gateway asks.
 
-Read-only: a lookup through the tool's lookup path (services/platform/providers.py), never a call. The gateway
+Read-only: a lookup through the tool's lookup path (services/providers/provider_calls.py), never a call. The gateway
 holds no provider credential; each family's executors answer for their own family only (NATS permissions), one
 replica per question (a queue group)."""
 
@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-import nats.errors
-from nats.aio.msg import Msg
 
+from crashsafe.contracts.errors import BrokerUnavailable
 from crashsafe.contracts.provider_view import (
     NO_LOOKUP,
     ProviderViewReply,
@@ -24,9 +23,9 @@ from crashsafe.contracts.provider_view import (
 )
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.registry import ProviderAnswer, Tool
-from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.jetstream import Broker, Subscription
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.providers import Providers
+from crashsafe.services.providers.provider_calls import Providers
 
 # The gateway's own answer when no executor replied in time (or none runs): shown as such, never a 500.
 NO_ANSWER = "no_answer"
@@ -60,27 +59,22 @@ async def serve(
     tools: Mapping[str, Tool],
     providers: Providers,
     logger: logging.Logger,
-) -> Any:
+) -> Subscription:
     """Answer `<ns>.provider_view.<family>` until unsubscribed; a question that cannot be read, or a lookup
     that fails, is answered `unknown`, never left to crash the executor."""
 
-    async def on_request(msg: Msg) -> None:
-        if not msg.reply:
-            return
+    async def on_question(data: bytes) -> bytes:
         try:
-            request = provider_view_request_decoder.decode(msg.data)
+            request = provider_view_request_decoder.decode(data)
             reply = await answer(tools, providers, request)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             reply = ProviderViewReply(answer="unknown", detail=f"unreadable question: {exc}")
         except Exception as exc:  # noqa: BLE001 -- a lookup that broke must not take the subscription down
             log(logger, logging.WARNING, "provider view failed", error=f"{type(exc).__name__}: {exc}")
             reply = ProviderViewReply(answer="unknown", detail=f"lookup failed: {type(exc).__name__}")
-        try:
-            await msg.respond(provider_view_encoder.encode(reply))
-        except (nats.errors.Error, OSError):
-            pass  # the asker is gone or the connection is: it shows "provider did not answer"
+        return provider_view_encoder.encode(reply)
 
-    return await broker.nc.subscribe(ns.provider_view(family), queue=f"provider_view_{family}", cb=on_request)
+    return await broker.serve(ns.provider_view(family), f"provider_view_{family}", on_question)
 
 
 async def ask(
@@ -89,12 +83,13 @@ async def ask(
     """The provider's answer about `key`, through `tool`'s family's executors; `no_answer` if none replied."""
     request = ProviderViewRequest(tool=tool.name, key=key, args=args)
     try:
-        msg = await broker.nc.request(
-            ns.provider_view(tool.contract.family), provider_view_encoder.encode(request), timeout=timeout_s
+        data = await broker.request(
+            ns.provider_view(tool.contract.family), provider_view_encoder.encode(request), timeout_s
         )
-    except (TimeoutError, nats.errors.Error, OSError) as exc:
-        return ProviderViewReply(answer=NO_ANSWER, detail=f"provider did not answer ({type(exc).__name__})")
+    except BrokerUnavailable as exc:
+        why = type(exc.__cause__ or exc).__name__
+        return ProviderViewReply(answer=NO_ANSWER, detail=f"provider did not answer ({why})")
     try:
-        return provider_view_reply_decoder.decode(msg.data)
+        return provider_view_reply_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return ProviderViewReply(answer=NO_ANSWER, detail="provider did not answer (an unreadable reply)")

@@ -15,10 +15,10 @@ from crashsafe.contracts.errors import RunNotFound
 from crashsafe.contracts.tool_messages import OutcomeStatus, RunWake, tool_encoder
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import headers_for
+from crashsafe.services.records.run_journal import RunJournal
 
 logger = logging.getLogger("crashsafe.asks")
 

@@ -1,0 +1,150 @@
+"""The README's table of every environment variable the product reads: its name, its default, what it means."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """One environment variable: its name, its default as written in the README, and what it means."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+# The README's configuration table lists exactly these (tests/…/test_settings.py checks it).
+VARIABLES: tuple[Variable, ...] = (
+    Variable(
+        "CRASHSAFE_NATS_URL",
+        "nats://127.0.0.1:4222",
+        "the NATS server (a cluster: its URLs, comma-separated)",
+    ),
+    Variable("CRASHSAFE_NAMESPACE", DEFAULT_NAMESPACE, "prefix of every subject and stream"),
+    Variable(
+        "CRASHSAFE_REGISTRY", "crashsafe.services.agents:stayhub", "the agents and tools this deployment runs"
+    ),
+    Variable(
+        "CRASHSAFE_ACTION_PARTITIONS",
+        str(DEFAULT_ACTION_PARTITIONS),
+        "partitions per tool family (a migration)",
+    ),
+    Variable(
+        "CRASHSAFE_PARTITIONS",
+        "all",
+        "`all`: the live replicas of a family share the partitions; `0-1`, `2,3`: only these (still leased)",
+    ),
+    Variable("CRASHSAFE_DATA_DIR", ".crashsafe/data", "executor SQLite files, one per owned partition"),
+    Variable("CRASHSAFE_SQLITE_SYNC", "NORMAL", "`FULL` fsyncs every receipt (power-loss safe)"),
+    Variable("CRASHSAFE_ACK_WAIT_S", "1", "ack wait of every consumer"),
+    Variable("CRASHSAFE_STREAM_REPLICAS", "1", "`3` on a three-node JetStream cluster"),
+    Variable("CRASHSAFE_GATEWAY_HOST", "127.0.0.1", "gateway listen address"),
+    Variable("CRASHSAFE_GATEWAY_PORT", "8080", "gateway listen port"),
+    Variable("CRASHSAFE_SANDBOX_URL", "http://127.0.0.1:8090", "the providers"),
+    Variable("CRASHSAFE_SANDBOX_PORT", "8090", "the sandbox's listen port"),
+    Variable("CRASHSAFE_WORKER_ID", "<hostname>-<pid>", "this replica's name in journals and logs"),
+    Variable(
+        "CRASHSAFE_LOG_LEVEL",
+        "INFO",
+        "DEBUG, INFO, WARNING or ERROR: the JSON lines on stderr ([docs/observability.md](docs/observability.md#logs))",
+    ),
+    Variable("CRASHSAFE_CRASH_AT", "unset", "a crash seam to SIGKILL at (tests and the demo)"),
+    Variable("CRASHSAFE_MODEL", "scripted-booking", "the model name asked of the Responses API"),
+    Variable(
+        "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
+    ),
+    Variable("OPENAI_BASE_URL", "unset", "that provider's base URL"),
+    Variable(
+        "CRASHSAFE_API_KEY",
+        "unset",
+        "a gateway client's key (the CLI and scripts; else `<state-dir>/api_key`)",
+    ),
+    Variable("CRASHSAFE_TLS_CERT_FILE", "unset", "gateway HTTPS: its certificate chain (PEM)"),
+    Variable("CRASHSAFE_TLS_KEY_FILE", "unset", "gateway HTTPS: its private key (PEM)"),
+    Variable("CRASHSAFE_RATE_PER_CLIENT", "2000", "requests/s per API key, per gateway replica (0: none)"),
+    Variable("CRASHSAFE_RATE_PER_GUEST", "20", "guest events/s per guest, per gateway replica (0: none)"),
+    Variable(
+        "CRASHSAFE_RECONCILE_PER_MINUTE", "6", "reconciles per run and minute, per gateway replica (0: none)"
+    ),
+    Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
+    Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
+    Variable(
+        "CRASHSAFE_TURNS_PER_RUN",
+        "50",
+        "guest messages one run takes as turns; past it `409 turn_limit_reached` (0: no cap)",
+    ),
+    Variable(
+        "CRASHSAFE_RUN_INBOX",
+        "10",
+        "a run's accepted messages not yet read by its model; past it `429 run_inbox_full` (0: no cap)",
+    ),
+    Variable(
+        "CRASHSAFE_CAPABILITY_SIGNING_KEY",
+        "unset",
+        "runtime only: its Ed25519 private key (PEM) that signs every action request; required",
+    ),
+    Variable(
+        "CRASHSAFE_CAPABILITY_VERIFY_KEYS",
+        "unset",
+        "executors: the runtime's public key(s) (PEM), one path or two comma-separated during a rotation",
+    ),
+    Variable(
+        "CRASHSAFE_NATS_CREDS",
+        "unset",
+        "this process's NATS credential file (0600; `crashsafe up` and `crashsafe infra nats-auth` write one per role)",
+    ),
+    Variable(
+        "CRASHSAFE_NATS_TLS_CA_FILE", "unset", "CA bundle (PEM) to verify the NATS server by; implies TLS"
+    ),
+    Variable(
+        "CRASHSAFE_NATS_TLS_CERT_FILE",
+        "unset",
+        "client certificate (PEM) if the NATS server verifies clients",
+    ),
+    Variable("CRASHSAFE_NATS_TLS_KEY_FILE", "unset", "that certificate's private key (PEM)"),
+    Variable(
+        "CRASHSAFE_PROJECTION_TIME_SCALE",
+        "1.0",
+        "projector: multiplies every projection retry delay and give-up time (tests shorten the clock: 0.01)",
+    ),
+    # The synthetic turn and the knowledge library's degraded mode (issue 11, slice synthetic).
+    Variable(
+        "CRASHSAFE_SYNTHETIC_GATEWAY_URL",
+        "unset",
+        "reconciler: the gateway its synthetic turn goes through (unset: no synthetic turn)",
+    ),
+    Variable(
+        "CRASHSAFE_SYNTHETIC_KEY_FILE",
+        "unset",
+        "reconciler: the file holding the `synthetic` tenant's API key (events:write, runs:read)",
+    ),
+    Variable(
+        "CRASHSAFE_SYNTHETIC_EVERY_S",
+        "300",
+        "reconciler: at most one synthetic turn per this many seconds (0: off)",
+    ),
+    Variable("CRASHSAFE_SYNTHETIC_BUDGET_S", "30", "one synthetic turn's time budget: past it, `slow`"),
+    Variable(
+        "CRASHSAFE_KNOWLEDGE_DIR",
+        "unset",
+        "runtime: a folder of policy documents (*.md) instead of the shipped StayHub ones; none: degraded",
+    ),
+    Variable(
+        "CRASHSAFE_OPS_HOST",
+        "127.0.0.1",
+        "ops port address: `/healthz`, `/readyz`, `/metrics` (`0.0.0.0` in a pod)",
+    ),
+    Variable(
+        "CRASHSAFE_OPS_PORT",
+        "9464",
+        "ops port of runtime, executors, projector and reconciler (0: a free port, printed); the gateway serves them on its own",
+    ),
+    Variable(
+        "CRASHSAFE_LOOP_STALL_S",
+        "30",
+        "a service whose event loop has not turned for this long fails `/healthz` and exits (code 70), to be restarted",
+    ),
+)

@@ -1,0 +1,163 @@
+"""Reading a stream without a consumer: direct gets of one message, of a subject's messages from a sequence on,
+and of the last message on each of many subjects (the JetStream adapter's read side)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from crashsafe.contracts.errors import BrokerUnavailable
+from crashsafe.contracts.subjects import Header
+
+# How long one direct get waits for each of its answers before it says NATS did not answer.
+_ANSWER_WAIT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
+def read_failed(subject: str) -> BrokerUnavailable:
+    return BrokerUnavailable(
+        f"JetStream did not answer a read of {subject}; try again once NATS answers", subject=subject
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """One batched direct get's messages, and the end-of-batch status headers (None: nothing matched, a 404)."""
+
+    messages: list[StoredMessage]
+    end: dict[str, str] | None
+    more: bool  # the last message said more are pending
+
+
+class DirectReads:
+    """The Broker's reads by direct get: any replica answers, and no consumer is created or left behind."""
+
+    nc: Client
+    js: JetStreamContext
+
+    async def last_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
+        try:
+            raw = await self.js.get_last_msg(stream, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise read_failed(subject) from exc
+        return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
+
+    async def first_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
+        """One direct get (request/reply on the shared inbox): cheaper than a batch for a single message."""
+        try:
+            raw = await self.js.get_msg(stream, seq=1, subject=subject, next=True, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise read_failed(subject) from exc
+        return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
+
+    async def read_subject(
+        self, stream: str, subject: str, after_seq: int = 0, batch: int = 256
+    ) -> list[StoredMessage]:
+        """Every message on one subject after `after_seq`, in order, fetched with batched direct gets (one round
+        trip per batch)."""
+        out: list[StoredMessage] = []
+        next_seq = after_seq + 1
+        while True:
+            request = {"seq": next_seq, "next_by_subj": subject, "batch": batch}
+            answer = await self._direct_batch(stream, request, subject, _no_direct_gets(stream))
+            out.extend(answer.messages)
+            if answer.end is None or not answer.more or not answer.messages:
+                return out
+            next_seq = answer.messages[-1].seq + 1
+
+    async def last_on_each_subject(self, stream: str, subjects: str, page: int = 500) -> list[StoredMessage]:
+        """The last message of every subject matching `subjects` (a wildcard), in stream order: `multi_last`
+        direct gets, paged at one stream sequence (the first page's `up_to`), so a busy stream still gives one
+        consistent snapshot. Needs nats-server 2.11 or later."""
+        out: list[StoredMessage] = []
+        after, up_to = 0, 0
+        while True:
+            request: dict[str, object] = {"multi_last": [subjects], "batch": page}
+            if after:
+                request["seq"] = after + 1
+            if up_to:
+                request["up_to_seq"] = up_to
+            refused = (
+                f"listing {stream} answered %s; this needs nats-server 2.11 or later and a stream that allows"
+                " direct gets (`crashsafe infra apply`)"
+            )
+            answer = await self._direct_batch(stream, request, subjects, refused)
+            out.extend(answer.messages)
+            if answer.end is None or not answer.messages:
+                return out
+            if not int(answer.end.get(Header.NUM_PENDING, "0")):
+                return out
+            up_to = int(answer.end.get(Header.UP_TO_SEQUENCE, "0"))
+            after = answer.messages[-1].seq
+
+    async def stream_head(self, stream: str) -> int:
+        """The stream's last sequence now: where a reader that rendered from a read starts following."""
+        try:
+            info = await self.js.stream_info(stream)
+        except Exception as exc:  # noqa: BLE001 -- nats-py raises several types here; all mean "not now"
+            raise BrokerUnavailable(f"cannot read {stream}: {exc}; try again once NATS answers") from exc
+        return int(info.state.last_seq or 0)
+
+    async def _direct_batch(
+        self, stream: str, request: dict[str, object], subject: str, refused: str
+    ) -> _Batch:
+        """One batched direct get: its messages until the server's end-of-batch (204) or nothing-matched (404)
+        status. `refused` (with a %s for the status) is what any other status is reported as."""
+        inbox = self.nc.new_inbox()
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def collect(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        sub = await self.nc.subscribe(inbox, cb=collect)
+        try:
+            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
+            messages: list[StoredMessage] = []
+            more = False
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), timeout=_ANSWER_WAIT_S)
+                except TimeoutError as exc:
+                    raise read_failed(subject) from exc
+                headers = dict(msg.headers or {})
+                status = headers.get("Status")
+                if status == "404":  # nothing (more) on this subject
+                    return _Batch(messages, None, False)
+                if status == "204":  # end of batch
+                    return _Batch(messages, headers, more)
+                if status:
+                    described = f"{status} {headers.get('Description', '')}".strip()
+                    raise BrokerUnavailable(refused % described, subject=subject)
+                messages.append(
+                    StoredMessage(
+                        seq=int(headers[Header.SEQUENCE]),
+                        subject=headers.get(Header.SUBJECT, subject),
+                        data=msg.data,
+                        headers=headers,
+                    )
+                )
+                more = int(headers.get(Header.NUM_PENDING, "0")) > 0
+        finally:
+            await sub.unsubscribe()
+
+
+def _no_direct_gets(stream: str) -> str:
+    return f"direct get on {stream} answered %s; check that the stream allows direct gets (`crashsafe infra apply`)"
