@@ -11,18 +11,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crashsafe.contracts.nats_permissions import NatsUser, Role, user_name, users
-from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
-from crashsafe.services.platform.nats_users import (
-    Credential,
-    authorization_block,
-    creds_path,
-    ensure_credentials,
-)
+from crashsafe.services.platform.nats_users import NatsAuth
 
 _LISTENING = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 _READY = "Server is ready"
@@ -52,38 +44,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class NatsAuth:
-    """The users a server admits (public nkeys and permissions) and, under `directory`, each one's credential
-    file (0600) to hand to the process of that role."""
-
-    users: list[NatsUser]
-    directory: Path
-    credentials: dict[str, Credential] = field(default_factory=dict)
-
-    @classmethod
-    def for_deployment(
-        cls,
-        directory: Path,
-        ns: Namespace | None,
-        families: Iterable[str],
-        partitions: int = DEFAULT_ACTION_PARTITIONS,
-    ) -> NatsAuth:
-        return cls(users(ns, families, partitions), directory)
-
-    def prepare(self) -> None:
-        if not self.credentials:
-            self.credentials = ensure_credentials(self.directory, self.users)
-
-    def creds(self, role: Role, family: str | None = None) -> Path:
-        self.prepare()
-        return creds_path(self.directory, user_name(role, family))
-
-    def config(self) -> str:
-        self.prepare()
-        return authorization_block(self.users, self.credentials)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,8 @@ from pathlib import Path
 from crashsafe.contracts.streams import KvSpec, StreamSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.registry import Registry
-from crashsafe.natsd import NatsAuth
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.nats_users import write_private
+from crashsafe.services.platform.nats_users import NatsAuth, write_private
 from crashsafe.services.platform.provisioning import provision
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nkeys  # type: ignore[import-untyped]
 
 from crashsafe.contracts.errors import InvalidSetting
-from crashsafe.contracts.nats_permissions import NatsUser
+from crashsafe.contracts.nats_permissions import NatsUser, Role, user_name, users
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 
 CREDS_VARIABLE = "CRASHSAFE_NATS_CREDS"
 _HEADER = "# crashsafe NATS credentials: an nkey seed. Keep this file private (0600); the server holds only its public key."
@@ -114,3 +116,35 @@ def authorization_block(users: list[NatsUser], credentials: dict[str, Credential
             f"    }} }}"
         )
     return "authorization {\n  users: [\n" + ",\n".join(entries) + "\n  ]\n}"
+
+
+@dataclass
+class NatsAuth:
+    """The users a server admits (public nkeys and permissions) and, under `directory`, each one's credential
+    file (0600) to hand to the process of that role."""
+
+    users: list[NatsUser]
+    directory: Path
+    credentials: dict[str, Credential] = field(default_factory=dict)
+
+    @classmethod
+    def for_deployment(
+        cls,
+        directory: Path,
+        ns: Namespace | None,
+        families: Iterable[str],
+        partitions: int = DEFAULT_ACTION_PARTITIONS,
+    ) -> NatsAuth:
+        return cls(users(ns, families, partitions), directory)
+
+    def prepare(self) -> None:
+        if not self.credentials:
+            self.credentials = ensure_credentials(self.directory, self.users)
+
+    def creds(self, role: Role, family: str | None = None) -> Path:
+        self.prepare()
+        return creds_path(self.directory, user_name(role, family))
+
+    def config(self) -> str:
+        self.prepare()
+        return authorization_block(self.users, self.credentials)
