@@ -15,8 +15,8 @@ from crashsafe.services.platform.logs import configure, log
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
-from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import ModelGateway
 from crashsafe.services.runtime.service import Runtime

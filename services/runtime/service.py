@@ -103,8 +103,8 @@ from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tickets import publish_ticket
 from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span, trace_id_of
-from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
 

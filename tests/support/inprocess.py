@@ -41,8 +41,8 @@ from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.projector.service import Projector
 from crashsafe.services.reconciler.service import AuditStats, Reconciler, audit_all
-from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import ModelGateway
 from crashsafe.services.runtime.service import Runtime
