@@ -240,7 +240,7 @@ async def runtime(
 
 def held_state(worker: Runtime, run_id: str) -> RunState | None:
     """The state a runtime worker holds in memory for a run right now (None: it does not hold the run)."""
-    run = worker._runs.get(run_id)
+    run = worker.runs.get(run_id)
     return run.state if run is not None else None
 
 
