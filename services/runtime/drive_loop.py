@@ -9,6 +9,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -105,17 +106,12 @@ class DriveLoop:
         annotate(ctx, step_no=run.state.next_step, agent=run.state.agent)
         started = time.perf_counter()
         try:
-            rules = await self._rules(run.state)
+            step = partial(self._step, rules=await self._rules(run.state), ctx=ctx)
             going = True
             while going:
                 # Every turn of the loop yields: however many moves a run takes, the event loop keeps turning
                 # (other runs, heartbeats, probes). A move that makes no progress is an AgentFault in `next_move`.
                 await asyncio.sleep(0)
-
-                async def step(held: HeldRun | None, write: Write) -> bool:
-                    assert held is not None
-                    return await self._step(held, write, rules, ctx)
-
                 run, going = await self.appends.decided(run, step, ctx)
         finally:
             _STEP_SECONDS(run.state.agent).observe(time.perf_counter() - started)
@@ -134,8 +130,9 @@ class DriveLoop:
             # it is handed to a person, and what it must still undo is undone under the agent's built-in config.
             return _Rules(agent, agent.config, exc)
 
-    async def _step(self, run: HeldRun, write: Write, rules: _Rules, ctx: Context) -> bool:
+    async def _step(self, run: HeldRun | None, write: Write, *, rules: _Rules, ctx: Context) -> bool:
         """Take the run's next move; False once the run waits or ends (nothing more to drive)."""
+        assert run is not None  # the drive loop drives held runs only
         move: Move
         if rules.gone is None or run.state.terminal:
             move = next_move(run.state, rules.agent, utcnow(), rules.config)

@@ -74,7 +74,6 @@ class Runtime:
         self.settings = settings
         self.registry = registry
         self.ns = settings.namespace
-        self.model = model
         self.logger = logger
         self.worker = settings.worker_id
         # The parts around the loop; the composition root passes each in (the defaults are for tests).
@@ -132,6 +131,15 @@ class Runtime:
     @journal.setter
     def journal(self, journal: RunJournal) -> None:
         self.appends.journal = journal
+
+    @property
+    def model(self) -> Model:
+        """The model the drive loop asks (a test swaps in another script between runs)."""
+        return self.loop.model
+
+    @model.setter
+    def model(self, model: Model) -> None:
+        self.loop.model = model
 
     async def start(self) -> None:
         await require(
