@@ -25,7 +25,6 @@ from crashsafe.contracts.errors import (
     InvalidRequest,
     RateLimited,
     RunNotFound,
-    SessionOfAnotherGuest,
     SubjectFull,
     TooManyActiveRuns,
     Unauthenticated,
@@ -57,6 +56,7 @@ from crashsafe.domain.access import (
 from crashsafe.domain.admission import Admission, admit, conflict, status_for, too_large
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.domain.registry import Registry
+from crashsafe.domain.session_lanes import Owner, Refuse, given_back, lane_move
 from crashsafe.domain.token_buckets import Rate, TokenBuckets
 from crashsafe.services.gateway import openapi as api
 from crashsafe.services.gateway import ops
@@ -180,8 +180,15 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         turn_of = "" if lane.run_id == admission.run_id else lane.run_id
         if turn_of:
             owners_guest, owners_agent = await _owner(broker, ns, lane)
-            if owners_guest is not None and owners_guest != message.guest_id:
-                raise SessionOfAnotherGuest(session_id=message.session_id[:128], run_id=turn_of)
+            move = lane_move(
+                lane,
+                run_id=admission.run_id,
+                guest_id=message.guest_id,
+                session_id=message.session_id,
+                owner=Owner(guest_id=owners_guest),
+            )
+            if isinstance(move, Refuse):
+                raise move.error
             if owners_agent is not None:
                 # The message speaks to the owner's agent (its model, its approval): as if it started that agent.
                 may_start(client, owners_agent, registry.default_agent)
@@ -263,12 +270,7 @@ async def _owner(broker: Broker, ns: Namespace, lane: SessionLane) -> tuple[str 
 async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, run_id: str) -> None:
     """Give back a lane claimed for a run that was then refused (the caps), if it is still this run's."""
 
-    def give_back(lane: SessionLane) -> SessionLane | None:
-        return (
-            msgspec.structs.replace(lane, run_id="", guest_id="", turns=0) if lane.run_id == run_id else None
-        )
-
-    await sessions.change(tenant, session_id, give_back)
+    await sessions.change(tenant, session_id, lambda lane: given_back(lane, run_id))
 
 
 async def _matches_journal(broker: Broker, ns: Namespace, admission: Admission) -> bool:

@@ -1,7 +1,8 @@
 """Session lanes in `<ns>_sessions`: which run owns a guest session now, and the session's last finished runs.
 
-Exactly one run owns a session at a time: every change is a compare-and-set on the record's KV revision (create
-at revision 0, update at the revision read), so two gateways, or a gateway and a runtime, never both win it."""
+Exactly one run owns a session at a time: every change (decided in domain/session_lanes.py) is a compare-and-set on
+the record's KV revision (create at revision 0, update at the revision read), so two gateways, or a gateway and a
+runtime, never both win it."""
 
 from __future__ import annotations
 
@@ -10,22 +11,16 @@ from collections.abc import Callable
 import msgspec
 
 from crashsafe.contracts.errors import LeaseConflict
-from crashsafe.contracts.memory import SessionLane, SessionTurn
+from crashsafe.contracts.memory import SessionLane
 from crashsafe.contracts.streams import sessions_spec
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.session_lanes import claimed, with_turn
 from crashsafe.services.platform.jetstream import Broker
 
 lane_encoder = msgspec.json.Encoder()
 lane_decoder = msgspec.json.Decoder(SessionLane)
 MAX_ROUNDS = 16
-HISTORY = 5  # finished runs a session remembers
-
-
-def with_turn(lane: SessionLane, turn: SessionTurn) -> SessionLane:
-    """`turn` appended to the lane's history (once per run; the last HISTORY kept)."""
-    if any(t.run_id == turn.run_id for t in lane.history):
-        return lane
-    return msgspec.structs.replace(lane, history=[*lane.history, turn][-HISTORY:])
+__all__ = ["SessionRecords", "with_turn"]  # `with_turn` read by tests that write a lane's history themselves
 
 
 class SessionRecords:
@@ -68,10 +63,4 @@ class SessionRecords:
 
     async def claim_lane(self, tenant: str, session_id: str, run_id: str, guest_id: str) -> SessionLane:
         """`claim`, answering the lane as it then is: its owner and the owner's guest, read in one compare-and-set."""
-
-        def take(lane: SessionLane) -> SessionLane | None:
-            if lane.run_id:
-                return None
-            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id, turns=0)
-
-        return await self.change(tenant, session_id, take)
+        return await self.change(tenant, session_id, lambda lane: claimed(lane, run_id, guest_id))

@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import msgspec
 
-from crashsafe.contracts.memory import SessionLane, SessionTurn
+from crashsafe.contracts.memory import SessionTurn
 from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.run_state import RunState
+from crashsafe.domain.session_lanes import finished_turn, handed_back, taken_over
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.records.session_lanes import SessionRecords, with_turn
+from crashsafe.services.records.session_lanes import SessionRecords
 
-
-def finished_turn(state: RunState) -> SessionTurn:
-    """An ended run as the next run of its guest in its session is told about it."""
-    return SessionTurn(
-        run_id=state.run_id,
-        text=state.started.text[:1000],
-        reply=(state.final_reply or "")[:1000],
-        guest_id=state.guest_id,
-    )
+__all__ = ["SessionLanes", "finished_turn"]
 
 
 class SessionLanes:
@@ -80,29 +73,14 @@ class SessionLanes:
         owner afterwards."""
         if self.records is None or not tenant:
             return run_id
-
-        def take(lane: SessionLane) -> SessionLane | None:
-            if lane.run_id not in ("", owner, run_id):
-                return None  # someone else won the session meanwhile
-            lane = with_turn(lane, finished_turn(ended)) if ended is not None else lane
-            return msgspec.structs.replace(lane, run_id=run_id, guest_id=guest_id, turns=0)
-
-        return (await self.records.change(tenant, session_id, take)).run_id
+        lane = await self.records.change(
+            tenant, session_id, lambda lane: taken_over(lane, run_id, owner, ended, guest_id)
+        )
+        return lane.run_id
 
     async def release(self, state: RunState) -> None:
         """The run ended: if it still owns its session, hand the session back (with this run in its history)."""
         tenant = state.started.tenant
         if self.records is None or not tenant or not state.terminal:
             return
-
-        def give_back(lane: SessionLane) -> SessionLane | None:
-            if lane.run_id != state.run_id and lane.guest_id != state.guest_id:
-                return None  # a run outside the lane (another guest's turn made its own run): not its history
-            lane = with_turn(lane, finished_turn(state))
-            return (
-                msgspec.structs.replace(lane, run_id="", guest_id="", turns=0)
-                if lane.run_id == state.run_id
-                else lane
-            )
-
-        await self.records.change(tenant, state.session_id, give_back)
+        await self.records.change(tenant, state.session_id, lambda lane: handed_back(lane, state))

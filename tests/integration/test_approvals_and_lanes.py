@@ -208,7 +208,7 @@ async def test_a_waiting_run_holds_a_record_and_a_durable_timer_and_no_worker(wo
     # No handler is held while it waits; its folded state stays in the bounded run cache, so the guest's messages
     # meanwhile are journaled without folding the journal again (issue 17: a flood re-folded it per message).
     await eventually(lambda: not world.runtime.deliveries._tasks, what="no handler held while the run waits")
-    assert held.run_id in world.runtime._runs
+    assert held.run_id in world.runtime.runs
 
 
 async def test_a_managers_approval_lets_the_exact_call_run(world: World) -> None:

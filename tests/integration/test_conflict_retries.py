@@ -27,7 +27,7 @@ from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.runtime import service
+from crashsafe.services.runtime import append_path
 from tests.support import inprocess
 from tests.support.broker import dead_letters, ensure_streams
 from tests.support.runs import SEARCH, Run, started
@@ -74,7 +74,7 @@ async def journal(broker: Broker, namespace: Namespace) -> AsyncIterator[RunJour
 
 @pytest.fixture(autouse=True)
 def few_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "MAX_CONFLICT_RETRIES", RETRIES)
+    monkeypatch.setattr(append_path, "MAX_CONFLICT_RETRIES", RETRIES)
 
 
 async def _searching(journal: RunJournal) -> tuple[str, ActionRequested]:

@@ -223,7 +223,7 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
         heard.append(msgspec.json.decode(msg.data))
 
     listening = await world.broker.nc.subscribe(world.ns.outcomes("memory", run_id), cb=collect)
-    await runtime._publish_request(requested, context_from(None), msg_id="again", agent="booking")
+    await runtime.requests.publish(requested, context_from(None), msg_id="again", agent="booking")
     await eventually(lambda: len(heard) >= 1, what="the second delivery answered")
     assert heard[0]["via"] == Via.REPLAY and heard[0]["status"] == "succeeded"
     assert await world.profile(guest) == (profile, revision)
@@ -233,7 +233,7 @@ async def test_remember_preference_writes_the_profile_once_and_the_next_run_sees
     # record is not written again.
     await memory.close()
     await world.running.enter_async_context(inprocess.executor(world.settings("executor-b", "b"), "memory"))
-    await runtime._publish_request(requested, context_from(None), msg_id="after-loss", agent="booking")
+    await runtime.requests.publish(requested, context_from(None), msg_id="after-loss", agent="booking")
     await eventually(lambda: len(heard) >= 2, what="the lost store's key looked up")
     await listening.unsubscribe()
     assert heard[1]["via"] == Via.REPLAY and heard[1]["status"] == "succeeded"

@@ -42,8 +42,8 @@ from crashsafe.services.projector.service import Projector
 from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.records.guest_profiles import GuestProfiles
-from crashsafe.services.runtime.approvals import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import ModelGateway
 from crashsafe.services.runtime.service import Runtime
@@ -241,7 +241,7 @@ async def runtime(
 
 def held_state(worker: Runtime, run_id: str) -> RunState | None:
     """The state a runtime worker holds in memory for a run right now (None: it does not hold the run)."""
-    run = worker._runs.get(run_id)
+    run = worker.runs.get(run_id)
     return run.state if run is not None else None
 
 

@@ -212,7 +212,7 @@ def test_the_runtime_marks_an_event_appended_after_its_run_ended() -> None:
     from crashsafe.contracts.run_events import RunCompleted
     from crashsafe.contracts.subjects import Header
     from crashsafe.domain.fold import replay
-    from crashsafe.services.runtime.service import _journal_headers
+    from crashsafe.services.runtime.append_path import journal_headers as _journal_headers
     from tests.support.runs import Run, started
 
     run = Run(started())
