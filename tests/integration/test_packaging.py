@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -42,3 +44,22 @@ def test_the_wheel_installs_only_the_crashsafe_namespace(tmp_path: Path) -> None
         "crashsafe/sandbox/app.py",
     ):
         assert path in names, path
+
+
+def _copy_sources(tree: Path) -> None:
+    """The files git knows or would add, links kept as links (the crashsafe/<folder> links are the point)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source, target = ROOT / name, tree / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the work tree, not yet in git's index
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        else:
+            shutil.copy2(source, target)
