@@ -58,13 +58,11 @@ from crashsafe.domain.decide import (
     AwaitApproval,
     DecideApproval,
     Idle,
-    ModelReply,
     Move,
-    ask_at_risk,
-    model_answered,
     next_move,
 )
 from crashsafe.domain.fold import fold_run, summarize
+from crashsafe.domain.model_calls import ModelReply, ask_at_risk, model_answered
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.run_state import RunState

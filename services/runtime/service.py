@@ -75,17 +75,13 @@ from crashsafe.domain.decide import (
     AwaitApproval,
     DecideApproval,
     Idle,
-    ModelReply,
     Move,
-    ask_at_risk,
-    model_answered,
-    model_asked,
-    model_rejected,
     next_move,
     policy_unavailable,
 )
 from crashsafe.domain.fold import fold_run, passages_item, replay
 from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.model_calls import ModelReply, ask_at_risk, model_answered, model_asked, model_rejected
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.retrieval import retrieval_query
 from crashsafe.domain.run_state import RunState

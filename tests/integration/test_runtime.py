@@ -26,8 +26,8 @@ from crashsafe.contracts.run_events import (
     UnknownEvent,
 )
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.domain.decide import model_answered
 from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.natsd import NatsServer

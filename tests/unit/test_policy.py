@@ -35,7 +35,8 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
 from crashsafe.domain.arguments import check_schema, parameters_of
-from crashsafe.domain.decide import Append, AwaitApproval, next_move, plan_calls
+from crashsafe.domain.call_plan import plan_calls
+from crashsafe.domain.decide import Append, AwaitApproval, next_move
 from crashsafe.domain.fold import summarize
 from crashsafe.domain.handoff import handoff_reply
 from crashsafe.domain.policy_engine import (

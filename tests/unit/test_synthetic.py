@@ -22,7 +22,8 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.synthetic import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.catalog_check import builtin_catalog, validate_catalog
-from crashsafe.domain.decide import Append, AskModel, model_answered, next_move, policy_unavailable
+from crashsafe.domain.decide import Append, AskModel, next_move, policy_unavailable
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.retrieval import policy_question
 from crashsafe.examples.analytics.core import Figures, fold
