@@ -27,7 +27,8 @@ from crashsafe.domain.fold import fold_run
 from crashsafe.domain.handoff import handed_off
 from crashsafe.domain.identity import choose_key
 from crashsafe.domain.model_calls import times_asked
-from crashsafe.domain.policy_engine import Deny, Hold, check_asked, check_policy
+from crashsafe.domain.policy_engine import check_asked, check_policy
+from crashsafe.domain.policy_verdicts import Deny, Hold
 from crashsafe.domain.run_state import RunState
 
 DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
