@@ -32,8 +32,10 @@ from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
 from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
+from crashsafe.export_file import Export, decode_journal, export_lines
 from crashsafe.operations import settings_for
-from crashsafe.replay import Export, decode_journal, export_lines, read_run, recorded_views
+from crashsafe.replay import read_run
+from crashsafe.replay_check import recorded_views
 from crashsafe.sandbox.listing import SandboxListing
 
 CORPUS = Path(__file__).resolve().parent

@@ -21,7 +21,9 @@ from crashsafe.contracts.run_events import JournalEvent
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.run_state import RunState
-from crashsafe.replay import read_export, replay_events, state_view
+from crashsafe.export_file import read_export
+from crashsafe.replay import replay_events
+from crashsafe.run_views import state_view
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.natsd import NatsServer

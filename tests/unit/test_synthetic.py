@@ -27,7 +27,7 @@ from crashsafe.domain.model_calls import model_answered
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.retrieval import policy_question
 from crashsafe.examples.analytics.core import Figures, fold
-from crashsafe.replay import divergences
+from crashsafe.replay_check import divergences
 from crashsafe.services.agents import stayhub
 from crashsafe.services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
 from crashsafe.services.knowledge.library import Library
