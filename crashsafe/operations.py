@@ -32,7 +32,8 @@ from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.reconciler.service import audit_all
-from crashsafe.stack import API_KEY_FILE, SYNTHETIC_KEY_FILE, ProcessIdentity
+from crashsafe.stack_keys import API_KEY_FILE, SYNTHETIC_KEY_FILE
+from crashsafe.stack_processes import ProcessIdentity
 from crashsafe.timeline import timeline
 
 

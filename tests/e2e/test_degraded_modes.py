@@ -26,7 +26,7 @@ from crashsafe.contracts.synthetic import SYNTHETIC_TENANT, SyntheticResult, syn
 from crashsafe.domain.handoff import handoff_reply
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.natsd import NatsServer, free_port
-from crashsafe.stack import SYNTHETIC_KEY_FILE
+from crashsafe.stack_keys import SYNTHETIC_KEY_FILE
 from tests.support.stack import (
     StackClient,
     auth_header,
