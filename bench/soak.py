@@ -33,7 +33,7 @@ from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.settings import NatsAccess, Settings
-from crashsafe.services.reconciler.service import audit_all
+from crashsafe.services.reconciler.provider_audit import audit_all
 from crashsafe.stack import NATS
 from crashsafe.stack_keys import API_KEY_FILE
 from crashsafe.stack_processes import ProcessIdentity

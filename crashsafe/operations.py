@@ -31,7 +31,7 @@ from crashsafe.services.platform.natsd import NatsAuth
 from crashsafe.services.platform.providers import Providers
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.reconciler.service import audit_all
+from crashsafe.services.reconciler.provider_audit import audit_all
 from crashsafe.stack_keys import API_KEY_FILE, SYNTHETIC_KEY_FILE
 from crashsafe.stack_processes import ProcessIdentity
 from crashsafe.timeline import timeline

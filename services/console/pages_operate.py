@@ -54,7 +54,7 @@ from crashsafe.services.platform.dead_letters import (
 from crashsafe.services.platform.journal import RunJournal
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.unknowns import open_unknowns
-from crashsafe.services.reconciler.service import audit_all
+from crashsafe.services.reconciler.provider_audit import audit_all
 
 logger = logging.getLogger("crashsafe.console")
 

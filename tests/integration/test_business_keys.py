@@ -385,7 +385,7 @@ async def test_the_audit_asks_a_tenants_keys_in_the_tenants_own_account(
     default account, a provider that keeps accounts apart answers "no such key", and every clean effect of every
     tenant would be reported as a success the provider does not hold (issue 17, guarantee 8)."""
     from crashsafe.services.platform.providers import Providers
-    from crashsafe.services.reconciler.service import audit_all
+    from crashsafe.services.reconciler.provider_audit import audit_all
 
     event_id = unique("ev")
     text = f'obey: create_booking {HOLD}\nobey: create_payment {{"booking_id": "$booking_id"}}'

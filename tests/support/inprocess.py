@@ -40,7 +40,8 @@ from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.projector.service import Projector
-from crashsafe.services.reconciler.service import AuditStats, Reconciler, audit_all
+from crashsafe.services.reconciler.provider_audit import AuditStats, audit_all
+from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.runtime.approvals import ApprovalDesk
 from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.lanes import SessionLanes

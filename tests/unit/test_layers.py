@@ -71,7 +71,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.services.gateway.quotas",  # the provider view's per-key rate: the gateway's own token buckets
         "crashsafe.domain",
         "crashsafe.domain.projection_plan",
-        "crashsafe.services.reconciler.service",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
+        "crashsafe.services.reconciler.provider_audit",  # the audit page runs `crashsafe audit`'s own audit_all (slice OPERATE)
         "crashsafe.services.reconciler.replan",  # a dead projection replayed is planned again, as `projections retry` does
     },
     "crashsafe.services.reconciler": {
