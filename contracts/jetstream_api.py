@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from crashsafe.contracts.streams import (
-    ConsumerSpec,
-)
+from crashsafe.contracts.streams import ConsumerSpec
 
 API = "$JS.API"
 

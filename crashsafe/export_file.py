@@ -16,12 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from crashsafe.contracts.catalog import AgentConfig
-from crashsafe.contracts.run_events import (
-    JournalEvent,
-    RunStarted,
-    UnknownEvent,
-    decode_event,
-)
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
 
 EXPORT_TYPE = "crashsafe.export"
 

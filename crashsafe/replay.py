@@ -21,16 +21,10 @@ import msgspec
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import CatalogRevisionGone
 from crashsafe.contracts.projections import ProjectionTask
-from crashsafe.contracts.run_events import (
-    JournalEvent,
-    RunStarted,
-    decode_event,
-)
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import registry as registries
-from crashsafe.domain.decide import (
-    next_move,
-)
+from crashsafe.domain.decide import next_move
 from crashsafe.domain.fold import fold_run, summarize
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry

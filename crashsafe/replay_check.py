@@ -27,13 +27,7 @@ from crashsafe.contracts.run_events import (
     UnknownEvent,
 )
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import (
-    Append,
-    AskModel,
-    AwaitActions,
-    Idle,
-    next_move,
-)
+from crashsafe.domain.decide import Append, AskModel, AwaitActions, Idle, next_move
 from crashsafe.domain.fold import fold_run, summarize
 from crashsafe.domain.model_calls import ModelReply, ask_at_risk, model_answered
 from crashsafe.domain.run_state import RunState

@@ -19,20 +19,10 @@ from crashsafe.contracts.run_events import (
     TurnReceived,
     UnknownEvent,
 )
-from crashsafe.domain.decide import (
-    Append,
-    AskModel,
-    AwaitActions,
-    AwaitApproval,
-    DecideApproval,
-    Idle,
-    Move,
-)
+from crashsafe.domain.decide import Append, AskModel, AwaitActions, AwaitApproval, DecideApproval, Idle, Move
 from crashsafe.domain.fold import summarize
 from crashsafe.domain.run_state import RunState
-from crashsafe.export_file import (
-    event_type,
-)
+from crashsafe.export_file import event_type
 from crashsafe.timeline import describe
 
 

@@ -15,9 +15,7 @@ import httpx
 
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
-from crashsafe.services.platform.capability_keys import (
-    ensure_key_pair,
-)
+from crashsafe.services.platform.capability_keys import ensure_key_pair
 from crashsafe.services.platform.nats_users import creds_path
 from crashsafe.services.platform.natsd import NatsAuth, NatsServer, free_port
 from crashsafe.stack_env import service_env

@@ -8,11 +8,7 @@ import msgspec
 
 from crashsafe.contracts.errors import AgentFault
 from crashsafe.contracts.keys import CompensationKind, compensation_key
-from crashsafe.contracts.run_events import (
-    Origin,
-    RunEvent,
-    ToolCall,
-)
+from crashsafe.contracts.run_events import Origin, RunEvent, ToolCall
 from crashsafe.domain.agent import Agent, Compensation, hook_misanswered, hook_raised
 from crashsafe.domain.call_plan import plan_one
 from crashsafe.domain.fold import fold_run

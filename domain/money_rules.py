@@ -6,11 +6,7 @@ from typing import Any
 
 from crashsafe.contracts.approvals import ApprovalStatus
 from crashsafe.contracts.keys import ACCOUNT_ARG
-from crashsafe.contracts.policy import (
-    ApprovalAbove,
-    Approver,
-    RefundWithinPaid,
-)
+from crashsafe.contracts.policy import ApprovalAbove, Approver, RefundWithinPaid
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.guest_scope import owns

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crashsafe.contracts.policy import (
-    Rule,
-)
+from crashsafe.contracts.policy import Rule
 from crashsafe.contracts.tool_messages import OutcomeStatus
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from crashsafe.evals.checks import (
-    Check,
-)
+from crashsafe.evals.checks import Check
 
 
 class ScenarioClass(StrEnum):
