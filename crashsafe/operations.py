@@ -485,7 +485,7 @@ async def check_synthetic(
 ) -> int:
     """One synthetic turn; prints its result; 0 if ok, 1 if slow or failed. `record`: also publish it on
     `<ns>.ops.synthetic.cli` with the operator's NATS credential (the history the reconciler's turns go to)."""
-    from crashsafe.contracts.synthetic import SyntheticResult, synthetic_encoder
+    from crashsafe.contracts.synthetic_turn import SyntheticResult, synthetic_encoder
     from crashsafe.services.platform.synthetic import publish_turn, synthetic_turn
 
     url, secret = synthetic_target(state_dir, gateway_url, key)

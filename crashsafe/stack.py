@@ -245,7 +245,7 @@ class Stack:
     def _mint_synthetic_key(self) -> str:
         """The synthetic turn's key (tenant `synthetic`, events:write + runs:read) in `<state>/synthetic_key`,
         0600; the one a previous start left there is revoked, as the admin key's is."""
-        from crashsafe.contracts.synthetic import SYNTHETIC_TENANT
+        from crashsafe.contracts.synthetic_turn import SYNTHETIC_TENANT
 
         return mint_stack_key(
             self,

@@ -28,7 +28,7 @@ from crashsafe.contracts.memory import SessionLane
 from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
-from crashsafe.contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from crashsafe.domain.admission import Admission, admit, conflict
 from crashsafe.domain.registry import Registry
 from crashsafe.services.console.app import console_router

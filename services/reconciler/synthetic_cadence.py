@@ -11,7 +11,7 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
-from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn
+from crashsafe.contracts.synthetic_turn import SyntheticResult, SyntheticTurn
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings

@@ -22,7 +22,7 @@ import pytest
 
 from crashsafe.contracts.run_events import HandOffReason
 from crashsafe.contracts.subjects import StreamKind
-from crashsafe.contracts.synthetic import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
 from crashsafe.domain.handoff import handoff_reply
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.natsd import NatsServer, free_port

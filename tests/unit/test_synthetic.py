@@ -19,7 +19,7 @@ from crashsafe.contracts.run_events import (
     ToolRejected,
     event_encoder,
 )
-from crashsafe.contracts.synthetic import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
+from crashsafe.contracts.synthetic_turn import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.catalog_check import builtin_catalog, validate_catalog
 from crashsafe.domain.decide import Append, AskModel, next_move, policy_unavailable
@@ -29,7 +29,7 @@ from crashsafe.domain.retrieval import policy_question
 from crashsafe.examples.analytics.core import Figures, fold
 from crashsafe.replay_check import divergences
 from crashsafe.services.agents import stayhub
-from crashsafe.services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
+from crashsafe.services.agents.synthetic_agent import FIXED_ROUTE, SyntheticAgent
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.synthetic import judge, record, synthetic_text
