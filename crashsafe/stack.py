@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -23,6 +24,9 @@ from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE,
 from crashsafe.stack_processes import SINGLE_PORT, Backoff, ProcessIdentity, Service
 from crashsafe.stack_state import write_stack_json
 from crashsafe.stack_supervision import supervise
+
+if TYPE_CHECKING:
+    from crashsafe.services.platform.settings import Settings
 
 EXECUTOR_FAMILIES = ("booking", "payment", "notify", "memory")
 NATS = "nats-server"
@@ -180,11 +184,16 @@ class Stack:
             return None
         return creds_path(self.nats_creds_dir, base)  # a service's name is its user's: `executor-payment`
 
-    def _nats_auth(self) -> NatsAuth:
-        from crashsafe.domain import registry as registries
+    def service_settings(self) -> Settings:
+        """The settings its services run with: the supervisor's environment under the stack's own."""
         from crashsafe.services.platform.settings import Settings
 
-        settings = Settings.from_env({**os.environ, **self.base_env})
+        return Settings.from_env({**os.environ, **self.base_env})
+
+    def _nats_auth(self) -> NatsAuth:
+        from crashsafe.domain import registry as registries
+
+        settings = self.service_settings()
         families = registries.load(self.registry or settings.registry).families
         assert self.nats_creds_dir is not None
         return NatsAuth.for_deployment(

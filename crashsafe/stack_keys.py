@@ -26,10 +26,10 @@ def mint_stack_key(stack: Stack, file: str, tenant: str, scopes: tuple[Scope, ..
     revoking the one a previous start left there. Runs its own event loop in its own thread, since `start`
     may be called from a thread that already runs one."""
     from crashsafe.services.platform.clients import replace_stack_key
-    from crashsafe.services.platform.settings import NatsAccess, Settings
+    from crashsafe.services.platform.settings import NatsAccess
 
     # The bucket gets the replicas the services would give it (a cluster's `CRASHSAFE_STREAM_REPLICAS=3`).
-    replicas = Settings.from_env({**os.environ, **stack.base_env}).stream_replicas
+    replicas = stack.service_settings().stream_replicas
     path = stack.state_dir / file
     previous = path.read_text().strip() if path.exists() else None
     with ThreadPoolExecutor(1, thread_name_prefix="mint-key") as pool:
