@@ -46,7 +46,8 @@ from bench.workloads import REGISTRY
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess
-from crashsafe.stack import EXECUTOR_FAMILIES, STACK_TENANT, Stack
+from crashsafe.stack import EXECUTOR_FAMILIES, Stack
+from crashsafe.stack_keys import STACK_TENANT
 
 BOOKING_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"
 RSS_BAR_MB = 100.0

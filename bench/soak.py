@@ -34,7 +34,9 @@ from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess, Settings
 from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.stack import API_KEY_FILE, NATS, ProcessIdentity
+from crashsafe.stack import NATS
+from crashsafe.stack_keys import API_KEY_FILE
+from crashsafe.stack_processes import ProcessIdentity
 
 T = TypeVar("T")
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from crashsafe.contracts.jetstream_api import API, DESTRUCTIVE, direct_get, own_consumer, stream_info
 from crashsafe.contracts.memory import MEMORY_FAMILY
 from crashsafe.contracts.streams import (
     ConsumerSpec,
@@ -21,7 +22,6 @@ from crashsafe.contracts.streams import (
 )
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
 
-API = "$JS.API"
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
 CLIENTS = "clients"
 ACTIVE = "active"
@@ -121,49 +121,6 @@ class Scope:
             filter_subject="*." + spec.filter_subject.split(".", 1)[1],
             pull=spec.pull,
         )
-
-
-# JetStream API subjects -----------------------------------------------------------------------------------------
-
-
-def stream_info(stream: str) -> str:
-    return f"{API}.STREAM.INFO.{stream}"
-
-
-def direct_get(stream: str) -> list[str]:
-    """A direct get with a JSON body (by sequence, next by subject, a batch), and the last-by-subject form."""
-    return [f"{API}.DIRECT.GET.{stream}", f"{API}.DIRECT.GET.{stream}.>"]
-
-
-def consumer_create(spec: ConsumerSpec) -> str:
-    """The named create, whose subject carries the filter: the server refuses a body whose filter differs, so
-    this permission bounds what the consumer may read (the legacy DURABLE.CREATE subject does not)."""
-    return f"{API}.CONSUMER.CREATE.{spec.stream}.{spec.durable}.{spec.filter_subject}"
-
-
-def own_consumer(spec: ConsumerSpec) -> list[str]:
-    """Create, inspect, recreate (delete) and settle one's own durable; pull from it if it is a pull consumer."""
-    subjects = [
-        consumer_create(spec),
-        f"{API}.CONSUMER.INFO.{spec.stream}.{spec.durable}",
-        f"{API}.CONSUMER.DELETE.{spec.stream}.{spec.durable}",
-        f"$JS.ACK.{spec.stream}.{spec.durable}.>",
-    ]
-    if spec.pull:
-        subjects.append(spec.next_subject)
-    return subjects
-
-
-# What no service role may ever ask for: only the operator changes or removes streams and their messages.
-DESTRUCTIVE = (
-    f"{API}.STREAM.CREATE.>",
-    f"{API}.STREAM.UPDATE.>",
-    f"{API}.STREAM.DELETE.>",
-    f"{API}.STREAM.PURGE.>",
-    f"{API}.STREAM.MSG.DELETE.>",
-    f"{API}.STREAM.RESTORE.>",
-    f"{API}.ACCOUNT.PURGE.>",
-)
 
 
 def _user(

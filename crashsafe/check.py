@@ -47,8 +47,8 @@ async def check_synthetic(
 ) -> int:
     """One synthetic turn; prints its result; 0 if ok, 1 if slow or failed. `record`: also publish it on
     `<ns>.ops.synthetic.cli` with the operator's NATS credential (the history the reconciler's turns go to)."""
-    from crashsafe.contracts.synthetic import SyntheticResult, synthetic_encoder
-    from crashsafe.services.reconciler.synthetic_turn import publish_turn, synthetic_turn
+    from crashsafe.contracts.synthetic_turn import SyntheticResult, synthetic_encoder
+    from crashsafe.services.reconciler.synthetic_probe import publish_turn, synthetic_turn
 
     url, secret = synthetic_target(state_dir, gateway_url, key)
     budget = budget_s if budget_s is not None else Settings.from_env().synthetic_budget_s

@@ -6,10 +6,12 @@ would refuse. Subject templates are compared with their parameters as `*` (a par
 
 from __future__ import annotations
 
-from crashsafe.contract_catalog import NS, Consumer, Template, consumers, registry, streams, wildcard
-from crashsafe.contracts.nats_permissions import API, NatsUser, consumer_create, users
+from crashsafe.contract_catalog import NS, Template, wildcard
+from crashsafe.contracts.jetstream_api import API, consumer_create
+from crashsafe.contracts.nats_permissions import NatsUser, users
 from crashsafe.contracts.streams import ConsumerSpec, StreamSpec
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.stream_catalog import Consumer, consumers, registry, streams
 
 _API = API.split(".")  # the JetStream API subject's leading tokens, as a permission spells them
 

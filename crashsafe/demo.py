@@ -18,7 +18,8 @@ from rich.table import Table
 from crashsafe.contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from crashsafe.contracts.tool_messages import Asked
 from crashsafe.sandbox.listing import SandboxListing
-from crashsafe.stack import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, ScaleError, Stack
+from crashsafe.stack import ScaleError, Stack
+from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
 from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"

@@ -2,23 +2,16 @@
 
 The pure half (everything above "The shell") reads journals as bytes and returns text: no NATS, no clock, no
 files. It is what the CLI prints and what the recorded-journal corpus test (tests/unit/test_replay_corpus.py)
-checks, so the operator's replay and CI's replay are one code path.
-
-Export format (JSON Lines; why, in docs/decisions.md): a first header line
-`{"type": "crashsafe.export", "format": 1, "run_id", "catalog_revision", "config", "registry"}` carrying the
-agent's configuration at the run's pinned catalog revision (what `next_move` needs, and what an offline machine
-cannot read from the catalog bucket) and the registry that ran it, then every journaled event, one per line,
-byte for byte as the RUNS stream holds it. A file without the header (a plain journal) replays too, under the
-agent's built-in configuration.
+checks (`replay_check`), so the operator's replay and CI's replay are one code path. The export file's format is
+`export_file`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,237 +21,28 @@ import msgspec
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import CatalogRevisionGone
 from crashsafe.contracts.projections import ProjectionTask
-from crashsafe.contracts.run_events import (
-    ActionCompleted,
-    ActionRequested,
-    ApprovalDecided,
-    ApprovalRequested,
-    HandOffReason,
-    JournalEvent,
-    ModelAnswered,
-    ModelAsked,
-    ModelRejected,
-    PolicyDenied,
-    RunEvent,
-    RunHandedOff,
-    RunNudged,
-    RunResumed,
-    RunStarted,
-    TurnReceived,
-    UnknownEvent,
-    decode_event,
-)
+from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
-from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import (
-    Append,
-    AskModel,
-    AwaitActions,
-    AwaitApproval,
-    DecideApproval,
-    Idle,
-    ModelReply,
-    Move,
-    ask_at_risk,
-    model_answered,
-    next_move,
-)
+from crashsafe.domain.decide import next_move
 from crashsafe.domain.fold import fold_run, summarize
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.run_state import RunState
+from crashsafe.export_file import (
+    BadExport,
+    Export,
+    ExportHeader,
+    decode_journal,
+    event_type,
+    export_lines,
+    read_export,
+)
+from crashsafe.run_views import diff_views, move_summary, state_view, summary_of
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.runtime.catalog import RunCatalog
-from crashsafe.timeline import describe
-
-EXPORT_TYPE = "crashsafe.export"
-EXPORT_FORMAT = 1
-
-
-class ExportHeader(msgspec.Struct, frozen=True, kw_only=True):
-    """The first line of an export: what replaying the run needs besides its events."""
-
-    type: str = EXPORT_TYPE
-    format: int = EXPORT_FORMAT
-    run_id: str
-    catalog_revision: int = 0
-    config: AgentConfig | None = None  # None: the agent's built-in configuration
-    registry: str = ""  # the deployment's CRASHSAFE_REGISTRY (which agents' code decided), "" if not known
-
-
-_header_encoder = msgspec.json.Encoder(order="sorted")
-_header_decoder = msgspec.json.Decoder(ExportHeader)
-
-
-@dataclass(frozen=True, slots=True)
-class Export:
-    header: ExportHeader | None
-    events: tuple[bytes, ...]  # each as journaled
-
-
-class BadExport(ValueError):
-    """A file that is not an export or a journal: says which line and why."""
-
-
-def export_lines(header: ExportHeader, events: Iterable[bytes]) -> bytes:
-    return b"".join([_header_encoder.encode(header) + b"\n", *(e + b"\n" for e in events)])
-
-
-class _Kind(msgspec.Struct):
-    type: str = ""
-
-
-def _kind(line: bytes) -> str:
-    """The `type` of a JSON object line ("" if it has none or is not one): a header is told by its type, never by
-    a substring (a guest's text may spell anything)."""
-    try:
-        return msgspec.json.decode(line, type=_Kind).type
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return ""
-
-
-def read_export(raw: bytes) -> Export:
-    """An export file (header, then events) or a plain journal; `BadExport` names the first line that is wrong."""
-    lines = [line for line in raw.splitlines() if line.strip()]
-    header: ExportHeader | None = None
-    if lines and _kind(lines[0]) == EXPORT_TYPE:
-        try:
-            header = _header_decoder.decode(lines[0])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise BadExport(f"line 1: not an export header: {exc}") from exc
-        if header.format != EXPORT_FORMAT:
-            raise BadExport(f"line 1: export format {header.format}; this version reads {EXPORT_FORMAT}")
-        lines = lines[1:]
-    events = decode_journal(lines, first_line=2 if header else 1)
-    if header is not None and events and events[0].run_id != header.run_id:
-        raise BadExport(f"line 1: the header names run {header.run_id}, its events are of {events[0].run_id}")
-    return Export(header, tuple(lines))
-
-
-def decode_journal(raw: Sequence[bytes], first_line: int = 0) -> list[JournalEvent]:
-    """Every event, decoded as the runtime decodes it (an unknown type kept); a corrupt one, or a journal that
-    does not open with run.started, is `BadExport` naming the file's line (`first_line`) or the journal position."""
-    events: list[JournalEvent] = []
-    for i, line in enumerate(raw):
-        where = f"line {first_line + i}" if first_line else f"position {i + 1}"
-        try:
-            events.append(decode_event(line))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise BadExport(f"{where}: not a run event: {exc}") from exc
-        if i == 0 and not isinstance(events[0], RunStarted):
-            raise BadExport(f"{where}: a run's journal opens with run.started, not {event_type(events[0])}")
-        # One run's journal (the runtime reads it by subject): another run's event spliced in would fold into a
-        # state no runtime ever had. (A second run.started is folded as the runtime folds it: tolerated.)
-        if i > 0 and events[i].run_id != events[0].run_id:
-            raise BadExport(
-                f"{where}: an event of run {events[i].run_id} in the journal of {events[0].run_id}"
-            )
-    return events
-
-
-# What a state is, for a person ---------------------------------------------------------------------------------
-
-
-def state_view(state: RunState) -> dict[str, Any]:
-    """The state's fields a person debugs with, as plain JSON values (the diff compares these)."""
-    summary = msgspec.to_builtins(summarize(state))
-    return {
-        **summary,
-        "next_step": state.next_step,
-        "events": state.events,
-        "resumes": state.resumes,
-        "model_steps": state.model_steps,
-        "action_steps": state.action_steps,
-        "unplanned": [f"{c.name}({c.arguments})" for c in state.unplanned],
-        "completed": [f"{req.tool} {req.key}: {done.status}" for req, done in state.completed],
-        "awaiting": state.awaiting.approval_id if state.awaiting else None,
-        "approvals": [f"{a.approval_id}: {a.decision} by {a.decided_by}" for a in state.approvals],
-        "inbox": [t.event_id for t in state.inbox],
-        "turns": state.turns,
-        "denials": state.denials,
-        "tool_errors": state.tool_errors,
-        "lost_asks": state.lost_asks,
-        "unknown_events": list(state.unknown_events),
-        "final_reply": state.final_reply,
-    }
-
-
-def diff_views(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
-    """What changed, field by field: `field: old -> new`, list fields as `+ item` / `- item`."""
-    out: list[str] = []
-    for name, new in after.items():
-        old = before.get(name) if before is not None else None
-        if old == new:
-            continue
-        if isinstance(new, list) and isinstance(old, list | None):
-            old_items = old or []
-            out += [f"{name}: - {item}" for item in old_items if item not in new]
-            out += [f"{name}: + {item}" for item in new if item not in old_items]
-        else:
-            out.append(f"{name}: {json.dumps(old)} -> {json.dumps(new)}")
-    return out
-
-
-def summary_of(event: JournalEvent) -> str:
-    """One line for one event."""
-    match event:
-        case UnknownEvent():
-            return f"not understood by this version (kept, skipped by the fold): {event.type}"
-        case PolicyDenied():
-            return f"denied {event.tool} by {event.rule}: {event.reason}"
-        case ApprovalRequested():
-            return f"approval {event.approval_id} of {event.tool} asked of {event.approver} ({event.rule})"
-        case ApprovalDecided():
-            return f"approval {event.approval_id} {event.decision} by {event.decided_by}"
-        case TurnReceived():
-            return f"guest turn {event.event_id}"
-        case ModelAsked():
-            return f"model asked for step {event.step_no}" + (
-                f", failed: {event.failed}" if event.failed else ""
-            )
-        case ModelRejected():
-            return f"model answer refused: {event.error.code}"
-        case RunNudged():
-            return "nudged"
-    _, what, detail = describe(event)
-    return f"{what}: {detail}" if detail else what
-
-
-def move_summary(move: Move) -> str:
-    """What the runtime would do, in one line (the corpus test names both sides of a divergence with these)."""
-    match move:
-        case AskModel(step_no=step_no):
-            return f"ask the model for step {step_no}"
-        case Append(events=events):
-            return "journal " + "; ".join(decision_of(e) for e in events)
-        case AwaitActions(pending=pending):
-            return "wait for " + ", ".join(f"{p.tool} {p.key}" for p in pending)
-        case AwaitApproval(approval=approval):
-            return f"wait for approval {approval.approval_id}"
-        case DecideApproval(approval=approval, decision=decision, decided_by=by):
-            return f"decide approval {approval.approval_id}: {decision} by {by}"
-        case Idle():
-            return "nothing (idle)"
-    return repr(move)
-
-
-def decision_of(event: JournalEvent) -> str:
-    """An event as a decision, whole: its type, and for an action its tool, key and every argument (a summary
-    cuts long arguments; a divergence must show the one that differs)."""
-    if isinstance(event, ActionRequested):
-        args = json.dumps(event.args, sort_keys=True, default=str)
-        return f"{event_type(event)} {event.tool} key={event.key} args={args} origin={event.origin}"
-    return f"{event_type(event)} {summary_of(event)}"
-
-
-def event_type(event: JournalEvent) -> str:
-    if isinstance(event, UnknownEvent):
-        return event.type
-    return str(type(event).__struct_config__.tag)
-
 
 # Replay ---------------------------------------------------------------------------------------------------------
 
@@ -377,180 +161,6 @@ def render_json(replayed: Replayed, show_diff: bool) -> str:
         ],
     }
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
-
-
-# The corpus check: would this code have written this journal? ---------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    run_id: str
-    position: int
-    journaled: str
-    decided: str
-
-    def __str__(self) -> str:
-        return (
-            f"run {self.run_id} position {self.position}: journaled {self.journaled!r}, "
-            f"but this code decides {self.decided!r}"
-        )
-
-
-def fields_differing(journaled: RunEvent, decided: RunEvent) -> str:
-    """`field: journaled -> decided` for each field two events of one type disagree on."""
-    a, b = msgspec.to_builtins(journaled), msgspec.to_builtins(decided)
-    return "; ".join(
-        f"{k}: {json.dumps(a.get(k), default=str)} -> {json.dumps(b.get(k), default=str)}"
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k)
-    )
-
-
-def _reply_from(event: ModelAnswered) -> ModelReply:
-    return ModelReply(
-        model=event.model,
-        response_id=event.response_id,
-        tool_calls=tuple(event.tool_calls),
-        reply=event.reply,
-        input_tokens=event.input_tokens,
-        output_tokens=event.output_tokens,
-        provider=event.provider,
-        failovers=tuple(event.failovers),
-    )
-
-
-# Hand-offs the runtime's shell decides from what it found outside the journal (the policy documents missing, the
-# pinned catalog revision gone), not `next_move`: a replay takes them as given, as it takes a failed model call.
-SHELL_HANDOFFS = frozenset(
-    {HandOffReason.POLICY_UNAVAILABLE.value, HandOffReason.CATALOG_REVISION_GONE.value}
-)
-
-
-def _inputs(event: JournalEvent) -> bool:
-    """Events the outside world journals (receipts are checked apart): markers, turns, decided approvals, a failed
-    model call, a hand-off the shell decided, and events of a newer writer."""
-    return (
-        isinstance(event, RunResumed | RunNudged | TurnReceived | ApprovalDecided | UnknownEvent)
-        or (isinstance(event, ModelAsked) and bool(event.failed))
-        or (isinstance(event, RunHandedOff) and event.reason in SHELL_HANDOFFS)
-    )
-
-
-def divergences(
-    journal: Sequence[JournalEvent], agent: Agent, config: AgentConfig | None
-) -> list[Divergence]:
-    """Temporal's replayer: fold each prefix, decide with the clock at the next event, compare with the journal.
-
-    A decision that journals several events at one `now` (the calls of one answer, compensations) is compared as
-    one batch. A model answer must have been asked for at its step, with the transcript the model saw, and be
-    journaled as `model_answered` builds it; a receipt must answer a pending step (or repeat a settled one)."""
-    found: list[Divergence] = []
-    batch: list[RunEvent] = []
-    run_id = journal[0].run_id if journal else ""
-    state: RunState | None = fold_run(None, journal[0]) if journal else None
-    states: list[RunState | None] = [None, state]  # states[i]: the fold of journal[:i]
-    for i in range(1, len(journal)):
-        event = journal[i]
-        assert state is not None
-        before = state
-        state = fold_run(state, event)
-        states.append(state)
-        position = i + 1
-        if batch and event == batch[0]:
-            batch.pop(0)
-            continue
-        # A batch cut short (a crash between its appends, then a resume) is decided again from here: the next
-        # event is checked against a fresh decision, never against the rest of the old batch.
-        batch = []
-        if _inputs(event):
-            continue
-        if isinstance(event, ModelAnswered | ModelRejected) and isinstance(journal[i - 1], ModelAsked):
-            prior = states[i - 1]  # the decision to ask was taken before the ask was journaled
-            assert prior is not None
-            before = prior
-        move = next_move(before, agent, event.at, config)
-        if isinstance(event, ModelAsked | ModelRejected | ModelAnswered):
-            step = event.step_no
-            # The ask is journaled before the call exactly when the run is at risk (resumed, or an ask lost):
-            # a change of that rule would journal asks the recorded runs did not, or lose the ones they did.
-            asked_first = not isinstance(event, ModelAsked) and isinstance(journal[i - 1], ModelAsked)
-            if isinstance(event, ModelAsked) != ask_at_risk(before) and not asked_first:
-                said = (
-                    "journal an ask first"
-                    if ask_at_risk(before)
-                    else "call the model without journaling an ask"
-                )
-                found.append(Divergence(run_id, position, decision_of(event), said))
-            elif move != AskModel(step_no=step, input=before.transcript):
-                found.append(Divergence(run_id, position, decision_of(event), move_summary(move)))
-            elif isinstance(event, ModelAnswered):
-                rebuilt = model_answered(before, _reply_from(event), event.at, tuple(event.passages))
-                if rebuilt != event:
-                    found.append(Divergence(run_id, position, decision_of(event), decision_of(rebuilt)))
-            continue
-        if isinstance(event, ActionCompleted):
-            if before.pending_step(event.step_no) is None:
-                if not before.is_completed(event.step_no):
-                    found.append(
-                        Divergence(run_id, position, decision_of(event), "no such step was ever requested")
-                    )
-            elif not (isinstance(move, AwaitActions) and event.step_no in {p.step_no for p in move.pending}):
-                found.append(Divergence(run_id, position, decision_of(event), move_summary(move)))
-            continue
-        if not isinstance(move, Append) or move.events[0] != event:
-            decided = move_summary(move)
-            if isinstance(move, Append) and type(move.events[0]) is type(event):
-                decided += f" (differs in {fields_differing(event, move.events[0])})"
-            found.append(Divergence(run_id, position, decision_of(event), decided))
-            continue
-        batch = list(move.events[1:])
-    # A journal may end inside a batch (a crash between two appends): the runtime decides the rest again.
-    if not batch and state is not None and state.terminal:
-        # An ended run must stay ended under this code: a deploy must not start acting on old runs (a new
-        # compensation rule undoing what a finished run did, a request published again).
-        after = next_move(state, agent, journal[-1].at, config)
-        if not isinstance(after, Idle):
-            found.append(Divergence(run_id, len(journal) + 1, "nothing (the run ended)", move_summary(after)))
-    return found
-
-
-def model_views(journal: Sequence[JournalEvent]) -> dict[str, str]:
-    """What the model was shown at each answered step, by journal position of the answer: a digest of the
-    transcript the runtime sent (`AskModel.input`, the fold of the journal before the ask).
-
-    The journal does not hold the model's input, so `divergences` can only check an answer's ask against the
-    transcript this code folds, which is itself: a fold that changed what the model sees (a refusal dropped, a
-    guest's turn doubled, a compensation's output shown) would pass. The recorder keeps these digests beside
-    the corpus (tests/corpus/views.json), computed by the code that ran, and the corpus test holds the
-    fold to them."""
-    views: dict[str, str] = {}
-    state: RunState | None = None
-    states: list[RunState | None] = [None]
-    for event in journal:
-        state = fold_run(state, event)
-        states.append(state)
-    for i, event in enumerate(journal):
-        if not isinstance(event, ModelAnswered | ModelRejected):
-            continue
-        asked = i - 1 if i > 0 and isinstance(journal[i - 1], ModelAsked) else i
-        before = states[asked]
-        if before is not None:
-            body = _view_encoder.encode(list(before.transcript))
-            views[str(i + 1)] = hashlib.sha256(body).hexdigest()
-    return views
-
-
-_view_encoder = msgspec.json.Encoder(order="sorted")
-
-
-def recorded_views(journal: Sequence[JournalEvent]) -> dict[str, Any]:
-    """What a recorded run showed outside its journal: the model at each answered step (`model_views`), and the
-    caller at the end (`GET /v1/runs/{id}`'s summary of the fold)."""
-    state: RunState | None = None
-    for event in journal:
-        state = fold_run(state, event)
-    summary = msgspec.to_builtins(summarize(state)) if state is not None else None
-    return {"asks": model_views(journal), "summary": summary}
 
 
 # The shell: the journal and the pinned configuration from a deployment, or from an export file -----------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from crashsafe.contracts.catalog import AgentConfig
-from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.errors import AgentFault, ErrorInfo
 from crashsafe.contracts.keys import CompensationKind
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.contracts.tools import ToolContract
@@ -65,3 +65,13 @@ class Agent(Protocol):
     def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         """What the run's journal calls for beyond its own steps (planned when it ends; pure, from the journal)."""
         ...
+
+
+def hook_raised(agent: Agent, hook: str, exc: Exception) -> AgentFault:
+    return AgentFault(agent=agent.name, hook=hook, problem=f"raised {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def hook_misanswered(agent: Agent, hook: str, answer: object, expected: str) -> AgentFault:
+    return AgentFault(
+        agent=agent.name, hook=hook, problem=f"returned {type(answer).__name__}, not {expected}"
+    )

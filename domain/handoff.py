@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from crashsafe.contracts.run_events import HandOffReason
+from datetime import datetime
+
+from crashsafe.contracts.run_events import HandOffReason, RunHandedOff
+from crashsafe.domain.run_state import RunState
 
 _REPLIES: dict[str, str] = {
     HandOffReason.BUDGET_STEPS: (
@@ -50,3 +53,10 @@ _DEFAULT = "A member of our support team will take over from here and get back t
 def handoff_reply(reason: str) -> str:
     """The guest's reply for a hand-off (a reason a newer writer added gets the general one)."""
     return _REPLIES.get(reason, _DEFAULT)
+
+
+def handed_off(state: RunState, now: datetime, reason: HandOffReason, detail: str) -> RunHandedOff:
+    """Every hand-off carries what the guest is told (`summarize` answers it as the run's reply)."""
+    return RunHandedOff(
+        run_id=state.run_id, at=now, reason=reason, detail=detail, reply=handoff_reply(reason)
+    )

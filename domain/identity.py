@@ -30,7 +30,7 @@ from crashsafe.contracts.policy import Approver
 from crashsafe.contracts.run_events import Origin
 from crashsafe.contracts.tool_messages import OutcomeStatus, first_made_by
 from crashsafe.contracts.tools import Effect, KeyRule, ToolContract
-from crashsafe.domain.policy_engine import Allow, Hold
+from crashsafe.domain.policy_verdicts import Allow, Hold
 from crashsafe.domain.run_state import RunState
 
 # The rule a held retry names (`run.approval_requested.rule`): counted by `attempt_of` once approved.

@@ -30,8 +30,8 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.subjects import WAKE_TOKEN
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, RunWake
-from crashsafe.domain.decide import ModelReply, model_answered, model_rejected
 from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.model_calls import ModelReply, model_answered, model_rejected
 from crashsafe.domain.run_state import RunState
 
 RESUMED = "worker picked up a run it did not hold in memory"

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from crashsafe.contracts.keys import business_key, input_hash
 from crashsafe.contracts.projections import AUDIT_TRAIL_TOOL, ProjectionTask
-from crashsafe.contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from crashsafe.domain.agent import Agent
 from crashsafe.domain.identity import identity_of
 from crashsafe.domain.registry import Tool

@@ -7,8 +7,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+from crashsafe.evals.conversation import Scenario, ScenarioClass
 from crashsafe.evals.runner import ModelChoice, report, run_suite, running_stack
-from crashsafe.evals.scenarios import Scenario, ScenarioClass, select
+from crashsafe.evals.scenarios import select
 
 
 def chosen(klass: str | None, name: str | None) -> tuple[Scenario, ...]:

@@ -20,7 +20,7 @@ from crashsafe.contracts.policy import (
     StayWindow,
     VerifiedRecipient,
 )
-from crashsafe.stack import STACK_TENANT
+from crashsafe.stack_keys import STACK_TENANT
 
 
 class OperatorError(RuntimeError):

@@ -24,7 +24,7 @@ from crashsafe.contracts.keys import provider_account
 from crashsafe.contracts.subjects import Header
 from crashsafe.evals import operator
 from crashsafe.evals.checks import Observed, RunView, eventual, failures
-from crashsafe.evals.scenarios import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario
+from crashsafe.evals.conversation import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario
 from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.stack import Stack
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crashsafe.domain.registry import Registry
-from crashsafe.services.agents import booking, support, synthetic
+from crashsafe.services.agents import booking, support, synthetic_agent
 from crashsafe.services.agents.audit_trail import RECORD_AUDIT
 
 
@@ -12,5 +12,8 @@ def stayhub() -> Registry:
     (the default for an event that names none), the support agent and the synthetic turn's read-only agent; every
     run's events go to the audit trail."""
     return Registry.of(
-        booking.registration(), support.registration(), synthetic.registration(), extra_tools=(RECORD_AUDIT,)
+        booking.registration(),
+        support.registration(),
+        synthetic_agent.registration(),
+        extra_tools=(RECORD_AUDIT,),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -11,6 +12,7 @@ from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError, LeaseC
 from crashsafe.contracts.streams import leases_spec
 from crashsafe.domain.partition_ownership import (
     Acquire,
+    Holder,
     Lease,
     Member,
     Release,
@@ -19,12 +21,15 @@ from crashsafe.domain.partition_ownership import (
     Tenure,
     desired,
     fenced,
+    holder_decoder,
     lease_decoder,
     lease_encoder,
     member_decoder,
     plan,
+    takeover,
     tenure_after_write,
 )
+from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
@@ -89,6 +94,19 @@ class PartitionKeeper:
         why = fenced(self.tenures.get(partition), time.monotonic())
         if why is not None:
             raise PartitionNotOwned(family=self.family, partition=partition, key=key, why=why)
+
+    async def hold(self, store: ActionStore, partition: int, token: int) -> tuple[Holder | None, bool]:
+        """Make `store` the partition's holder under `token`: read the previous holder (a takeover if it was
+        another store), record the tenure in the store, fence its writes, and write the holder record."""
+        holder_key = self.ns.holder_key(self.family, partition)
+        entry = await self.broker.kv_get(self.spec, holder_key)
+        holder = holder_decoder.decode(entry.value) if entry is not None else None
+        taken = takeover(holder, store.store_id)
+        await store.record_tenure(token, self.me, holder.store if holder else None, taken)
+        store.fence = functools.partial(self.check, partition)
+        record = Holder(store=store.store_id, owner=self.me, token=token)
+        await self.broker.kv_write(self.spec, holder_key, lease_encoder.encode(record), revision=None)
+        return holder, taken
 
     async def start(self) -> None:
         await self.broker.require_stream(self.spec.stream)  # the operator made the bucket (`infra apply`)

@@ -7,7 +7,6 @@ import functools
 import logging
 import time
 import uuid
-from dataclasses import field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,100 +17,63 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.capabilities import CapabilityVerifier
 from crashsafe.contracts.errors import (
-    NOT_SENT,
     CapabilityRefused,
-    CrashsafeError,
     ErrorCode,
     ErrorInfo,
     InvalidSetting,
     PartitionNotOwned,
     PoisonMessage,
-    RetryClass,
 )
-from crashsafe.contracts.keys import CompensationKind, compensation_key, partition_of
+from crashsafe.contracts.keys import partition_of
 from crashsafe.contracts.spans import SpanName
-from crashsafe.contracts.streams import ConsumerSpec, executor_consumer, leases_spec
+from crashsafe.contracts.streams import executor_consumer
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
     Answer,
     Asked,
-    Evidence,
     action_request_decoder,
-    tool_encoder,
 )
-from crashsafe.contracts.tools import Effect, ToolContract
-from crashsafe.domain import key_facts
+from crashsafe.contracts.tools import Effect
 from crashsafe.domain.execution import (
-    CallAgain,
     Conflict,
-    Done,
     Execute,
-    LookUp,
-    Next,
-    Plan,
-    Record,
     Replay,
     Resolve,
-    StillUnknown,
-    after_call,
-    after_lookup,
     being_undone,
-    classify,
     credited,
-    made_by_another,
     receipt_of,
     refused,
     unknown_outcome,
 )
-from crashsafe.domain.partition_ownership import (
-    Holder,
-    fenced,
-    holder_decoder,
-    lease_encoder,
-    member_decoder,
-    takeover,
+from crashsafe.domain.registry import KvOperation, Registry, Tool
+from crashsafe.services.executor.call_until_known import (
+    PROVIDER_CALLS_BY_TOOL,
+    OutcomeStillUnknown,
+    call_until_known,
 )
-from crashsafe.domain.registry import KvOperation, ProviderAnswer, Registry, Tool
 from crashsafe.services.executor.fact_book import FactBook
+from crashsafe.services.executor.key_records import KeyRecords
+from crashsafe.services.executor.leftovers import Leftovers
+from crashsafe.services.executor.outcomes import OutcomePublisher, with_note
 from crashsafe.services.executor.partitions import PartitionKeeper
+from crashsafe.services.executor.readiness import ExecutorReadiness
 from crashsafe.services.executor.store import ActionStore
-from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform import probes
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker, Subscription
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import executor_streams, require
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.platform.tracing import annotate, context_from, headers_for, span
+from crashsafe.services.platform.tracing import context_from, span
 from crashsafe.services.providers import provider_views
 from crashsafe.services.providers.kv_effects import KvEffects
 from crashsafe.services.providers.provider_calls import Providers
 
 MAX_DELIVER = 12
-# Left-over intents settled at once after a partition is taken up (each one lookup, maybe a call).
-LEFTOVER_CONCURRENCY = 32
 # How long a released partition waits for its keys in flight before its store closes (the fence covers the rest).
 DRAIN_S = 10.0
-
-
-class OutcomeStillUnknown(CrashsafeError):
-    """Neither the call nor the lookup could tell what happened; the message comes back later to ask again."""
-
-    code = ErrorCode.OUTCOME_UNKNOWN
-    retry = RetryClass.RETRY_LATER
-
-    message: str = field(kw_only=False, metadata=NOT_SENT)
-    # What was asked and answered on the way, for the outcome the message gets when it comes back.
-    evidence: list[Evidence] = field(default_factory=list, kw_only=False, metadata=NOT_SENT)
-    key: str
-
-
-# Metric children per tool (and outcome), made once; a provider's answer kind as the metric names it.
-_PROVIDER_CALLS = metrics.Children(metrics.PROVIDER_CALLS)
-_PROVIDER_CALL_SECONDS = metrics.Children(metrics.PROVIDER_CALL_SECONDS)
-_LOOKUPS = metrics.Children(metrics.LOOKUPS)
-_CALL_OUTCOME = {Answer.OK: "succeeded", Answer.REJECTED: "failed", Answer.UNKNOWN: "unknown"}
 
 
 class Executor:
@@ -148,11 +110,13 @@ class Executor:
         self.stores: dict[int, ActionStore] = {}
         # Each key's facts beside its partition's store: what a store that never saw a key learns it from.
         self.facts = FactBook(broker, self.ns, family, settings.stream_replicas)
+        # What a key's records say across this replica's stores and beside them (the facts).
+        self.records = KeyRecords(self.facts, self.stores, settings.partitions, self._token)
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
-        self._leftovers: dict[int, set[asyncio.Task[None]]] = {}
-        self._leftover_slots = asyncio.Semaphore(LEFTOVER_CONCURRENCY)
+        self.outcomes = OutcomePublisher(broker, self.ns, family, logger)
+        self.leftovers = Leftovers(self.tools, self._inflight, self.records, self.outcomes, self._run, logger)
         self.incarnation = uuid.uuid4().hex
         self._views: Any = None
         self.keeper = PartitionKeeper(
@@ -163,6 +127,16 @@ class Executor:
             logger,
             acquired=self._take_up,
             released=self._put_down,
+        )
+        self.readiness = ExecutorReadiness(
+            broker,
+            settings,
+            family,
+            self.keeper,
+            self.incarnation,
+            self.stores,
+            self._subscriptions,
+            max_deliver,
         )
         self.deliveries = Deliveries(
             broker,
@@ -203,64 +177,18 @@ class Executor:
         self.stores.clear()
 
     def ops_checks(self) -> dict[str, probes.Check]:
-        """Readiness, asked afresh each time (partitions move): NATS and its streams; in shared mode its member
-        record alive, with an explicit list each listed partition's lease held; every held partition's store
-        answering and its consumer present."""
-        checks = probes.basic_checks(self.broker, executor_streams(self.ns))
-        keeper = self.keeper
-        if keeper.static is None:
-            checks["member"] = self._member_alive
-        else:
-            for p in keeper.static:
-                checks[f"lease:{p}"] = functools.partial(self._lease_held, p)
-        for p, store in sorted(self.stores.items()):
-            checks[f"store:{p}"] = functools.partial(_store_answers, store)
-        checks.update(probes.consumer_checks(self.broker, self._consumers()))
-        return checks
+        return self.readiness.checks()
 
     def ops_samplers(self) -> list[probes.Sampler]:
-        return [probes.lag_sampler(self.broker, self._consumers)]
-
-    def _consumers(self) -> list[ConsumerSpec]:
-        return [
-            executor_consumer(
-                self.ns, self.family, p, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
-            )
-            for p in sorted(self._subscriptions)
-        ]
-
-    async def _member_alive(self) -> str | None:
-        keeper = self.keeper
-        entry = await self.broker.kv_get(keeper.spec, self.ns.member_key(self.family, keeper.me))
-        if entry is None:
-            return f"member record of {keeper.me} expired (lease rounds not landing)"
-        if member_decoder.decode(entry.value).incarnation != self.incarnation:
-            return f"member record of {keeper.me} belongs to another process life"
-        return None
-
-    async def _lease_held(self, partition: int) -> str | None:
-        why = fenced(self.keeper.tenures.get(partition), time.monotonic())
-        if why is not None:
-            return f"partition {partition}: {why}"
-        if partition not in self._subscriptions:
-            return f"partition {partition}: lease held, store and consumer still being taken up"
-        return None
+        return self.readiness.samplers()
 
     async def _take_up(self, partition: int, token: int) -> None:
         """A partition's lease was acquired: open its store, learn whether it is a takeover, settle what it left
         open (alongside new work), then subscribe its consumer."""
         store = await ActionStore.open(self.store_path(partition), self.synchronous)
         try:
-            spec = leases_spec(self.ns, self.settings.stream_replicas)
-            holder_key = self.ns.holder_key(self.family, partition)
-            entry = await self.broker.kv_get(spec, holder_key)
-            holder = holder_decoder.decode(entry.value) if entry is not None else None
-            taken = takeover(holder, store.store_id)
-            await store.record_tenure(token, self.keeper.me, holder.store if holder else None, taken)
             store.clock_skew_s = self.settings.clock_skew_s
-            store.fence = functools.partial(self.keeper.check, partition)
-            record = Holder(store=store.store_id, owner=self.keeper.me, token=token)
-            await self.broker.kv_write(spec, holder_key, lease_encoder.encode(record), revision=None)
+            holder, taken = await self.keeper.hold(store, partition, token)
         except BaseException:
             await store.close()
             raise
@@ -274,12 +202,12 @@ class Executor:
                 previous_store=holder.store if holder else None,
             )
         # Start-up reconciliation runs beside new work: the in-flight map keeps a key from running twice.
-        await self._settle_leftovers(partition, store)
+        await self.leftovers.settle(partition, store)
         # A receipt committed just before a crash may never have been published; its request would come
         # back only after the ack wait. Publishing it again now is harmless: outcomes are deduplicated.
         for outcome in await store.recent_receipts(since_s=4 * self.settings.ack_wait_s + 10):
-            await self._publish(
-                self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
+            await self.outcomes.publish(
+                with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
             )
         consumer = executor_consumer(
             self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
@@ -294,42 +222,13 @@ class Executor:
         subscription = self._subscriptions.pop(partition, None)
         if subscription is not None:
             await self.broker.unsubscribe(subscription)
-        for task in self._leftovers.pop(partition, set()):
-            task.cancel()  # its intent stays open; the next owner settles it
+        self.leftovers.cancel(partition)
         deadline = time.monotonic() + DRAIN_S
         while self._busy.get(partition, 0) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         store = self.stores.pop(partition, None)
         if store is not None:
             await store.close()
-
-    async def _settle_leftovers(self, partition: int, store: ActionStore) -> None:
-        loop = asyncio.get_running_loop()
-        for request, attempts, sent_at in await store.open_intents():
-            if request.key in self._inflight:
-                continue  # a delivery of the key is settling it already
-            done: asyncio.Future[None] = loop.create_future()
-            self._inflight[request.key] = done
-            task = asyncio.create_task(self._settle_leftover(store, request, attempts, sent_at, done))
-            tasks = self._leftovers.setdefault(partition, set())
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-    async def _settle_leftover(
-        self,
-        store: ActionStore,
-        request: ActionRequest,
-        attempts: int,
-        sent_at: float,
-        done: asyncio.Future[None],
-    ) -> None:
-        try:
-            async with self._leftover_slots:
-                await self._resolve_leftover(store, request, attempts, sent_at)
-        finally:
-            if self._inflight.get(request.key) is done:
-                del self._inflight[request.key]
-            done.set_result(None)
 
     async def _on_request(self, msg: Msg) -> None:
         request = action_request_decoder.decode(msg.data)
@@ -377,11 +276,11 @@ class Executor:
                 message=f"{request.tool} needs {', '.join(missing)}; nothing was sent to the provider",
                 details={"key": request.key, "missing": missing},
             )
-            await self._publish(refused(request, error, deliveries), ctx)
+            await self.outcomes.publish(refused(request, error, deliveries), ctx)
             # Also a dead letter: a request the runtime should never have built is a bug someone must see.
             raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
-            await self._publish(
+            await self.outcomes.publish(
                 await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False, ctx=ctx),
                 ctx,
             )
@@ -414,30 +313,7 @@ class Executor:
         stream_seq: int,
         deliveries: int,
     ) -> None:
-        # The common case is a key never seen: try to commit its intent first, and read the record only if it exists.
-        record: Record | None
-        if await store.begin(request, stream_seq):
-            crash_point("executor.after_intent")
-            # A key this store never saw may be known beside it (asked by another run, on another store).
-            record, undone = await self._learn(store, request)
-            if record is not None:
-                if undone is None and record.status.settled:
-                    undone = await self._undone(store, request, tool)
-                plan: Plan = classify(record, request, deliveries, undone)
-            elif store.inherits(request):
-                # Asked before this store took the partition over, and no facts: the previous holder may have
-                # sent one call (a second would have left facts), no later than the takeover.
-                plan = Resolve(attempts=1, sent_at=store.takeover_at)
-            else:
-                plan = Execute()
-        else:
-            record = await store.get(request.key)
-            undone = (
-                await self._undone(store, request, tool)
-                if record is not None and record.status.settled
-                else None
-            )
-            plan = classify(record, request, deliveries, undone)
+        plan, record, undone = await self.records.plan(store, request, tool, stream_seq, deliveries)
         if undone is not None and being_undone(record, request, undone):
             # Another run's effect whose compensation is under way: neither "still there" nor "undone" yet.
             detail = (
@@ -445,20 +321,20 @@ class Executor:
                 "ask again once it is"
             )
             if deliveries >= self.max_deliver - 1:
-                await self._publish(unknown_outcome(request, detail, 0, deliveries), ctx)
+                await self.outcomes.publish(unknown_outcome(request, detail, 0, deliveries), ctx)
                 return
             raise OutcomeStillUnknown(detail, key=request.key)
         attempts, look_first = 1, False
         sent_at: float | None = None
         match plan:
             case Replay(outcome=outcome):
-                await self._publish(self._with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
+                await self.outcomes.publish(with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
                 return
             case Conflict(outcome=outcome):
-                _PROVIDER_CALLS(
+                PROVIDER_CALLS_BY_TOOL(
                     request.tool, "conflict"
                 ).inc()  # refused before any call: the key's input differs
-                await self._publish(self._with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
+                await self.outcomes.publish(with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
                 return
             case Execute():
                 pass
@@ -471,14 +347,14 @@ class Executor:
             if deliveries >= self.max_deliver - 1:
                 # Out of redeliveries: tell the run the outcome is unknown (it hands off); the reconciler goes on asking.
                 outcome = unknown_outcome(request, exc.message, attempts, deliveries)
-                await self._publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
+                await self.outcomes.publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
                 return
             raise
         crash_point("executor.after_provider_ack")
-        await self._settle(store, request, receipt_of(outcome, record), stream_seq)
+        await self.records.settle(store, request, receipt_of(outcome, record), stream_seq)
         crash_point("executor.after_receipt")
         outcome = credited(outcome, record)
-        await self._publish(outcome, ctx)
+        await self.outcomes.publish(outcome, ctx)
         crash_point("executor.after_outcome_published")
 
     async def _run(
@@ -492,233 +368,25 @@ class Executor:
         ctx: Context | None = None,
         sent_at: float | None = None,
     ) -> ActionOutcome:
-        """Call, and on an unknown answer look up by key; call again (same key) only once the provider has no
-        record of it and no earlier call whose answer was unknown can still be in its hands. `sent_at`: when a
-        previous life's (or a previous store's) last call with the key was sent (wall clock), if there was one."""
-        trail: list[Evidence] = []
-        contract = tool.contract
-        # When the last call whose answer was unknown was sent (wall clock), and the clock skew to allow for (a
-        # previous life's time may come from another host): it may commit until the window passes.
-        unknown_sent_at, skew = sent_at, (self.settings.clock_skew_s if sent_at is not None else 0.0)
-
-        def note(asked: str, answer: ProviderAnswer) -> ProviderAnswer:
-            trail.append(
-                Evidence(
-                    asked=asked,
-                    key=request.key,
-                    answer=answer.kind,
-                    detail=answer.detail,
-                    at=datetime.now(UTC),
-                )
-            )
-            return answer
-
-        async def call(sent_wall: float) -> Next:
-            nonlocal unknown_sent_at, skew
-            started = time.monotonic()
-            answer = note(
-                Asked.PROVIDER_CALL,
-                await self.providers.call(tool, request, self._timeout(request, contract), ctx=ctx),
-            )
-            _PROVIDER_CALL_SECONDS(request.tool).observe(time.monotonic() - started)
-            _PROVIDER_CALLS(request.tool, _CALL_OUTCOME.get(answer.kind, str(answer.kind))).inc()
-            maker = made_by_another(key_facts.shared(request.key), answer, attempts)
-            if maker is not None:  # the call's evidence line says whose effect this is
-                trail[-1] = msgspec.structs.replace(trail[-1], detail=maker)
-            if answer.kind == Answer.UNKNOWN:
-                unknown_sent_at, skew = sent_wall, 0.0
-            return after_call(request, contract, answer, attempts, deliveries)
-
-        def in_flight_left() -> float:
-            return key_facts.in_flight_left(contract.in_flight_window_s, unknown_sent_at, time.time(), skew)
-
-        step: Next = LookUp() if look_first else await call(time.time())
-        while True:
-            match step:
-                case Done(outcome=outcome):
-                    return msgspec.structs.replace(outcome, evidence=trail)
-                case LookUp(delay_s=delay):
-                    if not self.providers.can_look_up(tool):
-                        raise OutcomeStillUnknown(
-                            f"{request.tool} has no lookup; cannot resolve {request.key}",
-                            trail,
-                            key=request.key,
-                        )
-                    if delay:
-                        await asyncio.sleep(delay)  # the provider's Retry-After
-                    answer = note(
-                        Asked.PROVIDER_LOOKUP,
-                        await self.providers.lookup(
-                            tool, request.key, self._timeout(request, contract), request.args, ctx=ctx
-                        ),
-                    )
-                    _LOOKUPS(request.tool, str(answer.kind)).inc()
-                    step = after_lookup(request, contract, answer, attempts, deliveries, in_flight_left())
-                case CallAgain(delay_s=delay):
-                    await asyncio.sleep(delay)
-                    attempts += 1
-                    now = time.time()
-                    if store is not None:
-                        # Durable before the call, here and beside the store: a next life or a next store
-                        # counts on from here and waits out this call's window before calling again.
-                        await self._attempted(store, request, attempts, now)
-                        await store.attempt(request.key, attempts, now)
-                    step = await call(now)
-                case StillUnknown(detail=detail):
-                    raise OutcomeStillUnknown(
-                        f"outcome of {request.key} still unknown: {detail}", trail, key=request.key
-                    )
-
-    def _timeout(self, request: ActionRequest, contract: ToolContract) -> float:
-        # The deadline passed down: never wait longer than the run has left, nor less than a sliver.
-        remaining = (request.deadline_at - datetime.now(UTC)).total_seconds()
-        return max(
-            min(contract.timeout_s, request.timeout_s, remaining if remaining > 0 else contract.timeout_s),
-            0.2,
+        """`call_until_known`, each new attempt made durable first, here and beside the store (with a store)."""
+        attempted = functools.partial(self.records.attempted, store, request) if store is not None else None
+        return await call_until_known(
+            self.providers,
+            request,
+            tool,
+            attempts,
+            deliveries,
+            look_first,
+            clock_skew_s=self.settings.clock_skew_s,
+            sent_at=sent_at,
+            ctx=ctx,
+            attempted=attempted,
         )
-
-    async def _resolve_leftover(
-        self, store: ActionStore, request: ActionRequest, attempts: int, sent_at: float
-    ) -> None:
-        tool = self.tools.get(request.tool)
-        if tool is None:
-            return
-        try:
-            record = await store.get(request.key)
-            outcome = await self._run(request, tool, attempts, 1, True, store, sent_at=sent_at)
-        except OutcomeStillUnknown as exc:
-            log(
-                self.logger,
-                logging.WARNING,
-                "left-over intent still unknown",
-                key=request.key,
-                detail=exc.message,
-            )
-            return
-        except Exception:  # one bad left-over must never keep the executor from starting
-            self.logger.exception(
-                "could not resolve a left-over intent; it stays open", extra={"fields": {"key": request.key}}
-            )
-            return
-        try:
-            await self._settle(store, request, receipt_of(outcome, record), None)
-        except PartitionNotOwned:
-            log(
-                self.logger,
-                logging.WARNING,
-                "left-over intent: partition lost before its receipt",
-                key=request.key,
-            )
-            return
-        outcome = credited(outcome, record)
-        await self._publish(outcome, context_from(None))
-        log(
-            self.logger,
-            logging.INFO,
-            "resolved left-over intent",
-            run_id=request.run_id,
-            key=request.key,
-            via=outcome.via,
-            status=outcome.status,
-        )
-
-    async def _undone(self, own: ActionStore, request: ActionRequest, tool: Tool) -> Record | None:
-        """The record of a compensation of this key, if a store this executor holds has one. A business key's
-        compensation is partitioned with the key it undoes (`keys.partition_key`), so the key's own store has it;
-        a step key's may be in a partition another replica owns (its run never asks for it again anyway). A
-        store that took its partition over may have missed a compensation the previous store ran: the key's
-        facts say."""
-        if tool.contract.compensation is None:
-            return None
-        for kind in CompensationKind:
-            key = compensation_key(request.key, kind)
-            store = self.stores.get(partition_of(key, self.settings.partitions))
-            record = await store.get(key) if store is not None else None
-            if record is not None:
-                return record
-        if own.takeover_at is not None and key_facts.shared(request.key):
-            facts, _ = await self.facts.read(request.key)
-            undone = key_facts.undone_record(facts) if facts is not None else None
-            if undone is not None:
-                return undone
-            # Not marked undone (yet): a compensation begun on another store has facts of its own.
-            for kind in CompensationKind:
-                begun, _ = await self.facts.read(compensation_key(request.key, kind))
-                if begun is not None:
-                    return key_facts.as_record(begun)
-        return None
-
-    async def _learn(self, store: ActionStore, request: ActionRequest) -> tuple[Record | None, Record | None]:
-        """A key this store has just begun: its facts beside the store, if another store or run asked for it
-        first (adopted into this store, which answers it from now on), and the compensation that undid it.
-        A shared key's first ask is recorded there now (one compare-and-set); a step key's facts are only
-        read, and only when it was asked before this store took its partition over."""
-        partition = partition_of(request.key, self.settings.partitions)
-        if key_facts.shared(request.key):
-            mine = key_facts.first_asked(request, time.time(), self._token(partition), store.store_id)
-            known = await self.facts.first(mine, store.fence)
-        elif store.inherits(request):
-            known, _ = await self.facts.read(request.key)
-        else:
-            return None, None
-        if known is None:
-            return None, None
-        record = key_facts.as_record(known)
-        await store.adopt(record)
-        return record, key_facts.undone_record(known)
-
-    async def _attempted(
-        self, store: ActionStore, request: ActionRequest, attempts: int, sent_at: float
-    ) -> None:
-        partition = partition_of(request.key, self.settings.partitions)
-        token = self._token(partition)
-
-        def change(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts:
-            base = current or key_facts.first_asked(request, sent_at, token, store.store_id)
-            return key_facts.attempted(base, attempts, sent_at, token, store.store_id)
-
-        await self.facts.change(request.key, change, token, store.fence, partition)
-
-    async def _settle(
-        self, store: ActionStore, request: ActionRequest, receipt: ActionOutcome, stream_seq: int | None
-    ) -> None:
-        """Commit the receipt: beside the store first (a shared key, or one whose attempts left facts there),
-        then in it; and a compensation's success on the key it undid, so no store replays the undone effect."""
-        partition = partition_of(request.key, self.settings.partitions)
-        token = self._token(partition)
-        if key_facts.shared(receipt.key) or receipt.attempts > 1:
-
-            def change(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts:
-                base = current or key_facts.first_asked(request, time.time(), token, store.store_id)
-                return key_facts.settled(base, receipt, token, store.store_id)
-
-            await self.facts.change(receipt.key, change, token, store.fence, partition)
-        base_key = key_facts.undoes(receipt)
-        if base_key is not None:
-
-            def mark(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts | None:
-                if current is None:
-                    return None  # never asked through the facts (a key from before them): its store knows
-                return key_facts.undone(current, receipt.key, token, store.store_id)
-
-            await self.facts.change(base_key, mark, token, store.fence, partition)
-        await store.finish(receipt, stream_seq)
 
     def _token(self, partition: int) -> int:
         """The lease token this replica holds the partition under (0 if none: every fenced write then refuses)."""
         tenure = self.keeper.tenures.get(partition)
         return tenure.token if tenure is not None else 0
-
-    @staticmethod
-    def _with_note(outcome: ActionOutcome, asked: str, answer: str) -> ActionOutcome:
-        note = Evidence(
-            asked=asked,
-            key=outcome.key,
-            answer=answer,
-            detail="answered from the action store",
-            at=datetime.now(UTC),
-        )
-        return msgspec.structs.replace(outcome, evidence=[*outcome.evidence, note])
 
     def _store_for(self, key: str) -> ActionStore:
         partition = partition_of(key, self.settings.partitions)
@@ -726,29 +394,3 @@ class Executor:
         if store is None:
             raise PartitionNotOwned(family=self.family, partition=partition, key=key)
         return store
-
-    async def _publish(self, outcome: ActionOutcome, ctx: Context) -> None:
-        annotate(ctx, outcome=outcome.status, via=outcome.via)
-        await self.broker.publish(
-            self.ns.outcomes(self.family, outcome.run_id),
-            tool_encoder.encode(outcome),
-            # No message id: JetStream deduplicates per stream, not per subject, so a predictable id would let any
-            # publisher to the outcomes stream (another family, a wake) reserve this one and have it dropped as a
-            # duplicate. The runtime records a repeated outcome once (record_outcome), which is all the id bought.
-            headers=headers_for(ctx),
-        )
-        log(
-            self.logger,
-            logging.DEBUG,
-            "outcome",
-            run_id=outcome.run_id,
-            step_no=outcome.step_no,
-            key=outcome.key,
-            status=outcome.status,
-            via=outcome.via,
-        )
-
-
-async def _store_answers(store: ActionStore) -> str | None:
-    await store.ping()
-    return None

@@ -3,64 +3,45 @@
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import msgspec
 from litestar import Litestar, Request, Response, Router, get, post
 from litestar.datastructures import State
 from opentelemetry.context import Context
 
 from crashsafe.contracts.active import entry_deadline
-from crashsafe.contracts.approvals import ApprovalDecisionBody, ApprovalRecord, ApprovalStatus
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.errors import (
     AgentNotAllowed,
-    BodyTooLarge,
     CrashsafeError,
-    InvalidRequest,
-    RateLimited,
-    RunNotFound,
     SubjectFull,
     TooManyActiveRuns,
-    Unauthenticated,
     UnknownAgent,
-    UnprocessableBody,
 )
-from crashsafe.contracts.inbound import (
-    MAX_BODY_BYTES,
-    InboundEvent,
-    InboundMessage,
-    inbound_decoder,
-    inbound_encoder,
-)
-from crashsafe.contracts.keys import is_run_id
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from crashsafe.contracts.memory import SessionLane
-from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
+from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
-from crashsafe.contracts.synthetic import SYNTHETIC_AGENT, SYNTHETIC_TENANT
-from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from crashsafe.domain.access import (
     Client,
     authenticate,
     parse_bearer,
-    require,
     require_agent,
-    require_approver,
 )
-from crashsafe.domain.admission import Admission, admit, conflict, status_for, too_large
-from crashsafe.domain.fold import replay, summarize
+from crashsafe.domain.admission import Admission, admit, conflict
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.session_lanes import Owner, Refuse, given_back, lane_move
-from crashsafe.domain.token_buckets import Rate, TokenBuckets
 from crashsafe.services.gateway import openapi as api
 from crashsafe.services.gateway import ops
+from crashsafe.services.gateway.approval_routes import get_approval, list_approvals, post_approval
+from crashsafe.services.gateway.door import Door, error_response, read_body
 from crashsafe.services.gateway.linger import linger_on_unread_bodies
+from crashsafe.services.gateway.run_routes import get_run, get_run_events, post_reconcile
 from crashsafe.services.gateway.turns import TurnCaps, take_turn
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
@@ -76,70 +57,11 @@ from crashsafe.services.platform.tracing import (
     trace_id_of,
     trace_requests,
 )
-from crashsafe.services.records import approval_records
 from crashsafe.services.records.active_runs import Caps, claim
-from crashsafe.services.records.approval_records import ApprovalRecords
 from crashsafe.services.records.client_keys import ClientKeys
-from crashsafe.services.records.run_asks import reconcile_run
-from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.session_lanes import SessionRecords
 
 logger = logging.getLogger("crashsafe.gateway")
-
-
-def _error(exc: CrashsafeError) -> Response[Any]:
-    body = {"error": {"code": exc.code.value, "message": exc.message, "details": exc.details()}}
-    headers = (
-        {Header.RETRY_AFTER.value: str(max(1, math.ceil(exc.retry_after_s)))}
-        if isinstance(exc, RateLimited)
-        else None
-    )
-    return Response(content=body, status_code=status_for(exc), headers=headers)
-
-
-class Door:
-    """What every request passes: its key checked against the stored record, its scope, and the rates."""
-
-    def __init__(self, keys: ClientKeys, settings: Settings) -> None:
-        self.keys = keys
-        self.clients = TokenBuckets(Rate.of(settings.rate_per_client))
-        self.guests = TokenBuckets(Rate.of(settings.rate_per_guest))
-        per_run = settings.reconcile_per_minute / 60
-        self.reconciles = TokenBuckets(Rate(per_run, max(settings.reconcile_per_minute / 2, 1.0)))
-
-    async def client(self, request: Request[Any, Any, Any], scope: Scope) -> Client:
-        try:
-            key_id, secret = parse_bearer(request.headers.get(Header.AUTHORIZATION))
-            # A direct get on every request: a revocation reaches every replica with its next request.
-            client = authenticate(key_id, secret, await self.keys.get(key_id))
-        except Unauthenticated as exc:
-            log(logger, logging.INFO, "refused", reason=exc.reason, path=request.url.path)
-            raise
-        require(client, scope)
-        self.limit(self.clients, client.key_id, "client")
-        return client
-
-    @staticmethod
-    def limit(buckets: TokenBuckets, key: str, limit: str) -> None:
-        wait = buckets.take(key, time.monotonic())
-        if wait:
-            raise RateLimited(limit=limit, retry_after_s=wait)
-
-
-async def _read_body(request: Request[Any, Any, Any]) -> bytes:
-    """The body, refused before it is read if its announced length is too large, and as soon as more than the
-    limit has arrived if it is sent without one (chunked): a 10 MB body is never taken in."""
-    refused = too_large(request.headers.get(Header.CONTENT_LENGTH))
-    if refused is not None:
-        raise refused
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge(size=size, limit=MAX_BODY_BYTES)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
@@ -150,7 +72,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
     registry: Registry = state.registry
     client = await door.client(request, Scope.EVENTS_WRITE)
     agent = request.query_params.get("agent", registry.default_agent)
-    admission = admit(await _read_body(request), client.tenant, agent)
+    admission = admit(await read_body(request), client.tenant, agent)
     if agent not in registry.agents:
         raise UnknownAgent(agent, known=sorted(registry.agents))
     may_start(client, agent, registry.default_agent)
@@ -324,194 +246,7 @@ async def post_event(state: State, request: Request[Any, Any, Any]) -> Response[
     try:
         return await _accept(state, request)
     except CrashsafeError as exc:
-        return _error(exc)
-
-
-def _not_a_run_id(run_id: str) -> RunNotFound:
-    return RunNotFound(
-        f"{run_id!r} is not a run id (run_ + 24 hex digits); check the id returned by POST /v1/events",
-        run_id=run_id[:64],
-    )
-
-
-def _as_json(event: JournalEvent) -> Any:
-    """An event as JSON: one this version does not know is shown as it was journaled."""
-    return msgspec.json.decode(event.data) if isinstance(event, UnknownEvent) else msgspec.to_builtins(event)
-
-
-def _visible(client: Client, run_id: str, first: JournalEvent | None) -> None:
-    """Another tenant's run is not found, with the very answer a run that does not exist gets."""
-    if not isinstance(first, RunStarted) or not client.sees(first.tenant):
-        raise RunNotFound(run_id=run_id)
-
-
-async def _journal(
-    state: State, request: Request[Any, Any, Any], run_id: str
-) -> list[tuple[int, JournalEvent]]:
-    client = await state.door.client(request, Scope.RUNS_READ)
-    if not is_run_id(run_id):
-        raise _not_a_run_id(run_id)
-    journal = RunJournal(state.broker, state.settings.namespace)
-    events = await journal.read_with_seqs(run_id)
-    _visible(client, run_id, events[0][1] if events else None)
-    return events
-
-
-@get(
-    "/v1/runs/{run_id:str}",
-    summary="A run's state",
-    security=api.SECURITY,
-    responses=api.ok(api.RunView, "the run folded from its journal") | api.errors(401, 403, 404, 429, 503),
-)
-async def get_run(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
-    try:
-        events = await _journal(state, request, run_id)
-    except CrashsafeError as exc:
-        return _error(exc)
-    run = replay(e for _, e in events)
-    assert run is not None
-    return Response(content=msgspec.to_builtins(summarize(run)) | {"last_seq": events[-1][0]})
-
-
-@get(
-    "/v1/runs/{run_id:str}/events",
-    summary="A run's journal",
-    security=api.SECURITY,
-    responses=api.ok(api.RunEvents, "every journaled event, in order") | api.errors(401, 403, 404, 429, 503),
-)
-async def get_run_events(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
-    try:
-        events = await _journal(state, request, run_id)
-    except CrashsafeError as exc:
-        return _error(exc)
-    return Response(content={"run_id": run_id, "events": [{"seq": seq, **_as_json(e)} for seq, e in events]})
-
-
-@post(
-    "/v1/runs/{run_id:str}/reconcile",
-    status_code=202,
-    summary="Reconcile a run",
-    security=api.SECURITY,
-    responses=api.ok(api.Reconciled, "the run is woken to resolve its open actions by key", 202)
-    | api.errors(401, 403, 404, 429, 503),
-)
-async def post_reconcile(state: State, request: Request[Any, Any, Any], run_id: str) -> Response[Any]:
-    """For an operator after an incident: resolve the run's open actions by key, then let it continue."""
-    door: Door = state.door
-    try:
-        client = await door.client(request, Scope.RUNS_OPERATE)
-        if not is_run_id(run_id):
-            raise _not_a_run_id(run_id)
-        ns = state.settings.namespace
-        first = await state.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
-        _visible(client, run_id, decode_event(first.data) if first is not None else None)
-        # Each reconcile journals a run.nudged, kept forever: limited per run, so nobody can grow a journal at will.
-        door.limit(door.reconciles, f"{client.tenant}/{run_id}", "run")
-        done = await reconcile_run(state.broker, state.settings, run_id, by="operator:http")
-    except CrashsafeError as exc:
-        return _error(exc)
-    return Response(
-        content={"run_id": done.run_id, "status": done.status, "asked": done.asked}, status_code=202
-    )
-
-
-# Approvals ----------------------------------------------------------------------------------------------------
-
-
-def _approval_json(record: ApprovalRecord, now: datetime) -> dict[str, Any]:
-    """A record as the API shows it: a pending one past its expiry shows as expired (which it is)."""
-    return msgspec.to_builtins(record) | {"status": approval_rules.current_status(record, now)}
-
-
-@get(
-    "/v1/approvals",
-    summary="List approvals",
-    security=api.SECURITY,
-    responses=api.ok(api.Approvals, "newest first") | api.errors(401, 403, 422, 429, 503),
-)
-async def list_approvals(state: State, request: Request[Any, Any, Any]) -> Response[Any]:
-    """Approvals of the caller's tenant (an admin: all), newest first; `?status=pending` (approved, rejected,
-    expired) filters by what each record means now."""
-    try:
-        client = await state.door.client(request, Scope.RUNS_READ)
-        wanted = request.query_params.get("status")
-        if wanted is not None and wanted not in {s.value for s in ApprovalStatus}:
-            raise UnprocessableBody(
-                f"status must be one of {[s.value for s in ApprovalStatus]}, not {wanted!r}"
-            )
-        records = await ApprovalRecords(state.broker, state.settings.namespace).scan()
-    except CrashsafeError as exc:
-        return _error(exc)
-    now = datetime.now(UTC)
-    listed = [_approval_json(r, now) for r in approval_records.shown(records, client.sees, wanted, now)]
-    return Response(content={"approvals": listed})
-
-
-@get(
-    "/v1/approvals/{approval_id:str}",
-    summary="An approval",
-    security=api.SECURITY,
-    responses=api.ok(ApprovalRecord, "the record, its status as of now")
-    | api.errors(401, 403, 404, 429, 503),
-)
-async def get_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
-    try:
-        client = await state.door.client(request, Scope.RUNS_READ)
-        records = ApprovalRecords(state.broker, state.settings.namespace)
-        stored = await approval_records.visible(records, client.sees, approval_id)
-    except CrashsafeError as exc:
-        return _error(exc)
-    return Response(content=_approval_json(stored.record, datetime.now(UTC)))
-
-
-_decision_decoder = msgspec.json.Decoder(ApprovalDecisionBody)
-
-
-@post(
-    "/v1/approvals/{approval_id:str}",
-    request_max_body_size=None,
-    status_code=200,
-    summary="Decide an approval",
-    security=api.SECURITY,
-    responses=api.ok(ApprovalRecord, "decided; the run is woken")
-    | api.errors(400, 401, 403, 404, 409, 413, 422, 429, 503),
-)
-async def post_approval(state: State, request: Request[Any, Any, Any], approval_id: str) -> Response[Any]:
-    """A manager's decision: the record moves from pending once (compare-and-set); then the run is woken, and
-    journals what the record says. Decided or expired already: 409 naming the status, nothing changes."""
-    try:
-        client = await state.door.client(request, Scope.APPROVALS_DECIDE)
-        require_approver(client)  # never a key that may start the runs it would approve
-        try:
-            body = _decision_decoder.decode(await _read_body(request))
-        except msgspec.ValidationError as exc:
-            raise UnprocessableBody(
-                f"body does not match the decision schema: {exc}; send"
-                ' {"decision": "approve"|"reject", "approver": NAME, "reason": TEXT}'
-            ) from exc
-        except msgspec.DecodeError as exc:
-            raise InvalidRequest(f"body is not valid JSON: {exc}; send one JSON object") from exc
-        decision = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
-        moved = await approval_records.decide(
-            state.broker,
-            state.settings,
-            client.sees,
-            approval_id,
-            decision,
-            f"manager:{body.approver}",
-            body.reason,
-        )
-    except CrashsafeError as exc:
-        return _error(exc)
-    log(
-        logger,
-        logging.INFO,
-        "approval decided",
-        run_id=moved.record.run_id,
-        approval_id=approval_id,
-        decision=decision.value,
-    )
-    return Response(content=_approval_json(moved.record, datetime.now(UTC)), status_code=200)
+        return error_response(exc)
 
 
 @get("/healthz", summary="Liveness", responses=api.ok(api.Health, "the process answers"))

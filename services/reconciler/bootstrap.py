@@ -13,7 +13,7 @@ from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
 from crashsafe.services.reconciler.service import Reconciler
-from crashsafe.services.reconciler.synthetic import SyntheticCadence
+from crashsafe.services.reconciler.synthetic_cadence import SyntheticCadence
 
 TICK_S = 1.0
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import msgspec
 
 from crashsafe.contracts.run_events import ToolCall
-from crashsafe.domain.decide import ModelReply
+from crashsafe.domain.model_calls import ModelReply
 
 # Roles the chat dialect knows; the Responses API's `developer` is a chat `system` message.
 _ROLE = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

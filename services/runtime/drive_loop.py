@@ -28,14 +28,12 @@ from crashsafe.domain.decide import (
     AwaitApproval,
     DecideApproval,
     Idle,
-    ModelReply,
     Move,
-    ask_at_risk,
-    model_asked,
     next_move,
     policy_unavailable,
 )
 from crashsafe.domain.fold import passages_item
+from crashsafe.domain.model_calls import ModelReply, ask_at_risk, model_asked
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.retrieval import retrieval_query
 from crashsafe.domain.run_state import RunState

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from crashsafe.contracts.synthetic import FIXED_MODEL, SYNTHETIC_PREFIX
+from crashsafe.contracts.synthetic_turn import FIXED_MODEL, SYNTHETIC_PREFIX
 
 _SEARCH = re.compile(
     re.escape(SYNTHETIC_PREFIX)

@@ -17,7 +17,7 @@ from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from crashsafe.contracts.errors import ModelUnavailable
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import ModelReply
+from crashsafe.domain.model_calls import ModelReply
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.settings import route_key
 from crashsafe.services.runtime.chat_completions import (

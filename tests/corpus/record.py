@@ -31,9 +31,12 @@ from crashsafe.domain import registry as registries
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
+from crashsafe.evals.conversation import Say, Scenario, ScenarioClass
 from crashsafe.evals.runner import SETTLE_S, Conversation, EvalStack, ModelChoice, play, running_stack
-from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
-from crashsafe.replay import Export, decode_journal, export_lines, read_run, recorded_views
+from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS
+from crashsafe.export_file import Export, decode_journal, export_lines
+from crashsafe.replay import read_run
+from crashsafe.replay_check import recorded_views
 from crashsafe.sandbox.listing import SandboxListing
 
 CORPUS = Path(__file__).resolve().parent

@@ -26,8 +26,8 @@ from crashsafe.contracts.keys import action_key, run_id_for, tool_input_hash
 from crashsafe.contracts.policy import Approver
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Budget, RunHandedOff, RunStarted
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
-from crashsafe.domain.decide import model_answered
 from crashsafe.domain.fold import fold_run
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.natsd import NatsServer
 from crashsafe.services.console.app import COOKIE, CSRF_FIELD, csrf_token
 from crashsafe.services.console.pages_operate import SHOWN_LETTERS

@@ -22,11 +22,11 @@ import pytest
 
 from crashsafe.contracts.run_events import HandOffReason
 from crashsafe.contracts.subjects import StreamKind
-from crashsafe.contracts.synthetic import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_TENANT, SyntheticResult, synthetic_decoder
 from crashsafe.domain.handoff import handoff_reply
 from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.stack import SYNTHETIC_KEY_FILE
+from crashsafe.stack_keys import SYNTHETIC_KEY_FILE
 from tests.support.stack import (
     StackClient,
     auth_header,

@@ -17,7 +17,7 @@ from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker, Published, SubjectFull
-from crashsafe.stack import STACK_TENANT
+from crashsafe.stack_keys import STACK_TENANT
 from tests.support.broker import consumer_idle, consumer_settled, dead_letters
 from tests.support.journals import action_outcome_from, action_request_from, of_type, step
 from tests.support.stack import StackClient, cli_env, crashsafe, open_stack

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from crashsafe.evals.checks import Charged, Effects, Status
+from crashsafe.evals.conversation import Say, Scenario, ScenarioClass
 from crashsafe.evals.runner import EvalStack, ModelChoice, Result, play, run_suite, running_stack
-from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS, Say, Scenario, ScenarioClass
+from crashsafe.evals.scenarios import SCENARIOS, TWO_NIGHTS
 from tests.support.paths import ROOT
 
 

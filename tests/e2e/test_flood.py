@@ -25,7 +25,7 @@ from crashsafe.contracts.subjects import StreamKind
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.session_lanes import SessionRecords
-from crashsafe.stack import STACK_TENANT
+from crashsafe.stack_keys import STACK_TENANT
 from tests.support.broker import dead_letters
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, guest_event, open_stack

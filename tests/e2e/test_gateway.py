@@ -19,7 +19,7 @@ from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker, SubjectFull
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.stack import STACK_TENANT
+from crashsafe.stack_keys import STACK_TENANT
 from tests.support.stack import StackClient, guest_event, open_stack
 from tests.support.waiting import eventually
 

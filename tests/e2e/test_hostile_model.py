@@ -15,7 +15,7 @@ from crashsafe.contracts.support import support_decoder
 from crashsafe.domain.handoff import handoff_reply
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.stack import STACK_TENANT
+from crashsafe.stack_keys import STACK_TENANT
 from tests.support.journals import of_type
 from tests.support.stack import StackClient, open_stack
 from tests.support.waiting import eventually, unique

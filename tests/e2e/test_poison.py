@@ -15,7 +15,7 @@ from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.stack import STACK_TENANT
+from crashsafe.stack_keys import STACK_TENANT
 from tests.support.broker import action_subject, consumer_settled, dead_letters
 from tests.support.capabilities import signed
 from tests.support.stack import StackClient, open_stack

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from crashsafe.contracts.run_events import RunResumed
 from crashsafe.domain import registry as registries
-from crashsafe.replay import decode_journal, divergences, read_export, recorded_views
+from crashsafe.export_file import decode_journal, read_export
+from crashsafe.replay_check import divergences, recorded_views
 from tests.corpus.record import DELIVERED, VIEWS, record
 
 

@@ -14,11 +14,11 @@ from nats.aio.msg import Msg
 from crashsafe.contracts.clients import secret_hash, split_key
 from crashsafe.contracts.streams import stream_specs
 from crashsafe.contracts.subjects import StreamKind
-from crashsafe.contracts.synthetic import synthetic_decoder
+from crashsafe.contracts.synthetic_turn import synthetic_decoder
 from crashsafe.contracts.tool_messages import action_request_decoder
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential
-from crashsafe.stack import SYNTHETIC_KEY_FILE
+from crashsafe.stack_keys import SYNTHETIC_KEY_FILE
 from tests.support.stack import StackClient, auth_header
 from tests.support.waiting import eventually
 from tests.support.world import CONFIRMED, projected

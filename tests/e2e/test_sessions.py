@@ -10,7 +10,7 @@ from typing import Any
 
 from crashsafe.contracts.keys import run_id_for
 from crashsafe.contracts.policy import Approver
-from crashsafe.domain.decide import approval_id_for
+from crashsafe.domain.call_plan import approval_id_for
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.session_lanes import SessionRecords
 from tests.support.holds import held_search

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from crashsafe.stack import Backoff, ProcessIdentity, ScaleError, Stack, parse_scale
+from crashsafe.stack import ScaleError, Stack, parse_scale
+from crashsafe.stack_processes import Backoff, ProcessIdentity
 from tests.support.stack import StackClient, crashsafe, supervised
 from tests.support.waiting import eventually
 

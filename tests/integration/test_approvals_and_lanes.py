@@ -35,8 +35,9 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain import approval_flow as rules
-from crashsafe.domain.decide import approval_id_for, model_answered
+from crashsafe.domain.call_plan import approval_id_for
 from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.domain.open_work import awaiting_runs
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker

@@ -35,9 +35,9 @@ from crashsafe.contracts.streams import catalog_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.support import support_decoder
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import MAX_FAILED_ASKS, ModelReply
 from crashsafe.domain.fold import replay
 from crashsafe.domain.handoff import handoff_reply
+from crashsafe.domain.model_calls import MAX_FAILED_ASKS, ModelReply
 from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics

@@ -32,8 +32,8 @@ from crashsafe.contracts.streams import guests_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionRequest, Via
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import ModelReply
 from crashsafe.domain.fold import passages_item, replay
+from crashsafe.domain.model_calls import ModelReply
 from crashsafe.domain.registry import KvOperation
 from crashsafe.natsd import NatsServer
 from crashsafe.services.agents.memory import REMEMBER_PREFERENCE

@@ -35,9 +35,9 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import ModelReply
 from crashsafe.domain.effect_audit import unknown_events
 from crashsafe.domain.fold import replay
+from crashsafe.domain.model_calls import ModelReply
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings

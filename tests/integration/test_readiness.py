@@ -92,7 +92,7 @@ async def test_executor_readiness_covers_its_member_record_consumers_and_stores(
         await broker.kv_delete(worker.keeper.spec, namespace.member_key("payment", settings.worker_id))
         await eventually(lambda: ready(http), what="ready again after the next lease round")
 
-        consumer = worker._consumers()[0]
+        consumer = worker.readiness.consumers()[0]
         await broker.js.delete_consumer(consumer.stream, consumer.durable)
         await eventually(
             lambda: failing(http, f"consumer:{consumer.durable}"), what="readyz names the consumer"

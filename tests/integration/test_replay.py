@@ -21,8 +21,10 @@ from crashsafe.contracts.run_events import JournalEvent
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.run_state import RunState
+from crashsafe.export_file import read_export
 from crashsafe.natsd import NatsServer
-from crashsafe.replay import read_export, replay_events, state_view
+from crashsafe.replay import replay_events
+from crashsafe.run_views import state_view
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.catalog import publish_catalog

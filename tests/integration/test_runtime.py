@@ -26,8 +26,8 @@ from crashsafe.contracts.run_events import (
     UnknownEvent,
 )
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.domain.decide import model_answered
 from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal

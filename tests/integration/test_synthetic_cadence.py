@@ -15,12 +15,12 @@ import pytest
 from crashsafe.contracts.errors import NotPermitted
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace, StreamKind
-from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn, synthetic_decoder
+from crashsafe.contracts.synthetic_turn import SyntheticResult, SyntheticTurn, synthetic_decoder
 from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.reconciler.synthetic import SyntheticCadence
+from crashsafe.services.reconciler.synthetic_cadence import SyntheticCadence
 from tests.support import inprocess
 from tests.support.nats_users import access
 

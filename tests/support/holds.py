@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 from crashsafe.contracts.keys import run_id_for, tool_input_hash
 from crashsafe.contracts.run_events import ApprovalRequested, Budget, RunStarted
-from crashsafe.domain.decide import approval_id_for, model_answered
+from crashsafe.domain.call_plan import approval_id_for
 from crashsafe.domain.fold import fold_run
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_asks import wake_run
 from crashsafe.services.records.run_journal import RunJournal

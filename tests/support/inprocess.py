@@ -25,7 +25,7 @@ from crashsafe.contracts.run_events import ActionRequested, RunCompleted, RunEve
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionRequest, RunWake
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import ModelReply
+from crashsafe.domain.model_calls import ModelReply
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.run_state import RunState
 from crashsafe.sandbox.app import serve

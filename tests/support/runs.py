@@ -24,20 +24,11 @@ from crashsafe.contracts.run_events import (
     ToolCall,
 )
 from crashsafe.domain.agent import Agent
-from crashsafe.domain.decide import (
-    Append,
-    AskModel,
-    AwaitActions,
-    Idle,
-    ModelReply,
-    ask_at_risk,
-    model_answered,
-    model_asked,
-    next_move,
-)
+from crashsafe.domain.decide import Append, AskModel, AwaitActions, Idle, next_move
 from crashsafe.domain.fold import fold_run
+from crashsafe.domain.model_calls import ModelReply, ask_at_risk, model_answered, model_asked
 from crashsafe.domain.run_state import RunState
-from crashsafe.replay import divergences
+from crashsafe.replay_check import divergences
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 RUN = "run_0123456789abcdef01234567"

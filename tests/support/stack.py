@@ -21,7 +21,8 @@ import httpx
 
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.services.platform.settings import NatsAccess
-from crashsafe.stack import STACK_TENANT, Stack
+from crashsafe.stack import Stack
+from crashsafe.stack_keys import STACK_TENANT
 from tests.support import capabilities
 from tests.support.nats_users import creds_dir
 from tests.support.waiting import eventually, unique

@@ -26,9 +26,10 @@ from crashsafe.domain.approval_flow import (
     is_clear_yes,
     new_record,
 )
-from crashsafe.domain.decide import Append, AwaitApproval, DecideApproval, approval_id_for, next_move
+from crashsafe.domain.call_plan import approval_id_for
+from crashsafe.domain.decide import Append, AwaitApproval, DecideApproval, next_move
 from crashsafe.domain.fold import fold_run, summarize
-from crashsafe.domain.policy_engine import approved as approves
+from crashsafe.domain.money_rules import approved as approves
 from crashsafe.domain.run_state import RunState
 from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, booked_run, call, started
 

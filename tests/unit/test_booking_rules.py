@@ -21,7 +21,8 @@ from crashsafe.contracts.run_events import (
     ToolRejected,
 )
 from crashsafe.domain.agent import ProjectionCall
-from crashsafe.domain.decide import AskModel, model_answered, next_move
+from crashsafe.domain.decide import AskModel, next_move
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.services.agents import stayhub
 from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
 

@@ -10,7 +10,7 @@ import pytest
 from msgspec.structs import replace
 
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from crashsafe.replay import read_export
+from crashsafe.export_file import read_export
 from crashsafe.services.console.app import templates
 from crashsafe.services.console.timeline import entry, trace_id_of
 from crashsafe.services.operations.run_index import RunFilter, RunRow

@@ -14,7 +14,7 @@ import pytest
 
 from crashsafe import contract_access as access
 from crashsafe import contract_catalog as cat
-from crashsafe import contract_docs
+from crashsafe import contract_docs, stream_catalog
 from tests.support.paths import ROOT
 
 # Under `just mutate` the sources are mutmut's rewrite (trampolines beside every function, comments moved): the
@@ -55,11 +55,11 @@ def test_every_message_and_stream_is_in_events_md() -> None:
         assert f"### `{m.name}`" in text
         for f in m.info.fields:
             assert f"| `{f.encode_name}` |" in text
-    for s in cat.streams():
+    for s in stream_catalog.streams():
         assert f"| `{s.name}` |" in text
-    for c in cat.consumers():
+    for c in stream_catalog.consumers():
         assert f"| `{c.spec.durable}` |" in text
-    for kv, _ in cat.buckets():
+    for kv, _ in stream_catalog.buckets():
         assert f"| `{kv.bucket}` |" in text
 
 

@@ -103,7 +103,7 @@ from crashsafe.contracts.run_events import (
     request_for,
 )
 from crashsafe.contracts.support import SupportTicket, support_decoder, support_encoder
-from crashsafe.contracts.synthetic import SyntheticTurn, synthetic_decoder, synthetic_encoder
+from crashsafe.contracts.synthetic_turn import SyntheticTurn, synthetic_decoder, synthetic_encoder
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,

@@ -16,16 +16,10 @@ from crashsafe.contracts.run_events import (
     ToolCall,
     ToolRejected,
 )
-from crashsafe.domain.decide import (
-    Append,
-    AskModel,
-    AwaitActions,
-    Idle,
-    model_answered,
-    next_move,
-    plan_calls,
-)
+from crashsafe.domain.call_plan import plan_calls
+from crashsafe.domain.decide import Append, AskModel, AwaitActions, Idle, next_move
 from crashsafe.domain.fold import fold_run
+from crashsafe.domain.model_calls import model_answered
 from tests.support.journals import decision_steps
 from tests.support.runs import (
     BOOK,

@@ -11,8 +11,9 @@ from crashsafe.contracts.inbound import guest_message_decoder
 from crashsafe.contracts.run_events import HandOffReason
 from crashsafe.evals import checks
 from crashsafe.evals.checks import Observed, RunView
+from crashsafe.evals.conversation import Say, ScenarioClass
 from crashsafe.evals.runner import ModelChoice, Result, model_env, report
-from crashsafe.evals.scenarios import SCENARIOS, Say, ScenarioClass, select
+from crashsafe.evals.scenarios import SCENARIOS, select
 
 
 def seen(

@@ -45,10 +45,11 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, RecordStatus, Via
 from crashsafe.domain.authority import outcome_refusal
-from crashsafe.domain.decide import AskModel, model_answered, next_move
+from crashsafe.domain.decide import AskModel, next_move
 from crashsafe.domain.execution import Record, Replay, classify
 from crashsafe.domain.identity import RETRY_RULE, choose_key, identity_of
-from crashsafe.domain.policy_engine import Allow, Hold
+from crashsafe.domain.model_calls import model_answered
+from crashsafe.domain.policy_verdicts import Allow, Hold
 from crashsafe.services.agents import stayhub
 from crashsafe.services.agents.booking.tools import CREATE_BOOKING, SEND_CONFIRMATION_EMAIL
 from tests.support.runs import BOOK, RUN, Run, call, reply_of, started

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crashsafe.contracts.nats_permissions import DESTRUCTIVE, Role, user_for, users
+from crashsafe.contracts.jetstream_api import DESTRUCTIVE
+from crashsafe.contracts.nats_permissions import Role, user_for, users
 from crashsafe.contracts.subjects import Namespace
 
 # Family names that cannot collide with a fixed subject token (`action`, `lease`, the namespace).

@@ -33,20 +33,11 @@ from crashsafe.contracts.run_events import (
     event_encoder,
 )
 from crashsafe.domain.arguments import check_arguments, nesting_depth
-from crashsafe.domain.decide import (
-    MAX_FAILED_ASKS,
-    Append,
-    AskModel,
-    AwaitActions,
-    Idle,
-    ask_at_risk,
-    model_asked,
-    model_rejected,
-    next_move,
-    plan_calls,
-)
+from crashsafe.domain.call_plan import plan_calls
+from crashsafe.domain.decide import Append, AskModel, AwaitActions, Idle, next_move
 from crashsafe.domain.effect_audit import unknown_events
 from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.model_calls import MAX_FAILED_ASKS, ask_at_risk, model_asked, model_rejected
 from crashsafe.domain.open_work import OpenWork, observe, overdue_actions, unsettled_unknowns
 from tests.support.runs import BOOKING, RUN, T0, Run, assert_replays, booked_run, call, reply_of, started
 

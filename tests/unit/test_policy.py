@@ -35,18 +35,13 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
 from crashsafe.domain.arguments import check_schema, parameters_of
-from crashsafe.domain.decide import Append, AwaitApproval, next_move, plan_calls
+from crashsafe.domain.call_plan import plan_calls
+from crashsafe.domain.decide import Append, AwaitApproval, next_move
 from crashsafe.domain.fold import summarize
 from crashsafe.domain.handoff import handoff_reply
-from crashsafe.domain.policy_engine import (
-    Allow,
-    Deny,
-    Hold,
-    approved,
-    check_asked,
-    check_policy,
-    money,
-)
+from crashsafe.domain.money_rules import approved
+from crashsafe.domain.policy_engine import check_asked, check_policy
+from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, money
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents.booking.tools import REFUND_PAYMENT, SEND_CONFIRMATION_EMAIL
 from crashsafe.services.agents.support.agent import SupportAgent

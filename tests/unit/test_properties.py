@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Budget, RunResumed, ToolCall
-from crashsafe.domain.decide import ModelReply
 from crashsafe.domain.fold import fold_run, replay
+from crashsafe.domain.model_calls import ModelReply
 from crashsafe.domain.run_state import RunState
 from tests.support.journals import DECISIONS, decision_steps
 from tests.support.runs import BOOK, RUN, SEARCH, Run, assert_replays, booking_model, drive, reply_of, started

@@ -37,7 +37,9 @@ from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.run_state import RunState
-from crashsafe.replay import Export, decision_of, divergences, read_export, recorded_views
+from crashsafe.export_file import Export, read_export
+from crashsafe.replay_check import divergences, recorded_views
+from crashsafe.run_views import decision_of
 from tests.corpus.record import DELIVERED, RECEIVED_AS, VIEWS
 from tests.support.journals import decision_steps
 from tests.support.paths import GOLDEN, ROOT

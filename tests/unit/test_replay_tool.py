@@ -12,18 +12,9 @@ import pytest
 
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.domain import registry as registries
-from crashsafe.replay import (
-    BadExport,
-    ExportHeader,
-    decode_journal,
-    diff_views,
-    export_lines,
-    read_export,
-    render,
-    render_json,
-    replay_command,
-    replay_events,
-)
+from crashsafe.export_file import BadExport, ExportHeader, decode_journal, export_lines, read_export
+from crashsafe.replay import render, render_json, replay_command, replay_events
+from crashsafe.run_views import diff_views
 from tests.support.paths import ROOT
 
 STAYHUB = registries.load("crashsafe.services.agents:stayhub")
@@ -150,7 +141,7 @@ def test_a_batch_cut_short_by_a_crash_and_decided_again_after_the_resume_is_no_d
     from crashsafe.contracts.run_events import ActionRequested, RunResumed
     from crashsafe.domain.decide import Append, next_move
     from crashsafe.domain.fold import replay
-    from crashsafe.replay import divergences
+    from crashsafe.replay_check import divergences
     from tests.support.runs import BOOKING, Run, call, started
 
     run = Run(started())

@@ -7,8 +7,9 @@ from datetime import timedelta
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.run_events import ModelRejected, Passage, TurnReceived
-from crashsafe.domain.decide import Append, model_answered, next_move
+from crashsafe.domain.decide import Append, next_move
 from crashsafe.domain.fold import fold_run, passages_item
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.domain.retrieval import retrieval_query
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.knowledge.library import Library, sections

@@ -19,19 +19,20 @@ from crashsafe.contracts.run_events import (
     ToolRejected,
     event_encoder,
 )
-from crashsafe.contracts.synthetic import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
+from crashsafe.contracts.synthetic_turn import FIXED_MODEL, SYNTHETIC_TENANT, SyntheticResult, SyntheticTurn
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.catalog_check import builtin_catalog, validate_catalog
-from crashsafe.domain.decide import Append, AskModel, model_answered, next_move, policy_unavailable
+from crashsafe.domain.decide import Append, AskModel, next_move, policy_unavailable
+from crashsafe.domain.model_calls import model_answered
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.retrieval import policy_question
 from crashsafe.examples.analytics.core import Figures, fold
-from crashsafe.replay import divergences
+from crashsafe.replay_check import divergences
 from crashsafe.services.agents import stayhub
-from crashsafe.services.agents.synthetic import FIXED_ROUTE, SyntheticAgent
+from crashsafe.services.agents.synthetic_agent import FIXED_ROUTE, SyntheticAgent
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics
-from crashsafe.services.reconciler.synthetic_turn import judge, record, synthetic_text
+from crashsafe.services.reconciler.synthetic_probe import judge, record, synthetic_text
 from crashsafe.services.runtime.fixed_model import NOT_SYNTHETIC, fixed_answer
 from crashsafe.services.runtime.model import read_response
 from tests.support.runs import BOOKING, T0, Run, call, receipt, reply_of, started

@@ -13,7 +13,8 @@ import pytest
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.keys import GuestScope, action_key, tool_input_hash
 from crashsafe.contracts.run_events import ActionRequested, Origin
-from crashsafe.domain.policy_engine import Deny, check_policy
+from crashsafe.domain.policy_engine import check_policy
+from crashsafe.domain.policy_verdicts import Deny
 from crashsafe.sandbox.errors import NotFound
 from crashsafe.sandbox.ledger import SandboxLedger
 from crashsafe.sandbox.records import (

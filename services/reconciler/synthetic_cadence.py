@@ -11,11 +11,11 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
-from crashsafe.contracts.synthetic import SyntheticResult, SyntheticTurn
+from crashsafe.contracts.synthetic_turn import SyntheticResult, SyntheticTurn
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.reconciler.synthetic_turn import publish_turn, record, synthetic_turn
+from crashsafe.services.reconciler.synthetic_probe import publish_turn, record, synthetic_turn
 
 # The first turn soon after start (the deployment gate: a fresh rollout shows its seam within seconds), then
 # one per `every_s`.

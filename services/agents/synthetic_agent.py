@@ -11,7 +11,7 @@ from typing import Any
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from crashsafe.contracts.errors import ErrorCode, ErrorInfo
 from crashsafe.contracts.run_events import Budget
-from crashsafe.contracts.synthetic import DEFAULT_BUDGET_S, FIXED_MODEL, SYNTHETIC_AGENT
+from crashsafe.contracts.synthetic_turn import DEFAULT_BUDGET_S, FIXED_MODEL, SYNTHETIC_AGENT
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.registry import Registration, model_contracts

@@ -20,7 +20,7 @@ import aiohttp
 
 from crashsafe.contracts.errors import CrashsafeError
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.contracts.synthetic import (
+from crashsafe.contracts.synthetic_turn import (
     DEFAULT_BUDGET_S,
     SYNTHETIC_AGENT,
     SYNTHETIC_PREFIX,

@@ -1,0 +1,183 @@
+"""The policy rules about money: approval above a limit, and refunds within what was paid. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crashsafe.contracts.approvals import ApprovalStatus
+from crashsafe.contracts.keys import ACCOUNT_ARG
+from crashsafe.contracts.policy import ApprovalAbove, Approver, RefundWithinPaid
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.guest_scope import owns
+from crashsafe.domain.policy_verdicts import LIVE, Allow, Deny, Hold, Verdict, money, rule_name
+from crashsafe.domain.run_state import RunState
+
+
+def approved(state: RunState, tool: str, input_hash: str, approver: str) -> bool:
+    """Whether exactly this action (tool and input hash) was approved by `approver` (or by a manager, who may
+    approve what a guest may). A changed action has another hash: it needs its own approval."""
+    asked = {r.approval_id: r for r in state.approval_requests}
+    for decided in state.approvals:
+        request = asked.get(decided.approval_id)
+        if (
+            request is not None
+            and decided.decision == ApprovalStatus.APPROVED
+            and decided.input_hash == input_hash
+            and request.input_hash == input_hash
+            and request.tool == tool
+            and request.approver in (approver, Approver.MANAGER)
+        ):
+            return True
+    return False
+
+
+def _booking(state: RunState, booking_id: str) -> dict[str, Any]:
+    """A booking held in this run: what was asked (hotel, dates) under what the provider answered."""
+    for req, done in state.completed:
+        if (
+            req.tool == "create_booking"
+            and done.status == OutcomeStatus.SUCCEEDED
+            and done.result.get("booking_id") == booking_id
+        ):
+            return {**req.args, **done.result}
+    return {}
+
+
+def approval_above(
+    state: RunState, rule: ApprovalAbove, contract: ToolContract, args: dict[str, Any], input_hash: str
+) -> Verdict:
+    amount = args.get("amount_cents")
+    if not isinstance(amount, int):
+        return Allow()
+    currency = str(args.get("currency", ""))
+    # What the run charges in all counts, not this charge alone: stays split into charges under the limit (twelve
+    # nights, then the next twelve) would otherwise never be confirmed by anyone.
+    earlier = _charged(state, contract.name, currency, str(args.get("booking_id", "")))
+    if amount + earlier <= rule.limit_cents:
+        return Allow()
+    profile = state.started.profile
+    if rule.corporate_only and not (profile is not None and profile.corporate):
+        return Allow()
+    if approved(state, contract.name, input_hash, rule.approver):
+        return Allow()
+    booking_id = str(args.get("booking_id", ""))
+    booking = _booking(state, booking_id)
+    what = f"{money(amount, currency)} for booking {booking_id}"
+    if booking:
+        what += f" at {booking.get('hotel_name') or booking.get('hotel_id', '')}, "
+        what += f"{booking.get('check_in', '')} to {booking.get('check_out', '')}"
+    if earlier:
+        what += f" ({money(amount + earlier, currency)} in all with this conversation's other payments)"
+    if rule.approver == Approver.MANAGER:
+        manager = profile.manager if profile is not None and profile.manager else "the manager"
+        question = f"Approve paying {what} for {state.guest_id}? ({manager} decides)"
+    else:
+        question = f"Reply yes to pay {what}"
+    return Hold(
+        rule=rule_name(rule),
+        reason=f"{money(amount + earlier, currency)} is above {money(rule.limit_cents, currency)}; "
+        f"{rule.approver} approval needed",
+        approver=rule.approver,
+        ttl_s=rule.ttl_s,
+        amount_cents=amount,
+        currency=currency,
+        question=question,
+    )
+
+
+def _charged(state: RunState, tool: str, currency: str, booking_id: str) -> int:
+    """Cents this run has charged with `tool` in `currency` for other bookings: pending, done or maybe done."""
+    asked = [p for p in state.pending if p.tool == tool]
+    asked += [req for req, done in state.completed if req.tool == tool and done.status in LIVE]
+    return sum(
+        int(r.args.get("amount_cents") or 0)
+        for r in asked
+        if str(r.args.get("currency", "")) == currency and str(r.args.get("booking_id", "")) != booking_id
+    )
+
+
+def payment_seen(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | None:
+    """A payment this run has seen, and the place in `state.completed` after which its refunds are not in it: as
+    the latest `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made
+    it (-1: none of the run's refunds are in it). A refund answered after the listing, or still in flight, is not
+    in the listing whatever its step: the model may list the payments again while a refund is on its way."""
+    found = [
+        (index, done.result)
+        for index, (req, done) in enumerate(state.completed)
+        if req.tool == "find_payments" and done.status == OutcomeStatus.SUCCEEDED
+    ]
+    if found:
+        at, result = found[-1]
+        payments = result.get("payments", [])
+        for payment in payments if isinstance(payments, list) else []:
+            if isinstance(payment, dict) and payment.get("payment_id") == payment_id:
+                return payment, at
+    for req, done in state.completed:
+        if (
+            req.tool == "create_payment"
+            and done.status == OutcomeStatus.SUCCEEDED
+            and done.result.get("payment_id") == payment_id
+        ):
+            made = {
+                "payment_id": payment_id,
+                "guest_id": req.args.get("guest_id"),
+                ACCOUNT_ARG: req.args.get(ACCOUNT_ARG, ""),
+                "amount_cents": req.args.get("amount_cents"),
+                "currency": req.args.get("currency", ""),
+            }
+            return made, -1
+    return None
+
+
+def _refunded_since(state: RunState, payment_id: str, since: int) -> int:
+    """Cents this run asked to refund of the payment that the listing at `state.completed[since]` cannot show:
+    in flight, or answered (done, or maybe done) after it."""
+    asked = [p for p in state.pending if p.tool == "refund_payment"]
+    asked += [
+        req
+        for index, (req, done) in enumerate(state.completed)
+        if index > since and req.tool == "refund_payment" and done.status in LIVE
+    ]
+    return sum(int(r.args.get("amount_cents") or 0) for r in asked if r.args.get("payment_id") == payment_id)
+
+
+def refund_within_paid(
+    state: RunState, rule: RefundWithinPaid, args: dict[str, Any], input_hash: str
+) -> Verdict:
+    name = rule_name(rule)
+    payment_id = str(args.get("payment_id", ""))
+    amount = args.get("amount_cents")
+    seen = payment_seen(state, payment_id)
+    if seen is None or not owns(state, seen[0]):  # (tenant, guest): another tenant's "alice" is not ours
+        return Deny(name, f"payment {payment_id} is not one of this guest's payments found in this run")
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+        return Deny(name, "a refund names a positive amount in cents")
+    payment, since = seen
+    paid = int(payment.get("amount_cents") or 0)
+    refunded = int(payment.get("refunded_cents") or 0) + _refunded_since(state, payment_id, since)
+    currency = str(payment.get("currency", ""))
+    left = paid - refunded
+    if amount > left:
+        return Deny(
+            name,
+            f"{money(amount, currency)} is more than the {money(max(left, 0), currency)} left of payment "
+            f"{payment_id} ({money(paid, currency)} paid, {money(refunded, currency)} refunded)",
+        )
+    # What the payment has been refunded in all counts, not this refund alone: split into refunds under the
+    # limit (140.00, then 100.00), a refund above it would otherwise never reach a manager.
+    if refunded + amount > rule.manager_above_cents and not approved(
+        state, rule.tool, input_hash, Approver.MANAGER
+    ):
+        already = f" ({money(refunded, currency)} refunded already)" if refunded else ""
+        return Hold(
+            rule=name,
+            reason=f"refunds of a payment above {money(rule.manager_above_cents, currency)} in all need a "
+            f"manager's approval{already}",
+            approver=Approver.MANAGER.value,
+            ttl_s=rule.ttl_s,
+            amount_cents=amount,
+            currency=currency,
+            question=f"Approve refunding {money(amount, currency)} of payment {payment_id} to {state.guest_id}?",
+        )
+    return Allow()

@@ -1,0 +1,89 @@
+"""What an executor's /readyz asks, afresh each time (partitions move): NATS and its streams, its member record or
+its listed leases, each held partition's store and consumer; and the consumer lag its /metrics samples."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from crashsafe.contracts.streams import ConsumerSpec, executor_consumer
+from crashsafe.domain.partition_ownership import fenced, member_decoder
+from crashsafe.services.executor.partitions import PartitionKeeper
+from crashsafe.services.executor.store import ActionStore
+from crashsafe.services.platform import probes
+from crashsafe.services.platform.jetstream import Broker, Subscription
+from crashsafe.services.platform.provisioning import executor_streams
+from crashsafe.services.platform.settings import Settings
+
+
+class ExecutorReadiness:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        family: str,
+        keeper: PartitionKeeper,
+        incarnation: str,
+        stores: dict[int, ActionStore],
+        subscriptions: dict[int, Subscription],
+        max_deliver: int,
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.ns = settings.namespace
+        self.family = family
+        self.keeper = keeper
+        self.incarnation = incarnation
+        # The executor's own maps (the same dicts): what it holds now.
+        self.stores = stores
+        self.subscriptions = subscriptions
+        self.max_deliver = max_deliver
+
+    def checks(self) -> dict[str, probes.Check]:
+        """Readiness, asked afresh each time (partitions move): NATS and its streams; in shared mode its member
+        record alive, with an explicit list each listed partition's lease held; every held partition's store
+        answering and its consumer present."""
+        checks = probes.basic_checks(self.broker, executor_streams(self.ns))
+        keeper = self.keeper
+        if keeper.static is None:
+            checks["member"] = self._member_alive
+        else:
+            for p in keeper.static:
+                checks[f"lease:{p}"] = functools.partial(self._lease_held, p)
+        for p, store in sorted(self.stores.items()):
+            checks[f"store:{p}"] = functools.partial(_store_answers, store)
+        checks.update(probes.consumer_checks(self.broker, self.consumers()))
+        return checks
+
+    def samplers(self) -> list[probes.Sampler]:
+        return [probes.lag_sampler(self.broker, self.consumers)]
+
+    def consumers(self) -> list[ConsumerSpec]:
+        return [
+            executor_consumer(
+                self.ns, self.family, p, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
+            )
+            for p in sorted(self.subscriptions)
+        ]
+
+    async def _member_alive(self) -> str | None:
+        keeper = self.keeper
+        entry = await self.broker.kv_get(keeper.spec, self.ns.member_key(self.family, keeper.me))
+        if entry is None:
+            return f"member record of {keeper.me} expired (lease rounds not landing)"
+        if member_decoder.decode(entry.value).incarnation != self.incarnation:
+            return f"member record of {keeper.me} belongs to another process life"
+        return None
+
+    async def _lease_held(self, partition: int) -> str | None:
+        why = fenced(self.keeper.tenures.get(partition), time.monotonic())
+        if why is not None:
+            return f"partition {partition}: {why}"
+        if partition not in self.subscriptions:
+            return f"partition {partition}: lease held, store and consumer still being taken up"
+        return None
+
+
+async def _store_answers(store: ActionStore) -> str | None:
+    await store.ping()
+    return None
