@@ -12,12 +12,12 @@ import msgspec
 
 from crashsafe.contracts.keys import KeyScheme, tool_input_hash
 from crashsafe.contracts.run_events import ActionRequested, Origin, decode_event
-from crashsafe.domain.arguments import check_arguments, check_schema
+from crashsafe.domain.argument_checks import check_arguments, check_schema
 from crashsafe.domain.call_plan import argument_limits, argument_types, plan_calls
 from crashsafe.domain.fold import fold_run
 from crashsafe.domain.identity import choose_key
 from crashsafe.domain.policy_engine import check_asked, check_policy
-from crashsafe.services.agents.booking.agent import BookingAgent
+from crashsafe.services.agents.booking.booking_agent import BookingAgent
 
 JOURNAL = Path(__file__).resolve().parent.parent / "tests" / "golden" / "journal_booking_runtime_killed.jsonl"
 ROUNDS = 2000

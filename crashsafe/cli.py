@@ -1,4 +1,4 @@
-"""The `crashsafe` command: parses arguments (crashsafe/arguments.py) and hands over to a service's composition root
+"""The `crashsafe` command: parses arguments (crashsafe/cli_arguments.py) and hands over to a service's composition root
 or to the command module that prints an operator task's result (crashsafe/<command>.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from crashsafe.arguments import DEFAULT_STATE_DIR, SERVICES, build_parser
+from crashsafe.cli_arguments import DEFAULT_STATE_DIR, SERVICES, build_parser
 from crashsafe.contracts.errors import CrashsafeError, InvalidSetting
 
 __all__ = ["DEFAULT_STATE_DIR", "SERVICES", "build_parser", "main"]
@@ -42,7 +42,7 @@ async def _serve(args: argparse.Namespace) -> int:
         sys.exit(f"crashsafe: CRASHSAFE_REGISTRY={settings.registry!r}: {exc}")
     match args.service:
         case "gateway":
-            from crashsafe.services.console.app import console_router
+            from crashsafe.services.console.console_router import console_router
             from crashsafe.services.gateway import bootstrap as gateway
 
             # The evidence console at /console, in the gateway's process: mounted here, the gateway knows no console.
@@ -75,16 +75,16 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _keys(args: argparse.Namespace) -> int:
-    from crashsafe import keys
+    from crashsafe import keys_command
 
     state_dir = Path(args.state_dir)
     match args.keys_command:
         case "create":
-            return await keys.keys_create(state_dir, args.tenant, args.scope, args.name, args.agent)
+            return await keys_command.keys_create(state_dir, args.tenant, args.scope, args.name, args.agent)
         case "list":
-            return await keys.keys_list(state_dir)
+            return await keys_command.keys_list(state_dir)
         case _:
-            return await keys.keys_revoke(state_dir, args.key_id)
+            return await keys_command.keys_revoke(state_dir, args.key_id)
 
 
 async def _config(args: argparse.Namespace) -> int:
@@ -118,11 +118,11 @@ async def _guests(args: argparse.Namespace) -> int:
 
 
 async def _projections(args: argparse.Namespace) -> int:
-    from crashsafe import projections
+    from crashsafe import projections_command
 
     if args.projections_command == "list":
-        return await projections.projections_list(Path(args.state_dir), args.status, args.run)
-    return await projections.projections_retry(Path(args.state_dir), args.key)
+        return await projections_command.projections_list(Path(args.state_dir), args.status, args.run)
+    return await projections_command.projections_retry(Path(args.state_dir), args.key)
 
 
 async def _runs(args: argparse.Namespace) -> int:
@@ -139,13 +139,13 @@ async def _runs(args: argparse.Namespace) -> int:
 
 
 async def _approvals(args: argparse.Namespace) -> int:
-    from crashsafe import approvals
+    from crashsafe import approvals_command
 
     state_dir = Path(args.state_dir)
     if args.approvals_command == "list":
-        return await approvals.approvals_list(state_dir, args.status, args.gateway_url)
+        return await approvals_command.approvals_list(state_dir, args.status, args.gateway_url)
     decision = "approve" if args.approvals_command == "approve" else "reject"
-    return await approvals.approvals_decide(
+    return await approvals_command.approvals_decide(
         state_dir, args.approval_id, decision, args.approver, args.reason, args.gateway_url
     )
 
@@ -188,17 +188,17 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
                 return infra.infra_nats_auth(Path(args.out), args.namespace, args.registry, args.partitions)
             return infra.infra_apply(Path(args.state_dir) if args.state_dir else None)
         case "reconcile" | "audit":
-            from crashsafe import audit
+            from crashsafe import audit_command
 
             if args.command == "audit":
-                return audit.audit(Path(args.state_dir))
-            return audit.reconcile(Path(args.state_dir), args.run_id)
+                return audit_command.audit(Path(args.state_dir))
+            return audit_command.reconcile(Path(args.state_dir), args.run_id)
         case "keys":
             return _keys(args)
         case "projections":
             return _projections(args)
         case "dead-letters":
-            from crashsafe.dead_letters import dead_letters_command
+            from crashsafe.dead_letters_command import dead_letters_command
 
             seq, show_all = getattr(args, "seq", None), getattr(args, "all", False)
             return dead_letters_command(Path(args.state_dir), args.dead_command, seq, show_all)
@@ -214,7 +214,7 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
             state_dir = Path(args.state_dir)
             return check_synthetic(state_dir, args.gateway, args.key, args.budget, args.record, args.json)
         case _:
-            from crashsafe.keys import capability_key_new
+            from crashsafe.keys_command import capability_key_new
 
             return capability_key_new(Path(args.out))
 

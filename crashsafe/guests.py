@@ -9,7 +9,7 @@ import msgspec
 
 from crashsafe.deployment import settings_for
 from crashsafe.services.operations.connection import operator_broker
-from crashsafe.services.operations.guest_profiles import guest_profile, set_guest_identity
+from crashsafe.services.operations.guest_profile_tasks import guest_profile, set_guest_identity
 
 
 async def guests_show(state_dir: Path, tenant: str, guest_id: str) -> int:

@@ -42,7 +42,7 @@ from crashsafe.export_file import (
 from crashsafe.run_views import diff_views, move_summary, state_view, summary_of
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.runtime.catalog import RunCatalog
+from crashsafe.services.runtime.run_catalog import RunCatalog
 
 # Replay ---------------------------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Renders a run's journal as a timeline a person can read: what happened, in order, and where it resumed.
 
-The words for each event (`describe`) are the console's too: services/console/timeline.py holds them."""
+The words for each event (`describe`) are the console's too: services/console/run_timeline.py holds them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from crashsafe.contracts.run_events import RunEvent
-from crashsafe.services.console.timeline import describe
+from crashsafe.services.console.run_timeline import describe
 
 __all__ = ["describe", "timeline"]
 

@@ -22,7 +22,7 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Agent, hook_misanswered, hook_raised
-from crashsafe.domain.arguments import check_arguments, check_schema
+from crashsafe.domain.argument_checks import check_arguments, check_schema
 from crashsafe.domain.fold import fold_run
 from crashsafe.domain.handoff import handed_off
 from crashsafe.domain.identity import choose_key

@@ -16,9 +16,9 @@ from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.registry import Registration, model_contracts
 from crashsafe.domain.run_state import RunState
-from crashsafe.services.agents.booking.agent import BookingAgent
-from crashsafe.services.agents.booking.arguments import SearchHotelsArgs
-from crashsafe.services.agents.booking.tools import SEARCH_HOTELS
+from crashsafe.services.agents.booking.booking_agent import BookingAgent
+from crashsafe.services.agents.booking.booking_arguments import SearchHotelsArgs
+from crashsafe.services.agents.booking.booking_tools import SEARCH_HOTELS
 
 INSTRUCTIONS = (
     "You run StayHub's synthetic check. Search hotels for the city and dates in the message with search_hotels, "

@@ -32,10 +32,10 @@ from crashsafe.domain.access import Client, may_approve, require_approver
 from crashsafe.domain.admission import status_for
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.token_buckets import Rate, TokenBuckets
-from crashsafe.services.console.app import MAX_FORM_BYTES, Session, check_csrf, render, session_of
+from crashsafe.services.console.console_router import MAX_FORM_BYTES, Session, check_csrf, render, session_of
 from crashsafe.services.console.live import head_seq
 from crashsafe.services.operations.approval_decisions import approvals_shown, decide
-from crashsafe.services.operations.dead_letters import (
+from crashsafe.services.operations.dead_letter_tasks import (
     DeadLetters,
     Plan,
     Refusal,

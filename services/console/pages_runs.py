@@ -22,7 +22,7 @@ from crashsafe.contracts.run_events import JournalEvent, RunStarted, RunStatus
 from crashsafe.contracts.subjects import Header, Namespace, StreamKind
 from crashsafe.domain.access import Client
 from crashsafe.domain.fold import replay, summarize
-from crashsafe.services.console.app import (
+from crashsafe.services.console.console_router import (
     PREFIX,
     SECURITY_HEADERS,
     render,
@@ -38,7 +38,7 @@ from crashsafe.services.console.live import (
     slots_of,
     stream_events,
 )
-from crashsafe.services.console.timeline import Entry, entry, trace_id_of
+from crashsafe.services.console.run_timeline import Entry, entry, trace_id_of
 from crashsafe.services.operations.projection_receipts import Projection, projections_of_run
 from crashsafe.services.operations.run_index import (
     RunFilter,

@@ -59,7 +59,7 @@ from crashsafe.services.platform.tracing import (
 )
 from crashsafe.services.records.active_runs import Caps, claim
 from crashsafe.services.records.client_keys import ClientKeys
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 
 logger = logging.getLogger("crashsafe.gateway")
 

@@ -17,7 +17,7 @@ from crashsafe.domain.fold import replay
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 
 # What a refused message's Retry-After says: the run reads its inbox at its next step (an approval may take longer;
 # the client is then refused again, cheaply).

@@ -12,7 +12,7 @@ from crashsafe.domain.fold import replay
 from crashsafe.domain.missing_projections import replanned
 from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import Registry
-from crashsafe.services.operations.dead_letters import DeadLetters, Replanner
+from crashsafe.services.operations.dead_letter_tasks import DeadLetters, Replanner
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 

@@ -1,4 +1,4 @@
-"""The process's Prometheus metrics, built once from contracts/metrics.py (the one home of their names)."""
+"""The process's Prometheus metrics, built once from contracts/metric_names.py (the one home of their names)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from crashsafe.contracts import metrics as spec
-from crashsafe.contracts.metrics import MetricKind, MetricSpec
+from crashsafe.contracts import metric_names as spec
+from crashsafe.contracts.metric_names import MetricKind, MetricSpec
 
 # One registry per process, not prometheus-client's global one: /metrics shows only crashsafe's metrics and the
 # process collectors registered below, and tests can read it without other libraries' metrics.

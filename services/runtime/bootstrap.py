@@ -15,10 +15,10 @@ from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
 from crashsafe.services.records.capability_keys import load_issuer
 from crashsafe.services.records.guest_profiles import GuestProfiles
-from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import ModelGateway
+from crashsafe.services.runtime.run_catalog import RunCatalog
 from crashsafe.services.runtime.service import Runtime
 
 

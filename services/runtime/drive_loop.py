@@ -46,12 +46,12 @@ from crashsafe.services.platform.tracing import annotate, span
 from crashsafe.services.records.active_runs import release_active
 from crashsafe.services.runtime.action_requests import ActionRequests
 from crashsafe.services.runtime.append_path import RunAppends, Write
-from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.deadlines import Deadlines
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
+from crashsafe.services.runtime.run_catalog import RunCatalog
 
 _sizer = msgspec.json.Encoder()  # measures what a model call sends, for the budget's token estimate
 _STEP_SECONDS = metrics.Children(metrics.STEP_SECONDS)

@@ -22,10 +22,10 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.records.guest_profiles import GuestProfiles
 from crashsafe.services.runtime import append_path
 from crashsafe.services.runtime.append_path import RunAppends, Write
-from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.drive_loop import DriveLoop
 from crashsafe.services.runtime.held_runs import HeldRun
 from crashsafe.services.runtime.lanes import SessionLanes
+from crashsafe.services.runtime.run_catalog import RunCatalog
 
 
 def utcnow() -> datetime:

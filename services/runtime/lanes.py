@@ -12,7 +12,7 @@ from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.run_state import RunState
 from crashsafe.domain.session_lanes import finished_turn, handed_back, taken_over
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 
 __all__ = ["SessionLanes", "finished_turn"]
 

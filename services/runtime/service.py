@@ -40,7 +40,6 @@ from crashsafe.services.records.guest_profiles import GuestProfiles
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.action_requests import ActionRequests
 from crashsafe.services.runtime.append_path import RunAppends, Write
-from crashsafe.services.runtime.catalog import RunCatalog
 from crashsafe.services.runtime.deadlines import Deadlines
 from crashsafe.services.runtime.drive_loop import DriveLoop
 from crashsafe.services.runtime.guest_messages import GuestMessages
@@ -48,6 +47,7 @@ from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
+from crashsafe.services.runtime.run_catalog import RunCatalog
 
 
 def utcnow() -> datetime:

@@ -29,7 +29,7 @@ from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool
 from crashsafe.domain.fold import fold_run
 from crashsafe.domain.model_calls import model_answered
 from crashsafe.natsd import NatsServer
-from crashsafe.services.console.app import COOKIE, CSRF_FIELD, csrf_token
+from crashsafe.services.console.console_router import COOKIE, CSRF_FIELD, csrf_token
 from crashsafe.services.console.pages_operate import SHOWN_LETTERS
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.client_keys import ClientKeys

@@ -24,7 +24,7 @@ from crashsafe.contracts.streams import RUNTIME_MAX_DELIVER
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 from crashsafe.stack_keys import STACK_TENANT
 from tests.support.broker import dead_letters
 from tests.support.holds import held_search

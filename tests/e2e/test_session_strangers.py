@@ -17,7 +17,7 @@ from crashsafe.contracts.memory import SessionLane
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.client_keys import ClientKeys
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 from tests.support.broker import dead_letters
 from tests.support.misbehaving import REGISTRY
 from tests.support.stack import StackClient, auth_header, guest_event

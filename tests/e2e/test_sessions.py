@@ -12,7 +12,7 @@ from crashsafe.contracts.keys import run_id_for
 from crashsafe.contracts.policy import Approver
 from crashsafe.domain.call_plan import approval_id_for
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, guest_event, supervised
 from tests.support.waiting import eventually, unique

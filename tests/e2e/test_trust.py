@@ -27,7 +27,7 @@ from crashsafe.contracts.streams import active_spec
 from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.client_keys import ClientKeys
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 from crashsafe.stack_keys import STACK_TENANT
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, guest_event, open_stack
 from tests.support.waiting import eventually

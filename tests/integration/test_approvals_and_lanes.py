@@ -46,7 +46,7 @@ from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.records.approval_records import ApprovalRecords
 from crashsafe.services.records.run_asks import wake_run
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.records.session_lanes import SessionRecords
+from crashsafe.services.records.session_lane_records import SessionRecords
 from crashsafe.services.runtime.model import ResponsesModel
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess

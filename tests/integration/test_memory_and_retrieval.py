@@ -36,7 +36,7 @@ from crashsafe.domain.fold import passages_item, replay
 from crashsafe.domain.model_calls import ModelReply
 from crashsafe.domain.registry import KvOperation
 from crashsafe.natsd import NatsServer
-from crashsafe.services.agents.memory import REMEMBER_PREFERENCE
+from crashsafe.services.agents.remember_preference import REMEMBER_PREFERENCE
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.tracing import context_from

@@ -8,7 +8,7 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from crashsafe.contracts.metrics import ALL_METRICS, MetricKind
+from crashsafe.contracts.metric_names import ALL_METRICS, MetricKind
 
 _UNLABELLED_GAUGES = {m.name for m in ALL_METRICS if m.kind is MetricKind.GAUGE and not m.labels}
 

@@ -30,7 +30,7 @@ from crashsafe.contracts.tool_messages import (
 from crashsafe.domain import registry as registries
 from crashsafe.domain.projection_plan import plan
 from crashsafe.natsd import NatsServer
-from crashsafe.services.operations.dead_letters import DeadLetters, replay_msg_id
+from crashsafe.services.operations.dead_letter_tasks import DeadLetters, replay_msg_id
 from crashsafe.services.operations.replan import replanner
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential

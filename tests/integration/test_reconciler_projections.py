@@ -36,7 +36,7 @@ from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.registry import Registry, load
 from crashsafe.natsd import NatsServer
-from crashsafe.projections import projections_list, projections_retry
+from crashsafe.projections_command import projections_list, projections_retry
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.records.run_journal import RunJournal

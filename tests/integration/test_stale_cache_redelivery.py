@@ -23,7 +23,7 @@ from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.records.session_lanes import SessionRecords, with_turn
+from crashsafe.services.records.session_lane_records import SessionRecords, with_turn
 from crashsafe.services.runtime.lanes import finished_turn
 from tests.support import inprocess
 from tests.support.broker import ensure_streams

@@ -11,8 +11,8 @@ from msgspec.structs import replace
 
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
 from crashsafe.export_file import read_export
-from crashsafe.services.console.app import templates
-from crashsafe.services.console.timeline import entry, trace_id_of
+from crashsafe.services.console.console_router import templates
+from crashsafe.services.console.run_timeline import entry, trace_id_of
 from crashsafe.services.operations.run_index import RunFilter, RunRow
 from tests.support.paths import ROOT
 from tests.support.runs import T0, started

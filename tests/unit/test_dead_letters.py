@@ -1,4 +1,4 @@
-"""What replaying a dead letter may send (services/operations/dead_letters.py `replay_plan`), and the open unknowns
+"""What replaying a dead letter may send (services/operations/dead_letter_tasks.py `replay_plan`), and the open unknowns
 the reconciliation page lists (services/operations/unknowns.py): pure readings of a letter and of journals."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from crashsafe.contracts.tool_messages import (
     RunWake,
     tool_encoder,
 )
-from crashsafe.services.operations.dead_letters import (
+from crashsafe.services.operations.dead_letter_tasks import (
     PAYLOAD_LIMIT,
     Refusal,
     Replan,

@@ -51,7 +51,7 @@ from crashsafe.domain.identity import RETRY_RULE, choose_key, identity_of
 from crashsafe.domain.model_calls import model_answered
 from crashsafe.domain.policy_verdicts import Allow, Hold
 from crashsafe.services.agents import stayhub
-from crashsafe.services.agents.booking.tools import CREATE_BOOKING, SEND_CONFIRMATION_EMAIL
+from crashsafe.services.agents.booking.booking_tools import CREATE_BOOKING, SEND_CONFIRMATION_EMAIL
 from tests.support.runs import BOOK, RUN, Run, call, reply_of, started
 
 HOLD = {"hotel_id": "lis-1", "guest_id": "guest-1", "check_in": "2031-12-01", "check_out": "2031-12-03"}
@@ -92,7 +92,7 @@ def test_every_booking_tool_declares_its_key_rule() -> None:
         "update_crm": ("business", ("guest_id", "booking_id")),
         "release_booking": ("run_id:step_no", ()),  # compensation-only: keyed from what it undoes
         "refund_payment": ("business", ("payment_id", "amount_cents")),
-        # The guest setting a preference, from the profile the run knows: one write (services/agents/memory.py).
+        # The guest setting a preference, from the profile the run knows: one write (services/agents/remember_preference.py).
         "remember_preference": ("business", ("guest_id", "name", "value", "basis")),
         # The audit trail, a projection only (services/agents/audit_trail.py): keyed by its task, deduplicated
         # by the receiver per event id.

@@ -133,7 +133,7 @@ PURE = (
     "crashsafe.domain.projection_plan",
     "crashsafe.domain.projection_rules",
     "crashsafe.domain.admission",
-    "crashsafe.services.console.timeline",
+    "crashsafe.services.console.run_timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",
 )

@@ -10,7 +10,7 @@ from crashsafe.contracts.memory import APPLIED_KEYS_KEPT, GuestProfile, profile_
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
 from crashsafe.domain.fold import fold_run
 from crashsafe.domain.run_state import RunState
-from crashsafe.services.agents.memory import (
+from crashsafe.services.agents.remember_preference import (
     REMEMBER_PREFERENCE,
     apply_preference,
     preference_applied,

@@ -32,7 +32,7 @@ from crashsafe.contracts.run_events import (
     decode_event,
     event_encoder,
 )
-from crashsafe.domain.arguments import check_arguments, nesting_depth
+from crashsafe.domain.argument_checks import check_arguments, nesting_depth
 from crashsafe.domain.call_plan import plan_calls
 from crashsafe.domain.decide import Append, AskModel, AwaitActions, Idle, next_move
 from crashsafe.domain.effect_audit import unknown_events

@@ -34,7 +34,7 @@ from crashsafe.contracts.run_events import (
     ToolRejected,
 )
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
-from crashsafe.domain.arguments import check_schema, parameters_of
+from crashsafe.domain.argument_checks import check_schema, parameters_of
 from crashsafe.domain.call_plan import plan_calls
 from crashsafe.domain.decide import Append, AwaitApproval, next_move
 from crashsafe.domain.fold import summarize
@@ -43,8 +43,8 @@ from crashsafe.domain.money_rules import approved
 from crashsafe.domain.policy_engine import check_asked, check_policy
 from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, money
 from crashsafe.domain.run_state import RunState
-from crashsafe.services.agents.booking.tools import REFUND_PAYMENT, SEND_CONFIRMATION_EMAIL
-from crashsafe.services.agents.support.agent import SupportAgent
+from crashsafe.services.agents.booking.booking_tools import REFUND_PAYMENT, SEND_CONFIRMATION_EMAIL
+from crashsafe.services.agents.support.support_agent import SupportAgent
 from tests.support.runs import BOOKING, NIGHTLY, RUN, T0, Run, booked_run, call, started
 
 PAY = BOOKING.tools["create_payment"]

@@ -6,8 +6,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from crashsafe.contracts import metrics as spec
-from crashsafe.contracts.metrics import ALL_METRICS, MetricKind
+from crashsafe.contracts import metric_names as spec
+from crashsafe.contracts.metric_names import ALL_METRICS, MetricKind
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.probes import OK, Readiness, run_checks, verdict
 

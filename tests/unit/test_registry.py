@@ -18,9 +18,9 @@ from crashsafe.domain.registry import (
     model_contracts,
 )
 from crashsafe.services.agents import booking, stayhub
-from crashsafe.services.agents.booking.agent import BookingAgent
-from crashsafe.services.agents.booking.audit import money_rules
-from crashsafe.services.agents.booking.tools import CREATE_PAYMENT, TOOLS
+from crashsafe.services.agents.booking.booking_agent import BookingAgent
+from crashsafe.services.agents.booking.booking_audit import money_rules
+from crashsafe.services.agents.booking.booking_tools import CREATE_PAYMENT, TOOLS
 
 BOOKING_TOOLS = {
     "search_hotels",
@@ -33,7 +33,7 @@ BOOKING_TOOLS = {
 }
 # Delivered by the projector after the run, never offered to the model.
 PROJECTIONS = {"send_confirmation_email", "update_crm"}
-# What booking registers: its own tools and the guest memory tool (services/agents/memory.py).
+# What booking registers: its own tools and the guest memory tool (services/agents/remember_preference.py).
 REGISTERED = BOOKING_TOOLS | {"remember_preference"}
 
 

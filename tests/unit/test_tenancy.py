@@ -25,10 +25,10 @@ from crashsafe.sandbox.records import (
     RefundRequest,
     ReleaseRequest,
 )
-from crashsafe.services.agents.booking.agent import BookingAgent
-from crashsafe.services.agents.booking.tools import CREATE_BOOKING, REFUND_PAYMENT
-from crashsafe.services.agents.support.agent import SupportAgent
-from crashsafe.services.agents.support.tools import FIND_PAYMENTS
+from crashsafe.services.agents.booking.booking_agent import BookingAgent
+from crashsafe.services.agents.booking.booking_tools import CREATE_BOOKING, REFUND_PAYMENT
+from crashsafe.services.agents.support.support_agent import SupportAgent
+from crashsafe.services.agents.support.support_tools import FIND_PAYMENTS
 from tests.support.runs import RUN, T0, Run, started
 
 SUPPORT = SupportAgent()

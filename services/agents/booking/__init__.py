@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from crashsafe.domain.registry import Registration
-from crashsafe.services.agents.booking.agent import BookingAgent
-from crashsafe.services.agents.booking.audit import money_rules
-from crashsafe.services.agents.booking.tools import TOOLS
-from crashsafe.services.agents.memory import REMEMBER_PREFERENCE
+from crashsafe.services.agents.booking.booking_agent import BookingAgent
+from crashsafe.services.agents.booking.booking_audit import money_rules
+from crashsafe.services.agents.booking.booking_tools import TOOLS
+from crashsafe.services.agents.remember_preference import REMEMBER_PREFERENCE
 
 
 def registration() -> Registration:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from crashsafe.domain.registry import Registration
-from crashsafe.services.agents.booking.tools import REFUND_PAYMENT
-from crashsafe.services.agents.support.agent import SupportAgent
-from crashsafe.services.agents.support.tools import FIND_PAYMENTS
+from crashsafe.services.agents.booking.booking_tools import REFUND_PAYMENT
+from crashsafe.services.agents.support.support_agent import SupportAgent
+from crashsafe.services.agents.support.support_tools import FIND_PAYMENTS
 
 
 def registration() -> Registration:

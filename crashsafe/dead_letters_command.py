@@ -1,5 +1,5 @@
 """`crashsafe dead-letters list|replay|discard`: the console's dead-letters page, for a terminal (one home for the
-logic: services/operations/dead_letters.py)."""
+logic: services/operations/dead_letter_tasks.py)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from crashsafe.contracts.streams import guests_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from crashsafe.domain.arguments import parameters_of
+from crashsafe.domain.argument_checks import parameters_of
 from crashsafe.domain.registry import KvOperation, Tool
 from crashsafe.domain.run_state import RunState
 

@@ -19,9 +19,13 @@ from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account
 from crashsafe.domain.registry import compensation_contracts, model_contracts
 from crashsafe.domain.run_state import RunState
-from crashsafe.services.agents.booking.arguments import ARGUMENT_TYPES
-from crashsafe.services.agents.booking.tools import TOOLS
-from crashsafe.services.agents.memory import REMEMBER_PREFERENCE, RememberPreferenceArgs, prepare_preference
+from crashsafe.services.agents.booking.booking_arguments import ARGUMENT_TYPES
+from crashsafe.services.agents.booking.booking_tools import TOOLS
+from crashsafe.services.agents.remember_preference import (
+    REMEMBER_PREFERENCE,
+    RememberPreferenceArgs,
+    prepare_preference,
+)
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

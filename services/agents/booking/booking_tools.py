@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from crashsafe.contracts.projections import RetryPolicy
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from crashsafe.domain.arguments import parameters_of
+from crashsafe.domain.argument_checks import parameters_of
 from crashsafe.domain.registry import HttpOperation, HttpRequest, Tool
-from crashsafe.services.agents.booking.arguments import (
+from crashsafe.services.agents.booking.booking_arguments import (
     BookingRefArgs,
     CreateBookingArgs,
     RefundArgs,

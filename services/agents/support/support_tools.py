@@ -8,7 +8,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from crashsafe.domain.arguments import parameters_of
+from crashsafe.domain.argument_checks import parameters_of
 from crashsafe.domain.registry import HttpOperation, HttpRequest, Tool
 
 

@@ -21,9 +21,9 @@ from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account, owns, the_guest
 from crashsafe.domain.registry import model_contracts
 from crashsafe.domain.run_state import RunState
-from crashsafe.services.agents.booking.arguments import RefundArgs
-from crashsafe.services.agents.booking.tools import REFUND_PAYMENT
-from crashsafe.services.agents.support.tools import FIND_PAYMENTS, FindPaymentsArgs
+from crashsafe.services.agents.booking.booking_arguments import RefundArgs
+from crashsafe.services.agents.booking.booking_tools import REFUND_PAYMENT
+from crashsafe.services.agents.support.support_tools import FIND_PAYMENTS, FindPaymentsArgs
 
 INSTRUCTIONS = (
     "You are StayHub's support assistant. When a guest asks for a refund, call find_payments first, then "
