@@ -29,11 +29,11 @@ down:
 
 # --- check ---
 
-# the test suite (real nats-server, real processes)
+# the test suite (real nats-server, real processes) in 4 parallel workers; `just test -n 0` runs it serially
 test *args:
     {{bin}}/pytest {{args}}
 
-# the pure tests only (no nats-server, no processes, no network): seconds, for every edit
+# the pure tests only (no nats-server, no processes, no network): seconds, for every edit (`-n 0`: serially)
 test-unit *args:
     {{bin}}/pytest -m unit tests/unit {{args}}
 
