@@ -287,13 +287,17 @@ async def test_explicit_partition_lists_are_leased_too_so_overlapping_lists_neve
     await eventually(lambda: second.partitions == [2, 3], what="pay-b to take 2 once pay-a lets go")
 
 
-async def test_closing_an_executor_ends_even_when_a_lease_round_swallows_the_cancel(replicas: Replicas) -> None:
+async def test_closing_an_executor_ends_even_when_a_lease_round_swallows_the_cancel(
+    replicas: Replicas,
+) -> None:
     """On Python 3.11 an `asyncio.wait_for` whose inner wait completes in the same loop iteration as the task's
     cancel returns the result and loses the cancel (gh-86296); a lease round's direct get waits in one, and
     under load the answer often lands just as `close()` cancels the round. Before: the lease loop ran on and the
     executor's close (a test's teardown, a SIGTERMed pod) waited for it forever."""
     worker = await replicas.replica("pay-a")
-    await eventually(lambda: worker.partitions == list(range(PARTITIONS)), what="pay-a to hold every partition")
+    await eventually(
+        lambda: worker.partitions == list(range(PARTITIONS)), what="pay-a to hold every partition"
+    )
     broker = worker.keeper.broker
     real_scan = broker.kv_scan
     answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
