@@ -29,13 +29,14 @@ down:
 
 # --- check ---
 
-# the test suite (real nats-server, real processes)
+# the test suite (real nats-server, real processes) in 4 parallel workers; `just test -n 0` runs it serially
 test *args:
     {{bin}}/pytest {{args}}
 
-# the pure tests only (no nats-server, no processes, no network): seconds, for every edit
+# the pure tests only (no nats-server, no processes, no network): seconds, for every edit; serially, since four
+# workers each collecting and importing everything cost more than these tests take
 test-unit *args:
-    {{bin}}/pytest -m unit tests/unit {{args}}
+    {{bin}}/pytest -n 0 -m unit tests/unit {{args}}
 
 # mutation testing of contracts and the pure cores on tests/unit (mutmut, 2 workers); ARGS: mutant names or globs
 mutate *args:

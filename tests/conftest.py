@@ -9,12 +9,14 @@ Tests live in three folders, and each test is marked by its folder (`pytest -m u
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 
 from crashsafe.contracts.nats_permissions import Role
@@ -44,6 +46,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if kind == "unit" and NOT_PURE & set(getattr(item, "fixturenames", ())):
             raise pytest.UsageError(f"{item.nodeid}: a unit test may not use {sorted(NOT_PURE)}")
         item.add_marker(getattr(pytest.mark, kind))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A teardown cut short by the per-test timeout can leave an executor's SQLite store open, and aiosqlite's
+    worker thread is no daemon: the interpreter then waited for it forever at exit (pytest "hung at exit" after
+    a teardown timeout, docs/testing.md). Stop whatever is left, so the run ends and reports the timeout."""
+    for thing in gc.get_objects():
+        if isinstance(thing, aiosqlite.Connection):
+            thing.stop()
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,7 @@ class PartitionKeeper:
         self._releasing: dict[int, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
+        self._closing = False
         self._owned_gauges = [metrics.LEASE_OWNED.labels(family, str(p)) for p in range(settings.partitions)]
 
     def report(self) -> None:
@@ -123,7 +124,12 @@ class PartitionKeeper:
         self._loop_task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
-        """Hand every partition back (after its keys finish) and leave, so the others take over at once."""
+        """Hand every partition back (after its keys finish) and leave, so the others take over at once.
+
+        The lease loop stops by a flag, not by cancellation alone: on Python 3.11 a `wait_for` whose inner wait
+        completes as the task is cancelled swallows the cancel (gh-86296; a lease round's direct get waits in one),
+        and the loop then ran on and this close waited for it forever (a test teardown under load hung on it)."""
+        self._closing = True
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -140,8 +146,10 @@ class PartitionKeeper:
                 pass  # the member key's TTL removes it anyway
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.lease_s / 3)
+            if self._closing:
+                return
             try:
                 await self.tick()
             except CrashsafeError as exc:

@@ -850,7 +850,8 @@ async def test_a_pending_charge_is_unknown_until_the_provider_settles_it(harness
     async def settled() -> bool:
         try:
             await inprocess.deliver(executor, request, 2)
-        except OutcomeStillUnknown:
+        except (OutcomeStillUnknown, PartitionNotOwned):
+            # PartitionNotOwned: a starved lease loop let the fence close; the broker would redeliver, as here.
             return False
         return True
 

@@ -285,3 +285,37 @@ async def test_explicit_partition_lists_are_leased_too_so_overlapping_lists_neve
     assert first.partitions == [0, 1, 2]  # 2 stays with whoever leased it first; a list is not shared
     await first.close()
     await eventually(lambda: second.partitions == [2, 3], what="pay-b to take 2 once pay-a lets go")
+
+
+async def test_closing_an_executor_ends_even_when_a_lease_round_swallows_the_cancel(
+    replicas: Replicas,
+) -> None:
+    """On Python 3.11 an `asyncio.wait_for` whose inner wait completes in the same loop iteration as the task's
+    cancel returns the result and loses the cancel (gh-86296); a lease round's direct get waits in one, and
+    under load the answer often lands just as `close()` cancels the round. Before: the lease loop ran on and the
+    executor's close (a test's teardown, a SIGTERMed pod) waited for it forever."""
+    worker = await replicas.replica("pay-a")
+    await eventually(
+        lambda: worker.partitions == list(range(PARTITIONS)), what="pay-a to hold every partition"
+    )
+    broker = worker.keeper.broker
+    real_scan = broker.kv_scan
+    answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    in_round = asyncio.Event()
+    asked: list[tuple[Any, str]] = []
+
+    async def scan_answered_as_cancelled(spec: Any, pattern: str) -> list[Any]:
+        if answer.done():
+            return await real_scan(spec, pattern)
+        asked.append((spec, pattern))
+        in_round.set()
+        return await asyncio.wait_for(answer, timeout=30)
+
+    broker.kv_scan = scan_answered_as_cancelled  # type: ignore[method-assign]
+    await asyncio.wait_for(in_round.wait(), timeout=LEASE_S * 5)
+    entries = await real_scan(*asked[0])
+    # In one loop iteration, in this order: close() cancels the round, then the round's answer lands.
+    closing = asyncio.ensure_future(worker.keeper.close())
+    asyncio.get_running_loop().call_soon(answer.set_result, entries)
+    await asyncio.wait_for(closing, timeout=LEASE_S * 10)
+    assert worker.keeper.held == []  # every partition handed back
