@@ -258,6 +258,7 @@ class Runtime:
 
     async def wake(self, wake: RunWake, ctx: Context) -> None:
         """A wake-up: journaled (if the run heeds it), the requests it names re-sent, the run driven again."""
+        resuming = wake.run_id not in self.runs
         run = await self.appends.load(wake.run_id, ctx, fresh=True, mark_resume=False)
         if run is None or not intake.heeds(run.state, wake):
             return
@@ -267,6 +268,10 @@ class Runtime:
             await write(intake.nudged(held.state, wake, utcnow()))
 
         run, _ = await self.appends.decided(run, nudge, ctx)
+        if resuming and not run.state.terminal:
+            # Picked up by a wake alone (its worker died, nothing was redelivered yet): the journal says where it
+            # resumed and who took it, exactly as when an inbound message or an outcome brings it back.
+            run = await self.appends.mark_resumed(run, ctx)
         run.published.clear()  # a wake means something may have been lost: publish pending requests again
         await self.requests.resolve(run, wake.keys, ctx)
         await self.loop.drive(run, ctx)
