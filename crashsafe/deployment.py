@@ -8,7 +8,7 @@ from pathlib import Path
 
 from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.services.platform.settings import Settings
-from crashsafe.stack import API_KEY_FILE
+from crashsafe.stack_keys import API_KEY_FILE
 
 
 def stack_file(state_dir: Path) -> dict[str, object]:
