@@ -56,21 +56,35 @@ async def test_two_guests_racing_one_session_before_any_journal_exists_never_dea
         if answer.status_code == 409:
             assert answer.json()["error"]["code"] == "session_of_another_guest", answer.text
     await asyncio.to_thread(client.stack.restart, "runtime")
-    # Every 202 ends in a journaled message: a run started by it, or a turn of the run it joined.
+    # Every 202 ends in a journaled message: a run started by it, or a turn of the run it joined, or (a turn
+    # whose run ended before the runtime took it, docs/failure-modes.md) the run `event_run_id` names.
     for event_id, guest, answer in sent:
         if answer.status_code != 202:
             continue
-        run_id = answer.json()["run_id"]
-        summary = await client.wait_terminal(run_id)
+        body = answer.json()
+        places = [body["run_id"], *([body["event_run_id"]] if body.get("turn") else [])]
+
+        async def taken_in(places: list[str] = places, event_id: str = event_id) -> list[str] | None:
+            found = []
+            for run_id in places:
+                response = await client.gateway.get(f"/v1/runs/{run_id}/events")
+                if response.status_code == 404:
+                    continue
+                events = response.json()["events"]
+                if event_id in {e.get("event_id") for e in events if e["type"] in TAKES}:
+                    found.append(run_id)
+            return found or None
+
+        found = await eventually(taken_in, what=f"{event_id} journaled in one of {places}")
+        assert len(found) == 1, (event_id, body, found)  # once, and in a run the answer names
+        summary = await client.wait_terminal(found[0])
         assert summary["status"] == "completed", summary
-        events = await client.events(run_id)
-        taken = {e.get("event_id") for e in events if e["type"] in ("run.started", "run.turn_received")}
-        assert event_id in taken, (event_id, events)
-        started = next(e for e in events if e["type"] == "run.started")
+        started = next(e for e in await client.events(found[0]) if e["type"] == "run.started")
         assert started["guest_id"] == guest  # never another guest's run
     assert await dead_letters(broker, namespace) == []
 
 
+TAKES = ("run.started", "run.turn_received")
 SECRET = "my card ends in 4242, door code 7781"
 
 
