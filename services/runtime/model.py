@@ -4,14 +4,13 @@ Responses API or Chat Completions, through the real `openai` client (real protoc
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 import msgspec
-import openai
 
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from crashsafe.contracts.errors import ModelUnavailable
@@ -28,6 +27,9 @@ from crashsafe.services.runtime.chat_completions import (
     read_completion,
 )
 from crashsafe.services.runtime.fixed_model import fixed_answer
+
+if TYPE_CHECKING:
+    import openai
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ROUTE = "default"
@@ -116,6 +118,32 @@ class _Refused(Exception):
 _ROUTE_FAULTS = frozenset({401, 403, 404, 429})
 
 
+def _openai() -> Any:
+    """The `openai` package, imported on the first call that needs a client: it is a second of CPU to import (its
+    type tree), which a runtime whose agents never ask a model over HTTP (fixed routes, scripts) never pays."""
+    import openai
+
+    return openai
+
+
+def _httpx_response() -> Any:
+    """The raw-answer type the client is asked for (httpx comes with `openai`, and is imported with it)."""
+    import httpx
+
+    return httpx.Response
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """The `openai` client's errors, once a client exists (before, none can be raised)."""
+    loaded = sys.modules.get("openai")
+    return (loaded.OpenAIError,) if loaded is not None else ()
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    """What a route may fail with that fails over to the next route."""
+    return (TimeoutError, MalformedAnswer, _NoKey, *_client_errors())
+
+
 class _NoKey(Exception):
     """A route whose key variable is unset: that route cannot be asked, the next one may."""
 
@@ -143,7 +171,7 @@ class ModelGateway:
         self._keys = keys  # a route's key by its variable's name (the environment, read by Settings)
         self.model = model
         self.default_route = ModelRoute(name=DEFAULT_ROUTE, model=model, timeout_s=timeout_s)
-        self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}
+        self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}  # made on first use (`_openai`)
         self._tools: dict[tuple[str, tuple[str, ...], str], list[dict[str, Any]]] = {}
 
     async def close(self) -> None:
@@ -161,11 +189,12 @@ class ModelGateway:
             if not key:
                 raise _NoKey(f"no API key: set ${route.api_key_env}")
             # aiohttp underneath (the client's own supported transport): httpcore cost half the runtime's CPU.
-            client = self._clients[(base_url, route.api_key_env)] = openai.AsyncOpenAI(
+            sdk = _openai()
+            client = self._clients[(base_url, route.api_key_env)] = sdk.AsyncOpenAI(
                 base_url=base_url or None,
                 api_key=key,
                 max_retries=0,
-                http_client=openai.DefaultAioHttpClient(),
+                http_client=sdk.DefaultAioHttpClient(),
             )
         return client
 
@@ -216,7 +245,7 @@ class ModelGateway:
                 raise ModelUnavailable(
                     "; ".join([*failovers, f"{route.name} refused the request: {exc}"]), model=route.model
                 ) from exc
-            except (TimeoutError, openai.OpenAIError, MalformedAnswer, _NoKey) as exc:
+            except _failures() as exc:
                 # The last route's failure is the run's: "down"; an earlier one's is a failover to the next.
                 outcome = "down" if route is routes[-1] else "failover"
                 _MODEL_CALL_SECONDS(route.name, outcome).observe(time.perf_counter() - asked_at)
@@ -274,11 +303,11 @@ class ModelGateway:
             async with asyncio.timeout(timeout_s):
                 raw = await client.post(
                     "/chat/completions" if chat else "/responses",
-                    cast_to=httpx.Response,
+                    cast_to=_httpx_response(),
                     content=_encode(body),
                     options={"headers": {"Content-Type": "application/json"}, "timeout": timeout_s},
                 )
-        except openai.APIStatusError as exc:
+        except _openai().APIStatusError as exc:
             if 400 <= exc.status_code < 500 and exc.status_code not in _ROUTE_FAULTS:
                 raise _Refused(f"{exc.status_code} {exc.message}") from exc
             raise
@@ -287,21 +316,32 @@ class ModelGateway:
 
 def _why(exc: BaseException, timeout_s: float) -> str:
     """A failover's reason as the journal keeps it: short, and naming what happened."""
+    if isinstance(exc, _client_errors()):
+        return _why_client(exc, timeout_s)
+    match exc:
+        case TimeoutError():
+            return f"timed out after {timeout_s:.1f}s"
+        case MalformedAnswer():
+            return f"malformed answer: {exc}"[:200]
+        case _NoKey():
+            return str(exc)
+        case _:
+            return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _why_client(exc: BaseException, timeout_s: float) -> str:
+    openai = _openai()
     match exc:
         case openai.APITimeoutError() if type(exc.__cause__).__name__ == "ConnectTimeout":
             # The aiohttp transport reports a refused connection as a connect timeout (of whichever httpx the
             # client bundles, hence the name): say what it was.
             return f"connection failed: {exc.__cause__}"[:200]
-        case TimeoutError() | openai.APITimeoutError():
+        case openai.APITimeoutError():
             return f"timed out after {timeout_s:.1f}s"
         case openai.APIStatusError():
             return f"answered {exc.status_code}"
         case openai.APIConnectionError():
             return f"connection failed: {exc}"[:200]
-        case MalformedAnswer():
-            return f"malformed answer: {exc}"[:200]
-        case _NoKey():
-            return str(exc)
         case _:
             return f"{type(exc).__name__}: {exc}"[:200]
 
