@@ -69,6 +69,8 @@ class Phase:
     cpu_ms_per_run: dict[str, float] = field(default_factory=dict)
     cpu_core_share: dict[str, float] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # submit errors by message, most frequent first
+    # NATS messages each connection sent (publishes, acks) and received (deliveries, PubAcks), per run.
+    messages_per_run: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def phase_figures(
@@ -78,6 +80,7 @@ def phase_figures(
     wall_s: float,
     samples: Sequence[RunSample],
     cpu_s: dict[str, float],
+    messages: dict[str, tuple[int, int]] | None = None,
 ) -> Phase:
     finished = [s for s in samples if s.outcome in ("completed", "handed_off")]
     steps = sum(len(s.step_ms) for s in finished)
@@ -101,6 +104,10 @@ def phase_figures(
         cpu_ms_per_run={k: 1000 * v / max(len(samples), 1) for k, v in cpu_s.items()},
         cpu_core_share={k: v / wall for k, v in cpu_s.items()},
         errors=dict(Counter(s.error for s in samples if s.error).most_common(5)),
+        messages_per_run={
+            k: (sent / max(len(samples), 1), got / max(len(samples), 1))
+            for k, (sent, got) in (messages or {}).items()
+        },
     )
 
 
@@ -146,6 +153,27 @@ def cpu_table(phases: Sequence[Phase]) -> str:
         "(core share = CPU seconds / wall seconds, so 100% is one core of the machine's cores; 'not ours' is load from"
     )
     lines.append(" processes outside this bench's stack and driver, e.g. other users or py-spy)")
+    return "\n".join(lines)
+
+
+def messages_table(phases: Sequence[Phase]) -> str:
+    """NATS messages per run by connection: sent to the server / received from it (nats-server's /connz)."""
+    names = sorted({k for p in phases for k in p.messages_per_run})
+    if not names:
+        return ""
+    header = f"{'NATS msgs/run sent/recv':<26}" + "".join(f"{n:>22}" for n in names)
+    lines = [header]
+    for p in phases:
+        cells = "".join(
+            f"{p.messages_per_run[n][0]:>10.1f} /{p.messages_per_run[n][1]:>9.1f}"
+            if n in p.messages_per_run
+            else f"{'-':>22}"
+            for n in names
+        )
+        lines.append(f"{p.name + ' ' + p.submit:<26}{cells}")
+    lines.append(
+        "(sent: publishes and acks; received: deliveries, PubAcks and replies; counted by nats-server)"
+    )
     return "\n".join(lines)
 
 

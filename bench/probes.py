@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import linecache
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,21 @@ def machine_cpu_seconds() -> float:
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return (sum(fields[:8]) - idle) / _TICKS  # guest time is already inside user
+
+
+def nats_traffic(monitor_url: str) -> dict[str, tuple[int, int]]:
+    """Messages each open NATS connection has sent to the server and received from it so far, by connection name
+    (a service's replicas summed): from nats-server's `/connz`. Sent counts publishes and acks; received counts
+    deliveries, PubAcks and replies."""
+    with urllib.request.urlopen(f"{monitor_url}/connz?limit=4096", timeout=5) as answer:
+        connections = json.load(answer).get("connections") or []
+    traffic: dict[str, tuple[int, int]] = {}
+    for c in connections:
+        # A service names its connection `<service>-<worker id>`, and the worker id is `<hostname>-<pid>`.
+        name = str(c.get("name") or "unnamed").split(f"-{socket.gethostname()}-")[0]
+        sent, received = traffic.get(name, (0, 0))
+        traffic[name] = (sent + int(c.get("in_msgs", 0)), received + int(c.get("out_msgs", 0)))
+    return traffic
 
 
 def py_spy_binary() -> str | None:

@@ -31,12 +31,22 @@ from bench.driver import (
     guest_messages,
     jetstream_submitter,
 )
-from bench.figures import Phase, cpu_table, phase_figures, phase_table, rss_line, to_json, verdict
+from bench.figures import (
+    Phase,
+    cpu_table,
+    messages_table,
+    phase_figures,
+    phase_table,
+    rss_line,
+    to_json,
+    verdict,
+)
 from bench.probes import (
     PY_SPY_HINT,
     PySpy,
     cpu_seconds,
     machine_cpu_seconds,
+    nats_traffic,
     peak_rss_mb,
     profile_text,
     py_spy_binary,
@@ -44,6 +54,7 @@ from bench.probes import (
 )
 from bench.workloads import REGISTRY
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.natsd import free_port
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack import EXECUTOR_FAMILIES, Stack
@@ -137,6 +148,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
     )
     http = workload.http if args.http == "default" else args.http
     prefix = f"bench-{secrets.token_hex(3)}"
+    monitor_url = f"http://127.0.0.1:{stack.monitor_port}" if stack.monitor_port and stack.nats else ""
 
     broker = await Broker.connect(
         stack.nats_url, "bench-driver", access=NatsAccess(creds=stack.creds_for("operator"))
@@ -170,12 +182,18 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
             assert spy is not None
             spy.start(f"{workload.name}-{via}", python_pids)
             await asyncio.sleep(1.0)  # let py-spy attach before the load starts
+        traffic_before = nats_traffic(monitor_url) if monitor_url else {}
         before = {k: cpu_seconds(p) for k, p in pids.items()}
         machine_before = machine_cpu_seconds()
         result = await closed_loop(watcher, submitters[via], messages, width, args.run_timeout, STACK_TENANT)
         used = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
         # Everything else the machine did meanwhile (other users, py-spy, the kernel): a bench on a busy box lies.
         used["not ours"] = max(machine_cpu_seconds() - machine_before - sum(used.values()), 0.0)
+        traffic = nats_traffic(monitor_url) if monitor_url else {}
+        messages = {
+            name: (sent - traffic_before.get(name, (0, 0))[0], got - traffic_before.get(name, (0, 0))[1])
+            for name, (sent, got) in traffic.items()
+        }
         if profiling:
             assert spy is not None
             for rec in spy.stop():
@@ -183,7 +201,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
                 profiles.append(text + f"\n   raw stacks: {rec.path}")
         if not record:
             return
-        figures = phase_figures(name, labels[via], width, result.wall_s, result.samples, used)
+        figures = phase_figures(name, labels[via], width, result.wall_s, result.samples, used, messages)
         phases.append(figures)
         note(
             f"[{workload.name}] {name} via {labels[via]}: {figures.runs_per_s:.1f} runs/s, {figures.steps_per_s:.1f} steps/s, "
@@ -248,6 +266,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Report:
         runtimes=args.runtimes,
         env=env,
         registry=REGISTRY,
+        monitor_port=free_port(),
     )
     try:
         started = time.monotonic()
@@ -275,6 +294,7 @@ def render(report: Report) -> str:
         f"log level {report.log_level}, runtimes {report.runtimes}, spans {'on' if report.otel else 'off'}{env})"
     )
     parts = [title, phase_table(report.phases), "", cpu_table(report.phases), ""]
+    parts += [messages_table(report.phases), ""]
     parts += [rss_line(report.peak_rss_mb), report.verdict]
     if report.http_reconnects:
         parts.append(

@@ -80,8 +80,11 @@ class Stack:
         nats_creds_dir: Path | None = None,
         providers_url: str | None = None,
         synthetic: bool = False,
+        monitor_port: int | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        # The embedded nats-server's monitoring port (`/connz`), on loopback: the benchmarks count messages with it.
+        self.monitor_port = monitor_port
         # The providers (a staging provider) at this URL instead of a sandbox of our own: nothing starts one.
         self.providers_url = providers_url.rstrip("/") if providers_url else None
         self.registry = registry
@@ -230,7 +233,10 @@ class Stack:
         ensure_key_pair(self.capability_key)
         if not self.nats_url:
             self.nats = NatsServer(
-                self.state_dir / "nats", sync_always=self.sync_always, auth=self._nats_auth()
+                self.state_dir / "nats",
+                sync_always=self.sync_always,
+                auth=self._nats_auth(),
+                monitor_port=self.monitor_port,
             ).start()
             self.nats_url = self.nats.url
             self._track_nats()
