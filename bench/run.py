@@ -52,6 +52,7 @@ from bench.probes import (
     py_spy_binary,
     summarise,
 )
+from bench.wiretap import TappedStack, Wiretap
 from bench.workloads import REGISTRY
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.natsd import free_port
@@ -153,6 +154,11 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
     broker = await Broker.connect(
         stack.nats_url, "bench-driver", access=NatsAccess(creds=stack.creds_for("operator"))
     )
+    tap_broker = (
+        await Broker.connect(stack.nats_url, "bench-wiretap", access=stack.wiretap_access())
+        if isinstance(stack, TappedStack)
+        else None
+    )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     auth = {"authorization": f"Bearer {stack.api_key}"}
     client = httpx.AsyncClient(base_url=stack.gateway_url, limits=limits, timeout=30.0, headers=auth)
@@ -172,12 +178,16 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
     spy_binary = py_spy_binary() if args.profile else None
     spy = PySpy(spy_binary, Path(args.profile_dir)) if spy_binary else None
     profiles: list[str] = []
+    taps: list[str] = []
     phases: list[Phase] = []
 
     async def phase(name: str, via: str, count: int, width: int, record: bool = True) -> None:
         note(f"[{workload.name}] {name} via {labels[via]}: {count} runs at concurrency {width} ...")
         messages = guest_messages(f"{prefix}-{name}-{via}", count, workload.text)
         profiling = spy is not None and record and name == "throughput"
+        tap = Wiretap(tap_broker) if tap_broker is not None and record and name == "latency" else None
+        if tap is not None:
+            await tap.start()
         if profiling:
             assert spy is not None
             spy.start(f"{workload.name}-{via}", python_pids)
@@ -190,6 +200,9 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         # Everything else the machine did meanwhile (other users, py-spy, the kernel): a bench on a busy box lies.
         used["not ours"] = max(machine_cpu_seconds() - machine_before - sum(used.values()), 0.0)
         traffic = nats_traffic(monitor_url) if monitor_url else {}
+        if tap is not None:
+            await tap.stop()
+            taps.append(f"[{workload.name}] {name} via {labels[via]}: " + tap.table(count))
         messages = {
             name: (sent - traffic_before.get(name, (0, 0))[0], got - traffic_before.get(name, (0, 0))[1])
             for name, (sent, got) in traffic.items()
@@ -239,7 +252,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         phases=phases,
         peak_rss_mb=rss,
         verdict=verdict(phases, workload.bar_runs_per_s, workload.bar_step_p50_ms, rss, RSS_BAR_MB),
-        profiles=profiles,
+        profiles=profiles + taps,
         untracked_events=watcher.untracked,
         http_reconnects=raw.retries,
         otel=args.otel,
@@ -258,7 +271,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Report:
         sink, url = otlp_sink.start()
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, **env}
         note(f"[{workload.name}] spans on, exported to {url}")
-    stack = Stack(
+    stack = (TappedStack if args.wiretap else Stack)(
         state_dir,
         executors=workload.executors,
         reconciler=reconciler,
@@ -369,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--profile", action="store_true", help="py-spy record every Python service during throughput phases"
+    )
+    parser.add_argument(
+        "--wiretap",
+        action="store_true",
+        help="count every NATS message of the latency phases by kind (a subscription to '>'): the per-step budget",
     )
     parser.add_argument(
         "--profile-dir",
