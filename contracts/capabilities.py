@@ -11,7 +11,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
+import nacl.exceptions
+import nacl.signing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -126,7 +127,9 @@ class CapabilityIssuer:
     """The runtime's half: holds the signing key, signs a capability for a request it is about to publish."""
 
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
-        self._key = private_key
+        # Keys are read and kept with `cryptography`; each signature is made by libsodium (PyNaCl), the same
+        # Ed25519 at a fraction of the CPU (docs/decisions.md, issue 19).
+        self._key = nacl.signing.SigningKey(private_key.private_bytes_raw())
         self.kid = key_id(private_key.public_key())
 
     def __repr__(self) -> str:  # never the key itself, in a log line or a traceback
@@ -147,7 +150,7 @@ class CapabilityIssuer:
             sig="",
             agent=agent,
         )
-        return msgspec.structs.replace(unsigned, sig=_b64(self._key.sign(signed_bytes(unsigned))))
+        return msgspec.structs.replace(unsigned, sig=_b64(self._key.sign(signed_bytes(unsigned)).signature))
 
     def grant(
         self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime, agent: str = ""
@@ -167,7 +170,8 @@ class CapabilityVerifier:
     ) -> None:
         """`model_tools`: per agent, the tools its model may ask for. A compensation-only tool named there is
         served to a plan capability bound (signed) to that agent, and to no other plan capability."""
-        self.keys = {key_id(k): k for k in public_keys}
+        # Checked by libsodium (PyNaCl): half the CPU of `cryptography`'s check, on every delivery.
+        self.keys = {key_id(k): nacl.signing.VerifyKey(k.public_bytes_raw()) for k in public_keys}
         if not self.keys:
             raise ValueError("a verifier needs at least one public key")
         self.compensation_tools = frozenset(compensation_tools)
@@ -183,8 +187,8 @@ class CapabilityVerifier:
         if public is None:
             return Refusal.UNKNOWN_KEY
         try:
-            public.verify(_unb64(cap.sig), signed_bytes(cap))
-        except (InvalidSignature, ValueError, binascii.Error):
+            public.verify(signed_bytes(cap), _unb64(cap.sig))
+        except (nacl.exceptions.CryptoError, ValueError, TypeError, binascii.Error):
             return Refusal.BAD_SIGNATURE
         signed = (cap.run_id, cap.key, cap.tool, cap.family, cap.input_hash)
         if signed != (request.run_id, request.key, request.tool, request.family, request.input_hash):
