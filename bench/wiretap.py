@@ -10,6 +10,7 @@ from collections import Counter
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from crashsafe.contracts.jetstream_api import ACK, API
 from crashsafe.contracts.nats_permissions import NatsUser, Permissions, Role
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import NatsAuth, creds_path
@@ -41,23 +42,19 @@ def kind_of(subject: str, reply: str) -> str:
     """A message's kind: its subject with ids folded away, and whether it is a JetStream delivery or a reply."""
     if subject.startswith("_INBOX.") or subject.startswith("_R_."):
         return "reply (PubAck, KV/direct get answer, pull delivery)"
-    if subject.startswith("$JS.ACK."):
+    if subject.startswith(f"{ACK}."):
         parts = subject.split(".")
-        return f"ack {parts[2]}/{parts[3]} ({_ack_kind(subject)})"
+        return f"ack {parts[2]}/{parts[3]}"
     tokens = subject.split(".")
-    if subject.startswith("$JS.API.DIRECT.GET.") or subject.startswith("$JS.API."):
+    if subject.startswith(f"{API}."):
         head = ".".join(tokens[:4])
         rest = [t if not _ID.match(t) else "*" for t in tokens[4:]]
         return ".".join([head, *rest[:2]])
     if subject.startswith("$KV."):
         return ".".join(tokens[:3]) + ".*"
     folded = [t if i < 2 or not _ID.match(t) else "*" for i, t in enumerate(tokens)]
-    delivered = " (JetStream delivery)" if reply.startswith("$JS.ACK.") else ""
+    delivered = " (JetStream delivery)" if reply.startswith(f"{ACK}.") else ""
     return ".".join(folded) + delivered
-
-
-def _ack_kind(subject: str) -> str:
-    return "ack"
 
 
 class Wiretap:

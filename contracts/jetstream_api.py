@@ -5,6 +5,8 @@ from __future__ import annotations
 from crashsafe.contracts.streams import ConsumerSpec
 
 API = "$JS.API"
+# Where a JetStream delivery is acknowledged (a delivered message's reply subject starts with it).
+ACK = "$JS.ACK"
 
 
 def stream_info(stream: str) -> str:
@@ -28,7 +30,7 @@ def own_consumer(spec: ConsumerSpec) -> list[str]:
         consumer_create(spec),
         f"{API}.CONSUMER.INFO.{spec.stream}.{spec.durable}",
         f"{API}.CONSUMER.DELETE.{spec.stream}.{spec.durable}",
-        f"$JS.ACK.{spec.stream}.{spec.durable}.>",
+        f"{ACK}.{spec.stream}.{spec.durable}.>",
     ]
     if spec.pull:
         subjects.append(spec.next_subject)
