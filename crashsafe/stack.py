@@ -16,6 +16,7 @@ import httpx
 
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
+from crashsafe.forkserver import ForkedService, ForkServer, ForkServerError
 from crashsafe.natsd import NatsAuth, NatsServer, free_port
 from crashsafe.services.platform.nats_users import creds_path
 from crashsafe.services.records.capability_keys import (
@@ -81,8 +82,11 @@ class Stack:
         providers_url: str | None = None,
         synthetic: bool = False,
         monitor_port: int | None = None,
+        forking: bool = True,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        # Services forked from a warm interpreter (`crashsafe.forkserver`); False: each a fresh interpreter.
+        self.forking = forking
         # The embedded nats-server's monitoring port (`/connz`), on loopback: the benchmarks count messages with it.
         self.monitor_port = monitor_port
         # The providers (a staging provider) at this URL instead of a sandbox of our own: nothing starts one.
@@ -243,12 +247,12 @@ class Stack:
         self.provision()
         self.api_key = self._mint_api_key()
         self._mint_synthetic_key()
-        for service in self.services.values():
+        for service in self.services.values():  # all at once: none needs another up to start
             self.spawn(service.name)
+        for service in self.services.values():
             if service.name in SINGLE_PORT:
                 self.wait_http(service.name)
-        for service in self.services.values():
-            if service.name not in SINGLE_PORT:
+            else:
                 self.wait_ready(service.name)
         self.status = "running"
         self.write_state()
@@ -283,25 +287,35 @@ class Stack:
         self.nats_supervision.started_at = time.monotonic()
         self.nats_supervision.stopped = False
 
-    def spawn(self, name: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str) -> subprocess.Popen[bytes] | ForkedService:
         service = self.services[name]
         path = self.logs_dir / f"{name}.log"
         service.log_offset = path.stat().st_size if path.exists() else 0
         service.ops_url = None
-        log = open(path, "ab")
-        service.process = subprocess.Popen(
-            [sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
-            env=self.env_for(service),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
+        service.process = self._start_process(service, path)
         service.identity = ProcessIdentity.settled(service.process.pid)
         service.started_at = time.monotonic()
         service.stopped = False
         return service.process
+
+    def _start_process(self, service: Service, log_path: Path) -> subprocess.Popen[bytes] | ForkedService:
+        """Forked from the warm fork server where there is one (`crashsafe.forkserver`), else a fresh interpreter."""
+        env = self.env_for(service)
+        if self.forking:
+            try:
+                return ForkServer.shared(env).fork(["serve", *service.args], env, log_path)
+            except ForkServerError as exc:
+                print(f"crashsafe: {exc}; starting services as fresh interpreters", file=sys.stderr)
+                self.forking = False
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def wait_http(self, name: str, timeout_s: float = 30.0) -> None:
         url = {"sandbox": f"{self.sandbox_url}/_faults", "gateway": f"{self.gateway_url}/readyz"}[name]

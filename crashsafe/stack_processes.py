@@ -9,7 +9,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crashsafe.forkserver import ForkedService
 
 # These bind one fixed port each (the URL in stack.json); replicas of them need a load balancer, not `--scale`.
 SINGLE_PORT = ("sandbox", "gateway")
@@ -115,7 +118,7 @@ class Service:
     once_env: dict[str, str] = field(default_factory=dict)
     # The `--scale` name this is a replica of (`executor-payment` for `executor-payment-2`).
     base: str = ""
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | ForkedService | None = None
     identity: ProcessIdentity | None = None
     restarts: int = 0
     stopped: bool = False
