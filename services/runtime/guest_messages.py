@@ -68,9 +68,7 @@ class GuestMessages:
         self._sessions[session] = (lock, users + 1)
         try:
             async with lock:
-                if redelivered and await self._taken_already(event):
-                    return
-                await self._admit(event, ctx)
+                await self._admit(event, ctx, redelivered)
         finally:
             lock, users = self._sessions[session]
             if users <= 1:
@@ -78,9 +76,11 @@ class GuestMessages:
             else:
                 self._sessions[session] = (lock, users - 1)
 
-    async def _admit(self, event: InboundEvent, ctx: Context) -> None:
+    async def _admit(self, event: InboundEvent, ctx: Context, redelivered: bool) -> None:
         for _ in range(append_path.MAX_CONFLICT_RETRIES):
-            move = await self._lane(event, ctx)
+            move = await self._lane(event, ctx, redelivered)
+            if move is None:
+                return  # a turn of a run that has ended since: taken already
             if isinstance(move, Start):
                 async with self.runs.lock(event.run_id):
                     await self.accept(event, ctx)
@@ -95,7 +95,10 @@ class GuestMessages:
                     except SessionOfAnotherGuest:
                         pass
             # Refused after the gateway's 202 (the session changed hands after it checked the guest): the message
-            # must not answer another guest's run, nor be lost. It becomes its own run, outside the lane.
+            # must not answer another guest's run, nor be lost. It becomes its own run, outside the lane, unless
+            # it came again and is a turn of one of the session's runs that ended before the other guest's began.
+            if redelivered and await self._taken_already(event):
+                return
             log(
                 self.logger,
                 logging.WARNING,
@@ -109,14 +112,18 @@ class GuestMessages:
         raise RunVersionConflict(subject=self.ns.run_events(event.run_id), expected_seq=0)
 
     async def _taken_already(self, event: InboundEvent) -> bool:
-        """A message that comes again (its handler died before the ack) may already be a turn of a run of its
-        session that has ended since: never start a second run of it. Asked only on a redelivery. Journals are
-        read for the session's owner and its last finished runs (at most 6)."""
+        """A message that comes again (its handler died before the ack, or its ack wait ran out while it queued
+        behind its session's other messages) may already be a turn of a run of its session that has ended since:
+        never start a second run of it. Asked only on a redelivery, and only once the lane says the session is
+        free or its owner has ended: asked earlier, the run holding the turn could end between the question and
+        the lane's answer. Journals are read for the run the gateway answered the message would join (`turn_of`:
+        the run that took it, unless the lane changed hands before the runtime first took it), the session's owner
+        and its last finished runs (at most 5: a busy session's run that took the turn may be older than that)."""
         if not event.tenant:
             return False
         owner = await self.lanes.owner(event.tenant, event.message.session_id)
         finished = await self.lanes.finished_runs(event.tenant, event.message.session_id)
-        for run_id in {owner, *finished} - {"", event.run_id}:
+        for run_id in {event.turn_of, owner, *finished} - {"", event.run_id}:
             # The journal, never this replica's cached copy: a run it holds waiting may have taken this very
             # message as a turn on another replica and ended there (the copy would say "not ended, not taken").
             state = await self.appends.peek(run_id, cached=False)
@@ -124,9 +131,12 @@ class GuestMessages:
                 return True  # (a run still active that holds it is driven again by the usual path)
         return False
 
-    async def _lane(self, event: InboundEvent, ctx: Context) -> Start | Join | Refuse:
-        """What the message is in its session now: its own run's, the session's active run's next turn, or
-        refused that run (another guest's). Takes the session over when the rule says so."""
+    async def _lane(
+        self, event: InboundEvent, ctx: Context, redelivered: bool
+    ) -> Start | Join | Refuse | None:
+        """What the message is in its session now: its own run's, the session's active run's next turn, refused
+        that run (another guest's), or None: a turn of a run that has ended since. Takes the session over when
+        the rule says so."""
         tenant, session = event.tenant, event.message.session_id
         if not tenant or event.run_id in self.runs:
             return Start()  # no tenant, no lane; or its run is held already
@@ -158,6 +168,8 @@ class GuestMessages:
                         await self.accept(msgspec.structs.replace(started, turn_of=""), ctx)
                     return Join(first)
                 case TakeOver(owner=ended_owner, ended=ended):
+                    if redelivered and await self._taken_already(event):
+                        return None
                     won = await self.lanes.take_over(
                         tenant, session, event.run_id, ended_owner, ended, message.guest_id
                     )
