@@ -41,6 +41,7 @@ PRELOAD = (
     "crashsafe.services.gateway.bootstrap",
     "crashsafe.services.console.console_router",
     "crashsafe.sandbox.app",
+    "openai",  # the runtime's model client, imported before it says ready
 )
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper = False

@@ -119,11 +119,18 @@ _ROUTE_FAULTS = frozenset({401, 403, 404, 429})
 
 
 def _openai() -> Any:
-    """The `openai` package, imported on the first call that needs a client: it is a second of CPU to import (its
-    type tree), which a runtime whose agents never ask a model over HTTP (fixed routes, scripts) never pays."""
+    """The `openai` package, imported where a client is made: importing this module stays cheap for the tools that
+    read it (replay, the CLI); a runtime imports the package before it says ready (`load_client_library`)."""
     import openai
 
     return openai
+
+
+def load_client_library() -> None:
+    """Import `openai` (and httpx with it) now, in a worker thread at the runtime's start: a second of CPU that,
+    paid at the first model call, held the event loop past the ack wait, and every message in hand came again."""
+    _openai()
+    _httpx_response()
 
 
 def _httpx_response() -> Any:

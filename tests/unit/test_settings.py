@@ -30,6 +30,7 @@ def test_nothing_but_settings_reads_the_environment() -> None:
         ROOT / "services/platform/settings.py",
         ROOT / "crashsafe/stack.py",
         ROOT / "crashsafe/stack_env.py",
+        ROOT / "crashsafe/forkserver.py",  # sets each forked service's environment, as Popen(env=) does
     }
     readers: list[str] = []
     for top in ("contracts", "services", "sandbox", "crashsafe"):
