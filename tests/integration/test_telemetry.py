@@ -95,15 +95,15 @@ async def test_a_backend_that_accepts_and_never_answers_holds_up_neither_spans_n
     telemetry = Telemetry(provider)
     try:
         tracer = provider.get_tracer("test")
-        # A span end that waited on the backend would take the exporter's whole timeout (2 s); a queue put takes
-        # microseconds. The slowest single end tells them apart on any machine, a total for 5,000 would not.
-        slowest = 0.0
+        # A span end that waited on the backend would wait out the exporter's timeout (2 s) for every batch of 512
+        # it could not deliver: 5,000 spans, about 10 batches, 20 s and more. Queue puts take a second or two on a
+        # loaded machine, whose stalls (a second, once) are no measure of the exporter.
+        started = time.monotonic()
         for n in range(5000):  # past the default queue of 2048
-            opened_at = time.monotonic()
             with tracer.start_as_current_span("runtime.step") as opened:
                 opened.set_attribute("step_no", n)
-            slowest = max(slowest, time.monotonic() - opened_at)
-        assert slowest < 1.0, f"ending one span waited {slowest:.2f} s on the backend"
+        took = time.monotonic() - started
+        assert took < 10.0, f"5,000 span ends took {took:.1f} s: they waited on the backend"
         started = time.monotonic()
         await asyncio.to_thread(telemetry.close)
         assert time.monotonic() - started < SHUTDOWN_BOUND_S + 1.0
