@@ -186,6 +186,8 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
 
 
 # The server's side ---------------------------------------------------------------------------------------------
