@@ -18,7 +18,7 @@ from rich.table import Table
 from crashsafe.contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from crashsafe.contracts.tool_messages import Asked
 from crashsafe.sandbox.listing import SandboxListing
-from crashsafe.stack import ScaleError, Stack
+from crashsafe.stack import RegistryUnusable, ScaleError, Stack
 from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
 from crashsafe.timeline import describe
 
@@ -200,7 +200,7 @@ async def run_up(
     console = Console()
     try:
         stack = Stack(state_dir, nats_url=nats_url, scale=scale, providers_url=providers_url, synthetic=True)
-    except ScaleError as exc:
+    except (ScaleError, RegistryUnusable) as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2
     stop = asyncio.Event()

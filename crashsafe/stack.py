@@ -44,6 +44,21 @@ class ScaleError(ValueError):
     """A `--scale` the stack cannot start: says which names it knows."""
 
 
+class RegistryUnusable(ValueError):
+    """The registry the stack would run (`CRASHSAFE_REGISTRY`) cannot be loaded: says which and why."""
+
+
+def registry_families(spec: str) -> tuple[str, ...]:
+    """The tool families of the registry `spec`: one executor each, so an adopter's registry gets its own
+    executors, not the demo's four."""
+    from crashsafe.domain import registry as registries
+
+    try:
+        return tuple(sorted(registries.load(spec).families))
+    except (ImportError, ValueError) as exc:
+        raise RegistryUnusable(f"CRASHSAFE_REGISTRY={spec!r}: {exc}") from exc
+
+
 def parse_scale(text: str) -> dict[str, int]:
     """`executor-payment=3,runtime=2` as {name: replicas}; names are checked against the stack by `Stack`."""
     scale: dict[str, int] = {}
@@ -68,7 +83,7 @@ class Stack:
         *,
         nats_url: str | None = None,
         namespace: str = DEFAULT_NAMESPACE,
-        executors: tuple[str, ...] = EXECUTOR_FAMILIES,
+        executors: tuple[str, ...] | None = None,
         runtimes: int = 1,
         scale: Mapping[str, int] | None = None,
         env: dict[str, str] | None = None,
@@ -113,6 +128,8 @@ class Stack:
         crash = crash or {}
         plan: list[tuple[str, list[str]]] = [] if self.providers_url else [("sandbox", ["sandbox"])]
         plan += [("gateway", ["gateway"]), ("runtime", ["runtime"])]
+        if executors is None:  # the registry the services will load: the stack's, else their environment's
+            executors = registry_families(registry or self.service_settings().registry)
         plan += [(f"executor-{family}", ["executor", "--tool", family]) for family in executors]
         if reconciler:
             plan.append(("reconciler", ["reconciler"]))

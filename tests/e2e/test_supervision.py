@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crashsafe.stack import ScaleError, Stack, parse_scale
+from crashsafe.stack import RegistryUnusable, ScaleError, Stack, parse_scale
 from crashsafe.stack_processes import Backoff, ProcessIdentity
 from tests.support.stack import StackClient, crashsafe, supervised
 from tests.support.waiting import eventually
@@ -49,6 +49,26 @@ def test_scale_is_parsed_and_checked_against_the_stack(tmp_path: Path) -> None:
     envs = [stack.env_for(s) for s in stack.replicas("executor-payment")]
     differing = {k for e in envs for k in e if any(e.get(k) != other.get(k) for other in envs)}
     assert differing == {"CRASHSAFE_WORKER_ID"}, "replicas start as a Deployment's pods: one environment"
+
+
+def test_the_stack_starts_one_executor_per_tool_family_of_its_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adopter's registry gets its own families' executors, not the demo's four; one that cannot load is a
+    typed error naming it, before anything starts."""
+    executors = lambda stack: sorted(n for n in stack.services if n.startswith("executor-"))  # noqa: E731
+    assert executors(Stack(tmp_path, registry="tests.support.misbehaving:registry")) == ["executor-noop"]
+    monkeypatch.delenv("CRASHSAFE_REGISTRY", raising=False)
+    assert executors(Stack(tmp_path)) == [
+        "executor-booking",
+        "executor-memory",
+        "executor-notify",
+        "executor-payment",
+    ]
+    monkeypatch.setenv("CRASHSAFE_REGISTRY", "tests.support.misbehaving:registry")
+    assert executors(Stack(tmp_path)) == ["executor-noop"], "the registry the services will load"
+    with pytest.raises(RegistryUnusable, match="no_such_registry_xyz"):
+        Stack(tmp_path, registry="no_such_registry_xyz:registry")
 
 
 async def test_a_crash_looping_service_backs_off(
