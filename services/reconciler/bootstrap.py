@@ -31,7 +31,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         await reconciler.start()
         ops.serve(reconciler.ops_checks)
         print("ready: reconciler", flush=True)
-        synthetic = SyntheticCadence.configured(broker, settings, logger)
+        synthetic = SyntheticCadence.configured(broker, settings, logger, agents=registry.agents)
         probe = asyncio.create_task(synthetic.run(stop)) if synthetic is not None else None
         await reconciler.run(stop, TICK_S)
         if probe is not None:

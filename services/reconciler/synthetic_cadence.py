@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 
-from crashsafe.contracts.synthetic_turn import SyntheticResult, SyntheticTurn
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT, SyntheticResult, SyntheticTurn
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
@@ -40,14 +41,25 @@ class SyntheticCadence:
 
     @classmethod
     def configured(
-        cls, broker: Broker, settings: Settings, logger: logging.Logger
+        cls, broker: Broker, settings: Settings, logger: logging.Logger, *, agents: Collection[str]
     ) -> SyntheticCadence | None:
-        """The cadence if the settings ask for one: a gateway, a key file and a period above 0; else None."""
+        """The cadence if the settings ask for one (a gateway, a key file and a period above 0) and the registry
+        runs the `synthetic` agent (`agents`: its agents' names); else None. A registry without it (an adopter's
+        own) would answer every turn 422: the turn is off, said once at start."""
         if (
             settings.synthetic_every_s <= 0
             or not settings.synthetic_gateway_url
             or settings.synthetic_key_file is None
         ):
+            return None
+        if SYNTHETIC_AGENT not in agents:
+            log(
+                logger,
+                logging.WARNING,
+                "the registry runs no synthetic agent: the synthetic turn is off "
+                "(register crashsafe.services.agents.synthetic_agent.registration() to probe the seams)",
+                agents=sorted(agents),
+            )
             return None
         return cls(broker, settings, logger, settings.synthetic_gateway_url, settings.synthetic_key_file)
 

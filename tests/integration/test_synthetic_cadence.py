@@ -15,7 +15,12 @@ import pytest
 from crashsafe.contracts.errors import NotPermitted
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.subjects import Namespace, StreamKind
-from crashsafe.contracts.synthetic_turn import SyntheticResult, SyntheticTurn, synthetic_decoder
+from crashsafe.contracts.synthetic_turn import (
+    SYNTHETIC_AGENT,
+    SyntheticResult,
+    SyntheticTurn,
+    synthetic_decoder,
+)
 from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
@@ -23,6 +28,8 @@ from crashsafe.services.platform.settings import Settings
 from crashsafe.services.reconciler.synthetic_cadence import SyntheticCadence
 from tests.support import inprocess
 from tests.support.nats_users import access
+
+WITH_SYNTHETIC = ("booking", SYNTHETIC_AGENT)  # a registry that runs the probe's agent
 
 
 @pytest.fixture
@@ -62,7 +69,9 @@ async def test_a_turn_that_cannot_be_made_is_a_failed_result_saying_why(
         key_file.write_text("" if case == "key file empty" else "csk_0123456789abcdef_" + "s" * 43)
     gateway = f"http://127.0.0.1:{free_port()}"  # nobody listens there
     settings = _settings(nats_server, namespace, key_file, gateway)
-    cadence = SyntheticCadence.configured(reconciler_broker, settings, logging.getLogger("tests.synthetic"))
+    cadence = SyntheticCadence.configured(
+        reconciler_broker, settings, logging.getLogger("tests.synthetic"), agents=WITH_SYNTHETIC
+    )
     assert cadence is not None
     before = _failed()
 
@@ -85,13 +94,26 @@ def test_no_cadence_without_a_gateway_a_key_or_a_period(
 ) -> None:
     settings = _settings(nats_server, namespace, Path("/k"), "http://gateway:8080")
     logger = logging.getLogger("tests.synthetic")
-    assert SyntheticCadence.configured(None, settings, logger) is not None  # type: ignore[arg-type]
+    on = SyntheticCadence.configured(None, settings, logger, agents=WITH_SYNTHETIC)  # type: ignore[arg-type]
+    assert on is not None
     for off in (
         dataclasses.replace(settings, synthetic_every_s=0.0),
         dataclasses.replace(settings, synthetic_gateway_url=None),
         dataclasses.replace(settings, synthetic_key_file=None),
     ):
-        assert SyntheticCadence.configured(None, off, logger) is None  # type: ignore[arg-type]
+        assert SyntheticCadence.configured(None, off, logger, agents=WITH_SYNTHETIC) is None  # type: ignore[arg-type]
+
+
+def test_no_cadence_for_a_registry_without_the_synthetic_agent(
+    nats_server: NatsServer, namespace: Namespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An adopter's registry has no `synthetic` agent: every turn would be a 422, so the turn is off, said once."""
+    settings = _settings(nats_server, namespace, Path("/k"), "http://gateway:8080")
+    logger = logging.getLogger("tests.synthetic")
+    with caplog.at_level(logging.WARNING, logger="tests.synthetic"):
+        off = SyntheticCadence.configured(None, settings, logger, agents=("desks",))  # type: ignore[arg-type]
+    assert off is None
+    assert [r.getMessage() for r in caplog.records if "synthetic turn is off" in r.getMessage()]
 
 
 async def test_the_reconcilers_user_publishes_only_its_own_synthetic_subject(
@@ -133,7 +155,7 @@ async def test_a_gateway_answering_garbage_is_a_failed_turn_and_the_cadence_goes
         key_file.write_text("csk_0123456789abcdef_" + "s" * 43)
         settings = _settings(nats_server, namespace, key_file, f"http://127.0.0.1:{port}")
         cadence = SyntheticCadence.configured(
-            reconciler_broker, settings, logging.getLogger("tests.synthetic")
+            reconciler_broker, settings, logging.getLogger("tests.synthetic"), agents=WITH_SYNTHETIC
         )
         assert cadence is not None
         metrics.SYNTHETIC_UP.set(1)
