@@ -32,7 +32,13 @@ async def audit(state_dir: Path) -> int:
     registry = registries.load(settings.registry)
     async with operator_broker(settings, "crashsafe-audit") as broker:
         async with Providers.connect(settings.sandbox_url) as providers:
-            listing = SandboxListing(providers.http)
+            listing = await SandboxListing(providers.http).listed()
+            if listing is None:
+                print(
+                    f"NOTE the providers at {settings.sandbox_url} list no effects (no sandbox ledger at "
+                    "GET /_ledger): each journaled effect is asked about by its key, and effects no run "
+                    "journaled cannot be found"
+                )
             findings, stats = await audit_all(broker, settings, registry, providers, listing)
         unreadable = await unreadable_runs(broker, settings.namespace)
     listed = f", {stats.listed_effects} provider effects listed" if stats.listed_effects is not None else ""

@@ -25,3 +25,21 @@ class SandboxListing:
 
     async def effects(self) -> list[ProviderEffect]:
         return [ProviderEffect(kind=e.kind.value, key=e.key, ref=e.ref) for e in (await self.view()).entries]
+
+    async def listed(self) -> ListedEffects | None:
+        """The listing, read once; None if the providers are not the sandbox (an adopter's own, a staging API):
+        no `/_ledger`, or one in another format. The audit then checks effects by key alone."""
+        try:
+            return ListedEffects(await self.effects())
+        except (httpx.HTTPError, msgspec.DecodeError):  # ValidationError is a DecodeError
+            return None
+
+
+class ListedEffects:
+    """A listing already read: the audit's `ProviderListing` port over a list in hand."""
+
+    def __init__(self, effects: list[ProviderEffect]) -> None:
+        self._effects = effects
+
+    async def effects(self) -> list[ProviderEffect]:
+        return self._effects
