@@ -44,7 +44,7 @@ PRELOAD = (
     "openai",  # the runtime's model client, imported before it says ready
 )
 _PR_SET_CHILD_SUBREAPER = 36
-_subreaper = False
+_subreaper = 0  # the pid that made itself a subreaper
 _subreaper_lock = threading.Lock()
 _shared: dict[str, ForkServer] = {}
 _shared_lock = threading.Lock()
@@ -55,16 +55,17 @@ class ForkServerError(RuntimeError):
 
 
 def become_subreaper() -> bool:
-    """Make this process the parent of orphaned descendants (Linux only); True if it is one now."""
+    """Make this process the parent of orphaned descendants (Linux only); True if it is one now. Remembered per
+    pid: the kernel's flag is not inherited by a fork of this process."""
     global _subreaper
     with _subreaper_lock:
-        if not _subreaper and sys.platform == "linux":
+        if _subreaper != os.getpid() and sys.platform == "linux":
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
-                _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+                _subreaper = os.getpid() if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 else 0
             except (OSError, AttributeError):
-                _subreaper = False
-        return _subreaper
+                _subreaper = 0
+        return _subreaper == os.getpid()
 
 
 class ForkedService:
@@ -140,7 +141,9 @@ class ForkServer:
             start_new_session=True,  # a Ctrl-C at `crashsafe up` reaches the supervisor, not the server
         )
         server = cls(process)
-        server._answer(timeout_s)  # "ready", once everything is imported
+        if server._answer(timeout_s) != {"ready": True}:  # once everything is imported
+            process.kill()
+            raise ForkServerError("the fork server did not say it was ready")
         return server
 
     def fork(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ForkedService:
@@ -169,7 +172,14 @@ class ForkServer:
         line = self._process.stdout.readline()
         if not line:
             raise ForkServerError(f"the fork server exited with {self._process.wait()}")
-        answer: dict[str, Any] = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError as exc:
+            self._process.kill()  # its answers can no longer be matched to requests
+            raise ForkServerError(f"the fork server answered {line[:200]!r}") from exc
+        if not isinstance(answer, dict):
+            self._process.kill()
+            raise ForkServerError(f"the fork server answered {line[:200]!r}")
         return answer
 
     def stop(self) -> None:
@@ -252,8 +262,9 @@ def _become_service(request: Mapping[str, Any], server_fds: tuple[int, ...]) -> 
         os.environ.update(env)
         # A fresh interpreter would put the service's PYTHONPATH first (an adopter's registry lives there).
         for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+            if entry in sys.path:
+                sys.path.remove(entry)
+            sys.path.insert(0, entry)
         unbuffered = bool(env.get("PYTHONUNBUFFERED"))
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own stdin)
         sys.stdout = io.TextIOWrapper(
@@ -275,6 +286,12 @@ def _become_service(request: Mapping[str, Any], server_fds: tuple[int, ...]) -> 
             code = 0
         except SystemExit as stop:
             code = _exit_code(stop.code)
+        except KeyboardInterrupt:
+            code = 128 + signal.SIGINT
+        except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, status 1, then atexit
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads joined, as at interpreter exit
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 - the process ends in os._exit below: say why on its log first
         traceback.print_exc()
@@ -298,4 +315,7 @@ def _exit_code(code: object) -> int:
 
 
 if __name__ == "__main__":
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    # The answers get a descriptor of their own; fd 1 becomes stderr, so nothing an import prints is read as one.
+    answer_pipe = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _serve(sys.stdin.buffer, answer_pipe)

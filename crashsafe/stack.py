@@ -320,7 +320,8 @@ class Stack:
         env = self.env_for(service)
         if self.forking:
             try:
-                return ForkServer.shared(env).fork(["serve", *service.args], env, log_path)
+                # The server starts with the stack's own environment; each service brings its own.
+                return ForkServer.shared(os.environ).fork(["serve", *service.args], env, log_path)
             except ForkServerError as exc:
                 print(f"crashsafe: {exc}; starting services as fresh interpreters", file=sys.stderr)
                 self.forking = False

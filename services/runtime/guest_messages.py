@@ -114,8 +114,8 @@ class GuestMessages:
     async def _taken_already(self, event: InboundEvent) -> bool:
         """A message that comes again (its handler died before the ack, or its ack wait ran out while it queued
         behind its session's other messages) may already be a turn of a run of its session that has ended since:
-        never start a second run of it. Asked only on a redelivery, and only once the lane says the session is
-        free or its owner has ended: asked earlier, the run holding the turn could end between the question and
+        never start a second run of it, nor join it to the session's next run. Asked only on a redelivery, and only
+        after the lane's owner was read: asked earlier, the run holding the turn could end between the question and
         the lane's answer. Journals are read for the run the gateway answered the message would join (`turn_of`:
         the run that took it, unless the lane changed hands before the runtime first took it), the session's owner
         and its last finished runs (at most 5: a busy session's run that took the turn may be older than that)."""
@@ -158,6 +158,10 @@ class GuestMessages:
             move = lane_move(
                 lane, run_id=event.run_id, guest_id=message.guest_id, session_id=session, owner=owner
             )
+            # Asked after the owner's state was read, so every run that had ended by then is final: a message that
+            # came again and is a turn of one is neither joined to the next owner nor started as its own run.
+            if redelivered and not isinstance(move, Start) and await self._taken_already(event):
+                return None
             match move:
                 case Start() | Join() | Refuse():
                     return move
@@ -168,8 +172,6 @@ class GuestMessages:
                         await self.accept(msgspec.structs.replace(started, turn_of=""), ctx)
                     return Join(first)
                 case TakeOver(owner=ended_owner, ended=ended):
-                    if redelivered and await self._taken_already(event):
-                        return None
                     won = await self.lanes.take_over(
                         tenant, session, event.run_id, ended_owner, ended, message.guest_id
                     )

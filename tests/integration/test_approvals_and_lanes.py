@@ -429,6 +429,41 @@ async def test_a_turn_that_comes_again_after_its_run_ended_starts_no_second_run(
     assert lane.run_id == ""
 
 
+async def test_a_turn_that_comes_again_joins_no_later_run_of_its_session(world: World) -> None:
+    """The run that took the turn ended, and the guest's next message started a run that is still active: the
+    turn delivered again belongs to the ended run, not as a second turn of the active one (it was, once the check
+    moved past the lane's read, until it was asked on every path)."""
+    held = await _held_run(world)
+    said = await _say(world, held, "yes")
+    await _ended(world, held.run_id)
+    key = unique("later")
+    later = run_id_for(TENANT, key)
+    assert await world.sessions.claim(TENANT, held.session_id, later) == later
+    now = datetime.now(UTC)
+    started = RunStarted(
+        run_id=later,
+        at=now,
+        agent="booking",
+        session_id=held.session_id,
+        guest_id=held.guest_id,
+        event_id=key,
+        idempotency_key=key,
+        input_hash="0" * 64,
+        text=BOOKING_TEXT,
+        budget=Budget(),
+        deadline_at=now + timedelta(seconds=Budget().deadline_s),
+        tenant=TENANT,
+    )
+    await world.journal.append(started, 0)
+    stored = await world.broker.last_on_subject(
+        world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id_for(TENANT, said))
+    )
+    assert stored is not None
+    await world.runtime.admit(inbound_decoder.decode(stored.data), context_from(None), redelivered=True)
+    assert [e for e in await _events(world, later) if isinstance(e, TurnReceived)] == []
+    assert await _events(world, run_id_for(TENANT, said)) == []
+
+
 async def test_a_turn_that_overtakes_its_owners_first_message_starts_the_owner_first(
     nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
 ) -> None:
