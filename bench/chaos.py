@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.soak import soak
-from crashsafe.stack import ScaleError, parse_scale
+from crashsafe.stack_plan import ScaleError, parse_scale
 
 
 def _scale(text: str) -> dict[str, int]:

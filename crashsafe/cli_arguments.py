@@ -21,7 +21,7 @@ def _position(text: str) -> int:
 
 
 def _scale(text: str) -> dict[str, int]:
-    from crashsafe.stack import ScaleError, parse_scale
+    from crashsafe.stack_plan import ScaleError, parse_scale
 
     try:
         return parse_scale(text)

@@ -18,8 +18,9 @@ from rich.table import Table
 from crashsafe.contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from crashsafe.contracts.tool_messages import Asked
 from crashsafe.sandbox.listing import SandboxListing
-from crashsafe.stack import RegistryUnusable, ScaleError, Stack
+from crashsafe.stack import Stack
 from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
+from crashsafe.stack_plan import RegistryUnusable, ScaleError
 from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"

@@ -24,6 +24,7 @@ from crashsafe.services.records.capability_keys import (
 )
 from crashsafe.stack_env import service_env
 from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, mint_stack_key
+from crashsafe.stack_plan import ScaleError, registry_families
 from crashsafe.stack_processes import SINGLE_PORT, Backoff, ProcessIdentity, Service
 from crashsafe.stack_state import write_stack_json
 from crashsafe.stack_supervision import supervise
@@ -38,36 +39,6 @@ OPS_LINE = b"ops listening on "
 
 # Restart at once after a long life, then 0.2 s doubling to 10 s while a process keeps dying young.
 DEFAULT_BACKOFF = Backoff()
-
-
-class ScaleError(ValueError):
-    """A `--scale` the stack cannot start: says which names it knows."""
-
-
-class RegistryUnusable(ValueError):
-    """The registry the stack would run (`CRASHSAFE_REGISTRY`) cannot be loaded: says which and why."""
-
-
-def registry_families(spec: str) -> tuple[str, ...]:
-    """The tool families of the registry `spec`: one executor each, so an adopter's registry gets its own
-    executors, not the demo's four."""
-    from crashsafe.domain import registry as registries
-
-    try:
-        return tuple(sorted(registries.load(spec).families))
-    except (ImportError, ValueError) as exc:
-        raise RegistryUnusable(f"CRASHSAFE_REGISTRY={spec!r}: {exc}") from exc
-
-
-def parse_scale(text: str) -> dict[str, int]:
-    """`executor-payment=3,runtime=2` as {name: replicas}; names are checked against the stack by `Stack`."""
-    scale: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, count = part.partition("=")
-        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
-            raise ScaleError(f"--scale wants NAME=N[,NAME=N…] with N >= 1, got {part!r}")
-        scale[name.strip()] = int(count)
-    return scale
 
 
 class Stack:

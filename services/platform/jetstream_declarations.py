@@ -29,6 +29,7 @@ log = logging.getLogger("crashsafe.jetstream")
 
 # nats-server's JSClusterNoPeersErrF ("no suitable peers for placement").
 _NO_PEERS_FOR_PLACEMENT = 10005
+_CONSUMER_CREATE_REFUSED = 10012  # JSConsumerCreateErrF: the server could not make the change asked
 
 
 class Declarations:
@@ -152,12 +153,16 @@ class Declarations:
         if spec.start_lookback_s is not None:
             await self._start_of(spec, config)
         # A second try where a replica created the durable between our look and our create: its start taken.
+        # (Replicas started together race here: the server refuses the second start time with a 400 or, as
+        # nats-server 2.11 does, a 500 with err_code 10012 "start time can not be updated".)
         tries = 2 if spec.start_lookback_s is not None else 1
         for n in range(tries):
             try:
                 await self.js.add_consumer(spec.stream, config)
                 return
-            except nats.js.errors.BadRequestError:
+            except nats.js.errors.APIError as exc:
+                if not (exc.code == 400 or exc.err_code == _CONSUMER_CREATE_REFUSED):
+                    raise
                 if n + 1 == tries or not await self._start_of(spec, config):
                     break
         info = await self.js.consumer_info(spec.stream, spec.durable)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from crashsafe.stack import RegistryUnusable, ScaleError, Stack, parse_scale
+from crashsafe.stack import Stack
+from crashsafe.stack_plan import RegistryUnusable, ScaleError, parse_scale
 from crashsafe.stack_processes import Backoff, ProcessIdentity
 from tests.support.stack import StackClient, crashsafe, supervised
 from tests.support.waiting import eventually

@@ -13,12 +13,15 @@ from typing import Any, cast
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from crashsafe.contracts.streams import executor_consumer, runtime_consumers
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.streams import executor_consumer, projector_planner_consumer, runtime_consumers
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.provisioning import provision
 from crashsafe.services.platform.pull_feed import PullFeed
+from tests.support.nats_users import access
 from tests.support.waiting import eventually
 
 
@@ -179,3 +182,27 @@ async def test_a_feed_asks_only_for_what_its_handlers_have_room_for_the_rest_wai
         gate.set()
         await broker.unsubscribe(subscription)
         await deliveries.drain()
+
+
+async def test_replicas_that_declare_a_durable_with_a_start_time_at_once_all_start(
+    broker: Broker, namespace: Namespace, nats_server: NatsServer
+) -> None:
+    """Two projector replicas started in the same instant (a rollout, a stack forking its services) each declare
+    the planner's durable with a start time: the one that loses the race takes the winner's start, and never
+    exits on the server's "start time can not be updated" (it did, once the stack started services together)."""
+    await provision(broker, namespace)
+    spec = projector_planner_consumer(namespace)
+    for _ in range(5):
+        replicas = [
+            await Broker.connect(
+                nats_server.url, f"replica-{n}", access=access(nats_server.url, Role.PROJECTOR)
+            )
+            for n in range(4)
+        ]
+        try:
+            await asyncio.gather(*(replica.ensure_consumer(spec) for replica in replicas))
+        finally:
+            for replica in replicas:
+                await replica.close()
+        assert (await broker.js.consumer_info(spec.stream, spec.durable)).config.opt_start_time is not None
+        await broker.js.delete_consumer(spec.stream, spec.durable)
