@@ -112,20 +112,14 @@ class Held:
     approval: ApprovalRequested
 
 
-async def _held_run(world: World, *, ttl_s: float = 3600, approver: str = Approver.GUEST.value) -> Held:
-    """A booking run in its own session whose first model call (the hotel search) a rule held back for approval,
-    journaled as the runtime journals it; then the run is woken and goes to wait (record and timer made)."""
-    key = unique("ev")
-    session = f"s-{key}"
-    run_id = run_id_for(TENANT, key)
-    assert await world.sessions.claim(TENANT, session, run_id) == run_id
-    now = datetime.now(UTC)
-    started = RunStarted(
+def _booking_started(run_id: str, key: str, session: str, guest: str, now: datetime) -> RunStarted:
+    """A booking run's first event, as the runtime journals it for the guest message `key`."""
+    return RunStarted(
         run_id=run_id,
         at=now,
         agent="booking",
         session_id=session,
-        guest_id=f"g-{key}",
+        guest_id=guest,
         event_id=key,
         idempotency_key=key,
         input_hash="0" * 64,
@@ -134,6 +128,17 @@ async def _held_run(world: World, *, ttl_s: float = 3600, approver: str = Approv
         deadline_at=now + timedelta(seconds=Budget().deadline_s),
         tenant=TENANT,
     )
+
+
+async def _held_run(world: World, *, ttl_s: float = 3600, approver: str = Approver.GUEST.value) -> Held:
+    """A booking run in its own session whose first model call (the hotel search) a rule held back for approval,
+    journaled as the runtime journals it; then the run is woken and goes to wait (record and timer made)."""
+    key = unique("ev")
+    session = f"s-{key}"
+    run_id = run_id_for(TENANT, key)
+    assert await world.sessions.claim(TENANT, session, run_id) == run_id
+    now = datetime.now(UTC)
+    started = _booking_started(run_id, key, session, f"g-{key}", now)
     seq = await world.journal.append(started, 0)
     state = fold_run(None, started)
     reply = await world.model.answer(REGISTRY.agent("booking"), state.transcript)
@@ -439,22 +444,9 @@ async def test_a_turn_that_comes_again_joins_no_later_run_of_its_session(world: 
     key = unique("later")
     later = run_id_for(TENANT, key)
     assert await world.sessions.claim(TENANT, held.session_id, later) == later
-    now = datetime.now(UTC)
-    started = RunStarted(
-        run_id=later,
-        at=now,
-        agent="booking",
-        session_id=held.session_id,
-        guest_id=held.guest_id,
-        event_id=key,
-        idempotency_key=key,
-        input_hash="0" * 64,
-        text=BOOKING_TEXT,
-        budget=Budget(),
-        deadline_at=now + timedelta(seconds=Budget().deadline_s),
-        tenant=TENANT,
+    await world.journal.append(
+        _booking_started(later, key, held.session_id, held.guest_id, datetime.now(UTC)), 0
     )
-    await world.journal.append(started, 0)
     stored = await world.broker.last_on_subject(
         world.ns.stream(StreamKind.INBOUND), world.ns.inbound(run_id_for(TENANT, said))
     )
