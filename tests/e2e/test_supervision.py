@@ -159,3 +159,16 @@ async def test_down_signals_only_the_processes_it_started(tmp_path: Path) -> Non
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+async def test_a_stack_without_the_fork_server_starts_fresh_interpreters_that_serve(
+    start_stack: Callable[..., Awaitable[StackClient]],
+) -> None:
+    """The fallback where there is no fork server (not Linux, or the server failed): each service a fresh
+    `python -m crashsafe.cli serve …`, started, ready and killed as before."""
+    client = await start_stack(executors=(), reconciler=False, projector=False, forking=False)
+    runtime = client.stack.services["runtime"].process
+    assert isinstance(runtime, subprocess.Popen), "a fresh interpreter, not a forked service"
+    assert (await client.gateway.get("/readyz")).status_code == 200
+    client.stack.kill("runtime")
+    assert runtime.poll() == -signal.SIGKILL
