@@ -181,6 +181,11 @@ async def _ended(world: World, run_id: str) -> list[JournalEvent]:
     return await eventually(done, what=f"run {run_id} ended", timeout_s=90)
 
 
+async def _released(world: World, session_id: str) -> bool:
+    lane, _ = await world.sessions.get(TENANT, session_id)
+    return lane.run_id == ""
+
+
 def _decisions(events: list[JournalEvent]) -> list[ApprovalDecided]:
     return [e for e in events if isinstance(e, ApprovalDecided)]
 
@@ -430,8 +435,7 @@ async def test_a_turn_that_comes_again_after_its_run_ended_starts_no_second_run(
     event = inbound_decoder.decode(stored.data)
     await world.runtime.admit(event, context_from(None), redelivered=True)
     assert await _events(world, run_id_for(TENANT, said)) == []
-    lane, _ = await world.sessions.get(TENANT, held.session_id)
-    assert lane.run_id == ""
+    await eventually(lambda: _released(world, held.session_id), what="the session is free, not the turn's")
 
 
 async def test_a_turn_that_comes_again_joins_no_later_run_of_its_session(world: World) -> None:
@@ -441,6 +445,8 @@ async def test_a_turn_that_comes_again_joins_no_later_run_of_its_session(world: 
     held = await _held_run(world)
     said = await _say(world, held, "yes")
     await _ended(world, held.run_id)
+    # The run's end is journaled before its lane is let go (a KV write after the append).
+    await eventually(lambda: _released(world, held.session_id), what="the ended run let go of its session")
     key = unique("later")
     later = run_id_for(TENANT, key)
     assert await world.sessions.claim(TENANT, held.session_id, later) == later
