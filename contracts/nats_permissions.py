@@ -193,7 +193,7 @@ def users(
     runtime = _user(
         Role.RUNTIME,
         [
-            f"{n}.run.*",  # only the runtime appends to run journals
+            f"{n}.run.*.*",  # only the runtime appends to run journals
             *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act
             f"{n}.dead.runtime",
             wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it

@@ -11,6 +11,7 @@ import msgspec
 
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.memory import GuestProfile, SessionTurn
+from crashsafe.contracts.subjects import EventClass
 from crashsafe.contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
 
 
@@ -352,7 +353,13 @@ class _Envelope(msgspec.Struct, kw_only=True):
 event_encoder = msgspec.json.Encoder()
 event_decoder = msgspec.json.Decoder(RunEvent)
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
-KNOWN_TAGS = frozenset(str(t.__struct_config__.tag) for t in get_args(RunEvent))
+_TAGS: dict[type, str] = {t: str(t.__struct_config__.tag) for t in get_args(RunEvent)}
+KNOWN_TAGS = frozenset(_TAGS.values())
+
+
+def event_type(event: RunEvent) -> str:
+    """An event's `type` on the wire (`run.completed`)."""
+    return _TAGS[type(event)]
 
 
 def decode_event(data: bytes) -> JournalEvent:
@@ -367,3 +374,16 @@ def decode_event(data: bytes) -> JournalEvent:
         return UnknownEvent(
             type=envelope.type, run_id=envelope.run_id, at=envelope.at, data=data, step_no=envelope.step_no
         )
+
+
+# What the journal's event classes are made of (`contracts.subjects.EventClass`): a run's end, and its wait on a person.
+RUN_ENDS = frozenset({_TAGS[RunCompleted], _TAGS[RunHandedOff]})
+RUN_WAITS = frozenset({_TAGS[ApprovalRequested]})
+
+
+def event_class(event_type: str, after_end: bool) -> EventClass:
+    """The class an event is journaled under: a milestone if it ends its run, makes it wait on a person, or is
+    appended after the run ended (a late receipt after a hand-off); a step otherwise."""
+    if after_end or event_type in RUN_ENDS or event_type in RUN_WAITS:
+        return EventClass.MILESTONE
+    return EventClass.STEP

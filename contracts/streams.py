@@ -201,12 +201,13 @@ PLANNER_HISTORY_S = 6 * 3600.0
 def projector_planner_consumer(
     ns: Namespace, ack_wait_s: float = 30.0, history_s: float = PLANNER_HISTORY_S
 ) -> ConsumerSpec:
-    """The projector's durable on every run journal: a run's terminal event (and its later events) plan its
-    projections. Shared by the projector's replicas; a replica killed mid-plan leaves the event to redeliver."""
+    """The projector's durable on every run's milestones (`EventClass.MILESTONE`: a run's end, its wait on a
+    person, its events after its end), which plan its projections; the server never sends it a step. Shared by
+    the projector's replicas; a replica killed mid-plan leaves the event to redeliver."""
     return ConsumerSpec(
         stream=ns.stream(StreamKind.RUNS),
         durable=ns.projector_planner_consumer,
-        filter_subject=ns.run_events_all,
+        filter_subject=ns.run_milestones_all,
         ack_wait_s=ack_wait_s,
         max_ack_pending=10_000,
         pull=True,

@@ -23,11 +23,22 @@ def _literal(token: str) -> str:
     return token
 
 
+class EventClass(StrEnum):
+    """A journal event's last subject token, so a consumer selects on the server what it would decode and drop:
+    a milestone is what the projector plans on (`contracts.run_events.event_class`), every other event a step."""
+
+    STEP = "step"
+    MILESTONE = "milestone"
+
+
 class Header(StrEnum):
     """NATS and HTTP header names that carry meaning across services."""
 
     MSG_ID = "Nats-Msg-Id"
     EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+    # The filter the expected last sequence is checked across (nats-server 2.11+): a run's journal spans a
+    # subject per event class, and its version is the last sequence on any of them.
+    EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
@@ -95,13 +106,34 @@ class Namespace:
     def inbound_all(self) -> str:
         return f"{self.name}.inbound.*"
 
-    # The run journal: every event of one run on one subject, appended with an expected subject sequence.
     def run_events(self, run_id: str) -> str:
-        return f"{self.name}.run.{_literal(run_id)}"
+        """One run's whole journal: the filter it is read with and its version checked on."""
+        return f"{self.name}.run.{_literal(run_id)}.*"
+
+    def run_event(self, run_id: str, kind: str) -> str:
+        """The run journal: each event of one run on its class's subject (`EventClass`), appended with the run's
+        expected last sequence checked across all of them (`Nats-Expected-Last-Subject-Sequence-Subject`)."""
+        return f"{self.name}.run.{_literal(run_id)}.{_literal(str(kind))}"
 
     @property
     def run_events_all(self) -> str:
+        return f"{self.name}.run.*.*"
+
+    @property
+    def legacy_run_events_all(self) -> str:
+        """Journals before event classes (`<ns>.run.<run_id>`): only `crashsafe infra apply`'s migration reads them."""
         return f"{self.name}.run.*"
+
+    @property
+    def run_milestones_all(self) -> str:
+        return f"{self.name}.run.*.{EventClass.MILESTONE.value}"
+
+    def journal_run(self, subject: str) -> str | None:
+        """The run id of a journal subject (`run.<run_id>.<class>`); None for anything else."""
+        prefix = f"{self.name}.run."
+        run_id, dot, kind = subject.removeprefix(prefix).partition(".")
+        known = kind in (EventClass.STEP, EventClass.MILESTONE)
+        return run_id if subject.startswith(prefix) and dot and run_id and known else None
 
     # Action requests for one tool family, partitioned by idempotency key so one executor owns each key.
     def actions(self, family: str, partition: int) -> str:

@@ -284,7 +284,7 @@ def templates(ns: Namespace = NS) -> list[Template]:
 # (tests/unit/test_contract_docs.py: every subject builder has an entry, every name is a message).
 CHANNEL_MESSAGES: dict[str, tuple[str, ...]] = {
     "inbound": ("inbound.guest_message",),
-    "run_events": (
+    "run_event": (
         "run.started",
         "run.model_asked",
         "run.model_answered",

@@ -174,7 +174,7 @@ class Tail:
 
     async def on_message(self, msg: Msg) -> None:
         event = decoded_event(msg.data)
-        run_id = msg.subject.rsplit(".", 1)[-1]
+        run_id = self.ns.journal_run(msg.subject) or ""
         if self.where.run_id and run_id != self.where.run_id:
             return
         if not self.where.type_matches(_event_type(event)):

@@ -13,7 +13,7 @@ import msgspec
 
 from crashsafe.contracts.errors import ErrorCode
 from crashsafe.contracts.projections import RetryPolicy
-from crashsafe.contracts.run_events import event_id
+from crashsafe.contracts.run_events import RUN_ENDS, RUN_WAITS, event_id
 from crashsafe.contracts.tool_messages import Answer
 
 
@@ -90,8 +90,8 @@ class Trigger(StrEnum):
     AUDIT = "audit"  # a long wait begins: flush the audit trail so far, nothing else (the run may still undo)
 
 
-TERMINAL = frozenset({"run.completed", "run.handed_off"})
-LONG_WAIT = frozenset({"run.approval_requested"})
+TERMINAL = RUN_ENDS
+LONG_WAIT = RUN_WAITS
 
 
 def trigger(event_type: str, ended: bool, after_end: bool = False) -> Trigger | None:

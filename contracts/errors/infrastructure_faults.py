@@ -11,7 +11,7 @@ from crashsafe.contracts.errors.crashsafe_error import NOT_SENT, CrashsafeError,
 class RunVersionConflict(CrashsafeError):
     """Another writer appended to the run first: re-fold and decide again, never append blind.
 
-    Raised where the append is refused (the broker), which knows the run's subject, `<ns>.run.<run_id>`."""
+    Raised where the append is refused (the broker), which knows the run's journal, `<ns>.run.<run_id>.*`."""
 
     code = ErrorCode.RUN_VERSION_CONFLICT
     retry = RetryClass.RETRY_LATER

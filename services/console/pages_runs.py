@@ -148,12 +148,11 @@ async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
     ns = _ns(request)
     where = Filters.of(request, session.client).where
     stream = ns.stream(StreamKind.RUNS)
-    prefix = ns.run_events_all.removesuffix("*")
     after = resume_after(request.headers, request.query_params, await head_seq(broker, stream) - MAX_BEHIND)
 
     async def render_batch(batch: list[StoredMessage], before: int) -> list[ServerSentEventMessage]:
         out: list[ServerSentEventMessage] = []
-        touched = list(dict.fromkeys(m.subject.removeprefix(prefix) for m in batch))
+        touched = list(dict.fromkeys(ns.journal_run(m.subject) or "" for m in batch))
         for run_id in touched:
             if not is_run_id(run_id):
                 continue  # not a run's subject (a hostile append): never rendered

@@ -8,6 +8,7 @@ from pathlib import Path
 from crashsafe.contracts.streams import KvSpec, StreamSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.registry import Registry
+from crashsafe.services.operations.journal_layout import migrate_journals
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import NatsAuth, write_private
 from crashsafe.services.platform.provisioning import provision
@@ -16,7 +17,9 @@ from crashsafe.services.platform.provisioning import provision
 async def declare_streams(
     broker: Broker, ns: Namespace, replicas: int
 ) -> tuple[list[StreamSpec], list[KvSpec]]:
-    """Create or update every stream and bucket of the namespace (idempotent); what was declared."""
+    """Create or update every stream and bucket of the namespace (idempotent), first copying run journals of an
+    older layout onto this one's (`journal_layout`); what was declared."""
+    await migrate_journals(broker, ns, replicas)
     return await provision(broker, ns, replicas)
 
 

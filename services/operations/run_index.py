@@ -105,10 +105,15 @@ def _ended_by(event: JournalEvent | None) -> str | None:
 
 
 async def last_per_run(broker: Broker, ns: Namespace) -> dict[str, StoredMessage]:
-    """The last message of every run subject, in one consistent snapshot of the stream (paged `multi_last`)."""
-    prefix = ns.run_events_all.removesuffix("*")
+    """The last message of every run, in one consistent snapshot of the stream (paged `multi_last`: the last of
+    each of a run's subjects, of which the latest is the run's)."""
     lasts = await broker.last_on_each_subject(ns.stream(StreamKind.RUNS), ns.run_events_all, page=PAGE)
-    return {message.subject.removeprefix(prefix): message for message in lasts}
+    runs: dict[str, StoredMessage] = {}
+    for message in lasts:
+        run_id = ns.journal_run(message.subject)
+        if run_id is not None and (run_id not in runs or runs[run_id].seq < message.seq):
+            runs[run_id] = message
+    return runs
 
 
 def row_of(run_id: str, stored: list[StoredMessage]) -> RunRow | None:
@@ -198,7 +203,9 @@ async def list_runs(
         by_run: dict[str, list[StoredMessage]] = {}
         stored_all = await broker.read_subject(stream, ns.run_events_all, batch=1000)
         for message in stored_all:
-            by_run.setdefault(message.subject.rsplit(".", 1)[-1], []).append(message)
+            owner = ns.journal_run(message.subject)
+            if owner is not None:
+                by_run.setdefault(owner, []).append(message)
         wanted = set(candidates)
         rows = [
             r for run_id, journal in by_run.items() if run_id in wanted for r in [row_of(run_id, journal)]

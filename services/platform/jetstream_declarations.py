@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -117,6 +118,34 @@ class Declarations:
         except nats.js.errors.NotFoundError:
             return False
 
+    async def stream_subjects(self, name: str) -> list[str] | None:
+        """The subjects a stream takes, as the server holds them (None: no such stream)."""
+        try:
+            info = await self.js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            return None
+        return list(info.config.subjects or [])
+
+    async def purge_subject(self, stream: str, subject: str) -> None:
+        """Remove every message on `subject` (a filter) from `stream`: the operator's, for a finished migration."""
+        await self.js.purge_stream(stream, subject=subject)
+
+    async def consumer_exists(self, stream: str, durable: str) -> bool:
+        try:
+            await self.js.consumer_info(stream, durable)
+            return True
+        except nats.js.errors.NotFoundError:
+            return False
+
+    async def start_consumer_at(self, spec: ConsumerSpec, seq: int) -> None:
+        """Make the durable anew, delivering from stream sequence `seq`: what lies before is not its work."""
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_consumer(spec.stream, spec.durable)
+        config = _consumer_config(spec)
+        config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+        config.opt_start_seq = seq
+        await self.js.add_consumer(spec.stream, config)
+
     async def consumer_pending(self, stream: str, durable: str) -> int | None:
         """A durable's messages not yet delivered (num_pending), or None if it does not exist: one consumer_info,
         for readiness and the lag gauges (never per message)."""
@@ -137,19 +166,7 @@ class Declarations:
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         """Create the durable, or bring it to `spec`. A change the server cannot make in place (push to pull)
         recreates it from just after its ack floor: nothing acknowledged comes back, nothing unacknowledged is lost."""
-        config = ConsumerConfig(
-            # Named: the create subject then carries the filter, which is what a role's permission checks.
-            name=spec.durable,
-            durable_name=spec.durable,
-            deliver_subject=spec.deliver_subject,
-            deliver_group=None if spec.pull else spec.durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=spec.ack_wait_s,
-            max_deliver=spec.max_deliver,
-            max_ack_pending=spec.max_ack_pending,
-            filter_subject=spec.filter_subject,
-            backoff=list(spec.backoff_s) or None,
-        )
+        config = _consumer_config(spec)
         if spec.start_lookback_s is not None:
             await self._start_of(spec, config)
         # A second try where a replica created the durable between our look and our create: its start taken.
@@ -218,3 +235,19 @@ class Declarations:
             info.config.allow_rollup_hdrs = False
             info.config.max_msgs_per_subject = spec.history  # a bucket made before its history grew
             await self.js.update_stream(info.config)
+
+
+def _consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    return ConsumerConfig(
+        # Named: the create subject then carries the filter, which is what a role's permission checks.
+        name=spec.durable,
+        durable_name=spec.durable,
+        deliver_subject=spec.deliver_subject,
+        deliver_group=None if spec.pull else spec.durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+        filter_subject=spec.filter_subject,
+        backoff=list(spec.backoff_s) or None,
+    )

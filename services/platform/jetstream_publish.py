@@ -66,15 +66,21 @@ class Publishing:
         *,
         msg_id: str | None = None,
         expected_subject_seq: int | None = None,
+        sequence_subject: str | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float = 10.0,
     ) -> Published:
-        """An acknowledged JetStream publish; the PubAck comes back on this broker's own reply inbox."""
+        """An acknowledged JetStream publish; the PubAck comes back on this broker's own reply inbox.
+
+        With `expected_subject_seq`, only if the last message on `subject` (or on the filter `sequence_subject`,
+        which may span several subjects) is at that sequence; RunVersionConflict otherwise."""
         hdrs = dict(headers or {})
         if msg_id is not None:
             hdrs[Header.MSG_ID] = msg_id
         if expected_subject_seq is not None:
             hdrs[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_subject_seq)
+            if sequence_subject is not None:
+                hdrs[Header.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = sequence_subject
         reply = await self._reply_subject()
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self._acks[reply] = future
@@ -104,7 +110,9 @@ class Publishing:
         ack = _pub_ack.decode(msg.data)
         if ack.error is not None:
             if ack.error.err_code == _WRONG_LAST_SEQUENCE and expected_subject_seq is not None:
-                raise RunVersionConflict(subject=subject, expected_seq=expected_subject_seq)
+                raise RunVersionConflict(
+                    subject=sequence_subject or subject, expected_seq=expected_subject_seq
+                )
             if ack.error.err_code == _MAX_MSGS_PER_SUBJECT:
                 raise SubjectFull(subject=subject)
             raise BrokerUnavailable(

@@ -177,7 +177,7 @@ class Projector:
     async def _on_run_event(self, msg: Msg) -> None:
         # The run is the one whose subject it is (a literal token, by the consumer's filter), whatever the body
         # claims: a body naming another run must not make this event plan that one.
-        run_id = msg.subject.rsplit(".", 1)[-1]
+        run_id = self.ns.journal_run(msg.subject) or ""
         try:
             event_type, _ = envelope_of(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

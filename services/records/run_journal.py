@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from crashsafe.contracts.run_events import JournalEvent, RunEvent, decode_event, event_encoder
+from crashsafe.contracts.run_events import (
+    JournalEvent,
+    RunEvent,
+    decode_event,
+    event_class,
+    event_encoder,
+    event_type,
+)
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.services.platform.jetstream import Broker
 
 
 class RunJournal:
-    """Append-only events per run on `<ns>.run.<run_id>`; the subject sequence is the run's version."""
+    """Append-only events per run on `<ns>.run.<run_id>.<class>`; the last sequence across them is the run's
+    version."""
 
     def __init__(self, broker: Broker, ns: Namespace) -> None:
         self.broker = broker
@@ -35,12 +43,21 @@ class RunJournal:
             runs.setdefault(event.run_id, []).append(event)
         return runs
 
-    async def append(self, event: RunEvent, expected_seq: int, headers: dict[str, str] | None = None) -> int:
-        """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise."""
+    async def append(
+        self,
+        event: RunEvent,
+        expected_seq: int,
+        headers: dict[str, str] | None = None,
+        *,
+        after_end: bool = False,
+    ) -> int:
+        """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise. `after_end`: the
+        run had ended before this event (it is journaled as a milestone, whatever its type)."""
         published = await self.broker.publish(
-            self.ns.run_events(event.run_id),
+            self.ns.run_event(event.run_id, event_class(event_type(event), after_end)),
             event_encoder.encode(event),
             expected_subject_seq=expected_seq,
+            sequence_subject=self.ns.run_events(event.run_id),
             headers=headers,
         )
         return published.seq

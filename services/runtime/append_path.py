@@ -190,7 +190,8 @@ class RunAppends:
             if run is not None and isinstance(event, ActionCompleted)
             else headers_for(ctx)
         )
-        seq = await self.journal.append(event, expected, headers)
+        ended = run is not None and run.state.terminal
+        seq = await self.journal.append(event, expected, headers, after_end=ended)
         if run is None:
             run = self.runs.remember(HeldRun(fold_run(None, event), seq))
         else:

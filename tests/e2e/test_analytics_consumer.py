@@ -17,7 +17,7 @@ import pytest
 
 from crashsafe.contracts.errors import NotPermitted
 from crashsafe.contracts.nats_permissions import Role
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess
 from tests.support.paths import ROOT
@@ -163,10 +163,10 @@ async def test_the_consumers_figures_equal_the_ledger_and_survive_a_kill_and_a_s
     # A hostile journal: an event type no version knows, and bytes that are no event at all.
     try:
         await operator.publish(
-            ns.run_events("hostile"),
+            ns.run_event("hostile", EventClass.STEP),
             b'{"type":"run.from_the_future","run_id":"hostile","at":"2031-01-01T00:00:00Z"}',
         )
-        await operator.publish(ns.run_events("hostile"), b"\x00 not an event")
+        await operator.publish(ns.run_event("hostile", EventClass.STEP), b"\x00 not an event")
     finally:
         await operator.close()
 
@@ -219,7 +219,9 @@ async def test_the_analytics_credentials_cannot_publish_or_purge(
         assert (await analytics.js.stream_info(runs)).state.messages == before
         assert await analytics.last_on_subject(runs, ns.run_events(run_id)) is not None
         with pytest.raises(NotPermitted):
-            await analytics.publish(ns.run_events(run_id), b'{"type":"run.completed"}', timeout_s=5)
+            await analytics.publish(
+                ns.run_event(run_id, EventClass.STEP), b'{"type":"run.completed"}', timeout_s=5
+            )
         with pytest.raises(NotPermitted):
             await analytics.publish(ns.inbound("r-forged"), b"{}", timeout_s=5)
         js = analytics.nc.jetstream(timeout=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crashsafe.contracts.nats_permissions import Role
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.subjects import EventClass, Namespace
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
@@ -89,7 +89,12 @@ async def test_audit_reports_a_run_holding_an_event_type_it_does_not_know_instea
     first = started()
     seq = await journal.append(first, 0)
     future = b'{"type":"run.reflection.v2","run_id":"%s","at":"2031-12-01T09:00:01Z"}' % first.run_id.encode()
-    await broker.publish(namespace.run_events(first.run_id), future, expected_subject_seq=seq)
+    await broker.publish(
+        namespace.run_event(first.run_id, EventClass.STEP),
+        future,
+        expected_subject_seq=seq,
+        sequence_subject=namespace.run_events(first.run_id),
+    )
     async with inprocess.sandbox_server() as sandbox_url:
         env = {
             "CRASHSAFE_NATS_URL": nats_server.url,

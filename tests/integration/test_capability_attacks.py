@@ -31,7 +31,7 @@ from crashsafe.contracts.keys import (
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Budget, JournalEvent, RunStarted
 from crashsafe.contracts.streams import runtime_consumers
-from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace, StreamKind
+from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, EventClass, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -423,7 +423,9 @@ async def test_a_consumer_pointed_at_the_runtimes_deliver_subject_is_dropped_unr
     runs stream. One aimed at the runtime's deliveries must not become a flood of dead letters (copying every
     journal into the dead-letter stream): the runtime takes only its own consumers' deliveries."""
     marker = unique("journal-text")
-    await world.broker.publish(world.ns.run_events("run_" + "0" * 24), msgspec.json.encode({"text": marker}))
+    await world.broker.publish(
+        world.ns.run_event("run_" + "0" * 24, EventClass.STEP), msgspec.json.encode({"text": marker})
+    )
     analytics = await Broker.connect(
         nats_server.url, "attacks-analytics", access=access(nats_server.url, Role.ANALYTICS)
     )

@@ -49,7 +49,14 @@ class RacingJournal:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._journal, name)
 
-    async def append(self, event: RunEvent, expected_seq: int, headers: dict[str, str] | None = None) -> int:
+    async def append(
+        self,
+        event: RunEvent,
+        expected_seq: int,
+        headers: dict[str, str] | None = None,
+        *,
+        after_end: bool = False,
+    ) -> int:
         if isinstance(event, self.kind):
             self.tries += 1
             if self.tries <= self.races:
@@ -58,7 +65,7 @@ class RacingJournal:
                     run_id=event.run_id, at=datetime.now(UTC), by="racer", reason="a concurrent writer"
                 )
                 await self._journal.append(other, last)
-        return await self._journal.append(event, expected_seq, headers)
+        return await self._journal.append(event, expected_seq, headers, after_end=after_end)
 
 
 @pytest.fixture

@@ -10,20 +10,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from crashsafe.contracts.errors import ErrorCode, RetryClass, RunVersionConflict
-from crashsafe.contracts.run_events import Budget, ModelAnswered, RunStarted
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.run_events import Budget, ModelAnswered, RunCompleted, RunStarted
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support.broker import ensure_streams
 
 
-async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: Namespace) -> None:
-    await ensure_streams(broker, namespace)
-    journal = RunJournal(broker, namespace)
-    run_id = "run_" + uuid.uuid4().hex[:24]
-    now = datetime.now(UTC)
-    started = RunStarted(
+def _started(run_id: str, now: datetime) -> RunStarted:
+    return RunStarted(
         run_id=run_id,
         at=now,
         agent="booking",
@@ -36,6 +32,14 @@ async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: N
         budget=Budget(),
         deadline_at=now + timedelta(seconds=90),
     )
+
+
+async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: Namespace) -> None:
+    await ensure_streams(broker, namespace)
+    journal = RunJournal(broker, namespace)
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    now = datetime.now(UTC)
+    started = _started(run_id, now)
     seq = await journal.append(started, 0)
     with pytest.raises(RunVersionConflict):
         await journal.append(started, 0)  # a second start for the same run
@@ -65,3 +69,41 @@ async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: N
 
     state = replay(events)
     assert state is not None and state.model_steps == 5 and state.next_step == 6
+
+
+async def test_a_step_and_a_milestone_at_the_same_version_one_wins(
+    broker: Broker, namespace: Namespace
+) -> None:
+    """A run's journal spans a subject per event class; its version is checked across all of them, so a step and
+    the run's end decided at the same version cannot both land (each on its own subject would)."""
+    await ensure_streams(broker, namespace)
+    journal = RunJournal(broker, namespace)
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    now = datetime.now(UTC)
+    seq = await journal.append(_started(run_id, now), 0)
+    for round_no in range(5):
+        step = ModelAnswered(
+            run_id=run_id, at=now, step_no=1, model="m", response_id=f"r{round_no}", reply="x"
+        )
+        end = RunCompleted(run_id=run_id, at=now, reply="done")
+        results = await asyncio.gather(
+            journal.append(step, seq), journal.append(end, seq), return_exceptions=True
+        )
+        wins = [r for r in results if isinstance(r, int)]
+        assert len(wins) == 1 and sum(isinstance(r, RunVersionConflict) for r in results) == 1, results
+        seq = wins[0]
+        _, last = await journal.read(run_id)
+        assert last == seq
+    # Each went to its class's subject; a reader of the run sees both, in order.
+    stored = await broker.read_subject(namespace.stream(StreamKind.RUNS), namespace.run_events(run_id))
+    subjects = {m.subject.rsplit(".", 1)[-1] for m in stored}
+    assert (
+        subjects <= {EventClass.STEP.value, EventClass.MILESTONE.value} and EventClass.STEP.value in subjects
+    )
+    after = RunCompleted(run_id=run_id, at=now, reply="late")
+    appended = await journal.append(after, seq, after_end=True)
+    last = await broker.last_on_subject(namespace.stream(StreamKind.RUNS), namespace.run_events(run_id))
+    assert last is not None and (last.seq, last.subject) == (
+        appended,
+        namespace.run_event(run_id, EventClass.MILESTONE),
+    )

@@ -15,7 +15,7 @@ import pytest
 from crashsafe.contracts.errors import CrashsafeError, InvalidSetting, NotPermitted
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.streams import leases_spec, projector_planner_consumer, stream_specs
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, OutcomeStatus, tool_encoder
 from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
@@ -107,7 +107,9 @@ async def test_a_forged_outcome_from_the_wrong_family_is_refused(as_role) -> Non
                 f"{NS.name}.outcome.payment.r-victim", tool_encoder.encode(outcome), timeout_s=5
             )
         with pytest.raises(NotPermitted):
-            await broker.publish(NS.run_events("r-victim"), b"{}", timeout_s=5)  # nor append to a journal
+            await broker.publish(
+                NS.run_event("r-victim", EventClass.STEP), b"{}", timeout_s=5
+            )  # nor append to a journal
     payment = await as_role(Role.EXECUTOR, "payment")
     await payment.publish(f"{NS.name}.outcome.payment.r-victim", tool_encoder.encode(outcome), timeout_s=5)
     assert await _count(operator, StreamKind.OUTCOMES) == 1  # only the owning family's landed
@@ -117,7 +119,7 @@ async def test_a_forged_outcome_from_the_wrong_family_is_refused(as_role) -> Non
 async def test_nobody_but_the_operator_purges_or_deletes_the_runs_stream(as_role) -> None:  # type: ignore[no-untyped-def]
     operator = await as_role(Role.OPERATOR)
     runtime = await as_role(Role.RUNTIME)
-    await runtime.publish(NS.run_events("r1"), b"{}")
+    await runtime.publish(NS.run_event("r1", EventClass.STEP), b"{}")
     for role, family in ((Role.ANALYTICS, None), (Role.RUNTIME, None), (Role.EXECUTOR, "payment")):
         broker = await as_role(role, family)
         js = broker.nc.jetstream(timeout=1)

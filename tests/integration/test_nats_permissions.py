@@ -19,7 +19,7 @@ from nats.aio.client import Client
 
 from crashsafe.contracts.nats_permissions import NatsUser, Role, users
 from crashsafe.contracts.streams import KvSpec, catalog_spec, leases_spec, stream_specs
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential
@@ -159,14 +159,16 @@ def probes() -> list[Probe]:
         *(_consumer(ACTIONS, f"executor_{f}_p0", f"sweep.action.{f}.0") for f in FAMILIES),
         _consumer(ACTIONS, "executor_booking_p1", "sweep.action.payment.1"),  # its own name, payment's work
         _consumer(ACTIONS, "executor_booking_p2", "sweep.action.booking.2", legacy=True),
-        _consumer(RUNS, "projector_planner", "sweep.run.*"),
+        _consumer(RUNS, "projector_planner", "sweep.run.*.milestone"),
         _consumer(PROJECTIONS, "projection_update_crm", "sweep.projection.update_crm.*"),
-        _consumer(PROJECTIONS, "projection_update_crm", "sweep.run.*"),  # its name, another stream's subjects
+        _consumer(
+            PROJECTIONS, "projection_update_crm", "sweep.run.*.*"
+        ),  # its name, another stream's subjects
         *(
             _consumer(s, "probe", f)
             for s, f in (
                 (INBOUND, "sweep.inbound.*"),
-                (RUNS, "sweep.run.*"),
+                (RUNS, "sweep.run.*.*"),
                 (ACTIONS, "sweep.action.>"),
                 (OUTCOMES, "sweep.outcome.>"),
                 (DEAD, "sweep.dead.*"),
@@ -234,7 +236,7 @@ def probes() -> list[Probe]:
             f"update {RUNS}",
             f"{API}.STREAM.UPDATE.{RUNS}",
             json.dumps(
-                {"name": RUNS, "subjects": ["sweep.run.*"], "storage": "file", "allow_direct": True}
+                {"name": RUNS, "subjects": ["sweep.run.*.*"], "storage": "file", "allow_direct": True}
             ).encode(),
         ),
         Probe("streams", f"delete {RUNS}", f"{API}.STREAM.DELETE.{RUNS}"),
@@ -296,7 +298,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
     elif role is Role.ANALYTICS:
         # Named consumers only: a bare (ephemeral) create's body may name the projector's durable and rewrite it.
         allowed = {f"info {RUNS}", f"direct get on {RUNS}"}
-        allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*`)"}
+        allowed |= {f"create `probe` on {RUNS} (filter `sweep.run.*.*`)"}
         allowed |= {f"direct get on {SUPPORT}", f"create `probe` on {SUPPORT} (filter `sweep.support.>`)"}
     elif role is Role.PROJECTOR:
         # The run journals it plans from, the tasks it publishes and pulls, their receipts, its dead letters and
@@ -304,7 +306,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed = {"projection task", "dead letter: projector", "ops: projection failed"}
         allowed |= {"KV projections: a receipt", f"info {RUNS}", f"direct get on {RUNS}"}
         allowed |= {f"direct get on {KV_PROJECTIONS}"}
-        allowed |= {f"create `projector_planner` on {RUNS} (filter `sweep.run.*`)"}
+        allowed |= {f"create `projector_planner` on {RUNS} (filter `sweep.run.*.milestone`)"}
         allowed |= {
             f"create `projection_update_crm` on {PROJECTIONS} (filter `sweep.projection.update_crm.*`)"
         }
@@ -375,7 +377,7 @@ async def test_every_role_can_do_exactly_what_it_needs(sweep_server: tuple[NatsS
             await operator.ensure_stream(spec)
         for bucket in (leases_spec(NS), KvSpec("sweep_clients"), KvSpec("sweep_active"), catalog_spec(NS)):
             await operator.ensure_kv(bucket)
-        await operator.publish(NS.run_events("r0"), b"{}")
+        await operator.publish(NS.run_event("r0", EventClass.STEP), b"{}")
     finally:
         await operator.close()
     # The operator goes last: it really purges and deletes the RUNS stream.

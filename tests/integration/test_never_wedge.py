@@ -32,7 +32,7 @@ from crashsafe.contracts.run_events import (
     UnknownEvent,
     event_encoder,
 )
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.subjects import EventClass, Namespace
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
 from crashsafe.domain.agent import Agent
 from crashsafe.domain.effect_audit import unknown_events
@@ -90,7 +90,10 @@ async def _write(journal: RunJournal, events: list[RunEvent], future_after: int 
                 "thoughts": "written during a rolling upgrade",
             }
             published = await journal.broker.publish(
-                journal.ns.run_events(event.run_id), json.dumps(future).encode(), expected_subject_seq=seq
+                journal.ns.run_event(event.run_id, EventClass.STEP),
+                json.dumps(future).encode(),
+                expected_subject_seq=seq,
+                sequence_subject=journal.ns.run_events(event.run_id),
             )
             seq = published.seq
     return events[0].run_id

@@ -45,7 +45,7 @@ from crashsafe.contracts.run_events import (
     event_encoder,
 )
 from crashsafe.contracts.streams import KvSpec, projections_spec
-from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Header, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import audit_key, plan
 from crashsafe.natsd import NatsServer
@@ -390,16 +390,18 @@ async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_o
     async with inprocess.projector(world.settings()):
         # A run whose journal opens with its end, and bytes that are no event at all.
         await world.broker.publish(
-            world.ns.run_events(hostile),
+            world.ns.run_event(hostile, EventClass.MILESTONE),
             b'{"type": "run.completed", "run_id": "%s", "at": "2026-12-01T09:00:00Z", "reply": "x"}'
             % hostile.encode(),
         )
-        await world.broker.publish(world.ns.run_events("run_garbage"), b"\xff not json")
+        await world.broker.publish(world.ns.run_event("run_garbage", EventClass.MILESTONE), b"\xff not json")
         # A journal on one run's subject that opens another run: planned as neither.
         impostor = msgspec.structs.replace(started(), run_id="run_" + "i" * 24)
-        await world.broker.publish(world.ns.run_events("run_" + "j" * 24), event_encoder.encode(impostor))
         await world.broker.publish(
-            world.ns.run_events("run_" + "j" * 24),
+            world.ns.run_event("run_" + "j" * 24, EventClass.MILESTONE), event_encoder.encode(impostor)
+        )
+        await world.broker.publish(
+            world.ns.run_event("run_" + "j" * 24, EventClass.MILESTONE),
             event_encoder.encode(RunCompleted(run_id="run_" + "j" * 24, at=datetime.now(UTC), reply="x")),
         )
         events, _ = await paid_run(world)
@@ -413,7 +415,7 @@ async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_o
             await world.settled(task, ProjectionStatus.DELIVERED)
     letters = [d for d in await world.projector_letters() if ".run." in d.subject]
     assert sorted(d.subject for d in letters) == sorted(
-        world.ns.run_events(r) for r in (hostile, "run_garbage", "run_" + "j" * 24)
+        world.ns.run_event(r, EventClass.MILESTONE) for r in (hostile, "run_garbage", "run_" + "j" * 24)
     )
     assert len(await world.effects("email")) == 1
 
@@ -721,9 +723,10 @@ async def test_a_late_payment_after_a_hand_off_is_planned_by_a_replica_that_neve
     )
     email = next(t for t in expected if t.tool == EMAIL)
     async with inprocess.projector(world.settings(), name="tests-projector-2"):
-        # As the runtime appends it (services/runtime/service.py `_journal_headers`): marked as after the end.
+        # As the runtime appends it (services/runtime/append_path.py `journal_headers`): marked as after the end,
+        # a milestone.
         await RunJournal(world.broker, world.ns).append(
-            late, len(run.events) - 1, headers={Header.RUN_ENDED: "1"}
+            late, len(run.events) - 1, headers={Header.RUN_ENDED: "1"}, after_end=True
         )
         await world.settled(email, ProjectionStatus.DELIVERED)
         await world.idle(EMAIL)

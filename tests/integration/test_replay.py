@@ -18,7 +18,7 @@ import pytest
 from crashsafe.contracts.catalog import Catalog
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.run_events import JournalEvent
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.run_state import RunState
 from crashsafe.export_file import read_export
@@ -173,7 +173,12 @@ async def test_a_journal_with_an_event_this_version_does_not_know_replays_and_ex
             "payload": {"nested": ["x" * 100]},
         }
     ).encode()
-    await broker.publish(world.journal.ns.run_events(run_id), alien, expected_subject_seq=seq)
+    await broker.publish(
+        world.journal.ns.run_event(run_id, EventClass.STEP),
+        alien,
+        expected_subject_seq=seq,
+        sequence_subject=world.journal.ns.run_events(run_id),
+    )
     out = world.state_dir / "alien.jsonl"
     await _cli(world, "export", run_id, "--out", str(out))
     assert read_export(out.read_bytes()).events[-1] == alien
@@ -206,7 +211,12 @@ async def test_a_corrupt_event_in_a_journal_is_exported_as_it_is_and_named_by_th
     journal = await _ended(world, run_id)
     _, seq = await world.journal.read(run_id)
     corrupt = json.dumps({"type": "run.action_completed", "run_id": run_id, "at": "not a time"}).encode()
-    await broker.publish(world.journal.ns.run_events(run_id), corrupt, expected_subject_seq=seq)
+    await broker.publish(
+        world.journal.ns.run_event(run_id, EventClass.STEP),
+        corrupt,
+        expected_subject_seq=seq,
+        sequence_subject=world.journal.ns.run_events(run_id),
+    )
     out = world.state_dir / "corrupt.jsonl"
     await _cli(world, "export", run_id, "--out", str(out))
     assert out.read_bytes().splitlines()[-1] == corrupt

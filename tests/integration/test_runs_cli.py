@@ -21,7 +21,7 @@ from crashsafe.contracts.run_events import (
     RunNudged,
     event_encoder,
 )
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.natsd import NatsServer
 from crashsafe.runs import list_runs, parse_since
@@ -79,11 +79,13 @@ async def _journal_all(broker: Broker, ns: Namespace) -> None:
 
     async def append(i: int) -> None:
         for event in _journal(i):
-            await broker.publish(ns.run_events(event.run_id), event_encoder.encode(event))
+            await broker.publish(ns.run_event(event.run_id, EventClass.STEP), event_encoder.encode(event))
 
     for start in range(0, RUNS, 50):
         await asyncio.gather(*(append(i) for i in range(start, min(start + 50, RUNS))))
-    await broker.publish(ns.run_events("hostile"), b"\x00 not an event")  # nothing a runtime wrote
+    await broker.publish(
+        ns.run_event("hostile", EventClass.STEP), b"\x00 not an event"
+    )  # nothing a runtime wrote
 
 
 async def _truth(broker: Broker, ns: Namespace) -> dict[str, tuple[str, str, int]]:
@@ -106,7 +108,7 @@ async def test_the_listing_equals_the_fold_of_every_journal_and_reads_a_fraction
     assert hostile is not None
     await broker.js.delete_msg(namespace.stream(StreamKind.RUNS), hostile.seq)
     truth = await _truth(broker, namespace)
-    await broker.publish(namespace.run_events("hostile"), b"\x00 not an event")
+    await broker.publish(namespace.run_event("hostile", EventClass.STEP), b"\x00 not an event")
     total = (await broker.js.stream_info(namespace.stream(StreamKind.RUNS))).state.messages
     assert len(truth) == RUNS
 
@@ -192,7 +194,9 @@ async def test_runs_list_and_tail_from_the_command_line(
         seen: list[dict[str, object]] = []
         for i in range(1, 200):
             for event in _journal(i):
-                await broker.publish(namespace.run_events(event.run_id), event_encoder.encode(event))
+                await broker.publish(
+                    namespace.run_event(event.run_id, EventClass.STEP), event_encoder.encode(event)
+                )
             try:
                 line = await asyncio.wait_for(tail.stdout.readline(), timeout=0.5 if i < 150 else 5)
             except TimeoutError:
@@ -213,7 +217,9 @@ async def test_runs_list_and_tail_from_the_command_line(
     # One run, from its start (it ended before tail began), whatever its type: every event in journal order.
     if i < 3:  # the first tail saw enough before run 3 was journaled
         for event in _journal(3):
-            await broker.publish(namespace.run_events(event.run_id), event_encoder.encode(event))
+            await broker.publish(
+                namespace.run_event(event.run_id, EventClass.STEP), event_encoder.encode(event)
+            )
     one = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -25,7 +25,7 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     UnknownEvent,
 )
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.subjects import EventClass, Namespace
 from crashsafe.domain.fold import fold_run, replay
 from crashsafe.domain.model_calls import model_answered
 from crashsafe.natsd import NatsServer
@@ -164,14 +164,22 @@ class _NewerJournal:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._journal, name)
 
-    async def append(self, event: RunEvent, expected_seq: int, headers: dict[str, str] | None = None) -> int:
-        seq = await self._journal.append(event, expected_seq, headers)
+    async def append(
+        self,
+        event: RunEvent,
+        expected_seq: int,
+        headers: dict[str, str] | None = None,
+        *,
+        after_end: bool = False,
+    ) -> int:
+        seq = await self._journal.append(event, expected_seq, headers, after_end=after_end)
         if isinstance(event, ModelAnswered):
             future = {"type": "run.reflection.v2", "run_id": event.run_id, "at": event.at.isoformat()}
             published = await self._journal.broker.publish(
-                self._journal.ns.run_events(event.run_id),
+                self._journal.ns.run_event(event.run_id, EventClass.STEP),
                 json.dumps(future).encode(),
                 expected_subject_seq=seq,
+                sequence_subject=self._journal.ns.run_events(event.run_id),
             )
             self.wrote += 1
             seq = published.seq

@@ -277,7 +277,14 @@ class _GatedJournal:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._journal, name)
 
-    async def append(self, event: RunEvent, expected_seq: int, headers: dict[str, str] | None = None) -> int:
+    async def append(
+        self,
+        event: RunEvent,
+        expected_seq: int,
+        headers: dict[str, str] | None = None,
+        *,
+        after_end: bool = False,
+    ) -> int:
         c = self._contention
         if isinstance(event, PLANNED) and not self._gated:
             self._gated = True
@@ -287,13 +294,13 @@ class _GatedJournal:
             with suppress(TimeoutError):  # a party that never decides must not hang the test; it fails it
                 await asyncio.wait_for(c._all_here.wait(), self._timeout_s)
             try:
-                seq = await self._journal.append(event, expected_seq, headers)
+                seq = await self._journal.append(event, expected_seq, headers, after_end=after_end)
             except RunVersionConflict:
                 c.conflicts += 1
                 raise
             c.won.append(event)
             return int(seq)
-        return int(await self._journal.append(event, expected_seq, headers))
+        return int(await self._journal.append(event, expected_seq, headers, after_end=after_end))
 
 
 @contextmanager

@@ -116,7 +116,7 @@ def test_the_asyncapi_document_has_the_3_0_structure() -> None:
     assert {m["name"] for m in doc["components"]["messages"].values()} == {
         n for names in cat.CHANNEL_MESSAGES.values() for n in names
     }
-    assert {"gateway.send.inbound", "runtime.receive.inbound", "runtime.send.run_events"} <= set(
+    assert {"gateway.send.inbound", "runtime.receive.inbound", "runtime.send.run_event"} <= set(
         doc["operations"]
     )
 

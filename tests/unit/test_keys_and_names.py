@@ -5,6 +5,8 @@ redelivery must find its run, its key's store, and its hash to compare), so the 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from crashsafe.contracts.inbound import GuestMessage
@@ -19,7 +21,7 @@ from crashsafe.contracts.streams import (
     runtime_consumers,
     stream_specs,
 )
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 
 MESSAGE = GuestMessage(event_id="evt-1", session_id="s-1", guest_id="g-1", text="hi")
 
@@ -99,7 +101,7 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
     assert ns.support("acme", run) == f"stayhub.support.acme.{run}"
     assert (ns.inbound(run), ns.run_events(run), ns.outcomes("payment", run), ns.wakes(run)) == (
         f"stayhub.inbound.{run}",
-        f"stayhub.run.{run}",
+        f"stayhub.run.{run}.*",
         f"stayhub.outcome.payment.{run}",
         f"stayhub.outcome._wake.{run}",
     )
@@ -110,6 +112,20 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
     assert ns.outcome_source(f"stayhub.outcome.{run}") is None
     assert ns.outcome_source(f"stayhub.outcome.payment.{run}.x") is None
     assert ns.outcome_source(f"other.outcome.payment.{run}") is None
+    # A run's journal: a subject per event class, one filter across them (its version is checked on it).
+    assert (ns.run_event(run, EventClass.STEP), ns.run_event(run, EventClass.MILESTONE)) == (
+        f"stayhub.run.{run}.step",
+        f"stayhub.run.{run}.milestone",
+    )
+    assert (ns.run_events_all, ns.run_milestones_all) == ("stayhub.run.*.*", "stayhub.run.*.milestone")
+    assert ns.journal_run(f"stayhub.run.{run}.milestone") == run
+    for stranger in (
+        f"stayhub.run.{run}",
+        f"stayhub.run.{run}.other",
+        f"other.run.{run}.step",
+        "stayhub.run..step",
+    ):
+        assert ns.journal_run(stranger) is None
     assert ns.actions_for_key("payment", "run_x:3", 4) == "stayhub.action.payment.0"
     assert ns.actions_for_key("payment", "run_x:2", 4) == "stayhub.action.payment.3"
     assert Namespace().name == "crashsafe"
@@ -118,7 +134,8 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
 @pytest.mark.parametrize("token", ["*", ">", "run.x", "run x", ""])
 def test_a_run_id_that_is_not_a_literal_token_never_reaches_a_subject(token: str) -> None:
     ns = Namespace()
-    for subject in (ns.inbound, ns.run_events, ns.wakes, lambda run: ns.outcomes("payment", run)):
+    steps = partial(ns.run_event, kind=EventClass.STEP)
+    for subject in (ns.inbound, ns.run_events, steps, ns.wakes, lambda run: ns.outcomes("payment", run)):
         with pytest.raises(ValueError):
             subject(token)
 
@@ -149,7 +166,7 @@ def test_the_streams_of_a_namespace() -> None:
             discard_new_per_subject=True,
             replicas=3,
         ),
-        StreamSpec(name="STAYHUB_RUNS", subjects=("stayhub.run.*",), replicas=3),
+        StreamSpec(name="STAYHUB_RUNS", subjects=("stayhub.run.*.*",), replicas=3),
         StreamSpec(
             name="STAYHUB_ACTIONS",
             subjects=("stayhub.action.>",),
@@ -228,13 +245,13 @@ def test_the_durable_consumers_a_deploy_resumes() -> None:
     assert (payment.pull, payment.deliver_subject, payment.pull_expires_s) == (True, None, 2.0)
     assert executor_consumer(ns, "payment", 2, lease_s=1).pull_expires_s == 0.5
 
-    # The projector's planner reads every run journal; each projection tool has its own pulled durable, whose
+    # The projector's planner is sent only the runs' milestones, never a step; each projection tool has its own pulled durable, whose
     # worker decides when a task is dead (the server's max_deliver is only a backstop).
     planner = projector_planner_consumer(ns, ack_wait_s=1.0)
     assert (planner.stream, planner.durable, planner.filter_subject, planner.pull) == (
         "STAYHUB_RUNS",
         "projector_planner",
-        "stayhub.run.*",
+        "stayhub.run.*.milestone",
         True,
     )
     email = projection_consumer(ns, "send_confirmation_email", ack_wait_s=1.0)

@@ -1,0 +1,111 @@
+"""Upgrading a deployment whose journals are on the old layout (one subject per run): `crashsafe infra apply`
+copies every run onto its event classes' subjects, in order, exactly once, and the projector's planner does not
+plan the upgraded runs again."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from crashsafe.contracts.run_events import (
+    Budget,
+    ModelAnswered,
+    RunCompleted,
+    RunEvent,
+    RunNudged,
+    RunStarted,
+    event_encoder,
+)
+from crashsafe.contracts.streams import projector_planner_consumer, stream_specs
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
+from crashsafe.services.operations.journal_layout import LayoutMigration, migrate_journals
+from crashsafe.services.operations.nats_setup import declare_streams
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_journal import RunJournal
+
+
+def _run(now: datetime, *, ended: bool) -> list[RunEvent]:
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    events: list[RunEvent] = [
+        RunStarted(
+            run_id=run_id,
+            at=now,
+            agent="booking",
+            session_id="s",
+            guest_id="g",
+            event_id="e",
+            idempotency_key="e",
+            input_hash="0" * 64,
+            text="hello",
+            budget=Budget(),
+            deadline_at=now + timedelta(seconds=90),
+        ),
+        ModelAnswered(run_id=run_id, at=now, step_no=1, model="m", response_id="r1", reply="thinking"),
+    ]
+    if ended:
+        events.append(RunCompleted(run_id=run_id, at=now, reply="done"))
+        events.append(RunNudged(run_id=run_id, at=now, by="operator", reason="after its end"))
+    return events
+
+
+async def _old_layout(broker: Broker, ns: Namespace, journals: list[list[RunEvent]]) -> None:
+    """The namespace as the previous version left it: RUNS on `<ns>.run.*`, each journal on its run's subject, and
+    the projector's planner on every event."""
+    runs = next(s for s in stream_specs(ns) if s.name == ns.stream(StreamKind.RUNS))
+    await broker.ensure_stream(replace(runs, subjects=(ns.legacy_run_events_all,)))
+    for events in journals:
+        seq = 0
+        for event in events:
+            subject = f"{ns.name}.run.{event.run_id}"
+            headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+            seq = (
+                await broker.publish(
+                    subject, event_encoder.encode(event), expected_subject_seq=seq, headers=headers
+                )
+            ).seq
+    await broker.publish(f"{ns.name}.run.h$x", b"not a run's subject")
+    planner = replace(projector_planner_consumer(ns), filter_subject=ns.legacy_run_events_all)
+    await broker.ensure_consumer(planner)
+
+
+async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_starts_after_them(
+    broker: Broker, namespace: Namespace
+) -> None:
+    now = datetime.now(UTC)
+    ended, going = _run(now, ended=True), _run(now, ended=False)
+    await _old_layout(broker, namespace, [ended, going])
+    stream = namespace.stream(StreamKind.RUNS)
+    # A copy interrupted after the ended run's first event: the next one finishes it without a second copy.
+    await broker.ensure_stream(
+        replace(
+            next(s for s in stream_specs(namespace) if s.name == stream),
+            subjects=(namespace.legacy_run_events_all, namespace.run_events_all),
+        )
+    )
+    await RunJournal(broker, namespace).append(ended[0], 0)
+
+    assert await migrate_journals(broker, namespace) == LayoutMigration(runs=2, events=5, skipped=1)
+    await declare_streams(broker, namespace, 1)  # as `crashsafe infra apply` goes on: nothing left to copy
+
+    journal = RunJournal(broker, namespace)
+    for events in (ended, going):
+        read, _ = await journal.read(events[0].run_id)
+        assert read == events
+    stored = await broker.read_subject(stream, namespace.run_events(ended[0].run_id))
+    assert [m.subject.rsplit(".", 1)[-1] for m in stored] == ["step", "step", "milestone", "milestone"]
+    assert all(m.headers.get("traceparent", "").startswith("00-111") for m in stored[1:])
+    # The old layout is gone: the stream takes the new subjects only, and no old subject holds a message.
+    assert await broker.stream_subjects(stream) == [namespace.run_events_all]
+    assert await broker.last_on_each_subject(stream, namespace.legacy_run_events_all) == []
+    # The planner is sent nothing of the copies, and milestones from here on.
+    planner = projector_planner_consumer(namespace)
+    assert await broker.consumer_pending(stream, planner.durable) == 0
+    # A run that was going on goes on where it was.
+    _, seq = await journal.read(going[0].run_id)
+    await journal.append(RunCompleted(run_id=going[0].run_id, at=now, reply="done"), seq)
+    assert await broker.consumer_pending(stream, planner.durable) == 1
+    # Nothing left to do the second time.
+    assert await migrate_journals(broker, namespace) == LayoutMigration()
+    last = await broker.last_on_subject(stream, namespace.run_events(going[0].run_id))
+    assert last is not None and last.subject == namespace.run_event(going[0].run_id, EventClass.MILESTONE)
