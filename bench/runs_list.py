@@ -24,7 +24,7 @@ from crashsafe.contracts.run_events import (
     ToolCall,
     event_encoder,
 )
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.natsd import NatsServer
@@ -122,7 +122,7 @@ async def measure(url: str, runs: int, repeat: int) -> None:
 
         async def append(i: int) -> None:
             for event in journal(i):
-                await broker.publish(ns.run_events(event.run_id), event_encoder.encode(event))
+                await broker.publish(ns.run_event(event.run_id, EventClass.STEP), event_encoder.encode(event))
 
         for start in range(0, runs, 100):
             await asyncio.gather(*(append(i) for i in range(start, min(start + 100, runs))))

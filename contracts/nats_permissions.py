@@ -20,7 +20,13 @@ from crashsafe.contracts.streams import (
     runtime_consumers,
     timers_consumer,
 )
-from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, WAKE_TOKEN, Namespace, StreamKind
+from crashsafe.contracts.subjects import (
+    DEFAULT_ACTION_PARTITIONS,
+    WAKE_TOKEN,
+    EventClass,
+    Namespace,
+    StreamKind,
+)
 
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
 CLIENTS = "clients"
@@ -193,7 +199,7 @@ def users(
     runtime = _user(
         Role.RUNTIME,
         [
-            f"{n}.run.*.*",  # only the runtime appends to run journals
+            *(f"{n}.run.*.{kind.value}" for kind in EventClass),  # only the runtime appends to journals
             *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act
             f"{n}.dead.runtime",
             wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it

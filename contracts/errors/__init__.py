@@ -48,6 +48,7 @@ from crashsafe.contracts.errors.infrastructure_faults import (
     RunVersionConflict,
     StreamMissing,
     SubjectFull,
+    UpgradeBlocked,
 )
 from crashsafe.contracts.errors.trust_refusals import (
     CapabilityRefused,
@@ -90,6 +91,7 @@ __all__ = [
     "RunVersionConflict",
     "SessionOfAnotherGuest",
     "StreamMissing",
+    "UpgradeBlocked",
     "SubjectFull",
     "TooManyActiveRuns",
     "TurnLimitReached",

@@ -80,6 +80,8 @@ class ErrorCode(StrEnum):
     # messages waiting to be read (429, Retry-After).
     TURN_LIMIT_REACHED = "turn_limit_reached"
     RUN_INBOX_FULL = "run_inbox_full"
+    # `crashsafe infra apply` would copy journals onto a new layout while services still write the old one.
+    UPGRADE_BLOCKED = "upgrade_blocked"
 
 
 class RetryClass(StrEnum):

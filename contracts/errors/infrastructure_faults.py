@@ -47,6 +47,23 @@ class BrokerUnavailable(CrashsafeError):
     url: str | None = None
 
 
+class UpgradeBlocked(CrashsafeError):
+    """A migration of the namespace's streams refused while services still pull from them: nothing was changed."""
+
+    code = ErrorCode.UPGRADE_BLOCKED
+    retry = RetryClass.RETRY_LATER
+
+    stream: str
+    consumers: list[str]
+
+    def explain(self) -> str:
+        return (
+            f"{', '.join(self.consumers)} on {self.stream} still have services pulling: an older runtime would append"
+            " to the journal layout being copied away. Stop the runtimes and projectors (scale them to 0), run"
+            " `crashsafe infra apply` again, then start this version's services"
+        )
+
+
 class StreamMissing(CrashsafeError):
     """A stream or bucket a service needs was never provisioned; services do not create streams."""
 

@@ -1,11 +1,13 @@
 """Journals written before event classes (one subject per run, `<ns>.run.<run_id>`) copied onto their classes'
 subjects by `crashsafe infra apply`, so every reader of this version reads every run it ever had.
 
-Run with the runtimes stopped (an older runtime appends to the old subject, which the stream no longer takes once
-this ends). Each run is copied in order with its version checked across its new subjects, and only past what an
-earlier, interrupted copy already wrote: running it again finishes the job and copies nothing twice. The old
-subjects are purged only once every run is copied, and the projector's planner is started after the copies, so
-no run that ended before the upgrade plans its email again (the reconciler still finds one that was missed)."""
+It refuses (UpgradeBlocked) while a runtime or projector still pulls: an older runtime appends to the old subject
+and a run copied before its last append would lose it. Each run is copied in order with its version checked
+across its new subjects, and only past what an earlier, interrupted copy already wrote: running it again finishes
+the job and copies nothing twice. A run's old subject is purged once its copy is whole (a subject that names no
+run is left as it was). The projector's planner durable is made to start after the copies, so no run that ended
+before the upgrade plans its email again (the reconciler still finds one whose plan was missed); the reconciler
+reads the copies by their events' own times."""
 
 from __future__ import annotations
 
@@ -14,8 +16,14 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
+from crashsafe.contracts.errors import UpgradeBlocked
 from crashsafe.contracts.run_events import RUN_ENDS, event_class
-from crashsafe.contracts.streams import StreamSpec, projector_planner_consumer, stream_specs
+from crashsafe.contracts.streams import (
+    StreamSpec,
+    projector_planner_consumer,
+    runtime_consumers,
+    stream_specs,
+)
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.services.platform.jetstream import Broker
 
@@ -24,6 +32,11 @@ log = logging.getLogger("crashsafe.operations")
 # The server's own headers (an old append's version check and dedup id, a direct get's sequence and time) stay
 # behind: the copy makes its own. The trace context and the after-the-end mark travel with the event.
 _SERVERS = "Nats-"
+
+
+def _pulled_by_writers(ns: Namespace) -> list[tuple[str, str]]:
+    """The durables a live runtime or projector pulls from: a process pulling there may write the old layout."""
+    return [(c.stream, c.durable) for c in (*runtime_consumers(ns), projector_planner_consumer(ns))]
 
 
 class _Envelope(msgspec.Struct):
@@ -57,6 +70,9 @@ async def migrate_journals(broker: Broker, ns: Namespace, replicas: int = 1) -> 
     subjects = await broker.stream_subjects(runs_spec.name)
     if subjects is None or legacy not in subjects:
         return LayoutMigration()
+    live = [f"{s}/{d}" for s, d in _pulled_by_writers(ns) if await broker.consumer_pullers(s, d)]
+    if live:
+        raise UpgradeBlocked(stream=runs_spec.name, consumers=live)
     # Both layouts while the copy runs; the provisioning that follows leaves the new one alone.
     await broker.ensure_stream(replace(runs_spec, subjects=(legacy, *runs_spec.subjects)))
     done = LayoutMigration()
@@ -65,16 +81,16 @@ async def migrate_journals(broker: Broker, ns: Namespace, replicas: int = 1) -> 
         copied = await _copy_run(broker, ns, runs_spec, run_id)
         if copied is None:
             done = replace(done, skipped=done.skipped + 1)
-        elif copied:
-            done = replace(done, runs=done.runs + 1, events=done.events + copied)
-    if await broker.consumer_exists(runs_spec.name, ns.projector_planner_consumer):
-        await broker.start_consumer_at(
-            projector_planner_consumer(ns), await broker.stream_head(runs_spec.name) + 1
-        )
-    await broker.purge_subject(runs_spec.name, legacy)
+            continue
+        done = replace(done, runs=done.runs + 1, events=done.events + copied) if copied else done
+        await broker.purge_subject(runs_spec.name, last.subject)
+    # Made whether or not the projector ever ran: a durable it made later would start hours back by receive time,
+    # which every copy has.
+    planner = projector_planner_consumer(ns)
+    await broker.start_consumer_at(planner, await broker.stream_head(runs_spec.name) + 1)
     log.warning(
         "run journals copied onto their event classes' subjects: %d run(s), %d event(s); %d old subject(s) that"
-        " name no run left out and purged",
+        " name no run left as they were",
         done.runs,
         done.events,
         done.skipped,

@@ -130,12 +130,13 @@ class Declarations:
         """Remove every message on `subject` (a filter) from `stream`: the operator's, for a finished migration."""
         await self.js.purge_stream(stream, subject=subject)
 
-    async def consumer_exists(self, stream: str, durable: str) -> bool:
+    async def consumer_pullers(self, stream: str, durable: str) -> int:
+        """Pull requests waiting on a durable right now (0 if it does not exist): a live process pulls from it."""
         try:
-            await self.js.consumer_info(stream, durable)
-            return True
+            info = await self.js.consumer_info(stream, durable)
         except nats.js.errors.NotFoundError:
-            return False
+            return 0
+        return int(info.num_waiting or 0)
 
     async def start_consumer_at(self, spec: ConsumerSpec, seq: int) -> None:
         """Make the durable anew, delivering from stream sequence `seq`: what lies before is not its work."""

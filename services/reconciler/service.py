@@ -95,10 +95,12 @@ class Reconciler:
         self._logged_counts: dict[str, int] = {}
         self._projections_logged = datetime.min.replace(tzinfo=UTC)
         self._unknown_tools: set[str] = set()
+        self._since = datetime.min.replace(tzinfo=UTC)
 
     async def start(self) -> None:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
         since = datetime.now(UTC) - timedelta(seconds=self.lookback_s)
+        self._since = since
         await self.broker.follow(
             self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since
         )
@@ -114,6 +116,8 @@ class Reconciler:
     async def _on_event(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
         event = decode_event(msg.data)
+        if event.at < self._since:
+            return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
         observe(self.work, event)
         if isinstance(event, RunCompleted | RunHandedOff):
             oldest = datetime.now(UTC) - timedelta(seconds=PLANNER_HISTORY_S)

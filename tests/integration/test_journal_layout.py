@@ -4,10 +4,15 @@ plan the upgraded runs again."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from crashsafe.contracts.errors import UpgradeBlocked
 from crashsafe.contracts.run_events import (
     Budget,
     ModelAnswered,
@@ -17,12 +22,13 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     event_encoder,
 )
-from crashsafe.contracts.streams import projector_planner_consumer, stream_specs
+from crashsafe.contracts.streams import projector_planner_consumer, runtime_consumers, stream_specs
 from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.services.operations.journal_layout import LayoutMigration, migrate_journals
 from crashsafe.services.operations.nats_setup import declare_streams
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
+from tests.support.waiting import eventually
 
 
 def _run(now: datetime, *, ended: bool) -> list[RunEvent]:
@@ -49,7 +55,9 @@ def _run(now: datetime, *, ended: bool) -> list[RunEvent]:
     return events
 
 
-async def _old_layout(broker: Broker, ns: Namespace, journals: list[list[RunEvent]]) -> None:
+async def _old_layout(
+    broker: Broker, ns: Namespace, journals: list[list[RunEvent]], *, planner: bool = True
+) -> None:
     """The namespace as the previous version left it: RUNS on `<ns>.run.*`, each journal on its run's subject, and
     the projector's planner on every event."""
     runs = next(s for s in stream_specs(ns) if s.name == ns.stream(StreamKind.RUNS))
@@ -65,8 +73,9 @@ async def _old_layout(broker: Broker, ns: Namespace, journals: list[list[RunEven
                 )
             ).seq
     await broker.publish(f"{ns.name}.run.h$x", b"not a run's subject")
-    planner = replace(projector_planner_consumer(ns), filter_subject=ns.legacy_run_events_all)
-    await broker.ensure_consumer(planner)
+    if planner:
+        old = replace(projector_planner_consumer(ns), filter_subject=ns.legacy_run_events_all)
+        await broker.ensure_consumer(old)
 
 
 async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_starts_after_them(
@@ -95,9 +104,11 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
     stored = await broker.read_subject(stream, namespace.run_events(ended[0].run_id))
     assert [m.subject.rsplit(".", 1)[-1] for m in stored] == ["step", "step", "milestone", "milestone"]
     assert all(m.headers.get("traceparent", "").startswith("00-111") for m in stored[1:])
-    # The old layout is gone: the stream takes the new subjects only, and no old subject holds a message.
+    # The old layout is gone: the stream takes the new subjects only, and no run's old subject holds a message
+    # (the one that names no run is left as it was).
     assert await broker.stream_subjects(stream) == [namespace.run_events_all]
-    assert await broker.last_on_each_subject(stream, namespace.legacy_run_events_all) == []
+    kept = await broker.last_on_each_subject(stream, namespace.legacy_run_events_all)
+    assert [m.subject for m in kept] == [f"{namespace.name}.run.h$x"]
     # The planner is sent nothing of the copies, and milestones from here on.
     planner = projector_planner_consumer(namespace)
     assert await broker.consumer_pending(stream, planner.durable) == 0
@@ -109,3 +120,41 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
     assert await migrate_journals(broker, namespace) == LayoutMigration()
     last = await broker.last_on_subject(stream, namespace.run_events(going[0].run_id))
     assert last is not None and last.subject == namespace.run_event(going[0].run_id, EventClass.MILESTONE)
+
+
+async def test_an_upgrade_is_refused_while_a_runtime_pulls_and_makes_the_planner_when_none_existed(
+    broker: Broker, namespace: Namespace
+) -> None:
+    now = datetime.now(UTC)
+    ended = _run(now, ended=True)
+    await _old_layout(broker, namespace, [ended], planner=False)
+    stream = namespace.stream(StreamKind.RUNS)
+    inbound = runtime_consumers(namespace)[0]
+    await broker.ensure_stream(next(s for s in stream_specs(namespace) if s.name == inbound.stream))
+    await broker.ensure_consumer(inbound)
+    # An older runtime still pulling: it would append to the old layout behind the copy.
+    pulling = await broker.js.pull_subscribe_bind(inbound.durable, inbound.stream)
+    waiting = asyncio.create_task(pulling.fetch(1, timeout=30))
+    await eventually(
+        lambda: broker.consumer_pullers(inbound.stream, inbound.durable), what="the old runtime pulls"
+    )
+    with pytest.raises(UpgradeBlocked) as refused:
+        await migrate_journals(broker, namespace)
+    assert refused.value.consumers == [f"{inbound.stream}/{inbound.durable}"]
+    assert await broker.stream_subjects(stream) == [namespace.legacy_run_events_all]  # nothing changed
+    waiting.cancel()
+    await pulling.unsubscribe()
+    await eventually(
+        lambda: _not(broker.consumer_pullers(inbound.stream, inbound.durable)), what="the old runtime stopped"
+    )
+
+    assert await migrate_journals(broker, namespace) == LayoutMigration(runs=1, events=4, skipped=1)
+    # No projector had ever run: its planner is made after the copies all the same, never hours back by time.
+    assert await broker.consumer_pending(stream, projector_planner_consumer(namespace).durable) == 0
+    # The subject that names no run is left where it was.
+    kept = await broker.last_on_each_subject(stream, namespace.legacy_run_events_all)
+    assert [m.subject for m in kept] == [f"{namespace.name}.run.h$x"]
+
+
+async def _not(pullers: Awaitable[int]) -> bool:
+    return not await pullers

@@ -87,7 +87,7 @@ KV_KEY_FACTS = "KV_sweep_key_facts"
 def probes() -> list[Probe]:
     out = [
         Probe("publish", "inbound event", NS.inbound("r1")),
-        Probe("publish", "run journal append", NS.run_events("r1")),
+        Probe("publish", "run journal append", NS.run_event("r1", EventClass.STEP)),
         *(Probe("publish", f"action request: {f}", f"sweep.action.{f}.0") for f in FAMILIES),
         *(Probe("publish", f"outcome: {f}", f"sweep.outcome.{f}.r1") for f in FAMILIES),
         Probe("publish", "wake a run", "sweep.outcome._wake.r1"),
