@@ -88,6 +88,9 @@ def probes() -> list[Probe]:
     out = [
         Probe("publish", "inbound event", NS.inbound("r1")),
         Probe("publish", "run journal append", NS.run_event("r1", EventClass.STEP)),
+        Probe("publish", "run journal milestone", NS.run_event("r1", EventClass.MILESTONE)),
+        # A subject beside the classes' would be folded into the run by every reader of `run.<id>.*`.
+        Probe("publish", "run journal, no class", NS.run_event("r1", "other")),
         *(Probe("publish", f"action request: {f}", f"sweep.action.{f}.0") for f in FAMILIES),
         *(Probe("publish", f"outcome: {f}", f"sweep.outcome.{f}.r1") for f in FAMILIES),
         Probe("publish", "wake a run", "sweep.outcome._wake.r1"),
@@ -264,7 +267,13 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {f"ask a provider view: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {KV_PROJECTIONS}"}  # the console shows a run's projection receipts
     elif role is Role.RUNTIME:
-        allowed = {"run journal append", "dead letter: runtime", "KV active: `guest.t1.h`", f"info {RUNS}"}
+        allowed = {
+            "run journal append",
+            "run journal milestone",
+            "dead letter: runtime",
+            "KV active: `guest.t1.h`",
+            f"info {RUNS}",
+        }
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {"support ticket"}  # a handed-off run's ticket
         allowed |= {f"action request: {f}" for f in FAMILIES}
