@@ -5,33 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
+import msgspec
 import pytest
 
 from crashsafe.contracts.errors import ErrorCode, RetryClass, RunVersionConflict
-from crashsafe.contracts.run_events import Budget, ModelAnswered, RunCompleted, RunStarted
+from crashsafe.contracts.run_events import ModelAnswered, RunCompleted, RunStarted
 from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support.broker import ensure_streams
+from tests.support.runs import started
 
 
 def _started(run_id: str, now: datetime) -> RunStarted:
-    return RunStarted(
-        run_id=run_id,
-        at=now,
-        agent="booking",
-        session_id="s",
-        guest_id="g",
-        event_id="e",
-        idempotency_key="e",
-        input_hash="0" * 64,
-        text="hello",
-        budget=Budget(),
-        deadline_at=now + timedelta(seconds=90),
-    )
+    return msgspec.structs.replace(started(at=now), run_id=run_id)
 
 
 async def test_appends_at_the_same_version_one_wins(broker: Broker, namespace: Namespace) -> None:

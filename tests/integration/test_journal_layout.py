@@ -8,18 +8,17 @@ import asyncio
 import uuid
 from collections.abc import Awaitable
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
+import msgspec
 import pytest
 
 from crashsafe.contracts.errors import UpgradeBlocked
 from crashsafe.contracts.run_events import (
-    Budget,
     ModelAnswered,
     RunCompleted,
     RunEvent,
     RunNudged,
-    RunStarted,
     event_encoder,
 )
 from crashsafe.contracts.streams import projector_planner_consumer, runtime_consumers, stream_specs
@@ -28,25 +27,14 @@ from crashsafe.services.operations.journal_layout import LayoutMigration, migrat
 from crashsafe.services.operations.nats_setup import declare_streams
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
+from tests.support.runs import started
 from tests.support.waiting import eventually
 
 
 def _run(now: datetime, *, ended: bool) -> list[RunEvent]:
     run_id = "run_" + uuid.uuid4().hex[:24]
     events: list[RunEvent] = [
-        RunStarted(
-            run_id=run_id,
-            at=now,
-            agent="booking",
-            session_id="s",
-            guest_id="g",
-            event_id="e",
-            idempotency_key="e",
-            input_hash="0" * 64,
-            text="hello",
-            budget=Budget(),
-            deadline_at=now + timedelta(seconds=90),
-        ),
+        msgspec.structs.replace(started(at=now), run_id=run_id),
         ModelAnswered(run_id=run_id, at=now, step_no=1, model="m", response_id="r1", reply="thinking"),
     ]
     if ended:
