@@ -7,12 +7,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import aiosqlite
 import msgspec
 
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus, tool_encoder
 from crashsafe.domain.execution import Record
 from crashsafe.domain.partition_ownership import inherited
+from crashsafe.services.executor import store_connection
+from crashsafe.services.executor.store_connection import StoreConnection
 
 # Rows with an intent and no settled receipt, and rows with one, as SQL literals: the partial index below and the
 # queries that should use it must spell the same condition (SQLite proves the match on the text, not on bound
@@ -59,9 +60,7 @@ _request_decoder = msgspec.json.Decoder(ActionRequest)
 class ActionStore:
     """Key -> (input hash, status, receipt). Written only by the executor that owns the key's partition."""
 
-    def __init__(
-        self, db: aiosqlite.Connection, path: Path, store_id: str, takeover_at: float | None
-    ) -> None:
+    def __init__(self, db: StoreConnection, path: Path, store_id: str, takeover_at: float | None) -> None:
         self._db = db
         self.path = path
         self.store_id = store_id
@@ -75,7 +74,7 @@ class ActionStore:
     @classmethod
     async def open(cls, path: Path, synchronous: str = "NORMAL") -> ActionStore:
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = await aiosqlite.connect(path, isolation_level=None)
+        db = await store_connection.connect(path, synchronous)
         # WAL + NORMAL survives any process kill (what we test); FULL also survives power loss, at an fsync a commit.
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute(f"PRAGMA synchronous={synchronous}")

@@ -428,9 +428,10 @@ async def test_the_intent_is_committed_before_the_provider_is_called(harness: Ha
     assert (await harness.world.ledger())["counts"]["booking"] == 1
 
 
-async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])  # on the event loop; in aiosqlite's thread
+async def test_action_store_keeps_intents_and_receipts(tmp_path: Path, synchronous: str) -> None:
     path = tmp_path / "store.sqlite3"
-    store = await ActionStore.open(path)
+    store = await ActionStore.open(path, synchronous)
     now = datetime.now(UTC)
     request = ActionRequest(
         run_id="run_a",
@@ -481,7 +482,7 @@ async def test_action_store_keeps_intents_and_receipts(tmp_path: Path) -> None:
     finally:
         await store.close()
 
-    reopened = await ActionStore.open(path)  # durable across a restart
+    reopened = await ActionStore.open(path, synchronous)  # durable across a restart
     try:
         record = await reopened.get(request.key)
         assert record is not None and (record.status, record.attempts, record.outcome) == (
