@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import httpx
 import msgspec
 import pytest
@@ -38,6 +39,7 @@ from crashsafe.contracts.tool_messages import (
 )
 from crashsafe.domain.key_facts import attempted, first_asked
 from crashsafe.natsd import NatsServer
+from crashsafe.services.executor import store_connection
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.service import Executor, OutcomeStillUnknown
 from crashsafe.services.executor.store import ActionStore
@@ -954,3 +956,15 @@ async def test_a_hold_whose_release_began_on_the_previous_store_is_not_replayed_
             await inprocess.deliver(taking_over, second, 1)
     assert [o for o in harness.outcomes if o.run_id == second.run_id] == []  # never "held"
     assert (await harness.world.ledger())["counts"]["booking"] == 1
+
+
+async def test_a_store_whose_commits_fsync_keeps_them_off_the_event_loop(tmp_path: Path) -> None:
+    """`synchronous=FULL` waits for the disk at every commit: that store talks to SQLite from aiosqlite's thread, so
+    a slow disk never stops the loop's heartbeats and lease renewals; only `NORMAL` (no wait) runs on the loop."""
+    full = await store_connection.connect(tmp_path / "full.sqlite3", "FULL")
+    normal = await store_connection.connect(tmp_path / "normal.sqlite3", "NORMAL")
+    try:
+        assert isinstance(full, aiosqlite.Connection) and isinstance(normal, store_connection.OnTheLoop)
+    finally:
+        await full.close()
+        await normal.close()

@@ -8,7 +8,8 @@ import asyncio
 import uuid
 from collections.abc import Awaitable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -23,10 +24,12 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.streams import projector_planner_consumer, runtime_consumers, stream_specs
 from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
+from crashsafe.natsd import NatsServer
 from crashsafe.services.operations.journal_layout import LayoutMigration, migrate_journals
 from crashsafe.services.operations.nats_setup import declare_streams
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
+from tests.support import inprocess
 from tests.support.runs import started
 from tests.support.waiting import eventually
 
@@ -146,3 +149,19 @@ async def test_an_upgrade_is_refused_while_a_runtime_pulls_and_makes_the_planner
 
 async def _not(pullers: Awaitable[int]) -> bool:
     return not await pullers
+
+
+async def test_a_reconciler_after_the_upgrade_follows_only_runs_written_within_its_look_back(
+    broker: Broker, namespace: Namespace, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The copies are stored now, so the reconciler's follow-by-receive-time sees the whole history: a run that
+    stalled a year ago must not be woken, re-ticketed or asked about because an upgrade copied it."""
+    year_ago = datetime.now(UTC) - timedelta(days=365)
+    old, recent = _run(year_ago, ended=False), _run(datetime.now(UTC), ended=False)
+    await _old_layout(broker, namespace, [old, recent])
+    await migrate_journals(broker, namespace)
+    await declare_streams(broker, namespace, 1)
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="up")
+    async with inprocess.reconciler(settings) as reconciler:
+        await eventually(lambda: recent[0].run_id in reconciler.work.runs, what="the recent run followed")
+        assert old[0].run_id not in reconciler.work.runs
