@@ -110,6 +110,8 @@ MAY_IMPORT: dict[str, set[str]] = {
         "crashsafe.services.projector",
         "crashsafe.domain",
     },
+    # The adopter's surface: names from the contracts and the domain, re-exported; nothing with I/O.
+    "crashsafe.sdk": {"crashsafe.contracts", "crashsafe.domain", "crashsafe.sdk"},
     "crashsafe.sandbox": {"crashsafe.sandbox", "crashsafe.contracts"},
     "crashsafe": {"crashsafe.contracts", "crashsafe.services", "crashsafe.sandbox", "crashsafe"},
     # The eval suite drives the product from outside: its stack machinery, its contracts, the sandbox's ledger.
@@ -122,6 +124,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 PURE = (
     "crashsafe.contracts",
     "crashsafe.domain",
+    "crashsafe.sdk",
     "crashsafe.services.console.run_timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",

@@ -1,0 +1,79 @@
+"""The public surface an adopter's agent, tools and providers import: what is not here may change without notice."""
+
+from __future__ import annotations
+
+from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
+from crashsafe.contracts.errors import AgentFault, ErrorInfo
+from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
+from crashsafe.contracts.policy import (
+    ApprovalAbove,
+    Approver,
+    OneActiveHold,
+    RefundWithinPaid,
+    Rule,
+    StayWindow,
+    ToolsAllowed,
+    VerifiedRecipient,
+)
+from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.run_events import ArgumentLimits, Origin, ToolCall
+from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
+from crashsafe.domain.agent import Agent, Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.argument_checks import parameters_of
+from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, Verdict
+from crashsafe.domain.registry import (
+    AuditRule,
+    HttpOperation,
+    HttpRequest,
+    ProviderAnswer,
+    Registration,
+    Registry,
+    Tool,
+)
+from crashsafe.domain.run_state import RunState
+
+__all__ = [
+    "ACCOUNT_ARG",
+    "Agent",
+    "AgentConfig",
+    "AgentFault",
+    "Allow",
+    "Answer",
+    "ApprovalAbove",
+    "Approver",
+    "ArgumentLimits",
+    "AuditRule",
+    "Compensation",
+    "CompensationKind",
+    "Deny",
+    "Effect",
+    "ErrorInfo",
+    "Hold",
+    "HttpOperation",
+    "HttpRequest",
+    "KeyRule",
+    "ModelApi",
+    "ModelRoute",
+    "OneActiveHold",
+    "Origin",
+    "OutcomeStatus",
+    "ProjectionCall",
+    "ProviderAnswer",
+    "RefundWithinPaid",
+    "Registration",
+    "Registry",
+    "RetryPolicy",
+    "RetryRule",
+    "Rule",
+    "RunState",
+    "ScriptedStep",
+    "StayWindow",
+    "Tool",
+    "ToolCall",
+    "ToolContract",
+    "ToolsAllowed",
+    "Verdict",
+    "VerifiedRecipient",
+    "parameters_of",
+]
