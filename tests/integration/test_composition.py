@@ -10,7 +10,7 @@ from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.run_events import RunCompleted, ToolCall
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, ScriptedStep
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 from crashsafe.natsd import NatsServer
@@ -23,7 +23,7 @@ from tests.support.waiting import eventually
 STAMP = ToolContract(name="stamp", family="stamps", effect=Effect.WRITE, timeout_s=2.0, retry=RetryRule.KEYED)
 
 
-class TwoStamps:
+class TwoStamps(AgentBase):
     """A tiny agent of the test's own: two keyed `stamp` steps from a plan, then a reply."""
 
     name = "two_stamps"
@@ -44,12 +44,6 @@ class TwoStamps:
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
     ) -> dict[str, Any] | ErrorInfo:
         return {"n": int(args["n"])}
-
-    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
-        return ()
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
 
 
 async def test_a_runtime_and_an_executor_composed_with_an_agent_of_the_tests_own(

@@ -15,7 +15,7 @@ from crashsafe.contracts.policy import ApprovalAbove, Approver, OneActiveHold, S
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
 from crashsafe.contracts.tool_messages import OutcomeStatus, first_made_by
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account
 from crashsafe.domain.registry import compensation_contracts, model_contracts
 from crashsafe.domain.run_state import RunState
@@ -85,7 +85,7 @@ DEFAULT_RULES = (
 )
 
 
-class BookingAgent:
+class BookingAgent(AgentBase):
     name = "booking"
     instructions = INSTRUCTIONS
     tools = model_contracts((*TOOLS, REMEMBER_PREFERENCE))

@@ -17,7 +17,7 @@ from crashsafe.contracts.errors import ErrorCode, ErrorInfo
 from crashsafe.contracts.policy import RefundWithinPaid
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account, owns, the_guest
 from crashsafe.domain.registry import model_contracts
 from crashsafe.domain.run_state import RunState
@@ -78,7 +78,7 @@ def refunding_since_found(state: RunState, payment_id: str) -> int:
     )
 
 
-class SupportAgent:
+class SupportAgent(AgentBase):
     name = "support"
     instructions = INSTRUCTIONS
     tools = model_contracts((FIND_PAYMENTS,)) | {REFUND_PAYMENT.name: REFUND_PAYMENT.contract}
