@@ -19,7 +19,7 @@ from crashsafe.contracts.projections import RetryPolicy
 from crashsafe.contracts.run_events import ArgumentLimits, Origin, ToolCall
 from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from crashsafe.domain.agent import Agent, Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
 from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, Verdict
 from crashsafe.domain.registry import (
@@ -36,6 +36,7 @@ from crashsafe.domain.run_state import RunState
 __all__ = [
     "ACCOUNT_ARG",
     "Agent",
+    "AgentBase",
     "AgentConfig",
     "AgentFault",
     "Allow",
