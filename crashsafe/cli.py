@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -172,7 +173,9 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
         case "up":
             from crashsafe.demo import run_up
 
-            return run_up(Path(args.state_dir), args.nats_url, args.scale, args.providers)
+            return run_up(
+                Path(args.state_dir), args.nats_url, args.scale, args.providers, registry=args.registry
+            )
         case "down":
             from crashsafe.down import down
 
@@ -221,6 +224,10 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # An adopter's registry in the directory they run `crashsafe` from imports as it would with `python -m`
+    # (the console script's own folder is first on the path, not theirs); last, so nothing installed is shadowed.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         if args.command == "serve":
             sys.exit(asyncio.run(_serve(args)))

@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="no sandbox: executors and the projector talk to the providers at URL (a staging provider)",
     )
+    up.add_argument(
+        "--registry",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="the deployment's agents and tools (default: CRASHSAFE_REGISTRY, else StayHub's); one executor "
+        "starts per tool family it declares. A package in the current directory imports as with `python -m`",
+    )
 
     down = sub.add_parser("down", help="stop a stack started with `up`")
     down.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))

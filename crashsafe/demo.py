@@ -197,10 +197,19 @@ async def run_up(
     nats_url: str | None,
     scale: dict[str, int] | None = None,
     providers_url: str | None = None,
+    *,
+    registry: str | None = None,
 ) -> int:
     console = Console()
     try:
-        stack = Stack(state_dir, nats_url=nats_url, scale=scale, providers_url=providers_url, synthetic=True)
+        stack = Stack(
+            state_dir,
+            nats_url=nats_url,
+            scale=scale,
+            providers_url=providers_url,
+            synthetic=True,
+            registry=registry,
+        )
     except (ScaleError, RegistryUnusable) as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2

@@ -24,6 +24,8 @@ def write_stack_json(stack: Stack) -> None:
         # Set when `up --providers URL` runs against providers of someone else's (no sandbox process).
         "providers_url": stack.providers_url,
         "namespace": stack.namespace,
+        # The registry its services load (`up --registry`, else their environment's): operator commands follow it.
+        "registry": stack.registry or stack.service_settings().registry,
         # Where the operator's NATS credential is (a path; the secret stays in its 0600 file).
         "operator_creds": str(operator) if (operator := stack.creds_for("operator")) else None,
         "supervisor_pid": os.getpid(),
