@@ -176,6 +176,10 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
             return run_up(
                 Path(args.state_dir), args.nats_url, args.scale, args.providers, registry=args.registry
             )
+        case "new":
+            from crashsafe.new_agent_command import new_agent_command
+
+            return new_agent_command(args.name, Path(args.dir))
         case "down":
             from crashsafe.down import down
 

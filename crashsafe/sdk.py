@@ -16,7 +16,23 @@ from crashsafe.contracts.policy import (
     VerifiedRecipient,
 )
 from crashsafe.contracts.projections import RetryPolicy
-from crashsafe.contracts.run_events import ArgumentLimits, Origin, ToolCall
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
+    ArgumentLimits,
+    ModelAnswered,
+    Origin,
+    PolicyDenied,
+    RunCompleted,
+    RunEvent,
+    RunHandedOff,
+    RunStarted,
+    ToolCall,
+    ToolRejected,
+    TurnReceived,
+)
 from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
@@ -30,11 +46,15 @@ from crashsafe.domain.registry import (
     Registration,
     Registry,
     Tool,
+    compensation_contracts,
+    model_contracts,
 )
 from crashsafe.domain.run_state import RunState
 
 __all__ = [
     "ACCOUNT_ARG",
+    "ActionCompleted",
+    "ActionRequested",
     "Agent",
     "AgentBase",
     "AgentConfig",
@@ -42,6 +62,8 @@ __all__ = [
     "Allow",
     "Answer",
     "ApprovalAbove",
+    "ApprovalDecided",
+    "ApprovalRequested",
     "Approver",
     "ArgumentLimits",
     "AuditRule",
@@ -54,11 +76,13 @@ __all__ = [
     "HttpOperation",
     "HttpRequest",
     "KeyRule",
+    "ModelAnswered",
     "ModelApi",
     "ModelRoute",
     "OneActiveHold",
     "Origin",
     "OutcomeStatus",
+    "PolicyDenied",
     "ProjectionCall",
     "ProviderAnswer",
     "RefundWithinPaid",
@@ -67,14 +91,22 @@ __all__ = [
     "RetryPolicy",
     "RetryRule",
     "Rule",
+    "RunCompleted",
+    "RunEvent",
+    "RunHandedOff",
+    "RunStarted",
     "RunState",
     "ScriptedStep",
     "StayWindow",
     "Tool",
     "ToolCall",
     "ToolContract",
+    "ToolRejected",
     "ToolsAllowed",
+    "TurnReceived",
     "Verdict",
     "VerifiedRecipient",
+    "compensation_contracts",
+    "model_contracts",
     "parameters_of",
 ]
