@@ -5,6 +5,7 @@ from __future__ import annotations
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from crashsafe.contracts.errors import AgentFault, ErrorInfo
 from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
+from crashsafe.contracts.memory import GuestProfile
 from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
@@ -72,6 +73,7 @@ __all__ = [
     "Deny",
     "Effect",
     "ErrorInfo",
+    "GuestProfile",
     "Hold",
     "HttpOperation",
     "HttpRequest",

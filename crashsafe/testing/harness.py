@@ -193,6 +193,18 @@ class Conversation:
             self._add(*intake.turn(self._state, inbound, self._now))
         return self._drive()
 
+    def expire(self) -> Played:
+        """The approval the run waits for runs out (its timer fires past `expires_at`), then the run plays on."""
+        state = self._state
+        assert state is not None and state.awaiting is not None, "the run waits for no approval"
+        waiting = state.awaiting
+        self._now = max(self._now, waiting.expires_at)
+        record = approval_flow.new_record(state, waiting)
+        ran_out = approval_flow.expired(record, self._tick())
+        assert ran_out is not None
+        self._add(*_decided(ran_out, waiting, self._now))
+        return self._drive()
+
     def _tick(self) -> datetime:
         self._now += timedelta(seconds=1)
         return self._now

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from crashsafe.contracts.memory import GuestProfile
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -156,3 +157,30 @@ def test_a_bad_argument_from_the_model_is_a_typed_rejection() -> None:
     played = play(BOOKING, "Book Lisbon", model=model, tools={})
     (rejected,) = played.of(ToolRejected)
     assert rejected.error.code == "invalid_tool_arguments" and played.requested == []
+
+
+def test_an_approval_that_runs_out_releases_the_hold() -> None:
+    conversation = Conversation(BOOKING, model=MODEL, tools=answers(PAID, total_cents=180_000))
+    conversation.say("Book Lisbon 1-3 Feb")
+    played = conversation.expire()
+    (decided,) = played.of(ApprovalDecided)
+    assert (decided.decision, decided.decided_by) == ("expired", "timer")
+    assert [tool for tool, _ in played.requested][-1] == "release_booking"
+    assert "create_payment" not in [tool for tool, _ in played.requested]
+    assert played.status == "completed" and played.reply
+
+
+def test_a_manager_decides_a_corporate_guests_charge() -> None:
+    corporate = GuestProfile(guest_id="guest_1", corporate=True, manager="mgr_1")
+    asked: list[ApprovalRequested] = []
+
+    def manager(approval: ApprovalRequested) -> bool:
+        asked.append(approval)
+        return False
+
+    model = [*MODEL[:3], reply("Your manager did not approve it.")]
+    played = play(BOOKING, "Book", model=model, tools=answers(PAID), approve=manager, profile=corporate)
+    assert [a.approver for a in asked] == ["manager"]
+    (decided,) = played.of(ApprovalDecided)
+    assert (decided.decision, decided.decided_by) == ("rejected", "manager:test")
+    assert [tool for tool, _ in played.requested][-1] == "release_booking"
