@@ -220,6 +220,12 @@ class Conversation:
             assert state is not None
             now = self._tick()
             move = next_move(state, self.agent, now, self.config)
+            if next_move(state, self.agent, now, self.config) != move:
+                # What a replay would see: the same journal deciding otherwise (a clock, a random id, I/O).
+                raise AssertionError(
+                    f"agent {self.agent.name} decided two different moves from the same journal at step "
+                    f"{state.next_step}: its hooks must be pure (no clock, no randomness, no I/O)"
+                )
             match move:
                 case Append(events=events):
                     self._add(*events)

@@ -3,6 +3,7 @@ an adopter's tests play theirs; each test asserts the events the runtime would j
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -184,3 +185,15 @@ def test_a_manager_decides_a_corporate_guests_charge() -> None:
     (decided,) = played.of(ApprovalDecided)
     assert (decided.decision, decided.decided_by) == ("rejected", "manager:test")
     assert [tool for tool, _ in played.requested][-1] == "release_booking"
+
+
+def test_an_agent_that_decides_otherwise_on_a_replay_fails_the_test() -> None:
+    class Stamped(BookingAgent):
+        """Puts the wall clock into a hold: every replay would journal another hold."""
+
+        def prepare(self, state: Any, tool: Any, args: dict[str, Any]) -> Any:
+            prepared = super().prepare(state, tool, args)
+            return {**prepared, "at": time.perf_counter_ns()} if isinstance(prepared, dict) else prepared
+
+    with pytest.raises(AssertionError, match="must be pure"):
+        play(Stamped(), "Book Lisbon 1-3 Feb", model=MODEL, tools=answers(PAID))
