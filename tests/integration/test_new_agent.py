@@ -1,5 +1,5 @@
 """`crashsafe new agent NAME`: the package it writes imports as a registry, passes its own tests (pure, with
-crashsafe.testing), passes the house's ruff, and imports nothing of crashsafe but crashsafe.sdk and crashsafe.testing."""
+crashsafe.testing), passes the house's ruff and mypy --strict, and imports nothing of crashsafe but crashsafe.sdk and crashsafe.testing."""
 
 from __future__ import annotations
 
@@ -77,13 +77,23 @@ def test_the_new_package_passes_its_own_tests(tmp_path: Path) -> None:
     assert "6 passed" in done.stdout, done.stdout[-2000:]
 
 
-def test_the_new_package_passes_ruff_and_imports_only_the_public_surface(tmp_path: Path) -> None:
+def test_the_new_package_passes_ruff_and_mypy_and_imports_only_the_public_surface(tmp_path: Path) -> None:
     package = _generated(tmp_path)
     config = str(ROOT / "pyproject.toml")
     ruff = [sys.executable, "-m", "ruff"]
     for command in (["check", "--config", config, "."], ["format", "--check", "--config", config, "."]):
         done = subprocess.run([*ruff, *command], cwd=package, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
+    # Typed all the way: an adopter's mypy --strict reads crashsafe.sdk's types (py.typed) and accepts the agent.
+    typed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / ".mypy"), "desks"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert typed.returncode == 0, typed.stdout + typed.stderr
     imported: set[str] = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
