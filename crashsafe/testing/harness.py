@@ -164,6 +164,11 @@ class Conversation:
 
     def say(self, text: str) -> Played:
         """The guest's message (the run's first, or its next turn), then the run played until it waits or ends."""
+        if self._state is not None and self._state.terminal:
+            raise AssertionError(
+                f"the run ended ({self._state.status}): a further message starts a run of its own (a new "
+                "Conversation, given the ended one's turn as `history`)"
+            )
         guest_id, session_id, tenant = self._guest
         self._said += 1
         event_id = f"evt_{self._said}"

@@ -197,3 +197,10 @@ def test_an_agent_that_decides_otherwise_on_a_replay_fails_the_test() -> None:
 
     with pytest.raises(AssertionError, match="must be pure"):
         play(Stamped(), "Book Lisbon 1-3 Feb", model=MODEL, tools=answers(PAID))
+
+
+def test_a_message_after_the_end_is_not_a_turn_of_the_ended_run() -> None:
+    conversation = Conversation(BOOKING, model=MODEL, tools=answers(PAID))
+    assert conversation.say("Book Lisbon 1-3 Feb").status == "completed"
+    with pytest.raises(AssertionError, match="starts a run of its own"):
+        conversation.say("and another")
