@@ -311,9 +311,6 @@ class Namespace:
     def guest_active_key(self, tenant: str, guest_id: str) -> str:
         return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
 
-    def session_active_key(self, tenant: str, session_id: str) -> str:
-        return f"session.{_literal(tenant)}.{_digest(session_id)}"
-
     # Guest profiles (verified address, remembered preferences): the operator sets the address, the memory
     # executor writes preferences, the runtime reads a profile when a run starts.
     @property

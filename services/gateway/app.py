@@ -124,7 +124,6 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
                     state.caps,
                     tenant=client.tenant,
                     guest_id=message.guest_id,
-                    session_id=message.session_id,
                     run_id=admission.run_id,
                     until=entry_deadline(received_at),
                 )
@@ -302,7 +301,7 @@ def build_app(settings: Settings, registry: Registry, mounted: Sequence[Router] 
         )
         keys = ClientKeys(broker, ns, settings.stream_replicas)
         app.state.door = Door(keys, settings)
-        app.state.caps = Caps(settings.active_runs_per_guest, settings.active_runs_per_session)
+        app.state.caps = Caps(settings.active_runs_per_guest)
         app.state.turn_caps = TurnCaps(settings.turns_per_run, settings.run_inbox)
         app.state.broker = broker
         app.state.sessions = SessionRecords(broker, ns)
