@@ -43,7 +43,7 @@ class Header(StrEnum):
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
     # The provider account a call acts in: the run's tenant (`RunState.account`), so one tenant's call never finds
-    # another's guests, bookings or payments at the provider.
+    # another's guests, reservations or payments at the provider.
     PROVIDER_ACCOUNT = "Provider-Account"
     AUTHORIZATION = "Authorization"
     RETRY_AFTER = "Retry-After"

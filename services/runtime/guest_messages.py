@@ -218,6 +218,7 @@ class GuestMessages:
         record as this message's own lane move read it, if it did."""
         run = self.runs.get(event.run_id)
         if run is None:
+            event = intake.addressed(event, self.registry.default_agent)
             if event.agent not in self.registry.agents:
                 raise PoisonMessage(f"inbound event names unknown agent {event.agent!r}", run_id=event.run_id)
             revision, config = self.catalog.current(event.agent)
