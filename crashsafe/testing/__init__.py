@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
-from crashsafe.testing.scripted import Call, Conversation, Reply, Say, Script, ToolResult, respond, serve
+from crashsafe.testing.scripted import (
+    Call,
+    ModelTurn,
+    Say,
+    Script,
+    ToolResult,
+    Transcript,
+    respond,
+    serve,
+    step,
+)
 
-__all__ = ["Call", "Conversation", "Reply", "Say", "Script", "ToolResult", "respond", "serve"]
+__all__ = ["Call", "ModelTurn", "Say", "Script", "ToolResult", "Transcript", "respond", "serve", "step"]

@@ -1,12 +1,13 @@
 """A scripted model for an adopter's own agent: a plain function over the conversation, answered on the OpenAI
 Responses protocol the runtime's model port speaks, so tests and evals replay the same answers byte for byte.
 
-    def script(conversation: Conversation) -> Reply:
-        if not conversation.results:
+    def script(transcript: Transcript) -> ModelTurn:
+        if not transcript.results:
             return Call("find_desks", {"day": "2031-05-04"})
         return Say("Done.")
 
-`respond(script, body)` is the pure core (a Responses request body in, a Responses object out); `serve` and
+`respond(script, body)` is the pure core (a Responses request body in, a Responses object out); `step(script,
+state)` answers a folded run's transcript (the same items the runtime sends), for in-memory play; `serve` and
 `python -m crashsafe.testing MODULE:FUNCTION --port 0` put it on HTTP, for `crashsafe up --model-url`."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
+
+from crashsafe.sdk import RunState, ScriptedStep, ToolCall
 
 MODEL_NAME = "scripted"
 # A wall-clock stamp would make two answers to one input differ; the date is arbitrary.
@@ -43,7 +46,7 @@ class Call:
 
 
 # One call, several calls in one answer, or a reply.
-Reply: TypeAlias = Say | Call | tuple[Call, ...]
+ModelTurn: TypeAlias = Say | Call | tuple[Call, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +71,7 @@ class ToolResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Conversation:
+class Transcript:
     """What the model was sent, read for a script: the messages, and this turn's calls with their answers."""
 
     items: tuple[dict[str, Any], ...]
@@ -109,10 +112,10 @@ class Conversation:
         )
 
 
-Script: TypeAlias = Callable[[Conversation], Reply]
+Script: TypeAlias = Callable[[Transcript], ModelTurn]
 
 
-def conversation(body: Mapping[str, Any]) -> Conversation:
+def transcript_of(body: Mapping[str, Any]) -> Transcript:
     """A Responses request body as the script reads it."""
     raw = body.get("input", [])
     items = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
@@ -120,12 +123,12 @@ def conversation(body: Mapping[str, Any]) -> Conversation:
     names = None
     if isinstance(tools, list):
         names = frozenset(str(t.get("name") or (t.get("function") or {}).get("name")) for t in tools)
-    return Conversation(tuple(items), names, str(body.get("instructions") or ""))
+    return Transcript(tuple(items), names, str(body.get("instructions") or ""))
 
 
 def respond(script: Script, body: Mapping[str, Any], *, model: str = MODEL_NAME) -> dict[str, Any]:
     """The complete Responses object the script's answer to `body` is. Ids derive from the input alone."""
-    talk = conversation(body)
+    talk = transcript_of(body)
     canonical = json.dumps(list(talk.items), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     seed = hashlib.sha256(canonical.encode()).hexdigest()
     step = sum(1 for item in talk.items if item.get("type") == "function_call")
@@ -170,6 +173,21 @@ def respond(script: Script, body: Mapping[str, Any], *, model: str = MODEL_NAME)
         "parallel_tool_calls": False,
         "error": None,
     }
+
+
+def step(script: Script, state: RunState) -> ScriptedStep:
+    """The script's answer to a folded run, as a model answer an in-memory play takes: the run's transcript is
+    what the runtime would send the model, so one script drives the served model and the in-memory play alike."""
+    turn = script(Transcript(state.transcript))
+    if isinstance(turn, Say):
+        return ScriptedStep(reply=turn.text)
+    calls = turn if isinstance(turn, tuple) else (turn,)
+    return ScriptedStep(
+        calls=tuple(
+            ToolCall(call_id="", name=c.name, arguments=json.dumps(dict(c.arguments), separators=(",", ":")))
+            for c in calls
+        )
+    )
 
 
 def _results(items: tuple[dict[str, Any], ...]) -> list[ToolResult | str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from crashsafe.testing import Call, Conversation, Reply, Say, ToolResult
+from crashsafe.testing import Call, ModelTurn, Say, ToolResult, Transcript
 
 CLARIFY = (
     "Which zone (quiet, open or office) and which day? e.g. 'Book a desk in the quiet zone on 2031-05-04'"
@@ -18,7 +18,7 @@ _ASKED = re.compile(r"\b(?P<zone>quiet|open|office)\b.*?\bon\s+(?P<day>\d{4}-\d{
 _CHARGE_ME = re.compile(r"\bcharge\s+me\s+(?:only\s+)?(?:EUR\s*)?(?P<euros>\d+)", re.IGNORECASE)
 
 
-def script(talk: Conversation) -> Reply:
+def script(talk: Transcript) -> ModelTurn:
     failed = next((r for r in talk.results if r.failed), None)
     if failed is not None:
         return Say(_sorry(failed))

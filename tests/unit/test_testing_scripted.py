@@ -13,7 +13,7 @@ from crashsafe.cli_arguments import build_parser
 from crashsafe.examples.cowork.desk_model import CLARIFY, script
 from crashsafe.services.runtime.model import read_response
 from crashsafe.stack_env import model_at
-from crashsafe.testing import Call, Conversation, Reply, Say, respond
+from crashsafe.testing import Call, ModelTurn, Say, Transcript, respond, step
 
 ASK = {"role": "user", "content": "Book a desk in the quiet zone on 2031-05-01"}
 
@@ -43,9 +43,9 @@ def test_the_same_conversation_gets_the_same_answer_and_another_gets_other_ids()
 
 
 def test_the_script_reads_this_turns_calls_with_their_answers_and_what_still_waits() -> None:
-    seen: list[Conversation] = []
+    seen: list[Transcript] = []
 
-    def spy(talk: Conversation) -> Reply:
+    def spy(talk: Transcript) -> ModelTurn:
         seen.append(talk)
         return (Call("a", {"x": 1}), Call("b"))
 
@@ -98,3 +98,10 @@ def test_up_takes_a_model_url_and_refuses_what_is_no_url(capsys: pytest.CaptureF
     with pytest.raises(SystemExit):
         build_parser().parse_args(["up", "--model-url", "model:9"])
     assert "--model-url wants an http(s):// base URL" in capsys.readouterr().err
+
+
+def test_one_script_answers_a_folded_runs_transcript_for_in_memory_play() -> None:
+    run = SimpleNamespace(transcript=(ASK,))
+    (call,) = step(script, run).calls  # type: ignore[arg-type]
+    assert (call.name, json.loads(call.arguments)) == ("find_desks", {"day": "2031-05-01", "zone": "quiet"})
+    assert step(script, SimpleNamespace(transcript=({"role": "user", "content": "hi"},))).reply == CLARIFY  # type: ignore[arg-type]
