@@ -1,4 +1,5 @@
-"""What an adopter's own tests and evals use: a scripted model for their agent (`crashsafe.testing.scripted`)."""
+"""What an adopter's own tests and evals use: a scripted model for their agent (`scripted`; on HTTP, `python -m
+crashsafe.testing MODULE:FUNCTION`, `model_server`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from crashsafe.testing.scripted import (
     ToolResult,
     Transcript,
     respond,
-    serve,
     step,
 )
 
-__all__ = ["Call", "ModelTurn", "Say", "Script", "ToolResult", "Transcript", "respond", "serve", "step"]
+__all__ = ["Call", "ModelTurn", "Say", "Script", "ToolResult", "Transcript", "respond", "step"]

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from crashsafe.testing.scripted import main
+from crashsafe.testing.model_server import main
 
 main()
