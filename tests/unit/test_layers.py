@@ -120,8 +120,6 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crashsafe.examples": {"crashsafe.contracts", "crashsafe.examples"},
     # An adopter's package: the public surface and the testing helpers, nothing else of the product.
     "crashsafe.examples.cowork": {"crashsafe.sdk", "crashsafe.testing", "crashsafe.examples.cowork"},
-    # What an adopter's tests use (a scripted model): the public surface and the pure core it is built on.
-    "crashsafe.testing": {"crashsafe.contracts", "crashsafe.domain", "crashsafe.sdk", "crashsafe.testing"},
 }
 
 # Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
