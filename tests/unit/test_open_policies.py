@@ -86,6 +86,7 @@ class DeskAgent:
                 "reservation_id": args["reservation_id"],
                 "amount_cents": DAY_PASS_CENTS,
                 "currency": "EUR",
+                "guest_id": state.guest_id,
             }
         return {**args, "guest_id": state.guest_id}
 
@@ -103,7 +104,8 @@ class DeskAgent:
             asked = (*state.pending, *(r for r, _ in state.completed))
             released = any(r.tool == RELEASE.name and r.args["reservation_id"] == reservation for r in asked)
             if any(d.status == OutcomeStatus.FAILED for d in charges) and not released:
-                args = {"reservation_id": reservation}
+                # The guest too, as a provider may want it: asked, not made by the provider, it names nothing undone.
+                args = {"reservation_id": reservation, "guest_id": state.guest_id}
                 undo.append(Compensation(RELEASE.name, args, req.key, CompensationKind.RELEASE))
         return tuple(undo)
 
@@ -154,7 +156,7 @@ class DeskRun:
 
     def reserved(self, day: str, reservation_id: str = "rsv_1") -> str:
         request = self.ask(RESERVE.name, {"desk_id": "d-7", "day": day})
-        self.complete(request, reservation_id=reservation_id, desk_id="d-7")
+        self.complete(request, reservation_id=reservation_id, desk_id="d-7", guest_id="guest-1")
         return reservation_id
 
 
