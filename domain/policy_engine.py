@@ -7,6 +7,7 @@ server's amount, the dates, the run's live effects and payments). Compensations 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,7 @@ from crashsafe.contracts.policy import (
 from crashsafe.contracts.run_events import Origin
 from crashsafe.contracts.tools import Effect, ToolContract
 from crashsafe.domain.agent import Agent, hook_misanswered, hook_raised
+from crashsafe.domain.catalog_check import MAX_APPROVAL_TTL_S
 from crashsafe.domain.guest_scope import owns
 from crashsafe.domain.money_rules import approval_above, payment_seen, refund_within_paid
 from crashsafe.domain.policy_upgrade import upgraded
@@ -81,7 +83,8 @@ def check_asked(
         return Deny(
             SERVER_COMPUTED_AMOUNT,
             f"{', '.join(named)} may not be named for {contract.name}: the server computes the amount from "
-            f"what is paid for; pass only its id ({', '.join(sorted(declared)) or 'no arguments'})",
+            f"what is paid for; pass only the arguments {contract.name} declares: "
+            f"{', '.join(sorted(declared)) or 'none'}",
         )
     for rule in rules:
         if isinstance(rule, RefundWithinPaid) and contract.name == rule.tool and rule.amount_field in asked:
@@ -160,7 +163,10 @@ def check_policy(
 
 
 def _policies(agent: Agent) -> tuple[PolicyRule, ...]:
-    policies = agent.policies
+    try:
+        policies = agent.policies
+    except Exception as exc:  # noqa: BLE001 -- an agent class written before the member: its fault, not a crash
+        raise hook_raised(agent, "policies", exc) from exc
     if not isinstance(policies, tuple) or not all(isinstance(p, PolicyRule) for p in policies):
         raise hook_misanswered(agent, "policies", policies, "a tuple of PolicyRule")
     return policies
@@ -178,18 +184,35 @@ def _checked(agent: Agent, policy: PolicyRule, action: PreparedAction, state: Ru
             return verdict
         case Deny(reason=str(reason)):
             return Deny(policy.name, reason)
-        case Hold(reason=str(), approver=str(), ttl_s=float() | int() as ttl) if ttl > 0:
+        case Hold(reason=str(), approver=str(), currency=str(), question=str()) if _well_formed(verdict):
             return Hold(
                 rule=policy.name,
                 reason=verdict.reason,
                 approver=verdict.approver,
-                ttl_s=float(ttl),
+                ttl_s=float(verdict.ttl_s),
                 amount_cents=verdict.amount_cents,
                 currency=verdict.currency,
                 question=verdict.question,
                 total_cents=verdict.total_cents,
             )
     raise hook_misanswered(agent, hook, verdict, "Allow(), Deny(rule, reason) or Hold(...)")
+
+
+def _cents(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _well_formed(hold: Hold) -> bool:
+    """A hold the runtime can journal and expire: a ttl within an approval's longest wait, amounts in cents."""
+    ttl = hold.ttl_s
+    return (
+        isinstance(ttl, (int, float))
+        and not isinstance(ttl, bool)
+        and math.isfinite(ttl)
+        and 0 < ttl <= MAX_APPROVAL_TTL_S
+        and _cents(hold.amount_cents)
+        and _cents(hold.total_cents)
+    )
 
 
 def _built_in(

@@ -254,7 +254,11 @@ def answers_a_string(action: PreparedAction, state: RunState) -> Any:
 
 
 def holds_forever(action: PreparedAction, state: RunState) -> Verdict:
-    return Hold(rule="x", reason="r", approver="guest", ttl_s=float("nan"))
+    return Hold(rule="x", reason="r", approver="guest", ttl_s=float("inf"))
+
+
+def holds_a_string_amount(action: PreparedAction, state: RunState) -> Verdict:
+    return Hold(rule="x", reason="r", approver="guest", ttl_s=60.0, amount_cents="25.00")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -263,8 +267,9 @@ def holds_forever(action: PreparedAction, state: RunState) -> Verdict:
         (raises, "raised KeyError"),
         (answers_a_string, "returned str, not Allow(), Deny(rule, reason) or Hold(...)"),
         (holds_forever, "returned Hold"),
+        (holds_a_string_amount, "returned Hold"),
     ],
-    ids=["raises", "not_a_verdict", "hold_without_a_ttl"],
+    ids=["raises", "not_a_verdict", "hold_forever", "hold_of_a_string_amount"],
 )
 def test_an_agents_rule_that_raises_or_misanswers_is_its_fault_and_the_run_hands_off(
     check: Any, problem: str
@@ -405,3 +410,11 @@ def test_a_rule_that_names_no_fields_and_has_nothing_to_read_them_from_is_refuse
     assert any("no tools or no start_field" in p for p in validate_catalog(catalog, Agents()))
     ok = Catalog(agents={"desk": AgentConfig(agent="desk", rules=[FIVE_DAYS_AHEAD])})
     assert validate_catalog(ok, Agents()) == []
+
+
+def test_policies_that_are_not_a_tuple_of_rules_are_the_agents_fault() -> None:
+    agent = DeskAgent()
+    agent.policies = [no_weekend_desks]  # type: ignore[list-item,assignment]
+    handed = DeskRun(agent).ask(RESERVE.name, {"desk_id": "d-7", "day": "2026-12-02"})
+    assert isinstance(handed, RunHandedOff) and handed.reason == HandOffReason.AGENT_FAULT
+    assert "policies" in handed.detail and "a tuple of PolicyRule" in handed.detail
