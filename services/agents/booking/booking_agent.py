@@ -29,6 +29,9 @@ from crashsafe.services.agents.remember_preference import (
 )
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# The agent's own refusal (`ErrorInfo.code`, open on the wire): a payment or release naming a booking this run never
+# held. The same value the runtime's ErrorCode carried before issue 20 moved it here, so clients read no change.
+UNKNOWN_BOOKING = "unknown_booking"
 
 
 INSTRUCTIONS = (
@@ -243,7 +246,7 @@ class BookingAgent:
             if result.get("booking_id") == booking_id:
                 return result
         return ErrorInfo(
-            code=ErrorCode.UNKNOWN_BOOKING.value,
+            code=UNKNOWN_BOOKING,
             message=f"booking {booking_id} was not created in this run; create_booking first",
             details={"booking_id": booking_id},
         )
