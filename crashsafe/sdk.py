@@ -8,6 +8,7 @@ from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
 from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
+    DateWindow,
     OneActiveHold,
     RefundWithinPaid,
     Rule,
@@ -21,7 +22,15 @@ from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
-from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, Verdict
+from crashsafe.domain.policy_verdicts import (
+    Allow,
+    Deny,
+    Hold,
+    PolicyRule,
+    PreparedAction,
+    Verdict,
+    default_question,
+)
 from crashsafe.domain.registry import (
     AuditRule,
     HttpOperation,
@@ -46,6 +55,7 @@ __all__ = [
     "AuditRule",
     "Compensation",
     "CompensationKind",
+    "DateWindow",
     "Deny",
     "Effect",
     "ErrorInfo",
@@ -58,6 +68,8 @@ __all__ = [
     "OneActiveHold",
     "Origin",
     "OutcomeStatus",
+    "PolicyRule",
+    "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
     "RefundWithinPaid",
@@ -75,5 +87,6 @@ __all__ = [
     "ToolsAllowed",
     "Verdict",
     "VerifiedRecipient",
+    "default_question",
     "parameters_of",
 ]

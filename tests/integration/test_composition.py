@@ -16,6 +16,7 @@ from crashsafe.contracts.run_events import RunCompleted, RunStarted, ToolCall
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 from crashsafe.natsd import NatsServer
@@ -36,6 +37,11 @@ class TwoStamps:
     tools = {STAMP.name: STAMP}
     compensation_tools: dict[str, ToolContract] = {}
     config = AgentConfig(agent="two_stamps")
+
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return default_question(state, tool, args, hold)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         done = len(state.completed)
