@@ -14,7 +14,9 @@ from crashsafe.sdk import (
     Compensation,
     CompensationKind,
     ErrorInfo,
+    Hold,
     OutcomeStatus,
+    PolicyRule,
     ProjectionCall,
     RunState,
     ScriptedStep,
@@ -29,7 +31,14 @@ INSTRUCTIONS = (
 
 # Passes above 50.00 wait for the member's "yes" (a private office is dear; a desk is not).
 APPROVAL_LIMIT_CENTS = 5_000
-RULES = (ApprovalAbove(tool="buy_day_pass", limit_cents=APPROVAL_LIMIT_CENTS, approver=Approver.GUEST.value),)
+RULES = (
+    ApprovalAbove(
+        tool="buy_day_pass",
+        limit_cents=APPROVAL_LIMIT_CENTS,
+        approver=Approver.GUEST.value,
+        for_field="reservation_id",  # the same reservation's pass asked again is not a second charge
+    ),
+)
 
 # A pass that is paid, being paid, or maybe paid: its desk is never given back.
 _MAYBE_PAID = (OutcomeStatus.SUCCEEDED, OutcomeStatus.UNKNOWN)
@@ -51,6 +60,23 @@ class CoworkAgent:
     compensation_tools = {t.name: t.contract for t in TOOLS if t.compensation_only}
     argument_types = ARGUMENT_TYPES
     config = AgentConfig(agent="cowork", rules=list(RULES))
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        """What the member is asked: the desk's day pass, its zone and day, at the provider's price."""
+        reserved = next(
+            (
+                r
+                for r in state.succeeded_results("reserve_desk")
+                if r.get("reservation_id") == args.get("reservation_id")
+            ),
+            {},
+        )
+        price = f"{args.get('currency', '')} {int(args.get('amount_cents', 0)) / 100:.2f}"
+        return (
+            f"Reply yes to pay {price} for the day pass of a desk in the {reserved.get('zone', '')} zone on "
+            f"{reserved.get('day', '')}"
+        )
 
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]

@@ -150,7 +150,9 @@ async def test_a_pass_above_the_limit_waits_for_the_members_yes(cowork: Cowork) 
     waiting = await eventually(
         lambda: _awaiting(cowork.client, run_id), what="the run to wait for the member's approval"
     )
-    assert "90.00 EUR" in waiting["reply"], waiting
+    # The agent words its own question: the desk's zone and day, at the provider's price.
+    question = "Reply yes to pay EUR 90.00 for the day pass of a desk in the office zone on 2031-05-04"
+    assert question in waiting["reply"], waiting
     assert (await cowork.ledger(member))["passes"] == []  # nothing charged while it waits
     assert await cowork.say(member, "yes", session) == run_id
     summary = await cowork.client.wait_terminal(run_id)
