@@ -174,7 +174,12 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
             from crashsafe.demo import run_up
 
             return run_up(
-                Path(args.state_dir), args.nats_url, args.scale, args.providers, registry=args.registry
+                Path(args.state_dir),
+                args.nats_url,
+                args.scale,
+                args.providers,
+                args.model_url,
+                registry=args.registry,
             )
         case "new":
             from crashsafe.new_agent_command import new_agent_command

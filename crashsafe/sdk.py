@@ -9,6 +9,7 @@ from crashsafe.contracts.memory import GuestProfile
 from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
+    DateWindow,
     OneActiveHold,
     RefundWithinPaid,
     Rule,
@@ -38,7 +39,15 @@ from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
-from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, Verdict
+from crashsafe.domain.policy_verdicts import (
+    Allow,
+    Deny,
+    Hold,
+    PolicyRule,
+    PreparedAction,
+    Verdict,
+    default_question,
+)
 from crashsafe.domain.registry import (
     AuditRule,
     HttpOperation,
@@ -70,6 +79,7 @@ __all__ = [
     "AuditRule",
     "Compensation",
     "CompensationKind",
+    "DateWindow",
     "Deny",
     "Effect",
     "ErrorInfo",
@@ -85,6 +95,8 @@ __all__ = [
     "Origin",
     "OutcomeStatus",
     "PolicyDenied",
+    "PolicyRule",
+    "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
     "RefundWithinPaid",
@@ -109,6 +121,7 @@ __all__ = [
     "Verdict",
     "VerifiedRecipient",
     "compensation_contracts",
+    "default_question",
     "model_contracts",
     "parameters_of",
 ]

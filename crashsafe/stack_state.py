@@ -23,6 +23,8 @@ def write_stack_json(stack: Stack) -> None:
         "sandbox_url": stack.sandbox_url,
         # Set when `up --providers URL` runs against providers of someone else's (no sandbox process).
         "providers_url": stack.providers_url,
+        # Set when `up --model-url URL` names the model's base URL (else the sandbox's, or OPENAI_BASE_URL).
+        "model_url": stack.model_url,
         "namespace": stack.namespace,
         # The registry its services load (`up --registry`, else their environment's): operator commands follow it.
         "registry": stack.registry or stack.service_settings().registry,

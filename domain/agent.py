@@ -14,6 +14,7 @@ from crashsafe.contracts.errors import AgentFault, ErrorInfo
 from crashsafe.contracts.keys import CompensationKind
 from crashsafe.contracts.run_events import ArgumentLimits, ToolCall
 from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.run_state import RunState
 
 
@@ -37,7 +38,7 @@ class Compensation:
 
 @dataclass(frozen=True, slots=True)
 class ProjectionCall:
-    """A projection a run's journal calls for (a paid booking's confirmation email): a projection tool and its
+    """A projection a run's journal calls for (a paid order's confirmation email): a projection tool and its
     arguments, decided by code from the journal alone. Keyed by the tool's business identity, like an action."""
 
     tool: str
@@ -70,6 +71,9 @@ class Agent(Protocol):
         class attribute holding a `dict` of the agent's own Structs satisfies it."""
         ...
 
+    # The agent's own rule types, checked after the catalog's built-in rules (`PolicyRule`; empty: none).
+    policies: tuple[PolicyRule, ...]
+
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
     ) -> dict[str, Any] | ErrorInfo:
@@ -88,21 +92,27 @@ class Agent(Protocol):
         """What the run's journal calls for beyond its own steps (planned when it ends; pure, from the journal)."""
         ...
 
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        """What the approver is asked about a held action (`policy_verdicts.default_question`: the rule's own
+        wording, else a neutral one). Pure."""
+        ...
+
 
 class AgentBase:
     """The defaults of the Agent protocol, so an agent's author writes only name, instructions, tools, config and
-    `prepare`: no argument structs, the default argument limits, no compensation tools, no compensations, no
-    script (the model decides), no projections. Plain class attributes and methods: override any of them."""
+    `prepare`: no argument structs, the default argument limits, no rules of its own, no compensation tools, no
+    compensations, no script (the model decides), no projections, the rule's own approval question (else a
+    neutral one). Plain class attributes and methods: override any of them."""
 
     name: str
     instructions: str = ""
     tools: dict[str, ToolContract]
     config: AgentConfig
-    compensation_tools: dict[
-        str, ToolContract
-    ] = {}  # read only, never changed: one shared empty dict is safe
+    # Read only, never changed: one shared empty dict is safe.
+    compensation_tools: dict[str, ToolContract] = {}
     argument_types: Mapping[str, type[msgspec.Struct]] = MappingProxyType({})
     argument_limits: ArgumentLimits = ArgumentLimits()
+    policies: tuple[PolicyRule, ...] = ()
 
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
@@ -119,6 +129,9 @@ class AgentBase:
 
     def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         return ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return default_question(state, tool, args, hold)
 
 
 def hook_raised(agent: Agent, hook: str, exc: Exception) -> AgentFault:

@@ -1,5 +1,8 @@
-"""`crashsafe.testing`: what an adopter's tests import to play their agent through the runtime's own decisions,
-purely (no broker, no network). Like `crashsafe.sdk`, the public surface: what is not here may change.
+"""`crashsafe.testing`: what an adopter's tests and evals import. Like `crashsafe.sdk`, the public surface: what is
+not here may change. Pure (no broker, no network): the scripted model's HTTP server is `crashsafe.testing.model_server`
+(`python -m crashsafe.testing MODULE:FUNCTION`), imported only when run.
+
+The harness plays an agent through the runtime's own decisions, the test playing the model and the providers:
 
     played = play(
         MyAgent(),
@@ -12,7 +15,8 @@ purely (no broker, no network). Like `crashsafe.sdk`, the public surface: what i
 
 `Conversation` plays several turns (`say`), a guest's "yes" to an approval, a manager's decision (`approve=`) and
 an approval running out (`expire`). Each move is decided twice from the same journal: an agent whose hooks are not
-pure fails the test, as its replay after a crash would decide otherwise."""
+pure fails the test, as its replay after a crash would decide otherwise. The scripted model (`Script`, `step`,
+`respond`) answers a run's transcript, the same script in memory and served on the OpenAI protocol."""
 
 from __future__ import annotations
 
@@ -31,19 +35,37 @@ from crashsafe.testing.harness import (
     reply,
     tool_call,
 )
+from crashsafe.testing.scripted import (
+    Call,
+    ModelTurn,
+    Say,
+    Script,
+    ToolResult,
+    Transcript,
+    respond,
+    step,
+)
 
 __all__ = [
     "START",
     "Approve",
+    "Call",
     "Conversation",
     "Failed",
     "ModelScript",
+    "ModelTurn",
     "Played",
+    "Say",
+    "Script",
     "ToolAnswer",
     "ToolAnswers",
+    "ToolResult",
+    "Transcript",
     "Unknown",
     "ask",
     "play",
     "reply",
+    "respond",
+    "step",
     "tool_call",
 ]

@@ -20,6 +20,7 @@ IO_LIBRARIES = {
     "litestar",
     "uvicorn",
     "httpx_aiohttp",
+    "aiohttp",
 }
 
 # Who may import whom, by the longest matching package prefix: the one rule, with no exceptions (docs/architecture.md
@@ -120,6 +121,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crashsafe.evals": {"crashsafe.contracts", "crashsafe", "crashsafe.sandbox", "crashsafe.evals"},
     # An outside reader of the public contracts: nothing of the product but `contracts` (and nats itself).
     "crashsafe.examples": {"crashsafe.contracts", "crashsafe.examples"},
+    # An adopter's package: the public surface and the testing helpers, nothing else of the product.
+    "crashsafe.examples.cowork": {"crashsafe.sdk", "crashsafe.testing", "crashsafe.examples.cowork"},
 }
 
 # Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
@@ -127,10 +130,15 @@ PURE = (
     "crashsafe.contracts",
     "crashsafe.domain",
     "crashsafe.sdk",
-    "crashsafe.testing",
+    # The harness and the scripted model (their HTTP server, model_server, is an adapter run on its own).
+    "crashsafe.testing.harness",
+    "crashsafe.testing.scripted",
     "crashsafe.services.console.run_timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",
+    # An adopter's agent and tools are as pure as the runtime's own: the fold and decide call them.
+    "crashsafe.examples.cowork.desk_agent",
+    "crashsafe.examples.cowork.desk_tools",
 )
 
 
