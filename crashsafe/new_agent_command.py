@@ -62,10 +62,12 @@ def new_agent_command(name: str, into: Path) -> int:
     for path in written:
         print(f"  {path.relative_to(where)}")
     print(
-        f"\nits tests (pure: no broker):   cd {where} && python -m pytest -q {name}\n"
-        f"its provider stub:             python -m {name}.provider --port 8765\n"
-        f"the stack, running your agent: cd {where} && crashsafe up --registry {name}.registry:registry "
-        "--providers http://127.0.0.1:8765",
+        f"\nits tests (pure: no broker):  cd {where} && python -m pytest -q {name}\n"
+        f"the stack, running your agent, from {where}:\n"
+        f"  python -m {name}.provider --port 8765 &  # its provider (a stub)\n"
+        f"  python -m crashsafe.testing {name}.model:script --port 8766 &  # its model (a script)\n"
+        f"  crashsafe up --registry {name}.registry:registry --providers http://127.0.0.1:8765 "
+        "--model-url http://127.0.0.1:8766/v1",
         file=sys.stdout,
     )
     return 0

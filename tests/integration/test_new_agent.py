@@ -41,6 +41,7 @@ def test_the_new_package_is_a_registry_with_its_own_family(
         "__init__.py",
         "agent.py",
         "arguments.py",
+        "model.py",
         "provider.py",
         "registry.py",
         "tools.py",
@@ -74,7 +75,7 @@ def test_the_new_package_passes_its_own_tests(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "6 passed" in done.stdout, done.stdout[-2000:]
+    assert "7 passed" in done.stdout, done.stdout[-2000:]
 
 
 def test_the_new_package_passes_ruff_and_mypy_and_imports_only_the_public_surface(tmp_path: Path) -> None:
