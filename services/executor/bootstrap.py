@@ -28,7 +28,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
         settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
     try:
-        async with Providers.connect(settings.sandbox_url) as providers:
+        # Every provider this family's tools name, checked before anything is served (a missing URL is one line).
+        async with Providers.open(settings, registry.tools_of(family).values()) as providers:
             executor = Executor(broker, settings, registry, family, providers, logger, verifier)
             await executor.start()
             ops.serve(executor.ops_checks, executor.ops_samplers())
