@@ -22,7 +22,13 @@ from crashsafe.domain.registry import (
 )
 
 ORDER = ToolContract(
-    name="place_order", family="orders", effect=Effect.WRITE, timeout_s=2.0, retry=RetryRule.KEYED
+    name="place_order",
+    family="orders",
+    effect=Effect.WRITE,
+    timeout_s=2.0,
+    retry=RetryRule.KEYED,
+    max_attempts=3,
+    in_flight_s=0.5,
 )
 NOTE = ToolContract(
     name="send_note", family="orders", effect=Effect.WRITE, timeout_s=2.0, retry=RetryRule.KEYED
