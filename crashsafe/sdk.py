@@ -16,6 +16,7 @@ from crashsafe.contracts.policy import (
     VerifiedRecipient,
 )
 from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.run_events import ArgumentLimits, Origin, ToolCall
 from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
@@ -27,6 +28,8 @@ from crashsafe.domain.registry import (
     HttpOperation,
     HttpRequest,
     ProviderAnswer,
+    ProviderClient,
+    PythonOperation,
     Registration,
     Registry,
     Tool,
@@ -46,6 +49,7 @@ __all__ = [
     "AuditRule",
     "Compensation",
     "CompensationKind",
+    "DEFAULT_PROVIDER",
     "Deny",
     "Effect",
     "ErrorInfo",
@@ -60,6 +64,9 @@ __all__ = [
     "OutcomeStatus",
     "ProjectionCall",
     "ProviderAnswer",
+    "ProviderClient",
+    "ProviderSettings",
+    "PythonOperation",
     "RefundWithinPaid",
     "Registration",
     "Registry",

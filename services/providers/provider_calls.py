@@ -1,5 +1,6 @@
 """The providers' adapter: carries out a tool's operation with its key (over HTTP, as an adopter's Python code, as a
-KV write), and asks a provider about a key; one HTTP client per base URL, each provider with its credential."""
+KV write), and asks a provider about a key; one HTTP client per base URL, each provider with its credential. What
+an operation must answer: docs/providers.md."""
 
 from __future__ import annotations
 
