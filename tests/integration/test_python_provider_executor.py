@@ -11,11 +11,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
+from crashsafe.audit_command import listings
+from crashsafe.contracts.audit import FindingKind
 from crashsafe.contracts.keys import action_key, input_hash, partition_of
 from crashsafe.contracts.provider_settings import ProviderSettings
+from crashsafe.contracts.run_events import ActionRequested, RunCompleted, RunEvent
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
@@ -27,10 +31,12 @@ from crashsafe.contracts.tool_messages import (
     tool_encoder,
 )
 from crashsafe.natsd import NatsServer, free_port
+from crashsafe.services.operations.provider_audit import audit_all
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.providers.provider_calls import Providers
-from tests.support import inprocess
+from crashsafe.services.records.run_journal import RunJournal
+from tests.support import inprocess, runs
 from tests.support.capabilities import signed
 from tests.support.python_providers import ORDER, OrderBook, registry
 from tests.support.waiting import eventually
@@ -199,3 +205,63 @@ async def test_an_http_operation_goes_to_its_own_provider_with_its_own_credentia
     assert (answer.kind, answer.body) == (Answer.OK, {"note_id": "n_1"})
     ((headers),) = seen
     assert headers["authorization"] == "Bearer crm-token" and headers["idempotency-key"] == "run_1:1"
+
+
+# The audit asks each tool through its own lookup ---------------------------------------------------------------
+
+
+async def test_the_audit_asks_a_python_operation_by_key_and_lists_only_where_a_provider_offers_a_listing(
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
+) -> None:
+    book = OrderBook()
+    deployment = registry(book)
+    settings = dataclasses.replace(
+        inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path),
+        providers=(
+            ProviderSettings("shop", credential=CREDENTIAL),
+            ProviderSettings("crm", f"http://127.0.0.1:{free_port()}"),
+        ),
+    )
+    await inprocess.provisioned(settings)
+    journal = RunJournal(broker, namespace)
+    at = datetime.now(UTC)
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    events: list[RunEvent] = [msgspec.structs.replace(runs.started(agent="steps1", at=at), run_id=run_id)]
+    for step in (1, 2):
+        asked = ActionRequested(
+            run_id=run_id,
+            at=at,
+            step_no=step,
+            call_id=f"c{step}",
+            tool=ORDER.name,
+            family=ORDER.family,
+            args={"item": f"desk-{step}"},
+            key=action_key(run_id, step),
+            input_hash="h",
+            timeout_s=2.0,
+            deadline_at=at + timedelta(seconds=30),
+        )
+        events += [asked, runs.receipt(asked, at)]
+    events.append(RunCompleted(run_id=run_id, at=at, reply="done"))
+    for seq, event in enumerate(events):
+        await journal.append(event, seq if seq == 0 else await _last(journal, run_id))
+    book.orders[action_key(run_id, 1)] = {
+        "order_id": "ord_1"
+    }  # step 2's success has no effect at the provider
+
+    async with Providers.open(settings, deployment.tools.values()) as providers:
+        listing, notes = await listings(providers, deployment)
+        findings, stats = await audit_all(broker, settings, deployment, providers, listing)
+    assert listing is None and stats.listed_effects is None
+    assert [n.split(" ", 2)[1] for n in notes] == ["provider", "place_order:"], notes
+    assert sorted(book.lookups) == [action_key(run_id, 1), action_key(run_id, 2)], (
+        "asked through its own lookup"
+    )
+    assert [(f.kind, f.key) for f in findings] == [
+        (FindingKind.SUCCESS_WITHOUT_EFFECT, action_key(run_id, 2))
+    ]
+
+
+async def _last(journal: RunJournal, run_id: str) -> int:
+    _, version = await journal.read(run_id)
+    return version
