@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from crashsafe.contracts.audit import Finding, Intent
 from crashsafe.contracts.errors import UnknownAgent
 from crashsafe.contracts.projections import RetryPolicy
-from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
+from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, PROVIDER_NAME, ProviderSettings
 from crashsafe.contracts.streams import KvSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import CallAnswer, LookupAnswer
@@ -51,6 +51,18 @@ class HttpOperation:
     # Which provider's base URL and credential the request goes to (settings: CRASHSAFE_PROVIDER_<NAME>_URL).
     provider: str = DEFAULT_PROVIDER
 
+    def __post_init__(self) -> None:
+        _check_provider(self.provider)
+
+
+def _check_provider(name: str) -> None:
+    """A provider's name is part of its variables' names (CRASHSAFE_PROVIDER_<NAME>_URL): lower-case, or never
+    found in settings."""
+    if not PROVIDER_NAME.match(name):
+        raise ValueError(
+            f"provider {name!r}: a provider name is a lower-case letter, then letters, digits or _"
+        )
+
 
 class ProviderClient(Protocol):
     """A provider as an adopter writes it in Python (its SDK: Stripe's, a reservations API's). The contract, in full in
@@ -81,6 +93,9 @@ class PythonOperation:
     requires: tuple[str, ...] = ()
     # False: the provider cannot be asked about a key; an unknown outcome then stays unknown (never called again).
     looks_up: bool = True
+
+    def __post_init__(self) -> None:
+        _check_provider(self.provider)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,8 @@ class Providers:
                     raise InvalidSetting(
                         variable=url_variable(name),
                         value=providers.endpoints[name].base_url,
-                        expected=f"settings tool {tool.name!r}'s client opens with ({type(exc).__name__}: {exc})",
+                        expected=f"settings tool {tool.name!r}'s client opens with; it raised "
+                        f"{type(exc).__name__}: {exc}",
                     ) from None
         return providers
 

@@ -234,3 +234,9 @@ def test_a_client_that_cannot_open_at_start_stops_it_naming_its_provider() -> No
     assert (
         raised.value.variable == "CRASHSAFE_SANDBOX_URL" and "ValueError: no api key" in raised.value.message
     )
+
+
+def test_a_provider_name_that_no_variable_can_spell_is_refused_when_the_registry_is_built() -> None:
+    for name in ("Stripe", "pay-pal", ""):
+        with pytest.raises(ValueError, match="a provider name is a lower-case letter"):
+            PythonOperation(lambda settings: Scripted(), provider=name)
