@@ -161,6 +161,10 @@ class Providers:
                 detail=f"{tool.name}: its client did not open: {type(exc).__name__}: {exc}",
             )
 
+    def _credential(self, provider: str) -> str | None:
+        endpoint = self.endpoints.get(provider)
+        return endpoint.credential if endpoint is not None else None
+
     def _headers(
         self, sent: Context, operation: HttpOperation, args: dict[str, Any] | None
     ) -> dict[str, str]:
@@ -218,6 +222,7 @@ class Providers:
                             python_calls.CALL_ANSWERS,
                             timeout * _WHOLE_CALL,
                         )
+                    answer = python_calls.without(self._credential(python.provider), answer)
                     _noted(sent, answer)
                     return answer
             case HttpOperation() as operation:
@@ -310,6 +315,7 @@ class Providers:
                             python_calls.LOOKUP_ANSWERS,
                             timeout * _WHOLE_CALL,
                         )
+                    answer = python_calls.without(self._credential(python.provider), answer)
                     _noted(asked, answer)
                     return answer
             case HttpOperation(lookup_path=str(path)) as operation:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -74,6 +75,14 @@ def checked(what: str, answer: object, allowed: frozenset[Answer]) -> ProviderAn
         else None,
         replayed=answer.replayed is True,
     )
+
+
+def without(credential: str | None, answer: ProviderAnswer) -> ProviderAnswer:
+    """The answer with its provider's credential masked in its detail (an SDK's exception may quote it), since
+    the detail is journaled as evidence and shown to operators."""
+    if not credential or credential not in answer.detail:
+        return answer
+    return dataclasses.replace(answer, detail=answer.detail.replace(credential, "[credential]"))
 
 
 def deadline_in(seconds: float) -> float:

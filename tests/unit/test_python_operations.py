@@ -240,3 +240,13 @@ def test_a_provider_name_that_no_variable_can_spell_is_refused_when_the_registry
     for name in ("Stripe", "pay-pal", ""):
         with pytest.raises(ValueError, match="a provider name is a lower-case letter"):
             PythonOperation(lambda settings: Scripted(), provider=name)
+
+
+async def test_an_exception_quoting_the_credential_is_journaled_without_it() -> None:
+    client = Scripted(call=PermissionError("key sk_live_secret was refused"))
+    endpoints = {DEFAULT_PROVIDER: ProviderSettings(DEFAULT_PROVIDER, credential="sk_live_secret")}
+    answer = await Providers(endpoints).call(tool_of(client), request(), 1.0)
+    assert (answer.kind, answer.detail) == (
+        Answer.UNKNOWN,
+        "place_order's call raised PermissionError: key [credential] was refused",
+    )
