@@ -14,6 +14,7 @@ from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents import booking
@@ -50,6 +51,11 @@ class StepsAgent:
         self.tools = {NOOP.name: NOOP.contract}
         self.compensation_tools: dict[str, ToolContract] = {}
         self.config = AgentConfig(agent=self.name)
+
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return default_question(state, tool, args, hold)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
         return ()

@@ -10,7 +10,7 @@ from crashsafe.contracts.tool_messages import OutcomeStatus
 
 
 class FindingKind(StrEnum):
-    """The audit's own findings; an agent's audit rules add kinds of their own (a booking's double charge)."""
+    """The audit's own findings; an agent's audit rules add kinds of their own (a reservation charged twice)."""
 
     EFFECT_WITHOUT_INTENT = "effect_without_intent"
     DUPLICATE_EFFECT = "duplicate_effect"

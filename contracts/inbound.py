@@ -42,7 +42,9 @@ class InboundEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     run_id: str
     input_hash: str
     message: InboundMessage
-    agent: str = "booking"
+    # The agent asked to handle it. Empty: the deployment's default agent (`Registry.default_agent`, its first
+    # registration), resolved by the reader (`intake.addressed`). The gateway always names one.
+    agent: str = ""
     received_at: datetime
     # The tenant of the client that sent it (its API key's); part of the run's identity (`run_id_for`).
     tenant: str = ""

@@ -95,7 +95,7 @@ def key_attempt(key: str) -> int:
 class CompensationKind(StrEnum):
     """What undoing an effect does; the last token of a compensation's key (`run_…:4:release`)."""
 
-    RELEASE = "release"  # give back a held booking
+    RELEASE = "release"  # give back a hold (a reserved room, seat, desk)
     REFUND = "refund"  # pay back a charge
 
 

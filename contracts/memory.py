@@ -26,7 +26,7 @@ class GuestProfile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     # The only address a message to this guest may go to; set by an operator, never by the model.
     verified_email: str = ""
     preferences: dict[str, str] = {}
-    # A corporate traveller's bookings wait for their manager's approval (seed 001).
+    # A corporate guest's paid actions wait for their manager's approval (seed 001).
     corporate: bool = False
     manager: str = ""
     # The keys of the latest `remember_preference` actions applied to this record, written in the same

@@ -39,7 +39,7 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 class ProjectionTask(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="projection.task"):
     """One delivery to make, planned from a run's journal, on `<ns>.projection.<tool>.<run_id>`.
 
-    `key` is what the receiver deduplicates by (an email's message key, `crm:<guest, booking>`, the audit trail's
+    `key` is what the receiver deduplicates by (an email's message key, `crm:<guest, reservation>`, the audit trail's
     `audit:<run_id>:<upto>` whose records are deduplicated by event id); planning it twice plans the same key."""
 
     tool: str  # the registry tool whose operation delivers it

@@ -155,7 +155,7 @@ class ActionRequested(RunEventBase, frozen=True, kw_only=True, tag="run.action_r
 
 
 class ToolRejected(RunEventBase, frozen=True, kw_only=True, tag="run.tool_rejected"):
-    """The runtime refused a tool call before any effect (unknown tool, bad arguments, unknown booking)."""
+    """The runtime refused a tool call before any effect (unknown tool, bad arguments, a record the run never made)."""
 
     step_no: int
     call_id: str

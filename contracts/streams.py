@@ -129,7 +129,7 @@ def support_spec(ns: Namespace, replicas: int = 1) -> StreamSpec:
 # How often the runtime takes a message before it gives up on it: past this, the message is dead-lettered (and
 # counted, and logged as an error) by the runtime itself, never dropped by the server. Its consumers have no
 # server-side `max_deliver`: the server's limit ends deliveries silently, with no dead letter and no alarm (a
-# guest's accepted booking was lost that way under a flood).
+# guest's accepted request was lost that way under a flood).
 RUNTIME_MAX_DELIVER = 20
 UNLIMITED = -1
 

@@ -43,7 +43,7 @@ class Header(StrEnum):
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
     # The provider account a call acts in: the run's tenant (`RunState.account`), so one tenant's call never finds
-    # another's guests, bookings or payments at the provider.
+    # another's guests, reservations or payments at the provider.
     PROVIDER_ACCOUNT = "Provider-Account"
     AUTHORIZATION = "Authorization"
     RETRY_AFTER = "Retry-After"
@@ -310,9 +310,6 @@ class Namespace:
 
     def guest_active_key(self, tenant: str, guest_id: str) -> str:
         return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
-
-    def session_active_key(self, tenant: str, session_id: str) -> str:
-        return f"session.{_literal(tenant)}.{_digest(session_id)}"
 
     # Guest profiles (verified address, remembered preferences): the operator sets the address, the memory
     # executor writes preferences, the runtime reads a profile when a run starts.

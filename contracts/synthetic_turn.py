@@ -1,4 +1,4 @@
-"""The synthetic turn: a scoped test tenant's non-mutating booking search end to end, and its published result.
+"""The synthetic turn: a scoped test tenant's non-mutating search end to end, and its published result.
 
 An operator's probe of the whole seam (gateway -> runtime -> model -> executor -> provider and back), recorded
 apart from process health: `ops.synthetic` on `<ns>.ops.synthetic.<who>` (OPS stream), and the

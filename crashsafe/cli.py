@@ -172,7 +172,7 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
         case "up":
             from crashsafe.demo import run_up
 
-            return run_up(Path(args.state_dir), args.nats_url, args.scale, args.providers)
+            return run_up(Path(args.state_dir), args.nats_url, args.scale, args.providers, args.model_url)
         case "down":
             from crashsafe.down import down
 

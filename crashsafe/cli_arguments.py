@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from crashsafe.contracts.clients import Scope
@@ -29,13 +30,16 @@ def _scale(text: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _providers_url(text: str) -> str:
-    from urllib.parse import urlsplit
+def _base_url(option: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        from urllib.parse import urlsplit
 
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(f"--providers wants an http(s):// base URL, got {text!r}")
-    return text
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise argparse.ArgumentTypeError(f"{option} wants an http(s):// base URL, got {text!r}")
+        return text
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,10 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     up.add_argument(
         "--providers",
-        type=_providers_url,
+        type=_base_url("--providers"),
         default=None,
         metavar="URL",
         help="no sandbox: executors and the projector talk to the providers at URL (a staging provider)",
+    )
+    up.add_argument(
+        "--model-url",
+        type=_base_url("--model-url"),
+        default=None,
+        metavar="URL",
+        help="the model's Responses API base URL, /v1 included (default: OPENAI_BASE_URL, else the sandbox's "
+        "scripted model); `up` prints which one the runtime uses",
     )
 
     down = sub.add_parser("down", help="stop a stack started with `up`")

@@ -19,6 +19,7 @@ from crashsafe.contracts.run_events import ActionCompleted, RunCompleted, RunEve
 from crashsafe.contracts.tool_messages import Asked
 from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.stack import Stack
+from crashsafe.stack_env import model_at
 from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
 from crashsafe.stack_plan import RegistryUnusable, ScaleError
 from crashsafe.timeline import describe
@@ -197,10 +198,18 @@ async def run_up(
     nats_url: str | None,
     scale: dict[str, int] | None = None,
     providers_url: str | None = None,
+    model_url: str | None = None,
 ) -> int:
     console = Console()
     try:
-        stack = Stack(state_dir, nats_url=nats_url, scale=scale, providers_url=providers_url, synthetic=True)
+        stack = Stack(
+            state_dir,
+            nats_url=nats_url,
+            scale=scale,
+            providers_url=providers_url,
+            model_url=model_url,
+            synthetic=True,
+        )
     except (ScaleError, RegistryUnusable) as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2
@@ -214,9 +223,10 @@ async def run_up(
         await asyncio.to_thread(stack.stop)
         raise
     providers = "sandbox  " if stack.runs_sandbox else "providers"
+    model, why = model_at(stack)
     console.print(
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nconsole  {stack.console_url}"
-        f"\n{providers} {stack.sandbox_url}\nstate    {state_dir / 'stack.json'}"
+        f"\n{providers} {stack.sandbox_url}\nmodel    {model} ({why})\nstate    {state_dir / 'stack.json'}"
         f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
         f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )

@@ -8,6 +8,7 @@ from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
 from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
+    DateWindow,
     OneActiveHold,
     RefundWithinPaid,
     Rule,
@@ -22,7 +23,15 @@ from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
-from crashsafe.domain.policy_verdicts import Allow, Deny, Hold, Verdict
+from crashsafe.domain.policy_verdicts import (
+    Allow,
+    Deny,
+    Hold,
+    PolicyRule,
+    PreparedAction,
+    Verdict,
+    default_question,
+)
 from crashsafe.domain.registry import (
     AuditRule,
     HttpOperation,
@@ -50,6 +59,7 @@ __all__ = [
     "Compensation",
     "CompensationKind",
     "DEFAULT_PROVIDER",
+    "DateWindow",
     "Deny",
     "Effect",
     "ErrorInfo",
@@ -62,6 +72,8 @@ __all__ = [
     "OneActiveHold",
     "Origin",
     "OutcomeStatus",
+    "PolicyRule",
+    "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
     "ProviderClient",
@@ -82,5 +94,6 @@ __all__ = [
     "ToolsAllowed",
     "Verdict",
     "VerifiedRecipient",
+    "default_question",
     "parameters_of",
 ]

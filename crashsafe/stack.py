@@ -66,6 +66,7 @@ class Stack:
         backoff: Backoff = DEFAULT_BACKOFF,
         nats_creds_dir: Path | None = None,
         providers_url: str | None = None,
+        model_url: str | None = None,
         synthetic: bool = False,
         monitor_port: int | None = None,
         forking: bool = True,
@@ -77,6 +78,8 @@ class Stack:
         self.monitor_port = monitor_port
         # The providers (a staging provider) at this URL instead of a sandbox of our own: nothing starts one.
         self.providers_url = providers_url.rstrip("/") if providers_url else None
+        # The model's base URL (`…/v1`), given to the runtime as OPENAI_BASE_URL; None: `stack_env.model_at`.
+        self.model_url = model_url.rstrip("/") if model_url else None
         self.registry = registry
         self.namespace = namespace
         self.nats: NatsServer | None = None

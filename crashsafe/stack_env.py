@@ -72,6 +72,8 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
     if creds is not None:
         env["CRASHSAFE_NATS_CREDS"] = str(creds)
     env.update(stack.base_env)
+    if stack.model_url:
+        env["OPENAI_BASE_URL"] = stack.model_url
     if service.name not in SINGLE_PORT:
         # Each life binds a free ops port itself and prints it (`ops listening on …`): a port chosen here and
         # bound later could be taken meanwhile by another process, and replicas keep one environment.
@@ -79,3 +81,20 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
     env.update(service.env)
     env.update(service.once_env)
     return env
+
+
+def model_at(stack: Stack) -> tuple[str, str]:
+    """Where the runtime asks its model, and why there: said by `crashsafe up`, never guessed silently."""
+    if stack.model_url:
+        return stack.model_url, "--model-url"
+    env = {**os.environ, **stack.base_env}
+    if env.get("OPENAI_BASE_URL"):
+        return env["OPENAI_BASE_URL"], "OPENAI_BASE_URL"
+    if env.get("OPENAI_API_KEY"):
+        return "https://api.openai.com/v1", "OPENAI_API_KEY, OpenAI's own URL"
+    if stack.runs_sandbox:
+        return f"{stack.sandbox_url}/v1", "the sandbox's scripted model"
+    return (
+        f"{stack.sandbox_url}/v1",
+        "the providers' URL + /v1: no --model-url, OPENAI_BASE_URL or OPENAI_API_KEY",
+    )

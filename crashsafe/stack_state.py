@@ -23,6 +23,8 @@ def write_stack_json(stack: Stack) -> None:
         "sandbox_url": stack.sandbox_url,
         # Set when `up --providers URL` runs against providers of someone else's (no sandbox process).
         "providers_url": stack.providers_url,
+        # Set when `up --model-url URL` names the model's base URL (else the sandbox's, or OPENAI_BASE_URL).
+        "model_url": stack.model_url,
         "namespace": stack.namespace,
         # Where the operator's NATS credential is (a path; the secret stays in its 0600 file).
         "operator_creds": str(operator) if (operator := stack.creds_for("operator")) else None,

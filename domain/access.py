@@ -75,7 +75,7 @@ def allowed_agents(client: Client, default_agent: str) -> frozenset[str]:
 
 def require_agent(client: Client, agent: str, default_agent: str) -> None:
     """A key starts only the agents it names (an admin key: any). Another tenant's guest ids are never reachable
-    from an agent, but a key for the booking app must not become a refund desk (`?agent=support`)."""
+    from an agent, but a key for a customer-facing app must not become a refund desk (`?agent=support`)."""
     if client.admin:
         return
     allowed = allowed_agents(client, default_agent)

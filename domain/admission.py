@@ -73,8 +73,9 @@ class Admission:
     message: GuestMessage
 
 
-def admit(body: bytes, tenant: str, agent: str = "booking") -> Admission:
-    """Parse and bind a guest event to its run; raises typed errors and publishes nothing on bad input."""
+def admit(body: bytes, tenant: str, agent: str) -> Admission:
+    """Parse and bind a guest event, for `agent` (the caller resolved `?agent=` against the registry's default),
+    to its run; raises typed errors and publishes nothing on bad input."""
     if len(body) > MAX_BODY_BYTES:
         raise BodyTooLarge(size=len(body), limit=MAX_BODY_BYTES)
     try:

@@ -10,6 +10,7 @@ from crashsafe.contracts.errors import AgentFault, ErrorInfo
 from crashsafe.contracts.keys import CompensationKind
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.contracts.tools import ToolContract
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule
 from crashsafe.domain.run_state import RunState
 
 
@@ -33,7 +34,7 @@ class Compensation:
 
 @dataclass(frozen=True, slots=True)
 class ProjectionCall:
-    """A projection a run's journal calls for (a paid booking's confirmation email): a projection tool and its
+    """A projection a run's journal calls for (a paid order's confirmation email): a projection tool and its
     arguments, decided by code from the journal alone. Keyed by the tool's business identity, like an action."""
 
     tool: str
@@ -47,6 +48,8 @@ class Agent(Protocol):
     compensation_tools: dict[str, ToolContract]  # what only the runtime may call, to undo effects
     # The built-in configuration (rules, budget, routes): the catalog's default for this agent.
     config: AgentConfig
+    # The agent's own rule types, checked after the catalog's built-in rules (`PolicyRule`; empty: none).
+    policies: tuple[PolicyRule, ...]
 
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
@@ -64,6 +67,11 @@ class Agent(Protocol):
 
     def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         """What the run's journal calls for beyond its own steps (planned when it ends; pure, from the journal)."""
+        ...
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        """What the approver is asked about a held action (`policy_verdicts.default_question`: the rule's own
+        wording, else a neutral one). Pure."""
         ...
 
 

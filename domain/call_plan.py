@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import msgspec
 
@@ -60,7 +61,7 @@ def plan_calls(
     """Turn tool calls into durable intents, typed rejections, policy denials or approval requests; each gets
     its own step number.
 
-    Each planned event is folded before the next call is planned, so a rule like "one payment per booking"
+    Each planned event is folded before the next call is planned, so a rule like "one payment per order"
     sees the calls before it in the same model answer. Calls after one held for approval are not run."""
     config = config or agent.config
     events: list[RunEvent] = []
@@ -129,6 +130,17 @@ def approval_id_for(run_id: str, step_no: int) -> str:
     return f"apr_{run_id.removeprefix('run_')}_{step_no}"
 
 
+def _question(agent: Agent, state: RunState, contract: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+    """The agent's wording of what a held action asks of its approver (foreign code: checked like every hook)."""
+    try:
+        question = agent.approval_question(state, contract, args, hold)
+    except Exception as exc:  # noqa: BLE001 -- the agent's code is foreign: whatever it raises is its fault
+        raise hook_raised(agent, "approval_question", exc) from exc
+    if not isinstance(question, str):
+        raise hook_misanswered(agent, "approval_question", question, "a str")
+    return question[:2000]
+
+
 def plan_one(
     state: RunState,
     agent: Agent,
@@ -177,7 +189,7 @@ def plan_one(
         return rejected(args)
     # The rules about the call as the model wrote it come first: a field only the server may fill (an amount,
     # a recipient) is a policy denial, not a malformed call.
-    refusal = check_asked(state, config, contract, args, origin)
+    refusal = check_asked(state, config, contract, args, origin, agent)
     if refusal is not None:
         return denied(refusal)
     schema = argument_types(agent).get(contract.name) if origin != Origin.COMPENSATION else None
@@ -199,7 +211,7 @@ def plan_one(
         raise AgentFault(
             agent=agent.name, hook="prepare", problem=f"returned arguments that are not JSON ({exc})"[:300]
         ) from exc
-    verdict = check_policy(state, config, contract, prepared, hashed, origin, now)
+    verdict = check_policy(state, config, contract, prepared, hashed, origin, now, agent)
     if origin != Origin.COMPENSATION and not isinstance(verdict, (Deny, Hold)):
         # The key names the action's business identity (compensations keep the key of what they undo); a new
         # attempt at a money action that failed is the guest's decision, never the model's.
@@ -223,7 +235,7 @@ def plan_one(
             rule=verdict.rule,
             reason=verdict.reason,
             expires_at=now + timedelta(seconds=verdict.ttl_s),
-            question=verdict.question,
+            question=_question(agent, state, contract, prepared, verdict),
         )
     # The deadline is passed down: a step gets at most the run's remaining time, not its full timeout.
     # Compensations are exempt: undoing an effect must not be starved by the deadline that ended the run.

@@ -10,14 +10,15 @@ from typing import Protocol
 from crashsafe.contracts.catalog import AgentConfig, Catalog, ModelApi, ModelRoute
 from crashsafe.contracts.policy import (
     ApprovalAbove,
+    DateWindow,
     OneActiveHold,
     RefundWithinPaid,
     Rule,
-    StayWindow,
     ToolsAllowed,
     VerifiedRecipient,
 )
 from crashsafe.domain.agent import Agent
+from crashsafe.domain.policy_upgrade import upgraded
 
 # Upper bounds past which a figure is a typo, not a choice: a week-long run, a week-long approval wait.
 MAX_STEPS = 1_000
@@ -26,6 +27,7 @@ MAX_DEADLINE_S = 7 * 24 * 3600.0
 MAX_APPROVAL_TTL_S = 7 * 24 * 3600.0
 MAX_ROUTE_TIMEOUT_S = 600.0
 MAX_NIGHTS = 365
+MAX_DAYS_AHEAD = 3660
 MAX_REPEATS = 100
 _APIS = frozenset(api.value for api in ModelApi)
 _KEY_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
@@ -63,7 +65,8 @@ def _config_problems(where: str, config: AgentConfig, agent: Agent) -> list[str]
         problems.append(f"{where}.tools: {unknown} are not {agent.name}'s model tools {sorted(model_tools)}")
     if len(set(config.tools)) != len(config.tools):
         problems.append(f"{where}.tools: a tool is named twice")
-    for index, rule in enumerate(config.rules):
+    # A rule from before its parameters existed is checked as it runs: with the agent's built-in rule's.
+    for index, rule in enumerate(upgraded(config.rules, agent.config.rules)):
         problems.extend(_rule_problems(f"{where}.rules[{index}]", rule, model_tools))
     budget = config.budget
     if not 0 < budget.max_steps <= MAX_STEPS:
@@ -84,7 +87,7 @@ def _rule_problems(where: str, rule: Rule, known: set[str]) -> list[str]:
     problems: list[str] = []
     named: list[str]
     match rule:
-        case ToolsAllowed(tools=tools) | StayWindow(tools=tools) | VerifiedRecipient(tools=tools):
+        case ToolsAllowed(tools=tools) | DateWindow(tools=tools) | VerifiedRecipient(tools=tools):
             named = list(tools)
         case ApprovalAbove(tool=tool) | OneActiveHold(tool=tool) | RefundWithinPaid(tool=tool):
             named = [tool]
@@ -92,8 +95,16 @@ def _rule_problems(where: str, rule: Rule, known: set[str]) -> list[str]:
     if unknown:
         problems.append(f"{where} names tools {unknown} the agent does not have")
     match rule:
-        case StayWindow(max_nights=nights) if not 0 < nights <= MAX_NIGHTS:
+        case DateWindow(max_nights=nights) if not 0 < nights <= MAX_NIGHTS:
             problems.append(f"{where}.max_nights must be in 1..{MAX_NIGHTS}, not {nights}")
+        case DateWindow(max_days_ahead=int(ahead)) if not 0 <= ahead <= MAX_DAYS_AHEAD:
+            problems.append(f"{where}.max_days_ahead must be in 0..{MAX_DAYS_AHEAD}, not {ahead}")
+        case DateWindow(tools=tools, start_field=field) if not (tools and field):
+            problems.append(f"{where} names no tools or no start_field: it would check nothing")
+        case OneActiveHold(tool=tool, start_field=field) if not (tool and field):
+            problems.append(f"{where} names no tool or no start_field: it would check nothing")
+        case RefundWithinPaid(tool=tool, payment_field=field) if not (tool and field):
+            problems.append(f"{where} names no tool or no payment_field: it would allow no refund")
         case ApprovalAbove(limit_cents=limit, ttl_s=ttl) if limit < 0 or not _positive(
             ttl, MAX_APPROVAL_TTL_S
         ):

@@ -30,7 +30,7 @@ def _fits(comp: object) -> bool:
 
 def agent_compensations(state: RunState, agent: Agent, ending: bool) -> tuple[Compensation, ...]:
     """What the agent would undo, less the effects another run made (a business key's stored receipt handed to
-    this run): that run undoes them, if anyone does; this one releasing them would undo another run's booking."""
+    this run): that run undoes them, if anyone does; this one releasing them would undo another run's effect."""
     try:
         undo = agent.compensations(state, ending=ending)
     except Exception as exc:  # noqa: BLE001 -- the agent's code is foreign: whatever it raises is its fault

@@ -118,7 +118,7 @@ def audit(
 def other_tenants_guests(
     journals: Mapping[str, Sequence[JournalEvent]], tools: Mapping[str, Tool]
 ) -> list[Finding]:
-    """Every action of one tenant's run that names, or was answered with, a provider record (an order, a
+    """Every action of one tenant's run that names, or was answered with, a provider record (a reservation, a
     payment) that a write of another tenant's run made, or that acts in another tenant's provider account.
 
     A guest id alone cannot tell (two tenants may each have an `alice`), so records are traced to the run whose

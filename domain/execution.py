@@ -180,7 +180,7 @@ def receipt_of(outcome: ActionOutcome, record: Record | None) -> ActionOutcome:
 
 def _undone(request: ActionRequest, stored: ActionOutcome, undone_key: str, deliveries: int) -> ActionOutcome:
     """A definitive answer with no effect: the key's effect was made, then undone by a compensation. The stale
-    receipt (a released booking's "held") is never handed to a new asker; the run may try a new attempt."""
+    receipt (a released hold's "held") is never handed to a new asker; the run may try a new attempt."""
     error = ErrorInfo(
         code=ErrorCode.ACTION_UNDONE,
         message=(

@@ -31,7 +31,7 @@ _REPLIES: dict[str, str] = {
         "over from here."
     ),
     HandOffReason.CATALOG_REVISION_GONE: (
-        "Our booking rules changed while your request was open, so a member of our support team will finish it "
+        "Our rules changed while your request was open, so a member of our support team will finish it "
         "for you under the rules it started with."
     ),
     HandOffReason.MODEL_UNAVAILABLE: (

@@ -7,14 +7,14 @@ all name one key, and the executor's store answers the repeats with the first re
 deliberate new attempt at the same intent (`:a2`, `:a3`, ...), both read from this run's journal:
 
 - the effect of the current attempt was undone (its compensation succeeded: a released hold): the intent may
-  be acted on again, and answering it with the stale receipt would hand the guest a booking that is gone;
+  be acted on again, and answering it with the stale receipt would hand the guest a hold that is gone;
 - a money action failed definitively (a declined charge) and the guest approved a retry
   (`run.approval_decided` approved, for a `RETRY_RULE` request, of exactly this prepared input). Until then the
   model asking again is held for the guest's approval: a new charge is never the model's decision.
 
 Across runs the executor's store is the memory: a later run asking for a hold an earlier run released is
 answered `action_undone` (failed, no effect: the executor holds the release next to the hold, `keys.partition_key`)
-instead of the released booking's receipt, and its next ask is attempt 2. A charge declined in an earlier run
+instead of the released hold's receipt, and its next ask is attempt 2. A charge declined in an earlier run
 is answered, in a later run, by its stored failed receipt; asking again after that is held for approval as
 above. Limits: docs/architecture.md, "Keys"."""
 
@@ -85,7 +85,7 @@ def _undone(state: RunState, key: str) -> bool:
 def handed_by_another_run(state: RunState, key: str) -> bool:
     """This run holds the key's effect only as another run's stored receipt (the session's earlier run made and
     paid the hold; this run asked for the same room): that run made it, and only it may undo it. Undoing it
-    here would release a booking another run paid for."""
+    here would release a hold another run paid for."""
     made = [
         done for req, done in state.completed if req.key == key and done.status == OutcomeStatus.SUCCEEDED
     ]

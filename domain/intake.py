@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import msgspec
+
 from crashsafe.contracts.capabilities import OutcomeRefusal
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import OutcomeRefused, PoisonMessage
@@ -35,6 +37,11 @@ from crashsafe.domain.model_calls import ModelReply, model_answered, model_rejec
 from crashsafe.domain.run_state import RunState
 
 RESUMED = "worker picked up a run it did not hold in memory"
+
+
+def addressed(event: InboundEvent, default_agent: str) -> InboundEvent:
+    """The event with the agent it is for: one that names none goes to the deployment's default agent."""
+    return event if event.agent else msgspec.structs.replace(event, agent=default_agent)
 
 
 def run_started(

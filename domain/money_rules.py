@@ -1,4 +1,6 @@
-"""The policy rules about money: approval above a limit, and refunds within what was paid. Pure."""
+"""The policy rules about money: approval above a limit, and refunds within what was paid. Pure.
+
+Neither knows a domain: each reads the tools and fields its rule names (contracts/policy.py)."""
 
 from __future__ import annotations
 
@@ -32,28 +34,16 @@ def approved(state: RunState, tool: str, input_hash: str, approver: str) -> bool
     return False
 
 
-def _booking(state: RunState, booking_id: str) -> dict[str, Any]:
-    """A booking held in this run: what was asked (hotel, dates) under what the provider answered."""
-    for req, done in state.completed:
-        if (
-            req.tool == "create_booking"
-            and done.status == OutcomeStatus.SUCCEEDED
-            and done.result.get("booking_id") == booking_id
-        ):
-            return {**req.args, **done.result}
-    return {}
-
-
 def approval_above(
     state: RunState, rule: ApprovalAbove, contract: ToolContract, args: dict[str, Any], input_hash: str
 ) -> Verdict:
-    amount = args.get("amount_cents")
-    if not isinstance(amount, int):
+    amount = args.get(rule.amount_field)
+    if isinstance(amount, bool) or not isinstance(amount, int):
         return Allow()
-    currency = str(args.get("currency", ""))
-    # What the run charges in all counts, not this charge alone: stays split into charges under the limit (twelve
-    # nights, then the next twelve) would otherwise never be confirmed by anyone.
-    earlier = _charged(state, contract.name, currency, str(args.get("booking_id", "")))
+    currency = str(args.get(rule.currency_field, ""))
+    # What the run charges in all counts, not this charge alone: charges split under the limit (twelve nights,
+    # then the next twelve) would otherwise never be confirmed by anyone.
+    earlier = _charged(state, rule, contract.name, currency, args)
     if amount + earlier <= rule.limit_cents:
         return Allow()
     profile = state.started.profile
@@ -61,12 +51,7 @@ def approval_above(
         return Allow()
     if approved(state, contract.name, input_hash, rule.approver):
         return Allow()
-    booking_id = str(args.get("booking_id", ""))
-    booking = _booking(state, booking_id)
-    what = f"{money(amount, currency)} for booking {booking_id}"
-    if booking:
-        what += f" at {booking.get('hotel_name') or booking.get('hotel_id', '')}, "
-        what += f"{booking.get('check_in', '')} to {booking.get('check_out', '')}"
+    what = money(amount, currency)
     if earlier:
         what += f" ({money(amount + earlier, currency)} in all with this conversation's other payments)"
     if rule.approver == Approver.MANAGER:
@@ -83,79 +68,91 @@ def approval_above(
         amount_cents=amount,
         currency=currency,
         question=question,
+        total_cents=amount + earlier,
     )
 
 
-def _charged(state: RunState, tool: str, currency: str, booking_id: str) -> int:
-    """Cents this run has charged with `tool` in `currency` for other bookings: pending, done or maybe done."""
+def _charged(state: RunState, rule: ApprovalAbove, tool: str, currency: str, args: dict[str, Any]) -> int:
+    """Cents this run has charged with `tool` in `currency`, pending, done or maybe done, except for the same
+    `for_field` value as this charge (with no `for_field`, none is counted: each charge alone)."""
+    if not rule.for_field:
+        return 0
+    paid_for = str(args.get(rule.for_field, ""))
     asked = [p for p in state.pending if p.tool == tool]
     asked += [req for req, done in state.completed if req.tool == tool and done.status in LIVE]
     return sum(
-        int(r.args.get("amount_cents") or 0)
+        int(r.args.get(rule.amount_field) or 0)
         for r in asked
-        if str(r.args.get("currency", "")) == currency and str(r.args.get("booking_id", "")) != booking_id
+        if str(r.args.get(rule.currency_field, "")) == currency
+        and str(r.args.get(rule.for_field, "")) != paid_for
     )
 
 
-def payment_seen(state: RunState, payment_id: str) -> tuple[dict[str, Any], int] | None:
+def payment_seen(
+    state: RunState, rule: RefundWithinPaid, payment_id: str
+) -> tuple[dict[str, Any], int] | None:
     """A payment this run has seen, and the place in `state.completed` after which its refunds are not in it: as
-    the latest `find_payments` answer lists it (an older answer may miss refunds made since), or as the run made
-    it (-1: none of the run's refunds are in it). A refund answered after the listing, or still in flight, is not
-    in the listing whatever its step: the model may list the payments again while a refund is on its way."""
+    the latest `listing_tool` answer lists it (an older answer may miss refunds made since), or as the run made
+    it with `charge_tool` (-1: none of the run's refunds are in it). A refund answered after the listing, or
+    still in flight, is not in the listing whatever its step: the model may list again while one is on its way."""
+    field = rule.payment_field
     found = [
         (index, done.result)
         for index, (req, done) in enumerate(state.completed)
-        if req.tool == "find_payments" and done.status == OutcomeStatus.SUCCEEDED
+        if rule.listing_tool and req.tool == rule.listing_tool and done.status == OutcomeStatus.SUCCEEDED
     ]
     if found:
         at, result = found[-1]
-        payments = result.get("payments", [])
+        payments = result.get(rule.listing_field, [])
         for payment in payments if isinstance(payments, list) else []:
-            if isinstance(payment, dict) and payment.get("payment_id") == payment_id:
+            if isinstance(payment, dict) and payment.get(field) == payment_id:
                 return payment, at
     for req, done in state.completed:
         if (
-            req.tool == "create_payment"
+            rule.charge_tool
+            and req.tool == rule.charge_tool
             and done.status == OutcomeStatus.SUCCEEDED
-            and done.result.get("payment_id") == payment_id
+            and done.result.get(field) == payment_id
         ):
             made = {
-                "payment_id": payment_id,
+                field: payment_id,
                 "guest_id": req.args.get("guest_id"),
                 ACCOUNT_ARG: req.args.get(ACCOUNT_ARG, ""),
-                "amount_cents": req.args.get("amount_cents"),
+                "amount_cents": req.args.get(rule.amount_field),
                 "currency": req.args.get("currency", ""),
             }
             return made, -1
     return None
 
 
-def _refunded_since(state: RunState, payment_id: str, since: int) -> int:
+def _refunded_since(state: RunState, rule: RefundWithinPaid, payment_id: str, since: int) -> int:
     """Cents this run asked to refund of the payment that the listing at `state.completed[since]` cannot show:
     in flight, or answered (done, or maybe done) after it."""
-    asked = [p for p in state.pending if p.tool == "refund_payment"]
+    asked = [p for p in state.pending if p.tool == rule.tool]
     asked += [
         req
         for index, (req, done) in enumerate(state.completed)
-        if index > since and req.tool == "refund_payment" and done.status in LIVE
+        if index > since and req.tool == rule.tool and done.status in LIVE
     ]
-    return sum(int(r.args.get("amount_cents") or 0) for r in asked if r.args.get("payment_id") == payment_id)
+    return sum(
+        int(r.args.get(rule.amount_field) or 0) for r in asked if r.args.get(rule.payment_field) == payment_id
+    )
 
 
 def refund_within_paid(
     state: RunState, rule: RefundWithinPaid, args: dict[str, Any], input_hash: str
 ) -> Verdict:
     name = rule_name(rule)
-    payment_id = str(args.get("payment_id", ""))
-    amount = args.get("amount_cents")
-    seen = payment_seen(state, payment_id)
+    payment_id = str(args.get(rule.payment_field, ""))
+    amount = args.get(rule.amount_field)
+    seen = payment_seen(state, rule, payment_id)
     if seen is None or not owns(state, seen[0]):  # (tenant, guest): another tenant's "alice" is not ours
         return Deny(name, f"payment {payment_id} is not one of this guest's payments found in this run")
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         return Deny(name, "a refund names a positive amount in cents")
     payment, since = seen
     paid = int(payment.get("amount_cents") or 0)
-    refunded = int(payment.get("refunded_cents") or 0) + _refunded_since(state, payment_id, since)
+    refunded = int(payment.get("refunded_cents") or 0) + _refunded_since(state, rule, payment_id, since)
     currency = str(payment.get("currency", ""))
     left = paid - refunded
     if amount > left:
@@ -179,5 +176,6 @@ def refund_within_paid(
             amount_cents=amount,
             currency=currency,
             question=f"Approve refunding {money(amount, currency)} of payment {payment_id} to {state.guest_id}?",
+            total_cents=refunded + amount,
         )
     return Allow()

@@ -16,7 +16,9 @@ class ErrorCode(StrEnum):
     """Stable error codes; a value is never reused for a different meaning.
 
     Open on the wire: `ErrorInfo.code` and `DeadLetter.code` are `str`, because a provider's own codes pass
-    through (`amount_mismatch`) and a newer writer may add codes an older reader must still decode."""
+    through (`amount_mismatch`) and a newer writer may add codes an older reader must still decode. An agent's
+    refusals in its own terms are its own codes, in its own package (an `ErrorInfo.code` string); values once
+    listed here and moved to an agent stay taken (docs/decisions.md)."""
 
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
@@ -25,7 +27,6 @@ class ErrorCode(StrEnum):
     RUN_VERSION_CONFLICT = "run_version_conflict"
     UNKNOWN_TOOL = "unknown_tool"
     INVALID_TOOL_ARGUMENTS = "invalid_tool_arguments"
-    UNKNOWN_BOOKING = "unknown_booking"
     PROVIDER_REJECTED = "provider_rejected"
     PROVIDER_UNAVAILABLE = "provider_unavailable"
     OUTCOME_UNKNOWN = "outcome_unknown"

@@ -14,6 +14,7 @@ from crashsafe.contracts.run_events import Budget
 from crashsafe.contracts.synthetic_turn import DEFAULT_BUDGET_S, FIXED_MODEL, SYNTHETIC_AGENT
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import Registration, model_contracts
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents.booking.booking_agent import BookingAgent
@@ -40,6 +41,11 @@ class SyntheticAgent:
         routes=[FIXED_ROUTE],
         budget=Budget(max_steps=4, max_tokens=20_000, deadline_s=DEFAULT_BUDGET_S),
     )
+
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return default_question(state, tool, args, hold)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model port decides (the fixed route, by default)

@@ -34,6 +34,7 @@ from crashsafe.domain.access import (
     require_agent,
 )
 from crashsafe.domain.admission import Admission, admit, conflict
+from crashsafe.domain.intake import addressed
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.session_lanes import Owner, Refuse, given_back, lane_move
 from crashsafe.services.gateway import openapi as api
@@ -101,7 +102,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
         )
         turn_of = "" if lane.run_id == admission.run_id else lane.run_id
         if turn_of:
-            owners_guest, owners_agent = await _owner(broker, ns, lane)
+            owners_guest, owners_agent = await _owner(broker, ns, lane, registry.default_agent)
             move = lane_move(
                 lane,
                 run_id=admission.run_id,
@@ -124,7 +125,6 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
                     state.caps,
                     tenant=client.tenant,
                     guest_id=message.guest_id,
-                    session_id=message.session_id,
                     run_id=admission.run_id,
                     until=entry_deadline(received_at),
                 )
@@ -171,7 +171,9 @@ def may_start(client: Client, agent: str, default_agent: str) -> None:
         require_agent(client, agent, default_agent)
 
 
-async def _owner(broker: Broker, ns: Namespace, lane: SessionLane) -> tuple[str | None, str | None]:
+async def _owner(
+    broker: Broker, ns: Namespace, lane: SessionLane, default_agent: str
+) -> tuple[str | None, str | None]:
     """The guest and the agent of the session's run, for a message that would be its next turn: a turn joins only
     a run of the same guest (another guest's message could answer its approval) and of an agent the key may start.
     Read before the 202 from the owner's journal, else the owner's own message (the lane's claimer wrote the
@@ -184,7 +186,7 @@ async def _owner(broker: Broker, ns: Namespace, lane: SessionLane) -> tuple[str 
         return started.guest_id, started.agent
     sent = await broker.last_on_subject(ns.stream(StreamKind.INBOUND), ns.inbound(owner))
     if sent is not None:
-        inbound = inbound_decoder.decode(sent.data)
+        inbound = addressed(inbound_decoder.decode(sent.data), default_agent)
         return lane.guest_id or inbound.message.guest_id, inbound.agent
     return lane.guest_id or None, None
 
@@ -302,7 +304,7 @@ def build_app(settings: Settings, registry: Registry, mounted: Sequence[Router] 
         )
         keys = ClientKeys(broker, ns, settings.stream_replicas)
         app.state.door = Door(keys, settings)
-        app.state.caps = Caps(settings.active_runs_per_guest, settings.active_runs_per_session)
+        app.state.caps = Caps(settings.active_runs_per_guest)
         app.state.turn_caps = TurnCaps(settings.turns_per_run, settings.run_inbox)
         app.state.broker = broker
         app.state.sessions = SessionRecords(broker, ns)

@@ -132,7 +132,10 @@ def ok(body: type[Any], description: str, status: int = 200) -> dict[int, Respon
 # Request bodies, by (path, method): the handlers read them, so Litestar does not see them ---------------------
 
 REQUEST_BODIES: dict[tuple[str, str], tuple[type[msgspec.Struct], str]] = {
-    ("/v1/events", "post"): (GuestMessage, "A guest's message; `?agent=` names the agent (default: booking)"),
+    ("/v1/events", "post"): (
+        GuestMessage,
+        "A guest's message; `?agent=` names the agent (default: the registry's default agent)",
+    ),
     ("/v1/approvals/{approval_id}", "post"): (ApprovalDecisionBody, "A manager's decision"),
 }
 

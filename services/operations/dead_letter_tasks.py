@@ -80,7 +80,7 @@ class Refusal:
 
 Plan = Republish | WakeKeys | Replan | Refusal
 # Plans a dead projection again from its run's journal, now; None when the journal no longer calls for it (a
-# booking released or refunded since). The caller's: planning is the projector's pure code, above this layer.
+# hold released or a charge refunded since). The caller's: planning is the projector's pure code, above this layer.
 Replanner = Callable[[ProjectionTask], Awaitable[ProjectionTask | None]]
 
 _projection = msgspec.json.Decoder(ProjectionTask)
@@ -135,7 +135,7 @@ def _plan(ns: Namespace, letter: DeadLetter) -> Plan:
     try:
         match kind:
             case "projection":
-                # Never the stored task as it was: it may say what the run no longer means (a booking refunded
+                # Never the stored task as it was: it may say what the run no longer means (a charge refunded
                 # since). Planned again from the journal, and planned after its dead receipt, so the projector
                 # takes it as a new attempt (the old plan it acks and drops).
                 return Replan(_projection.decode(payload))

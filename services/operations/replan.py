@@ -1,6 +1,6 @@
 """A dead projection planned again from its run's journal, now: what `crashsafe projections retry` sends and what
 replaying a projector's dead letter sends (the console, `crashsafe dead-letters replay`). One home, so both carry
-what the run decided by now (a booking refunded since is not confirmed)."""
+what the run decided by now (a charge refunded since is not confirmed)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ It reads the RUNS stream by index before it reads any journal whole: one batched
 every run (`multi_last`, paged), one direct get of each candidate run's first event (its `run.started`: agent,
 guest, session, tenant, start), and the full journal, folded with the runtime's own fold, only for the runs it
 lists. Asked for most runs (`limit=0`), it reads the stream once in large batches instead. With 500
-booking-shaped runs (bench/runs_list.py): the newest 50 in ~100 ms, reading a quarter of the messages; all 500
+search-hold-pay runs (bench/runs_list.py): the newest 50 in ~100 ms, reading a quarter of the messages; all 500
 in the time of reading and folding everything (~340 ms).
 """
 

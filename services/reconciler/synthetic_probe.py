@@ -1,6 +1,6 @@
 """The synthetic turn: a guest message from the scoped test tenant through the gateway, as a client sends one.
 
-It crosses every seam a booking does (gateway -> inbound -> runtime -> model port -> executor -> provider and
+It crosses every seam a write does (gateway -> inbound -> runtime -> model port -> executor -> provider and
 back to the journal) with one read: the `synthetic` agent's only tool is `search_hotels`. It goes through HTTP
 with its own API key (scopes events:write and runs:read), so whoever runs it (`crashsafe check synthetic`, the
 reconciler on its cadence) needs no NATS permission for the turn itself. The result (ok, slow, failed, why, how
@@ -39,7 +39,7 @@ POLL_S = 0.2
 
 
 def synthetic_text(today: date, city: str = CITY) -> str:
-    """The probe's guest message: a search a month ahead (always in the future, never a booking)."""
+    """The probe's guest message: a search a month ahead (always in the future, never a write)."""
     check_in = today + timedelta(days=30)
     return f"{SYNTHETIC_PREFIX} {city} from {check_in.isoformat()} to {(check_in + timedelta(days=1)).isoformat()}"
 

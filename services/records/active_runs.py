@@ -1,6 +1,7 @@
-"""Active runs per guest and per session in the `{ns}_active` bucket: claimed by the gateway, released by the runtime.
+"""Active runs per guest in the `{ns}_active` bucket: claimed by the gateway, released by the runtime.
 
-Each record is read and written with compare-and-set on its revision, so two gateway replicas admitting runs for
+A session needs no such record: its lane (`domain/session_lanes.py`) lets one run own it at a time, and a message
+for a session whose run is under way is that run's next turn, capped per run. Each record is read and written with compare-and-set on its revision, so two gateway replicas admitting runs for
 one guest at once never both take its last slot. Entries carry a deadline, so a run whose end is never recorded
 (a runtime killed at the wrong moment) stops counting by itself."""
 
@@ -24,10 +25,9 @@ MAX_ROUNDS = 8
 
 @dataclass(frozen=True, slots=True)
 class Caps:
-    """How many runs may be under way at once; 0 for no cap."""
+    """How many runs of one guest may be under way at once; 0 for no cap."""
 
     per_guest: int
-    per_session: int
 
 
 async def _update(
@@ -67,28 +67,12 @@ async def claim(
     *,
     tenant: str,
     guest_id: str,
-    session_id: str,
     run_id: str,
     until: datetime,
 ) -> None:
-    """Count a new run against its guest and its session, or raise TooManyActiveRuns; the same run twice counts once."""
-    guest_key = ns.guest_active_key(tenant, guest_id)
-    added = await _update(broker, ns, guest_key, "add", run_id, until, caps.per_guest, "guest")
-    try:
-        await _update(
-            broker,
-            ns,
-            ns.session_active_key(tenant, session_id),
-            "add",
-            run_id,
-            until,
-            caps.per_session,
-            "session",
-        )
-    except TooManyActiveRuns:
-        if added:
-            await _update(broker, ns, guest_key, "remove", run_id, until, 0, "guest")
-        raise
+    """Count a new run against its guest, or raise TooManyActiveRuns; the same run twice counts once."""
+    key = ns.guest_active_key(tenant, guest_id)
+    await _update(broker, ns, key, "add", run_id, until, caps.per_guest, "guest")
 
 
 async def release_active(broker: Broker, ns: Namespace, state: RunState, logger: logging.Logger) -> None:
@@ -101,11 +85,9 @@ async def release_active(broker: Broker, ns: Namespace, state: RunState, logger:
         return  # a run admitted before tenants: never claimed
     now = datetime.now(UTC)
     try:
-        for key in (
-            ns.guest_active_key(tenant, state.guest_id),
-            ns.session_active_key(tenant, state.session_id),
-        ):
-            await _update(broker, ns, key, "remove", state.run_id, now, 0, "")
+        await _update(
+            broker, ns, ns.guest_active_key(tenant, state.guest_id), "remove", state.run_id, now, 0, ""
+        )
     except CrashsafeError as exc:
         log(
             logger,

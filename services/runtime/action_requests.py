@@ -67,7 +67,7 @@ class ActionRequests:
         subject = self.ns.actions_for_key(intent.family, intent.key, self.settings.partitions)
         terms = terms or terms_for(intent, utcnow())
         # Bound to the run's agent: an executor serves a compensation-only tool to a plan only for the agent
-        # whose model may ask for it (support's refund_payment), never to a booking run.
+        # whose model may ask for it (support's refund_payment), never to another agent's run.
         request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at, agent)
         with span(
             SpanName.ACTION_REQUEST,

@@ -78,12 +78,12 @@ class GuestMessages:
 
     async def _admit(self, event: InboundEvent, ctx: Context, redelivered: bool) -> None:
         for _ in range(append_path.MAX_CONFLICT_RETRIES):
-            move = await self._lane(event, ctx, redelivered)
+            move, lane = await self._lane(event, ctx, redelivered)
             if move is None:
                 return  # a turn of a run that has ended since: taken already
             if isinstance(move, Start):
                 async with self.runs.lock(event.run_id):
-                    await self.accept(event, ctx)
+                    await self.accept(event, ctx, lane)
                 return
             owner = move.error.run_id if isinstance(move, Refuse) else move.owner
             if isinstance(move, Join):
@@ -133,20 +133,22 @@ class GuestMessages:
 
     async def _lane(
         self, event: InboundEvent, ctx: Context, redelivered: bool
-    ) -> Start | Join | Refuse | None:
+    ) -> tuple[Start | Join | Refuse | None, SessionLane | None]:
         """What the message is in its session now: its own run's, the session's active run's next turn, refused
         that run (another guest's), or None: a turn of a run that has ended since. Takes the session over when
-        the rule says so."""
+        the rule says so. With a Start, the lane record as read for it (None: not read), which the run's start
+        reads its history from instead of asking the bucket again."""
         tenant, session = event.tenant, event.message.session_id
         if not tenant or event.run_id in self.runs:
-            return Start()  # no tenant, no lane; or its run is held already
+            return Start(), None  # no tenant, no lane; or its run is held already
         if await self.broker.first_on_subject(
             self.ns.stream(StreamKind.RUNS), self.ns.run_events(event.run_id)
         ):
-            return Start()  # it started its run already (a redelivery)
+            return Start(), None  # it started its run already (a redelivery)
         message = event.message
         for _ in range(append_path.MAX_CONFLICT_RETRIES):
-            lane = SessionLane(run_id=await self.lanes.owner(tenant, session))
+            record = await self.lanes.lane(tenant, session)
+            lane = SessionLane(run_id=record.run_id)
             owner, sent = Owner(read=True), None
             if lane.run_id and lane.run_id != event.run_id:
                 state = await self.appends.peek(lane.run_id)
@@ -161,23 +163,25 @@ class GuestMessages:
             # Asked after the owner's state was read, so every run that had ended by then is final: a message that
             # came again and is a turn of one is neither joined to the next owner nor started as its own run.
             if redelivered and not isinstance(move, Start) and await self._taken_already(event):
-                return None
+                return None, None
             match move:
-                case Start() | Join() | Refuse():
-                    return move
+                case Start():
+                    return move, record
+                case Join() | Refuse():
+                    return move, None
                 case Wait(owner=first) if sent is not None:
                     # The owner's own message is on its way: start its run now, so this turn joins it in order.
                     started = inbound_decoder.decode(sent.data)
                     async with self.runs.lock(first):
                         await self.accept(msgspec.structs.replace(started, turn_of=""), ctx)
-                    return Join(first)
+                    return Join(first), None
                 case TakeOver(owner=ended_owner, ended=ended):
                     won = await self.lanes.take_over(
                         tenant, session, event.run_id, ended_owner, ended, message.guest_id
                     )
-                    if won == event.run_id:
-                        return Start()
-        return Start()
+                    if won.run_id == event.run_id:
+                        return Start(), won
+        return Start(), None
 
     async def join(self, owner: str, event: InboundEvent, ctx: Context) -> bool:
         """Journal the message as the owner's next turn (once per event id) and drive the owner; False if the
@@ -209,16 +213,18 @@ class GuestMessages:
             await self.loop.drive(run, ctx)
         return joined
 
-    async def accept(self, event: InboundEvent, ctx: Context) -> None:
-        """Start the message's run (pinned to the catalog's current revision) and drive it."""
+    async def accept(self, event: InboundEvent, ctx: Context, lane: SessionLane | None = None) -> None:
+        """Start the message's run (pinned to the catalog's current revision) and drive it. `lane`: its session's
+        record as this message's own lane move read it, if it did."""
         run = self.runs.get(event.run_id)
         if run is None:
+            event = intake.addressed(event, self.registry.default_agent)
             if event.agent not in self.registry.agents:
                 raise PoisonMessage(f"inbound event names unknown agent {event.agent!r}", run_id=event.run_id)
             revision, config = self.catalog.current(event.agent)
             message = event.message
             profile = await self.profiles.read(event.tenant, message.guest_id) if config.memory else None
-            history = await self.lanes.history(event.tenant, message.session_id, message.guest_id)
+            history = await self.lanes.history(event.tenant, message.session_id, message.guest_id, lane)
             started = intake.run_started(
                 event, utcnow(), revision=revision, config=config, profile=profile, history=history
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from crashsafe.contracts.memory import SessionTurn
+from crashsafe.contracts.memory import SessionLane, SessionTurn
 from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.run_state import RunState
@@ -23,13 +23,17 @@ class SessionLanes:
     def __init__(self, broker: Broker | None = None, ns: Namespace | None = None) -> None:
         self.records = SessionRecords(broker, ns) if broker is not None and ns is not None else None
 
-    async def history(self, tenant: str, session_id: str, guest_id: str) -> list[SessionTurn]:
+    async def history(
+        self, tenant: str, session_id: str, guest_id: str, lane: SessionLane | None = None
+    ) -> list[SessionTurn]:
         """The guest's own earlier runs in the session, for a run of theirs starting in it. A session's history is
         (tenant, guest, session)'s: another guest's turns in the same session id are never given (guarantee 8),
-        so a session id reused by another guest starts clean."""
+        so a session id reused by another guest starts clean. `lane`: the record as the run's own claim left it,
+        read once already (only its owner adds to a history, so it is still the session's)."""
         if self.records is None or not tenant or not guest_id:
             return []
-        lane, _ = await self.records.get(tenant, session_id)
+        if lane is None:
+            lane, _ = await self.records.get(tenant, session_id)
         own: list[SessionTurn] = []
         for turn in lane.history:
             whose = turn.guest_id or await self._guest_of(turn.run_id)
@@ -54,10 +58,13 @@ class SessionLanes:
         return started.guest_id if isinstance(started, RunStarted) else ""
 
     async def owner(self, tenant: str, session_id: str) -> str:
+        return (await self.lane(tenant, session_id)).run_id
+
+    async def lane(self, tenant: str, session_id: str) -> SessionLane:
         if self.records is None or not tenant:
-            return ""
+            return SessionLane()
         lane, _ = await self.records.get(tenant, session_id)
-        return lane.run_id
+        return lane
 
     async def take_over(
         self,
@@ -67,16 +74,15 @@ class SessionLanes:
         owner: str,
         ended: RunState | None,
         guest_id: str = "",
-    ) -> str:
+    ) -> SessionLane:
         """Make `run_id` (a message of `guest_id`) the owner if the session is free, or still owned by `owner` (a
         run that has ended, with its turn `ended` added to the history, or one that never started). Returns the
-        owner afterwards."""
+        lane afterwards."""
         if self.records is None or not tenant:
-            return run_id
-        lane = await self.records.change(
+            return SessionLane(run_id=run_id)
+        return await self.records.change(
             tenant, session_id, lambda lane: taken_over(lane, run_id, owner, ended, guest_id)
         )
-        return lane.run_id
 
     async def release(self, state: RunState) -> None:
         """The run ended: if it still owns its session, hand the session back (with this run in its history)."""

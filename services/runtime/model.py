@@ -161,7 +161,7 @@ class ModelGateway:
     Each route's client is an `openai.AsyncOpenAI` (one per base URL and key variable, `max_retries=0`: the
     runtime owns retries, a redelivered message asks again). Bodies are encoded with msgspec and answers decoded
     into the few fields we read: the client's own request transform and response models re-walk the whole
-    transcript every step and cost most of a booking run's CPU, while auth, base URL and error mapping still
+    transcript every step and cost most of a typical run's CPU, while auth, base URL and error mapping still
     come from the client. With no routes configured, the deployment's CRASHSAFE_MODEL at OPENAI_BASE_URL."""
 
     def __init__(

@@ -187,7 +187,7 @@ class Runtime:
     # Message handlers ---------------------------------------------------------------------------------------
 
     async def _on_inbound(self, msg: Msg) -> None:
-        event = inbound_decoder.decode(msg.data)
+        event = intake.addressed(inbound_decoder.decode(msg.data), self.registry.default_agent)
         with span(
             SpanName.RUNTIME_STEP,
             context_from(msg.headers),

@@ -213,7 +213,7 @@ async def test_paying_again_after_a_decline_is_denied_once_the_hold_is_released_
     stack: Stack,
 ) -> None:
     """The declined charge's hold is released before the model is asked again, and the policy never pays a
-    released booking (`booking_released`, slice P): the second ask is a denial, not a retry waiting for the
+    released booking (`undone_effect`, slice P): the second ask is a denial, not a retry waiting for the
     guest. (The retry-with-approval key rule is pinned in tests/unit/test_identity.py.)"""
     guest = unique("guest")
     await stack.sandbox.arm("payments", decline=1)
@@ -224,7 +224,7 @@ async def test_paying_again_after_a_decline_is_denied_once_the_hold_is_released_
     (declined,) = _completed(events, "create_payment")
     assert declined.status == OutcomeStatus.FAILED
     (denied,) = [e for e in events if isinstance(e, PolicyDenied)]
-    assert (denied.tool, denied.rule) == ("create_payment", "booking_released")
+    assert (denied.tool, denied.rule) == ("create_payment", "undone_effect")
     assert [e for e in events if isinstance(e, ApprovalRequested)] == []
     assert len(_requested(events, "create_payment")) == 1  # the second ask never became a request
     ledger = await stack.sandbox.ledger(guest)

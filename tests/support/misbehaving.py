@@ -19,6 +19,7 @@ from crashsafe.contracts.keys import CompensationKind
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 
@@ -41,6 +42,11 @@ class OneStep:
         self.tools = {NOOP.name: NOOP.contract}
         self.compensation_tools = {UNDO.name: UNDO.contract}
         self.config = AgentConfig(agent=name)
+
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return default_question(state, tool, args, hold)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
         return ()

@@ -24,6 +24,7 @@ from crashsafe.domain.agent import ProjectionCall
 from crashsafe.domain.decide import AskModel, next_move
 from crashsafe.domain.model_calls import model_answered
 from crashsafe.services.agents import stayhub
+from crashsafe.services.agents.booking.booking_agent import UNKNOWN_BOOKING
 from tests.support.runs import BOOK, BOOKING, NIGHTLY, RUN, Run, booked_run, call, reply_of, started
 
 
@@ -81,7 +82,7 @@ def paid_anyway(run: Run, booking_id: str, call_id: str, answered: bool = False)
             '{"check_in": "2031-12-01", "check_out": "2031-12-03"}',
             ErrorCode.INVALID_TOOL_ARGUMENTS,
         ),
-        ("create_payment", '{"booking_id": "bk_never_made"}', ErrorCode.UNKNOWN_BOOKING),
+        ("create_payment", '{"booking_id": "bk_never_made"}', UNKNOWN_BOOKING),
         # The email and the CRM record are projections now, never the model's: a model that still asks for
         # them (trained on the old flow, or obeying an injection) meets a clean unknown_tool, never an effect.
         ("send_confirmation_email", '{"booking_id": "bk_1"}', ErrorCode.UNKNOWN_TOOL),
@@ -98,7 +99,7 @@ def paid_anyway(run: Run, booking_id: str, call_id: str, answered: bool = False)
         ),  # the model never sees compensations
     ],
 )
-def test_bad_calls_become_typed_rejections(tool: str, arguments: str, code: ErrorCode) -> None:
+def test_bad_calls_become_typed_rejections(tool: str, arguments: str, code: str) -> None:
     run = Run(started())
     bad = call(tool, arguments, "call_bad")
     run.answer(bad)
@@ -108,11 +109,11 @@ def test_bad_calls_become_typed_rejections(tool: str, arguments: str, code: Erro
         2,
         "call_bad",
         tool,
-        code.value,
+        code,
     )
     assert run.state.pending == () and run.state.unplanned == () and run.state.next_step == 3
     output = run.state.transcript[-1]
-    assert output["call_id"] == "call_bad" and json.loads(output["output"])["error"]["code"] == code.value
+    assert output["call_id"] == "call_bad" and json.loads(output["output"])["error"]["code"] == code
     assert isinstance(
         next_move(run.state, BOOKING, run.tick()), AskModel
     )  # the model hears why and decides again
@@ -177,7 +178,7 @@ def test_a_failed_booking_cannot_be_paid() -> None:
     (rejected,) = run.decide()
     assert isinstance(rejected, ToolRejected)
     assert (rejected.error.code, rejected.error.details) == (
-        ErrorCode.UNKNOWN_BOOKING.value,
+        UNKNOWN_BOOKING,
         {"booking_id": "bk_failed"},
     )
 

@@ -57,9 +57,9 @@ from crashsafe.contracts.inbound import (
 )
 from crashsafe.contracts.policy import (
     ApprovalAbove,
+    DateWindow,
     OneActiveHold,
     RefundWithinPaid,
-    StayWindow,
     ToolsAllowed,
     VerifiedRecipient,
     rule_decoder,
@@ -262,11 +262,31 @@ SAMPLES: list[msgspec.Struct] = [
     ),
     TurnReceived(run_id=RUN, at=AT, event_id="evt-2", text="yes"),
     ToolsAllowed(tools=["search_hotels", "create_booking"]),
-    StayWindow(max_nights=30),
-    ApprovalAbove(tool="create_payment", limit_cents=100000, approver="manager"),
+    DateWindow(
+        tools=["search_hotels", "create_booking"],
+        max_nights=30,
+        start_field="check_in",
+        end_field="check_out",
+        max_days_ahead=365,
+        start_label="check-in",
+    ),
+    ApprovalAbove(tool="create_payment", limit_cents=100000, approver="manager", for_field="booking_id"),
     VerifiedRecipient(),
-    OneActiveHold(),
-    RefundWithinPaid(),
+    OneActiveHold(
+        tool="create_booking",
+        holder_fields=["guest_id"],
+        same_fields=["hotel_id"],
+        start_field="check_in",
+        end_field="check_out",
+        result_field="booking_id",
+    ),
+    RefundWithinPaid(
+        tool="refund_payment",
+        payment_field="payment_id",
+        listing_tool="find_payments",
+        listing_field="payments",
+        charge_tool="create_payment",
+    ),
     ActionRequest(
         run_id=RUN,
         step_no=6,
@@ -395,7 +415,7 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return event_encoder, event_decoder
         case (
             ToolsAllowed()
-            | StayWindow()
+            | DateWindow()
             | ApprovalAbove()
             | VerifiedRecipient()
             | OneActiveHold()

@@ -33,7 +33,7 @@ def raw(**fields: object) -> bytes:
 
 
 def test_an_event_is_bound_to_the_run_of_its_tenant_and_event_id_and_the_hash_of_its_body() -> None:
-    admission = admit(raw(), "acme")
+    admission = admit(raw(), "acme", "booking")
 
     assert (admission.key, admission.run_id) == ("evt-1", run_id_for("acme", "evt-1"))
     assert admission.message == GuestMessage(
@@ -41,7 +41,8 @@ def test_an_event_is_bound_to_the_run_of_its_tenant_and_event_id_and_the_hash_of
     )
     assert admission.input_hash == inbound_hash(admission.message, "booking")
     assert admit(raw(), "acme", agent="steps5").input_hash == inbound_hash(admission.message, "steps5")
-    assert admit(raw(), "globex").run_id != admission.run_id  # another tenant's same event id is another run
+    # Another tenant's same event id is another run.
+    assert admit(raw(), "globex", "booking").run_id != admission.run_id
 
 
 @pytest.mark.parametrize(
@@ -57,7 +58,7 @@ def test_bad_input_is_a_typed_error_with_its_status(
     body: bytes, error: type[CrashsafeError], status: int
 ) -> None:
     with pytest.raises(error) as refused:
-        admit(body, "acme")
+        admit(body, "acme", "booking")
     assert type(refused.value) is error and status_for(refused.value) == status
 
 
@@ -74,9 +75,9 @@ def test_one_table_maps_every_other_error_to_its_status() -> None:
 def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_413_with_the_sizes() -> None:
     body = raw()
     at_limit = body + b" " * (MAX_BODY_BYTES - len(body))  # trailing whitespace is still one JSON object
-    assert len(at_limit) == MAX_BODY_BYTES and admit(at_limit, "acme").key == "evt-1"
+    assert len(at_limit) == MAX_BODY_BYTES and admit(at_limit, "acme", "booking").key == "evt-1"
     with pytest.raises(BodyTooLarge) as refused:
-        admit(at_limit + b" ", "acme")
+        admit(at_limit + b" ", "acme", "booking")
     assert refused.value.details() == {"size": MAX_BODY_BYTES + 1, "limit": MAX_BODY_BYTES}
 
 

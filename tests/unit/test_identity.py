@@ -154,7 +154,7 @@ def test_paying_again_after_a_decline_is_denied_once_its_hold_is_released_and_a_
     None
 ):
     """The booking agent releases a declined charge's hold at once, and the policy never pays a released
-    booking (`booking_released`, slice P): the guest's way forward is a new hold, charged under its own key.
+    booking (`undone_effect`, slice P): the guest's way forward is a new hold, charged under its own key.
     The retry-with-approval rule is pinned on the key choice below."""
     run = Run(business())
     run.answer(BOOK)
@@ -172,7 +172,7 @@ def test_paying_again_after_a_decline_is_denied_once_its_hold_is_released_and_a_
     run.complete(release.step_no)
     run.answer(call("create_payment", {"booking_id": booking_id}, "call_pay_again"))
     (denied,) = run.decide()
-    assert isinstance(denied, PolicyDenied) and denied.rule == "booking_released"
+    assert isinstance(denied, PolicyDenied) and denied.rule == "undone_effect"
     assert run.state.pending == ()  # no second charge is requested
     run.answer(call("create_booking", ASKED, "call_book_again"))
     (again,) = run.decide()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import msgspec
 import pytest
 
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import OutcomeRefused, PoisonMessage
-from crashsafe.contracts.inbound import InboundEvent, InboundMessage
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from crashsafe.contracts.keys import GuestScope, KeyScheme
 from crashsafe.contracts.memory import SessionTurn
 from crashsafe.contracts.run_events import (
@@ -82,6 +83,16 @@ def test_a_message_starts_a_run_pinned_to_the_revision_with_the_budget_of_its_co
     assert (first.key_scheme, first.guest_scope) == (KeyScheme.BUSINESS, GuestScope.TENANT)
     state = fold_run(None, first)
     assert state is not None and state.run_id == RUN
+
+
+def test_a_message_that_names_no_agent_is_for_the_deployments_default_agent() -> None:
+    named = _inbound()
+    assert intake.addressed(named, "steps5") is named  # named: kept, whatever the default
+    wire = msgspec.json.decode(inbound_encoder.encode(named))
+    del wire["agent"]  # an event without the field reads as naming none
+    unnamed = inbound_decoder.decode(msgspec.json.encode(wire))
+    assert unnamed.agent == ""
+    assert intake.addressed(unnamed, "steps5") == msgspec.structs.replace(named, agent="steps5")
 
 
 def test_a_turn_is_journaled_once_per_event_id() -> None:

@@ -118,6 +118,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crashsafe.evals": {"crashsafe.contracts", "crashsafe", "crashsafe.sandbox", "crashsafe.evals"},
     # An outside reader of the public contracts: nothing of the product but `contracts` (and nats itself).
     "crashsafe.examples": {"crashsafe.contracts", "crashsafe.examples"},
+    # An adopter's package: the public surface and the testing helpers, nothing else of the product.
+    "crashsafe.examples.cowork": {"crashsafe.sdk", "crashsafe.testing", "crashsafe.examples.cowork"},
 }
 
 # Plain functions over plain data: these, and everything they import from the project, touch no I/O library.
@@ -128,6 +130,9 @@ PURE = (
     "crashsafe.services.console.run_timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",
+    # An adopter's agent and tools are as pure as the runtime's own: the fold and decide call them.
+    "crashsafe.examples.cowork.desk_agent",
+    "crashsafe.examples.cowork.desk_tools",
 )
 
 

@@ -68,7 +68,10 @@ def test_the_built_in_catalog_is_valid_and_survives_the_wire() -> None:
             _with(rules=[ApprovalAbove(tool="create_payment", limit_cents=1, approver="the model")]),
             "approver must be guest or manager",
         ),
-        (_with(rules=[RefundWithinPaid()]), "names tools ['refund_payment']"),  # booking cannot refund
+        (
+            _with(rules=[RefundWithinPaid(tool="refund_payment", payment_field="payment_id")]),
+            "names tools ['refund_payment']",
+        ),  # booking cannot refund
         (_with(budget=Budget(max_steps=0)), "budget.max_steps must be in 1..1000"),
         (_with(budget=Budget(max_tokens=-1)), "budget.max_tokens"),
         (_with(budget=Budget(deadline_s=float("nan"))), "budget.deadline_s"),

@@ -188,11 +188,11 @@ def test_paying_a_booking_released_in_this_run_is_denied() -> None:
     assert isinstance(release, ActionRequested) and release.tool == "release_booking"
     # Still being released: paying it is denied already.
     args, hashed = prepared_payment(run.state, booking_id)
-    in_flight = check_policy(run.state, BOOKING.config, PAY, args, hashed, Origin.MODEL, run.tick())
-    assert isinstance(in_flight, Deny) and in_flight.rule == "booking_released"
+    in_flight = check_policy(run.state, BOOKING.config, PAY, args, hashed, Origin.MODEL, run.tick(), BOOKING)
+    assert isinstance(in_flight, Deny) and in_flight.rule == "undone_effect"
     run.complete(release.step_no)
     denied = pay_asked(run, booking_id, "call_pay_again")
-    assert isinstance(denied, PolicyDenied) and denied.rule == "booking_released"
+    assert isinstance(denied, PolicyDenied) and denied.rule == "undone_effect"
 
 
 # ApprovalAbove -----------------------------------------------------------------------------------------------
@@ -409,7 +409,9 @@ def test_a_pending_hold_counts_and_a_released_one_does_not() -> None:
 # RefundWithinPaid (the support agent's rule) -----------------------------------------------------------------
 
 REFUND = REFUND_PAYMENT.contract  # as the support agent offers it to its model: it declares amount_cents
+# As a catalog from before the rule's parameters published it: the support agent's own rule fills them in.
 SUPPORT = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
+SUPPORT_AGENT = SupportAgent()
 
 
 def found_payments(payments: list[dict[str, Any]], run: Run | None = None) -> Run:
@@ -437,7 +439,14 @@ def found_payments(payments: list[dict[str, Any]], run: Run | None = None) -> Ru
 def refund_verdict(run: Run, payment_id: str, amount: int) -> Any:
     args = {"payment_id": payment_id, "amount_cents": amount}
     return check_policy(
-        run.state, SUPPORT, REFUND, args, tool_input_hash("refund_payment", args), Origin.MODEL, T0
+        run.state,
+        SUPPORT,
+        REFUND,
+        args,
+        tool_input_hash("refund_payment", args),
+        Origin.MODEL,
+        T0,
+        SUPPORT_AGENT,
     )
 
 
@@ -686,14 +695,28 @@ def test_money_is_shown_with_thousands_and_cents() -> None:
 def test_a_refund_amount_above_what_is_left_is_denied_as_asked_before_the_agent_prepares_it() -> None:
     run = found_payments([PAID])
     over = {"payment_id": "pay_1", "amount_cents": 30_001}
-    denied = check_asked(run.state, SUPPORT, REFUND, over, Origin.MODEL)
+    denied = check_asked(run.state, SUPPORT, REFUND, over, Origin.MODEL, SUPPORT_AGENT)
     assert isinstance(denied, Deny) and denied.rule == "refund_within_paid"
     # A payment the run has not seen is the agent's to refuse (find it first); within what is left, no verdict yet.
     assert (
-        check_asked(run.state, SUPPORT, REFUND, {"payment_id": "pay_x", "amount_cents": 1}, Origin.MODEL)
+        check_asked(
+            run.state,
+            SUPPORT,
+            REFUND,
+            {"payment_id": "pay_x", "amount_cents": 1},
+            Origin.MODEL,
+            SUPPORT_AGENT,
+        )
         is None
     )
     assert (
-        check_asked(run.state, SUPPORT, REFUND, {"payment_id": "pay_1", "amount_cents": 20_000}, Origin.MODEL)
+        check_asked(
+            run.state,
+            SUPPORT,
+            REFUND,
+            {"payment_id": "pay_1", "amount_cents": 20_000},
+            Origin.MODEL,
+            SUPPORT_AGENT,
+        )
         is None
     )

@@ -11,15 +11,16 @@ from typing import Any
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import ErrorCode, ErrorInfo
 from crashsafe.contracts.keys import CompensationKind
-from crashsafe.contracts.policy import ApprovalAbove, Approver, OneActiveHold, StayWindow
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
 from crashsafe.contracts.tool_messages import OutcomeStatus, first_made_by
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule
 from crashsafe.domain.registry import compensation_contracts, model_contracts
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents.booking.booking_arguments import ARGUMENT_TYPES
+from crashsafe.services.agents.booking.booking_policy import DEFAULT_RULES, booking_question
 from crashsafe.services.agents.booking.booking_tools import TOOLS
 from crashsafe.services.agents.remember_preference import (
     REMEMBER_PREFERENCE,
@@ -28,6 +29,9 @@ from crashsafe.services.agents.remember_preference import (
 )
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# The agent's own refusal (`ErrorInfo.code`, open on the wire): a payment or release naming a booking this run never
+# held. The same value the runtime's ErrorCode carried before issue 20 moved it here, so clients read no change.
+UNKNOWN_BOOKING = "unknown_booking"
 
 
 INSTRUCTIONS = (
@@ -66,25 +70,6 @@ def _string(args: dict[str, Any], name: str) -> str | ErrorInfo:
     return value
 
 
-# The booking agent's built-in rules (the catalog's default): amounts above 1,500.00 wait for the guest's
-# "yes", a corporate guest's bookings for their manager's approval. No `VerifiedRecipient`: the agent's model has
-# no tool that sends a message. The confirmation email is a projection whose `to` `projections` takes from the
-# guest's profile alone (the verified address, else none: the provider's address of record), so no recipient
-# from the model can reach it; the rule stays in the contracts for a catalog giving a model a message tool.
-DEFAULT_RULES = (
-    StayWindow(max_nights=30),
-    ApprovalAbove(tool="create_payment", limit_cents=150_000, approver=Approver.GUEST.value),
-    ApprovalAbove(
-        name="corporate_approval",
-        tool="create_payment",
-        limit_cents=0,
-        approver=Approver.MANAGER.value,
-        corporate_only=True,
-    ),
-    OneActiveHold(),
-)
-
-
 class BookingAgent:
     name = "booking"
     instructions = INSTRUCTIONS
@@ -92,6 +77,10 @@ class BookingAgent:
     compensation_tools = compensation_contracts(TOOLS)
     argument_types = ARGUMENT_TYPES | {REMEMBER_PREFERENCE.name: RememberPreferenceArgs}
     config = AgentConfig(agent="booking", rules=list(DEFAULT_RULES), memory=True, retrieval=True)
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return booking_question(state, tool, args, hold)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
@@ -257,7 +246,7 @@ class BookingAgent:
             if result.get("booking_id") == booking_id:
                 return result
         return ErrorInfo(
-            code=ErrorCode.UNKNOWN_BOOKING.value,
+            code=UNKNOWN_BOOKING,
             message=f"booking {booking_id} was not created in this run; create_booking first",
             details={"booking_id": booking_id},
         )

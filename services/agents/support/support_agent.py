@@ -19,6 +19,7 @@ from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account, owns, the_guest
+from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import model_contracts
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents.booking.booking_arguments import RefundArgs
@@ -88,7 +89,23 @@ class SupportAgent:
         FIND_PAYMENTS.name: FindPaymentsArgs,
         REFUND_PAYMENT.name: RefundArgs,
     }
-    config = AgentConfig(agent="support", rules=[RefundWithinPaid(manager_above_cents=15_000)])
+    config = AgentConfig(
+        agent="support",
+        rules=[
+            RefundWithinPaid(
+                tool="refund_payment",
+                manager_above_cents=15_000,
+                payment_field="payment_id",
+                listing_tool="find_payments",
+                listing_field="payments",
+                charge_tool="create_payment",
+            )
+        ],
+    )
+    policies: tuple[PolicyRule, ...] = ()
+
+    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
+        return default_question(state, tool, args, hold)  # the refund rule's own wording
 
     def script(self, state: RunState) -> ScriptedStep | None:
         return None  # the model decides
