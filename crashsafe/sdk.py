@@ -17,6 +17,7 @@ from crashsafe.contracts.policy import (
     VerifiedRecipient,
 )
 from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.run_events import ArgumentLimits, Origin, ToolCall
 from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
@@ -36,6 +37,8 @@ from crashsafe.domain.registry import (
     HttpOperation,
     HttpRequest,
     ProviderAnswer,
+    ProviderClient,
+    PythonOperation,
     Registration,
     Registry,
     Tool,
@@ -55,6 +58,7 @@ __all__ = [
     "AuditRule",
     "Compensation",
     "CompensationKind",
+    "DEFAULT_PROVIDER",
     "DateWindow",
     "Deny",
     "Effect",
@@ -72,6 +76,9 @@ __all__ = [
     "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
+    "ProviderClient",
+    "ProviderSettings",
+    "PythonOperation",
     "RefundWithinPaid",
     "Registration",
     "Registry",
