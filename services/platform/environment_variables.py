@@ -69,7 +69,7 @@ VARIABLES: tuple[Variable, ...] = (
         "DEBUG, INFO, WARNING or ERROR: the JSON lines on stderr ([docs/observability.md](docs/observability.md#logs))",
     ),
     Variable("CRASHSAFE_CRASH_AT", "unset", "a crash seam to SIGKILL at (tests and the demo)"),
-    Variable("CRASHSAFE_MODEL", "scripted-booking", "the model name asked of the Responses API"),
+    Variable("CRASHSAFE_MODEL", "scripted", "the model name asked of the Responses API"),
     Variable(
         "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
     ),
@@ -87,7 +87,6 @@ VARIABLES: tuple[Variable, ...] = (
         "CRASHSAFE_RECONCILE_PER_MINUTE", "6", "reconciles per run and minute, per gateway replica (0: none)"
     ),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
-    Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
     Variable(
         "CRASHSAFE_TURNS_PER_RUN",
         "50",

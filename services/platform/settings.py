@@ -81,7 +81,7 @@ class Settings:
     gateway_port: int = 8080
     sandbox_port: int = 8090
     # The name the sandbox's scripted model answers to (sandbox/scripted_model.py): the value stays as it is.
-    model: str = "scripted-booking"
+    model: str = "scripted"
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     worker_id: str = ""
@@ -97,7 +97,6 @@ class Settings:
     rate_per_guest: float = 20.0
     reconcile_per_minute: float = 6.0
     active_runs_per_guest: int = 10
-    active_runs_per_session: int = 5
     # A run's turns (issue 17): how many messages it takes, and how many may wait unread (services/gateway/turns.py).
     turns_per_run: int = 50
     run_inbox: int = 10
@@ -280,12 +279,6 @@ class Settings:
             active_runs_per_guest=read(
                 "CRASHSAFE_ACTIVE_RUNS_PER_GUEST",
                 cls.active_runs_per_guest,
-                non_negative_int,
-                "a whole number >= 0",
-            ),
-            active_runs_per_session=read(
-                "CRASHSAFE_ACTIVE_RUNS_PER_SESSION",
-                cls.active_runs_per_session,
                 non_negative_int,
                 "a whole number >= 0",
             ),

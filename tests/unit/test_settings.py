@@ -83,7 +83,6 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_RATE_PER_GUEST": "0",
         "CRASHSAFE_RECONCILE_PER_MINUTE": "2.5",
         "CRASHSAFE_ACTIVE_RUNS_PER_GUEST": "3",
-        "CRASHSAFE_ACTIVE_RUNS_PER_SESSION": "0",
         "CRASHSAFE_TURNS_PER_RUN": "7",
         "CRASHSAFE_RUN_INBOX": "0",
         "CRASHSAFE_CAPABILITY_SIGNING_KEY": "/keys/capability.key",
@@ -127,7 +126,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (s.openai_api_key, s.openai_base_url) == ("sk-test", "https://models.example/v1")
     assert (s.api_key, s.tls_cert_file, s.tls_key_file) == (env["CRASHSAFE_API_KEY"], cert, key)
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
-    assert (s.active_runs_per_guest, s.active_runs_per_session) == (3, 0)
+    assert s.active_runs_per_guest == 3
     assert (s.turns_per_run, s.run_inbox) == (7, 0)
     assert s.projection_time_scale == 0.01
     assert (s.ops_host, s.ops_port, s.loop_stall_s) == ("0.0.0.0", 0, 12.5)
