@@ -42,14 +42,14 @@ from bench.probes import nats_traffic
 from bench.run import WORKLOADS, note
 from bench.wiretap import TappedStack
 from bench.workloads import REGISTRY
-from crashsafe.contracts.jetstream_api import ACK
+from crashsafe.contracts.jetstream_api import ACK, API
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.natsd import free_port
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack_keys import STACK_TENANT
 
-DIRECT_GET = "$JS.API.DIRECT.GET."
+DIRECT_GET = f"{API}.DIRECT.GET."
 
 
 def matches(pattern: str, subject: str) -> bool:

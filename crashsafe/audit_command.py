@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crashsafe.contracts.audit import ProviderEffect
 from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
-from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.domain.registry import HttpOperation, PythonOperation, Registry
+from crashsafe.sandbox.listing import ListedEffects, SandboxListing
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.operations.provider_audit import audit_all, unreadable_runs
 from crashsafe.services.operations.run_journals import reconcile_run, runs_to_reconcile
@@ -27,18 +29,47 @@ async def reconcile(state_dir: Path, run_id: str | None) -> int:
     return 0
 
 
+async def listings(providers: Providers, registry: Registry) -> tuple[ListedEffects | None, list[str]]:
+    """The listing of every effect, from each provider an audited HTTP operation names that offers one (the
+    sandbox's ledger), each base URL read once; and a note for each provider or Python operation that offers
+    none, whose effects are then checked by key alone (effects no run journaled cannot be found there)."""
+    audited = [t for t in registry.tools.values() if t.audited]
+    names = sorted({t.operation.provider for t in audited if isinstance(t.operation, HttpOperation)})
+    clients = providers.http_providers()
+    effects: list[ProviderEffect] | None = None
+    notes: list[str] = []
+    read: set[str] = set()
+    for name in names:
+        url = providers.endpoints[name].base_url
+        if url in read:
+            continue
+        read.add(url)
+        listed = await SandboxListing(clients[name]).listed()
+        if listed is None:
+            notes.append(
+                f"NOTE provider {name} at {url} lists no effects (no sandbox ledger at GET /_ledger): each "
+                "journaled effect is asked about by its key, and effects no run journaled cannot be found"
+            )
+            continue
+        effects = [*(effects or []), *await listed.effects()]
+    python = sorted(t.name for t in audited if isinstance(t.operation, PythonOperation))
+    if python:
+        notes.append(
+            f"NOTE {', '.join(python)}: Python operations offer no listing; each journaled effect is asked about "
+            "by its key through the operation's own lookup"
+        )
+    return (ListedEffects(effects) if effects is not None else None), notes
+
+
 async def audit(state_dir: Path) -> int:
     settings = settings_for(state_dir)
     registry = registries.load(settings.registry)
     async with operator_broker(settings, "crashsafe-audit") as broker:
-        async with Providers.connect(settings.sandbox_url) as providers:
-            listing = await SandboxListing(providers.http).listed()
-            if listing is None:
-                print(
-                    f"NOTE the providers at {settings.sandbox_url} list no effects (no sandbox ledger at "
-                    "GET /_ledger): each journaled effect is asked about by its key, and effects no run "
-                    "journaled cannot be found"
-                )
+        # Each tool asked through its own operation's lookup, at its own provider with its own credential.
+        async with Providers.open(settings, registry.tools.values()) as providers:
+            listing, notes = await listings(providers, registry)
+            for note in notes:
+                print(note)
             findings, stats = await audit_all(broker, settings, registry, providers, listing)
         unreadable = await unreadable_runs(broker, settings.namespace)
     listed = f", {stats.listed_effects} provider effects listed" if stats.listed_effects is not None else ""

@@ -18,6 +18,7 @@ from crashsafe.contracts.policy import (
     VerifiedRecipient,
 )
 from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -53,6 +54,8 @@ from crashsafe.domain.registry import (
     HttpOperation,
     HttpRequest,
     ProviderAnswer,
+    ProviderClient,
+    PythonOperation,
     Registration,
     Registry,
     Tool,
@@ -79,6 +82,7 @@ __all__ = [
     "AuditRule",
     "Compensation",
     "CompensationKind",
+    "DEFAULT_PROVIDER",
     "DateWindow",
     "Deny",
     "Effect",
@@ -99,6 +103,9 @@ __all__ = [
     "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
+    "ProviderClient",
+    "ProviderSettings",
+    "PythonOperation",
     "RefundWithinPaid",
     "Registration",
     "Registry",

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from crashsafe.contracts.provider_settings import CREDENTIAL_FILE_SUFFIX, PROVIDER_PREFIX
 from crashsafe.services.records.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
@@ -51,6 +52,10 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
         env[SIGNING_KEY_VARIABLE] = str(stack.capability_key)
     elif service.base.startswith("executor-"):
         env[VERIFY_KEYS_VARIABLE] = str(public_path(stack.capability_key))
+    if not (service.base.startswith("executor-") or service.base == "projector"):
+        # Provider credentials only where providers are called: the gateway asks executors for its provider views.
+        for name in [n for n in env if n.startswith(PROVIDER_PREFIX) and n.endswith(CREDENTIAL_FILE_SUFFIX)]:
+            env.pop(name)
     if service.base == "reconciler":
         env["CRASHSAFE_SYNTHETIC_GATEWAY_URL"] = stack.gateway_url
         env["CRASHSAFE_SYNTHETIC_KEY_FILE"] = str(stack.state_dir / SYNTHETIC_KEY_FILE)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from crashsafe.contracts.audit import Finding, Intent
 from crashsafe.contracts.errors import UnknownAgent
 from crashsafe.contracts.projections import RetryPolicy
+from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, PROVIDER_NAME, ProviderSettings
 from crashsafe.contracts.streams import KvSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import CallAnswer, LookupAnswer
@@ -34,7 +35,7 @@ class HttpOperation:
     request: Callable[[dict[str, Any]], HttpRequest]
     # The provider's "what happened to key K?" endpoint, `{key}` filled in; None: nothing to ask by key.
     lookup_path: str | None
-    # The field of the provider's answer that names the effect (booking_id, payment_id …).
+    # The field of the provider's answer that names the effect (`payment_id`, `order_id` …).
     ref_field: str | None
     # Arguments the call cannot be made without: checked before any intent is committed.
     requires: tuple[str, ...] = ()
@@ -47,6 +48,54 @@ class HttpOperation:
     # and for "a request with this key is still in progress" (unknown: ask again later).
     absent_codes: frozenset[str] = frozenset({"key_not_found"})
     in_use_codes: frozenset[str] = frozenset({"idempotency_key_in_use"})
+    # Which provider's base URL and credential the request goes to (settings: CRASHSAFE_PROVIDER_<NAME>_URL).
+    provider: str = DEFAULT_PROVIDER
+
+    def __post_init__(self) -> None:
+        _check_provider(self.provider)
+
+
+def _check_provider(name: str) -> None:
+    """A provider's name is part of its variables' names (CRASHSAFE_PROVIDER_<NAME>_URL): lower-case, or never
+    found in settings."""
+    if not PROVIDER_NAME.match(name):
+        raise ValueError(
+            f"provider {name!r}: a provider name is a lower-case letter, then letters, digits or _"
+        )
+
+
+class ProviderClient(Protocol):
+    """A provider as an adopter writes it in Python (its SDK: Stripe's, a reservations API's). The contract, in full in
+    docs/providers.md: `call` makes the effect at most once per `key` (the provider's idempotency key) and answers
+    OK, REJECTED (a definitive no: nothing was made) or UNKNOWN; `lookup` answers FOUND, ABSENT (only when the
+    provider says it never saw the key), REJECTED (it holds the key's record as refused) or UNKNOWN. Any exception,
+    a timeout or an answer of another type is read as UNKNOWN: the effect may exist, so it is asked about by key,
+    never called blind."""
+
+    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
+        """`deadline`: a `time.monotonic()` instant (the event loop's clock: `asyncio.timeout_at(deadline)`) by
+        which to answer; the executor stops waiting a grace after it, and the answer is then unknown."""
+        ...
+
+    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
+        """What became of `key`; `args` are the call's (they name the account or the record it wrote)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PythonOperation:
+    """A tool's effect as an adopter's Python code: `client` is called once per process with its provider's
+    settings (base URL, credential: never read from the environment by the adopter) and gives the ProviderClient
+    the executor calls with the action's key and asks by key."""
+
+    client: Callable[[ProviderSettings], ProviderClient]
+    provider: str = DEFAULT_PROVIDER
+    requires: tuple[str, ...] = ()
+    # False: the provider cannot be asked about a key; an unknown outcome then stays unknown (never called again).
+    looks_up: bool = True
+
+    def __post_init__(self) -> None:
+        _check_provider(self.provider)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +122,7 @@ class KvOperation:
     requires: tuple[str, ...] = ()
 
 
-Operation = HttpOperation | LocalOperation | KvOperation
+Operation = HttpOperation | PythonOperation | LocalOperation | KvOperation
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ from tests.support.nats_users import access, admit
 from tests.support.stack import StackClient, open_stack
 
 KINDS = ("unit", "integration", "e2e")
-# Tool families only a test's own registry has (tests/integration/test_composition.py's `stamps`).
-TEST_ONLY_FAMILIES = frozenset({"stamps"})
+# Tool families only a test's own registry has (test_composition.py's `stamps`, tests/support/python_providers.py's `orders`).
+TEST_ONLY_FAMILIES = frozenset({"stamps", "orders"})
 # A unit test that asks for one of these is not a unit test.
 NOT_PURE = {"nats_server", "broker", "start_stack"}
 

@@ -18,24 +18,29 @@ from crashsafe.services.records.capability_keys import load_verifier
 
 async def run(settings: Settings, registry: Registry, stop: asyncio.Event, family: str) -> None:
     crashpoints.arm(settings.crash_at)
-    logger = configure(f"executor.{family}", settings.log_level)
-    telemetry = configure_telemetry("executor", settings.otel, resource={"crashsafe.family": family})
-    verifier = load_verifier(
-        settings.capability_verify_keys, registry.compensation_only, registry.model_tools
-    )
-    ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
-    broker = await Broker.connect(
-        settings.nats_url, f"executor-{family}-{settings.worker_id}", access=settings.nats_access, stop=stop
-    )
-    try:
-        async with Providers.connect(settings.sandbox_url) as providers:
+    # Every provider this family's tools name, checked before anything else: a missing URL is one line at start,
+    # not an unknown outcome at the first call.
+    async with Providers.open(settings, registry.tools_of(family).values()) as providers:
+        logger = configure(f"executor.{family}", settings.log_level)
+        telemetry = configure_telemetry("executor", settings.otel, resource={"crashsafe.family": family})
+        verifier = load_verifier(
+            settings.capability_verify_keys, registry.compensation_only, registry.model_tools
+        )
+        ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
+        broker = await Broker.connect(
+            settings.nats_url,
+            f"executor-{family}-{settings.worker_id}",
+            access=settings.nats_access,
+            stop=stop,
+        )
+        try:
             executor = Executor(broker, settings, registry, family, providers, logger, verifier)
             await executor.start()
             ops.serve(executor.ops_checks, executor.ops_samplers())
             print(f"ready: executor {family}", flush=True)
             await stop.wait()
             await executor.close()
-    finally:
-        await ops.stop()
-        await broker.close()
-        telemetry.close()
+        finally:
+            await ops.stop()
+            await broker.close()
+            telemetry.close()

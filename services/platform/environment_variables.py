@@ -16,7 +16,8 @@ class Variable:
     meaning: str
 
 
-# The README's configuration table lists exactly these (tests/…/test_settings.py checks it).
+# The README's configuration table lists exactly these (tests/…/test_settings.py checks it). A name with `<NAME>`
+# in it is a family of variables, one per provider (services/platform/provider_variables.py reads them).
 VARIABLES: tuple[Variable, ...] = (
     Variable(
         "CRASHSAFE_NATS_URL",
@@ -43,7 +44,23 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CRASHSAFE_STREAM_REPLICAS", "1", "`3` on a three-node JetStream cluster"),
     Variable("CRASHSAFE_GATEWAY_HOST", "127.0.0.1", "gateway listen address"),
     Variable("CRASHSAFE_GATEWAY_PORT", "8080", "gateway listen port"),
-    Variable("CRASHSAFE_SANDBOX_URL", "http://127.0.0.1:8090", "the providers"),
+    Variable(
+        "CRASHSAFE_SANDBOX_URL",
+        "http://127.0.0.1:8090",
+        "the default provider: every operation that names no provider ([docs/providers.md](docs/providers.md))",
+    ),
+    Variable(
+        "CRASHSAFE_PROVIDER_<NAME>_URL",
+        "unset",
+        'the base URL of the provider an operation names (`provider="stripe"`: `CRASHSAFE_PROVIDER_STRIPE_URL`); '
+        "required at start for every provider the registry's HTTP operations name",
+    ),
+    Variable(
+        "CRASHSAFE_PROVIDER_<NAME>_CREDENTIAL_FILE",
+        "unset",
+        "a file holding that provider's credential, read once at start: sent as `Authorization: Bearer`, or given "
+        "to a Python operation; `<NAME>` = `DEFAULT` for the default provider",
+    ),
     Variable("CRASHSAFE_SANDBOX_PORT", "8090", "the sandbox's listen port"),
     Variable("CRASHSAFE_WORKER_ID", "<hostname>-<pid>", "this replica's name in journals and logs"),
     Variable(
@@ -52,7 +69,7 @@ VARIABLES: tuple[Variable, ...] = (
         "DEBUG, INFO, WARNING or ERROR: the JSON lines on stderr ([docs/observability.md](docs/observability.md#logs))",
     ),
     Variable("CRASHSAFE_CRASH_AT", "unset", "a crash seam to SIGKILL at (tests and the demo)"),
-    Variable("CRASHSAFE_MODEL", "scripted-booking", "the model name asked of the Responses API"),
+    Variable("CRASHSAFE_MODEL", "scripted", "the model name asked of the Responses API"),
     Variable(
         "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
     ),
@@ -70,7 +87,6 @@ VARIABLES: tuple[Variable, ...] = (
         "CRASHSAFE_RECONCILE_PER_MINUTE", "6", "reconciles per run and minute, per gateway replica (0: none)"
     ),
     Variable("CRASHSAFE_ACTIVE_RUNS_PER_GUEST", "10", "runs under way at once per guest (0: no cap)"),
-    Variable("CRASHSAFE_ACTIVE_RUNS_PER_SESSION", "5", "runs under way at once per session (0: no cap)"),
     Variable(
         "CRASHSAFE_TURNS_PER_RUN",
         "50",

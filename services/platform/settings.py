@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from crashsafe.services.platform.environment_variables import VARIABLES
+from crashsafe.services.platform.provider_variables import provider_settings
 
 SQLITE_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -71,11 +73,15 @@ class Settings:
     clock_skew_s: float = 2.0
     data_dir: Path = Path(".crashsafe/data")
     sqlite_sync: str = "NORMAL"
+    # The default provider's base URL (an operation naming no provider talks to it): the sandbox in a demo.
     sandbox_url: str = "http://127.0.0.1:8090"
+    # The named providers (CRASHSAFE_PROVIDER_<NAME>_URL, _CREDENTIAL_FILE), credentials read once at start.
+    providers: tuple[ProviderSettings, ...] = ()
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8080
     sandbox_port: int = 8090
-    model: str = "scripted-booking"
+    # The name the sandbox's scripted model answers to (sandbox/scripted_model.py): the value stays as it is.
+    model: str = "scripted"
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     worker_id: str = ""
@@ -91,7 +97,6 @@ class Settings:
     rate_per_guest: float = 20.0
     reconcile_per_minute: float = 6.0
     active_runs_per_guest: int = 10
-    active_runs_per_session: int = 5
     # A run's turns (issue 17): how many messages it takes, and how many may wait unread (services/gateway/turns.py).
     turns_per_run: int = 50
     run_inbox: int = 10
@@ -244,6 +249,7 @@ class Settings:
                 "CRASHSAFE_SQLITE_SYNC", cls.sqlite_sync, one_of(SQLITE_SYNC_MODES), "NORMAL or FULL"
             ),
             sandbox_url=sandbox_url,
+            providers=provider_settings(env),
             gateway_host=get("CRASHSAFE_GATEWAY_HOST") or cls.gateway_host,
             gateway_port=read("CRASHSAFE_GATEWAY_PORT", cls.gateway_port, port, "a port number 0-65535"),
             sandbox_port=read("CRASHSAFE_SANDBOX_PORT", cls.sandbox_port, port, "a port number 0-65535"),
@@ -273,12 +279,6 @@ class Settings:
             active_runs_per_guest=read(
                 "CRASHSAFE_ACTIVE_RUNS_PER_GUEST",
                 cls.active_runs_per_guest,
-                non_negative_int,
-                "a whole number >= 0",
-            ),
-            active_runs_per_session=read(
-                "CRASHSAFE_ACTIVE_RUNS_PER_SESSION",
-                cls.active_runs_per_session,
                 non_negative_int,
                 "a whole number >= 0",
             ),
@@ -327,6 +327,14 @@ class Settings:
                 "CRASHSAFE_LOOP_STALL_S", cls.loop_stall_s, positive_float, "seconds, a number > 0"
             ),
         )
+
+    def provider(self, name: str) -> ProviderSettings | None:
+        """A provider's settings; None if nothing configures it. The default one is always there, at
+        `sandbox_url`, with the credential its CRASHSAFE_PROVIDER_DEFAULT_CREDENTIAL_FILE holds, if any."""
+        named = next((p for p in self.providers if p.name == name), None)
+        if name == DEFAULT_PROVIDER:
+            return ProviderSettings(DEFAULT_PROVIDER, self.sandbox_url, named.credential if named else None)
+        return named
 
     def with_partitions(self, spec: str) -> Settings:
         """These settings with the owned partitions of a `--partitions` flag (it wins over the environment)."""

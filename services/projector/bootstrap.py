@@ -26,7 +26,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     try:
         # The receivers (email, CRM, audit log) are asked as the executors ask the providers: same adapter, same
         # Idempotency-Key header, same reading of their answers.
-        async with Providers.connect(settings.sandbox_url) as providers:
+        async with Providers.open(settings, registry.projections.values()) as providers:
             projector = Projector(broker, settings, registry, providers, logger)
             await projector.start()
             ops.serve(projector.ops_checks, projector.ops_samplers())

@@ -40,7 +40,7 @@ from crashsafe.domain.projection_rules import (
     audit_records,
     chunks,
 )
-from crashsafe.domain.registry import HttpOperation, ProviderAnswer, Tool
+from crashsafe.domain.registry import HttpOperation, ProviderAnswer, PythonOperation, Tool
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
@@ -291,8 +291,8 @@ class ProjectionDelivery:
         timeout = tool.contract.timeout_s
         if task.tool == AUDIT_TRAIL_TOOL:
             return await self._audit(task, tool, timeout)
-        operation = tool.operation
-        if attempt > 1 and isinstance(operation, HttpOperation) and operation.lookup_path is not None:
+        asks_by_key = isinstance(tool.operation, HttpOperation | PythonOperation)
+        if attempt > 1 and asks_by_key and self.providers.can_look_up(tool):
             found = await self.providers.lookup(tool, task.key, timeout, task.args)
             if found.kind in (Answer.FOUND, Answer.REJECTED):
                 return found

@@ -1,128 +1,45 @@
-"""The providers' HTTP adapter: carries out a tool's operation with its key, and asks a provider about a key."""
+"""The providers' adapter: carries out a tool's operation with its key (over HTTP, as an adopter's Python code, as a
+KV write), and asks a provider about a key; one HTTP client per base URL, each provider with its credential. What
+an operation must answer: docs/providers.md."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpx
 from httpx_aiohttp import HttpxAiohttpClient
 from opentelemetry.context import Context
 
+from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.contracts.keys import ACCOUNT_ARG
+from crashsafe.contracts.provider_settings import (
+    DEFAULT_PROVIDER,
+    ProviderSettings,
+    credential_variable,
+    url_variable,
+)
 from crashsafe.contracts.spans import SpanAttr, SpanName
 from crashsafe.contracts.subjects import Header
 from crashsafe.contracts.tool_messages import ActionRequest, Answer
-from crashsafe.domain.registry import HttpOperation, KvOperation, LocalOperation, ProviderAnswer, Tool
+from crashsafe.domain.registry import (
+    HttpOperation,
+    KvOperation,
+    LocalOperation,
+    ProviderAnswer,
+    ProviderClient,
+    PythonOperation,
+    Tool,
+)
+from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, current, failed, headers_for, span
+from crashsafe.services.providers import python_calls
+from crashsafe.services.providers.http_answers import read_answer, read_lookup
 from crashsafe.services.providers.kv_effects import KvEffects
 
-# Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
-_NOT_NOW = frozenset({408, 425, 429})
-_MAX_RETRY_AFTER_S = 60.0
 # A whole call (connect, send, every read) may take this many times the tool's timeout, which bounds each step.
 _WHOLE_CALL = 2.0
-
-
-def _json(response: httpx.Response) -> dict[str, Any] | None:
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _provider_error(body: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The provider's own typed error (`{"error": {"code": "...", ...}}`); None for any other shape, which a
-    proxy, a load balancer or a framework in front of it may have written."""
-    error = body.get("error") if body is not None else None
-    if isinstance(error, dict) and isinstance(error.get("code"), str) and error["code"]:
-        return error
-    return None
-
-
-def retry_after_s(response: httpx.Response) -> float | None:
-    """The Retry-After header in seconds (delta-seconds or an HTTP date), bounded; None if absent or unreadable."""
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
-        except (TypeError, ValueError):
-            return None
-    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
-
-
-def _unknown(response: httpx.Response, why: str) -> ProviderAnswer:
-    return ProviderAnswer(
-        Answer.UNKNOWN,
-        {},
-        detail=f"provider answered {response.status_code}{why}",
-        retry_after_s=retry_after_s(response),
-    )
-
-
-def _by_status(operation: HttpOperation, record: dict[str, Any], found: Answer) -> ProviderAnswer:
-    """A record the provider holds, read by its own status: refused, not decided yet, or done."""
-    status = record.get(operation.status_field)
-    ref = record.get(operation.ref_field) if operation.ref_field else None
-    if isinstance(status, str) and status in operation.failed_statuses:
-        error = {
-            "code": status,
-            "message": f"the provider holds this record as {status}",
-            "record": record,
-        }
-        return ProviderAnswer(
-            Answer.REJECTED, error, ref=str(ref) if ref else None, detail=f"record {status}"
-        )
-    if isinstance(status, str) and status in operation.pending_statuses:
-        return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"the provider holds the record as {status}")
-    return ProviderAnswer(found, record, ref=str(ref) if ref else None)  # type: ignore[arg-type]
-
-
-def read_answer(response: httpx.Response, operation: HttpOperation) -> ProviderAnswer:
-    """What a provider's answer to a call means. Only its typed refusal is a failure; 5xx, 408, 429, a key in
-    use and any body that is not the provider's are unknown (the write may or may not have happened)."""
-    status = response.status_code
-    if status >= 500 or status in _NOT_NOW:
-        return _unknown(response, "")
-    body = _json(response)
-    if body is None:
-        return _unknown(response, " with a body that is not JSON")
-    if 200 <= status < 300:
-        answer = _by_status(operation, body, Answer.OK)
-        if response.headers.get(Header.IDEMPOTENT_REPLAYED.value, "").lower() == "true":
-            return dataclasses.replace(answer, replayed=True)
-        return answer
-    error = _provider_error(body)
-    if status < 400 or error is None:
-        return _unknown(response, " with a body that is not the provider's")
-    if error["code"] in operation.in_use_codes:
-        return _unknown(response, f" {error['code']}: an earlier request with this key is still in progress")
-    return ProviderAnswer(Answer.REJECTED, error, detail=f"provider answered {status}")
-
-
-def read_lookup(response: httpx.Response, operation: HttpOperation) -> ProviderAnswer:
-    """What a provider's answer to "what became of key K?" means. Absent only from its typed "no such key";
-    a bare 404 (a wrong route, a gateway), an expired key or anything else unreadable is unknown."""
-    status = response.status_code
-    body = _json(response)
-    error = _provider_error(body)
-    if status == 404 and error is not None and error["code"] in operation.absent_codes:
-        return ProviderAnswer(Answer.ABSENT, {}, detail=f"provider: {error['code']}")
-    if 200 <= status < 300 and body is not None:
-        return _by_status(operation, body, Answer.FOUND)
-    if error is not None:
-        return _unknown(response, f" {error['code']}")
-    return _unknown(
-        response, " with a body that is not the provider's" if body is None or status < 500 else ""
-    )
 
 
 def _noted(ctx: Context, answer: ProviderAnswer) -> None:
@@ -132,23 +49,87 @@ def _noted(ctx: Context, answer: ProviderAnswer) -> None:
         failed(ctx, answer.detail or "unknown outcome")
 
 
-class Providers:
-    """Every provider a deployment's tools talk to, behind one HTTP client with keep-alive connections."""
+def endpoints_for(settings: Settings, tools: Iterable[Tool]) -> dict[str, ProviderSettings]:
+    """The settings of every provider `tools` name, checked at start: an HTTP operation's provider without a base
+    URL, or a Python operation's provider nothing configures, is an InvalidSetting naming the variable to set."""
+    endpoints: dict[str, ProviderSettings] = {}
+    for tool in tools:
+        match tool.operation:
+            case HttpOperation(provider=name) | PythonOperation(provider=name):
+                found = settings.provider(name)
+                http = isinstance(tool.operation, HttpOperation)
+                if found is None or (http and not found.base_url):
+                    also = "" if http else f" (or its {credential_variable(name)})"
+                    raise InvalidSetting(
+                        variable=url_variable(name),
+                        value="",
+                        expected=f"the base URL of provider {name!r}{also}: tool {tool.name!r} names it",
+                    )
+                endpoints[name] = found
+    default = settings.provider(DEFAULT_PROVIDER)
+    assert default is not None  # always configured, at sandbox_url
+    endpoints.setdefault(DEFAULT_PROVIDER, default)
+    return endpoints
 
-    def __init__(self, http: httpx.AsyncClient, kv: KvEffects | None = None) -> None:
-        self.http = http
+
+def _client(base_url: str) -> httpx.AsyncClient:
+    # httpx's API on an aiohttp transport: httpcore cost half an executor's CPU.
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+    return HttpxAiohttpClient(base_url=base_url, limits=limits)
+
+
+class Providers:
+    """Every provider a deployment's tools talk to: one HTTP client with keep-alive connections per base URL, the
+    adopters' Python clients (one per tool, opened with their provider's settings), the KV records."""
+
+    def __init__(self, endpoints: Mapping[str, ProviderSettings], kv: KvEffects | None = None) -> None:
+        self.endpoints = dict(endpoints)
+        self._http: dict[str, httpx.AsyncClient] = {}
+        for endpoint in self.endpoints.values():
+            if endpoint.base_url and endpoint.base_url not in self._http:
+                self._http[endpoint.base_url] = _client(endpoint.base_url)
+        self._python: dict[str, ProviderClient] = {}
         # The key-value records a KV-backed tool rewrites (a guest's profile); None: this process has no
         # access to them, and such a tool's answers are unknown (never a guess).
         self.kv = kv
 
     @classmethod
     def connect(cls, base_url: str, kv: KvEffects | None = None) -> Providers:
-        # httpx's API on an aiohttp transport: httpcore cost half an executor's CPU.
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
-        return cls(HttpxAiohttpClient(base_url=base_url, limits=limits), kv)
+        """The default provider alone, at `base_url` (a test's sandbox; the soak's)."""
+        return cls({DEFAULT_PROVIDER: ProviderSettings(DEFAULT_PROVIDER, base_url)}, kv)
+
+    @classmethod
+    def open(cls, settings: Settings, tools: Iterable[Tool], kv: KvEffects | None = None) -> Providers:
+        """The providers `tools` need, checked before anything is served (see `endpoints_for`), each Python
+        operation's client opened now: one that cannot open is an InvalidSetting naming its provider's variable."""
+        tools = list(tools)
+        providers = cls(endpoints_for(settings, tools), kv)
+        for tool in tools:
+            if isinstance(tool.operation, PythonOperation):
+                try:
+                    providers._opened(tool, tool.operation)
+                except Exception as exc:  # noqa: BLE001 -- the adopter's constructor, reported as a setting
+                    name = tool.operation.provider
+                    raise InvalidSetting(
+                        variable=url_variable(name),
+                        value=providers.endpoints[name].base_url,
+                        expected=f"settings tool {tool.name!r}'s client opens with; it raised "
+                        f"{type(exc).__name__}: {exc}",
+                    ) from None
+        return providers
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The default provider's client (the sandbox's listing is read through it)."""
+        return self._http[self.endpoints[DEFAULT_PROVIDER].base_url]
+
+    def http_providers(self) -> dict[str, httpx.AsyncClient]:
+        """Each configured provider with a base URL, by name, and its client."""
+        return {name: self._http[e.base_url] for name, e in self.endpoints.items() if e.base_url}
 
     async def close(self) -> None:
-        await self.http.aclose()
+        for http in self._http.values():
+            await http.aclose()
 
     async def __aenter__(self) -> Providers:
         return self
@@ -156,10 +137,61 @@ class Providers:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _opened(self, tool: Tool, operation: PythonOperation) -> ProviderClient:
+        """The tool's Python client, opened once with its provider's settings. KeyError: not configured here."""
+        client = self._python.get(tool.name)
+        if client is None:
+            client = self._python[tool.name] = operation.client(self.endpoints[operation.provider])
+        return client
+
+    def _python_client(self, tool: Tool, operation: PythonOperation) -> ProviderClient | ProviderAnswer:
+        """The client, or the unknown answer to give when it cannot be had (nothing was sent)."""
+        if operation.provider not in self.endpoints:
+            return ProviderAnswer(
+                Answer.UNKNOWN,
+                {},
+                detail=f"{tool.name}: provider {operation.provider!r} is not configured here",
+            )
+        try:
+            return self._opened(tool, operation)
+        except Exception as exc:  # noqa: BLE001 -- the adopter's constructor
+            return ProviderAnswer(
+                Answer.UNKNOWN,
+                {},
+                detail=f"{tool.name}: its client did not open: {type(exc).__name__}: {exc}",
+            )
+
+    def _credential(self, provider: str) -> str | None:
+        endpoint = self.endpoints.get(provider)
+        return endpoint.credential if endpoint is not None else None
+
+    def _headers(
+        self, sent: Context, operation: HttpOperation, args: dict[str, Any] | None
+    ) -> dict[str, str]:
+        headers = headers_for(sent)
+        # Asked in the account the write acted in: a provider keeps each account's keys apart, so asked in another
+        # (or the default) a tenant's effect would read as never made.
+        if account := (args or {}).get(ACCOUNT_ARG):
+            headers[Header.PROVIDER_ACCOUNT.value] = str(account)
+        endpoint = self.endpoints.get(operation.provider)
+        if endpoint is not None and endpoint.credential:
+            headers[Header.AUTHORIZATION.value] = f"Bearer {endpoint.credential}"
+        return headers
+
+    def _http_of(self, tool: Tool, operation: HttpOperation) -> httpx.AsyncClient | ProviderAnswer:
+        endpoint = self.endpoints.get(operation.provider)
+        if endpoint is None or not endpoint.base_url:
+            return ProviderAnswer(
+                Answer.UNKNOWN,
+                {},
+                detail=f"{tool.name}: provider {operation.provider!r} has no base URL here",
+            )
+        return self._http[endpoint.base_url]
+
     async def call(
         self, tool: Tool, request: ActionRequest, timeout: float, *, ctx: Context | None = None
     ) -> ProviderAnswer:
-        """Carry out the effect once, with the request's key; an answer we cannot trust is `unknown`. An HTTP
+        """Carry out the effect once, with the request's key; an answer we cannot trust is `unknown`. A provider's
         call is a `provider.call` span under `ctx` (else the task's current span), its context sent along."""
         match tool.operation:
             case LocalOperation(run=run):
@@ -168,7 +200,35 @@ class Providers:
                 if self.kv is None:
                     return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name}: no key-value access here")
                 return await self.kv.call(kv_operation, request)
+            case PythonOperation() as python:
+                with span(
+                    SpanName.PROVIDER_CALL,
+                    ctx if ctx is not None else current(),
+                    run_id=request.run_id,
+                    step_no=request.step_no or None,
+                    idempotency_key=request.key,
+                    tool=tool.name,
+                ) as sent:
+                    client = self._python_client(tool, python)
+                    if isinstance(client, ProviderAnswer):
+                        answer = client
+                    else:
+                        # `deadline` is the step's timeout from now; the whole call gets the grace HTTP gets.
+                        deadline = python_calls.deadline_in(timeout)
+                        args = python_calls.own_copy(request.args)
+                        answer = await python_calls.asked(
+                            f"{tool.name}'s call",
+                            lambda: client.call(args, request.key, deadline),
+                            python_calls.CALL_ANSWERS,
+                            timeout * _WHOLE_CALL,
+                        )
+                    answer = python_calls.without(self._credential(python.provider), answer)
+                    _noted(sent, answer)
+                    return answer
             case HttpOperation() as operation:
+                http_client = self._http_of(tool, operation)
+                if isinstance(http_client, ProviderAnswer):
+                    return http_client
                 http = operation.request(request.args)
                 with span(
                     SpanName.PROVIDER_CALL,
@@ -179,15 +239,13 @@ class Providers:
                     tool=tool.name,
                     **{SpanAttr.HTTP_METHOD: http.method, SpanAttr.HTTP_ROUTE: http.path},
                 ) as sent:
-                    headers = headers_for(sent)
+                    headers = self._headers(sent, operation, request.args)
                     headers[Header.IDEMPOTENCY_KEY.value] = request.key
-                    if account := request.args.get(ACCOUNT_ARG):
-                        headers[Header.PROVIDER_ACCOUNT.value] = str(account)
                     try:
                         # The client's timeout bounds each read, not the answer: one trickled a byte at a time
                         # would hold the call (and the worker's slot and claim) for ever. The whole call too.
                         async with asyncio.timeout(timeout * _WHOLE_CALL):
-                            response = await self.http.request(
+                            response = await http_client.request(
                                 http.method,
                                 http.path,
                                 json=http.json,
@@ -203,12 +261,18 @@ class Providers:
                         answer = read_answer(response, operation)
                     _noted(sent, answer)
                     return answer
+        raise AssertionError(f"unhandled operation {tool.operation!r}")
 
     def can_look_up(self, tool: Tool) -> bool:
         """A local effect leaves nothing to ask about: asking says `absent`, and calling again is the same as once."""
-        if isinstance(tool.operation, LocalOperation | KvOperation):
-            return True
-        return tool.operation.lookup_path is not None
+        match tool.operation:
+            case LocalOperation() | KvOperation():
+                return True
+            case PythonOperation(looks_up=looks_up):
+                return looks_up
+            case HttpOperation(lookup_path=path):
+                return path is not None
+        raise AssertionError(f"unhandled operation {tool.operation!r}")
 
     async def lookup(
         self,
@@ -231,9 +295,33 @@ class Providers:
                         Answer.UNKNOWN, {}, detail=f"{tool.name}: cannot read its record here"
                     )
                 return await self.kv.lookup(kv_operation, key, args)
-            case HttpOperation(lookup_path=None):
+            case PythonOperation(looks_up=False) | HttpOperation(lookup_path=None):
                 return ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{tool.name} has no lookup by key")
+            case PythonOperation() as python:
+                with span(
+                    SpanName.PROVIDER_CALL,
+                    ctx if ctx is not None else current(),
+                    idempotency_key=key,
+                    tool=tool.name,
+                ) as asked:
+                    client = self._python_client(tool, python)
+                    if isinstance(client, ProviderAnswer):
+                        answer = client
+                    else:
+                        own = python_calls.own_copy(args or {})
+                        answer = await python_calls.asked(
+                            f"{tool.name}'s lookup",
+                            lambda: client.lookup(key, own),
+                            python_calls.LOOKUP_ANSWERS,
+                            timeout * _WHOLE_CALL,
+                        )
+                    answer = python_calls.without(self._credential(python.provider), answer)
+                    _noted(asked, answer)
+                    return answer
             case HttpOperation(lookup_path=str(path)) as operation:
+                http_client = self._http_of(tool, operation)
+                if isinstance(http_client, ProviderAnswer):
+                    return http_client
                 with span(
                     SpanName.PROVIDER_CALL,
                     ctx if ctx is not None else current(),
@@ -241,14 +329,10 @@ class Providers:
                     tool=tool.name,
                     **{SpanAttr.HTTP_METHOD: "GET", SpanAttr.HTTP_ROUTE: path},
                 ) as asked:
-                    headers = headers_for(asked)
-                    # Asked in the account the write acted in: a provider keeps each account's keys apart, so
-                    # asked in another (or the default) a tenant's effect would read as never made.
-                    if account := (args or {}).get(ACCOUNT_ARG):
-                        headers[Header.PROVIDER_ACCOUNT.value] = str(account)
+                    headers = self._headers(asked, operation, args)
                     try:
                         async with asyncio.timeout(timeout * _WHOLE_CALL):
-                            response = await self.http.get(
+                            response = await http_client.get(
                                 path.format(key=key), headers=headers, timeout=timeout
                             )
                     except (httpx.HTTPError, TimeoutError) as exc:

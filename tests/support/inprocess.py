@@ -157,7 +157,7 @@ async def executor(
     broker = await Broker.connect(
         settings.nats_url, f"tests-executor-{family}", access=access(settings.nats_url, Role.EXECUTOR, family)
     )
-    providers = Providers.connect(settings.sandbox_url)
+    providers = Providers.open(settings, registry.tools_of(family).values())
     worker = Executor(
         broker,
         settings,
@@ -368,8 +368,9 @@ async def projector(
 
     await provisioned(settings)
     broker = await Broker.connect(settings.nats_url, name, access=access(settings.nats_url, Role.PROJECTOR))
-    providers = Providers.connect(settings.sandbox_url)
-    worker = Projector(broker, settings, registry or stayhub(), providers, logging.getLogger(f"tests.{name}"))
+    registry = registry or stayhub()
+    providers = Providers.open(settings, registry.projections.values())
+    worker = Projector(broker, settings, registry, providers, logging.getLogger(f"tests.{name}"))
     try:
         await worker.start()
         yield worker

@@ -13,7 +13,7 @@ import pytest
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation
 from crashsafe.services.agents.booking.booking_tools import CREATE_BOOKING, CREATE_PAYMENT
-from crashsafe.services.providers.provider_calls import read_answer, read_lookup, retry_after_s
+from crashsafe.services.providers.http_answers import read_answer, read_lookup, retry_after_s
 
 PAYMENT = CREATE_PAYMENT.operation
 BOOKING = CREATE_BOOKING.operation

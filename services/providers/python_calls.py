@@ -1,0 +1,99 @@
+"""Carries out a tool whose effect is an adopter's Python code (a PythonOperation): whatever it raises or answers,
+the executor gets one of the typed answers it understands, and anything it cannot trust is unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from crashsafe.contracts.tool_messages import Answer
+from crashsafe.domain.registry import ProviderAnswer
+
+# What each question may be answered with (contracts.tool_messages.CallAnswer, LookupAnswer).
+CALL_ANSWERS = frozenset({Answer.OK, Answer.REJECTED, Answer.UNKNOWN})
+LOOKUP_ANSWERS = frozenset({Answer.FOUND, Answer.ABSENT, Answer.REJECTED, Answer.UNKNOWN})
+_MAX_RETRY_AFTER_S = 60.0
+
+
+async def asked(
+    what: str,
+    question: Callable[[], Awaitable[object]],
+    allowed: frozenset[Answer],
+    give_up_after: float,
+) -> ProviderAnswer:
+    """The adopter's answer to one question, checked. An exception is unknown, never a refusal: a call that raised
+    may have made its effect before it did (then it is asked about by key, never called blind); so is an answer
+    past `give_up_after` seconds, and one of another type or kind. Only the process's own cancellation passes."""
+    bound = asyncio.timeout(give_up_after)
+    try:
+        async with bound:
+            answer = await question()
+    except TimeoutError as exc:
+        if bound.expired():
+            return _unknown(f"{what}: no answer within {give_up_after:.1f}s")
+        return _unknown(f"{what} raised {type(exc).__name__}: {exc}"[:500])
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the executor is stopping: not the adopter's answer
+        return _unknown(f"{what} raised CancelledError")
+    except Exception as exc:  # noqa: BLE001 -- any exception of the adopter's code is an unknown outcome
+        return _unknown(f"{what} raised {type(exc).__name__}: {exc}"[:500])
+    return checked(what, answer, allowed)
+
+
+def checked(what: str, answer: object, allowed: frozenset[Answer]) -> ProviderAnswer:
+    """`answer` as the executor may use it: a ProviderAnswer of an allowed kind, a JSON object body and a text
+    ref; anything else is unknown, with a detail naming the operation and what was wrong."""
+    if not isinstance(answer, ProviderAnswer):
+        return _unknown(f"{what} answered a {type(answer).__name__}, not a ProviderAnswer")
+    kinds = ", ".join(sorted(allowed))
+    if not isinstance(answer.kind, str) or answer.kind not in allowed:
+        return _unknown(f"{what} answered {answer.kind!r}, not one of {kinds}")
+    if not isinstance(answer.body, dict) or not (answer.ref is None or isinstance(answer.ref, str)):
+        return _unknown(f"{what} answered a body that is not a dict or a ref that is not a str")
+    try:  # the body becomes the receipt's result: JSON, with nothing of the adopter's objects left in it
+        body = msgspec.json.decode(msgspec.json.encode(answer.body))
+    except (TypeError, msgspec.EncodeError, msgspec.DecodeError) as exc:
+        return _unknown(f"{what} answered a body that is not JSON: {exc}")
+    retry_after = answer.retry_after_s
+    if not isinstance(retry_after, int | float) or isinstance(retry_after, bool):
+        retry_after = None
+    return ProviderAnswer(
+        Answer(answer.kind),  # type: ignore[arg-type]
+        body,
+        ref=answer.ref,
+        detail=str(answer.detail)[:500],
+        retry_after_s=min(max(float(retry_after), 0.0), _MAX_RETRY_AFTER_S)
+        if retry_after is not None
+        else None,
+        replayed=answer.replayed is True,
+    )
+
+
+def without(credential: str | None, answer: ProviderAnswer) -> ProviderAnswer:
+    """The answer with its provider's credential masked in its detail (an SDK's exception may quote it), since
+    the detail is journaled as evidence and shown to operators."""
+    if not credential or credential not in answer.detail:
+        return answer
+    return dataclasses.replace(answer, detail=answer.detail.replace(credential, "[credential]"))
+
+
+def deadline_in(seconds: float) -> float:
+    """The `deadline` a ProviderClient's call gets: a `time.monotonic()` instant (the event loop's clock)."""
+    return time.monotonic() + seconds
+
+
+def own_copy(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as the adopter's code may keep or change them: never the request's own."""
+    return copy.deepcopy(args)
+
+
+def _unknown(detail: str) -> ProviderAnswer:
+    return ProviderAnswer(Answer.UNKNOWN, {}, detail=detail)
