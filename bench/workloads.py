@@ -13,8 +13,7 @@ from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
-from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
+from crashsafe.domain.agent import AgentBase, ScriptedStep
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents import booking
@@ -41,7 +40,7 @@ async def _noop(args: dict[str, Any], key: str) -> dict[str, Any]:
 NOOP = Tool(NOOP_CONTRACT, LocalOperation(_noop), audited=False)
 
 
-class StepsAgent:
+class StepsAgent(AgentBase):
     instructions = ""
 
     def __init__(self, steps: int, step_ms: int = 0) -> None:
@@ -51,17 +50,6 @@ class StepsAgent:
         self.tools = {NOOP.name: NOOP.contract}
         self.compensation_tools: dict[str, ToolContract] = {}
         self.config = AgentConfig(agent=self.name)
-
-    policies: tuple[PolicyRule, ...] = ()
-
-    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
-        return default_question(state, tool, args, hold)
-
-    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
-        return ()
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
 
     def script(self, state: RunState) -> ScriptedStep | None:
         done = len(state.completed)

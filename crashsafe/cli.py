@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -172,7 +173,18 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
         case "up":
             from crashsafe.demo import run_up
 
-            return run_up(Path(args.state_dir), args.nats_url, args.scale, args.providers, args.model_url)
+            return run_up(
+                Path(args.state_dir),
+                args.nats_url,
+                args.scale,
+                args.providers,
+                args.model_url,
+                registry=args.registry,
+            )
+        case "new":
+            from crashsafe.new_agent_command import new_agent_command
+
+            return new_agent_command(args.name, Path(args.dir))
         case "down":
             from crashsafe.down import down
 
@@ -221,6 +233,10 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # An adopter's registry in the directory they run `crashsafe` from imports as it would with `python -m`
+    # (the console script's own folder is first on the path, not theirs); last, so nothing installed is shadowed.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         if args.command == "serve":
             sys.exit(asyncio.run(_serve(args)))

@@ -92,6 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model's Responses API base URL, /v1 included (default: OPENAI_BASE_URL, else the sandbox's "
         "scripted model); `up` prints which one the runtime uses",
     )
+    up.add_argument(
+        "--registry",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="the deployment's agents and tools (default: CRASHSAFE_REGISTRY, else StayHub's); one executor "
+        "starts per tool family it declares. A package in the current directory imports as with `python -m`",
+    )
+
+    new = sub.add_parser("new", help="write a starting point of your own")
+    new_sub = new.add_subparsers(dest="new_command", required=True)
+    new_agent = new_sub.add_parser(
+        "agent", help="a package with an agent, its tools, a provider stub and tests (crashsafe.sdk only)"
+    )
+    new_agent.add_argument("name", help="the agent's name, also its package's: lowercase, e.g. desks")
+    new_agent.add_argument("--dir", default=".", help="where the package goes (default: here)")
 
     down = sub.add_parser("down", help="stop a stack started with `up`")
     down.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))

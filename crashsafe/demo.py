@@ -199,6 +199,8 @@ async def run_up(
     scale: dict[str, int] | None = None,
     providers_url: str | None = None,
     model_url: str | None = None,
+    *,
+    registry: str | None = None,
 ) -> int:
     console = Console()
     try:
@@ -209,6 +211,7 @@ async def run_up(
             providers_url=providers_url,
             model_url=model_url,
             synthetic=True,
+            registry=registry,
         )
     except (ScaleError, RegistryUnusable) as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")

@@ -27,6 +27,8 @@ def settings_for(state_dir: Path) -> Settings:
         "sandbox_url": "CRASHSAFE_SANDBOX_URL",
         # The operator's NATS credential `up` wrote (a path; the seed stays in its 0600 file).
         "operator_creds": "CRASHSAFE_NATS_CREDS",
+        # The registry `up --registry` ran, so `audit`, `replay` and the rest know the stack's agents and tools.
+        "registry": "CRASHSAFE_REGISTRY",
     }
     return Settings.from_env(defaults={var: str(stack[key]) for key, var in known.items() if stack.get(key)})
 

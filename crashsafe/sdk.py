@@ -5,6 +5,7 @@ from __future__ import annotations
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from crashsafe.contracts.errors import AgentFault, ErrorInfo
 from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
+from crashsafe.contracts.memory import GuestProfile
 from crashsafe.contracts.policy import (
     ApprovalAbove,
     Approver,
@@ -18,10 +19,26 @@ from crashsafe.contracts.policy import (
 )
 from crashsafe.contracts.projections import RetryPolicy
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
-from crashsafe.contracts.run_events import ArgumentLimits, Origin, ToolCall
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    ApprovalDecided,
+    ApprovalRequested,
+    ArgumentLimits,
+    ModelAnswered,
+    Origin,
+    PolicyDenied,
+    RunCompleted,
+    RunEvent,
+    RunHandedOff,
+    RunStarted,
+    ToolCall,
+    ToolRejected,
+    TurnReceived,
+)
 from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
-from crashsafe.domain.agent import Agent, Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
 from crashsafe.domain.policy_verdicts import (
     Allow,
@@ -42,17 +59,24 @@ from crashsafe.domain.registry import (
     Registration,
     Registry,
     Tool,
+    compensation_contracts,
+    model_contracts,
 )
 from crashsafe.domain.run_state import RunState
 
 __all__ = [
     "ACCOUNT_ARG",
+    "ActionCompleted",
+    "ActionRequested",
     "Agent",
+    "AgentBase",
     "AgentConfig",
     "AgentFault",
     "Allow",
     "Answer",
     "ApprovalAbove",
+    "ApprovalDecided",
+    "ApprovalRequested",
     "Approver",
     "ArgumentLimits",
     "AuditRule",
@@ -63,15 +87,18 @@ __all__ = [
     "Deny",
     "Effect",
     "ErrorInfo",
+    "GuestProfile",
     "Hold",
     "HttpOperation",
     "HttpRequest",
     "KeyRule",
+    "ModelAnswered",
     "ModelApi",
     "ModelRoute",
     "OneActiveHold",
     "Origin",
     "OutcomeStatus",
+    "PolicyDenied",
     "PolicyRule",
     "PreparedAction",
     "ProjectionCall",
@@ -85,15 +112,23 @@ __all__ = [
     "RetryPolicy",
     "RetryRule",
     "Rule",
+    "RunCompleted",
+    "RunEvent",
+    "RunHandedOff",
+    "RunStarted",
     "RunState",
     "ScriptedStep",
     "StayWindow",
     "Tool",
     "ToolCall",
     "ToolContract",
+    "ToolRejected",
     "ToolsAllowed",
+    "TurnReceived",
     "Verdict",
     "VerifiedRecipient",
+    "compensation_contracts",
     "default_question",
+    "model_contracts",
     "parameters_of",
 ]

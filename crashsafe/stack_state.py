@@ -26,6 +26,8 @@ def write_stack_json(stack: Stack) -> None:
         # Set when `up --model-url URL` names the model's base URL (else the sandbox's, or OPENAI_BASE_URL).
         "model_url": stack.model_url,
         "namespace": stack.namespace,
+        # The registry its services load (`up --registry`, else their environment's): operator commands follow it.
+        "registry": stack.registry or stack.service_settings().registry,
         # Where the operator's NATS credential is (a path; the secret stays in its 0600 file).
         "operator_creds": str(operator) if (operator := stack.creds_for("operator")) else None,
         "supervisor_pid": os.getpid(),

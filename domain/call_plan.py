@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,22 +33,38 @@ from crashsafe.domain.policy_engine import check_asked, check_policy
 from crashsafe.domain.policy_verdicts import Deny, Hold
 from crashsafe.domain.run_state import RunState
 
-DEFAULT_ARGUMENT_LIMITS = ArgumentLimits()
 
-
-def argument_types(agent: Agent) -> dict[str, type[msgspec.Struct]]:
-    """The agent's argument structs by tool name (`agent.argument_types`), if it declares them."""
-    types = getattr(agent, "argument_types", None)
-    if not isinstance(types, dict):
-        return {}
-    # An entry that is not a Struct type is the agent's mistake: its tool is checked as if it declared none.
-    return {k: t for k, t in types.items() if isinstance(t, type) and issubclass(t, msgspec.Struct)}
+def argument_types(agent: Agent) -> Mapping[str, type[msgspec.Struct]]:
+    """The agent's argument structs by tool name. A value that is not a mapping of Struct types is the agent's
+    mistake, an `AgentFault` (the run is handed off naming it), never a tool left unchecked in silence."""
+    try:
+        types: object = agent.argument_types
+    except Exception as exc:  # noqa: BLE001 -- foreign code: a missing member or a property that raises
+        raise hook_raised(agent, "argument_types", exc) from exc
+    if not isinstance(types, Mapping):
+        raise hook_misanswered(
+            agent, "argument_types", types, "a mapping of tool name to msgspec Struct type"
+        )
+    for tool, struct in types.items():
+        if not (isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
+            raise AgentFault(
+                agent=agent.name,
+                hook="argument_types",
+                problem=f"names {type(struct).__name__} {str(struct)[:100]!r} for {str(tool)[:100]!r}, "
+                "not a msgspec Struct type",
+            )
+    return types
 
 
 def argument_limits(agent: Agent) -> ArgumentLimits:
-    """The agent's own `argument_limits` if it declares them, else the contract's defaults (16 KiB, 32 deep)."""
-    limits = getattr(agent, "argument_limits", None)
-    return limits if isinstance(limits, ArgumentLimits) else DEFAULT_ARGUMENT_LIMITS
+    """The agent's own `argument_limits` (`AgentBase`: the contract's defaults, 16 KiB, 32 deep)."""
+    try:
+        limits: object = agent.argument_limits
+    except Exception as exc:  # noqa: BLE001 -- foreign code: a missing member or a property that raises
+        raise hook_raised(agent, "argument_limits", exc) from exc
+    if not isinstance(limits, ArgumentLimits):
+        raise hook_misanswered(agent, "argument_limits", limits, "an ArgumentLimits")
+    return limits
 
 
 def plan_calls(

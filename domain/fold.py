@@ -301,7 +301,13 @@ def _flushed(state: RunState) -> RunState:
     if not state.inbox or state.pending or state.unplanned or state.awaiting is not None:
         return state
     said = tuple({"role": "user", "content": turn.text} for turn in state.inbox)
-    return dataclasses.replace(state, inbox=Chain(), transcript=state.transcript + said, final_reply=None)
+    return dataclasses.replace(
+        state,
+        inbox=Chain(),
+        transcript=state.transcript + said,
+        final_reply=None,
+        latest_turn_at=max(turn.at for turn in state.inbox),
+    )
 
 
 def context_items(started: RunStarted) -> tuple[dict[str, Any], ...]:

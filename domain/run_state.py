@@ -76,11 +76,20 @@ class RunState:
     # Guest turns in the transcript when the latest model answer was journaled: retrieval searches a turn's
     # text once, before that turn's first answered model call (`core/retrieval.py`).
     searched_turns: int = 0
+    # When the latest guest turn that joined the model's view was journaled (None: only the run's first message).
+    latest_turn_at: datetime | None = None
 
     @property
     def account(self) -> str:
         """The provider account this run acts in: its tenant's own ("" for a run journaled before tenancy)."""
         return provider_account(self.started.tenant, self.started.guest_scope)
+
+    @property
+    def turn_at(self) -> datetime:
+        """When the guest's message the run is handling was journaled: its first message's `run.started`, or the
+        latest `run.turn_received` the model has read. An agent's "today" (`prepare`'s "at most 5 days ahead"):
+        folded from the journal, so every replay sees the same time; `datetime.now()` in a hook would not."""
+        return self.latest_turn_at or self.started.at
 
     @property
     def budget(self) -> Budget:

@@ -1,8 +1,40 @@
-"""What an adopter's own tests and evals use: a scripted model for their agent (`scripted`; on HTTP, `python -m
-crashsafe.testing MODULE:FUNCTION`, `model_server`)."""
+"""`crashsafe.testing`: what an adopter's tests and evals import. Like `crashsafe.sdk`, the public surface: what is
+not here may change. Pure (no broker, no network): the scripted model's HTTP server is `crashsafe.testing.model_server`
+(`python -m crashsafe.testing MODULE:FUNCTION`), imported only when run.
+
+The harness plays an agent through the runtime's own decisions, the test playing the model and the providers:
+
+    played = play(
+        MyAgent(),
+        "A desk on Friday",
+        model=[ask("find_slots", day="2030-01-11"), ask("reserve_slot", slot_id="s1", day="2030-01-11"),
+               reply("Reserved.")],
+        tools={"find_slots": {"slots": [...]}, "reserve_slot": lambda args: {"reservation_id": "r1", ...}},
+    )
+    assert played.status == "completed" and played.requested[-1][0] == "reserve_slot"
+
+`Conversation` plays several turns (`say`), a guest's "yes" to an approval, a manager's decision (`approve=`) and
+an approval running out (`expire`). Each move is decided twice from the same journal: an agent whose hooks are not
+pure fails the test, as its replay after a crash would decide otherwise. The scripted model (`Script`, `step`,
+`respond`) answers a run's transcript, the same script in memory and served on the OpenAI protocol."""
 
 from __future__ import annotations
 
+from crashsafe.testing.harness import (
+    START,
+    Approve,
+    Conversation,
+    Failed,
+    ModelScript,
+    Played,
+    ToolAnswer,
+    ToolAnswers,
+    Unknown,
+    ask,
+    play,
+    reply,
+    tool_call,
+)
 from crashsafe.testing.scripted import (
     Call,
     ModelTurn,
@@ -14,4 +46,26 @@ from crashsafe.testing.scripted import (
     step,
 )
 
-__all__ = ["Call", "ModelTurn", "Say", "Script", "ToolResult", "Transcript", "respond", "step"]
+__all__ = [
+    "START",
+    "Approve",
+    "Call",
+    "Conversation",
+    "Failed",
+    "ModelScript",
+    "ModelTurn",
+    "Played",
+    "Say",
+    "Script",
+    "ToolAnswer",
+    "ToolAnswers",
+    "ToolResult",
+    "Transcript",
+    "Unknown",
+    "ask",
+    "play",
+    "reply",
+    "respond",
+    "step",
+    "tool_call",
+]

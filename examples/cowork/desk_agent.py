@@ -8,6 +8,7 @@ from typing import Any
 from crashsafe.examples.cowork.desk_tools import ARGUMENT_TYPES, TOOLS
 from crashsafe.sdk import (
     ACCOUNT_ARG,
+    AgentBase,
     AgentConfig,
     ApprovalAbove,
     Approver,
@@ -53,7 +54,7 @@ def _in_account(state: RunState, args: dict[str, Any]) -> dict[str, Any]:
     return {**args, ACCOUNT_ARG: state.account} if state.account else args
 
 
-class CoworkAgent:
+class CoworkAgent(AgentBase):
     name = "cowork"
     instructions = INSTRUCTIONS
     tools = {t.name: t.contract for t in TOOLS if not t.compensation_only}

@@ -13,7 +13,7 @@ from crashsafe.contracts.errors import ErrorCode, ErrorInfo
 from crashsafe.contracts.run_events import Budget
 from crashsafe.contracts.synthetic_turn import DEFAULT_BUDGET_S, FIXED_MODEL, SYNTHETIC_AGENT
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import Registration, model_contracts
 from crashsafe.domain.run_state import RunState
@@ -29,7 +29,7 @@ INSTRUCTIONS = (
 FIXED_ROUTE = ModelRoute(name="fixed", model=FIXED_MODEL, api=ModelApi.FIXED.value)
 
 
-class SyntheticAgent:
+class SyntheticAgent(AgentBase):
     name = SYNTHETIC_AGENT
     instructions = INSTRUCTIONS
     tools = model_contracts((SEARCH_HOTELS,))

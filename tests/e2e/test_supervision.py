@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from crashsafe import cli, demo
+from crashsafe.deployment import settings_for
 from crashsafe.stack import Stack
 from crashsafe.stack_plan import RegistryUnusable, ScaleError, parse_scale
 from crashsafe.stack_processes import Backoff, ProcessIdentity
+from crashsafe.stack_state import write_stack_json
 from tests.support.stack import StackClient, crashsafe, supervised
 from tests.support.waiting import eventually
 
@@ -70,6 +73,35 @@ def test_the_stack_starts_one_executor_per_tool_family_of_its_registry(
     assert executors(Stack(tmp_path)) == ["executor-noop"], "the registry the services will load"
     with pytest.raises(RegistryUnusable, match="no_such_registry_xyz"):
         Stack(tmp_path, registry="no_such_registry_xyz:registry")
+
+
+def test_up_registry_runs_the_stack_under_it_and_operator_commands_follow_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`crashsafe up --registry MOD:FN` reaches the Stack, which starts that registry's executors and writes it to
+    stack.json, where `audit`, `replay` and the rest read it (no CRASHSAFE_REGISTRY needed beside the flag)."""
+    monkeypatch.delenv("CRASHSAFE_REGISTRY", raising=False)
+    spec = "tests.support.misbehaving:registry"
+    given: dict[str, object] = {}
+
+    async def run_up(state_dir: Path, *args: object, registry: str | None = None) -> int:
+        given.update(state_dir=state_dir, registry=registry)
+        return 0
+
+    monkeypatch.setattr(demo, "run_up", run_up)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["up", "--state-dir", str(tmp_path), "--registry", spec])
+    assert exited.value.code == 0 and given == {"state_dir": tmp_path, "registry": spec}
+    stack = Stack(tmp_path, registry=spec)
+    assert sorted(n for n in stack.services if n.startswith("executor-")) == ["executor-noop"]
+    assert stack.env_for(stack.services["runtime"])["CRASHSAFE_REGISTRY"] == spec
+    write_stack_json(stack)
+    written = json.loads((tmp_path / "stack.json").read_text())
+    assert written["registry"] == spec
+    written.pop("operator_creds")  # never started: no credential file was made
+    (tmp_path / "stack.json").write_text(json.dumps(written))
+    assert settings_for(tmp_path).registry == spec
+    assert settings_for(tmp_path / "elsewhere").registry == "crashsafe.services.agents:stayhub"
 
 
 async def test_a_crash_looping_service_backs_off(

@@ -15,8 +15,7 @@ from crashsafe.contracts.keys import inbound_hash, run_id_for
 from crashsafe.contracts.run_events import RunCompleted, RunStarted, ToolCall
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
-from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
+from crashsafe.domain.agent import AgentBase, ScriptedStep
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 from crashsafe.natsd import NatsServer
@@ -29,7 +28,7 @@ from tests.support.waiting import eventually
 STAMP = ToolContract(name="stamp", family="stamps", effect=Effect.WRITE, timeout_s=2.0, retry=RetryRule.KEYED)
 
 
-class TwoStamps:
+class TwoStamps(AgentBase):
     """A tiny agent of the test's own: two keyed `stamp` steps from a plan, then a reply."""
 
     name = "two_stamps"
@@ -37,11 +36,6 @@ class TwoStamps:
     tools = {STAMP.name: STAMP}
     compensation_tools: dict[str, ToolContract] = {}
     config = AgentConfig(agent="two_stamps")
-
-    policies: tuple[PolicyRule, ...] = ()
-
-    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
-        return default_question(state, tool, args, hold)
 
     def script(self, state: RunState) -> ScriptedStep | None:
         done = len(state.completed)
@@ -55,12 +49,6 @@ class TwoStamps:
         self, state: RunState, tool: ToolContract, args: dict[str, Any]
     ) -> dict[str, Any] | ErrorInfo:
         return {"n": int(args["n"])}
-
-    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
-        return ()
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
 
 
 async def test_a_runtime_and_an_executor_composed_with_an_agent_of_the_tests_own(

@@ -42,6 +42,10 @@ def test_the_wheel_installs_only_the_crashsafe_namespace(tmp_path: Path) -> None
         "crashsafe/services/runtime/bootstrap.py",
         "crashsafe/services/console/templates/base.html",
         "crashsafe/sandbox/app.py",
+        # `crashsafe new agent`'s templates, and the marker that lets an adopter's mypy read crashsafe.sdk's types.
+        "crashsafe/templates/agent/agent.py.tmpl",
+        "crashsafe/templates/agent/tests/test_agent.py.tmpl",
+        "crashsafe/py.typed",
     ):
         assert path in names, path
 

@@ -18,8 +18,7 @@ from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.keys import CompensationKind
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
-from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
+from crashsafe.domain.agent import AgentBase, Compensation, ScriptedStep
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.domain.run_state import RunState
 
@@ -32,7 +31,7 @@ UNDO = Tool(
 REGISTRY = "tests.support.misbehaving:registry"
 
 
-class OneStep:
+class OneStep(AgentBase):
     """A plan of one no-op step, then a reply: the well-behaved base each misbehaving agent changes one hook of."""
 
     instructions = ""
@@ -42,17 +41,6 @@ class OneStep:
         self.tools = {NOOP.name: NOOP.contract}
         self.compensation_tools = {UNDO.name: UNDO.contract}
         self.config = AgentConfig(agent=name)
-
-    policies: tuple[PolicyRule, ...] = ()
-
-    def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
-        return default_question(state, tool, args, hold)
-
-    def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
-        return ()
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
 
     def script(self, state: RunState) -> ScriptedStep | None:
         if not any(r.tool == NOOP.name for r, _ in state.completed):
@@ -118,6 +106,12 @@ class ScriptsStrings(OneStep):
         return ScriptedStep(calls=("noop",))  # type: ignore[arg-type]
 
 
+class TypesWithAString(OneStep):
+    """Names its tool's argument struct by a string, not the Struct type (an easy slip without mypy)."""
+
+    argument_types = {NOOP.name: "NoopArgs"}  # type: ignore[dict-item]
+
+
 class BlocksTheLoop(OneStep):
     """Holds the event loop: code that never awaits (a synchronous call that hangs)."""
 
@@ -137,6 +131,7 @@ MISBEHAVING: dict[str, tuple[type[OneStep], str]] = {
     "raises_in_script": (RaisesInScript, "script"),
     "scripts_a_dict": (ScriptsADict, "script"),
     "scripts_strings": (ScriptsStrings, "script"),
+    "types_with_a_string": (TypesWithAString, "argument_types"),
 }
 
 

@@ -20,6 +20,7 @@ IO_LIBRARIES = {
     "litestar",
     "uvicorn",
     "httpx_aiohttp",
+    "aiohttp",
 }
 
 # Who may import whom, by the longest matching package prefix: the one rule, with no exceptions (docs/architecture.md
@@ -112,6 +113,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     # The adopter's surface: names from the contracts and the domain, re-exported; nothing with I/O.
     "crashsafe.sdk": {"crashsafe.contracts", "crashsafe.domain", "crashsafe.sdk"},
+    # The adopter's test kit: plays an agent through the domain's own decisions, in memory; nothing with I/O.
+    "crashsafe.testing": {"crashsafe.contracts", "crashsafe.domain", "crashsafe.sdk", "crashsafe.testing"},
     "crashsafe.sandbox": {"crashsafe.sandbox", "crashsafe.contracts"},
     "crashsafe": {"crashsafe.contracts", "crashsafe.services", "crashsafe.sandbox", "crashsafe"},
     # The eval suite drives the product from outside: its stack machinery, its contracts, the sandbox's ledger.
@@ -127,6 +130,9 @@ PURE = (
     "crashsafe.contracts",
     "crashsafe.domain",
     "crashsafe.sdk",
+    # The harness and the scripted model (their HTTP server, model_server, is an adapter run on its own).
+    "crashsafe.testing.harness",
+    "crashsafe.testing.scripted",
     "crashsafe.services.console.run_timeline",
     "crashsafe.services.agents",
     "crashsafe.examples.analytics.core",
@@ -233,11 +239,12 @@ def test_no_service_imports_the_agents_it_runs() -> None:
 def test_contracts_and_cores_import_no_io_library() -> None:
     roots = [
         p
-        for p in _sources("contracts", "domain", "services", "examples")
+        for p in _sources("contracts", "domain", "services", "examples", "crashsafe")
         if _within(_module_name(p), set(PURE))
     ]
     assert ROOT / "domain" / "execution.py" in roots
     assert ROOT / "domain" / "decide.py" in roots
+    assert ROOT / "crashsafe" / "sdk.py" in roots and ROOT / "crashsafe" / "testing" / "harness.py" in roots
     # Follow project imports transitively: a core importing an adapter that imports nats is as bad as importing nats.
     seen: dict[Path, list[str]] = {path: [_module_name(path)] for path in roots}
     queue = list(roots)

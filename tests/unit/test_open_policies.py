@@ -24,7 +24,7 @@ from crashsafe.contracts.run_events import (
 )
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.call_plan import plan_calls
 from crashsafe.domain.catalog_check import validate_catalog
 from crashsafe.domain.decide import Append, AskModel, next_move
@@ -68,7 +68,7 @@ DAY_PASS_CENTS = 2_500
 FIVE_DAYS_AHEAD = DateWindow(tools=["reserve_desk"], start_field="day", max_days_ahead=5)
 
 
-class DeskAgent:
+class DeskAgent(AgentBase):
     """A coworking desk agent: reserve a desk for a day, charge a day pass, release the desk if the charge fails."""
 
     name = "desk"

@@ -14,7 +14,7 @@ from crashsafe.contracts.keys import CompensationKind
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested
 from crashsafe.contracts.tool_messages import OutcomeStatus, first_made_by
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account
 from crashsafe.domain.policy_verdicts import Hold, PolicyRule
 from crashsafe.domain.registry import compensation_contracts, model_contracts
@@ -70,7 +70,7 @@ def _string(args: dict[str, Any], name: str) -> str | ErrorInfo:
     return value
 
 
-class BookingAgent:
+class BookingAgent(AgentBase):
     name = "booking"
     instructions = INSTRUCTIONS
     tools = model_contracts((*TOOLS, REMEMBER_PREFERENCE))

@@ -17,7 +17,7 @@ from crashsafe.contracts.errors import ErrorCode, ErrorInfo
 from crashsafe.contracts.policy import RefundWithinPaid
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Compensation, ProjectionCall, ScriptedStep
+from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.guest_scope import in_account, owns, the_guest
 from crashsafe.domain.policy_verdicts import Hold, PolicyRule, default_question
 from crashsafe.domain.registry import model_contracts
@@ -79,7 +79,7 @@ def refunding_since_found(state: RunState, payment_id: str) -> int:
     )
 
 
-class SupportAgent:
+class SupportAgent(AgentBase):
     name = "support"
     instructions = INSTRUCTIONS
     tools = model_contracts((FIND_PAYMENTS,)) | {REFUND_PAYMENT.name: REFUND_PAYMENT.contract}
