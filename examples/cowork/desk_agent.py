@@ -10,18 +10,20 @@ from crashsafe.sdk import (
     ACCOUNT_ARG,
     AgentBase,
     AgentConfig,
+    Allow,
     ApprovalAbove,
     Approver,
     Compensation,
     CompensationKind,
+    Deny,
     ErrorInfo,
     Hold,
     OutcomeStatus,
     PolicyRule,
-    ProjectionCall,
+    PreparedAction,
     RunState,
-    ScriptedStep,
     ToolContract,
+    Verdict,
 )
 
 INSTRUCTIONS = (
@@ -44,6 +46,30 @@ RULES = (
 # A pass that is paid, being paid, or maybe paid: its desk is never given back.
 _MAYBE_PAID = (OutcomeStatus.SUCCEEDED, OutcomeStatus.UNKNOWN)
 
+# A rule of the space's own, which no built-in expresses: one conversation holds at most two desks (a member
+# booking a team's week asks the front desk).
+MAX_DESKS_PER_CONVERSATION = 2
+
+
+def desks_per_conversation(action: PreparedAction, state: RunState) -> Verdict:
+    """Deny a third reservation in one conversation; desks given back (or being given back) do not count."""
+    if action.tool.name != "reserve_desk":
+        return Allow()
+    held = [p.args for p in state.pending if p.tool == "reserve_desk"]
+    held += [
+        {**req.args, **done.result}
+        for req, done in state.completed
+        if req.tool == "reserve_desk" and done.status in _MAYBE_PAID
+    ]
+    kept = [r for r in held if not _asked(state, "release_desk", str(r.get("reservation_id", "")), None)]
+    if len(kept) >= MAX_DESKS_PER_CONVERSATION:
+        return Deny(
+            "desks_per_conversation",
+            f"this conversation already holds {len(kept)} desks; the front desk books more than "
+            f"{MAX_DESKS_PER_CONVERSATION}",
+        )
+    return Allow()
+
 
 def _refused(message: str, **details: Any) -> ErrorInfo:
     return ErrorInfo(code="invalid_tool_arguments", message=message, details=details)
@@ -61,7 +87,7 @@ class CoworkAgent(AgentBase):
     compensation_tools = {t.name: t.contract for t in TOOLS if t.compensation_only}
     argument_types = ARGUMENT_TYPES
     config = AgentConfig(agent="cowork", rules=list(RULES))
-    policies: tuple[PolicyRule, ...] = ()
+    policies: tuple[PolicyRule, ...] = (PolicyRule("desks_per_conversation", desks_per_conversation),)
 
     def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
         """What the member is asked: the desk's day pass, its zone and day, at the provider's price."""
@@ -135,12 +161,6 @@ class CoworkAgent(AgentBase):
                 args = {"reservation_id": reservation_id}
                 undo.append(Compensation("release_desk", args, undoes=req.key, kind=CompensationKind.RELEASE))
         return tuple(undo)
-
-    def script(self, state: RunState) -> ScriptedStep | None:
-        return None  # the model decides
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
 
 
 def _asked(state: RunState, tool: str, reservation_id: str, outcomes: tuple[str, ...] | None) -> bool:
