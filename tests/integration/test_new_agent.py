@@ -61,7 +61,7 @@ def test_the_new_package_is_a_registry_with_its_own_family(
     assert (charge.effect, charge.key_rule, charge.identity) == ("money", "business", ("reservation_id",))
     reserve = registry.tools["reserve_slot"].contract
     assert reserve.key_rule == "business" and reserve.compensation == "release_reservation"
-    assert [type(rule).__name__ for rule in agent.config.rules] == ["ApprovalAbove"]
+    assert [type(rule).__name__ for rule in agent.config.rules] == ["DateWindow", "ApprovalAbove"]
 
 
 def test_the_new_package_passes_its_own_tests(tmp_path: Path) -> None:
