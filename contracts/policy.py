@@ -51,9 +51,10 @@ StayWindow = DateWindow  # the name it had before it was parameterised
 
 class ApprovalAbove(RuleBase, frozen=True, kw_only=True, tag="rule.approval_above"):
     """An amount (computed by the server, `amount_field` in cents, `currency_field`) above `limit_cents` waits for
-    `approver`'s approval, at most `ttl_s`. What the run charged with `tool` in all counts, except earlier charges
-    for the same `for_field` value (the same thing paid again is not a second charge; empty: the agent's built-in
-    rule's for this tool, else each charge counts)."""
+    `approver`'s approval, at most `ttl_s`. What the run charged with `tool` in all counts (charges split under
+    the limit are confirmed too), except earlier charges for the same `for_field` value (the same thing paid
+    again is not a second charge; empty: the agent's built-in rule's for this tool, else only the very same
+    action asked again is not counted twice)."""
 
     tool: str
     limit_cents: int

@@ -56,8 +56,8 @@ def new_agent(name: str, into: Path) -> list[Path]:
 
 
 def new_agent_command(name: str, into: Path) -> int:
-    written = new_agent(name, into)
-    where = into.resolve()
+    where = into.resolve()  # `--dir` is relative by default (`.`): every path printed is under this one
+    written = new_agent(name, where)
     print(f"wrote {len(written)} files under {where / name}:")
     for path in written:
         print(f"  {path.relative_to(where)}")

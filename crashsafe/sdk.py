@@ -40,6 +40,7 @@ from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
+from crashsafe.domain.guest_scope import in_account
 from crashsafe.domain.policy_verdicts import (
     Allow,
     Deny,
@@ -129,6 +130,7 @@ __all__ = [
     "VerifiedRecipient",
     "compensation_contracts",
     "default_question",
+    "in_account",
     "model_contracts",
     "parameters_of",
 ]

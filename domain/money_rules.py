@@ -43,7 +43,7 @@ def approval_above(
     currency = str(args.get(rule.currency_field, ""))
     # What the run charges in all counts, not this charge alone: charges split under the limit (twelve nights,
     # then the next twelve) would otherwise never be confirmed by anyone.
-    earlier = _charged(state, rule, contract.name, currency, args)
+    earlier = _charged(state, rule, contract.name, currency, args, input_hash)
     if amount + earlier <= rule.limit_cents:
         return Allow()
     profile = state.started.profile
@@ -72,19 +72,22 @@ def approval_above(
     )
 
 
-def _charged(state: RunState, rule: ApprovalAbove, tool: str, currency: str, args: dict[str, Any]) -> int:
-    """Cents this run has charged with `tool` in `currency`, pending, done or maybe done, except for the same
-    `for_field` value as this charge (with no `for_field`, none is counted: each charge alone)."""
-    if not rule.for_field:
-        return 0
-    paid_for = str(args.get(rule.for_field, ""))
+def _charged(
+    state: RunState, rule: ApprovalAbove, tool: str, currency: str, args: dict[str, Any], input_hash: str
+) -> int:
+    """Cents this run has charged with `tool` in `currency`, pending, done or maybe done, except what this charge
+    pays again: the same `for_field` value, or (with no `for_field`) the very same action asked again."""
     asked = [p for p in state.pending if p.tool == tool]
     asked += [req for req, done in state.completed if req.tool == tool and done.status in LIVE]
+    if rule.for_field:
+        paid_for = str(args.get(rule.for_field, ""))
+        asked = [r for r in asked if str(r.args.get(rule.for_field, "")) != paid_for]
+    else:
+        asked = [r for r in asked if r.input_hash != input_hash]
     return sum(
         int(r.args.get(rule.amount_field) or 0)
         for r in asked
         if str(r.args.get(rule.currency_field, "")) == currency
-        and str(r.args.get(rule.for_field, "")) != paid_for
     )
 
 

@@ -27,7 +27,7 @@ from crashsafe.contracts.tools import Effect, ToolContract
 from crashsafe.domain.agent import Agent, hook_misanswered, hook_raised
 from crashsafe.domain.catalog_check import MAX_APPROVAL_TTL_S
 from crashsafe.domain.guest_scope import owns
-from crashsafe.domain.money_rules import approval_above, payment_seen, refund_within_paid
+from crashsafe.domain.money_rules import approval_above, approved, payment_seen, refund_within_paid
 from crashsafe.domain.policy_upgrade import upgraded
 from crashsafe.domain.policy_verdicts import (
     Allow,
@@ -155,7 +155,10 @@ def check_policy(
             verdict = _checked(agent, policy, action, state)
             if isinstance(verdict, Deny):
                 return verdict
-            if isinstance(verdict, Hold):
+            # Approved is the engine's to know, not the rule's: exactly this action (its input hash), by the
+            # hold's approver or a manager. A rule that holds again after its approval would ask for ever, and
+            # one that read `state.approvals` itself could approve another action than the one asked about.
+            if isinstance(verdict, Hold) and not approved(state, contract.name, input_hash, verdict.approver):
                 holds.append(verdict)
     if holds:
         return next((h for h in holds if h.approver == Approver.MANAGER), holds[0])
@@ -218,11 +221,12 @@ def _well_formed(hold: Hold) -> bool:
 def _built_in(
     state: RunState, contracts: Mapping[str, ToolContract], contract: ToolContract, args: dict[str, Any]
 ) -> Deny | None:
-    """A charge (money, with a compensation) needs the provider's currency, and never pays for an effect this
-    run has undone or is undoing (a released hold: its compensation is done or on its way)."""
-    if contract.effect != Effect.MONEY or contract.compensation is None:
+    """Money is never paid for an effect this run has undone or is undoing (a released hold: its compensation is
+    done or on its way), whether or not the paying tool has a compensation of its own (the undone effect is
+    another tool's); a charge (money, with a compensation) needs the provider's currency."""
+    if contract.effect != Effect.MONEY:
         return None
-    if "amount_cents" in args and not args.get("currency"):
+    if contract.compensation is not None and "amount_cents" in args and not args.get("currency"):
         return Deny(
             SERVER_COMPUTED_AMOUNT,
             f"the provider gave no currency for {contract.name} ({_ids(args)}); it cannot be charged until "

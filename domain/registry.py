@@ -206,6 +206,7 @@ class Registry:
         tools: dict[str, Tool] = {}
         rules: list[AuditRule] = []
         for registration in registrations:
+            _complete(registration.agent)
             name = registration.agent.name
             if name in agents:
                 raise ValueError(f"agent {name!r} is registered twice")
@@ -261,6 +262,34 @@ class Registry:
     @property
     def contracts(self) -> dict[str, ToolContract]:
         return {name: t.contract for name, t in self.tools.items()}
+
+
+# What an agent class must have (the Agent protocol): an agent written before a member was added (a plain class,
+# not `AgentBase`) is refused when the registry is built, not found out at its first run.
+AGENT_MEMBERS = (
+    "name",
+    "instructions",
+    "tools",
+    "compensation_tools",
+    "config",
+    "argument_types",
+    "argument_limits",
+    "policies",
+    "prepare",
+    "compensations",
+    "script",
+    "projections",
+    "approval_question",
+)
+
+
+def _complete(agent: Agent) -> None:
+    missing = [member for member in AGENT_MEMBERS if member not in dir(agent)]
+    if missing:
+        raise ValueError(
+            f"agent {type(agent).__name__} lacks {', '.join(missing)} of the Agent protocol: subclass "
+            "crashsafe.sdk.AgentBase, which gives every member a default"
+        )
 
 
 def load(spec: str) -> Registry:

@@ -7,7 +7,6 @@ from typing import Any
 
 from crashsafe.examples.cowork.desk_tools import ARGUMENT_TYPES, TOOLS
 from crashsafe.sdk import (
-    ACCOUNT_ARG,
     AgentBase,
     AgentConfig,
     Allow,
@@ -24,6 +23,7 @@ from crashsafe.sdk import (
     RunState,
     ToolContract,
     Verdict,
+    in_account,
 )
 
 INSTRUCTIONS = (
@@ -75,11 +75,6 @@ def _refused(message: str, **details: Any) -> ErrorInfo:
     return ErrorInfo(code="invalid_tool_arguments", message=message, details=details)
 
 
-def _in_account(state: RunState, args: dict[str, Any]) -> dict[str, Any]:
-    """The provider account the run acts in (its tenant's), sent by the executor as `Provider-Account`."""
-    return {**args, ACCOUNT_ARG: state.account} if state.account else args
-
-
 class CoworkAgent(AgentBase):
     name = "cowork"
     instructions = INSTRUCTIONS
@@ -114,13 +109,13 @@ class CoworkAgent(AgentBase):
             case "find_desks":
                 return {"day": args["day"], **({"zone": args["zone"]} if args.get("zone") else {})}
             case "reserve_desk":
-                return _in_account(
+                return in_account(
                     state, {"member_id": state.guest_id, "zone": args["zone"], "day": args["day"]}
                 )
             case "buy_day_pass":
                 return self._pass(state, str(args["reservation_id"]))
             case "release_desk":
-                return _in_account(state, {"reservation_id": str(args["reservation_id"])})
+                return in_account(state, {"reservation_id": str(args["reservation_id"])})
         return _refused(f"no argument rules for {tool.name}")
 
     def _pass(self, state: RunState, reservation_id: str) -> dict[str, Any] | ErrorInfo:
@@ -135,7 +130,7 @@ class CoworkAgent(AgentBase):
         if _asked(state, "buy_day_pass", reservation_id, _MAYBE_PAID):
             return _refused(f"the day pass of {reservation_id} is already paid or being paid")
         # The price is the provider's answer to the reservation, never the model's.
-        return _in_account(
+        return in_account(
             state,
             {
                 "reservation_id": reservation_id,

@@ -37,14 +37,14 @@ async def asked(
     except TimeoutError as exc:
         if bound.expired():
             return _unknown(f"{what}: no answer within {give_up_after:.1f}s")
-        return _unknown(f"{what} raised {type(exc).__name__}: {exc}"[:500])
+        return _unknown(f"{what} raised {type(exc).__name__}: {exc}")
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise  # the executor is stopping: not the adopter's answer
         return _unknown(f"{what} raised CancelledError")
     except Exception as exc:  # noqa: BLE001 -- any exception of the adopter's code is an unknown outcome
-        return _unknown(f"{what} raised {type(exc).__name__}: {exc}"[:500])
+        return _unknown(f"{what} raised {type(exc).__name__}: {exc}")
     return checked(what, answer, allowed)
 
 
@@ -69,7 +69,7 @@ def checked(what: str, answer: object, allowed: frozenset[Answer]) -> ProviderAn
         Answer(answer.kind),  # type: ignore[arg-type]
         body,
         ref=answer.ref,
-        detail=str(answer.detail)[:500],
+        detail=str(answer.detail),
         retry_after_s=min(max(float(retry_after), 0.0), _MAX_RETRY_AFTER_S)
         if retry_after is not None
         else None,
@@ -77,12 +77,26 @@ def checked(what: str, answer: object, allowed: frozenset[Answer]) -> ProviderAn
     )
 
 
+_DETAIL_CHARS = 500
+
+
 def without(credential: str | None, answer: ProviderAnswer) -> ProviderAnswer:
-    """The answer with its provider's credential masked in its detail (an SDK's exception may quote it), since
-    the detail is journaled as evidence and shown to operators."""
-    if not credential or credential not in answer.detail:
-        return answer
-    return dataclasses.replace(answer, detail=answer.detail.replace(credential, "[credential]"))
+    """The answer as it may be journaled and shown to operators: its provider's credential masked wherever an
+    SDK put it (an exception's text, an echoed request in the body), then its detail cut to 500 characters (cut
+    first, a credential across the cut would leave its start behind)."""
+    detail = answer.detail.replace(credential, "[credential]") if credential else answer.detail
+    body = _masked(answer.body, credential) if credential else answer.body
+    return dataclasses.replace(answer, detail=detail[:_DETAIL_CHARS], body=body)
+
+
+def _masked(value: Any, credential: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(credential, "[credential]")
+    if isinstance(value, dict):
+        return {_masked(k, credential): _masked(v, credential) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, credential) for v in value]
+    return value
 
 
 def deadline_in(seconds: float) -> float:

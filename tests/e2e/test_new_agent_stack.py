@@ -125,10 +125,16 @@ async def test_a_new_agent_runs_under_up_registry_on_the_first_try(tmp_path: Pat
         assert [e["tool"] for e in requested] == ["find_slots", "reserve_slot", "charge_reservation"]
         charge = requested[-1]
         assert charge["args"]["amount_cents"] == 4_500 and charge["key"].startswith("charge:")
-        # The charge is in the provider's books under the key the runtime journaled.
+        # The charge is in the provider's books under the key the runtime journaled, in the tenant's own account
+        # (asked in another account, the key is unknown there).
+        account = charge["args"]["account"]
         async with httpx.AsyncClient(timeout=5) as http:
-            held = await http.get(f"{provider_url}/charges/by-key/{charge['key']}")
+            held = await http.get(
+                f"{provider_url}/charges/by-key/{charge['key']}", headers={"Provider-Account": account}
+            )
+            elsewhere = await http.get(f"{provider_url}/charges/by-key/{charge['key']}")
         assert held.status_code == 200 and held.json()["status"] == "captured", held.text
+        assert elsewhere.status_code == 404, elsewhere.text
         down = await crashsafe("down", "--state-dir", str(state))
         assert down.returncode == 0, down.stdout + down.stderr
     finally:

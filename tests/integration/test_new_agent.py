@@ -120,3 +120,18 @@ def test_nothing_is_written_over(tmp_path: Path) -> None:
     (tmp_path / "rooms").mkdir()
     with pytest.raises(InvalidSetting, match="nothing there yet"):
         new_agent("rooms", tmp_path)
+
+
+def test_run_as_documented_in_the_current_folder_it_writes_there_and_says_what_it_wrote(tmp_path: Path) -> None:
+    """No `--dir`: the package goes in the current folder (`.`), and the listing names each file under it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "crashsafe.cli", "new", "agent", "rooms"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "rooms" / "registry.py").is_file()
+    assert "  rooms/registry.py" in done.stdout.splitlines()

@@ -123,3 +123,26 @@ def test_the_spaces_own_rule_refuses_a_third_desk_in_one_conversation_by_its_nam
     (denied,) = played.of(PolicyDenied)
     assert (denied.tool, denied.rule) == ("reserve_desk", "desks_per_conversation")
     assert [args["day"] for tool, args in played.requested if tool == "reserve_desk"] == list(days[:2])
+
+
+def test_a_desk_given_back_is_never_paid_for_even_by_a_pass_tool_that_undoes_nothing_itself() -> None:
+    """The day pass declares no compensation of its own; the reservation it names was given back, so paying for
+    it again is denied by the runtime's own rule (`undone_effect`), not left to the agent's code."""
+    played = play(
+        AGENT,
+        "A quiet desk on 2031-05-04",
+        model=[
+            ask("reserve_desk", zone="quiet", day="2031-05-04"),
+            ask("buy_day_pass", reservation_id="res_1"),
+            ask("buy_day_pass", reservation_id="res_1"),
+            reply("Sorry."),
+        ],
+        tools={
+            "reserve_desk": reserved,
+            "buy_day_pass": Failed("card_declined", "the card was declined"),
+            "release_desk": released,
+        },
+    )
+    assert [tool for tool, _ in played.requested] == ["reserve_desk", "buy_day_pass", "release_desk"]
+    (denied,) = played.of(PolicyDenied)
+    assert (denied.tool, denied.rule) == ("buy_day_pass", "undone_effect")

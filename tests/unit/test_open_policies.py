@@ -43,6 +43,7 @@ from crashsafe.domain.policy_verdicts import (
 )
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents.booking.booking_policy import DEFAULT_RULES
+from crashsafe.testing import Conversation, ask, reply
 from tests.support.runs import T0, receipt, reply_of, started
 
 pytestmark = pytest.mark.unit
@@ -229,6 +230,37 @@ def test_an_agents_own_hold_asks_for_approval_worded_by_the_agent() -> None:
     assert held.question == "Reply yes to buy a day pass for 25.00 EUR"
     assert held.expires_at == held.at + timedelta(seconds=600)
     assert run.state.pending == ()
+
+
+def test_an_agents_own_hold_once_approved_lets_exactly_that_action_through_and_holds_the_next() -> None:
+    """The engine, not the rule, knows an approval: bound to the action's input hash, so the approved pass is
+    requested once (not asked about again for ever) and another reservation's pass is held again."""
+    talk = Conversation(
+        DeskAgent(PolicyRule("member_says_yes", big_spender)),
+        model=[
+            ask(RESERVE.name, desk_id="d-7", day="2030-01-08"),
+            ask(CHARGE.name, reservation_id="rsv_1"),
+            ask(RESERVE.name, desk_id="d-8", day="2030-01-09"),
+            ask(CHARGE.name, reservation_id="rsv_2"),
+            reply("Both paid."),
+        ],
+        tools={
+            RESERVE.name: lambda args: {"reservation_id": f"rsv_{args['desk_id'][-1:] == '8' and 2 or 1}"},
+            CHARGE.name: lambda args: {"pass_id": f"pass_{args['reservation_id']}"},
+        },
+    )
+    first = talk.say("A desk tomorrow and the day after")
+    assert [e.args["reservation_id"] for e in first.of(ApprovalRequested)] == ["rsv_1"]
+    second = talk.say("yes")
+    charged = [args["reservation_id"] for tool, args in second.requested if tool == CHARGE.name]
+    assert charged == ["rsv_1"]
+    assert [e.args["reservation_id"] for e in second.of(ApprovalRequested)] == ["rsv_1", "rsv_2"]
+    done = talk.say("yes")
+    assert done.status == "completed"
+    assert [args["reservation_id"] for tool, args in done.requested if tool == CHARGE.name] == [
+        "rsv_1",
+        "rsv_2",
+    ]
 
 
 def test_a_hold_of_an_agent_that_words_nothing_gets_a_neutral_question() -> None:
@@ -418,3 +450,26 @@ def test_policies_that_are_not_a_tuple_of_rules_are_the_agents_fault() -> None:
     handed = DeskRun(agent).ask(RESERVE.name, {"desk_id": "d-7", "day": "2026-12-02"})
     assert isinstance(handed, RunHandedOff) and handed.reason == HandOffReason.AGENT_FAULT
     assert "policies" in handed.detail and "a tuple of PolicyRule" in handed.detail
+
+
+def test_charges_split_under_the_limit_are_counted_together_when_the_rule_names_no_field() -> None:
+    """Two day passes of 25.00 under a 30.00 limit: the second waits for a yes, as the two together pass it
+    (each alone would not); the same pass asked again is not counted twice."""
+    talk = Conversation(
+        DeskAgent(rules=(ApprovalAbove(tool=CHARGE.name, limit_cents=3_000),)),
+        model=[
+            ask(RESERVE.name, desk_id="d-7", day="2030-01-08"),
+            ask(CHARGE.name, reservation_id="rsv_1"),
+            ask(RESERVE.name, desk_id="d-8", day="2030-01-09"),
+            ask(CHARGE.name, reservation_id="rsv_2"),
+            reply("Both paid."),
+        ],
+        tools={
+            RESERVE.name: lambda args: {"reservation_id": "rsv_2" if args["desk_id"] == "d-8" else "rsv_1"},
+            CHARGE.name: lambda args: {"pass_id": f"pass_{args['reservation_id']}"},
+        },
+    )
+    first = talk.say("Two desks")
+    (held,) = first.of(ApprovalRequested)
+    assert (held.args["reservation_id"], held.amount_cents) == ("rsv_2", 2_500)
+    assert [args["reservation_id"] for tool, args in first.requested if tool == CHARGE.name] == ["rsv_1"]

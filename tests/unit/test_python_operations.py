@@ -250,3 +250,19 @@ async def test_an_exception_quoting_the_credential_is_journaled_without_it() -> 
         Answer.UNKNOWN,
         "place_order's call raised PermissionError: key [credential] was refused",
     )
+
+
+async def test_a_credential_across_the_details_cut_or_echoed_in_a_refusals_body_is_masked() -> None:
+    """Masked before the detail is cut (a credential straddling character 500 would leave its start), and in
+    the body too: a refusal's body is the receipt's result, journaled."""
+    secret = "sk_live_0123456789abcdef"
+    endpoints = {DEFAULT_PROVIDER: ProviderSettings(DEFAULT_PROVIDER, credential=secret)}
+    prefix = "x" * (500 - len("place_order's call raised PermissionError: ") - 5)
+    raised = Scripted(call=PermissionError(f"{prefix}{secret} refused"))
+    answer = await Providers(endpoints).call(tool_of(raised), request(), 1.0)
+    assert secret[:5] not in answer.detail and len(answer.detail) <= 500
+    refused = ProviderAnswer(Answer.REJECTED, {"error": {"code": "auth", "sent": [f"Bearer {secret}"]}})
+    answer = await Providers(endpoints).call(tool_of(Scripted(call=refused)), request(), 1.0)
+    assert answer.kind == Answer.REJECTED and answer.body == {
+        "error": {"code": "auth", "sent": ["Bearer [credential]"]}
+    }

@@ -119,3 +119,25 @@ def test_a_deployment_is_loaded_by_module_and_function() -> None:
     ):
         with pytest.raises(ValueError, match="registry"):
             load(spec)
+
+
+def test_an_agent_written_before_a_protocol_member_existed_is_refused_when_the_registry_is_built() -> None:
+    """A plain class (not AgentBase) from before `policies` and `approval_question`: refused at start, naming what
+    it lacks, instead of every one of its runs handing off at its first tool call."""
+
+    class Older:
+        name = "older"
+        instructions = ""
+        tools: dict[str, object] = {}
+        compensation_tools: dict[str, object] = {}
+        config = BookingAgent.config
+        argument_types: dict[str, object] = {}
+        argument_limits = BookingAgent.argument_limits
+
+        def prepare(self, state: object, tool: object, args: object) -> object: ...
+        def compensations(self, state: object, ending: bool) -> tuple[()]: ...
+        def script(self, state: object) -> None: ...
+        def projections(self, state: object) -> tuple[()]: ...
+
+    with pytest.raises(ValueError, match="lacks policies, approval_question of the Agent protocol"):
+        Registry.of(Registration(agent=Older(), tools=()))  # type: ignore[arg-type]
