@@ -122,7 +122,9 @@ def test_nothing_is_written_over(tmp_path: Path) -> None:
         new_agent("rooms", tmp_path)
 
 
-def test_run_as_documented_in_the_current_folder_it_writes_there_and_says_what_it_wrote(tmp_path: Path) -> None:
+def test_run_as_documented_in_the_current_folder_it_writes_there_and_says_what_it_wrote(
+    tmp_path: Path,
+) -> None:
     """No `--dir`: the package goes in the current folder (`.`), and the listing names each file under it."""
     done = subprocess.run(
         [sys.executable, "-m", "crashsafe.cli", "new", "agent", "rooms"],
