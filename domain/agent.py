@@ -88,6 +88,10 @@ class Agent(Protocol):
         """The next step for agents driven by a fixed plan in code; None means: ask the model."""
         ...
 
+    # The projection tools `projections` may name (a call naming another is not planned). Empty: the agent
+    # projects nothing, and the projector reads none of its runs' journals to find out.
+    projection_tools: frozenset[str]
+
     def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         """What the run's journal calls for beyond its own steps (planned when it ends; pure, from the journal)."""
         ...
@@ -113,6 +117,7 @@ class AgentBase:
     argument_types: Mapping[str, type[msgspec.Struct]] = MappingProxyType({})
     argument_limits: ArgumentLimits = ArgumentLimits()
     policies: tuple[PolicyRule, ...] = ()
+    projection_tools: frozenset[str] = frozenset()
 
     def prepare(
         self, state: RunState, tool: ToolContract, args: dict[str, Any]

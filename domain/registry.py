@@ -225,6 +225,14 @@ class Registry:
             if tool.name in tools and tools[tool.name] != tool:
                 raise ValueError(f"tool {tool.name!r} is defined twice, differently")
             tools[tool.name] = tool
+        projection_tools = {name for name, tool in tools.items() if tool.projection is not None}
+        for agent in agents.values():
+            undeclared = sorted(set(agent.projection_tools) - projection_tools)
+            if undeclared:
+                raise ValueError(
+                    f"agent {agent.name!r} names {', '.join(undeclared)} among its projection tools, which the "
+                    "registry has as no projection tool"
+                )
         return cls(
             agents=agents,
             tools=tools,
@@ -279,6 +287,7 @@ AGENT_MEMBERS = (
     "compensations",
     "script",
     "projections",
+    "projection_tools",
     "approval_question",
 )
 

@@ -6,18 +6,16 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from crashsafe.contracts.errors import ErrorCode, UnknownAgent
+from crashsafe.contracts.errors import ErrorCode
 from crashsafe.contracts.projections import AUDIT_TRAIL_TOOL, task_encoder
-from crashsafe.contracts.run_events import decode_event
+from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import (
     PLANNER_HISTORY_S,
     ConsumerSpec,
@@ -26,12 +24,10 @@ from crashsafe.contracts.streams import (
     projector_planner_consumer,
 )
 from crashsafe.contracts.subjects import Header, StreamKind
-from crashsafe.domain.agent import ProjectionCall
 from crashsafe.domain.fold import replay
-from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.projection_plan import RETIRED, Projecting, plan
 from crashsafe.domain.projection_rules import Trigger, envelope_of, trigger
 from crashsafe.domain.registry import Registry
-from crashsafe.domain.run_state import RunState
 from crashsafe.services.platform import metrics, probes
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries, dead_letter
@@ -54,16 +50,6 @@ ENDED_MEMORY = 100_000
 # Deliveries of a message whose handler raised a bug before it is dead-lettered (a receiver's outage is not a
 # bug: that is the retry policy's, in the receipt).
 HANDLER_ATTEMPTS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class _NoAgent:
-    """A journal naming an agent this deployment no longer runs: its audit trail is still delivered."""
-
-    name: str
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
 
 
 class Projector:
@@ -202,6 +188,8 @@ class Projector:
         second plan within the duplicate window is dropped by the stream, after it by the receipt). Returns how
         many were published; raises Undeliverable for a journal that does not fold. `ctx`: the trace of the run
         event that triggered the plan, carried on each task, so its delivery joins the run's trace."""
+        if not await self._may_project(run_id):
+            return 0
         stored = await self.broker.read_subject(self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id))
         try:
             state = replay(decode_event(m.data) for m in stored)
@@ -215,10 +203,7 @@ class Projector:
             )
         if state.outcome is not None:
             self._remember_ended(run_id)
-        try:
-            agent: Any = self.registry.agent(state.agent)
-        except UnknownAgent:
-            agent = _NoAgent(state.agent)
+        agent: Projecting = self.registry.agents.get(state.agent) or RETIRED
         try:
             tasks = plan(state, len(stored), agent, self.tools, datetime.now(UTC))
         except Exception as exc:  # noqa: BLE001 -- a journal no rule expected (a hostile event) must not wedge the planner
@@ -238,6 +223,27 @@ class Projector:
         if tasks:
             log(self.logger, logging.DEBUG, "planned", run_id=run_id, keys=[t.key for t in tasks])
         return len(tasks)
+
+    async def _may_project(self, run_id: str) -> bool:
+        """Whether the run's journal can call for anything: always with an audit trail; else only if its agent
+        declares projection tools. Asked of the journal's first event (one read), so a run of an agent that
+        projects nothing costs no read of its whole journal. A first event that is not a run's start is left to
+        the whole read, which says what is wrong with it."""
+        if AUDIT_TRAIL_TOOL in self.tools:
+            return True
+        first = await self.broker.first_on_subject(
+            self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id)
+        )
+        if first is None:
+            return False
+        try:
+            started = decode_event(first.data)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            return True
+        if not isinstance(started, RunStarted):
+            return True
+        agent = self.registry.agents.get(started.agent)
+        return agent is not None and bool(agent.projection_tools)
 
     def _remember_ended(self, run_id: str) -> None:
         self._ended[run_id] = None

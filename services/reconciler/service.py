@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
@@ -17,7 +16,6 @@ from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import missing_projections as projections
-from crashsafe.domain.agent import ProjectionCall
 from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import (
     OpenWork,
@@ -29,9 +27,8 @@ from crashsafe.domain.open_work import (
     stalled_runs,
     unsettled_unknowns,
 )
-from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.projection_plan import RETIRED, plan
 from crashsafe.domain.registry import Registry
-from crashsafe.domain.run_state import RunState
 from crashsafe.services.platform import metrics, probes
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
@@ -325,17 +322,5 @@ class Reconciler:
         agent = self.registry.agents.get(state.agent)
         if agent is None:
             # An agent this deployment no longer runs: its runs still have an audit trail (as the projector plans).
-            return plan(state, state.events, _NO_AGENT, self.registry.tools, now)
+            return plan(state, state.events, RETIRED, self.registry.tools, now)
         return plan(state, state.events, agent, self.registry.tools, now)
-
-
-class _NoProjections:
-    """An agent no longer registered, to the planner: no projections of its own (the audit trail only)."""
-
-    name = ""
-
-    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
-        return ()
-
-
-_NO_AGENT: Any = _NoProjections()

@@ -23,6 +23,7 @@ import httpx
 import msgspec
 import pytest
 
+from bench import workloads
 from crashsafe.contracts.dead_letters import DeadLetter
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.projections import (
@@ -851,3 +852,33 @@ async def test_a_receiver_that_trickles_its_answer_for_ever_is_an_unknown_answer
         assert record.attempts >= 1 and connections
     finally:
         server.close()
+
+
+async def test_without_an_audit_trail_a_run_of_an_agent_that_projects_nothing_costs_no_read_of_its_journal(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench's deployment (StayHub's booking agent and the steps agents, no audit trail): a steps run's end is
+    planned from its first event alone (its agent declares no projection tools), a paid booking's from its whole
+    journal, into its email and CRM record."""
+    registry = workloads.registry()
+    steps = msgspec.structs.replace(started(agent="steps5"), run_id=f"run_{uuid.uuid4().hex[:24]}")
+    await journal(world, [steps, RunCompleted(run_id=steps.run_id, at=steps.at, reply="done")])
+    paid, _ = await paid_run(world)
+    await journal(world, paid)
+    whole_reads: list[str] = []
+    read_subject = world.broker.read_subject
+
+    async def counted(stream: str, subject: str) -> Any:
+        whole_reads.append(subject)
+        return await read_subject(stream, subject)
+
+    monkeypatch.setattr(world.broker, "read_subject", counted)
+    settings = world.settings()
+    async with Providers.connect(settings.sandbox_url) as providers:
+        projector = Projector(
+            world.broker, settings, registry, providers, logging.getLogger("tests.projector")
+        )
+        assert await projector.plan_run(steps.run_id) == 0
+        assert whole_reads == []
+        assert await projector.plan_run(paid[0].run_id) == 2
+        assert whole_reads == [world.ns.run_events(paid[0].run_id)]

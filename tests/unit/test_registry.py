@@ -10,6 +10,10 @@ import pytest
 
 from bench.workloads import NOOP, StepsAgent
 from crashsafe.contracts.errors import UnknownAgent
+from crashsafe.contracts.projections import AUDIT_TRAIL_TOOL
+from crashsafe.domain.agent import ProjectionCall
+from crashsafe.domain.fold import fold_run
+from crashsafe.domain.projection_plan import plan
 from crashsafe.domain.registry import (
     Registration,
     Registry,
@@ -17,10 +21,12 @@ from crashsafe.domain.registry import (
     load,
     model_contracts,
 )
+from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents import booking, stayhub
 from crashsafe.services.agents.booking.booking_agent import BookingAgent
 from crashsafe.services.agents.booking.booking_audit import money_rules
 from crashsafe.services.agents.booking.booking_tools import CREATE_PAYMENT, TOOLS
+from tests.support.runs import T0, started
 
 BOOKING_TOOLS = {
     "search_hotels",
@@ -139,5 +145,31 @@ def test_an_agent_written_before_a_protocol_member_existed_is_refused_when_the_r
         def script(self, state: object) -> None: ...
         def projections(self, state: object) -> tuple[()]: ...
 
-    with pytest.raises(ValueError, match="lacks policies, approval_question of the Agent protocol"):
+    with pytest.raises(ValueError, match="lacks policies, projection_tools, approval_question of the Agent"):
         Registry.of(Registration(agent=Older(), tools=()))  # type: ignore[arg-type]
+
+
+class _ProjectsUndeclared(BookingAgent):
+    """Asks for an email and a CRM record, declaring only the CRM record among its projection tools."""
+
+    projection_tools = frozenset({"update_crm"})
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        args = {"booking_id": "bk_1", "guest_id": state.guest_id}
+        return (ProjectionCall("send_confirmation_email", args), ProjectionCall("update_crm", args))
+
+
+def test_a_projection_the_agent_did_not_declare_is_not_planned() -> None:
+    """The projector reads no journal of an agent that declares no projection tools, so the declaration must be
+    what the planner honours everywhere (the reconciler and re-plans too), never only a hint."""
+    state = fold_run(None, started())
+    tasks = plan(state, 1, _ProjectsUndeclared(), stayhub().projections, T0)
+    assert [t.tool for t in tasks if t.tool != AUDIT_TRAIL_TOOL] == ["update_crm"]
+
+
+def test_an_agent_naming_a_projection_tool_the_registry_lacks_is_refused_when_it_is_built() -> None:
+    class Misdeclared(BookingAgent):
+        projection_tools = frozenset({"send_postcard"})
+
+    with pytest.raises(ValueError, match="names send_postcard among its projection tools"):
+        Registry.of(Registration(agent=Misdeclared(), tools=TOOLS))

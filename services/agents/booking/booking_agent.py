@@ -21,7 +21,7 @@ from crashsafe.domain.registry import compensation_contracts, model_contracts
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.agents.booking.booking_arguments import ARGUMENT_TYPES
 from crashsafe.services.agents.booking.booking_policy import DEFAULT_RULES, booking_question
-from crashsafe.services.agents.booking.booking_tools import TOOLS
+from crashsafe.services.agents.booking.booking_tools import SEND_CONFIRMATION_EMAIL, TOOLS, UPDATE_CRM
 from crashsafe.services.agents.remember_preference import (
     REMEMBER_PREFERENCE,
     RememberPreferenceArgs,
@@ -78,6 +78,7 @@ class BookingAgent(AgentBase):
     argument_types = ARGUMENT_TYPES | {REMEMBER_PREFERENCE.name: RememberPreferenceArgs}
     config = AgentConfig(agent="booking", rules=list(DEFAULT_RULES), memory=True, retrieval=True)
     policies: tuple[PolicyRule, ...] = ()
+    projection_tools = frozenset({SEND_CONFIRMATION_EMAIL.name, UPDATE_CRM.name})
 
     def approval_question(self, state: RunState, tool: ToolContract, args: dict[str, Any], hold: Hold) -> str:
         return booking_question(state, tool, args, hold)
@@ -110,9 +111,9 @@ class BookingAgent(AgentBase):
             profile = state.started.profile
             if profile is not None and profile.verified_email:
                 email["to"] = profile.verified_email
-            calls.append(ProjectionCall("send_confirmation_email", email))
+            calls.append(ProjectionCall(SEND_CONFIRMATION_EMAIL.name, email))
             crm = in_account(state, {"booking_id": booking_id, "guest_id": state.guest_id})
-            calls.append(ProjectionCall("update_crm", crm))
+            calls.append(ProjectionCall(UPDATE_CRM.name, crm))
         return tuple(calls)
 
     def compensations(self, state: RunState, ending: bool) -> tuple[Compensation, ...]:
