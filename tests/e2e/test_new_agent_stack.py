@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -19,22 +18,13 @@ import httpx
 
 from crashsafe.natsd import free_port
 from tests.support.paths import ROOT
+from tests.support.processes import stop
 from tests.support.stack import auth_header, crashsafe, guest_event
 from tests.support.waiting import eventually
 
 DAY = (datetime.now(UTC) + timedelta(days=2)).date().isoformat()
 # What `pip install` puts in bin/crashsafe: run as a file, so its folder (not the adopter's) is first on the path.
 CONSOLE_SCRIPT = "import sys\nfrom crashsafe.cli import main\nsys.argv[0] = 'crashsafe'\nsys.exit(main())\n"
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _serve(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -139,6 +129,6 @@ async def test_a_new_agent_runs_under_up_registry_on_the_first_try(tmp_path: Pat
         assert down.returncode == 0, down.stdout + down.stderr
     finally:
         if up is not None:
-            _stop(up)
-        _stop(provider)
-        _stop(model)
+            stop(up)
+        stop(provider)
+        stop(model)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 
 from crashsafe.natsd import free_port
+from tests.support.processes import stop
 from tests.support.stack import auth_header, crashsafe, guest_event
 from tests.support.waiting import eventually
 from tests.support.world import CONFIRMED, Sandbox, projected
@@ -23,16 +23,6 @@ from tests.support.world import CONFIRMED, Sandbox, projected
 def _stack_json(state: Path) -> dict[str, Any] | None:
     path = state / "stack.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def test_up_with_providers_books_against_them_and_starts_no_sandbox(tmp_path: Path) -> None:
@@ -100,8 +90,8 @@ async def test_up_with_providers_books_against_them_and_starts_no_sandbox(tmp_pa
         assert staging.poll() is None, "stopping the stack stopped providers it did not start"
     finally:
         if up is not None:
-            _stop(up)
-        _stop(staging)
+            stop(up)
+        stop(staging)
 
 
 async def test_up_refuses_a_providers_value_that_is_no_url(tmp_path: Path) -> None:
