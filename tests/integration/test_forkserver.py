@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,10 +53,20 @@ def test_a_forked_service_is_a_child_of_the_stacks_process_in_a_session_of_its_o
     # A service that runs until killed: a runtime with no broker keeps retrying its connection.
     env = {**os.environ, "CRASHSAFE_NATS_URL": "nats://127.0.0.1:1", "CRASHSAFE_DATA_DIR": str(tmp_path)}
     process = server.fork(["serve", "runtime"], env, tmp_path / "runtime.log")
-    stat = Path(f"/proc/{process.pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    assert int(fields[1]) == os.getpid(), "adopted: this process waits on it and reads its status"
-    assert int(fields[3]) == process.pid, "its own session, as start_new_session gives a fresh interpreter"
+
+    def stat_fields() -> list[str]:
+        stat = Path(f"/proc/{process.pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()
+
+    assert int(stat_fields()[1]) == os.getpid(), "adopted: this process waits on it and reads its status"
+    # The service's first act is its own session: the pid is known before it has run (a loaded machine may not
+    # have scheduled it yet), so it is looked at until then, for at most 10 s.
+    deadline = time.monotonic() + 10
+    while int(stat_fields()[3]) != process.pid and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert int(stat_fields()[3]) == process.pid, (
+        "its own session, as start_new_session gives a fresh interpreter"
+    )
     assert process.poll() is None
     os.kill(process.pid, signal.SIGKILL)
     assert _wait(process) == -signal.SIGKILL
