@@ -52,10 +52,6 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
         env[SIGNING_KEY_VARIABLE] = str(stack.capability_key)
     elif service.base.startswith("executor-"):
         env[VERIFY_KEYS_VARIABLE] = str(public_path(stack.capability_key))
-    if not (service.base.startswith("executor-") or service.base == "projector"):
-        # Provider credentials only where providers are called: the gateway asks executors for its provider views.
-        for name in [n for n in env if n.startswith(PROVIDER_PREFIX) and n.endswith(CREDENTIAL_FILE_SUFFIX)]:
-            env.pop(name)
     if service.base == "reconciler":
         env["CRASHSAFE_SYNTHETIC_GATEWAY_URL"] = stack.gateway_url
         env["CRASHSAFE_SYNTHETIC_KEY_FILE"] = str(stack.state_dir / SYNTHETIC_KEY_FILE)
@@ -72,6 +68,11 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
     if creds is not None:
         env["CRASHSAFE_NATS_CREDS"] = str(creds)
     env.update(stack.base_env)
+    if not (service.base.startswith("executor-") or service.base == "projector"):
+        # Provider credentials only where providers are called (the gateway asks executors for its provider
+        # views), whether they came from this shell or from the stack's own `--env`.
+        for name in [n for n in env if n.startswith(PROVIDER_PREFIX) and n.endswith(CREDENTIAL_FILE_SUFFIX)]:
+            env.pop(name)
     if stack.model_url:
         env["OPENAI_BASE_URL"] = stack.model_url
     if service.name not in SINGLE_PORT:
