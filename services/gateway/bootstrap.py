@@ -32,6 +32,7 @@ async def run(
         log_config=None,  # uvicorn's own handlers print plain text; ours (the root's) print JSON
         access_log=False,
         lifespan="on",
+        http="httptools",  # llhttp in C: h11 in pure Python was a tenth of the gateway's CPU (docs/decisions.md)
         # HTTPS when both files are configured (Settings refuses one without the other); plaintext otherwise.
         ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
         ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
