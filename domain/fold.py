@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from functools import reduce
 from typing import Any
@@ -36,7 +35,7 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.chain import Chain
 from crashsafe.domain.handoff import handoff_reply
-from crashsafe.domain.run_state import RunState, Summary
+from crashsafe.domain.run_state import RunState, Summary, evolve
 
 _json = msgspec.json.Encoder(order="sorted")
 
@@ -65,7 +64,7 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             last_event_at=event.at,
             events=1,
         )
-    replace = dataclasses.replace
+    replace = evolve  # dataclasses.replace at a fifth of the cost
     base = {"last_event_at": event.at, "events": state.events + 1}
     match event:
         case RunStarted():
@@ -301,7 +300,7 @@ def _flushed(state: RunState) -> RunState:
     if not state.inbox or state.pending or state.unplanned or state.awaiting is not None:
         return state
     said = tuple({"role": "user", "content": turn.text} for turn in state.inbox)
-    return dataclasses.replace(
+    return evolve(
         state,
         inbox=Chain(),
         transcript=state.transcript + said,
