@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from crashsafe.contracts.errors import ErrorCode, ErrorInfo, RetryClass
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo
 from crashsafe.contracts.tool_messages import (
     ANOTHER_REQUEST,
     FIRST_MADE_FOR,
@@ -25,6 +25,7 @@ from crashsafe.contracts.tool_messages import (
 )
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.registry import ProviderAnswer
+from crashsafe.domain.unknown_finality import StillUnknown, final_unknown
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -227,13 +228,6 @@ class CallAgain:
     delay_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class StillUnknown:
-    """Even the lookup could not answer: keep the intent open and resolve later; never retry blind."""
-
-    detail: str
-
-
 Next = Done | LookUp | CallAgain | StillUnknown
 
 
@@ -284,13 +278,15 @@ def after_lookup(
     attempts: int,
     deliveries: int,
     in_flight_left_s: float = 0.0,
+    lookup_informative: bool = True,
 ) -> Next:
     """What the answer to "what became of this key?" means, asked after an unknown answer (or a previous life).
 
     `in_flight_left_s`: how long an earlier call of ours whose answer was unknown may still be in the provider's
     hands (the tool's in-flight window, less the time since it was sent). An "absent" is never proof that no
     effect exists, since that call may yet commit: the key is called again only once the window has passed,
-    and with the attempts spent the outcome stays unknown (the run hands off; the reconciler keeps asking)."""
+    and with the attempts spent the outcome stays unknown (the run hands off; the reconciler keeps asking).
+    `lookup_informative`: False for a lookup that only ever says "absent" (`unknown_finality`)."""
     if lookup.kind == Answer.FOUND:
         return Done(
             _outcome(
@@ -305,14 +301,28 @@ def after_lookup(
         )
     if lookup.kind == Answer.REJECTED:  # the provider holds the key's record, refused (a declined charge)
         return Done(_refused_by_provider(request, lookup, Via.PROVIDER_LOOKUP, attempts, deliveries))
+    if lookup.kind == Answer.ABSENT and attempts < contract.max_attempts:
+        return CallAgain(delay_s=max(_backoff(attempts), in_flight_left_s, 0.0))
+    final = final_unknown(
+        looks_up=True,
+        lookup_informative=lookup_informative,
+        lookup=lookup.kind,
+        attempts=attempts,
+        max_attempts=contract.max_attempts,
+        retry_after=bool(lookup.retry_after_s),
+    )
+    if lookup.kind == Answer.ABSENT and final:
+        return StillUnknown(
+            detail=f"{request.tool}'s lookup can only ever say absent (an effect in a process that is gone) and"
+            f" {attempts} attempt(s) are spent; no later ask can tell, so this is not a failure",
+            final=True,
+        )
     if lookup.kind == Answer.ABSENT:
-        if attempts < contract.max_attempts:
-            return CallAgain(delay_s=max(_backoff(attempts), in_flight_left_s, 0.0))
         return StillUnknown(
             detail=f"the provider has no record of the key after {attempts} attempt(s) whose answers were"
             " unknown; one may still commit, so this is not a failure"
         )
-    return StillUnknown(detail=lookup.detail or "provider lookup gave no answer")
+    return StillUnknown(detail=lookup.detail or "provider lookup gave no answer", final=final)
 
 
 def _refused_by_provider(
@@ -325,23 +335,6 @@ def _refused_by_provider(
     )
     return _outcome(
         request, OutcomeStatus.FAILED, error=error, via=via, attempts=attempts, deliveries=deliveries
-    )
-
-
-def unknown_outcome(request: ActionRequest, detail: str, attempts: int, deliveries: int) -> ActionOutcome:
-    error = ErrorInfo(
-        code=ErrorCode.OUTCOME_UNKNOWN,
-        message=f"could not tell whether {request.tool} with key {request.key} took effect: {detail}; reconcile by key",
-        retry=RetryClass.UNKNOWN_OUTCOME,
-        details={"key": request.key},
-    )
-    return _outcome(
-        request,
-        OutcomeStatus.UNKNOWN,
-        error=error,
-        via=Via.UNRESOLVED,
-        attempts=attempts,
-        deliveries=deliveries,
     )
 
 

@@ -21,18 +21,19 @@ from crashsafe.domain.execution import (
     Done,
     LookUp,
     Next,
-    StillUnknown,
     after_call,
     after_lookup,
     made_by_another,
 )
 from crashsafe.domain.registry import ProviderAnswer, Tool
+from crashsafe.domain.unknown_finality import StillUnknown, without_lookup
 from crashsafe.services.platform import metrics
 from crashsafe.services.providers.provider_calls import Providers
 
 
 class OutcomeStillUnknown(CrashsafeError):
-    """Neither the call nor the lookup could tell what happened; the message comes back later to ask again."""
+    """Neither the call nor the lookup could tell what happened; the message comes back later to ask again,
+    unless the unknown is `final` (no later ask can change it): then the run is told at once."""
 
     code = ErrorCode.OUTCOME_UNKNOWN
     retry = RetryClass.RETRY_LATER
@@ -41,6 +42,7 @@ class OutcomeStillUnknown(CrashsafeError):
     # What was asked and answered on the way, for the outcome the message gets when it comes back.
     evidence: list[Evidence] = field(default_factory=list, kw_only=False, metadata=NOT_SENT)
     key: str
+    final: bool = field(default=False, metadata=NOT_SENT)
 
 
 # Metric children per tool (and outcome), made once; a provider's answer kind as the metric names it.
@@ -110,11 +112,8 @@ async def call_until_known(
                 return msgspec.structs.replace(outcome, evidence=trail)
             case LookUp(delay_s=delay):
                 if not providers.can_look_up(tool):
-                    raise OutcomeStillUnknown(
-                        f"{request.tool} has no lookup; cannot resolve {request.key}",
-                        trail,
-                        key=request.key,
-                    )
+                    step = without_lookup(request.tool, delay)
+                    continue
                 if delay:
                     await asyncio.sleep(delay)  # the provider's Retry-After
                 answer = note(
@@ -124,7 +123,15 @@ async def call_until_known(
                     ),
                 )
                 _LOOKUPS(request.tool, str(answer.kind)).inc()
-                step = after_lookup(request, contract, answer, attempts, deliveries, in_flight_left())
+                step = after_lookup(
+                    request,
+                    contract,
+                    answer,
+                    attempts,
+                    deliveries,
+                    in_flight_left(),
+                    lookup_informative=providers.lookup_informative(tool),
+                )
             case CallAgain(delay_s=delay):
                 await asyncio.sleep(delay)
                 attempts += 1
@@ -134,9 +141,9 @@ async def call_until_known(
                     # this call's window before calling again.
                     await attempted(attempts, now)
                 step = await call(now)
-            case StillUnknown(detail=detail):
+            case StillUnknown(detail=detail, final=final):
                 raise OutcomeStillUnknown(
-                    f"outcome of {request.key} still unknown: {detail}", trail, key=request.key
+                    f"outcome of {request.key} still unknown: {detail}", trail, key=request.key, final=final
                 )
 
 

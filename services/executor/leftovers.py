@@ -7,10 +7,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import msgspec
+
 from crashsafe.contracts.errors import PartitionNotOwned
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest
 from crashsafe.domain.execution import credited, receipt_of
 from crashsafe.domain.registry import Tool
+from crashsafe.domain.unknown_finality import unknown_outcome
 from crashsafe.services.executor.call_until_known import OutcomeStillUnknown
 from crashsafe.services.executor.key_records import KeyRecords
 from crashsafe.services.executor.outcomes import OutcomePublisher
@@ -85,6 +88,9 @@ class Leftovers:
             record = await store.get(request.key)
             outcome = await self.call(request, tool, attempts, 1, True, store, sent_at=sent_at)
         except OutcomeStillUnknown as exc:
+            if exc.final:  # no later ask can tell: the run hears it now, not after its request's redeliveries
+                await self._tell_unknown(store, request, attempts, exc)
+                return
             log(
                 self.logger,
                 logging.WARNING,
@@ -118,4 +124,32 @@ class Leftovers:
             key=request.key,
             via=outcome.via,
             status=outcome.status,
+        )
+
+    async def _tell_unknown(
+        self, store: ActionStore, request: ActionRequest, attempts: int, exc: OutcomeStillUnknown
+    ) -> None:
+        """A final unknown left over: marked unknown in the store (a later delivery of the key asks again and
+        answers unknown again, never calling), then published to the run with what was asked on the way."""
+        try:
+            await store.mark_unknown(request.key)
+        except PartitionNotOwned:
+            log(
+                self.logger,
+                logging.WARNING,
+                "left-over intent: partition lost before it was told",
+                key=request.key,
+            )
+            return
+        outcome = unknown_outcome(request, exc.message, attempts, 1)
+        await self.outcomes.publish(
+            msgspec.structs.replace(outcome, evidence=exc.evidence), context_from(None)
+        )
+        log(
+            self.logger,
+            logging.WARNING,
+            "left-over intent cannot be known; told the run",
+            run_id=request.run_id,
+            key=request.key,
+            detail=exc.message,
         )

@@ -44,9 +44,9 @@ from crashsafe.domain.execution import (
     credited,
     receipt_of,
     refused,
-    unknown_outcome,
 )
 from crashsafe.domain.registry import KvOperation, Registry, Tool
+from crashsafe.domain.unknown_finality import unknown_outcome
 from crashsafe.services.executor.call_until_known import (
     PROVIDER_CALLS_BY_TOOL,
     OutcomeStillUnknown,
@@ -344,8 +344,9 @@ class Executor:
             outcome = await self._run(request, tool, attempts, deliveries, look_first, store, ctx, sent_at)
         except OutcomeStillUnknown as exc:
             await store.mark_unknown(request.key)
-            if deliveries >= self.max_deliver - 1:
-                # Out of redeliveries: tell the run the outcome is unknown (it hands off); the reconciler goes on asking.
+            if exc.final or deliveries >= self.max_deliver - 1:
+                # Out of redeliveries, or no later ask can tell (a final unknown): tell the run the outcome is
+                # unknown (it hands off); the reconciler goes on asking.
                 outcome = unknown_outcome(request, exc.message, attempts, deliveries)
                 await self.outcomes.publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
                 return

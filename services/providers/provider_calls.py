@@ -274,6 +274,11 @@ class Providers:
                 return path is not None
         raise AssertionError(f"unhandled operation {tool.operation!r}")
 
+    def lookup_informative(self, tool: Tool) -> bool:
+        """Whether the tool's lookup can say more than "absent": a local effect's cannot (it asks nobody), so an
+        "absent" there with the attempts spent will never turn into "found" (`unknown_finality`)."""
+        return not isinstance(tool.operation, LocalOperation)
+
     async def lookup(
         self,
         tool: Tool,

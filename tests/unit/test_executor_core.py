@@ -22,13 +22,12 @@ from crashsafe.domain.execution import (
     Record,
     Replay,
     Resolve,
-    StillUnknown,
     after_call,
     after_lookup,
     classify,
     refused,
-    unknown_outcome,
 )
+from crashsafe.domain.unknown_finality import StillUnknown, unknown_outcome
 from crashsafe.services.agents import stayhub
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
