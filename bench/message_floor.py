@@ -3,7 +3,8 @@ floor under issue 19's budget (~4 ms of CPU per steps5 run on 2 cores for 2x Res
 send can be counted before any work is done.
 
 `python bench/message_floor.py [--n 20000] [--json]` starts its own nats-server (JetStream, a temporary store, a
-free port), runs the phases below one after another on one connection, and stops the server. Each phase reads the
+free port), runs its phases one after another (listed in bench/README.md; the raw-protocol ones on a second
+connection, the rest on the product's `Broker`), and stops the server. Each phase reads the
 CPU (user + system) of nats-server (`/proc/<pid>/stat`) and of this process (`time.process_time()`) before and
 after, and its wall time. A "message" is one exchange: a publish and its PubAck are 1 publish, a delivery and its
 ack are 1 delivery, a KV get and its answer are 1 get (`bench/wiretap.py` counts each half: 2 messages there)."""
