@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import nats.errors
-import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from crashsafe.contracts.errors import LeaseConflict, RunVersionConflict
 from crashsafe.contracts.streams import KvSpec
 from crashsafe.contracts.subjects import Header
-from crashsafe.services.platform.jetstream_publish import Publishing
-from crashsafe.services.platform.jetstream_reads import DirectReads, read_failed
+from crashsafe.services.platform.jetstream_reads import DirectReads
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +23,7 @@ class KvEntry:
     value: bytes
 
 
-class KvBuckets(Publishing, DirectReads):
+class KvBuckets(DirectReads):
     """The Broker's key-value calls: a bucket is a stream, a key its subject, a revision a stream sequence."""
 
     _subs: list[object]
@@ -39,15 +36,12 @@ class KvBuckets(Publishing, DirectReads):
 
     async def kv_get_revision(self, spec: KvSpec, key: str, revision: int) -> KvEntry | None:
         """`key`'s value as written at `revision` (a bucket with history); None if the bucket no longer holds it."""
-        try:
-            raw = await self.js.get_msg(spec.stream, seq=revision, direct=True)
-        except nats.js.errors.NotFoundError:
+        stored = await self.direct_get(
+            f"$JS.API.DIRECT.GET.{spec.stream}", b'{"seq":%d}' % revision, spec.subject(key)
+        )
+        if stored is None or stored.subject != spec.subject(key) or stored.headers.get(Header.KV_OPERATION):
             return None
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise read_failed(spec.subject(key)) from exc
-        if raw.subject != spec.subject(key) or (raw.headers or {}).get(Header.KV_OPERATION):
-            return None
-        return KvEntry(key, raw.seq or revision, raw.data or b"")
+        return KvEntry(key, stored.seq or revision, stored.data)
 
     async def kv_history(self, spec: KvSpec, key: str) -> list[KvEntry]:
         """Every value the bucket still holds for `key`, oldest first (deletes left out)."""

@@ -7,15 +7,15 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
+import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from crashsafe.contracts.errors import BrokerUnavailable
 from crashsafe.contracts.subjects import Header
+from crashsafe.services.platform.jetstream_publish import Publishing
 
+_direct_request = msgspec.json.Encoder()
 # How long one direct get waits for each of its answers before it says NATS did not answer.
 _ANSWER_WAIT_S = 5.0
 
@@ -43,30 +43,35 @@ class _Batch:
     more: bool  # the last message said more are pending
 
 
-class DirectReads:
+class DirectReads(Publishing):
     """The Broker's reads by direct get: any replica answers, and no consumer is created or left behind."""
 
-    nc: Client
     js: JetStreamContext
 
     async def last_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
-        try:
-            raw = await self.js.get_last_msg(stream, subject, direct=True)
-        except nats.js.errors.NotFoundError:
-            return None
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise read_failed(subject) from exc
-        return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
+        return await self.direct_get(f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", subject)
 
     async def first_on_subject(self, stream: str, subject: str) -> StoredMessage | None:
-        """One direct get (request/reply on the shared inbox): cheaper than a batch for a single message."""
+        """One direct get: cheaper than a batch for a single message."""
+        request = _direct_request.encode({"seq": 1, "next_by_subj": subject})
+        return await self.direct_get(f"$JS.API.DIRECT.GET.{stream}", request, subject)
+
+    async def direct_get(self, api_subject: str, request: bytes, subject: str) -> StoredMessage | None:
+        """One message by direct get, asked on the connection's one reply inbox (`Publishing.ask`); None when the
+        stream holds none that matches (404). `subject`: what was read, for the error."""
         try:
-            raw = await self.js.get_msg(stream, seq=1, subject=subject, next=True, direct=True)
-        except nats.js.errors.NotFoundError:
-            return None
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            msg = await self.ask(api_subject, request)
+        except TimeoutError as exc:
             raise read_failed(subject) from exc
-        return StoredMessage(raw.seq or 0, raw.subject or subject, raw.data or b"", dict(raw.headers or {}))
+        headers = dict(msg.headers or {})
+        status = headers.get("Status")
+        if status == "404":
+            return None
+        if status:  # 503: no stream answered; 408: a request the server could not take
+            raise read_failed(subject)
+        return StoredMessage(
+            int(headers.get(Header.SEQUENCE, "0")), headers.get(Header.SUBJECT, subject), msg.data, headers
+        )
 
     async def read_subject(
         self, stream: str, subject: str, after_seq: int = 0, batch: int = 256
