@@ -121,6 +121,7 @@ class Broker(KvBuckets, Declarations):
         self._subs: list[object] = []
         self._feeds: set[PullFeed] = set()
         self._acks: dict[str, asyncio.Future[Msg]] = {}
+        self._answers: dict[str, asyncio.Queue[Msg]] = {}
         self._ack_prefix: str | None = None
         self._ack_counter = 0
         # How long creating a stream or bucket waits for a cluster to be able to place its replicas.

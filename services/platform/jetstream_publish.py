@@ -56,6 +56,7 @@ class Publishing:
     user: str
     _publishing: dict[str, str]  # reply subject -> the subject its publish went to
     _acks: dict[str, asyncio.Future[Msg]]
+    _answers: dict[str, asyncio.Queue[Msg]]  # reply subject -> a read's answers, when it has several
     _ack_prefix: str | None
     _ack_counter: int
 
@@ -166,3 +167,5 @@ class Publishing:
         future = self._acks.pop(msg.subject, None)
         if future is not None and not future.done():
             future.set_result(msg)
+        elif future is None and (answers := self._answers.get(msg.subject)) is not None:
+            answers.put_nowait(msg)

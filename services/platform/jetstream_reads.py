@@ -4,7 +4,6 @@ and of the last message on each of many subjects (the JetStream adapter's read s
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 
 import msgspec
@@ -126,15 +125,14 @@ class DirectReads(Publishing):
     ) -> _Batch:
         """One batched direct get: its messages until the server's end-of-batch (204) or nothing-matched (404)
         status. `refused` (with a %s for the status) is what any other status is reported as."""
-        inbox = self.nc.new_inbox()
+        # On the connection's one reply inbox (`Publishing`), not a subscription made and dropped per read.
+        inbox = await self._reply_subject()
         queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-        async def collect(msg: Msg) -> None:
-            queue.put_nowait(msg)
-
-        sub = await self.nc.subscribe(inbox, cb=collect)
+        self._answers[inbox] = queue
         try:
-            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
+            await self.nc.publish(
+                f"$JS.API.DIRECT.GET.{stream}", _direct_request.encode(request), reply=inbox
+            )
             messages: list[StoredMessage] = []
             more = False
             while True:
@@ -161,7 +159,7 @@ class DirectReads(Publishing):
                 )
                 more = int(headers.get(Header.NUM_PENDING, "0")) > 0
         finally:
-            await sub.unsubscribe()
+            self._answers.pop(inbox, None)
 
 
 def _no_direct_gets(stream: str) -> str:
