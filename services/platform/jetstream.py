@@ -122,6 +122,8 @@ class Broker(KvBuckets, Declarations):
         self._feeds: set[PullFeed] = set()
         self._acks: dict[str, asyncio.Future[Msg]] = {}
         self._answers: dict[str, asyncio.Queue[Msg]] = {}
+        self._deadlines: dict[str, float] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._ack_prefix: str | None = None
         self._ack_counter = 0
         # How long creating a stream or bucket waits for a cluster to be able to place its replicas.
@@ -206,6 +208,9 @@ class Broker(KvBuckets, Declarations):
         return broker
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for feed in list(self._feeds):
             await feed.stop()  # no pull request is left asking for messages nobody here will handle
         self._feeds.clear()

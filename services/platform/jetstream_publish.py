@@ -44,6 +44,10 @@ class Published:
     duplicate: bool
 
 
+# How often waits for a PubAck or an answer are checked against their time: they fail at most this late.
+_SWEEP_S = 0.1
+
+
 def _expire(future: asyncio.Future[Msg]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
@@ -59,6 +63,8 @@ class Publishing:
     _answers: dict[str, asyncio.Queue[Msg]]  # reply subject -> a read's answers, when it has several
     _ack_prefix: str | None
     _ack_counter: int
+    _deadlines: dict[str, float]  # reply subject -> when its wait ends (loop time), swept by `_expire_late`
+    _sweeper: asyncio.Task[None] | None
 
     async def publish(
         self,
@@ -82,11 +88,7 @@ class Publishing:
             hdrs[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_subject_seq)
             if sequence_subject is not None:
                 hdrs[Header.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = sequence_subject
-        reply = await self._reply_subject()
-        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._acks[reply] = future
-        self._publishing[reply] = subject
-        expire = asyncio.get_running_loop().call_later(timeout_s, _expire, future)
+        reply, future = await self._await_answer(subject, timeout_s)
         try:
             await self.nc.publish(subject, payload, reply=reply, headers=hdrs or None)
             msg = await future
@@ -99,9 +101,7 @@ class Publishing:
                 subject=subject,
             ) from exc
         finally:
-            expire.cancel()
-            self._acks.pop(reply, None)
-            self._publishing.pop(reply, None)
+            self._forget(reply)
         if not msg.data:
             status = (msg.headers or {}).get("Status", "")
             raise BrokerUnavailable(
@@ -127,18 +127,43 @@ class Publishing:
         """A request answered on the same one reply inbox as every PubAck (a direct get): its answer, whatever
         its status. TimeoutError when none comes; NotPermitted at once if the server refuses this user the
         subject. nats-py's request() cost 3x the client CPU per answer (bench/message_floor.py: 64 against 22 µs)."""
-        reply = await self._reply_subject()
-        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._acks[reply] = future
-        self._publishing[reply] = subject
-        expire = asyncio.get_running_loop().call_later(timeout_s, _expire, future)
+        reply, future = await self._await_answer(subject, timeout_s)
         try:
             await self.nc.publish(subject, payload, reply=reply)
             return await future
         finally:
-            expire.cancel()
-            self._acks.pop(reply, None)
-            self._publishing.pop(reply, None)
+            self._forget(reply)
+
+    async def _await_answer(self, subject: str, timeout_s: float) -> tuple[str, asyncio.Future[Msg]]:
+        """A reply subject on the one inbox and the future its answer resolves, failed with TimeoutError once
+        `timeout_s` has passed (by the sweeper: a timer per publish cost 6 µs to arm and cancel)."""
+        reply = await self._reply_subject()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._acks[reply] = future
+        self._publishing[reply] = subject
+        self._deadlines[reply] = loop.time() + timeout_s
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._expire_late())
+        return reply, future
+
+    def _forget(self, reply: str) -> None:
+        self._acks.pop(reply, None)
+        self._publishing.pop(reply, None)
+        self._deadlines.pop(reply, None)
+
+    async def _expire_late(self) -> None:
+        """Fail every wait whose time has passed, a few times a second: at most `_SWEEP_S` late. Ends once nothing
+        waits (the next wait starts it again), so an idle connection keeps no task awake."""
+        loop = asyncio.get_running_loop()
+        while self._deadlines:
+            await asyncio.sleep(_SWEEP_S)
+            now = loop.time()
+            for reply, deadline in list(self._deadlines.items()):
+                future = self._acks.get(reply)
+                if deadline <= now and future is not None:
+                    _expire(future)
+        self._sweeper = None
 
     async def _reply_subject(self) -> str:
         # One inbox subscription for every PubAck, tokens from a counter: nats-py's request() draws random
