@@ -280,6 +280,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Report:
         env=env,
         registry=REGISTRY,
         monitor_port=free_port(),
+        forking=not args.fresh,
     )
     try:
         started = time.monotonic()
@@ -394,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where raw py-spy stacks go",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary state dir (logs, stores)")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="each service in a fresh interpreter, as in a pod, not forked from the warm fork server (whose"
+        " preloaded modules every forked service counts in its RSS)",
+    )
     parser.add_argument(
         "--json", action="store_true", help="print the results as JSON on stdout (progress stays on stderr)"
     )

@@ -36,9 +36,7 @@ class KvBuckets(DirectReads):
 
     async def kv_get_revision(self, spec: KvSpec, key: str, revision: int) -> KvEntry | None:
         """`key`'s value as written at `revision` (a bucket with history); None if the bucket no longer holds it."""
-        stored = await self.direct_get(
-            f"$JS.API.DIRECT.GET.{spec.stream}", b'{"seq":%d}' % revision, spec.subject(key)
-        )
+        stored = await self.at_sequence(spec.stream, revision, spec.subject(key))
         if stored is None or stored.subject != spec.subject(key) or stored.headers.get(Header.KV_OPERATION):
             return None
         return KvEntry(key, stored.seq or revision, stored.data)

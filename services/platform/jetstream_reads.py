@@ -55,6 +55,10 @@ class DirectReads(Publishing):
         request = _direct_request.encode({"seq": 1, "next_by_subj": subject})
         return await self.direct_get(f"$JS.API.DIRECT.GET.{stream}", request, subject)
 
+    async def at_sequence(self, stream: str, seq: int, subject: str) -> StoredMessage | None:
+        """The message at `seq`, whatever its subject (`subject`: what the caller reads, for the error)."""
+        return await self.direct_get(f"$JS.API.DIRECT.GET.{stream}", b'{"seq":%d}' % seq, subject)
+
     async def direct_get(self, api_subject: str, request: bytes, subject: str) -> StoredMessage | None:
         """One message by direct get, asked on the connection's one reply inbox (`Publishing.ask`); None when the
         stream holds none that matches (404). `subject`: what was read, for the error."""
