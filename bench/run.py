@@ -54,7 +54,7 @@ from bench.probes import (
 )
 from bench.wiretap import TappedStack, Wiretap
 from bench.workloads import REGISTRY
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.natsd import free_port
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess
@@ -134,6 +134,26 @@ class Report:
     otel: bool = False
 
 
+async def redelivered(broker: Broker, ns: Namespace) -> dict[str, int]:
+    """Messages each consumer has delivered more than once so far (`num_redelivered`): under load, a run that
+    waits on a redelivery waits out an ack wait."""
+    counts: dict[str, int] = {}
+    for kind in (
+        StreamKind.INBOUND,
+        StreamKind.ACTIONS,
+        StreamKind.OUTCOMES,
+        StreamKind.RUNS,
+        StreamKind.PROJECTIONS,
+    ):
+        try:
+            infos = await broker.js.consumers_info(ns.stream(kind))
+        except Exception:  # noqa: BLE001 -- a figure for the report, never a reason to fail the bench
+            continue
+        for info in infos:
+            counts[f"{kind.value}/{info.name}"] = int(info.num_redelivered or 0)
+    return counts
+
+
 async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> Report:
     """Warm up, then run each phase against the started stack; returns the workload's report."""
     ns = Namespace(stack.namespace)
@@ -193,6 +213,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
             spy.start(f"{workload.name}-{via}", python_pids)
             await asyncio.sleep(1.0)  # let py-spy attach before the load starts
         traffic_before = nats_traffic(monitor_url) if monitor_url else {}
+        redelivered_before = await redelivered(broker, ns)
         before = {k: cpu_seconds(p) for k, p in pids.items()}
         machine_before = machine_cpu_seconds()
         result = await closed_loop(watcher, submitters[via], messages, width, args.run_timeout, STACK_TENANT)
@@ -200,6 +221,15 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         # Everything else the machine did meanwhile (other users, py-spy, the kernel): a bench on a busy box lies.
         used["not ours"] = max(machine_cpu_seconds() - machine_before - sum(used.values()), 0.0)
         traffic = nats_traffic(monitor_url) if monitor_url else {}
+        again = {k: n - redelivered_before.get(k, 0) for k, n in (await redelivered(broker, ns)).items()}
+        if record:
+            note(
+                f"[{workload.name}] {name} via {labels[via]}: messages delivered again (ack wait passed, or nak'd): "
+                + (
+                    ", ".join(f"{k} {n}" for k, n in sorted(again.items()) if n)
+                    or f"none (of {len(again)} consumers)"
+                )
+            )
         if tap is not None:
             await tap.stop()
             taps.append(f"[{workload.name}] {name} via {labels[via]}: " + tap.table(count))
