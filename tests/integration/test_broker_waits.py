@@ -61,3 +61,31 @@ async def test_many_waits_at_once_each_get_their_own_answer(broker: Broker, name
         assert [a.data for a in answers] == [str(i).encode() for i in range(200)]
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_wait_under_way_when_the_broker_closes_still_ends_on_time(
+    nats_server: object, namespace: Namespace
+) -> None:
+    """close() stops the sweeper; a publish already waiting for its PubAck must still fail on time, typed,
+    never wait for ever (a service's shutdown, or whatever awaits that task, would hang)."""
+    from crashsafe.contracts.nats_permissions import Role
+    from tests.support.nats_users import access
+
+    url = nats_server.url  # type: ignore[attr-defined]
+    mine = await Broker.connect(url, "tests-close", access=access(url, Role.OPERATOR))
+    listener = await Broker.connect(url, "tests-silent", access=access(url, Role.OPERATOR))
+    subject = f"{namespace.name}.silent"
+
+    async def silent(msg: Msg) -> None:
+        return None  # never answers
+
+    sub = await listener.nc.subscribe(subject, cb=silent)
+    try:
+        waiting = asyncio.create_task(mine.publish(subject, b"{}", timeout_s=0.3))
+        await asyncio.sleep(0.05)
+        await mine.close()
+        with pytest.raises(BrokerUnavailable):
+            await asyncio.wait_for(waiting, 5)
+    finally:
+        await sub.unsubscribe()
+        await listener.close()

@@ -5,6 +5,7 @@ redeliveries. Neither is ever called again, and a later delivery of the key answ
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
@@ -197,3 +198,17 @@ async def test_a_left_over_intent_that_cannot_be_known_is_told_to_the_run_at_sta
         _, again = await world.outcomes_for(request.key, 2)
         assert_unknown(again, deliveries=2)
     assert world.local_runs == [] and world.book.calls == [] and world.book.lookups == [], "never called"
+
+
+async def test_a_settled_unknown_is_not_told_again_at_every_restart(world: World) -> None:
+    """Told once (at the first start after the crash); a later restart of the executor finds the key already
+    marked unknown and the run already told: nothing new to say, so nothing is published."""
+    request = world.request(ORDER, {"item": "desk-9"})
+    await world.left_over(request)
+    async with inprocess.executor(world.settings, ORDER.family, registry=world.registry):
+        await world.outcomes_for(request.key)
+    for _ in range(2):
+        async with inprocess.executor(world.settings, ORDER.family, registry=world.registry):
+            await asyncio.sleep(1.0)
+    told = [o for _, o in world.outcomes if o.key == request.key]
+    assert len(told) == 1, f"told the run {len(told)} times"
