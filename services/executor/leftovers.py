@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from crashsafe.contracts.errors import PartitionNotOwned
+from crashsafe.contracts.errors import CrashsafeError, PartitionNotOwned
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest
 from crashsafe.domain.execution import credited, receipt_of
 from crashsafe.domain.registry import Tool
@@ -132,7 +132,10 @@ class Leftovers:
         """A final unknown left over: marked unknown in the store (a later delivery of the key asks again and
         answers unknown again, never calling), then published to the run with what was asked on the way."""
         try:
-            await store.mark_unknown(request.key)
+            if not await store.mark_unknown(request.key):
+                # Marked unknown by an earlier start, which told the run (or its request's redelivery will): a
+                # store keeps its records, so telling it again at every start would grow without end.
+                return
         except PartitionNotOwned:
             log(
                 self.logger,
@@ -142,9 +145,20 @@ class Leftovers:
             )
             return
         outcome = unknown_outcome(request, exc.message, attempts, 1)
-        await self.outcomes.publish(
-            msgspec.structs.replace(outcome, evidence=exc.evidence), context_from(None)
-        )
+        try:
+            await self.outcomes.publish(
+                msgspec.structs.replace(outcome, evidence=exc.evidence), context_from(None)
+            )
+        except CrashsafeError as error:
+            # The key is marked: the run hears it from its request's next delivery, which asks the store again.
+            log(
+                self.logger,
+                logging.WARNING,
+                "left-over intent cannot be known; telling the run failed, its request's redelivery will",
+                key=request.key,
+                error=error.message,
+            )
+            return
         log(
             self.logger,
             logging.WARNING,

@@ -185,12 +185,14 @@ class ActionStore:
             (attempts, sent_at, time.time(), key),
         )
 
-    async def mark_unknown(self, key: str) -> None:
+    async def mark_unknown(self, key: str) -> bool:
+        """True if this marked it: the key was started, and is unknown now (False: it was marked before)."""
         self.fence()
-        await self._db.execute(
+        cur = await self._db.execute(
             "UPDATE actions SET status = ?, updated_at = ? WHERE key = ? AND status = ?",
             (RecordStatus.UNKNOWN.value, time.time(), key, RecordStatus.STARTED.value),
         )
+        return cur.rowcount == 1
 
     async def finish(self, outcome: ActionOutcome, stream_seq: int | None) -> None:
         """Commit the receipt, with the stream sequence it answers, before the request is acknowledged."""

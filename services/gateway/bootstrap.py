@@ -32,7 +32,9 @@ async def run(
         log_config=None,  # uvicorn's own handlers print plain text; ours (the root's) print JSON
         access_log=False,
         lifespan="on",
-        http="httptools",  # llhttp in C: h11 in pure Python was a tenth of the gateway's CPU (docs/decisions.md)
+        # h11, never httptools even where it is installed: uvicorn's httptools protocol bounds neither the request
+        # line nor the headers, so one client could fill the gateway's memory; h11 refuses a head past 16 KiB.
+        http="h11",
         # HTTPS when both files are configured (Settings refuses one without the other); plaintext otherwise.
         ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
         ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,

@@ -208,9 +208,7 @@ class Broker(KvBuckets, Declarations):
         return broker
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        self._stop_waiting()
         for feed in list(self._feeds):
             await feed.stop()  # no pull request is left asking for messages nobody here will handle
         self._feeds.clear()

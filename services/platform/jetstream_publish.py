@@ -143,9 +143,17 @@ class Publishing:
         self._acks[reply] = future
         self._publishing[reply] = subject
         self._deadlines[reply] = loop.time() + timeout_s
-        if self._sweeper is None:
+        if self._sweeper is None or self._sweeper.done():
             self._sweeper = loop.create_task(self._expire_late())
         return reply, future
+
+    def _stop_waiting(self) -> None:
+        """The connection is closing: nothing will answer now, and no sweeper will time a wait out."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for future in list(self._acks.values()):
+            _expire(future)
 
     def _forget(self, reply: str) -> None:
         self._acks.pop(reply, None)

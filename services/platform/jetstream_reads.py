@@ -67,11 +67,16 @@ class DirectReads(Publishing):
         except TimeoutError as exc:
             raise read_failed(subject) from exc
         headers = dict(msg.headers or {})
-        status = headers.get("Status")
-        if status == "404":
-            return None
-        if status:  # 503: no stream answered; 408: a request the server could not take
-            raise read_failed(subject)
+        if (
+            Header.SEQUENCE not in headers
+        ):  # not a stored message: the server's status (a message's own may differ)
+            status = headers.get("Status")
+            if status == "404":
+                return None
+            if status == "503":  # no stream answered
+                raise read_failed(subject)
+            described = f"{status} {headers.get('Description', '')}".strip()
+            raise BrokerUnavailable(f"a read of {subject} was refused ({described})", subject=subject)
         return StoredMessage(
             int(headers.get(Header.SEQUENCE, "0")), headers.get(Header.SUBJECT, subject), msg.data, headers
         )
@@ -145,7 +150,8 @@ class DirectReads(Publishing):
                 except TimeoutError as exc:
                     raise read_failed(subject) from exc
                 headers = dict(msg.headers or {})
-                status = headers.get("Status")
+                # A stored message has its sequence; only the server's own answers are read for a status.
+                status = None if Header.SEQUENCE in headers else headers.get("Status")
                 if status == "404":  # nothing (more) on this subject
                     return _Batch(messages, None, False)
                 if status == "204":  # end of batch

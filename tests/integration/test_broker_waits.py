@@ -89,3 +89,20 @@ async def test_a_wait_under_way_when_the_broker_closes_still_ends_on_time(
     finally:
         await sub.unsubscribe()
         await listener.close()
+
+
+async def test_a_stored_message_with_a_status_header_of_its_own_is_read_as_a_message(
+    broker: Broker, namespace: Namespace
+) -> None:
+    """Only the server's answers carry a status; a message someone stored with a `Status` header is still read."""
+    stream = f"{namespace.name}_statuses".upper()
+    await broker.js.add_stream(name=stream, subjects=[f"{namespace.name}.statuses.>"], allow_direct=True)
+    try:
+        subject = f"{namespace.name}.statuses.a"
+        await broker.publish(subject, b"kept", headers={"Status": "200"})
+        stored = await broker.last_on_subject(stream, subject)
+        assert stored is not None and stored.data == b"kept" and stored.headers.get("Status") == "200"
+        assert [m.data for m in await broker.read_subject(stream, subject)] == [b"kept"]
+        assert await broker.last_on_subject(stream, f"{namespace.name}.statuses.none") is None
+    finally:
+        await broker.js.delete_stream(stream)
