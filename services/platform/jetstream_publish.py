@@ -125,23 +125,27 @@ class Publishing:
 
     async def ask(self, subject: str, payload: bytes, timeout_s: float = 10.0) -> Msg:
         """A request answered on the same one reply inbox as every PubAck (a direct get): its answer, whatever
-        its status. TimeoutError when none comes; NotPermitted at once if the server refuses this user the
-        subject. nats-py's request() cost 3x the client CPU per answer (bench/message_floor.py: 64 against 22 µs)."""
-        reply, future = await self._await_answer(subject, timeout_s)
+        its status; TimeoutError when none comes, a refused subject included (a read refused by a permission
+        being rolled out is retried as unavailable, never dead-lettered as a bad message). nats-py's request()
+        cost 3x the client CPU per answer (bench/message_floor.py: 64 against 22 µs)."""
+        reply, future = await self._await_answer(subject, timeout_s, refusable=False)
         try:
             await self.nc.publish(subject, payload, reply=reply)
             return await future
         finally:
             self._forget(reply)
 
-    async def _await_answer(self, subject: str, timeout_s: float) -> tuple[str, asyncio.Future[Msg]]:
+    async def _await_answer(
+        self, subject: str, timeout_s: float, refusable: bool = True
+    ) -> tuple[str, asyncio.Future[Msg]]:
         """A reply subject on the one inbox and the future its answer resolves, failed with TimeoutError once
         `timeout_s` has passed (by the sweeper: a timer per publish cost 6 µs to arm and cancel)."""
         reply = await self._reply_subject()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Msg] = loop.create_future()
         self._acks[reply] = future
-        self._publishing[reply] = subject
+        if refusable:  # a publish the server refuses this user fails at once, as NotPermitted
+            self._publishing[reply] = subject
         self._deadlines[reply] = loop.time() + timeout_s
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = loop.create_task(self._expire_late())
