@@ -141,6 +141,10 @@ async def test_provisioning_waits_for_a_cluster_that_cannot_place_replicas_yet(t
             cluster.nodes[0].url, "placement-test", access=NatsAccess(creds=cluster.auth.creds(Role.OPERATOR))
         )
         try:
+            # The metadata leader answers before anything is asked of placement: a leader elected a moment ago
+            # on a loaded machine may let the first request go unanswered (a timeout, not "no suitable peers").
+            await broker.ensure_stream(StreamSpec(name="WARM_R1", subjects=("warm.>",), replicas=1))
+            await broker.js.delete_stream("WARM_R1")
             spec = StreamSpec(name="PLACEMENT_R3", subjects=("placement.>",), replicas=3)
             broker.placement_wait_s = 1.0
             with pytest.raises(BrokerUnavailable, match="cannot place PLACEMENT_R3's replicas"):
