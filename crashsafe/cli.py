@@ -28,6 +28,7 @@ def _stop_event() -> asyncio.Event:
 
 async def _serve(args: argparse.Namespace) -> int:
     from crashsafe.domain import registry as registries
+    from crashsafe.services.platform import collector
     from crashsafe.services.platform.settings import Settings
 
     settings = Settings.from_env()
@@ -41,6 +42,7 @@ async def _serve(args: argparse.Namespace) -> int:
         registry = registries.load(settings.registry)
     except (ImportError, ValueError) as exc:
         sys.exit(f"crashsafe: CRASHSAFE_REGISTRY={settings.registry!r}: {exc}")
+    collector.settle()
     match args.service:
         case "gateway":
             from crashsafe.services.console.console_router import console_router

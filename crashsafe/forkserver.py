@@ -206,6 +206,8 @@ class ForkServer:
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    # Frozen before the first fork: a service's collections then never write to the pages it shares with us.
+    importlib.import_module("crashsafe.services.platform.collector").settle()
     _say(answers, {"ready": True})
     for line in requests:
         request = json.loads(line)
