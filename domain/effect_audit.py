@@ -141,7 +141,7 @@ def other_tenants_guests(
         if done is None or done.status != OutcomeStatus.SUCCEEDED or tool is None:
             continue
         if tool.contract.effect is not Effect.READ:
-            for record in _ids(done.result) - _ids(request.args):
+            for record in _made(request, done):
                 made.setdefault(record, (tenant, run_id))
     findings: list[Finding] = []
     for run_id, tenant, request, done in steps:
@@ -184,6 +184,15 @@ def other_tenants_guests(
                 )
             )
     return findings
+
+
+def _made(request: ActionRequested, done: ActionCompleted) -> set[str]:
+    """The records a write made: the one its provider names as the effect (its ref), else every id of its answer
+    that its request did not name. Not every id of the answer: a reservation names the desk it is for, and another
+    tenant's reservation of that desk (another day, or after a release) touches no record of this run's."""
+    if done.provider_ref:
+        return {done.provider_ref}
+    return _ids(done.result) - _ids(request.args)
 
 
 def _ids(value: object) -> set[str]:

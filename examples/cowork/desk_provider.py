@@ -5,11 +5,14 @@ conventions crashsafe's executor reads (docs/adopting.md, docs/failure-modes.md)
   the same key with another body a 409 `idempotency_conflict`, and while the first request is still in progress
   a 409 `idempotency_key_in_use`;
 - each write can be asked about by key (`GET …/by-key/{key}`): the record, or a 404 `key_not_found`;
-- refusals are typed, `{"error": {"code": …, "message": …}}`; a declined card is a record whose status says so.
+- refusals are typed, `{"error": {"code": …, "message": …}}`; a declined card is a record whose status says so;
+- each account (its `Provider-Account` header) has its own keys and records, and each record names its account:
+  a pass or a release finds only its own account's reservation. The desks are the space's, one for all accounts.
 
 Test hooks, as a sandbox would have: `PUT /_faults {"late_ms": N}` answers the next reservation N ms after it was
 committed; `PUT /members/{id}/card` sets a member's card on file (4000000000000002 declines); `GET /_ledger` lists
-what was done. `python -m crashsafe.examples.cowork.desk_provider --port 0` prints where it listens."""
+what was done (`?account=A`: in account A alone). `python -m crashsafe.examples.cowork.desk_provider --port 0` prints
+where it listens."""
 
 from __future__ import annotations
 
@@ -66,7 +69,15 @@ def _taken(books: Books, zone: str, day: str) -> int:
     )
 
 
-def reserve(books: Books, body: dict[str, Any]) -> dict[str, Any]:
+def _reservation(books: Books, reservation_id: str, account: str) -> dict[str, Any]:
+    """The account's reservation; another account's is as unknown here as one never made."""
+    reservation = books.reservations.get(reservation_id)
+    if reservation is None or reservation["account"] != account:
+        raise Refused(404, "reservation_not_found", f"no reservation {reservation_id}")
+    return reservation
+
+
+def reserve(books: Books, body: dict[str, Any], account: str = "") -> dict[str, Any]:
     zone, day, member = str(body.get("zone", "")), str(body.get("day", "")), str(body.get("member_id", ""))
     if zone not in ZONES or not day or not member:
         raise Refused(422, "invalid_request", f"member_id, day and a zone of {sorted(ZONES)} are required")
@@ -82,15 +93,13 @@ def reserve(books: Books, body: dict[str, Any]) -> dict[str, Any]:
         "desk_id": desk,
         "day": day,
     }
-    record |= {"price_cents": price, "currency": CURRENCY, "status": "reserved"}
+    record |= {"price_cents": price, "currency": CURRENCY, "status": "reserved", "account": account}
     books.reservations[reservation_id] = record
     return record
 
 
-def charge(books: Books, body: dict[str, Any]) -> dict[str, Any]:
-    reservation = books.reservations.get(str(body.get("reservation_id", "")))
-    if reservation is None:
-        raise Refused(404, "reservation_not_found", f"no reservation {body.get('reservation_id')}")
+def charge(books: Books, body: dict[str, Any], account: str = "") -> dict[str, Any]:
+    reservation = _reservation(books, str(body.get("reservation_id", "")), account)
     if reservation["status"] != "reserved":
         raise Refused(409, "reservation_released", f"{reservation['reservation_id']} was released")
     if (body.get("amount_cents"), body.get("currency")) != (
@@ -107,17 +116,15 @@ def charge(books: Books, body: dict[str, Any]) -> dict[str, Any]:
         "member_id": member,
     }
     record |= {"amount_cents": reservation["price_cents"], "currency": CURRENCY}
-    record["status"] = "declined" if declined else "paid"
+    record |= {"status": "declined" if declined else "paid", "account": account}
     books.passes[pass_id] = record
     return record
 
 
-def release(books: Books, reservation_id: str) -> dict[str, Any]:
-    reservation = books.reservations.get(reservation_id)
-    if reservation is None:
-        raise Refused(404, "reservation_not_found", f"no reservation {reservation_id}")
+def release(books: Books, reservation_id: str, account: str = "") -> dict[str, Any]:
+    reservation = _reservation(books, reservation_id, account)
     reservation["status"] = "released"
-    record = {"reservation_id": reservation_id, "status": "released"}
+    record = {"reservation_id": reservation_id, "status": "released", "account": account}
     books.releases[reservation_id] = record
     return record
 
@@ -130,7 +137,8 @@ def app(books: Books | None = None) -> web.Application:
         if not key:
             return _error(400, "missing_idempotency_key", "every write needs an Idempotency-Key")
         raw = await request.read()
-        slot = (request.headers.get("Provider-Account", ""), kind, key)
+        account = _account(request)
+        slot = (account, kind, key)
         fingerprint = hashlib.sha256(raw + request.path.encode()).hexdigest()
         if slot in books.in_flight:
             return _error(409, "idempotency_key_in_use", "a request with this key is still in progress")
@@ -142,7 +150,7 @@ def app(books: Books | None = None) -> web.Application:
         body = json.loads(raw or b"{}")
         books.in_flight.add(slot)
         try:
-            record = act(body)
+            record = act(body, account)
             books.keys[slot] = (fingerprint, record)
             if kind == "reservation" and books.late_ms:
                 late, books.late_ms = books.late_ms, 0
@@ -155,7 +163,7 @@ def app(books: Books | None = None) -> web.Application:
 
     def by_key(kind: str) -> Any:
         async def lookup(request: web.Request) -> web.Response:
-            slot = (request.headers.get("Provider-Account", ""), kind, request.match_info["key"])
+            slot = (_account(request), kind, request.match_info["key"])
             if slot not in books.keys:
                 return _error(404, "key_not_found", f"no {kind} was made with this key")
             return web.json_response(books.keys[slot][1])
@@ -180,9 +188,13 @@ def app(books: Books | None = None) -> web.Application:
         return web.json_response({"late_ms": books.late_ms})
 
     async def ledger(request: web.Request) -> web.Response:
-        member = request.query.get("member_id")
+        member, account = request.query.get("member_id"), request.query.get("account")
         listed = {
-            name: [r for r in records.values() if member is None or _member(books, r) == member]
+            name: [
+                r
+                for r in records.values()
+                if (member is None or _member(books, r) == member) and account in (None, r["account"])
+            ]
             for name, records in (
                 ("reservations", books.reservations),
                 ("passes", books.passes),
@@ -192,13 +204,15 @@ def app(books: Books | None = None) -> web.Application:
         return web.json_response(listed)
 
     async def reservations(request: web.Request) -> web.Response:
-        return await write(request, "reservation", lambda body: reserve(books, body))
+        return await write(request, "reservation", lambda body, account: reserve(books, body, account))
 
     async def releases(request: web.Request) -> web.Response:
-        return await write(request, "release", lambda _: release(books, request.match_info["rid"]))
+        return await write(
+            request, "release", lambda _, account: release(books, request.match_info["rid"], account)
+        )
 
     async def passes(request: web.Request) -> web.Response:
-        return await write(request, "pass", lambda body: charge(books, body))
+        return await write(request, "pass", lambda body, account: charge(books, body, account))
 
     application = web.Application()
     application.router.add_get("/desks", desks)
@@ -220,6 +234,11 @@ def _answer(record: dict[str, Any], *, replayed: bool) -> web.Response:
         error = {"code": "card_declined", "message": "the card was declined", "pass_id": record["pass_id"]}
         return web.json_response({"error": error}, status=402, headers=headers)
     return web.json_response(record, status=200 if replayed else 201, headers=headers)
+
+
+def _account(request: web.Request) -> str:
+    """The account a request acts in: its `Provider-Account` header ("": the default account)."""
+    return request.headers.get("Provider-Account", "")
 
 
 def _member(books: Books, record: dict[str, Any]) -> str:

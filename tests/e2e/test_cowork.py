@@ -2,7 +2,8 @@
 scripted model, each a process of its own, as an adopter runs them (`crashsafe up --registry … --providers …
 --model-url …`). A desk is reserved and paid; the write executor SIGKILLed behind a provider that committed the
 reservation and answers late still leaves one reservation, even with the member asking again meanwhile; a
-declined card gives the desk back; a dear pass waits for the member's yes; and the example's evals pass."""
+declined card gives the desk back; a dear pass waits for the member's yes; two tenants' members of one id each get
+their own desk and pass, in their own provider account; and the example's evals pass."""
 
 from __future__ import annotations
 
@@ -16,10 +17,22 @@ from typing import Any
 import httpx
 import pytest
 
+from crashsafe.contracts.clients import Scope
 from crashsafe.examples.cowork import desk_evals
 from crashsafe.examples.cowork.desk_provider import DECLINED_CARD
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.client_keys import ClientKeys
 from tests.support.journals import trail
-from tests.support.stack import StackClient, guest_event, open_stack, supervised
+from tests.support.stack import (
+    StackClient,
+    auth_header,
+    cli_env,
+    crashsafe,
+    guest_event,
+    open_stack,
+    operator_access,
+    supervised,
+)
 from tests.support.waiting import eventually, unique
 
 REGISTRY = "crashsafe.examples.cowork:registry"
@@ -31,9 +44,20 @@ class Cowork:
     client: StackClient
     provider: httpx.AsyncClient
 
-    async def ledger(self, member: str) -> dict[str, list[dict[str, Any]]]:
-        response = await self.provider.get("/_ledger", params={"member_id": member})
+    async def ledger(self, member: str, account: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        params = {"member_id": member} | ({"account": account} if account is not None else {})
+        response = await self.provider.get("/_ledger", params=params)
         return dict(response.json())
+
+    async def audit(self, state_dir: Path) -> tuple[int, str]:
+        """`crashsafe audit` as an operator runs it against this deployment: its registry, its desk provider."""
+        env = cli_env(self.client.stack, sandbox=False)
+        env |= {
+            "CRASHSAFE_REGISTRY": REGISTRY,
+            "CRASHSAFE_SANDBOX_URL": str(self.provider.base_url).rstrip("/"),
+        }
+        done = await crashsafe("audit", "--state-dir", str(state_dir), env=env)
+        return done.returncode, done.stdout + done.stderr
 
     async def say(self, member: str, text: str, session: str | None = None) -> str:
         body = guest_event(unique("ev"), guest_id=member, text=text, session_id=session or unique("s"))
@@ -162,6 +186,77 @@ async def test_a_pass_above_the_limit_waits_for_the_members_yes(cowork: Cowork) 
     ]
     decided = [e for e in await cowork.client.events(run_id) if e["type"] == "run.approval_decided"]
     assert [e["decision"] for e in decided] == ["approved"]
+
+
+async def test_two_tenants_members_of_one_id_each_get_a_desk_and_a_pass_in_their_own_account(
+    cowork: Cowork, tmp_path: Path
+) -> None:
+    """Guarantee 8 in this domain: tenants acme and globex each send the very same event (one event id, member id,
+    zone and day). Two runs, two desks, two passes, each in its own tenant's provider account; neither a conflict
+    nor a shared record, neither tenant reads the other's run, and the audit finds nothing wrong (after this
+    module's earlier runs, tenant demo's desks of other days have the desk ids these runs were given)."""
+    stack = cowork.client.stack
+    operator = await Broker.connect(stack.nats_url, "tests-cowork-keys", access=operator_access(stack))
+    try:
+        keys = ClientKeys(operator, cowork.client.ns)
+        tenants = {
+            t: (await keys.create(t, [Scope.EVENTS_WRITE, Scope.RUNS_READ], name=t)).key
+            for t in ("acme", "globex")
+        }
+    finally:
+        await operator.close()
+    member, day = unique("member"), "2031-06-01"
+    sent = guest_event(
+        unique("ev"), guest_id=member, text=f"Book a desk in the quiet zone on {day}", session_id=unique("s")
+    )
+    gateways = {
+        t: httpx.AsyncClient(base_url=stack.gateway_url, timeout=20.0, headers=auth_header(key))
+        for t, key in tenants.items()
+    }
+    try:
+        runs: dict[str, str] = {}
+        for tenant, gateway in gateways.items():
+            accepted = await gateway.post("/v1/events", json=sent)
+            assert accepted.status_code == 202, accepted.text
+            runs[tenant] = str(accepted.json()["run_id"])
+        assert runs["acme"] != runs["globex"]
+        for tenant, run_id in runs.items():
+            summary = await cowork.client.wait_terminal(run_id)
+            assert summary["status"] == "completed", (tenant, summary)
+            assert f"is yours on {day}" in summary["reply"], (tenant, summary["reply"])
+
+        # Each tenant reads its own run, and the other's is as unknown to it as a run never made.
+        for tenant, other in (("acme", "globex"), ("globex", "acme")):
+            own = await gateways[tenant].get(f"/v1/runs/{runs[tenant]}/events")
+            assert own.status_code == 200 and own.json()["events"][0]["tenant"] == tenant, own.text
+            for path in (f"/v1/runs/{runs[other]}", f"/v1/runs/{runs[other]}/events"):
+                theirs = await gateways[tenant].get(path)
+                assert theirs.status_code == 404, theirs.text
+                assert theirs.json()["error"]["code"] == "run_not_found", theirs.text
+    finally:
+        for gateway in gateways.values():
+            await gateway.aclose()
+
+    # At the provider: one desk and one pass in each tenant's own account, the pass paying that account's desk.
+    everyone = await cowork.ledger(member)
+    assert [len(everyone[k]) for k in ("reservations", "passes")] == [2, 2], everyone
+    for tenant, run_id in runs.items():
+        ledger = await cowork.ledger(member, account=tenant)
+        (reservation,) = ledger["reservations"]
+        (day_pass,) = ledger["passes"]
+        assert (reservation["status"], reservation["zone"], reservation["day"]) == ("reserved", "quiet", day)
+        assert (day_pass["status"], day_pass["reservation_id"]) == ("paid", reservation["reservation_id"])
+        events = await cowork.client.events(run_id)
+        for tool, record in (("reserve_desk", reservation), ("buy_day_pass", day_pass)):
+            (done,) = _completed(events, tool)
+            assert done["status"] == "succeeded" and done["result"] == record, (tenant, tool, done)
+    keys_of = {
+        t: {e["key"] for e in await cowork.client.events(r) if e["type"] == "run.action_requested"}
+        for t, r in runs.items()
+    }
+    assert not keys_of["acme"] & keys_of["globex"], keys_of
+    code, out = await cowork.audit(tmp_path)
+    assert code == 0 and "nothing wrong" in out, out
 
 
 async def _awaiting(client: StackClient, run_id: str) -> dict[str, Any] | None:

@@ -71,8 +71,10 @@ class Run:
         result: dict[str, Any] | None = None,
         key: str | None = None,
         origin: str = "model",
+        ref: str | None = None,
     ) -> str:
-        """Journal an intent and, unless `status` is None, its receipt. Returns the key."""
+        """Journal an intent and, unless `status` is None, its receipt (`ref`: the effect's id at the provider).
+        Returns the key."""
         self.step += 1
         key = key or action_key(self.run_id, self.step)
         contract = STAYHUB.tools[tool].contract
@@ -95,8 +97,14 @@ class Run:
         if status is not None:
             self.events.append(
                 ActionCompleted(
-                    run_id=self.run_id, at=T0, step_no=self.step, key=key, status=status, result=result or {}
-                )  # type: ignore[arg-type]
+                    run_id=self.run_id,
+                    at=T0,
+                    step_no=self.step,
+                    key=key,
+                    status=status,  # type: ignore[arg-type]
+                    result=result or {},
+                    provider_ref=ref,
+                )
             )
         return key
 
@@ -505,6 +513,40 @@ def test_a_call_in_another_tenants_provider_account_is_a_finding_and_one_tenants
     world.runs.append(astray.end())
     (finding,) = [f for f in world.findings() if f.kind == "other_tenants_guest"]
     assert (finding.key, finding.run_id) == (key, "run_evil") and "account 'demo'" in finding.detail
+
+
+def test_an_id_a_write_was_answered_with_but_did_not_make_is_no_other_tenants_record() -> None:
+    """Two tenants' holds of one room (other nights) each name the room; each made only its own booking (the
+    provider's ref). The room is no record of either (the cowork example's desk ids met so, and the audit called
+    tenant globex's reservation a touch of demo's). A booking made for another tenant is still a finding."""
+    world = World()
+    demo = Run("run_demo", tenant="demo", guest_id="alice")
+    demo.act(
+        "create_booking",
+        {"hotel_id": "lis-1"},
+        result={"booking_id": "bk_1", "room_id": "lis-1-101"},
+        ref="bk_1",
+    )
+    world.runs.append(demo.end())
+    acme = Run("run_acme", tenant="acme", guest_id="alice")
+    acme.act(
+        "create_booking",
+        {"hotel_id": "lis-1"},
+        result={"booking_id": "bk_2", "room_id": "lis-1-101"},
+        ref="bk_2",
+    )
+    world.runs.append(acme.end())
+    assert [f for f in world.findings() if f.kind == "other_tenants_guest"] == []
+    stray = Run("run_acme_2", tenant="acme", guest_id="alice")
+    key = stray.act(
+        "create_payment",
+        {"booking_id": "bk_1", "amount_cents": 100},
+        result={"payment_id": "pay_9"},
+        ref="pay_9",
+    )
+    world.runs.append(stray.end())
+    (finding,) = [f for f in world.findings() if f.kind == "other_tenants_guest"]
+    assert (finding.key, finding.run_id) == (key, "run_acme_2") and "touched bk_1" in finding.detail
 
 
 def test_a_record_the_provider_says_is_another_accounts_is_a_finding_even_with_no_journal_of_its_maker() -> (
