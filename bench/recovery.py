@@ -81,6 +81,9 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
         try:
             await _submit(stack, runs)
             await asyncio.wait_for(all_started.wait(), 60)
+            # Counted at the kill, not once the new process is ready: runs it settles while it starts are caught too.
+            in_flight = runs - len(done)
+            waiting = started - done  # the runs the kill caught
             t_kill = time.monotonic()
             victim = {"restart": "runtime", "replica": "runtime-0", "executor": "executor-noop"}.get(name)
             t_ready = t_kill
@@ -91,8 +94,6 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
                         stack.restart, victim
                     )  # returns once the new process says it is ready
                     t_ready = time.monotonic()
-            in_flight = runs - len(done)
-            waiting = started - done  # the runs the kill caught
             await asyncio.wait_for(all_done.wait(), 120)
             t_end = time.monotonic()
         finally:
@@ -100,7 +101,7 @@ async def scenario(name: str, runs: int, ack_wait_s: float) -> dict[str, object]
             await asyncio.to_thread(stack.stop)
     # Per run caught by the kill: from the new process ready (or the kill, with a replica alive) to its end. The
     # last run alone can be a rule at work (an unknown outcome told at the delivery cap), not the recovery.
-    after = sorted(finished_at[r] - t_ready for r in waiting if r in finished_at)
+    after = sorted(max(finished_at[r] - t_ready, 0.0) for r in waiting if r in finished_at)
     return {
         "scenario": name,
         "ready_to_run_done_p50_s": round(_at(after, 0.50), 3),
