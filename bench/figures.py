@@ -126,12 +126,17 @@ def phase_table(phases: Sequence[Phase]) -> str:
     lines = [header, "-" * len(header)]
     for p in phases:
         other = p.handed_off + p.lost + p.rejected
+        # A throughput phase that watched only each run's end has no step timings (`--step-times` adds them).
+        timed = p.step_ms.n > 0
+        steps_per_s = f"{p.steps_per_s:>9.1f}" if timed else f"{'-':>9}"
+        step50 = _ms(p.step_ms.p50) if timed else "-"
+        step99 = _ms(p.step_ms.p99) if timed else "-"
         model50 = _ms(p.model_ms.p50) if p.model_ms.n else "-"
         model99 = _ms(p.model_ms.p99) if p.model_ms.n else "-"
         lines.append(
             f"{p.name:<12}{p.submit:<15}{p.runs:>6}{p.concurrency:>4}{p.completed:>6}{other:>6}{p.wall_s:>8.2f}"
-            f"{p.runs_per_s:>8.1f}{p.steps_per_s:>9.1f}{_ms(p.run_ms.p50):>9}{_ms(p.run_ms.p99):>9}"
-            f"{_ms(p.step_ms.p50):>9}{_ms(p.step_ms.p99):>9}{model50:>10}{model99:>10}"
+            f"{p.runs_per_s:>8.1f}{steps_per_s}{_ms(p.run_ms.p50):>9}{_ms(p.run_ms.p99):>9}"
+            f"{step50:>9}{step99:>9}{model50:>10}{model99:>10}"
         )
     lines.append("(latencies in ms; 'other' = handed off + lost + rejected at submit)")
     for p in phases:

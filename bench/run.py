@@ -101,7 +101,8 @@ WORKLOADS = {
         agent="steps5",
         text="five no-op steps",
         executors=("noop",),
-        reconciler=False,
+        # Everything on, as issue 19 measures it and `crashsafe up` runs it: the reconciler follows every journal.
+        reconciler=True,
         runs=2000,
         concurrency=50,
         latency_runs=200,
@@ -182,7 +183,11 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     auth = {"authorization": f"Bearer {stack.api_key}"}
     client = httpx.AsyncClient(base_url=stack.gateway_url, limits=limits, timeout=30.0, headers=auth)
-    watcher = JournalWatcher(broker, ns)
+    # Throughput phases watch runs end (milestones); latency phases every event, for step timings.
+    watchers = {
+        "throughput": JournalWatcher(broker, ns, steps=args.step_times),
+        "latency": JournalWatcher(broker, ns, steps=True),
+    }
     raw = RawGateway(stack.gateway_url, workload.agent, stack.api_key)
     submitters = {
         "gateway": gateway_submitter(client, workload.agent) if http == "httpx" else raw.submit,
@@ -216,7 +221,14 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         redelivered_before = await redelivered(broker, ns)
         before = {k: cpu_seconds(p) for k, p in pids.items()}
         machine_before = machine_cpu_seconds()
-        result = await closed_loop(watcher, submitters[via], messages, width, args.run_timeout, STACK_TENANT)
+        watcher = watchers["latency" if name == "latency" else "throughput"]
+        await watcher.start()
+        try:
+            result = await closed_loop(
+                watcher, submitters[via], messages, width, args.run_timeout, STACK_TENANT
+            )
+        finally:
+            await watcher.stop()
         used = {k: cpu_seconds(p) - before[k] for k, p in pids.items()}
         # Everything else the machine did meanwhile (other users, py-spy, the kernel): a bench on a busy box lies.
         used["not ours"] = max(machine_cpu_seconds() - machine_before - sum(used.values()), 0.0)
@@ -248,12 +260,12 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         phases.append(figures)
         note(
             f"[{workload.name}] {name} via {labels[via]}: {figures.runs_per_s:.1f} runs/s, {figures.steps_per_s:.1f} steps/s, "
-            f"run p50 {figures.run_ms.p50:.1f} ms, step p50 {figures.step_ms.p50:.2f} ms "
-            f"({figures.completed} completed, {figures.handed_off} handed off, {figures.lost} lost, {figures.rejected} rejected)"
+            f"run p50 {figures.run_ms.p50:.1f} ms"
+            + (f", step p50 {figures.step_ms.p50:.2f} ms " if figures.step_ms.n else " ")
+            + f"({figures.completed} completed, {figures.handed_off} handed off, {figures.lost} lost, {figures.rejected} rejected)"
         )
 
     try:
-        await watcher.start()
         if args.warmup:
             await phase("warmup", submit_paths[0], args.warmup, min(concurrency, 10), record=False)
         for via in submit_paths:
@@ -283,7 +295,7 @@ async def drive(stack: Stack, workload: Workload, args: argparse.Namespace) -> R
         peak_rss_mb=rss,
         verdict=verdict(phases, workload.bar_runs_per_s, workload.bar_step_p50_ms, rss, RSS_BAR_MB),
         profiles=profiles + taps,
-        untracked_events=watcher.untracked,
+        untracked_events=sum(w.untracked for w in watchers.values()),
         http_reconnects=raw.retries,
         otel=args.otel,
     )
@@ -389,7 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconciler",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run the reconciler (default: booking yes, steps5 no)",
+        help="run the reconciler (default: yes, as `crashsafe up` does; --no-reconciler leaves it out)",
+    )
+    parser.add_argument(
+        "--step-times",
+        action="store_true",
+        help="throughput phases follow every journal event for step timings (default: only each run's end)",
     )
     parser.add_argument(
         "--log-level",

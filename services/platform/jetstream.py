@@ -260,8 +260,9 @@ class Broker(KvBuckets, Declarations):
 
     async def follow(
         self, stream: str, subject: str, handler: Callable[[Msg], Awaitable[None]], since: datetime
-    ) -> None:
-        """Read every message on `subject` from `since` on, in order, and keep following (an ordered consumer)."""
+    ) -> Subscription:
+        """Read every message on `subject` from `since` on, in order, and keep following (an ordered consumer)
+        until the broker closes or the subscription is unsubscribed."""
         sub = await self.js.subscribe(
             subject,
             stream=stream,
@@ -272,6 +273,7 @@ class Broker(KvBuckets, Declarations):
             config=ConsumerConfig(opt_start_time=since.astimezone(UTC)),
         )
         self._subs.append(sub)
+        return Subscription(sub)
 
     # Questions and answers (core NATS request/reply) --------------------------------------------------------
 
