@@ -270,8 +270,8 @@ def users(
             wakes,
             tickets,  # the backstop for a ticket the runtime could not publish
             *(stream_info(x) for x in all_streams),
-            f"{API}.CONSUMER.CREATE.{runs}",  # the ordered (ephemeral) consumer it follows every journal with
-            f"$JS.FC.{runs}.>",  # that consumer's flow control answers
+            # Ordered consumers on the journals' milestones and on accepted runs (and their flow control).
+            *(p for x in (runs, inbound) for p in (f"{API}.CONSUMER.CREATE.{x}", f"$JS.FC.{x}.>")),
             *direct_get(runs),
             # The expiry backstop: it reads pending approvals and wakes their runs, never decides one.
             stream_info(s.kv_stream(APPROVALS)),

@@ -27,6 +27,18 @@ class OpenRun:
     awaiting: ApprovalRequested | None = None
 
 
+@dataclass(slots=True)
+class Look:
+    """One accepted run's reading by the reconciler (`journal_looks`): how far its journal has been read, and when
+    it is read next."""
+
+    accepted_at: datetime
+    next_at: datetime
+    seen_seq: int = 0
+    empty: int = 0  # looks that found nothing journaled yet
+    forget_s: float = 0.0  # a run not started this long after acceptance is let go
+
+
 @dataclass
 class OpenWork:
     """Non-terminal runs and their actions with no completion; folded from the RUNS stream."""
@@ -46,6 +58,8 @@ class OpenWork:
     tickets: dict[str, SupportTicket] = field(default_factory=dict)
     # Who each open run is for (tenant, agent, guest, session), as its ticket names them.
     parties: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)
+    # The accepted runs whose journals are read when something may be due, rather than followed event by event.
+    looks: dict[str, Look] = field(default_factory=dict)
 
 
 def observe(work: OpenWork, event: JournalEvent) -> None:

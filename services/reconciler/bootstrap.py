@@ -1,4 +1,4 @@
-"""The reconciler's composition root: follows every journal and ticks once a second until stopped."""
+"""The reconciler's composition root: follows accepted runs and milestones, ticks once a second until stopped."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The reconciler shell: follows every run journal, asks executors to resolve overdue keys, wakes stalled runs."""
+"""The reconciler shell: follows accepted runs and journal milestones, reads a run's journal when something in it may
+be due, asks executors to resolve overdue keys, wakes stalled runs."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import msgspec
 from nats.aio.msg import Msg
 
 from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
-from crashsafe.contracts.run_events import JournalEvent, RunCompleted, RunHandedOff, decode_event
+from crashsafe.contracts.run_events import (
+    ApprovalRequested,
+    JournalEvent,
+    RunCompleted,
+    RunHandedOff,
+    decode_event,
+)
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
 from crashsafe.contracts.subjects import StreamKind
+from crashsafe.domain import journal_looks as looks
 from crashsafe.domain import missing_projections as projections
 from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import (
@@ -60,6 +69,10 @@ class Reconciler:
         self.logger = logger
         self.work = OpenWork()
         self.grace_s, self.reask_s, self.quiet_s, self.lookback_s = grace_s, reask_s, quiet_s, lookback_s
+        self.cadence = looks.Cadence(grace_s=grace_s, reask_s=reask_s, quiet_s=quiet_s)
+        # Journals read per tick at most (the rest on later ticks, each judged only once read), and read in all.
+        self.looks_per_tick = 500
+        self.looks_read = 0
         self.resolutions = 0
         self.wakes = 0
         self.worker = f"reconciler:{settings.worker_id}"
@@ -98,8 +111,13 @@ class Reconciler:
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
         since = datetime.now(UTC) - timedelta(seconds=self.lookback_s)
         self._since = since
+        # Not every journal event: each accepted run's inbound message, and the milestones (ends, waits, late
+        # receipts). A run's journal is read only when something in it may be due (`journal_looks`).
         await self.broker.follow(
-            self.ns.stream(StreamKind.RUNS), self.ns.run_events_all, self._on_event, since
+            self.ns.stream(StreamKind.RUNS), self.ns.run_milestones_all, self._on_milestone, since
+        )
+        await self.broker.follow(
+            self.ns.stream(StreamKind.INBOUND), self.ns.inbound_all, self._on_inbound, since
         )
         log(self.logger, logging.INFO, "reconciler ready")
 
@@ -110,17 +128,54 @@ class Reconciler:
             self.broker, all_streams(self.ns), [approvals_spec(self.ns), projections_spec(self.ns)]
         )
 
-    async def _on_event(self, msg: Msg) -> None:
+    async def _on_inbound(self, msg: Msg) -> None:
+        try:
+            event = inbound_decoder.decode(msg.data)
+        except msgspec.DecodeError:
+            return  # not a message this version reads: the runtime dead-letters it, no run comes of it
+        if event.received_at < self._since:
+            return
+        if event.turn_of:
+            # A turn of a run already accepted; its own id starts a run only if the session's lane moved.
+            looks.accepted(self.work, event.turn_of, event.received_at, self.cadence)
+            looks.accepted(self.work, event.run_id, event.received_at, self.cadence, turn=True)
+        else:
+            looks.accepted(self.work, event.run_id, event.received_at, self.cadence)
+
+    async def _on_milestone(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
         event = decode_event(msg.data)
         if event.at < self._since:
             return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
-        observe(self.work, event)
+        run_id = event.run_id
+        if isinstance(event, RunCompleted):
+            observe(self.work, event)
+            looks.ended(self.work, run_id)
+        elif run_id in self.work.looks or isinstance(event, RunHandedOff | ApprovalRequested):
+            # A hand-off (its pending actions become unknowns, its ticket names its parties) or a wait: the run's
+            # journal read up to here, whether or not it was read before.
+            looks.accepted(self.work, run_id, event.at, self.cadence)
+            await self._look(run_id, datetime.now(UTC))
+        else:
+            observe(self.work, event)  # a late receipt after the run ended: it may settle an unknown outcome
         if isinstance(event, RunCompleted | RunHandedOff):
             oldest = datetime.now(UTC) - timedelta(seconds=PLANNER_HISTORY_S)
-            projections.ended(self.ended, event.run_id, event.at, self.projection_grace_s, oldest=oldest)
+            projections.ended(self.ended, run_id, event.at, self.projection_grace_s, oldest=oldest)
         else:
-            projections.moved(self.ended, event.run_id, event.at, self.projection_grace_s)
+            projections.moved(self.ended, run_id, event.at, self.projection_grace_s)
+
+    async def _look(self, run_id: str, now: datetime) -> None:
+        """Read the run's journal from where it was last read, observe what is new, and set its next look."""
+        look = self.work.looks.get(run_id)
+        if look is None:
+            return
+        stored = await self.journal.read_after(run_id, look.seen_seq)
+        for seq, event in stored:
+            if event.at >= self._since:
+                observe(self.work, event)
+            look.seen_seq = seq
+        self.looks_read += 1
+        looks.looked(self.work, run_id, look.seen_seq, now, self.cadence)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every `tick_s` until `stop` is set."""
@@ -132,9 +187,23 @@ class Reconciler:
 
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
-        overdue = overdue_actions(self.work, now, self.grace_s, self.reask_s)
+        for run_id in looks.due_looks(self.work, now, self.looks_per_tick):
+            try:
+                await self._look(run_id, now)
+            except CrashsafeError as exc:
+                # NATS away: the run is read on a later tick, and judged only once it has been.
+                log(self.logger, logging.WARNING, "journal read failed", run_id=run_id, error=exc.message)
+                break
+
+        def current(runs: list[str]) -> list[str]:
+            return [r for r in runs if looks.read_up_to_now(self.work, r, now)]
+
+        overdue = [
+            r for r in overdue_actions(self.work, now, self.grace_s, self.reask_s) if current([r.run_id])
+        ]
+        unknown = [r for r in unsettled_unknowns(self.work, now, self.reask_s) if current([r.run_id])]
         asked: dict[str, list[str]] = {}
-        for request in overdue + unsettled_unknowns(self.work, now, self.reask_s):
+        for request in overdue + unknown:
             self.work.asked[request.key] = now
             self.work.times_asked[request.key] = self.work.times_asked.get(request.key, 0) + 1
             asked.setdefault(request.run_id, []).append(request.key)
@@ -158,7 +227,7 @@ class Reconciler:
             ) as ask:
                 await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys, ask)
             self.resolutions += len(keys)
-        for run_id in stalled_runs(self.work, now, self.quiet_s):
+        for run_id in current(stalled_runs(self.work, now, self.quiet_s)):
             self.work.woken[run_id] = now
             await wake_run(
                 self.broker,
@@ -196,6 +265,11 @@ class Reconciler:
             stored = await records.get(waiting.approval_id)
             status = stored.record.status if stored is not None else "pending"
             if approval_wake_due(self.work, waiting, status, waiting.expires_at, now, self.quiet_s):
+                # Its journal read to now first: a decision the run has journaled since needs no wake.
+                await self._look(waiting.run_id, now)
+                run = self.work.runs.get(waiting.run_id)
+                if run is None or run.awaiting != waiting:
+                    continue
                 self.work.woken[waiting.run_id] = now
                 await wake_run(
                     self.broker,

@@ -32,7 +32,12 @@ class RunJournal:
         return events, (stored[-1].seq if stored else 0)
 
     async def read_with_seqs(self, run_id: str) -> list[tuple[int, JournalEvent]]:
-        stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id))
+        return await self.read_after(run_id, 0)
+
+    async def read_after(self, run_id: str, after_seq: int) -> list[tuple[int, JournalEvent]]:
+        """The run's events stored after stream sequence `after_seq`, each with its sequence (a reader that read
+        the journal before reads on from where it stopped)."""
+        stored = await self.broker.read_subject(self.stream, self.ns.run_events(run_id), after_seq=after_seq)
         return [(m.seq, decode_event(m.data)) for m in stored]
 
     async def read_all(self) -> dict[str, list[JournalEvent]]:

@@ -15,11 +15,13 @@ import msgspec
 import pytest
 
 from crashsafe.contracts.errors import UpgradeBlocked
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
 from crashsafe.contracts.run_events import (
     ModelAnswered,
     RunCompleted,
     RunEvent,
     RunNudged,
+    RunStarted,
     event_encoder,
 )
 from crashsafe.contracts.streams import projector_planner_consumer, runtime_consumers, stream_specs
@@ -155,13 +157,30 @@ async def test_a_reconciler_after_the_upgrade_follows_only_runs_written_within_i
     broker: Broker, namespace: Namespace, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     """The copies are stored now, so the reconciler's follow-by-receive-time sees the whole history: a run that
-    stalled a year ago must not be woken, re-ticketed or asked about because an upgrade copied it."""
+    stalled a year ago must not be woken, re-ticketed or asked about because an upgrade copied it. Each run was
+    accepted (its inbound message, kept as the run's lasting guard); the reconciler reads a journal only once
+    something in it may be due."""
     year_ago = datetime.now(UTC) - timedelta(days=365)
     old, recent = _run(year_ago, ended=False), _run(datetime.now(UTC), ended=False)
     await _old_layout(broker, namespace, [old, recent])
     await migrate_journals(broker, namespace)
     await declare_streams(broker, namespace, 1)
+    for events in (old, recent):
+        first = events[0]
+        assert isinstance(first, RunStarted)
+        accepted = InboundEvent(
+            key=first.idempotency_key,
+            run_id=first.run_id,
+            input_hash=first.input_hash,
+            message=InboundMessage(first.event_id, first.session_id, first.guest_id, first.text),
+            agent=first.agent,
+            received_at=first.at,
+        )
+        await broker.publish(namespace.inbound(first.run_id), inbound_encoder.encode(accepted))
     settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="up")
     async with inprocess.reconciler(settings) as reconciler:
-        await eventually(lambda: recent[0].run_id in reconciler.work.runs, what="the recent run followed")
+        await eventually(lambda: recent[0].run_id in reconciler.work.looks, what="the recent run accepted")
+        await reconciler.tick(datetime.now(UTC) + timedelta(seconds=10))
+        assert recent[0].run_id in reconciler.work.runs
         assert old[0].run_id not in reconciler.work.runs
+        assert old[0].run_id not in reconciler.work.looks

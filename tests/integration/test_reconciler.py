@@ -1,4 +1,4 @@
-"""The reconciler in this process on the real nats-server: it follows every journal, and its own request to
+"""The reconciler in this process on the real nats-server: it reads the journals of runs it follows, and its own request to
 resolve a key is what settles an unknown outcome that nothing else will ever ask about again."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
 from crashsafe.contracts.keys import action_key, input_hash, run_id_for
 from crashsafe.contracts.run_events import (
     ActionCompleted,
@@ -24,6 +25,7 @@ from crashsafe.contracts.run_events import (
     request_for,
 )
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import unsettled_unknowns
 from crashsafe.natsd import NatsServer
@@ -62,7 +64,7 @@ async def world(
         yield World(reconciler, payments, RunJournal(broker, namespace), Sandbox(http, sandbox_url))
 
 
-async def _journal_a_payment_intent(world: World, booking: dict[str, Any]) -> ActionRequested:
+async def _journal_a_payment_intent(journal: RunJournal, booking: dict[str, Any]) -> ActionRequested:
     """A booking run that journaled its intent to charge for a held booking (the steps before are not needed)."""
     key = unique("ev")
     run_id, now = run_id_for("", key), datetime.now(UTC)
@@ -98,7 +100,7 @@ async def _journal_a_payment_intent(world: World, booking: dict[str, Any]) -> Ac
         timeout_s=10.0,
         deadline_at=now + timedelta(seconds=10),
     )
-    await world.journal.append(intent, await world.journal.append(started, 0))
+    await journal.append(intent, await journal.append(started, 0))
     return intent
 
 
@@ -121,7 +123,7 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
         headers={"Idempotency-Key": unique("setup")},
     )
     assert held.status_code == 201, held.text
-    intent = await _journal_a_payment_intent(world, held.json())
+    intent = await _journal_a_payment_intent(world.journal, held.json())
     request = request_for(intent)
     unknown_calls = _sample("crashsafe_provider_calls_total", tool=intent.tool, outcome="unknown")
     found = _sample("crashsafe_lookups_total", tool=intent.tool, answer="found")
@@ -192,3 +194,68 @@ async def test_the_reconcilers_resolve_request_settles_an_unknown_outcome_of_a_h
 def _sample(name: str, **labels: str) -> float:
     """This process's metric (the in-process services share its registry)."""
     return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_run_is_judged_only_on_its_journal_read_to_now(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """The reconciler follows an accepted run's inbound message and reads its journal only when something in it
+    may be due: an action past its deadline is asked about only once a read shows it still pending, and one
+    whose completion the read finds is left alone. (No runtime here: it would take the inbound messages.)"""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="j")
+    journal = RunJournal(broker, namespace)
+    async with inprocess.reconciler(settings) as reconciler:
+        settled = await _journal_a_payment_intent(
+            journal, {"booking_id": "b1", "guest_id": "g1", "total_cents": 1}
+        )
+        pending = await _journal_a_payment_intent(
+            journal, {"booking_id": "b2", "guest_id": "g2", "total_cents": 1}
+        )
+        for intent in (settled, pending):
+            await _accept(broker, namespace, journal, intent)
+        await eventually(
+            lambda: {settled.run_id, pending.run_id} <= set(reconciler.work.looks),
+            what="the accepted runs followed",
+        )
+        assert not reconciler.work.runs  # not read yet: nothing in them can be due so soon
+
+        # Read once before their deadlines: both pending. Then one's completion is journaled, and nobody says so.
+        await reconciler.tick(settled.at + timedelta(seconds=reconciler.cadence.first_s + 0.5))
+        assert set(reconciler.work.runs) == {settled.run_id, pending.run_id}
+        seq = (await journal.read(settled.run_id))[1]
+        completion = ActionCompleted(
+            run_id=settled.run_id,
+            at=datetime.now(UTC),
+            step_no=1,
+            key=settled.key,
+            status=OutcomeStatus.FAILED,
+        )
+        await journal.append(completion, seq)
+
+        overdue_at = max(settled.deadline_at, pending.deadline_at) + timedelta(seconds=reconciler.grace_s + 1)
+        reconciler.looks_per_tick = 0  # no read this tick: neither run is judged on what was read before
+        await reconciler.tick(overdue_at)
+        assert reconciler.resolutions == 0
+
+        reconciler.looks_per_tick = 500
+        await reconciler.tick(
+            overdue_at
+        )  # read to now: only the run still pending past its deadline is asked
+        assert reconciler.resolutions == 1
+        assert not reconciler.work.runs[settled.run_id].pending
+        assert [r.key for r in reconciler.work.runs[pending.run_id].pending.values()] == [pending.key]
+
+
+async def _accept(broker: Broker, namespace: Namespace, journal: RunJournal, intent: ActionRequested) -> None:
+    """The run's inbound message, as the gateway publishes it when it accepts the run."""
+    started = (await journal.read(intent.run_id))[0][0]
+    assert isinstance(started, RunStarted)
+    accepted = InboundEvent(
+        key=started.idempotency_key,
+        run_id=started.run_id,
+        input_hash=started.input_hash,
+        message=InboundMessage(started.event_id, started.session_id, started.guest_id, started.text),
+        agent=started.agent,
+        received_at=started.at,
+    )
+    await broker.publish(namespace.inbound(started.run_id), inbound_encoder.encode(accepted))

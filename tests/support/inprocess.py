@@ -325,7 +325,7 @@ def decide_together(workers: list[Runtime], timeout_s: float = 10.0) -> Iterator
 async def reconciler(
     settings: Settings, *, grace_s: float = 2.0, reask_s: float = 5.0, quiet_s: float = 30.0
 ) -> AsyncIterator[Reconciler]:
-    """A reconciler following every journal of the namespace. It never ticks by itself: the test calls
+    """A reconciler following the namespace's accepted runs and milestones. It never ticks by itself: the test calls
     `tick(now)` with the time it wants, so "overdue" and "ask again later" happen when the test says."""
     await provisioned(settings)
     broker = await Broker.connect(

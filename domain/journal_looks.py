@@ -1,0 +1,96 @@
+"""When the reconciler reads a run's journal: only once the run could be late, so a run that ends in time costs
+it one message (its end), not every event it journals.
+
+The reconciler follows each accepted run's inbound message and every journal milestone (ends, waits, late
+receipts). A run it has accepted is read (from where it last read) when something may be due: its first look a
+little after it was accepted, then when an action's deadline passes, when its journal would count as quiet, or
+when a key is to be asked about again. The detectors (`open_work`) then judge only runs read up to now."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from crashsafe.domain.open_work import Look, OpenRun, OpenWork
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """How the looks are spaced (seconds): the detectors' own thresholds, and how long a run may take to start."""
+
+    grace_s: float  # an action is overdue this long past its deadline
+    reask_s: float  # the first pause before a key is asked about again
+    quiet_s: float  # a journal this quiet, with nothing in flight, is stalled
+    first_s: float = 3.0  # the first look, after acceptance: most runs have ended by then
+    least_s: float = 1.0  # two looks at one run are at least this far apart
+    # A run that has not started this long after acceptance is let go (its message was refused, or it was a turn
+    # of another run); a turn's own id is let go sooner: it starts a run only if its session's lane moved.
+    forget_unstarted_s: float = 86_400.0
+    forget_turn_s: float = 600.0
+
+
+def accepted(work: OpenWork, run_id: str, at: datetime, cadence: Cadence, turn: bool = False) -> None:
+    """A run accepted at `at` (its inbound message): first read `cadence.first_s` later, unless it ends before."""
+    if run_id in work.looks or run_id in work.runs:
+        return
+    forget_s = cadence.forget_turn_s if turn else cadence.forget_unstarted_s
+    work.looks[run_id] = Look(at, at + timedelta(seconds=cadence.first_s), forget_s=forget_s)
+
+
+def due_looks(work: OpenWork, now: datetime, limit: int) -> list[str]:
+    """The runs to read now, the longest overdue first, at most `limit` (the rest wait for the next tick)."""
+    due = [(look.next_at, run_id) for run_id, look in work.looks.items() if look.next_at <= now]
+    due.sort()
+    return [run_id for _, run_id in due[:limit]]
+
+
+def looked(work: OpenWork, run_id: str, last_seq: int, now: datetime, cadence: Cadence) -> None:
+    """The run's journal was read up to `last_seq` (its events observed): when to read it next, or never again
+    (it ended: what it journals after its end is a milestone, followed live; or it never started in time)."""
+    look = work.looks.get(run_id)
+    if look is None:
+        return
+    look.seen_seq = max(look.seen_seq, last_seq)
+    run = work.runs.get(run_id)
+    if run is None:
+        if look.seen_seq or now - look.accepted_at >= timedelta(seconds=look.forget_s):
+            del work.looks[run_id]
+            return
+        look.empty += 1
+        pause = min(cadence.first_s * 2**look.empty, 8 * cadence.quiet_s)
+        look.next_at = now + timedelta(seconds=pause)
+        return
+    ceiling = now + timedelta(seconds=cadence.quiet_s)
+    nearest = _next_due(work, run_id, run, cadence) or ceiling
+    look.next_at = min(max(nearest, now + timedelta(seconds=cadence.least_s)), ceiling)
+
+
+def ended(work: OpenWork, run_id: str) -> None:
+    """The run's end was followed: it is read no more."""
+    work.looks.pop(run_id, None)
+
+
+def read_up_to_now(work: OpenWork, run_id: str, now: datetime) -> bool:
+    """Whether what the reconciler knows of the run is as of now: no look of it is due and waiting for a read."""
+    look = work.looks.get(run_id)
+    return look is None or look.next_at > now
+
+
+def _next_due(work: OpenWork, run_id: str, run: OpenRun, cadence: Cadence) -> datetime | None:
+    """The earliest moment a detector could act on this run, as far as its journal has been read: an action's
+    deadline (or its next ask), else, with nothing in flight and no approval awaited, its journal turning quiet.
+    None: nothing is due (it is still read once every quiet period)."""
+    times: list[datetime] = []
+    if run.pending:
+        for request in run.pending.values():
+            due = request.deadline_at + timedelta(seconds=cadence.grace_s)
+            asked = work.asked.get(request.key)
+            if asked is not None:  # asked about already: again after the pause `overdue_actions` keeps
+                gap = min(cadence.reask_s * 2 ** work.times_asked.get(request.key, 0), 300.0)
+                due = max(due, asked + timedelta(seconds=gap))
+            times.append(due)
+    elif run.awaiting is None:
+        woken = work.woken.get(run_id)
+        quiet_from = max(run.last_at, woken) if woken is not None else run.last_at
+        times.append(quiet_from + timedelta(seconds=cadence.quiet_s))
+    return min(times) if times else None
