@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
+import aiohttp
 import httpx
 import msgspec
 
@@ -10,12 +13,30 @@ from crashsafe.sandbox.records import LedgerView
 
 LEDGER_PATH = "/_ledger"
 _view = msgspec.json.Decoder(LedgerView)
+# Either client's failures (an httpx client's; a provider's aiohttp session's), or a body that is not a ledger
+# (msgspec's ValidationError is a DecodeError).
+_UNREADABLE = (httpx.HTTPError, aiohttp.ClientError, TimeoutError, msgspec.DecodeError)
+
+
+class LedgerAnswer(Protocol):
+    """An HTTP answer as the listing reads it (httpx's `Response`, a provider's `ProviderResponse`)."""
+
+    @property
+    def content(self) -> bytes: ...
+
+    def raise_for_status(self) -> object: ...
+
+
+class LedgerClient(Protocol):
+    """An HTTP client at the sandbox's base URL: an `httpx.AsyncClient`, or a provider's (`Providers.http`)."""
+
+    async def get(self, url: str, /, *, params: dict[str, str] | None = None) -> LedgerAnswer: ...
 
 
 class SandboxListing:
     """Reads `GET /_ledger`: what a real provider's list API would give (Stripe's charges, a PMS's bookings)."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: LedgerClient) -> None:
         self.http = http
 
     async def view(self, guest_id: str | None = None) -> LedgerView:
@@ -31,7 +52,7 @@ class SandboxListing:
         no `/_ledger`, or one in another format. The audit then checks effects by key alone."""
         try:
             return ListedEffects(await self.effects())
-        except (httpx.HTTPError, msgspec.DecodeError):  # ValidationError is a DecodeError
+        except _UNREADABLE:
             return None
 
 

@@ -4,24 +4,24 @@ absent, and every other answer (5xx, 408, 429, a key in use, a body that is not 
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import httpx
-
 from crashsafe.contracts.subjects import Header
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation, ProviderAnswer
+from crashsafe.services.providers.provider_http import ProviderResponse
 
 # Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
 _NOT_NOW = frozenset({408, 425, 429})
 _MAX_RETRY_AFTER_S = 60.0
 
 
-def _json(response: httpx.Response) -> dict[str, Any] | None:
+def _json(response: ProviderResponse) -> dict[str, Any] | None:
     try:
-        body = response.json()
+        body = json.loads(response.content)
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
@@ -36,9 +36,9 @@ def _provider_error(body: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def retry_after_s(response: httpx.Response) -> float | None:
+def retry_after_s(response: ProviderResponse) -> float | None:
     """The Retry-After header in seconds (delta-seconds or an HTTP date), bounded; None if absent or unreadable."""
-    value = response.headers.get("retry-after")
+    value = response.header("retry-after")
     if value is None:
         return None
     try:
@@ -51,7 +51,7 @@ def retry_after_s(response: httpx.Response) -> float | None:
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
 
 
-def _unknown(response: httpx.Response, why: str) -> ProviderAnswer:
+def _unknown(response: ProviderResponse, why: str) -> ProviderAnswer:
     return ProviderAnswer(
         Answer.UNKNOWN,
         {},
@@ -78,7 +78,7 @@ def _by_status(operation: HttpOperation, record: dict[str, Any], found: Answer) 
     return ProviderAnswer(found, record, ref=str(ref) if ref else None)  # type: ignore[arg-type]
 
 
-def read_answer(response: httpx.Response, operation: HttpOperation) -> ProviderAnswer:
+def read_answer(response: ProviderResponse, operation: HttpOperation) -> ProviderAnswer:
     """What a provider's answer to a call means. Only its typed refusal is a failure; 5xx, 408, 429, a key in
     use and any body that is not the provider's are unknown (the write may or may not have happened)."""
     status = response.status_code
@@ -89,7 +89,7 @@ def read_answer(response: httpx.Response, operation: HttpOperation) -> ProviderA
         return _unknown(response, " with a body that is not JSON")
     if 200 <= status < 300:
         answer = _by_status(operation, body, Answer.OK)
-        if response.headers.get(Header.IDEMPOTENT_REPLAYED.value, "").lower() == "true":
+        if (response.header(Header.IDEMPOTENT_REPLAYED.value) or "").lower() == "true":
             return dataclasses.replace(answer, replayed=True)
         return answer
     error = _provider_error(body)
@@ -100,7 +100,7 @@ def read_answer(response: httpx.Response, operation: HttpOperation) -> ProviderA
     return ProviderAnswer(Answer.REJECTED, error, detail=f"provider answered {status}")
 
 
-def read_lookup(response: httpx.Response, operation: HttpOperation) -> ProviderAnswer:
+def read_lookup(response: ProviderResponse, operation: HttpOperation) -> ProviderAnswer:
     """What a provider's answer to "what became of key K?" means. Absent only from its typed "no such key";
     a bare 404 (a wrong route, a gateway), an expired key or anything else unreadable is unknown."""
     status = response.status_code

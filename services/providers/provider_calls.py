@@ -8,8 +8,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import httpx
-from httpx_aiohttp import HttpxAiohttpClient
+import aiohttp
 from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import InvalidSetting
@@ -37,6 +36,7 @@ from crashsafe.services.platform.tracing import annotate, current, failed, heade
 from crashsafe.services.providers import python_calls
 from crashsafe.services.providers.http_answers import read_answer, read_lookup
 from crashsafe.services.providers.kv_effects import KvEffects
+from crashsafe.services.providers.provider_http import ProviderHttp
 
 # A whole call (connect, send, every read) may take this many times the tool's timeout, which bounds each step.
 _WHOLE_CALL = 2.0
@@ -72,22 +72,16 @@ def endpoints_for(settings: Settings, tools: Iterable[Tool]) -> dict[str, Provid
     return endpoints
 
 
-def _client(base_url: str) -> httpx.AsyncClient:
-    # httpx's API on an aiohttp transport: httpcore cost half an executor's CPU.
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
-    return HttpxAiohttpClient(base_url=base_url, limits=limits)
-
-
 class Providers:
     """Every provider a deployment's tools talk to: one HTTP client with keep-alive connections per base URL, the
     adopters' Python clients (one per tool, opened with their provider's settings), the KV records."""
 
     def __init__(self, endpoints: Mapping[str, ProviderSettings], kv: KvEffects | None = None) -> None:
         self.endpoints = dict(endpoints)
-        self._http: dict[str, httpx.AsyncClient] = {}
+        self._http: dict[str, ProviderHttp] = {}
         for endpoint in self.endpoints.values():
             if endpoint.base_url and endpoint.base_url not in self._http:
-                self._http[endpoint.base_url] = _client(endpoint.base_url)
+                self._http[endpoint.base_url] = ProviderHttp(endpoint.base_url)
         self._python: dict[str, ProviderClient] = {}
         # The key-value records a KV-backed tool rewrites (a guest's profile); None: this process has no
         # access to them, and such a tool's answers are unknown (never a guess).
@@ -119,17 +113,18 @@ class Providers:
         return providers
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> ProviderHttp:
         """The default provider's client (the sandbox's listing is read through it)."""
         return self._http[self.endpoints[DEFAULT_PROVIDER].base_url]
 
-    def http_providers(self) -> dict[str, httpx.AsyncClient]:
+    def http_providers(self) -> dict[str, ProviderHttp]:
         """Each configured provider with a base URL, by name, and its client."""
         return {name: self._http[e.base_url] for name, e in self.endpoints.items() if e.base_url}
 
     async def close(self) -> None:
+        """Close every provider's HTTP session."""
         for http in self._http.values():
-            await http.aclose()
+            await http.close()
 
     async def __aenter__(self) -> Providers:
         return self
@@ -178,7 +173,7 @@ class Providers:
             headers[Header.AUTHORIZATION.value] = f"Bearer {endpoint.credential}"
         return headers
 
-    def _http_of(self, tool: Tool, operation: HttpOperation) -> httpx.AsyncClient | ProviderAnswer:
+    def _http_of(self, tool: Tool, operation: HttpOperation) -> ProviderHttp | ProviderAnswer:
         endpoint = self.endpoints.get(operation.provider)
         if endpoint is None or not endpoint.base_url:
             return ProviderAnswer(
@@ -248,12 +243,12 @@ class Providers:
                             response = await http_client.request(
                                 http.method,
                                 http.path,
-                                json=http.json,
+                                json_body=http.json,
                                 params=http.params,
                                 headers=headers,
                                 timeout=timeout,
                             )
-                    except (httpx.HTTPError, TimeoutError) as exc:
+                    except (aiohttp.ClientError, TimeoutError) as exc:
                         # Timeout or dropped connection after sending: the provider may or may not have done it.
                         answer = ProviderAnswer(Answer.UNKNOWN, {}, detail=f"{type(exc).__name__}: {exc}")
                     else:
@@ -340,7 +335,7 @@ class Providers:
                             response = await http_client.get(
                                 path.format(key=key), headers=headers, timeout=timeout
                             )
-                    except (httpx.HTTPError, TimeoutError) as exc:
+                    except (aiohttp.ClientError, TimeoutError) as exc:
                         answer = ProviderAnswer(
                             Answer.UNKNOWN, {}, detail=f"lookup failed: {type(exc).__name__}: {exc}"
                         )

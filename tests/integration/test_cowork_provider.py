@@ -4,10 +4,10 @@ executor's own readers with the tool's own operation, means what the provider me
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from aiohttp import web
 
@@ -16,6 +16,7 @@ from crashsafe.examples.cowork.desk_provider import DECLINED_CARD, app
 from crashsafe.examples.cowork.desk_tools import BUY_DAY_PASS, RESERVE_DESK
 from crashsafe.sdk import HttpOperation
 from crashsafe.services.providers.provider_calls import read_answer, read_lookup
+from crashsafe.services.providers.provider_http import ProviderHttp, ProviderResponse
 
 RESERVE = RESERVE_DESK.operation
 PAY = BUY_DAY_PASS.operation
@@ -24,22 +25,26 @@ DESK = {"member_id": "ana", "zone": "quiet", "day": "2031-05-01"}
 
 
 @pytest.fixture
-async def provider() -> AsyncIterator[httpx.AsyncClient]:
+async def provider() -> AsyncIterator[ProviderHttp]:
+    """The provider, asked through the executor's own HTTP client."""
     runner = web.AppRunner(app())
     await runner.setup()
     sock = socket.create_server(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
+    client = ProviderHttp(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    try:
         yield client
-    await runner.cleanup()
+    finally:
+        await client.close()
+        await runner.cleanup()
 
 
-async def _reserve(provider: httpx.AsyncClient, key: str, body: dict[str, str] = DESK) -> httpx.Response:
-    return await provider.post("/reservations", json=body, headers={"Idempotency-Key": key})
+async def _reserve(provider: ProviderHttp, key: str, body: dict[str, str] = DESK) -> ProviderResponse:
+    return await provider.request("POST", "/reservations", json_body=body, headers={"Idempotency-Key": key})
 
 
 async def test_a_key_again_is_the_same_reservation_and_another_body_a_refusal(
-    provider: httpx.AsyncClient,
+    provider: ProviderHttp,
 ) -> None:
     first = read_answer(await _reserve(provider, "k1"), RESERVE)
     assert first.kind == Answer.OK and first.ref and not first.replayed
@@ -53,13 +58,14 @@ async def test_a_key_again_is_the_same_reservation_and_another_body_a_refusal(
 
 
 async def test_while_a_late_answer_is_in_flight_the_key_is_in_use_and_its_lookup_finds_it(
-    provider: httpx.AsyncClient,
+    provider: ProviderHttp,
 ) -> None:
-    await provider.put("/_faults", json={"late_ms": 1500})
+    await provider.request("PUT", "/_faults", json_body={"late_ms": 1500})
     late = asyncio.create_task(_reserve(provider, "k2"))
 
     async def committed() -> bool:
-        return bool((await provider.get("/_ledger", params={"member_id": "ana"})).json()["reservations"])
+        ledger = await provider.get("/_ledger", params={"member_id": "ana"})
+        return bool(json.loads(ledger.content)["reservations"])
 
     while not await committed():
         await asyncio.sleep(0.01)
@@ -70,17 +76,19 @@ async def test_while_a_late_answer_is_in_flight_the_key_is_in_use_and_its_lookup
     assert read_answer(await late, RESERVE).ref == found.ref
 
 
-async def test_a_declined_card_is_a_refusal_and_its_record_says_so(provider: httpx.AsyncClient) -> None:
-    await provider.put("/members/ana/card", json={"card": DECLINED_CARD})
-    reserved = (await _reserve(provider, "k3")).json()
+async def test_a_declined_card_is_a_refusal_and_its_record_says_so(provider: ProviderHttp) -> None:
+    await provider.request("PUT", "/members/ana/card", json_body={"card": DECLINED_CARD})
+    reserved = json.loads((await _reserve(provider, "k3")).content)
     body = {"reservation_id": reserved["reservation_id"], "member_id": "ana"}
     body |= {"amount_cents": reserved["price_cents"], "currency": reserved["currency"]}
-    declined = read_answer(await provider.post("/passes", json=body, headers={"Idempotency-Key": "p3"}), PAY)
+    declined = read_answer(await _pay(provider, body, "p3"), PAY)
     assert declined.kind == Answer.REJECTED and declined.body["code"] == "card_declined"
     looked_up = read_lookup(await provider.get("/passes/by-key/p3"), PAY)
     assert looked_up.kind == Answer.REJECTED and looked_up.body["code"] == "declined"
     cheaper = {**body, "amount_cents": 100}
-    refused = read_answer(
-        await provider.post("/passes", json=cheaper, headers={"Idempotency-Key": "p4"}), PAY
-    )
+    refused = read_answer(await _pay(provider, cheaper, "p4"), PAY)
     assert refused.kind == Answer.REJECTED and refused.body["code"] == "amount_mismatch"
+
+
+async def _pay(provider: ProviderHttp, body: dict[str, object], key: str) -> ProviderResponse:
+    return await provider.request("POST", "/passes", json_body=body, headers={"Idempotency-Key": key})

@@ -5,15 +5,17 @@ its own status, and everything else (5xx, 408, 429, a key in use, a body that is
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation
 from crashsafe.services.agents.booking.booking_tools import CREATE_BOOKING, CREATE_PAYMENT
 from crashsafe.services.providers.http_answers import read_answer, read_lookup, retry_after_s
+from crashsafe.services.providers.provider_http import ProviderResponse
 
 PAYMENT = CREATE_PAYMENT.operation
 BOOKING = CREATE_BOOKING.operation
@@ -23,10 +25,9 @@ CHARGE = {"payment_id": "pay_1", "amount_cents": 24000, "status": "captured"}
 HTML_404 = "<html><body><h1>404 Not Found</h1>nginx</body></html>"
 
 
-def response(status: int, body: Any = None, text: str | None = None, **headers: str) -> httpx.Response:
-    if text is not None:
-        return httpx.Response(status, text=text, headers=headers)
-    return httpx.Response(status, json=body, headers=headers)
+def response(status: int, body: Any = None, text: str | None = None, **headers: str) -> ProviderResponse:
+    content = text.encode() if text is not None else b"" if body is None else json.dumps(body).encode()
+    return ProviderResponse(status, CIMultiDictProxy(CIMultiDict(headers)), content)
 
 
 def typed(code: str, kind: str = "invalid_request_error") -> dict[str, Any]:
