@@ -103,7 +103,9 @@ class ProviderHttp:
             connector = aiohttp.TCPConnector(
                 limit=_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S, ssl=self._tls
             )
-            self._session = aiohttp.ClientSession(connector=connector)
+            # No cookie jar: calls for every tenant share these connections, and a cookie one tenant's answer set
+            # must never ride on another's call (its session at the provider, its account).
+            self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def request(

@@ -43,9 +43,11 @@ def http_answer(status: str, body: bytes, *headers: str) -> bytes:
 
 
 @asynccontextmanager
-async def provider(handler: Handler, credential: str | None = None) -> AsyncIterator[Providers]:
+async def provider(
+    handler: Handler, credential: str | None = None, host: str = "127.0.0.1"
+) -> AsyncIterator[Providers]:
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    url = f"http://{host}:{server.sockets[0].getsockname()[1]}"
     try:
         async with Providers(
             {DEFAULT_PROVIDER: ProviderSettings(DEFAULT_PROVIDER, url, credential)}
@@ -152,3 +154,24 @@ async def test_closing_the_providers_closes_their_connections() -> None:
         assert (await providers.lookup(CREATE_PAYMENT, "run_1:2", 1.0, {})).kind == Answer.FOUND
         assert not closed.is_set(), "kept alive for the next call"
     await asyncio.wait_for(closed.wait(), 2.0)
+
+
+async def test_a_cookie_a_provider_sets_is_never_sent_back_with_another_call() -> None:
+    """Calls for every tenant share a provider's connections: a cookie one tenant's answer set would otherwise ride
+    on the next tenant's call (its session, its account). No call carries one."""
+    cookies: list[str | None] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            cookies.append(request_headers(head).get("cookie"))
+            body = json.dumps(CHARGE).encode()
+            writer.write(http_answer("200 OK", body, "Set-Cookie: session=tenant-a; Path=/"))
+            await writer.drain()
+
+    # By name: aiohttp's default jar keeps no cookie of a bare IP address, and a provider is named.
+    async with provider(handler, host="localhost") as providers:
+        for account in ("tenant-a", "tenant-b"):
+            assert (
+                await providers.lookup(CREATE_PAYMENT, "run_1:2", 1.0, {"account": account})
+            ).kind == Answer.FOUND
+    assert cookies == [None, None]
