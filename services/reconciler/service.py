@@ -94,14 +94,8 @@ class Reconciler:
         # Bounded work per tick: at most this many journals read, and tasks published, a second.
         self.projection_runs_per_tick = 20
         self.projection_publishes_per_tick = 50
-        self.projection_counts: dict[str, int] = {
-            "checked": 0,
-            "republished": 0,
-            "missing": 0,
-            "stale": 0,
-            "settled_runs": 0,
-            "failed_checks": 0,
-        }
+        counted = ("checked", "republished", "missing", "stale", "settled_runs", "failed_checks")
+        self.projection_counts: dict[str, int] = dict.fromkeys(counted, 0)
         self._logged_counts: dict[str, int] = {}
         self._projections_logged = datetime.min.replace(tzinfo=UTC)
         self._unknown_tools: set[str] = set()
@@ -170,7 +164,10 @@ class Reconciler:
         if look is None:
             return
         stored = await self.journal.read_after(run_id, look.seen_seq)
-        for seq, event in stored:
+        # A tick's read and a milestone's race: what the other observed is not observed again (it would reopen).
+        if self.work.looks.get(run_id) is not look:
+            return
+        for seq, event in (x for x in stored if x[0] > look.seen_seq):
             if event.at >= self._since:
                 observe(self.work, event)
             look.seen_seq = seq
@@ -195,13 +192,12 @@ class Reconciler:
                 log(self.logger, logging.WARNING, "journal read failed", run_id=run_id, error=exc.message)
                 break
 
-        def current(runs: list[str]) -> list[str]:
-            return [r for r in runs if looks.read_up_to_now(self.work, r, now)]
+        def current(run_id: str) -> bool:
+            return looks.read_up_to_now(self.work, run_id, now)
 
-        overdue = [
-            r for r in overdue_actions(self.work, now, self.grace_s, self.reask_s) if current([r.run_id])
-        ]
-        unknown = [r for r in unsettled_unknowns(self.work, now, self.reask_s) if current([r.run_id])]
+        due = overdue_actions(self.work, now, self.grace_s, self.reask_s)
+        overdue = [r for r in due if current(r.run_id)]
+        unknown = [r for r in unsettled_unknowns(self.work, now, self.reask_s) if current(r.run_id)]
         asked: dict[str, list[str]] = {}
         for request in overdue + unknown:
             self.work.asked[request.key] = now
@@ -227,7 +223,7 @@ class Reconciler:
             ) as ask:
                 await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys, ask)
             self.resolutions += len(keys)
-        for run_id in current(stalled_runs(self.work, now, self.quiet_s)):
+        for run_id in filter(current, stalled_runs(self.work, now, self.quiet_s)):
             self.work.woken[run_id] = now
             await wake_run(
                 self.broker,

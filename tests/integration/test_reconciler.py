@@ -3,6 +3,7 @@ resolve a key is what settles an unknown outcome that nothing else will ever ask
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
+    JournalEvent,
+    RunCompleted,
     RunEvent,
     RunStarted,
     request_for,
@@ -259,3 +262,56 @@ async def _accept(broker: Broker, namespace: Namespace, journal: RunJournal, int
         received_at=started.at,
     )
     await broker.publish(namespace.inbound(started.run_id), inbound_encoder.encode(accepted))
+
+
+async def test_a_run_that_ends_while_its_journal_is_being_read_is_not_brought_back_open(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """A tick's look at a run and the run's end (a milestone, followed at the same time) race: the look's read
+    was answered before the end was journaled, and is observed after the end was. The run must stay ended: an
+    open run brought back from a stale read would have no look left, be judged quiet forever and woken every
+    quiet period (and its pending actions asked about) until the reconciler restarts."""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="z")
+    journal = RunJournal(broker, namespace)
+    async with inprocess.reconciler(settings) as reconciler:
+        intent = await _journal_a_payment_intent(
+            journal, {"booking_id": "b", "guest_id": "g", "total_cents": 1}
+        )
+        await _accept(broker, namespace, journal, intent)
+        await eventually(lambda: intent.run_id in reconciler.work.looks, what="the accepted run followed")
+
+        answered, release = asyncio.Event(), asyncio.Event()
+        read_after = reconciler.journal.read_after
+
+        async def slow_read(run_id: str, after_seq: int) -> list[tuple[int, JournalEvent]]:
+            stored = await read_after(run_id, after_seq)
+            if not answered.is_set():  # the tick's read: answered now, observed only once the end is followed
+                answered.set()
+                await release.wait()
+            return stored
+
+        reconciler.journal.read_after = slow_read  # type: ignore[method-assign]
+        now = intent.at + timedelta(seconds=reconciler.cadence.first_s + 0.5)
+        ticking = asyncio.create_task(reconciler.tick(now))
+        await eventually(answered.is_set, what="the tick reading the run")
+        seq = (await journal.read(intent.run_id))[1]
+        seq = await journal.append(
+            ActionCompleted(
+                run_id=intent.run_id,
+                at=datetime.now(UTC),
+                step_no=1,
+                key=intent.key,
+                status=OutcomeStatus.SUCCEEDED,
+            ),
+            seq,
+        )
+        await journal.append(RunCompleted(run_id=intent.run_id, at=datetime.now(UTC), reply="done"), seq)
+        await eventually(lambda: intent.run_id not in reconciler.work.looks, what="the run's end followed")
+        release.set()
+        await ticking
+
+        later = now + timedelta(seconds=reconciler.quiet_s + 1)
+        await reconciler.tick(later)
+        await reconciler.tick(intent.deadline_at + timedelta(seconds=reconciler.quiet_s * 2))
+        assert intent.run_id not in reconciler.work.runs
+        assert reconciler.wakes == 0 and reconciler.resolutions == 0
