@@ -70,6 +70,14 @@ def ended(work: OpenWork, run_id: str) -> None:
     work.looks.pop(run_id, None)
 
 
+def moved(work: OpenWork, run_id: str, now: datetime) -> None:
+    """The run's journal moved past the last read and could not be read to it: read it at the next tick, and
+    judge it only then."""
+    look = work.looks.get(run_id)
+    if look is not None:
+        look.next_at = min(look.next_at, now)
+
+
 def read_up_to_now(work: OpenWork, run_id: str, now: datetime) -> bool:
     """Whether what the reconciler knows of the run is as of now: no look of it is due and waiting for a read."""
     look = work.looks.get(run_id)

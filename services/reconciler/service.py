@@ -141,7 +141,12 @@ class Reconciler:
         event = decode_event(msg.data)
         if event.at < self._since:
             return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
-        run_id = event.run_id
+        run_id, now = event.run_id, datetime.now(UTC)
+        if isinstance(event, RunCompleted | RunHandedOff):
+            oldest = now - timedelta(seconds=PLANNER_HISTORY_S)
+            projections.ended(self.ended, run_id, event.at, self.projection_grace_s, oldest=oldest)
+        else:
+            projections.moved(self.ended, run_id, event.at, self.projection_grace_s)
         if isinstance(event, RunCompleted):
             observe(self.work, event)
             looks.ended(self.work, run_id)
@@ -149,14 +154,13 @@ class Reconciler:
             # A hand-off (its pending actions become unknowns, its ticket names its parties) or a wait: the run's
             # journal read up to here, whether or not it was read before.
             looks.accepted(self.work, run_id, event.at, self.cadence)
-            await self._look(run_id, datetime.now(UTC))
+            try:
+                await self._look(run_id, now)
+            except CrashsafeError as exc:  # NATS away: read on the next tick, and judged only then
+                looks.moved(self.work, run_id, now)
+                log(self.logger, logging.WARNING, "journal read failed", run_id=run_id, error=exc.message)
         else:
             observe(self.work, event)  # a late receipt after the run ended: it may settle an unknown outcome
-        if isinstance(event, RunCompleted | RunHandedOff):
-            oldest = datetime.now(UTC) - timedelta(seconds=PLANNER_HISTORY_S)
-            projections.ended(self.ended, run_id, event.at, self.projection_grace_s, oldest=oldest)
-        else:
-            projections.moved(self.ended, run_id, event.at, self.projection_grace_s)
 
     async def _look(self, run_id: str, now: datetime) -> None:
         """Read the run's journal from where it was last read, observe what is new, and set its next look."""

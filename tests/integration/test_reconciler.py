@@ -14,16 +14,18 @@ from typing import Any
 import httpx
 import pytest
 
-from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError
 from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
 from crashsafe.contracts.keys import action_key, input_hash, run_id_for
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     Budget,
+    HandOffReason,
     JournalEvent,
     RunCompleted,
     RunEvent,
+    RunHandedOff,
     RunStarted,
     request_for,
 )
@@ -315,3 +317,43 @@ async def test_a_run_that_ends_while_its_journal_is_being_read_is_not_brought_ba
         await reconciler.tick(intent.deadline_at + timedelta(seconds=reconciler.quiet_s * 2))
         assert intent.run_id not in reconciler.work.runs
         assert reconciler.wakes == 0 and reconciler.resolutions == 0
+
+
+async def test_a_hand_off_whose_read_fails_is_read_on_the_next_tick_and_its_projections_still_checked(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """A hand-off is followed as a milestone and the run's journal read to it there and then. NATS not answering
+    that read must not lose the hand-off: the run is read on the next tick (not judged on the older read until
+    then), and its projections are checked later all the same."""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="f")
+    journal = RunJournal(broker, namespace)
+    async with inprocess.reconciler(settings) as reconciler:
+        intent = await _journal_a_payment_intent(
+            journal, {"booking_id": "b", "guest_id": "g", "total_cents": 1}
+        )
+        await _accept(broker, namespace, journal, intent)
+        await eventually(lambda: intent.run_id in reconciler.work.looks, what="the accepted run followed")
+        await reconciler.tick(intent.at + timedelta(seconds=reconciler.cadence.first_s + 0.5))
+        assert intent.run_id in reconciler.work.runs  # read once: its payment pending, due at its deadline
+
+        failed = asyncio.Event()
+        read_after = reconciler.journal.read_after
+
+        async def unavailable(run_id: str, after_seq: int) -> list[tuple[int, JournalEvent]]:
+            if not failed.is_set():
+                failed.set()
+                raise BrokerUnavailable("journal read refused (test)")
+            return await read_after(run_id, after_seq)
+
+        reconciler.journal.read_after = unavailable  # type: ignore[method-assign]
+        handed = RunHandedOff(
+            run_id=intent.run_id, at=datetime.now(UTC), reason=HandOffReason.DEADLINE, detail="test"
+        )
+        await journal.append(handed, (await journal.read(intent.run_id))[1])
+        await eventually(failed.is_set, what="the hand-off's read refused")
+        await asyncio.sleep(0.2)  # the follower's handler has returned (or raised)
+
+        await reconciler.tick(datetime.now(UTC) + timedelta(seconds=1))
+        assert intent.run_id not in reconciler.work.runs
+        assert (intent.run_id, intent.key) in reconciler.work.unknown
+        assert intent.run_id in reconciler.ended.runs

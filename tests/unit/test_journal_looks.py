@@ -140,3 +140,16 @@ def test_the_longest_overdue_looks_come_first_and_a_tick_reads_at_most_its_limit
     for n in range(5):
         looks.accepted(work, f"run_{n}", at(5 - n), CADENCE)
     assert looks.due_looks(work, at(60), 2) == ["run_4", "run_3"]
+
+
+def test_a_run_whose_journal_moved_but_could_not_be_read_is_read_next_and_not_judged_till_then() -> None:
+    work = OpenWork()
+    looks.accepted(work, "run_a", at(0), CADENCE)
+    pay = intent("run_a", 1, t=1, timeout_s=60)
+    read(work, "run_a", 3, started("run_a"), pay)
+    assert looks.read_up_to_now(work, "run_a", at(10))
+    looks.moved(work, "run_a", at(10))  # its hand-off followed, the read refused
+    assert looks.due_looks(work, at(10), 10) == ["run_a"]
+    assert not looks.read_up_to_now(work, "run_a", at(10))
+    looks.moved(work, "run_never_accepted", at(10))
+    assert "run_never_accepted" not in work.looks
