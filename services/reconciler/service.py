@@ -15,7 +15,6 @@ from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from crashsafe.contracts.run_events import (
     ApprovalRequested,
-    JournalEvent,
     RunCompleted,
     RunHandedOff,
     decode_event,
@@ -25,7 +24,6 @@ from crashsafe.contracts.streams import PLANNER_HISTORY_S, approvals_spec, proje
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import journal_looks as looks
 from crashsafe.domain import missing_projections as projections
-from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import (
     OpenWork,
     approval_wake_due,
@@ -36,7 +34,6 @@ from crashsafe.domain.open_work import (
     stalled_runs,
     unsettled_unknowns,
 )
-from crashsafe.domain.projection_plan import RETIRED, plan
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import metrics, probes
 from crashsafe.services.platform.crashpoints import crash_point
@@ -324,9 +321,10 @@ class Reconciler:
 
     async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
         """One ended run: its lost projections published again (at most `budget`); returns how many."""
+        assert self.registry is not None
         events, _ = await self.journal.read(run_id)
         try:
-            tasks = self._planned(events, now)
+            tasks = projections.planned(self.registry, events, now)
         except Exception as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
             # A journal the planner cannot plan from (a hostile or corrupt event): named in the log and left
             # alone, never a reconciler that dies on every tick.
@@ -385,16 +383,3 @@ class Reconciler:
                 **self.projection_counts,
             )
         return len(again)
-
-    def _planned(self, events: list[JournalEvent], now: datetime) -> list[ProjectionTask] | None:
-        """The projections a run's journal calls for, as the projector plans them; None for a run not ended or
-        of an agent this deployment does not run (nothing to check)."""
-        assert self.registry is not None
-        state = replay(events)
-        if state is None or not state.terminal:
-            return None
-        agent = self.registry.agents.get(state.agent)
-        if agent is None:
-            # An agent this deployment no longer runs: its runs still have an audit trail (as the projector plans).
-            return plan(state, state.events, RETIRED, self.registry.tools, now)
-        return plan(state, state.events, agent, self.registry.tools, now)
