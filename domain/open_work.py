@@ -37,6 +37,10 @@ class Look:
     seen_seq: int = 0
     empty: int = 0  # looks that found nothing journaled yet
     forget_s: float = 0.0  # a run not started this long after acceptance is let go
+    # A message sent as a turn of `turn_of`: its guest event id, and how far that run's journal was read for it.
+    turn_of: str = ""
+    event_id: str = ""
+    owner_seq: int = 0
 
 
 @dataclass

@@ -126,12 +126,11 @@ class Reconciler:
             return  # not a message this version reads: the runtime dead-letters it, no run comes of it
         if event.received_at < self._since:
             return
+        # A turn of a run already accepted: its own id starts a run only if the session's lane moved.
         if event.turn_of:
-            # A turn of a run already accepted; its own id starts a run only if the session's lane moved.
             looks.accepted(self.work, event.turn_of, event.received_at, self.cadence)
-            looks.accepted(self.work, event.run_id, event.received_at, self.cadence, turn=True)
-        else:
-            looks.accepted(self.work, event.run_id, event.received_at, self.cadence)
+        turn = (event.turn_of, event.message.event_id) if event.turn_of else ("", "")
+        looks.accepted(self.work, event.run_id, event.received_at, self.cadence, *turn)
 
     async def _on_milestone(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
@@ -173,7 +172,10 @@ class Reconciler:
                 observe(self.work, event)
             look.seen_seq = seq
         self.looks_read += 1
-        looks.looked(self.work, run_id, look.seen_seq, now, self.cadence)
+        taken = False
+        if look.turn_of and not look.seen_seq:  # not its own run (yet): did the run it was sent to take it?
+            taken = looks.turn_taken(look, await self.journal.read_after(look.turn_of, look.owner_seq))
+        looks.looked(self.work, run_id, look.seen_seq, now, self.cadence, taken)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every `tick_s` until `stop` is set."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError
@@ -27,6 +28,7 @@ from crashsafe.contracts.run_events import (
     RunEvent,
     RunHandedOff,
     RunStarted,
+    TurnReceived,
     request_for,
 )
 from crashsafe.contracts.subjects import Namespace
@@ -251,7 +253,9 @@ async def test_a_run_is_judged_only_on_its_journal_read_to_now(
         assert [r.key for r in reconciler.work.runs[pending.run_id].pending.values()] == [pending.key]
 
 
-async def _accept(broker: Broker, namespace: Namespace, journal: RunJournal, intent: ActionRequested) -> None:
+async def _accept(
+    broker: Broker, namespace: Namespace, journal: RunJournal, intent: ActionRequested
+) -> InboundEvent:
     """The run's inbound message, as the gateway publishes it when it accepts the run."""
     started = (await journal.read(intent.run_id))[0][0]
     assert isinstance(started, RunStarted)
@@ -264,6 +268,7 @@ async def _accept(broker: Broker, namespace: Namespace, journal: RunJournal, int
         received_at=started.at,
     )
     await broker.publish(namespace.inbound(started.run_id), inbound_encoder.encode(accepted))
+    return accepted
 
 
 async def test_a_run_that_ends_while_its_journal_is_being_read_is_not_brought_back_open(
@@ -357,3 +362,41 @@ async def test_a_hand_off_whose_read_fails_is_read_on_the_next_tick_and_its_proj
         assert intent.run_id not in reconciler.work.runs
         assert (intent.run_id, intent.key) in reconciler.work.unknown
         assert intent.run_id in reconciler.ended.runs
+
+
+async def test_a_turns_own_id_is_let_go_once_its_run_journaled_it_and_kept_while_it_did_not(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """A message sent as a turn of a running run: its own id starts a run only if the session's lane moved by the
+    time the runtime takes it, however late that is. So the reconciler lets the id go once the run it was sent to
+    journaled it as a turn, and keeps reading it until then."""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="t")
+    journal = RunJournal(broker, namespace)
+    async with inprocess.reconciler(settings) as reconciler:
+        owner = await _journal_a_payment_intent(
+            journal, {"booking_id": "b", "guest_id": "g", "total_cents": 1}
+        )
+        first = await _accept(broker, namespace, journal, owner)
+        turns = {}
+        for name in ("joined", "queued"):
+            turn = msgspec.structs.replace(
+                first,
+                key=unique(name),
+                run_id=run_id_for("", unique(name)),
+                message=msgspec.structs.replace(first.message, event_id=unique(name)),
+                turn_of=owner.run_id,
+            )
+            await broker.publish(namespace.inbound(turn.run_id), inbound_encoder.encode(turn))
+            turns[name] = turn
+        await eventually(
+            lambda: {t.run_id for t in turns.values()} <= set(reconciler.work.looks),
+            what="the turns accepted",
+        )
+        joined = TurnReceived(
+            run_id=owner.run_id, at=datetime.now(UTC), event_id=turns["joined"].message.event_id, text="more"
+        )
+        await journal.append(joined, (await journal.read(owner.run_id))[1])
+
+        await reconciler.tick(datetime.now(UTC) + timedelta(seconds=reconciler.cadence.first_s + 0.5))
+        assert turns["joined"].run_id not in reconciler.work.looks
+        assert turns["queued"].run_id in reconciler.work.looks

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from crashsafe.contracts.run_events import RunCompleted, RunHandedOff
+from crashsafe.contracts.run_events import RunCompleted, RunHandedOff, TurnReceived
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain import journal_looks as looks
 from crashsafe.domain.open_work import OpenWork, observe, overdue_actions, stalled_runs
@@ -119,11 +119,34 @@ def test_a_run_not_started_yet_is_read_again_with_a_growing_pause_and_let_go_in_
     assert "run_a" not in work.looks
 
 
-def test_a_turns_own_id_is_let_go_soon_if_no_run_starts_under_it() -> None:
+def test_a_turns_own_id_is_let_go_once_the_run_it_was_sent_to_journaled_it_as_a_turn() -> None:
     work = OpenWork()
-    looks.accepted(work, "run_turn", at(0), CADENCE, turn=True)
-    looks.looked(work, "run_turn", 0, at(CADENCE.forget_turn_s), CADENCE)
+    looks.accepted(work, "run_turn", at(0), CADENCE, turn_of="run_a", event_id="ev_2")
+    look = work.looks["run_turn"]
+    other = TurnReceived(run_id="run_a", at=at(1), event_id="ev_1", text="hello")
+    assert not looks.turn_taken(look, [(7, other)])
+    assert look.owner_seq == 7  # the run's journal is read on from there next time
+    looks.looked(work, "run_turn", 0, at(3), CADENCE)
+    assert "run_turn" in work.looks
+    mine = TurnReceived(run_id="run_a", at=at(2), event_id="ev_2", text="and a sea view")
+    assert looks.turn_taken(look, [(9, mine)])
+    looks.looked(work, "run_turn", 0, at(9), CADENCE, taken=True)
     assert "run_turn" not in work.looks
+
+
+def test_a_turn_the_runtime_takes_late_and_starts_as_its_own_run_is_still_read() -> None:
+    """A backlog (the runtime down for a quarter of an hour): the session's run ended meanwhile, so the turn
+    starts its own run when the runtime takes it. It must still be watched (its stall woken, its actions asked
+    about): only a journaled turn lets its id go before `forget_unstarted_s`."""
+    work = OpenWork()
+    looks.accepted(work, "run_turn", at(0), CADENCE, turn_of="run_a", event_id="ev_2")
+    while work.looks["run_turn"].next_at < at(900):
+        looks.looked(work, "run_turn", 0, work.looks["run_turn"].next_at, CADENCE)
+        assert "run_turn" in work.looks
+    first = work.looks["run_turn"].next_at
+    assert first <= at(900 + 8 * QUIET)
+    read(work, "run_turn", (first - at(0)).total_seconds(), started("run_turn", t=900), seq=3)
+    assert "run_turn" in work.runs and "run_turn" in work.looks
 
 
 def test_a_waiting_run_is_not_judged_stalled_but_is_still_read_every_quiet_period() -> None:
