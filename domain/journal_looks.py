@@ -35,7 +35,7 @@ def accepted(
 ) -> None:
     """A run accepted at `at` (its inbound message): first read `cadence.first_s` later, unless it ends before.
     `turn_of`: the message was sent as a turn of that run, `event_id` its guest event id (as the turn is journaled)."""
-    if run_id in work.looks or run_id in work.runs:
+    if run_id in work.looks or run_id in work.runs or work.ended_first.pop(run_id, None) is not None:
         return
     first = at + timedelta(seconds=cadence.first_s)
     work.looks[run_id] = Look(
@@ -84,9 +84,19 @@ def turn_taken(look: Look, owner: list[tuple[int, JournalEvent]]) -> bool:
     return False
 
 
-def ended(work: OpenWork, run_id: str) -> None:
-    """The run's end was followed: it is read no more."""
-    work.looks.pop(run_id, None)
+def ended(work: OpenWork, run_id: str, now: datetime) -> None:
+    """The run's end was followed: it is read no more, nor for its inbound message if that is followed after its
+    end (a restart replays both: else every run ended in the look-back window would be read once, oldest first)."""
+    if work.looks.pop(run_id, None) is None:
+        work.ended_first[run_id] = now
+
+
+def forget_ended(work: OpenWork, now: datetime, keep_s: float = 3600.0) -> None:
+    """Ends followed over `keep_s` ago whose inbound message never came (a run read to its end first, or started
+    before the look-back window) are forgotten; they are kept in the order they were followed."""
+    oldest = now - timedelta(seconds=keep_s)
+    while work.ended_first and next(iter(work.ended_first.values())) < oldest:
+        del work.ended_first[next(iter(work.ended_first))]
 
 
 def moved(work: OpenWork, run_id: str, now: datetime) -> None:

@@ -145,16 +145,19 @@ class Reconciler:
             projections.moved(self.ended, run_id, event.at, self.projection_grace_s)
         if isinstance(event, RunCompleted):
             observe(self.work, event)
-            looks.ended(self.work, run_id)
+            looks.ended(self.work, run_id, now)
         elif run_id in self.work.looks or isinstance(event, RunHandedOff | ApprovalRequested):
             # A hand-off (its pending actions become unknowns, its ticket names its parties) or a wait: the run's
             # journal read up to here, whether or not it was read before.
+            unaccepted = run_id not in self.work.looks
             looks.accepted(self.work, run_id, event.at, self.cadence)
             try:
                 await self._look(run_id, now)
             except CrashsafeError as exc:  # NATS away: read on the next tick, and judged only then
                 looks.moved(self.work, run_id, now)
                 log(self.logger, logging.WARNING, "journal read failed", run_id=run_id, error=exc.message)
+            if unaccepted and run_id not in self.work.looks:
+                looks.ended(self.work, run_id, now)  # read to its end before its inbound message was followed
         else:
             observe(self.work, event)  # a late receipt after the run ended: it may settle an unknown outcome
 
@@ -187,6 +190,7 @@ class Reconciler:
 
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
+        looks.forget_ended(self.work, now)
         for run_id in looks.due_looks(self.work, now, self.looks_per_tick):
             try:
                 await self._look(run_id, now)

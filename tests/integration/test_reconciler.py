@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from nats.aio.msg import Msg
 
 from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError
 from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
@@ -400,3 +401,52 @@ async def test_a_turns_own_id_is_let_go_once_its_run_journaled_it_and_kept_while
         await reconciler.tick(datetime.now(UTC) + timedelta(seconds=reconciler.cadence.first_s + 0.5))
         assert turns["joined"].run_id not in reconciler.work.looks
         assert turns["queued"].run_id in reconciler.work.looks
+
+
+async def test_a_restarted_reconciler_reads_no_journal_of_a_run_that_ended_in_its_look_back_window(
+    nats_server: NatsServer,
+    namespace: Namespace,
+    broker: Broker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reconciler that starts replays the window's inbound messages and milestones with two followers, in no
+    set order between them. A run whose end it followed first must not be read when its message comes after:
+    at 85 runs/s a day of ended runs is millions of reads at 500 a tick, served oldest first, ahead of the runs
+    that may be due."""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="s")
+    await inprocess.provisioned(settings)
+    journal = RunJournal(broker, namespace)
+    for n in range(30):
+        intent = await _journal_a_payment_intent(
+            journal, {"booking_id": f"b{n}", "guest_id": "g", "total_cents": 1}
+        )
+        await _accept(broker, namespace, journal, intent)
+        seq = (await journal.read(intent.run_id))[1]
+        completion = ActionCompleted(
+            run_id=intent.run_id,
+            at=datetime.now(UTC),
+            step_no=1,
+            key=intent.key,
+            status=OutcomeStatus.SUCCEEDED,
+        )
+        ended = RunCompleted(run_id=intent.run_id, at=datetime.now(UTC), reply="done")
+        await journal.append(ended, await journal.append(completion, seq))
+    on_inbound, followed = Reconciler._on_inbound, list[Msg]()
+
+    async def behind(self: Reconciler, msg: Msg) -> None:
+        # The order the followers' replays happened to take in a trial run here: every end before any message.
+        await eventually(lambda: len(self.ended.runs) == 30, what="the milestones replayed")
+        await on_inbound(self, msg)
+        followed.append(msg)
+
+    monkeypatch.setattr(Reconciler, "_on_inbound", behind)
+    async with inprocess.reconciler(settings) as reconciler:
+        await eventually(
+            lambda: len(followed) == 30 and not reconciler.work.looks,
+            what="every replayed run's message followed, and no run left to read",
+            timeout_s=15,
+        )
+        await reconciler.tick(datetime.now(UTC) + timedelta(seconds=reconciler.cadence.first_s + 1))
+        assert reconciler.looks_read == 0
+        assert not reconciler.work.ended_first  # each message came, and took its run's end along

@@ -32,7 +32,7 @@ def test_a_run_that_ends_before_its_first_look_is_never_read() -> None:
     work = OpenWork()
     looks.accepted(work, "run_a", at(0), CADENCE)
     observe(work, RunCompleted(run_id="run_a", at=at(1), reply="done"))
-    looks.ended(work, "run_a")
+    looks.ended(work, "run_a", at(1))
     assert looks.due_looks(work, at(3600), 10) == []
 
 
@@ -176,3 +176,25 @@ def test_a_run_whose_journal_moved_but_could_not_be_read_is_read_next_and_not_ju
     assert not looks.read_up_to_now(work, "run_a", at(10))
     looks.moved(work, "run_never_accepted", at(10))
     assert "run_never_accepted" not in work.looks
+
+
+def test_a_run_whose_end_is_followed_before_its_inbound_message_is_not_read_for_it() -> None:
+    """A restarted reconciler replays the inbound messages and the milestones of the look-back window at once: an
+    end followed first must not leave its run to be read once its message comes (every run ended in the window
+    would be, oldest first, ahead of the runs that may be due)."""
+    work = OpenWork()
+    observe(work, RunCompleted(run_id="run_a", at=at(1), reply="done"))
+    looks.ended(work, "run_a", at(100))
+    looks.accepted(work, "run_a", at(0), CADENCE)
+    assert "run_a" not in work.looks and looks.due_looks(work, at(200), 10) == []
+    assert not work.ended_first  # its message came: nothing more is kept for it
+
+
+def test_ends_whose_inbound_message_never_came_are_forgotten_after_an_hour() -> None:
+    work = OpenWork()
+    looks.ended(work, "run_old", at(0))
+    looks.ended(work, "run_new", at(1800))
+    looks.forget_ended(work, at(3601))
+    assert list(work.ended_first) == ["run_new"]
+    looks.forget_ended(work, at(5401))
+    assert not work.ended_first
