@@ -107,6 +107,13 @@ def moved(work: OpenWork, run_id: str, now: datetime) -> None:
         look.next_at = min(look.next_at, now)
 
 
+def unreadable(work: OpenWork, run_id: str) -> None:
+    """The run's journal does not decode: it is neither read nor judged any more (an operator's call)."""
+    work.looks.pop(run_id, None)
+    work.runs.pop(run_id, None)
+    work.woken.pop(run_id, None)
+
+
 def read_up_to_now(work: OpenWork, run_id: str, now: datetime) -> bool:
     """Whether what the reconciler knows of the run is as of now: no look of it is due and waiting for a read."""
     look = work.looks.get(run_id)

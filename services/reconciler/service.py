@@ -166,7 +166,13 @@ class Reconciler:
         look = self.work.looks.get(run_id)
         if look is None:
             return
-        stored = await self.journal.read_after(run_id, look.seen_seq)
+        try:
+            stored = await self.journal.read_after(run_id, look.seen_seq)
+        except msgspec.DecodeError as exc:
+            # Corrupt, or a newer writer's value: named in the log and left alone (the runtime cannot fold it
+            # either), never a reconciler that dies on every tick and again on every restart.
+            log(self.logger, logging.ERROR, "journal unreadable", run_id=run_id, error=repr(exc))
+            return looks.unreadable(self.work, run_id)
         # A tick's read and a milestone's race: what the other observed is not observed again (it would reopen).
         if self.work.looks.get(run_id) is not look:
             return

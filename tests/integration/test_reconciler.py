@@ -32,7 +32,7 @@ from crashsafe.contracts.run_events import (
     TurnReceived,
     request_for,
 )
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.subjects import EventClass, Namespace
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import unsettled_unknowns
@@ -450,3 +450,34 @@ async def test_a_restarted_reconciler_reads_no_journal_of_a_run_that_ended_in_it
         await reconciler.tick(datetime.now(UTC) + timedelta(seconds=reconciler.cadence.first_s + 1))
         assert reconciler.looks_read == 0
         assert not reconciler.work.ended_first  # each message came, and took its run's end along
+
+
+async def test_a_journal_that_does_not_decode_is_left_alone_and_every_other_run_still_judged(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """A journal event of a known type that does not decode (corrupt, or a newer writer's value this version does
+    not know) used to cost the reconciler one event of its follower. Now that it reads journals on its tick, the
+    read must not raise out of the tick: the reconciler would die on it, and again on every restart."""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="c")
+    journal = RunJournal(broker, namespace)
+    async with inprocess.reconciler(settings) as reconciler:
+        corrupt, healthy = [
+            await _journal_a_payment_intent(
+                journal, {"booking_id": f"b{n}", "guest_id": "g", "total_cents": 1}
+            )
+            for n in range(2)
+        ]
+        for intent in (corrupt, healthy):
+            await _accept(broker, namespace, journal, intent)
+        bad = {"type": "run.action_completed", "run_id": corrupt.run_id, "at": datetime.now(UTC).isoformat()}
+        await broker.publish(namespace.run_event(corrupt.run_id, EventClass.STEP), msgspec.json.encode(bad))
+        await eventually(
+            lambda: {corrupt.run_id, healthy.run_id} <= set(reconciler.work.looks), what="both runs accepted"
+        )
+        reconciler.looks_per_tick = 1  # the corrupt one is the older: read first
+        overdue_at = healthy.deadline_at + timedelta(seconds=reconciler.grace_s + 1)
+        for n in range(3):
+            await reconciler.tick(overdue_at + timedelta(seconds=n * 2))
+        assert healthy.run_id in reconciler.work.runs
+        assert reconciler.resolutions == 1  # the healthy run's overdue payment asked about
+        assert corrupt.run_id not in reconciler.work.looks and corrupt.run_id not in reconciler.work.runs

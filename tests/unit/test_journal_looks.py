@@ -198,3 +198,12 @@ def test_ends_whose_inbound_message_never_came_are_forgotten_after_an_hour() -> 
     assert list(work.ended_first) == ["run_new"]
     looks.forget_ended(work, at(5401))
     assert not work.ended_first
+
+
+def test_a_run_whose_journal_does_not_decode_is_neither_read_nor_judged_any_more() -> None:
+    work = OpenWork()
+    looks.accepted(work, "run_a", at(0), CADENCE)
+    read(work, "run_a", 3, started("run_a"), intent("run_a", 1, t=1))
+    looks.unreadable(work, "run_a")
+    assert looks.due_looks(work, at(3600), 10) == []
+    assert overdue_actions(work, at(3600), GRACE, REASK) == [] and stalled_runs(work, at(3600), QUIET) == []
