@@ -168,6 +168,9 @@ class Reconciler:
             return
         try:
             stored = await self.journal.read_after(run_id, look.seen_seq)
+            # Not its own run (yet): did the run it was sent to as a turn take it? Read on from where it was.
+            turn = look.turn_of and not look.seen_seq
+            owner = await self.journal.read_after(look.turn_of, look.owner_seq) if turn else []
         except msgspec.DecodeError as exc:
             # Corrupt, or a newer writer's value: named in the log and left alone (the runtime cannot fold it
             # either), never a reconciler that dies on every tick and again on every restart.
@@ -181,9 +184,7 @@ class Reconciler:
                 observe(self.work, event)
             look.seen_seq = seq
         self.looks_read += 1
-        taken = False
-        if look.turn_of and not look.seen_seq:  # not its own run (yet): did the run it was sent to take it?
-            taken = looks.turn_taken(look, await self.journal.read_after(look.turn_of, look.owner_seq))
+        taken = not look.seen_seq and looks.turn_taken(look, owner)
         looks.looked(self.work, run_id, look.seen_seq, now, self.cadence, taken)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:

@@ -467,17 +467,23 @@ async def test_a_journal_that_does_not_decode_is_left_alone_and_every_other_run_
             )
             for n in range(2)
         ]
-        for intent in (corrupt, healthy):
-            await _accept(broker, namespace, journal, intent)
+        accepted = [await _accept(broker, namespace, journal, intent) for intent in (corrupt, healthy)]
+        # A turn sent to the corrupt run: looking whether that run took it reads the corrupt journal too.
+        turn = msgspec.structs.replace(
+            accepted[0], key=unique("turn"), run_id=run_id_for("", unique("turn")), turn_of=corrupt.run_id
+        )
+        await broker.publish(namespace.inbound(turn.run_id), inbound_encoder.encode(turn))
         bad = {"type": "run.action_completed", "run_id": corrupt.run_id, "at": datetime.now(UTC).isoformat()}
         await broker.publish(namespace.run_event(corrupt.run_id, EventClass.STEP), msgspec.json.encode(bad))
         await eventually(
-            lambda: {corrupt.run_id, healthy.run_id} <= set(reconciler.work.looks), what="both runs accepted"
+            lambda: {corrupt.run_id, healthy.run_id, turn.run_id} <= set(reconciler.work.looks),
+            what="the runs and the turn accepted",
         )
-        reconciler.looks_per_tick = 1  # the corrupt one is the older: read first
+        reconciler.looks_per_tick = 1  # the corrupt run and its turn are the older: read first
         overdue_at = healthy.deadline_at + timedelta(seconds=reconciler.grace_s + 1)
-        for n in range(3):
+        for n in range(4):
             await reconciler.tick(overdue_at + timedelta(seconds=n * 2))
         assert healthy.run_id in reconciler.work.runs
         assert reconciler.resolutions == 1  # the healthy run's overdue payment asked about
         assert corrupt.run_id not in reconciler.work.looks and corrupt.run_id not in reconciler.work.runs
+        assert turn.run_id not in reconciler.work.looks
