@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from crashsafe.contracts.run_events import JournalEvent, TurnReceived
 from crashsafe.domain.open_work import Look, OpenRun, OpenWork
 
 
@@ -24,17 +25,22 @@ class Cadence:
     first_s: float = 3.0  # the first look, after acceptance: most runs have ended by then
     least_s: float = 1.0  # two looks at one run are at least this far apart
     # A run that has not started this long after acceptance is let go (its message was refused, or it was a turn
-    # of another run); a turn's own id is let go sooner: it starts a run only if its session's lane moved.
+    # of another run). A turn's own id is let go once its session's run journaled it as a turn, however late:
+    # the runtime may take it long after (a backlog), and then start it as its own run if the lane moved.
     forget_unstarted_s: float = 86_400.0
-    forget_turn_s: float = 600.0
 
 
-def accepted(work: OpenWork, run_id: str, at: datetime, cadence: Cadence, turn: bool = False) -> None:
-    """A run accepted at `at` (its inbound message): first read `cadence.first_s` later, unless it ends before."""
-    if run_id in work.looks or run_id in work.runs:
+def accepted(
+    work: OpenWork, run_id: str, at: datetime, cadence: Cadence, turn_of: str = "", event_id: str = ""
+) -> None:
+    """A run accepted at `at` (its inbound message): first read `cadence.first_s` later, unless it ends before.
+    `turn_of`: the message was sent as a turn of that run, `event_id` its guest event id (as the turn is journaled)."""
+    if run_id in work.looks or run_id in work.runs or work.ended_first.pop(run_id, None) is not None:
         return
-    forget_s = cadence.forget_turn_s if turn else cadence.forget_unstarted_s
-    work.looks[run_id] = Look(at, at + timedelta(seconds=cadence.first_s), forget_s=forget_s)
+    first = at + timedelta(seconds=cadence.first_s)
+    work.looks[run_id] = Look(
+        at, first, forget_s=cadence.forget_unstarted_s, turn_of=turn_of, event_id=event_id
+    )
 
 
 def due_looks(work: OpenWork, now: datetime, limit: int) -> list[str]:
@@ -44,16 +50,19 @@ def due_looks(work: OpenWork, now: datetime, limit: int) -> list[str]:
     return [run_id for _, run_id in due[:limit]]
 
 
-def looked(work: OpenWork, run_id: str, last_seq: int, now: datetime, cadence: Cadence) -> None:
+def looked(
+    work: OpenWork, run_id: str, last_seq: int, now: datetime, cadence: Cadence, taken: bool = False
+) -> None:
     """The run's journal was read up to `last_seq` (its events observed): when to read it next, or never again
-    (it ended: what it journals after its end is a milestone, followed live; or it never started in time)."""
+    (it ended: what it journals after its end is a milestone, followed live; it never started in time; or,
+    `taken`, it is a turn its session's run journaled as one)."""
     look = work.looks.get(run_id)
     if look is None:
         return
     look.seen_seq = max(look.seen_seq, last_seq)
     run = work.runs.get(run_id)
     if run is None:
-        if look.seen_seq or now - look.accepted_at >= timedelta(seconds=look.forget_s):
+        if look.seen_seq or taken or now - look.accepted_at >= timedelta(seconds=look.forget_s):
             del work.looks[run_id]
             return
         look.empty += 1
@@ -65,9 +74,44 @@ def looked(work: OpenWork, run_id: str, last_seq: int, now: datetime, cadence: C
     look.next_at = min(max(nearest, now + timedelta(seconds=cadence.least_s)), ceiling)
 
 
-def ended(work: OpenWork, run_id: str) -> None:
-    """The run's end was followed: it is read no more."""
+def turn_taken(look: Look, owner: list[tuple[int, JournalEvent]]) -> bool:
+    """Whether the run a message was sent as a turn of journaled it as its turn, in `owner` (that run's journal
+    past `look.owner_seq`, which moves on to where it was read)."""
+    for seq, event in owner:
+        look.owner_seq = max(look.owner_seq, seq)
+        if isinstance(event, TurnReceived) and event.event_id == look.event_id:
+            return True
+    return False
+
+
+def ended(work: OpenWork, run_id: str, now: datetime) -> None:
+    """The run's end was followed: it is read no more, nor for its inbound message if that is followed after its
+    end (a restart replays both: else every run ended in the look-back window would be read once, oldest first)."""
+    if work.looks.pop(run_id, None) is None:
+        work.ended_first[run_id] = now
+
+
+def forget_ended(work: OpenWork, now: datetime, keep_s: float = 3600.0) -> None:
+    """Ends followed over `keep_s` ago whose inbound message never came (a run read to its end first, or started
+    before the look-back window) are forgotten; they are kept in the order they were followed."""
+    oldest = now - timedelta(seconds=keep_s)
+    while work.ended_first and next(iter(work.ended_first.values())) < oldest:
+        del work.ended_first[next(iter(work.ended_first))]
+
+
+def moved(work: OpenWork, run_id: str, now: datetime) -> None:
+    """The run's journal moved past the last read and could not be read to it: read it at the next tick, and
+    judge it only then."""
+    look = work.looks.get(run_id)
+    if look is not None:
+        look.next_at = min(look.next_at, now)
+
+
+def unreadable(work: OpenWork, run_id: str) -> None:
+    """The run's journal does not decode: it is neither read nor judged any more (an operator's call)."""
     work.looks.pop(run_id, None)
+    work.runs.pop(run_id, None)
+    work.woken.pop(run_id, None)
 
 
 def read_up_to_now(work: OpenWork, run_id: str, now: datetime) -> bool:

@@ -26,8 +26,8 @@ from crashsafe.contracts.projections import (
 from crashsafe.contracts.run_events import JournalEvent
 from crashsafe.domain.agent import Agent
 from crashsafe.domain.fold import replay
-from crashsafe.domain.projection_plan import plan
-from crashsafe.domain.registry import Tool
+from crashsafe.domain.projection_plan import RETIRED, plan
+from crashsafe.domain.registry import Registry, Tool
 
 # A pending receipt whose next attempt is this long past (times the projection clock's scale) has nobody trying
 # it: the projector's ack wait is 30 s and its longest pause 5 minutes.
@@ -258,3 +258,16 @@ def projected_keys(
         for task in tasks:
             keys.setdefault(task.key, run_id)
     return keys
+
+
+def planned(registry: Registry, events: list[JournalEvent], now: datetime) -> list[ProjectionTask] | None:
+    """The projections a run's journal calls for, as the projector plans them; None for a run not ended (nothing
+    to check)."""
+    state = replay(events)
+    if state is None or not state.terminal:
+        return None
+    agent = registry.agents.get(state.agent)
+    if agent is None:
+        # An agent this deployment no longer runs: its runs still have an audit trail (as the projector plans).
+        return plan(state, state.events, RETIRED, registry.tools, now)
+    return plan(state, state.events, agent, registry.tools, now)

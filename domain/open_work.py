@@ -37,6 +37,10 @@ class Look:
     seen_seq: int = 0
     empty: int = 0  # looks that found nothing journaled yet
     forget_s: float = 0.0  # a run not started this long after acceptance is let go
+    # A message sent as a turn of `turn_of`: its guest event id, and how far that run's journal was read for it.
+    turn_of: str = ""
+    event_id: str = ""
+    owner_seq: int = 0
 
 
 @dataclass
@@ -60,6 +64,9 @@ class OpenWork:
     parties: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)
     # The accepted runs whose journals are read when something may be due, rather than followed event by event.
     looks: dict[str, Look] = field(default_factory=dict)
+    # Runs whose end was followed before their inbound message (a restarted reconciler replays both at once), by
+    # when: that message is then not read for. Kept an hour at most (`journal_looks.forget_ended`).
+    ended_first: dict[str, datetime] = field(default_factory=dict)
 
 
 def observe(work: OpenWork, event: JournalEvent) -> None:

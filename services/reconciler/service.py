@@ -15,7 +15,6 @@ from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from crashsafe.contracts.run_events import (
     ApprovalRequested,
-    JournalEvent,
     RunCompleted,
     RunHandedOff,
     decode_event,
@@ -25,7 +24,6 @@ from crashsafe.contracts.streams import PLANNER_HISTORY_S, approvals_spec, proje
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import journal_looks as looks
 from crashsafe.domain import missing_projections as projections
-from crashsafe.domain.fold import replay
 from crashsafe.domain.open_work import (
     OpenWork,
     approval_wake_due,
@@ -36,7 +34,6 @@ from crashsafe.domain.open_work import (
     stalled_runs,
     unsettled_unknowns,
 )
-from crashsafe.domain.projection_plan import RETIRED, plan
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import metrics, probes
 from crashsafe.services.platform.crashpoints import crash_point
@@ -94,14 +91,8 @@ class Reconciler:
         # Bounded work per tick: at most this many journals read, and tasks published, a second.
         self.projection_runs_per_tick = 20
         self.projection_publishes_per_tick = 50
-        self.projection_counts: dict[str, int] = {
-            "checked": 0,
-            "republished": 0,
-            "missing": 0,
-            "stale": 0,
-            "settled_runs": 0,
-            "failed_checks": 0,
-        }
+        counted = ("checked", "republished", "missing", "stale", "settled_runs", "failed_checks")
+        self.projection_counts: dict[str, int] = dict.fromkeys(counted, 0)
         self._logged_counts: dict[str, int] = {}
         self._projections_logged = datetime.min.replace(tzinfo=UTC)
         self._unknown_tools: set[str] = set()
@@ -135,47 +126,66 @@ class Reconciler:
             return  # not a message this version reads: the runtime dead-letters it, no run comes of it
         if event.received_at < self._since:
             return
+        # A turn of a run already accepted: its own id starts a run only if the session's lane moved.
         if event.turn_of:
-            # A turn of a run already accepted; its own id starts a run only if the session's lane moved.
             looks.accepted(self.work, event.turn_of, event.received_at, self.cadence)
-            looks.accepted(self.work, event.run_id, event.received_at, self.cadence, turn=True)
-        else:
-            looks.accepted(self.work, event.run_id, event.received_at, self.cadence)
+        turn = (event.turn_of, event.message.event_id) if event.turn_of else ("", "")
+        looks.accepted(self.work, event.run_id, event.received_at, self.cadence, *turn)
 
     async def _on_milestone(self, msg: Msg) -> None:
         # Tolerant: an event type a newer writer added is an UnknownEvent, never a dead end for the projection.
         event = decode_event(msg.data)
         if event.at < self._since:
             return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
-        run_id = event.run_id
-        if isinstance(event, RunCompleted):
-            observe(self.work, event)
-            looks.ended(self.work, run_id)
-        elif run_id in self.work.looks or isinstance(event, RunHandedOff | ApprovalRequested):
-            # A hand-off (its pending actions become unknowns, its ticket names its parties) or a wait: the run's
-            # journal read up to here, whether or not it was read before.
-            looks.accepted(self.work, run_id, event.at, self.cadence)
-            await self._look(run_id, datetime.now(UTC))
-        else:
-            observe(self.work, event)  # a late receipt after the run ended: it may settle an unknown outcome
+        run_id, now = event.run_id, datetime.now(UTC)
         if isinstance(event, RunCompleted | RunHandedOff):
-            oldest = datetime.now(UTC) - timedelta(seconds=PLANNER_HISTORY_S)
+            oldest = now - timedelta(seconds=PLANNER_HISTORY_S)
             projections.ended(self.ended, run_id, event.at, self.projection_grace_s, oldest=oldest)
         else:
             projections.moved(self.ended, run_id, event.at, self.projection_grace_s)
+        if isinstance(event, RunCompleted):
+            observe(self.work, event)
+            looks.ended(self.work, run_id, now)
+        elif run_id in self.work.looks or isinstance(event, RunHandedOff | ApprovalRequested):
+            # A hand-off (its pending actions become unknowns, its ticket names its parties) or a wait: the run's
+            # journal read up to here, whether or not it was read before.
+            unaccepted = run_id not in self.work.looks
+            looks.accepted(self.work, run_id, event.at, self.cadence)
+            try:
+                await self._look(run_id, now)
+            except CrashsafeError as exc:  # NATS away: read on the next tick, and judged only then
+                looks.moved(self.work, run_id, now)
+                log(self.logger, logging.WARNING, "journal read failed", run_id=run_id, error=exc.message)
+            if unaccepted and run_id not in self.work.looks:
+                looks.ended(self.work, run_id, now)  # read to its end before its inbound message was followed
+        else:
+            observe(self.work, event)  # a late receipt after the run ended: it may settle an unknown outcome
 
     async def _look(self, run_id: str, now: datetime) -> None:
         """Read the run's journal from where it was last read, observe what is new, and set its next look."""
         look = self.work.looks.get(run_id)
         if look is None:
             return
-        stored = await self.journal.read_after(run_id, look.seen_seq)
-        for seq, event in stored:
+        try:
+            stored = await self.journal.read_after(run_id, look.seen_seq)
+            # Not its own run (yet): did the run it was sent to as a turn take it? Read on from where it was.
+            turn = look.turn_of and not look.seen_seq
+            owner = await self.journal.read_after(look.turn_of, look.owner_seq) if turn else []
+        except msgspec.DecodeError as exc:
+            # Corrupt, or a newer writer's value: named in the log and left alone (the runtime cannot fold it
+            # either), never a reconciler that dies on every tick and again on every restart.
+            log(self.logger, logging.ERROR, "journal unreadable", run_id=run_id, error=repr(exc))
+            return looks.unreadable(self.work, run_id)
+        # A tick's read and a milestone's race: what the other observed is not observed again (it would reopen).
+        if self.work.looks.get(run_id) is not look:
+            return
+        for seq, event in (x for x in stored if x[0] > look.seen_seq):
             if event.at >= self._since:
                 observe(self.work, event)
             look.seen_seq = seq
         self.looks_read += 1
-        looks.looked(self.work, run_id, look.seen_seq, now, self.cadence)
+        taken = not look.seen_seq and looks.turn_taken(look, owner)
+        looks.looked(self.work, run_id, look.seen_seq, now, self.cadence, taken)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every `tick_s` until `stop` is set."""
@@ -187,6 +197,7 @@ class Reconciler:
 
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
+        looks.forget_ended(self.work, now)
         for run_id in looks.due_looks(self.work, now, self.looks_per_tick):
             try:
                 await self._look(run_id, now)
@@ -195,13 +206,12 @@ class Reconciler:
                 log(self.logger, logging.WARNING, "journal read failed", run_id=run_id, error=exc.message)
                 break
 
-        def current(runs: list[str]) -> list[str]:
-            return [r for r in runs if looks.read_up_to_now(self.work, r, now)]
+        def current(run_id: str) -> bool:
+            return looks.read_up_to_now(self.work, run_id, now)
 
-        overdue = [
-            r for r in overdue_actions(self.work, now, self.grace_s, self.reask_s) if current([r.run_id])
-        ]
-        unknown = [r for r in unsettled_unknowns(self.work, now, self.reask_s) if current([r.run_id])]
+        due = overdue_actions(self.work, now, self.grace_s, self.reask_s)
+        overdue = [r for r in due if current(r.run_id)]
+        unknown = [r for r in unsettled_unknowns(self.work, now, self.reask_s) if current(r.run_id)]
         asked: dict[str, list[str]] = {}
         for request in overdue + unknown:
             self.work.asked[request.key] = now
@@ -227,7 +237,7 @@ class Reconciler:
             ) as ask:
                 await wake_run(self.broker, self.settings, run_id, reason, self.worker, keys, ask)
             self.resolutions += len(keys)
-        for run_id in current(stalled_runs(self.work, now, self.quiet_s)):
+        for run_id in filter(current, stalled_runs(self.work, now, self.quiet_s)):
             self.work.woken[run_id] = now
             await wake_run(
                 self.broker,
@@ -324,9 +334,10 @@ class Reconciler:
 
     async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
         """One ended run: its lost projections published again (at most `budget`); returns how many."""
+        assert self.registry is not None
         events, _ = await self.journal.read(run_id)
         try:
-            tasks = self._planned(events, now)
+            tasks = projections.planned(self.registry, events, now)
         except Exception as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
             # A journal the planner cannot plan from (a hostile or corrupt event): named in the log and left
             # alone, never a reconciler that dies on every tick.
@@ -385,16 +396,3 @@ class Reconciler:
                 **self.projection_counts,
             )
         return len(again)
-
-    def _planned(self, events: list[JournalEvent], now: datetime) -> list[ProjectionTask] | None:
-        """The projections a run's journal calls for, as the projector plans them; None for a run not ended or
-        of an agent this deployment does not run (nothing to check)."""
-        assert self.registry is not None
-        state = replay(events)
-        if state is None or not state.terminal:
-            return None
-        agent = self.registry.agents.get(state.agent)
-        if agent is None:
-            # An agent this deployment no longer runs: its runs still have an audit trail (as the projector plans).
-            return plan(state, state.events, RETIRED, self.registry.tools, now)
-        return plan(state, state.events, agent, self.registry.tools, now)

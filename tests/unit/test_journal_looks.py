@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from crashsafe.contracts.run_events import RunCompleted, RunHandedOff
+from crashsafe.contracts.run_events import RunCompleted, RunHandedOff, TurnReceived
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain import journal_looks as looks
 from crashsafe.domain.open_work import OpenWork, observe, overdue_actions, stalled_runs
@@ -32,7 +32,7 @@ def test_a_run_that_ends_before_its_first_look_is_never_read() -> None:
     work = OpenWork()
     looks.accepted(work, "run_a", at(0), CADENCE)
     observe(work, RunCompleted(run_id="run_a", at=at(1), reply="done"))
-    looks.ended(work, "run_a")
+    looks.ended(work, "run_a", at(1))
     assert looks.due_looks(work, at(3600), 10) == []
 
 
@@ -119,11 +119,34 @@ def test_a_run_not_started_yet_is_read_again_with_a_growing_pause_and_let_go_in_
     assert "run_a" not in work.looks
 
 
-def test_a_turns_own_id_is_let_go_soon_if_no_run_starts_under_it() -> None:
+def test_a_turns_own_id_is_let_go_once_the_run_it_was_sent_to_journaled_it_as_a_turn() -> None:
     work = OpenWork()
-    looks.accepted(work, "run_turn", at(0), CADENCE, turn=True)
-    looks.looked(work, "run_turn", 0, at(CADENCE.forget_turn_s), CADENCE)
+    looks.accepted(work, "run_turn", at(0), CADENCE, turn_of="run_a", event_id="ev_2")
+    look = work.looks["run_turn"]
+    other = TurnReceived(run_id="run_a", at=at(1), event_id="ev_1", text="hello")
+    assert not looks.turn_taken(look, [(7, other)])
+    assert look.owner_seq == 7  # the run's journal is read on from there next time
+    looks.looked(work, "run_turn", 0, at(3), CADENCE)
+    assert "run_turn" in work.looks
+    mine = TurnReceived(run_id="run_a", at=at(2), event_id="ev_2", text="and a sea view")
+    assert looks.turn_taken(look, [(9, mine)])
+    looks.looked(work, "run_turn", 0, at(9), CADENCE, taken=True)
     assert "run_turn" not in work.looks
+
+
+def test_a_turn_the_runtime_takes_late_and_starts_as_its_own_run_is_still_read() -> None:
+    """A backlog (the runtime down for a quarter of an hour): the session's run ended meanwhile, so the turn
+    starts its own run when the runtime takes it. It must still be watched (its stall woken, its actions asked
+    about): only a journaled turn lets its id go before `forget_unstarted_s`."""
+    work = OpenWork()
+    looks.accepted(work, "run_turn", at(0), CADENCE, turn_of="run_a", event_id="ev_2")
+    while work.looks["run_turn"].next_at < at(900):
+        looks.looked(work, "run_turn", 0, work.looks["run_turn"].next_at, CADENCE)
+        assert "run_turn" in work.looks
+    first = work.looks["run_turn"].next_at
+    assert first <= at(900 + 8 * QUIET)
+    read(work, "run_turn", (first - at(0)).total_seconds(), started("run_turn", t=900), seq=3)
+    assert "run_turn" in work.runs and "run_turn" in work.looks
 
 
 def test_a_waiting_run_is_not_judged_stalled_but_is_still_read_every_quiet_period() -> None:
@@ -140,3 +163,47 @@ def test_the_longest_overdue_looks_come_first_and_a_tick_reads_at_most_its_limit
     for n in range(5):
         looks.accepted(work, f"run_{n}", at(5 - n), CADENCE)
     assert looks.due_looks(work, at(60), 2) == ["run_4", "run_3"]
+
+
+def test_a_run_whose_journal_moved_but_could_not_be_read_is_read_next_and_not_judged_till_then() -> None:
+    work = OpenWork()
+    looks.accepted(work, "run_a", at(0), CADENCE)
+    pay = intent("run_a", 1, t=1, timeout_s=60)
+    read(work, "run_a", 3, started("run_a"), pay)
+    assert looks.read_up_to_now(work, "run_a", at(10))
+    looks.moved(work, "run_a", at(10))  # its hand-off followed, the read refused
+    assert looks.due_looks(work, at(10), 10) == ["run_a"]
+    assert not looks.read_up_to_now(work, "run_a", at(10))
+    looks.moved(work, "run_never_accepted", at(10))
+    assert "run_never_accepted" not in work.looks
+
+
+def test_a_run_whose_end_is_followed_before_its_inbound_message_is_not_read_for_it() -> None:
+    """A restarted reconciler replays the inbound messages and the milestones of the look-back window at once: an
+    end followed first must not leave its run to be read once its message comes (every run ended in the window
+    would be, oldest first, ahead of the runs that may be due)."""
+    work = OpenWork()
+    observe(work, RunCompleted(run_id="run_a", at=at(1), reply="done"))
+    looks.ended(work, "run_a", at(100))
+    looks.accepted(work, "run_a", at(0), CADENCE)
+    assert "run_a" not in work.looks and looks.due_looks(work, at(200), 10) == []
+    assert not work.ended_first  # its message came: nothing more is kept for it
+
+
+def test_ends_whose_inbound_message_never_came_are_forgotten_after_an_hour() -> None:
+    work = OpenWork()
+    looks.ended(work, "run_old", at(0))
+    looks.ended(work, "run_new", at(1800))
+    looks.forget_ended(work, at(3601))
+    assert list(work.ended_first) == ["run_new"]
+    looks.forget_ended(work, at(5401))
+    assert not work.ended_first
+
+
+def test_a_run_whose_journal_does_not_decode_is_neither_read_nor_judged_any_more() -> None:
+    work = OpenWork()
+    looks.accepted(work, "run_a", at(0), CADENCE)
+    read(work, "run_a", 3, started("run_a"), intent("run_a", 1, t=1))
+    looks.unreadable(work, "run_a")
+    assert looks.due_looks(work, at(3600), 10) == []
+    assert overdue_actions(work, at(3600), GRACE, REASK) == [] and stalled_runs(work, at(3600), QUIET) == []
