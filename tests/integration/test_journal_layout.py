@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from crashsafe.contracts.errors import UpgradeBlocked
-from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.inbound import inbound_encoder
 from crashsafe.contracts.run_events import (
     ModelAnswered,
     RunCompleted,
@@ -32,7 +32,7 @@ from crashsafe.services.operations.nats_setup import declare_streams
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
-from tests.support.runs import started
+from tests.support.runs import inbound_of, started
 from tests.support.waiting import eventually
 
 
@@ -168,15 +168,7 @@ async def test_a_reconciler_after_the_upgrade_follows_only_runs_written_within_i
     for events in (old, recent):
         first = events[0]
         assert isinstance(first, RunStarted)
-        accepted = InboundEvent(
-            key=first.idempotency_key,
-            run_id=first.run_id,
-            input_hash=first.input_hash,
-            message=InboundMessage(first.event_id, first.session_id, first.guest_id, first.text),
-            agent=first.agent,
-            received_at=first.at,
-        )
-        await broker.publish(namespace.inbound(first.run_id), inbound_encoder.encode(accepted))
+        await broker.publish(namespace.inbound(first.run_id), inbound_encoder.encode(inbound_of(first)))
     settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="up")
     async with inprocess.reconciler(settings) as reconciler:
         await eventually(lambda: recent[0].run_id in reconciler.work.looks, what="the recent run accepted")

@@ -17,7 +17,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError
-from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_encoder
+from crashsafe.contracts.inbound import InboundEvent, inbound_encoder
 from crashsafe.contracts.keys import action_key, input_hash, run_id_for
 from crashsafe.contracts.run_events import (
     ActionCompleted,
@@ -43,6 +43,7 @@ from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
+from tests.support.runs import inbound_of
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT, Sandbox
 
@@ -260,14 +261,7 @@ async def _accept(
     """The run's inbound message, as the gateway publishes it when it accepts the run."""
     started = (await journal.read(intent.run_id))[0][0]
     assert isinstance(started, RunStarted)
-    accepted = InboundEvent(
-        key=started.idempotency_key,
-        run_id=started.run_id,
-        input_hash=started.input_hash,
-        message=InboundMessage(started.event_id, started.session_id, started.guest_id, started.text),
-        agent=started.agent,
-        received_at=started.at,
-    )
+    accepted = inbound_of(started)
     await broker.publish(namespace.inbound(started.run_id), inbound_encoder.encode(accepted))
     return accepted
 
@@ -282,11 +276,7 @@ async def test_a_run_that_ends_while_its_journal_is_being_read_is_not_brought_ba
     settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="z")
     journal = RunJournal(broker, namespace)
     async with inprocess.reconciler(settings) as reconciler:
-        intent = await _journal_a_payment_intent(
-            journal, {"booking_id": "b", "guest_id": "g", "total_cents": 1}
-        )
-        await _accept(broker, namespace, journal, intent)
-        await eventually(lambda: intent.run_id in reconciler.work.looks, what="the accepted run followed")
+        intent = await _followed_payment(reconciler, broker, namespace, journal)
 
         answered, release = asyncio.Event(), asyncio.Event()
         read_after = reconciler.journal.read_after
@@ -334,11 +324,7 @@ async def test_a_hand_off_whose_read_fails_is_read_on_the_next_tick_and_its_proj
     settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="f")
     journal = RunJournal(broker, namespace)
     async with inprocess.reconciler(settings) as reconciler:
-        intent = await _journal_a_payment_intent(
-            journal, {"booking_id": "b", "guest_id": "g", "total_cents": 1}
-        )
-        await _accept(broker, namespace, journal, intent)
-        await eventually(lambda: intent.run_id in reconciler.work.looks, what="the accepted run followed")
+        intent = await _followed_payment(reconciler, broker, namespace, journal)
         await reconciler.tick(intent.at + timedelta(seconds=reconciler.cadence.first_s + 0.5))
         assert intent.run_id in reconciler.work.runs  # read once: its payment pending, due at its deadline
 
@@ -487,3 +473,13 @@ async def test_a_journal_that_does_not_decode_is_left_alone_and_every_other_run_
         assert reconciler.resolutions == 1  # the healthy run's overdue payment asked about
         assert corrupt.run_id not in reconciler.work.looks and corrupt.run_id not in reconciler.work.runs
         assert turn.run_id not in reconciler.work.looks
+
+
+async def _followed_payment(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace, journal: RunJournal
+) -> ActionRequested:
+    """A run with a payment pending, accepted, and followed by the reconciler (not read yet)."""
+    intent = await _journal_a_payment_intent(journal, {"booking_id": "b", "guest_id": "g", "total_cents": 1})
+    await _accept(broker, namespace, journal, intent)
+    await eventually(lambda: intent.run_id in reconciler.work.looks, what="the accepted run followed")
+    return intent

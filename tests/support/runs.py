@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.workloads import registry as bench_registry
 from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.inbound import InboundEvent, InboundMessage
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -300,4 +301,16 @@ def drive(
         extra(run)
     raise AssertionError(
         f"run did not end within {limit} moves: {[type(e).__name__ for e in run.events[-8:]]}"
+    )
+
+
+def inbound_of(started: RunStarted) -> InboundEvent:
+    """The inbound message a run was started from, as the gateway published it when it accepted the run."""
+    return InboundEvent(
+        key=started.idempotency_key,
+        run_id=started.run_id,
+        input_hash=started.input_hash,
+        message=InboundMessage(started.event_id, started.session_id, started.guest_id, started.text),
+        agent=started.agent,
+        received_at=started.at,
     )
