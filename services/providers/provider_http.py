@@ -18,7 +18,7 @@ from yarl import URL
 # At most this many connections at once per base URL (aiohttp has no cap on idle ones). An idle connection is closed
 # after 4 s, before the servers that close theirs at 5 s (uvicorn, Node) do: a request sent on a connection the
 # server is closing meets a reset, an unknown outcome to ask about by key. At 5 s, as httpx's expiry was, the
-# booking bench met 1-5 such resets a run (the projector's email and CRM calls); at 4 s, none.
+# reference agent's bench met 1-5 such resets a run (the projector's email and CRM calls); at 4 s, none.
 _CONNECTIONS = 200
 _KEEPALIVE_S = 4.0
 # A call with no timeout of its own (the sandbox's listing): httpx's default, per phase, as before.
