@@ -172,7 +172,7 @@ async def test_a_reconciler_after_the_upgrade_follows_only_runs_written_within_i
     settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="up")
     async with inprocess.reconciler(settings) as reconciler:
         await eventually(lambda: recent[0].run_id in reconciler.work.looks, what="the recent run accepted")
-        await reconciler.tick(datetime.now(UTC) + timedelta(seconds=10))
+        await reconciler.tick(datetime.now(UTC) + timedelta(seconds=reconciler.cadence.first_s + 1))
         assert recent[0].run_id in reconciler.work.runs
         assert old[0].run_id not in reconciler.work.runs
         assert old[0].run_id not in reconciler.work.looks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -214,6 +214,8 @@ async def test_a_run_is_judged_only_on_its_journal_read_to_now(
     settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path / "data", worker_id="j")
     journal = RunJournal(broker, namespace)
     async with inprocess.reconciler(settings) as reconciler:
+        # The first look before the payments' deadlines (10 s): the runs are read while still pending.
+        reconciler.cadence = replace(reconciler.cadence, first_s=3.0)
         settled = await _journal_a_payment_intent(
             journal, {"booking_id": "b1", "guest_id": "g1", "total_cents": 1}
         )
