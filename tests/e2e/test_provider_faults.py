@@ -336,11 +336,16 @@ async def unknown_run(
                 lambda: client.requested(run_id, "create_payment"), what="the payment to be requested"
             )
 
-            # Nobody takes the payment yet. The reconciler, its clock past the deadline and grace, finds it
-            # overdue: it asks the owning executor to resolve the key and wakes the run (a nudge in the journal).
-            overdue = datetime.fromisoformat(requested["deadline_at"]) + timedelta(
-                seconds=reconciler.grace_s + 1
+            # Nobody takes the payment yet. The reconciler, its clock past the deadline and grace (and past its
+            # first look at the run, which it reads only once something in it may be due), finds it overdue: it
+            # asks the owning executor to resolve the key and wakes the run (a nudge in the journal).
+            first_look = datetime.fromisoformat(requested["at"]) + timedelta(
+                seconds=reconciler.cadence.first_s
             )
+            overdue = max(
+                datetime.fromisoformat(requested["deadline_at"]) + timedelta(seconds=reconciler.grace_s),
+                first_look,
+            ) + timedelta(seconds=1)
 
             async def nudged() -> bool:
                 await reconciler.tick(overdue)
