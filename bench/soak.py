@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import httpx
 
 from crashsafe.contracts.errors import CrashsafeError
@@ -248,7 +249,8 @@ async def _when_back(read: Callable[[], Awaitable[T]], timeout_s: float = 60.0) 
     while True:
         try:
             return await read()
-        except httpx.TransportError:
+        # The listing reads through a provider's client (aiohttp); the gateway's answers through httpx.
+        except (httpx.TransportError, aiohttp.ClientConnectionError):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
