@@ -114,7 +114,7 @@ class Reconciler:
 
     def ops_checks(self) -> dict[str, probes.Check]:
         """Readiness: NATS, every stream, and the buckets it reads (approval records, projection receipts). It
-        follows the journals with an ordered consumer, which is its own and needs no durable."""
+        follows milestones and accepted runs with ordered consumers of its own, which need no durable."""
         return probes.basic_checks(
             self.broker, all_streams(self.ns), [approvals_spec(self.ns), projections_spec(self.ns)]
         )
