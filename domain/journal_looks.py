@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from crashsafe.contracts.run_events import JournalEvent, TurnReceived
-from crashsafe.domain.open_work import Look, OpenRun, OpenWork
+from crashsafe.domain.open_work import Look, OpenRun, OpenWork, ask_pause_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ def _next_due(work: OpenWork, run_id: str, run: OpenRun, cadence: Cadence) -> da
             due = request.deadline_at + timedelta(seconds=cadence.grace_s)
             asked = work.asked.get(request.key)
             if asked is not None:  # asked about already: again after the pause `overdue_actions` keeps
-                gap = min(cadence.reask_s * 2 ** work.times_asked.get(request.key, 0), 300.0)
+                gap = ask_pause_s(work, request.key, cadence.reask_s)
                 due = max(due, asked + timedelta(seconds=gap))
             times.append(due)
     elif run.awaiting is None:

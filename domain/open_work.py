@@ -141,6 +141,11 @@ def observe(work: OpenWork, event: JournalEvent) -> None:
                     work.times_asked.pop(done.key, None)
 
 
+def ask_pause_s(work: OpenWork, key: str, reask_s: float, max_gap_s: float = 300.0) -> float:
+    """How long after its last ask a key is asked about again: reask, 2x, 4x … up to `max_gap_s` (5 minutes)."""
+    return min(reask_s * 2.0 ** work.times_asked.get(key, 0), max_gap_s)
+
+
 def overdue_actions(work: OpenWork, now: datetime, grace_s: float, reask_s: float) -> list[ActionRequested]:
     """Actions past their timeout (plus grace) with no completion, not asked about in the last `reask_s`."""
     due: list[ActionRequested] = []
@@ -150,7 +155,7 @@ def overdue_actions(work: OpenWork, now: datetime, grace_s: float, reask_s: floa
                 continue
             asked = work.asked.get(request.key)
             # A slow provider is asked again with a growing pause, not every few seconds forever.
-            gap = min(reask_s * 2 ** work.times_asked.get(request.key, 0), 300.0)
+            gap = ask_pause_s(work, request.key, reask_s)
             if asked is not None and now - asked < timedelta(seconds=gap):
                 continue
             due.append(request)
@@ -164,7 +169,7 @@ def unsettled_unknowns(
     due: list[ActionRequested] = []
     for (_, key), request in work.unknown.items():
         asked = work.asked.get(key)
-        gap = min(reask_s * 2 ** work.times_asked.get(key, 0), max_gap_s)
+        gap = ask_pause_s(work, key, reask_s, max_gap_s)
         if asked is None or now - asked >= timedelta(seconds=gap):
             due.append(request)
     return due
