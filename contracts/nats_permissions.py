@@ -206,10 +206,10 @@ def users(
             tickets,  # a handed-off run's support ticket
             s.kv(ACTIVE, ">"),
             # Approval records (created, decided by the guest's answer or the expiry), session lanes (released,
-            # claimed for a turn whose run had ended), and the approval expiry schedules (never the fired
-            # subjects: only the server's scheduler writes those).
+            # claimed for a turn whose run had ended) and turn marks, and the approval expiry schedules (never the
+            # fired subjects: only the server's scheduler writes those).
             s.kv(APPROVALS, "approval.*"),
-            s.kv(SESSIONS, "session.*.*"),
+            *(s.kv(SESSIONS, f"{keys}.*.*") for keys in ("session", "turn")),
             f"{n}.timer.approval.*",
             f"{n}.timer.cancelled.*",  # purges a decided approval's schedule (`Nats-Schedule-Next: purge`)
             *(stream_info(x) for x in all_streams),

@@ -9,6 +9,8 @@ from crashsafe.contracts.subjects import Namespace, StreamKind
 
 DUPLICATE_WINDOW_S = 120.0
 DAY_S = 86_400.0
+# How long a guest message stays in INBOUND: it can come again (be redelivered, be retried) only while it is there.
+INBOUND_KEPT_S = 7 * DAY_S
 
 
 class Retention(StrEnum):
@@ -67,7 +69,7 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
         StreamSpec(
             name=ns.stream(StreamKind.INBOUND),
             subjects=(ns.inbound_all,),
-            max_age_s=7 * DAY_S,
+            max_age_s=INBOUND_KEPT_S,
             max_msgs_per_subject=1,
             discard_new_per_subject=True,
             replicas=replicas,
@@ -279,7 +281,8 @@ def approvals_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 
 
 def sessions_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
-    """Session lanes, `session.<tenant>.<hash>`: the run owning each session, fenced by the record's revision."""
+    """Session lanes, `session.<tenant>.<hash>`: the run owning each session, fenced by the record's revision; and
+    turn marks, `turn.<tenant>.<run_id>`: the run a message was handed to as a turn (kept while INBOUND keeps it)."""
     return KvSpec(bucket=ns.sessions_bucket, replicas=replicas)
 
 

@@ -340,6 +340,10 @@ class Namespace:
     def session_key(self, tenant: str, session_id: str) -> str:
         return f"session.{_literal(tenant)}.{_digest(session_id)}"
 
+    def turn_key(self, tenant: str, run_id: str) -> str:
+        """Which run a guest message (`run_id`: the run it would have started) was last handed to as its turn."""
+        return f"turn.{_literal(tenant)}.{_literal(run_id)}"
+
     # Durable timers: a schedule (`Nats-Schedule: @at ...`) on `timer.approval.<approval_id>` fires its body (a
     # run wake) to `timer.fired.<run_id>`, which the runtime consumes. Both in the TIMERS stream: the server
     # only schedules to a subject of the schedule's own stream.

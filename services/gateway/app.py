@@ -60,7 +60,9 @@ from crashsafe.services.platform.tracing import (
 )
 from crashsafe.services.records.active_runs import Caps, claim
 from crashsafe.services.records.client_keys import ClientKeys
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.session_lane_records import SessionRecords
+from crashsafe.services.records.turn_holders import turn_holder
 
 logger = logging.getLogger("crashsafe.gateway")
 
@@ -91,7 +93,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
             first = inbound_decoder.decode(earlier.data)
             if first.input_hash != admission.input_hash:
                 raise conflict(admission.key, admission.run_id)
-            duplicate, turn_of = True, first.turn_of
+            duplicate, turn_of = True, await _holder(state, client.tenant, admission, first.turn_of)
     if not duplicate:
         received_at = datetime.now(UTC)
         sessions: SessionRecords = state.sessions
@@ -189,6 +191,18 @@ async def _owner(
         inbound = addressed(inbound_decoder.decode(sent.data), default_agent)
         return lane.guest_id or inbound.message.guest_id, inbound.agent
     return lane.guest_id or None, None
+
+
+async def _holder(state: State, tenant: str, admission: Admission, hinted: str) -> str:
+    """The run that took a retried message as its turn, for the answer: the runtime decides where a message goes
+    when it takes it, which may not be where the first answer said (the lane changed hands meanwhile). The first
+    answer's run (`hinted`, "" if it was to start its own) while no run has taken it yet."""
+    sessions: SessionRecords = state.sessions
+    marked = await sessions.turn_mark(tenant, admission.run_id)
+    lane, _ = await sessions.get(tenant, admission.message.session_id)
+    journal = RunJournal(state.broker, state.settings.namespace)
+    found = await turn_holder(journal, lane, admission.message.event_id, (marked, hinted), admission.run_id)
+    return found[0] if found is not None else hinted
 
 
 async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, run_id: str) -> None:

@@ -1,4 +1,5 @@
-"""Session lanes in `<ns>_sessions`: which run owns a guest session now, and the session's last finished runs.
+"""Session lanes in `<ns>_sessions`: which run owns a guest session now, the session's last finished runs, and which
+run each message was handed to as a turn.
 
 Exactly one run owns a session at a time: every change (decided in domain/session_lanes.py) is a compare-and-set on
 the record's KV revision (create at revision 0, update at the revision read), so two gateways, or a gateway and a
@@ -12,7 +13,7 @@ import msgspec
 
 from crashsafe.contracts.errors import LeaseConflict
 from crashsafe.contracts.memory import SessionLane
-from crashsafe.contracts.streams import sessions_spec
+from crashsafe.contracts.streams import INBOUND_KEPT_S, sessions_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.session_lanes import claimed, with_turn
 from crashsafe.services.platform.jetstream import Broker
@@ -56,6 +57,18 @@ class SessionRecords:
             except LeaseConflict:
                 continue  # another writer moved the lane: read it again and decide again
         raise LeaseConflict(key=key, expected_revision=0)
+
+    async def mark_turn(self, tenant: str, message_run_id: str, holder: str) -> None:
+        """Note that the message whose own run would be `message_run_id` is handed to `holder` as its turn, before
+        the turn is journaled: a message that comes again finds where it went whatever runs the session has had
+        since (the lane remembers only its last few). Overwritten by a later hand-over (the turn did not land)."""
+        key = self.ns.turn_key(tenant, message_run_id)
+        await self.broker.kv_write(self.spec, key, holder.encode(), revision=None, ttl_s=int(INBOUND_KEPT_S))
+
+    async def turn_mark(self, tenant: str, message_run_id: str) -> str:
+        """The run the message was last handed to as a turn ("" if none): where to look first, never proof."""
+        entry = await self.broker.kv_get(self.spec, self.ns.turn_key(tenant, message_run_id))
+        return entry.value.decode() if entry is not None else ""
 
     async def claim(self, tenant: str, session_id: str, run_id: str, guest_id: str = "") -> str:
         """Make `run_id` the session's owner if nobody owns it; the owner afterwards (`run_id` if it won)."""

@@ -20,6 +20,7 @@ from crashsafe.domain.registry import Registry
 from crashsafe.domain.session_lanes import Join, Owner, Refuse, Start, TakeOver, Wait, lane_move
 from crashsafe.services.platform.logs import log
 from crashsafe.services.records.guest_profiles import GuestProfiles
+from crashsafe.services.records.turn_holders import turn_holder
 from crashsafe.services.runtime import append_path
 from crashsafe.services.runtime.append_path import RunAppends, Write
 from crashsafe.services.runtime.drive_loop import DriveLoop
@@ -116,20 +117,19 @@ class GuestMessages:
         behind its session's other messages) may already be a turn of a run of its session that has ended since:
         never start a second run of it, nor join it to the session's next run. Asked only on a redelivery, and only
         after the lane's owner was read: asked earlier, the run holding the turn could end between the question and
-        the lane's answer. Journals are read for the run the gateway answered the message would join (`turn_of`:
-        the run that took it, unless the lane changed hands before the runtime first took it), the session's owner
-        and its last finished runs (at most 5: a busy session's run that took the turn may be older than that)."""
+        the lane's answer. Journals are read for the run its turn mark names (the last run it was handed to), the run
+        the gateway answered it would join (`turn_of`), the session's owner and its last finished runs
+        (`records/turn_holders.py`)."""
         if not event.tenant:
             return False
-        owner = await self.lanes.owner(event.tenant, event.message.session_id)
-        finished = await self.lanes.finished_runs(event.tenant, event.message.session_id)
-        for run_id in {event.turn_of, owner, *finished} - {"", event.run_id}:
-            # The journal, never this replica's cached copy: a run it holds waiting may have taken this very
-            # message as a turn on another replica and ended there (the copy would say "not ended, not taken").
-            state = await self.appends.peek(run_id, cached=False)
-            if state is not None and state.terminal and event.message.event_id in state.turn_ids:
-                return True  # (a run still active that holds it is driven again by the usual path)
-        return False
+        # The journals, never this replica's cached copies: a run it holds waiting may have taken this very message
+        # as a turn on another replica and ended there (the copy would say "not ended, not taken").
+        marked = await self.lanes.turn_mark(event.tenant, event.run_id)
+        lane = await self.lanes.lane(event.tenant, event.message.session_id)
+        found = await turn_holder(
+            self.appends.journal, lane, event.message.event_id, (marked, event.turn_of), besides=event.run_id
+        )
+        return found is not None and found[1].terminal  # (a run still active that holds it is driven again)
 
     async def _lane(
         self, event: InboundEvent, ctx: Context, redelivered: bool
@@ -205,7 +205,12 @@ class GuestMessages:
                 raise move.error
             if not isinstance(move, Join):
                 return False  # ended
-            await write(intake.turn(held.state, event, utcnow()))
+            turn = intake.turn(held.state, event, utcnow())
+            if turn:
+                # Marked before it is journaled: if it comes again, it is found here however long the session
+                # has gone on since (the lane remembers only its last few runs).
+                await self.lanes.mark_turn(event.tenant, event.run_id, owner)
+            await write(turn)
             return True
 
         run, joined = await self.appends.decided(run, take_turn, ctx)

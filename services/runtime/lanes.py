@@ -57,6 +57,15 @@ class SessionLanes:
         started = decode_event(first.data) if first is not None else None
         return started.guest_id if isinstance(started, RunStarted) else ""
 
+    async def mark_turn(self, tenant: str, message_run_id: str, holder: str) -> None:
+        if self.records is not None and tenant:
+            await self.records.mark_turn(tenant, message_run_id, holder)
+
+    async def turn_mark(self, tenant: str, message_run_id: str) -> str:
+        if self.records is None or not tenant:
+            return ""
+        return await self.records.turn_mark(tenant, message_run_id)
+
     async def owner(self, tenant: str, session_id: str) -> str:
         return (await self.lane(tenant, session_id)).run_id
 

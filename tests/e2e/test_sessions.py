@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 
 from crashsafe.contracts.keys import run_id_for
 from crashsafe.contracts.policy import Approver
+from crashsafe.contracts.run_events import Budget, RunStarted, TurnReceived
 from crashsafe.domain.call_plan import approval_id_for
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.session_lane_records import SessionRecords
 from tests.support.holds import held_search
 from tests.support.stack import StackClient, guest_event, supervised
@@ -106,6 +110,70 @@ async def test_concurrent_messages_of_one_session_are_taken_once_each_by_one_run
     again = await client.gateway.post("/v1/events", json=bodies[-1])
     assert again.status_code == 202 and again.json()["run_id"] == holder
     assert again.json()["duplicate"] is True
+
+
+async def test_a_retried_turn_is_answered_with_the_run_that_took_it_not_the_one_first_named(
+    start_stack: Callable[..., Awaitable[StackClient]], broker: Broker
+) -> None:
+    """The gateway answers a turn with the session's run as it sees it; the runtime decides when it takes the
+    message, and the lane may have changed hands by then (the first run ended, another message's run owns it).
+    A retry answers where the message is now, as its turn mark and that run's journal say."""
+    client = await start_stack()
+    runtime = client.stack.services["runtime"].process
+    assert runtime is not None
+    sessions, journal = SessionRecords(broker, client.ns), RunJournal(broker, client.ns)
+    session, guest = unique("s"), unique("g")
+
+    async def started(key: str) -> str:
+        """A run of the session's guest, journaled as the runtime starts one (nothing drives it: the runtime is
+        stopped for the whole test)."""
+        now, run_id = datetime.now(UTC), run_id_for(client.tenant, key)
+        budget = Budget()
+        await journal.append(
+            RunStarted(
+                run_id=run_id,
+                at=now,
+                agent="booking",
+                session_id=session,
+                guest_id=guest,
+                event_id=key,
+                idempotency_key=key,
+                input_hash="0" * 64,
+                text=BOOKING_TEXT,
+                budget=budget,
+                deadline_at=now + timedelta(seconds=budget.deadline_s),
+                tenant=client.tenant,
+            ),
+            0,
+        )
+        return run_id
+
+    runtime.send_signal(signal.SIGSTOP)
+    try:
+        first = await started(unique("first"))
+        assert await sessions.claim(client.tenant, session, first, guest) == first
+        body = guest_event(unique("m"), guest_id=guest, session_id=session, text="also a quiet room")
+        answer = (await client.gateway.post("/v1/events", json=body)).json()
+        assert (answer["run_id"], answer["turn"], answer["duplicate"]) == (first, True, False)
+        again = (await client.gateway.post("/v1/events", json=body)).json()
+        assert (again["run_id"], again["duplicate"]) == (first, True)  # not taken yet: as the first answer
+        # As the runtime leaves it when the first run ended before it took the message, and the session's next
+        # run took it as its turn (marked first, then journaled).
+        second = await started(unique("second"))
+        await sessions.change(
+            client.tenant, session, lambda lane: msgspec.structs.replace(lane, run_id=second)
+        )
+        message_run = run_id_for(client.tenant, body["event_id"])
+        await sessions.mark_turn(client.tenant, message_run, second)
+        seq = (await journal.read(second))[1]
+        await journal.append(
+            TurnReceived(run_id=second, at=datetime.now(UTC), event_id=body["event_id"], text=body["text"]),
+            seq,
+        )
+        again = (await client.gateway.post("/v1/events", json=body)).json()
+        assert again == {"run_id": second, "duplicate": True, "turn": True, "event_run_id": message_run}
+    finally:
+        runtime.send_signal(signal.SIGCONT)
 
 
 async def _guest_hold(client: StackClient, broker: Broker) -> tuple[str, str, str]:

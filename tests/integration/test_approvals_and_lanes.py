@@ -462,6 +462,42 @@ async def test_a_turn_that_comes_again_joins_no_later_run_of_its_session(world: 
     assert await _events(world, run_id_for(TENANT, said)) == []
 
 
+async def test_a_turn_that_comes_again_after_many_runs_of_its_session_is_found_by_its_mark(
+    world: World,
+) -> None:
+    """The run that took the turn ended, and the session has had more runs since than its lane remembers (each
+    message after it became a run of its own, as a guest's burst does once the first run ends), and the gateway's
+    answer named no run: the turn delivered again is found by its turn mark, not joined to the session's run."""
+    held = await _held_run(world)
+    said = await _say(world, held, "yes")
+    await _ended(world, held.run_id)
+    await eventually(lambda: _released(world, held.session_id), what="the ended run let go of its session")
+    message_run = run_id_for(TENANT, said)
+    assert await world.sessions.turn_mark(TENANT, message_run) == held.run_id
+    since = [
+        SessionTurn(run_id=run_id_for(TENANT, unique("since")), text="and?", reply="ok") for _ in range(6)
+    ]
+    later_key = unique("later")
+    later = run_id_for(TENANT, later_key)
+    await world.sessions.change(
+        TENANT,
+        held.session_id,
+        lambda lane: msgspec.structs.replace(lane, run_id=later, guest_id=held.guest_id, history=since[-5:]),
+    )
+    await world.journal.append(
+        _booking_started(later, later_key, held.session_id, held.guest_id, datetime.now(UTC)), 0
+    )
+    stored = await world.broker.last_on_subject(
+        world.ns.stream(StreamKind.INBOUND), world.ns.inbound(message_run)
+    )
+    assert stored is not None and inbound_decoder.decode(stored.data).turn_of == ""
+    await world.runtime.admit(inbound_decoder.decode(stored.data), context_from(None), redelivered=True)
+    assert [e for e in await _events(world, later) if isinstance(e, TurnReceived)] == []
+    assert await _events(world, message_run) == []
+    turns = [e for e in await _events(world, held.run_id) if isinstance(e, TurnReceived)]
+    assert [t.event_id for t in turns] == [said]
+
+
 async def test_a_turn_that_overtakes_its_owners_first_message_starts_the_owner_first(
     nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
 ) -> None:
