@@ -41,13 +41,6 @@ class SessionLanes:
                 own.append(msgspec.structs.replace(turn, guest_id=whose))
         return own
 
-    async def finished_runs(self, tenant: str, session_id: str) -> list[str]:
-        """The session's last finished runs, whoever's (a redelivered message may be a turn of any of them)."""
-        if self.records is None or not tenant:
-            return []
-        lane, _ = await self.records.get(tenant, session_id)
-        return [t.run_id for t in lane.history]
-
     async def _guest_of(self, run_id: str) -> str:
         """Whose run `run_id` was, from its journal's `run.started`, for a turn recorded before turns carried their
         guest; "" (nobody's: given to no one) when the journal is gone."""
@@ -65,9 +58,6 @@ class SessionLanes:
         if self.records is None or not tenant:
             return ""
         return await self.records.turn_mark(tenant, message_run_id)
-
-    async def owner(self, tenant: str, session_id: str) -> str:
-        return (await self.lane(tenant, session_id)).run_id
 
     async def lane(self, tenant: str, session_id: str) -> SessionLane:
         if self.records is None or not tenant:
