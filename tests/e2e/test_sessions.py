@@ -45,6 +45,10 @@ def _messages(journals: dict[str, list[dict[str, Any]]]) -> list[str]:
     ]
 
 
+def _at(event: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(event["at"])
+
+
 @pytest.mark.parametrize("paused_s", [0.0, 2.5], ids=["steady", "runtime-paused-past-the-ack-wait"])
 async def test_concurrent_messages_of_one_session_are_taken_once_each_by_one_run_at_a_time(
     start_stack: Callable[..., Awaitable[StackClient]], paused_s: float
@@ -89,14 +93,24 @@ async def test_concurrent_messages_of_one_session_are_taken_once_each_by_one_run
     taken = _messages(journals)
     twice = sorted({m for m in taken if taken.count(m) > 1})
     assert not twice and len(taken) == 8, f"each message exactly once; taken more than once: {twice}"
-    # A message answered as a turn of run A is in A's journal, unless A had ended first: then it is in the run
-    # that owned the session when the runtime took it (its own, or, paused past the ack wait, another message's
-    # run that took the session over meanwhile). Either way a run of this session (the journals read are only
-    # the session's), once (asserted above).
+    # A message answered as a turn of run A is in A's journal, or its own run's (A had ended first, the session was
+    # free), or in another message's run that took the session over: only once A had ended (or never started: its
+    # gateway claimed the session and another message took it over before A's own arrived). Never moved away from
+    # a run still active.
     for body, answer in zip(bodies, answers, strict=True):
-        if answer.get("turn") and not paused_s:
-            holder = next(r for r, ev in journals.items() if body["event_id"] in _messages({r: ev}))
-            assert holder in (answer["run_id"], run_id_for(client.tenant, body["event_id"]))
+        holder = next(r for r, ev in journals.items() if body["event_id"] in _messages({r: ev}))
+        if answer.get("turn") and holder not in (
+            answer["run_id"],
+            run_id_for(client.tenant, body["event_id"]),
+        ):
+            taken_at = next(_at(e) for e in journals[holder] if e.get("event_id") == body["event_id"])
+            hinted = journals.get(answer["run_id"], [])
+            ends = [_at(e) for e in hinted if e["type"] in ("run.completed", "run.handed_off")]
+            assert not hinted or ends[0] <= taken_at, (body["event_id"], answer["run_id"], holder)
+        # A retry answers with the run that holds it: its own, or the one that took it as a turn.
+        again = await client.gateway.post("/v1/events", json=body)
+        assert again.status_code == 202 and again.json()["duplicate"] is True
+        assert again.json()["run_id"] == holder, (body["event_id"], answer, again.json())
     # One run owns the session at a time: each run of the session starts after the one before it ended.
     spans = sorted(
         (ev[0]["at"], next(e["at"] for e in ev if e["type"] in ("run.completed", "run.handed_off")))
@@ -104,12 +118,6 @@ async def test_concurrent_messages_of_one_session_are_taken_once_each_by_one_run
     )
     for (_, ended), (begun, _) in zip(spans, spans[1:], strict=False):
         assert begun >= ended
-    # A retry answers with the run that holds the message (the run it joined, or its own if that had ended).
-    last = bodies[-1]["event_id"]
-    holder = next(r for r, ev in journals.items() if last in _messages({r: ev}))
-    again = await client.gateway.post("/v1/events", json=bodies[-1])
-    assert again.status_code == 202 and again.json()["run_id"] == holder
-    assert again.json()["duplicate"] is True
 
 
 async def test_a_retried_turn_is_answered_with_the_run_that_took_it_not_the_one_first_named(
