@@ -121,7 +121,7 @@ class Broker(KvBuckets, Declarations):
         self._subs: list[object] = []
         self._feeds: set[PullFeed] = set()
         self._acks: dict[str, asyncio.Future[Msg]] = {}
-        self._answers: dict[str, asyncio.Queue[Msg]] = {}
+        self._answers: dict[str, list[Msg]] = {}
         self._deadlines: dict[str, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._ack_prefix: str | None = None

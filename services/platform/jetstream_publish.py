@@ -60,7 +60,8 @@ class Publishing:
     user: str
     _publishing: dict[str, str]  # reply subject -> the subject its publish went to
     _acks: dict[str, asyncio.Future[Msg]]
-    _answers: dict[str, asyncio.Queue[Msg]]  # reply subject -> a read's answers, when it has several
+    # reply subject -> a batched read's stored messages so far (its future resolves on the server's closing status)
+    _answers: dict[str, list[Msg]]
     _ack_prefix: str | None
     _ack_counter: int
     _deadlines: dict[str, float]  # reply subject -> when its wait ends (loop time), swept by `_expire_late`
@@ -201,8 +202,10 @@ class Publishing:
                 future.set_exception(NotPermitted(user=self.user, subject=subject))
 
     async def _on_ack(self, msg: Msg) -> None:
+        gathered = self._answers.get(msg.subject)
+        if gathered is not None and Header.SEQUENCE in (msg.headers or {}):
+            gathered.append(msg)  # one stored message of a batched read; a status (no sequence) ends it
+            return
         future = self._acks.pop(msg.subject, None)
         if future is not None and not future.done():
             future.set_result(msg)
-        elif future is None and (answers := self._answers.get(msg.subject)) is not None:
-            answers.put_nowait(msg)

@@ -3,7 +3,6 @@ and of the last message on each of many subjects (the JetStream adapter's read s
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import msgspec
@@ -15,7 +14,7 @@ from crashsafe.contracts.subjects import Header
 from crashsafe.services.platform.jetstream_publish import Publishing
 
 _direct_request = msgspec.json.Encoder()
-# How long one direct get waits for each of its answers before it says NATS did not answer.
+# How long one direct get waits for its answers (a batch: all of them) before it says NATS did not answer.
 _ANSWER_WAIT_S = 5.0
 
 
@@ -134,42 +133,42 @@ class DirectReads(Publishing):
     ) -> _Batch:
         """One batched direct get: its messages until the server's end-of-batch (204) or nothing-matched (404)
         status. `refused` (with a %s for the status) is what any other status is reported as."""
-        # On the connection's one reply inbox (`Publishing`), not a subscription made and dropped per read.
-        inbox = await self._reply_subject()
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-        self._answers[inbox] = queue
+        # On the connection's one reply inbox (`Publishing`), not a subscription made and dropped per read: the
+        # stored messages are gathered as they come, and one wait (swept, no timer of its own) ends on the status
+        # that closes the batch. A wait per message (`wait_for` on a queue) cost about 50 µs of CPU each.
+        inbox, closing = await self._await_answer(subject, _ANSWER_WAIT_S, refusable=False)
+        gathered: list[Msg] = []
+        self._answers[inbox] = gathered
         try:
             await self.nc.publish(
                 f"$JS.API.DIRECT.GET.{stream}", _direct_request.encode(request), reply=inbox
             )
-            messages: list[StoredMessage] = []
-            more = False
-            while True:
-                try:
-                    msg = await asyncio.wait_for(queue.get(), timeout=_ANSWER_WAIT_S)
-                except TimeoutError as exc:
-                    raise read_failed(subject) from exc
-                headers = dict(msg.headers or {})
-                # A stored message has its sequence; only the server's own answers are read for a status.
-                status = None if Header.SEQUENCE in headers else headers.get("Status")
-                if status == "404":  # nothing (more) on this subject
-                    return _Batch(messages, None, False)
-                if status == "204":  # end of batch
-                    return _Batch(messages, headers, more)
-                if status:
-                    described = f"{status} {headers.get('Description', '')}".strip()
-                    raise BrokerUnavailable(refused % described, subject=subject)
-                messages.append(
-                    StoredMessage(
-                        seq=int(headers[Header.SEQUENCE]),
-                        subject=headers.get(Header.SUBJECT, subject),
-                        data=msg.data,
-                        headers=headers,
-                    )
-                )
-                more = int(headers.get(Header.NUM_PENDING, "0")) > 0
+            try:
+                end = await closing
+            except TimeoutError as exc:
+                raise read_failed(subject) from exc
         finally:
             self._answers.pop(inbox, None)
+            self._forget(inbox)
+        messages = [
+            StoredMessage(
+                seq=int(headers[Header.SEQUENCE]),
+                subject=headers.get(Header.SUBJECT, subject),
+                data=msg.data,
+                headers=headers,
+            )
+            for msg in gathered
+            if (headers := dict(msg.headers or {}))
+        ]
+        more = bool(messages) and int(messages[-1].headers.get(Header.NUM_PENDING, "0")) > 0
+        headers = dict(end.headers or {})
+        status = headers.get("Status")
+        if status == "404":  # nothing (more) on this subject
+            return _Batch(messages, None, False)
+        if status == "204":  # end of batch
+            return _Batch(messages, headers, more)
+        described = f"{status} {headers.get('Description', '')}".strip()
+        raise BrokerUnavailable(refused % described, subject=subject)
 
 
 def _no_direct_gets(stream: str) -> str:
