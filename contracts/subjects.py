@@ -42,8 +42,7 @@ class Header(StrEnum):
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     IDEMPOTENCY_KEY = "Idempotency-Key"
-    # The provider account a call acts in: the run's tenant (`RunState.account`), so one tenant's call never finds
-    # another's guests, reservations or payments at the provider.
+    # The provider account a call acts in: the run's tenant (`RunState.account`); a call never sees another's.
     PROVIDER_ACCOUNT = "Provider-Account"
     AUTHORIZATION = "Authorization"
     RETRY_AFTER = "Retry-After"
@@ -57,6 +56,7 @@ class Header(StrEnum):
     SEQUENCE = "Nats-Sequence"
     SUBJECT = "Nats-Subject"
     NUM_PENDING = "Nats-Num-Pending"
+    TIME_STAMP = "Nats-Time-Stamp"  # when a message read by direct get was stored (RFC 3339)
     UP_TO_SEQUENCE = "Nats-UpTo-Sequence"  # the sequence a paged multi-subject get answers up to
     # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
     SCHEDULE = "Nats-Schedule"
@@ -64,8 +64,8 @@ class Header(StrEnum):
     # With `Nats-Schedule-Next: purge`, the schedule subject the server purges (a cancelled timer).
     SCHEDULER = "Nats-Scheduler"
     SCHEDULE_NEXT = "Nats-Schedule-Next"
-    # On a journal event appended after its run ended (a late receipt after a hand-off): the projector re-plans
-    # the run from this alone, without reading the journal of every outcome to find out whether the run ended.
+    # On a journal event appended after its run ended (a late receipt after a hand-off): the projector re-plans the
+    # run from this alone, without reading every outcome's journal to find out whether the run ended.
     RUN_ENDED = "Crashsafe-Run-Ended"
 
 

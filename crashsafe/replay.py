@@ -22,7 +22,6 @@ from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import CatalogRevisionGone
 from crashsafe.contracts.projections import ProjectionTask
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
-from crashsafe.contracts.subjects import StreamKind
 from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
 from crashsafe.domain.decide import next_move
@@ -42,6 +41,7 @@ from crashsafe.export_file import (
 from crashsafe.run_views import diff_views, move_summary, state_view, summary_of
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.run_catalog import RunCatalog
 
 # Replay ---------------------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ async def read_run(settings: Settings, registry: Registry, run_id: str) -> Expor
     """The run's export as a deployment holds it (None: no such run): raw events, the pinned configuration."""
     async with operator_broker(settings, "crashsafe-replay") as broker:
         ns = settings.namespace
-        stored = await broker.read_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+        stored = await RunJournal(broker, ns).stored(run_id)
         if not stored:
             return None
         raw = tuple(m.data for m in stored)

@@ -49,6 +49,7 @@ from crashsafe.services.operations.run_index import (
     row_of,
 )
 from crashsafe.services.platform.jetstream import Broker, StoredMessage
+from crashsafe.services.records.run_journal import RunJournal
 
 LIMIT = 100  # runs on one page, newest first
 MAX_FILTER = 200  # characters of one filter value (ids are far shorter)
@@ -156,7 +157,7 @@ async def runs_stream(request: Request[Any, Any, Any]) -> ServerSentEvent:
         for run_id in touched:
             if not is_run_id(run_id):
                 continue  # not a run's subject (a hostile append): never rendered
-            journal = await broker.read_subject(stream, ns.run_events(run_id))
+            journal = await RunJournal(broker, ns).stored(run_id)
             now = row_of(run_id, journal)
             if now is None or not session.client.sees(now.tenant):
                 continue
@@ -213,7 +214,7 @@ async def _journal(request: Request[Any, Any, Any], client: Client, run_id: str)
         raise RunNotFound(f"{run_id[:64]!r} is not a run id (run_ + 24 hex digits)", run_id=run_id[:64])
     broker: Broker = request.app.state.broker
     ns = _ns(request)
-    stored = _decoded(await broker.read_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id)))
+    stored = _decoded(await RunJournal(broker, ns).stored(run_id))
     first = stored[0][1] if stored else None
     if not isinstance(first, RunStarted) or not client.sees(first.tenant):
         raise RunNotFound(run_id=run_id)
@@ -269,7 +270,7 @@ async def run_stream(request: Request[Any, Any, Any], run_id: str) -> ServerSent
             entry(m.seq, e, journal.started.at, trace_id_of(m.headers.get(Header.TRACEPARENT)))
             for m, e in _decoded(batch)
         ]
-        whole = _decoded(await broker.read_subject(stream, ns.run_events(run_id)))
+        whole = _decoded(await RunJournal(broker, ns).stored(run_id))
         summary = _summary(Journal(run_id=run_id, started=journal.started, stored=whole))
         html = _fragment("run_entries.html", entries=fresh, summary=summary, trace_id=trace_run, oob=True)
         return [ServerSentEventMessage(event="journal", data=html)]

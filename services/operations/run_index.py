@@ -30,6 +30,7 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.platform.jetstream import Broker, StoredMessage
+from crashsafe.services.records.run_journal import RunJournal
 
 # How many runs one `multi_last` page answers, and how many first-event reads are in flight at once.
 PAGE = 500
@@ -239,7 +240,7 @@ async def list_runs(
 
     async def folded(run_id: str) -> tuple[RunRow | None, int]:
         async with gate:
-            stored = await broker.read_subject(stream, ns.run_events(run_id))
+            stored = await RunJournal(broker, ns).stored(run_id)
         return row_of(run_id, stored), len(stored)
 
     found: list[RunRow] = []

@@ -29,7 +29,7 @@ from crashsafe.contracts.projections import (
 )
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.streams import KvSpec
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionRequest, Answer
 from crashsafe.domain.projection_rules import (
     Dead,
@@ -48,6 +48,7 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.tracing import annotate, context_from, span
 from crashsafe.services.platform.tracing import current as current_trace
 from crashsafe.services.providers.provider_calls import Providers
+from crashsafe.services.records.run_journal import RunJournal
 
 # How often a receipt is written again after compare-and-set clashes before the task is retried instead.
 _SAVE_ATTEMPTS = 5
@@ -299,9 +300,7 @@ class ProjectionDelivery:
         return await self.providers.call(tool, _request(task, tool, task.args, task.key), timeout)
 
     async def _audit(self, task: ProjectionTask, tool: Tool, timeout: float) -> ProviderAnswer:
-        stored = await self.broker.read_subject(
-            self.ns.stream(StreamKind.RUNS), self.ns.run_events(task.run_id)
-        )
+        stored = await RunJournal(self.broker, self.ns).stored(task.run_id)
         if len(stored) < task.upto or task.upto < 1:
             raise Undeliverable(
                 f"run {task.run_id}'s journal has {len(stored)} events, the task names 1..{task.upto}",

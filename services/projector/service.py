@@ -38,6 +38,7 @@ from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from, headers_for
 from crashsafe.services.projector.projection_delivery import ProjectionDelivery, Undeliverable
 from crashsafe.services.providers.provider_calls import Providers
+from crashsafe.services.records.run_journal import RunJournal
 
 SERVICE = "projector"  # its dead letters: `<ns>.dead.projector`
 # Deliveries one worker handles at once (one pull batch); a second replica shares the rest.
@@ -190,7 +191,7 @@ class Projector:
         event that triggered the plan, carried on each task, so its delivery joins the run's trace."""
         if not await self._may_project(run_id):
             return 0
-        stored = await self.broker.read_subject(self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id))
+        stored = await RunJournal(self.broker, self.ns).stored(run_id)
         try:
             state = replay(decode_event(m.data) for m in stored)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:

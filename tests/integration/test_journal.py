@@ -15,6 +15,8 @@ from crashsafe.contracts.run_events import ModelAnswered, RunCompleted, RunStart
 from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.jetstream_reads import StoredMessage
+from crashsafe.services.records import run_journal
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support.broker import ensure_streams
 from tests.support.runs import started
@@ -97,3 +99,44 @@ async def test_a_step_and_a_milestone_at_the_same_version_one_wins(
         appended,
         namespace.run_event(run_id, EventClass.MILESTONE),
     )
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["just-ended", "settled"])
+async def test_a_journal_read_is_a_prefix_up_to_its_last_event_when_asked(
+    broker: Broker, namespace: Namespace, monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """Read across the run's subjects at once (just ended) or one event class at a time (settled): the same events
+    in order, from any sequence on; and an event appended while the classes are read is left for the next read,
+    never returned past a gap (an append decided on such a read would land on a state missing an event)."""
+    await ensure_streams(broker, namespace)
+    monkeypatch.setattr(run_journal, "SETTLED_S", -1.0 if settled else 3600.0)
+    journal = RunJournal(broker, namespace)
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    now = datetime.now(UTC)
+    seq = await journal.append(_started(run_id, now), 0)
+    for step in range(1, 4):
+        answer = ModelAnswered(
+            run_id=run_id, at=now, step_no=step, model="m", response_id=f"r{step}", reply="x"
+        )
+        seq = await journal.append(answer, seq)
+    seqs = [m.seq for m in await journal.stored(run_id)]
+    assert len(seqs) == 4 and seqs == sorted(seqs) and seqs[-1] == seq
+    assert [m.seq for m in await journal.stored(run_id, seqs[1])] == seqs[2:]
+    assert await journal.stored(run_id, seq) == []
+    # The run's last sequence is asked first; two events land before its classes are read: a step, then its end.
+    asked = broker.last_on_subject
+
+    async def then_appended(stream: str, subject: str) -> StoredMessage | None:
+        last = await asked(stream, subject)
+        if subject == namespace.run_events(run_id):
+            step = ModelAnswered(run_id=run_id, at=now, step_no=4, model="m", response_id="r4", reply="x")
+            after = await journal.append(step, seq)
+            await journal.append(RunCompleted(run_id=run_id, at=now, reply="done"), after)
+        return last
+
+    monkeypatch.setattr(broker, "last_on_subject", then_appended)
+    read = await journal.stored(run_id)
+    monkeypatch.setattr(broker, "last_on_subject", asked)
+    assert [m.seq for m in read] == seqs
+    events, last = await journal.read(run_id)
+    assert last > seq and isinstance(events[-1], RunCompleted) and len(events) == 6

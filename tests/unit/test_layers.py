@@ -107,6 +107,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crashsafe.services.projector": {
         "crashsafe.contracts",
         "crashsafe.services.platform",
+        "crashsafe.services.records",
         "crashsafe.services.providers",
         "crashsafe.services.projector",
         "crashsafe.domain",
