@@ -17,6 +17,11 @@ from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
 
+# How long an idle client connection is kept open: longer than clients and load balancers keep theirs (httpx 5 s,
+# AWS's ALB 60 s), so the client always closes first. At uvicorn's 5 s, equal to httpx's, a client sending on a
+# connection the gateway was closing met a reset: 2-3 POSTs of 500 in a booking run failed with ReadError.
+KEEP_ALIVE_S = 75
+
 
 async def run(
     settings: Settings, registry: Registry, stop: asyncio.Event, mounted: Sequence[Router] = ()
@@ -35,6 +40,7 @@ async def run(
         # h11, never httptools even where it is installed: uvicorn's httptools protocol bounds neither the request
         # line nor the headers, so one client could fill the gateway's memory; h11 refuses a head past 16 KiB.
         http="h11",
+        timeout_keep_alive=KEEP_ALIVE_S,
         # HTTPS when both files are configured (Settings refuses one without the other); plaintext otherwise.
         ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
         ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,

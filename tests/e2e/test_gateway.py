@@ -456,3 +456,27 @@ async def test_the_served_openapi_document_is_the_checked_in_one(http: httpx.Asy
     assert accept["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/GuestMessage"
     }
+
+
+async def test_an_idle_connection_outlives_the_clients_own_keep_alive(world: StackClient) -> None:
+    """A client keeps an idle connection 5 s (httpx) to 60 s (a load balancer); the gateway keeps it longer, so the
+    client always closes first and never sends on a connection the gateway is closing (a reset: a POST whose
+    answer never came). Raw HTTP/1.1 on one socket: a request, 6 s idle, a second request answered on it."""
+    url = httpx.URL(world.stack.gateway_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    request = f"GET /healthz HTTP/1.1\r\nHost: {url.host}\r\n\r\n".encode()
+    try:
+        for pause_s in (0.0, 6.0):
+            await asyncio.sleep(pause_s)
+            writer.write(request)
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+    finally:
+        writer.close()
