@@ -19,7 +19,7 @@ from crashsafe.services.platform.telemetry import configure_telemetry
 
 # How long an idle client connection is kept open: longer than clients and load balancers keep theirs (httpx 5 s,
 # AWS's ALB 60 s), so the client always closes first. At uvicorn's 5 s, equal to httpx's, a client sending on a
-# connection the gateway was closing met a reset: 2-3 POSTs of 500 in a booking run failed with ReadError.
+# connection the gateway was closing met a reset: 2-3 POSTs of 500 in a bench run failed with ReadError.
 KEEP_ALIVE_S = 75
 
 
