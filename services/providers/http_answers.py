@@ -12,7 +12,7 @@ from typing import Any
 from crashsafe.contracts.subjects import Header
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation, ProviderAnswer
-from crashsafe.services.providers.provider_http import ProviderResponse
+from crashsafe.services.platform.provider_http import ProviderResponse
 
 # Statuses that say "not now" about the request, not "no" to it: the provider may or may not have acted.
 _NOT_NOW = frozenset({408, 425, 429})

@@ -31,12 +31,12 @@ from crashsafe.domain.registry import (
     PythonOperation,
     Tool,
 )
+from crashsafe.services.platform.provider_http import ProviderHttp
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, current, failed, headers_for, span
 from crashsafe.services.providers import python_calls
 from crashsafe.services.providers.http_answers import read_answer, read_lookup
 from crashsafe.services.providers.kv_effects import KvEffects
-from crashsafe.services.providers.provider_http import ProviderHttp
 
 # A whole call (connect, send, every read) may take this many times the tool's timeout, which bounds each step.
 _WHOLE_CALL = 2.0

@@ -1,15 +1,16 @@
 """The model port and its gateway: each agent's routes from its pinned configuration, tried in order, over the
-Responses API or Chat Completions, through the real `openai` client (real protocol)."""
+Responses API or Chat Completions (real protocol: what each request carries is the `openai` SDK's)."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+import aiohttp
 import msgspec
 
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
@@ -18,6 +19,7 @@ from crashsafe.contracts.run_events import ToolCall
 from crashsafe.domain.agent import Agent
 from crashsafe.domain.model_calls import ModelReply
 from crashsafe.services.platform import metrics
+from crashsafe.services.platform.provider_http import ProviderHttp
 from crashsafe.services.platform.settings import route_key
 from crashsafe.services.runtime.chat_completions import (
     MalformedAnswer,
@@ -27,9 +29,6 @@ from crashsafe.services.runtime.chat_completions import (
     read_completion,
 )
 from crashsafe.services.runtime.fixed_model import fixed_answer
-
-if TYPE_CHECKING:
-    import openai
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ROUTE = "default"
@@ -127,42 +126,45 @@ def _openai() -> Any:
 
 
 def load_client_library() -> None:
-    """Import `openai` (and httpx with it) now, in a worker thread at the runtime's start: a second of CPU that,
-    paid at the first model call, held the event loop past the ack wait, and every message in hand came again."""
+    """Import `openai` now, in a worker thread at the runtime's start: a second of CPU that, paid at the first model
+    call, held the event loop past the ack wait, and every message in hand came again."""
     _openai()
-    _httpx_response()
-
-
-def _httpx_response() -> Any:
-    """The raw-answer type the client is asked for (httpx comes with `openai`, and is imported with it)."""
-    import httpx
-
-    return httpx.Response
-
-
-def _client_errors() -> tuple[type[BaseException], ...]:
-    """The `openai` client's errors, once a client exists (before, none can be raised)."""
-    loaded = sys.modules.get("openai")
-    return (loaded.OpenAIError,) if loaded is not None else ()
-
-
-def _failures() -> tuple[type[BaseException], ...]:
-    """What a route may fail with that fails over to the next route."""
-    return (TimeoutError, MalformedAnswer, _NoKey, *_client_errors())
 
 
 class _NoKey(Exception):
     """A route whose key variable is unset: that route cannot be asked, the next one may."""
 
 
+class _Answered(Exception):
+    """A route answered with a status that fails it over (a 5xx, or a 4xx of its own key or model)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"answered {status}")
+        self.status = status
+
+
+# What a route may fail with that fails over to the next route.
+_FAILURES = (TimeoutError, MalformedAnswer, _NoKey, _Answered, aiohttp.ClientError)
+
+
+@dataclass(frozen=True, slots=True)
+class _RouteClient:
+    """One API's HTTP client and what each request to it carries (the key, the SDK's identifying headers)."""
+
+    http: ProviderHttp
+    headers: dict[str, str]
+
+
 class ModelGateway:
     """Asks a run's model routes in order until one answers usably.
 
-    Each route's client is an `openai.AsyncOpenAI` (one per base URL and key variable, `max_retries=0`: the
-    runtime owns retries, a redelivered message asks again). Bodies are encoded with msgspec and answers decoded
-    into the few fields we read: the client's own request transform and response models re-walk the whole
-    transcript every step and cost most of a typical run's CPU, while auth, base URL and error mapping still
-    come from the client. With no routes configured, the deployment's CRASHSAFE_MODEL at OPENAI_BASE_URL."""
+    Per base URL and key variable, `openai.AsyncOpenAI` says what a request carries (the base URL, OPENAI_BASE_URL
+    when none is configured; the key; the organization and project headers; its user agent), and the product's
+    one HTTP client of outside APIs sends it (`ProviderHttp`, aiohttp; never retried: the runtime owns retries, a
+    redelivered message asks again). Bodies are encoded with msgspec and answers decoded into the few fields we
+    read. The SDK's own request path (its request transform, httpx, its response models) cost 38 % of the
+    runtime's CPU in the reference agent's bench. With no routes configured, the deployment's CRASHSAFE_MODEL at
+    OPENAI_BASE_URL."""
 
     def __init__(
         self,
@@ -178,15 +180,15 @@ class ModelGateway:
         self._keys = keys  # a route's key by its variable's name (the environment, read by Settings)
         self.model = model
         self.default_route = ModelRoute(name=DEFAULT_ROUTE, model=model, timeout_s=timeout_s)
-        self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}  # made on first use (`_openai`)
+        self._clients: dict[tuple[str, str], _RouteClient] = {}  # made on first use
         self._tools: dict[tuple[str, tuple[str, ...], str], list[dict[str, Any]]] = {}
 
     async def close(self) -> None:
         for client in self._clients.values():
-            await client.close()
+            await client.http.close()
         self._clients.clear()
 
-    def _client(self, route: ModelRoute) -> openai.AsyncOpenAI:
+    def _client(self, route: ModelRoute) -> _RouteClient:
         base_url = route.base_url or self._base_url
         client = self._clients.get((base_url, route.api_key_env))
         if client is None:
@@ -195,14 +197,12 @@ class ModelGateway:
             )
             if not key:
                 raise _NoKey(f"no API key: set ${route.api_key_env}")
-            # aiohttp underneath (the client's own supported transport): httpcore cost half the runtime's CPU.
-            sdk = _openai()
-            client = self._clients[(base_url, route.api_key_env)] = sdk.AsyncOpenAI(
-                base_url=base_url or None,
-                api_key=key,
-                max_retries=0,
-                http_client=sdk.DefaultAioHttpClient(),
-            )
+            identity = _openai().AsyncOpenAI(base_url=base_url or None, api_key=key, max_retries=0)
+            headers = {
+                name: value for name, value in identity.default_headers.items() if isinstance(value, str)
+            }
+            client = _RouteClient(ProviderHttp(str(identity.base_url)), headers)
+            self._clients[(base_url, route.api_key_env)] = client
         return client
 
     def _tools_for(self, agent: Agent, config: AgentConfig, api: str) -> list[dict[str, Any]]:
@@ -252,7 +252,7 @@ class ModelGateway:
                 raise ModelUnavailable(
                     "; ".join([*failovers, f"{route.name} refused the request: {exc}"]), model=route.model
                 ) from exc
-            except _failures() as exc:
+            except _FAILURES as exc:
                 # The last route's failure is the run's: "down"; an earlier one's is a failover to the next.
                 outcome = "down" if route is routes[-1] else "failover"
                 _MODEL_CALL_SECONDS(route.name, outcome).observe(time.perf_counter() - asked_at)
@@ -304,51 +304,52 @@ class ModelGateway:
             }
             if instructions:
                 body["instructions"] = instructions
-        # A total bound (httpx's timeout is per phase: a trickling answer could outlive it), and the client's
-        # own, so a connect that never completes is also cut there.
-        try:
-            async with asyncio.timeout(timeout_s):
-                raw = await client.post(
-                    "/chat/completions" if chat else "/responses",
-                    cast_to=_httpx_response(),
-                    content=_encode(body),
-                    options={"headers": {"Content-Type": "application/json"}, "timeout": timeout_s},
-                )
-        except _openai().APIStatusError as exc:
-            if 400 <= exc.status_code < 500 and exc.status_code not in _ROUTE_FAULTS:
-                raise _Refused(f"{exc.status_code} {exc.message}") from exc
-            raise
-        return read_completion(raw.content, route.model) if chat else read_response(raw.content, route.model)
+        # A total bound (the client's is per phase: a trickling answer could outlive it), and the client's own, so
+        # a connect that never completes is also cut there.
+        async with asyncio.timeout(timeout_s):
+            answer = await client.http.request(
+                "POST",
+                "chat/completions" if chat else "responses",
+                content=_encode(body),
+                headers=client.headers,
+                timeout=timeout_s,
+            )
+        status = answer.status_code
+        if 400 <= status < 500 and status not in _ROUTE_FAULTS:
+            raise _Refused(f"{status} {_error_message(answer.content)}")
+        if not 200 <= status < 300:
+            raise _Answered(status)
+        return (
+            read_completion(answer.content, route.model)
+            if chat
+            else read_response(answer.content, route.model)
+        )
+
+
+def _error_message(content: bytes) -> str:
+    """What an API's error answer says (`{"error": {"message": ...}}`, OpenAI's shape), else its body's start."""
+    try:
+        error = msgspec.json.decode(content).get("error")
+    except (msgspec.DecodeError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])[:200]
+    return content[:200].decode(errors="replace")
 
 
 def _why(exc: BaseException, timeout_s: float) -> str:
     """A failover's reason as the journal keeps it: short, and naming what happened."""
-    if isinstance(exc, _client_errors()):
-        return _why_client(exc, timeout_s)
     match exc:
         case TimeoutError():
             return f"timed out after {timeout_s:.1f}s"
+        case _Answered():
+            return str(exc)
         case MalformedAnswer():
             return f"malformed answer: {exc}"[:200]
         case _NoKey():
             return str(exc)
-        case _:
-            return f"{type(exc).__name__}: {exc}"[:200]
-
-
-def _why_client(exc: BaseException, timeout_s: float) -> str:
-    openai = _openai()
-    match exc:
-        case openai.APITimeoutError() if type(exc.__cause__).__name__ == "ConnectTimeout":
-            # The aiohttp transport reports a refused connection as a connect timeout (of whichever httpx the
-            # client bundles, hence the name): say what it was.
-            return f"connection failed: {exc.__cause__}"[:200]
-        case openai.APITimeoutError():
-            return f"timed out after {timeout_s:.1f}s"
-        case openai.APIStatusError():
-            return f"answered {exc.status_code}"
-        case openai.APIConnectionError():
-            return f"connection failed: {exc}"[:200]
+        case aiohttp.ClientError():
+            return f"connection failed: {type(exc).__name__}: {exc}"[:200]
         case _:
             return f"{type(exc).__name__}: {exc}"[:200]
 

@@ -15,8 +15,8 @@ from crashsafe.contracts.tool_messages import Answer
 from crashsafe.examples.cowork.desk_provider import DECLINED_CARD, app
 from crashsafe.examples.cowork.desk_tools import BUY_DAY_PASS, RESERVE_DESK
 from crashsafe.sdk import HttpOperation
+from crashsafe.services.platform.provider_http import ProviderHttp, ProviderResponse
 from crashsafe.services.providers.provider_calls import read_answer, read_lookup
-from crashsafe.services.providers.provider_http import ProviderHttp, ProviderResponse
 
 RESERVE = RESERVE_DESK.operation
 PAY = BUY_DAY_PASS.operation

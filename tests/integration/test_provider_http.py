@@ -1,4 +1,4 @@
-"""A provider call over real HTTP on loopback (services/providers/provider_http.py): the request goes out with its
+"""A provider call over real HTTP on loopback (services/platform/provider_http.py): the request goes out with its
 key, account, credential and body; whatever goes wrong once it may have been sent is unknown, never a refusal; a
 redirect is read, never followed; closing the providers closes their connections."""
 

@@ -14,8 +14,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation
 from crashsafe.services.agents.booking.booking_tools import CREATE_BOOKING, CREATE_PAYMENT
+from crashsafe.services.platform.provider_http import ProviderResponse
 from crashsafe.services.providers.http_answers import read_answer, read_lookup, retry_after_s
-from crashsafe.services.providers.provider_http import ProviderResponse
 
 PAYMENT = CREATE_PAYMENT.operation
 BOOKING = CREATE_BOOKING.operation

@@ -1,4 +1,4 @@
-"""A provider's HTTP client writes requests as httpx wrote them (services/providers/provider_http.py): query
+"""A provider's HTTP client writes requests as httpx wrote them (services/platform/provider_http.py): query
 values, JSON bodies, repeated headers, and what `raise_for_status` refuses."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from crashsafe.services.providers.provider_http import (
+from crashsafe.services.platform.provider_http import (
     ProviderResponse,
     ProviderStatusError,
     _json_body,

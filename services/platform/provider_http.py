@@ -1,4 +1,5 @@
-"""One provider's HTTP client: an aiohttp session with keep-alive connections at its base URL, answers read whole."""
+"""One outside provider's HTTP client (a tool's provider, a model's API): an aiohttp session with keep-alive
+connections at its base URL, answers read whole."""
 
 from __future__ import annotations
 
@@ -116,14 +117,16 @@ class ProviderHttp:
         path: str,
         *,
         json_body: Any = None,
+        content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         timeout: float = _DEFAULT_TIMEOUT_S,
     ) -> ProviderResponse:
         """Send one request and read its whole answer. `timeout` bounds getting a connection, connecting and each
         read, not the answer (the caller bounds the whole). Any failure is an `aiohttp.ClientError` or a
-        `TimeoutError`; a body that cannot be encoded is a ValueError, raised before anything is sent."""
-        data = None
+        `TimeoutError`; a body that cannot be encoded is a ValueError, raised before anything is sent. `content`:
+        a body encoded already, sent as it is with the caller's headers (a JSON `json_body` sets its own type)."""
+        data = content
         if json_body is not None:
             data = _json_body(json_body)
             headers = {**(headers or {}), "Content-Type": "application/json"}
