@@ -41,7 +41,6 @@ PRELOAD = (
     "crashsafe.services.gateway.bootstrap",
     "crashsafe.services.console.console_router",
     "crashsafe.sandbox.app",
-    "openai",  # the runtime's model client, imported before it says ready
 )
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper = 0  # the pid that made itself a subreaper

@@ -74,6 +74,8 @@ VARIABLES: tuple[Variable, ...] = (
         "OPENAI_API_KEY", "unset", "talk to a real Responses API provider instead of the scripted model"
     ),
     Variable("OPENAI_BASE_URL", "unset", "that provider's base URL"),
+    Variable("OPENAI_ORG_ID", "unset", "sent as `OpenAI-Organization` on every model call"),
+    Variable("OPENAI_PROJECT_ID", "unset", "sent as `OpenAI-Project` on every model call"),
     Variable(
         "CRASHSAFE_API_KEY",
         "unset",

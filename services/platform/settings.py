@@ -84,6 +84,8 @@ class Settings:
     model: str = "scripted"
     openai_base_url: str | None = None
     openai_api_key: str | None = None
+    openai_organization: str | None = None  # OPENAI_ORG_ID, sent as OpenAI-Organization
+    openai_project: str | None = None  # OPENAI_PROJECT_ID, sent as OpenAI-Project
     worker_id: str = ""
     ack_wait_s: float = 1.0
     stream_replicas: int = 1
@@ -255,6 +257,8 @@ class Settings:
             sandbox_port=read("CRASHSAFE_SANDBOX_PORT", cls.sandbox_port, port, "a port number 0-65535"),
             model=get("CRASHSAFE_MODEL") or cls.model,
             openai_base_url=base_url,
+            openai_organization=get("OPENAI_ORG_ID"),
+            openai_project=get("OPENAI_PROJECT_ID"),
             openai_api_key=api_key,
             worker_id=get("CRASHSAFE_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}",
             ack_wait_s=read("CRASHSAFE_ACK_WAIT_S", cls.ack_wait_s, positive_float, "seconds, a number > 0"),

@@ -17,7 +17,7 @@ from crashsafe.services.records.capability_keys import load_issuer
 from crashsafe.services.records.guest_profiles import GuestProfiles
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
-from crashsafe.services.runtime.model import ModelGateway, load_client_library
+from crashsafe.services.runtime.model import ModelGateway
 from crashsafe.services.runtime.run_catalog import RunCatalog
 from crashsafe.services.runtime.service import Runtime
 
@@ -27,8 +27,13 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     logger = configure("runtime", settings.log_level)
     telemetry = configure_telemetry("runtime", settings.otel)
     issuer = load_issuer(settings.capability_signing_key)  # no key, no runtime: it must sign every request
-    model = ModelGateway(settings.openai_base_url, settings.openai_api_key, settings.model)
-    await asyncio.to_thread(load_client_library)  # before ready: never at the first model call
+    model = ModelGateway(
+        settings.openai_base_url,
+        settings.openai_api_key,
+        settings.model,
+        organization=settings.openai_organization,
+        project=settings.openai_project,
+    )
     # Liveness answers from here on, readiness once subscribed (and about its real seams thereafter).
     ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(

@@ -117,18 +117,8 @@ class _Refused(Exception):
 _ROUTE_FAULTS = frozenset({401, 403, 404, 429})
 
 
-def _openai() -> Any:
-    """The `openai` package, imported where a client is made: importing this module stays cheap for the tools that
-    read it (replay, the CLI); a runtime imports the package before it says ready (`load_client_library`)."""
-    import openai
-
-    return openai
-
-
-def load_client_library() -> None:
-    """Import `openai` now, in a worker thread at the runtime's start: a second of CPU that, paid at the first model
-    call, held the event loop past the ack wait, and every message in hand came again."""
-    _openai()
+# The OpenAI API's base URL when a deployment names none (what the `openai` SDK defaults to).
+OPENAI_API_URL = "https://api.openai.com/v1"
 
 
 class _NoKey(Exception):
@@ -149,7 +139,7 @@ _FAILURES = (TimeoutError, MalformedAnswer, _NoKey, _Answered, aiohttp.ClientErr
 
 @dataclass(frozen=True, slots=True)
 class _RouteClient:
-    """One API's HTTP client and what each request to it carries (the key, the SDK's identifying headers)."""
+    """One API's HTTP client and what each request to it carries (the key, the organization and project)."""
 
     http: ProviderHttp
     headers: dict[str, str]
@@ -158,13 +148,13 @@ class _RouteClient:
 class ModelGateway:
     """Asks a run's model routes in order until one answers usably.
 
-    Per base URL and key variable, `openai.AsyncOpenAI` says what a request carries (the base URL, OPENAI_BASE_URL
-    when none is configured; the key; the organization and project headers; its user agent), and the product's
-    one HTTP client of outside APIs sends it (`ProviderHttp`, aiohttp; never retried: the runtime owns retries, a
-    redelivered message asks again). Bodies are encoded with msgspec and answers decoded into the few fields we
-    read. The SDK's own request path (its request transform, httpx, its response models) cost 38 % of the
-    runtime's CPU in the reference agent's bench. With no routes configured, the deployment's CRASHSAFE_MODEL at
-    OPENAI_BASE_URL."""
+    One HTTP client per base URL and key variable (`ProviderHttp`, aiohttp, the product's one client of outside
+    APIs; never retried: the runtime owns retries, a redelivered message asks again), sending what the `openai`
+    SDK sent: `Authorization: Bearer <key>`, `OpenAI-Organization` and `OpenAI-Project` when the deployment sets
+    them, JSON. Bodies are encoded with msgspec and answers decoded into the few fields we read. The SDK's request
+    path (its request transform, httpx, its response models) cost 38 % of the runtime's CPU in the reference
+    agent's bench, and importing it 22 MB of every service's memory. With no routes configured, the deployment's
+    CRASHSAFE_MODEL at OPENAI_BASE_URL (else the OpenAI API's own)."""
 
     def __init__(
         self,
@@ -174,8 +164,16 @@ class ModelGateway:
         timeout_s: float = 30.0,
         *,
         keys: Callable[[str], str | None] = route_key,
+        organization: str | None = None,
+        project: str | None = None,
     ) -> None:
         self._base_url = base_url or ""
+        # Sent on every call, whichever route (as the SDK sent OPENAI_ORG_ID and OPENAI_PROJECT_ID).
+        self._identity = {
+            name: value
+            for name, value in (("OpenAI-Organization", organization), ("OpenAI-Project", project))
+            if value
+        }
         self._api_key = api_key
         self._keys = keys  # a route's key by its variable's name (the environment, read by Settings)
         self.model = model
@@ -197,11 +195,13 @@ class ModelGateway:
             )
             if not key:
                 raise _NoKey(f"no API key: set ${route.api_key_env}")
-            identity = _openai().AsyncOpenAI(base_url=base_url or None, api_key=key, max_retries=0)
             headers = {
-                name: value for name, value in identity.default_headers.items() if isinstance(value, str)
+                "Authorization": f"Bearer {key}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                **self._identity,
             }
-            client = _RouteClient(ProviderHttp(str(identity.base_url)), headers)
+            client = _RouteClient(ProviderHttp(base_url or OPENAI_API_URL), headers)
             self._clients[(base_url, route.api_key_env)] = client
         return client
 

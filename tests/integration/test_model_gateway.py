@@ -416,3 +416,39 @@ async def test_a_provider_nobody_listens_on_is_failed_over(world: World) -> None
     assert reply.provider == "primary" and reply.tool_calls
     (why,) = reply.failovers
     assert why.startswith("dead: connection failed")
+
+
+@pytest.mark.parametrize("api", [ModelApi.RESPONSES, ModelApi.CHAT])
+async def test_a_call_carries_its_routes_key_and_the_deployments_organization_and_project(
+    api: ModelApi,
+) -> None:
+    """What the `openai` SDK sent, without it: the route's key as a bearer token (read from the variable the
+    catalog names), the deployment's OPENAI_ORG_ID and OPENAI_PROJECT_ID, a JSON body; and no cookie an answer set
+    rides on the next call (every tenant's runs share the client)."""
+    headers: list[dict[str, str]] = []
+
+    async def recorded(request: web.Request) -> web.Response:
+        headers.append(dict(request.headers))
+        reply = (
+            {"id": "c1", "choices": [{"message": {"content": "ok"}}]}
+            if request.path.endswith("completions")
+            else {"id": "resp_1", "model": "m", "output": [], "usage": {"input_tokens": 1}}
+        )
+        answer = web.json_response(reply)
+        answer.set_cookie("session", "tenant-a")
+        return answer
+
+    keys = {"ROUTE_KEY": "sk-route"}
+    gateway = ModelGateway(None, None, "m", keys=keys.get, organization="org-1", project="proj-1")
+    items: tuple[dict[str, Any], ...] = ({"role": "user", "content": BOOKING_TEXT},)
+    try:
+        async with _serving(recorded, recorded) as url:
+            route = ModelRoute(name="r", model="m", api=api.value, base_url=url, api_key_env="ROUTE_KEY")
+            for _ in range(2):
+                await gateway.answer(BOOKING, items, _booking(routes=[route]))
+    finally:
+        await gateway.close()
+    first, second = headers
+    assert first["Authorization"] == "Bearer sk-route" and first["Content-Type"] == "application/json"
+    assert (first["OpenAI-Organization"], first["OpenAI-Project"]) == ("org-1", "proj-1")
+    assert "Cookie" not in second

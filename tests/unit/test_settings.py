@@ -76,6 +76,8 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_MODEL": "gpt-x",
         "OPENAI_API_KEY": "sk-test",
         "OPENAI_BASE_URL": "https://models.example/v1",
+        "OPENAI_ORG_ID": "org-1",
+        "OPENAI_PROJECT_ID": "proj-1",
         "CRASHSAFE_API_KEY": "csk_0123456789abcdef_" + "s" * 43,
         "CRASHSAFE_TLS_CERT_FILE": str(cert),
         "CRASHSAFE_TLS_KEY_FILE": str(key),
@@ -124,6 +126,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "gpt-x",
     )
     assert (s.openai_api_key, s.openai_base_url) == ("sk-test", "https://models.example/v1")
+    assert (s.openai_organization, s.openai_project) == ("org-1", "proj-1")
     assert (s.api_key, s.tls_cert_file, s.tls_key_file) == (env["CRASHSAFE_API_KEY"], cert, key)
     assert (s.rate_per_client, s.rate_per_guest, s.reconcile_per_minute) == (50.0, 0.0, 2.5)
     assert s.active_runs_per_guest == 3
