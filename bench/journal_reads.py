@@ -1,6 +1,7 @@
 """What one journal read costs nats-server and the reader, by where the run sits in the stream and by how it is read:
-across the run's subjects at once (a wildcard batch) or one event class at a time, cut at the last sequence asked
-first (`RunJournal.stored` picks by the journal's age; docs/decisions.md).
+across the run's subjects at once (a wildcard batch, as `RunJournal.stored` reads) or one event class at a time, cut
+at the last sequence asked first (cheaper for the server far back in a long stream, and rejected: with replicas
+answering direct gets it can leave a hole; docs/decisions.md).
 
 `python bench/journal_reads.py [--runs 20000] [--reads 300]` starts its own nats-server (JetStream, a temporary
 file store), fills a stream with `--runs` journals of 3 step events and 1 milestone each (a subject per run and

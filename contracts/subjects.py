@@ -56,7 +56,6 @@ class Header(StrEnum):
     SEQUENCE = "Nats-Sequence"
     SUBJECT = "Nats-Subject"
     NUM_PENDING = "Nats-Num-Pending"
-    TIME_STAMP = "Nats-Time-Stamp"  # when a message read by direct get was stored (RFC 3339)
     UP_TO_SEQUENCE = "Nats-UpTo-Sequence"  # the sequence a paged multi-subject get answers up to
     # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
     SCHEDULE = "Nats-Schedule"

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from datetime import UTC, datetime
-
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunEvent,
@@ -13,12 +10,9 @@ from crashsafe.contracts.run_events import (
     event_encoder,
     event_type,
 )
-from crashsafe.contracts.subjects import EventClass, Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.jetstream_reads import StoredMessage
-
-# A journal whose last event is older than this is read one event class at a time (see `RunJournal.stored`).
-SETTLED_S = 2.0
 
 
 class RunJournal:
@@ -47,34 +41,20 @@ class RunJournal:
         return [(m.seq, decode_event(m.data)) for m in await self.stored(run_id, after_seq)]
 
     async def stored(self, run_id: str, after_seq: int = 0) -> list[StoredMessage]:
-        """The run's journal as stored (after stream sequence `after_seq`), in order: a prefix of it, up to its last
-        event when asked. Every journal read in the product goes through here.
+        """The run's journal as stored (after stream sequence `after_seq`), in order: always a prefix of it. Every
+        journal read in the product goes through here.
 
-        Its last sequence is asked first (one lookup in the server's subject index): a journal with nothing new is
-        not read. A batched read across the run's subjects (a wildcard) makes nats-server look past the run's last
-        event to the stream's end (its subject index skips ahead for a literal subject, not for a wildcard once
-        the stream holds 64k subjects): 2.1-4.9 ms of its CPU for a run 18,000 messages back, against 0.13-0.17 for
-        a run just ended. So a journal that ended `SETTLED_S` ago is read one event class (a literal subject) at a
-        time, 0.23-0.33 ms wherever it is, and the classes merged up to the last sequence asked first (an event
-        appended meanwhile is left for the next read, never a gap in the prefix)."""
-        last = await self.broker.last_on_subject(self.stream, self.ns.run_events(run_id))
-        if last is None or last.seq <= after_seq:
-            return []
-        if _age_s(last) < SETTLED_S:
-            stored = await self.broker.read_subject(
-                self.stream, self.ns.run_events(run_id), after_seq=after_seq
-            )
-        else:
-            parts = await asyncio.gather(
-                *(
-                    self.broker.read_subject(
-                        self.stream, self.ns.run_event(run_id, kind), after_seq=after_seq
-                    )
-                    for kind in EventClass
-                )
-            )
-            stored = sorted((m for part in parts for m in part), key=lambda m: m.seq)
-        return [m for m in stored if m.seq <= last.seq]
+        One read across the run's subjects, continued batch by batch from the last sequence read: whichever replica
+        answers a batch (direct gets), a lagging one only ends the prefix early, and an append decided on it meets
+        the journal's real version. (Reading one event class at a time is cheaper for nats-server on a run far back
+        in a long stream, but two replicas could answer the two classes at two points in time: a hole an append
+        could pass. Measured and rejected: docs/decisions.md.) A read after a sequence asks the journal's last
+        sequence first (one lookup in the server's subject index): a journal with nothing new is not read."""
+        if after_seq:
+            last = await self.broker.last_on_subject(self.stream, self.ns.run_events(run_id))
+            if last is None or last.seq <= after_seq:
+                return []
+        return await self.broker.read_subject(self.stream, self.ns.run_events(run_id), after_seq=after_seq)
 
     async def read_all(self) -> dict[str, list[JournalEvent]]:
         """Every run's journal, grouped by run (for audits and manual reconciliation; not for the hot path)."""
@@ -102,13 +82,3 @@ class RunJournal:
             headers=headers,
         )
         return published.seq
-
-
-def _age_s(message: StoredMessage) -> float:
-    """How long ago the server stored `message` (to the second; 0 if it does not say)."""
-    stamp = message.headers.get(Header.TIME_STAMP, "")
-    try:
-        stored_at = datetime.fromisoformat(stamp[:19]).replace(tzinfo=UTC)
-    except ValueError:
-        return 0.0
-    return (datetime.now(UTC) - stored_at).total_seconds()

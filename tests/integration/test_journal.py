@@ -16,7 +16,6 @@ from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.jetstream_reads import StoredMessage
-from crashsafe.services.records import run_journal
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support.broker import ensure_streams
 from tests.support.runs import started
@@ -101,15 +100,12 @@ async def test_a_step_and_a_milestone_at_the_same_version_one_wins(
     )
 
 
-@pytest.mark.parametrize("settled", [False, True], ids=["just-ended", "settled"])
-async def test_a_journal_read_is_a_prefix_up_to_its_last_event_when_asked(
-    broker: Broker, namespace: Namespace, monkeypatch: pytest.MonkeyPatch, settled: bool
+async def test_a_journal_is_read_whole_or_after_a_sequence_and_nothing_new_is_not_read(
+    broker: Broker, namespace: Namespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Read across the run's subjects at once (just ended) or one event class at a time (settled): the same events
-    in order, from any sequence on; and an event appended while the classes are read is left for the next read,
-    never returned past a gap (an append decided on such a read would land on a state missing an event)."""
+    """The journal in order, from any sequence on; a reader that read it to its end asks its last sequence and reads
+    nothing more (a batched read costs nats-server a look to the stream's end)."""
     await ensure_streams(broker, namespace)
-    monkeypatch.setattr(run_journal, "SETTLED_S", -1.0 if settled else 3600.0)
     journal = RunJournal(broker, namespace)
     run_id = "run_" + uuid.uuid4().hex[:24]
     now = datetime.now(UTC)
@@ -119,24 +115,17 @@ async def test_a_journal_read_is_a_prefix_up_to_its_last_event_when_asked(
             run_id=run_id, at=now, step_no=step, model="m", response_id=f"r{step}", reply="x"
         )
         seq = await journal.append(answer, seq)
+    await journal.append(RunCompleted(run_id=run_id, at=now, reply="done"), seq)
     seqs = [m.seq for m in await journal.stored(run_id)]
-    assert len(seqs) == 4 and seqs == sorted(seqs) and seqs[-1] == seq
+    assert len(seqs) == 5 and seqs == sorted(seqs)
     assert [m.seq for m in await journal.stored(run_id, seqs[1])] == seqs[2:]
-    assert await journal.stored(run_id, seq) == []
-    # The run's last sequence is asked first; two events land before its classes are read: a step, then its end.
-    asked = broker.last_on_subject
+    batched: list[str] = []
+    read_subject = broker.read_subject
 
-    async def then_appended(stream: str, subject: str) -> StoredMessage | None:
-        last = await asked(stream, subject)
-        if subject == namespace.run_events(run_id):
-            step = ModelAnswered(run_id=run_id, at=now, step_no=4, model="m", response_id="r4", reply="x")
-            after = await journal.append(step, seq)
-            await journal.append(RunCompleted(run_id=run_id, at=now, reply="done"), after)
-        return last
+    async def counted(stream: str, subject: str, after_seq: int = 0, batch: int = 256) -> list[StoredMessage]:
+        batched.append(subject)
+        return await read_subject(stream, subject, after_seq, batch)
 
-    monkeypatch.setattr(broker, "last_on_subject", then_appended)
-    read = await journal.stored(run_id)
-    monkeypatch.setattr(broker, "last_on_subject", asked)
-    assert [m.seq for m in read] == seqs
-    events, last = await journal.read(run_id)
-    assert last > seq and isinstance(events[-1], RunCompleted) and len(events) == 6
+    monkeypatch.setattr(broker, "read_subject", counted)
+    assert await journal.stored(run_id, seqs[-1]) == [] and batched == []
+    assert await journal.read_after("run_" + uuid.uuid4().hex[:24], 7) == [] and batched == []

@@ -881,6 +881,6 @@ async def test_without_an_audit_trail_a_run_of_an_agent_that_projects_nothing_co
         assert await projector.plan_run(steps.run_id) == 0
         assert whole_reads == []
         assert await projector.plan_run(paid[0].run_id) == 2
-        # Its whole journal: across its subjects at once, or (read 2 s after its end) one event class at a time.
+        # Its whole journal, and no other.
         whose = f"{world.ns.name}.run.{paid[0].run_id}."
         assert whole_reads and all(subject.startswith(whose) for subject in whole_reads), whole_reads
