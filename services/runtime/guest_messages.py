@@ -98,7 +98,7 @@ class GuestMessages:
             # Refused after the gateway's 202 (the session changed hands after it checked the guest): the message
             # must not answer another guest's run, nor be lost. It becomes its own run, outside the lane, unless
             # it came again and is a turn of one of the session's runs that ended before the other guest's began.
-            if redelivered and await self._taken_already(event):
+            if await self._taken_already(event, redelivered):
                 return
             log(
                 self.logger,
@@ -112,22 +112,28 @@ class GuestMessages:
             return
         raise RunVersionConflict(subject=self.ns.run_events(event.run_id), expected_seq=0)
 
-    async def _taken_already(self, event: InboundEvent) -> bool:
+    async def _taken_already(self, event: InboundEvent, redelivered: bool) -> bool:
         """A message that comes again (its handler died before the ack, or its ack wait ran out while it queued
         behind its session's other messages) may already be a turn of a run of its session that has ended since:
-        never start a second run of it, nor join it to the session's next run. Asked only on a redelivery, and only
-        after the lane's owner was read: asked earlier, the run holding the turn could end between the question and
-        the lane's answer. Journals are read for the run its turn mark names (the last run it was handed to), the run
-        the gateway answered it would join (`turn_of`), the session's owner and its last finished runs
-        (`records/turn_holders.py`)."""
+        never start a second run of it, nor join it to the session's next run. Asked only after the lane's owner
+        was read: asked earlier, the run holding the turn could end between the question and the lane's answer.
+
+        On a redelivery the journals are read of the run its turn mark names (the last run it was handed to), the
+        run the gateway answered it would join (`turn_of`), the session's owner and its last finished runs
+        (`records/turn_holders.py`). A first delivery reads its mark alone (one KV read, and a journal only if it
+        was marked): its handler may have stalled past the ack wait (a paused process sends no heartbeat) while
+        another replica took its redelivery."""
         if not event.tenant:
             return False
         # The journals, never this replica's cached copies: a run it holds waiting may have taken this very message
         # as a turn on another replica and ended there (the copy would say "not ended, not taken").
         marked = await self.lanes.turn_mark(event.tenant, event.run_id)
-        lane = await self.lanes.lane(event.tenant, event.message.session_id)
+        if not redelivered and not marked:
+            return False
+        lane = await self.lanes.lane(event.tenant, event.message.session_id) if redelivered else SessionLane()
+        first = (marked, event.turn_of) if redelivered else (marked,)
         found = await turn_holder(
-            self.appends.journal, lane, event.message.event_id, (marked, event.turn_of), besides=event.run_id
+            self.appends.journal, lane, event.message.event_id, first, besides=event.run_id
         )
         return found is not None and found[1].terminal  # (a run still active that holds it is driven again)
 
@@ -162,7 +168,7 @@ class GuestMessages:
             )
             # Asked after the owner's state was read, so every run that had ended by then is final: a message that
             # came again and is a turn of one is neither joined to the next owner nor started as its own run.
-            if redelivered and not isinstance(move, Start) and await self._taken_already(event):
+            if not isinstance(move, Start) and await self._taken_already(event, redelivered):
                 return None, None
             match move:
                 case Start():

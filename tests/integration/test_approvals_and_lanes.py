@@ -462,12 +462,14 @@ async def test_a_turn_that_comes_again_joins_no_later_run_of_its_session(world: 
     assert await _events(world, run_id_for(TENANT, said)) == []
 
 
+@pytest.mark.parametrize("redelivered", [True, False], ids=["redelivered", "first-delivery-that-stalled"])
 async def test_a_turn_that_comes_again_after_many_runs_of_its_session_is_found_by_its_mark(
-    world: World,
+    world: World, redelivered: bool
 ) -> None:
     """The run that took the turn ended, and the session has had more runs since than its lane remembers (each
     message after it became a run of its own, as a guest's burst does once the first run ends), and the gateway's
-    answer named no run: the turn delivered again is found by its turn mark, not joined to the session's run."""
+    answer named no run: the turn delivered again is found by its turn mark, not joined to the session's run. Also
+    as its first delivery, whose handler stalled past the ack wait while another replica took it."""
     held = await _held_run(world)
     said = await _say(world, held, "yes")
     await _ended(world, held.run_id)
@@ -491,7 +493,9 @@ async def test_a_turn_that_comes_again_after_many_runs_of_its_session_is_found_b
         world.ns.stream(StreamKind.INBOUND), world.ns.inbound(message_run)
     )
     assert stored is not None and inbound_decoder.decode(stored.data).turn_of == ""
-    await world.runtime.admit(inbound_decoder.decode(stored.data), context_from(None), redelivered=True)
+    await world.runtime.admit(
+        inbound_decoder.decode(stored.data), context_from(None), redelivered=redelivered
+    )
     assert [e for e in await _events(world, later) if isinstance(e, TurnReceived)] == []
     assert await _events(world, message_run) == []
     turns = [e for e in await _events(world, held.run_id) if isinstance(e, TurnReceived)]
