@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -15,12 +15,13 @@ import pytest
 
 from crashsafe.contracts.keys import run_id_for
 from crashsafe.contracts.policy import Approver
-from crashsafe.contracts.run_events import Budget, RunStarted, TurnReceived
+from crashsafe.contracts.run_events import TurnReceived
 from crashsafe.domain.call_plan import approval_id_for
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.session_lane_records import SessionRecords
 from tests.support.holds import held_search
+from tests.support.runs import started as started_event
 from tests.support.stack import StackClient, guest_event, supervised
 from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKING_TEXT
@@ -135,25 +136,17 @@ async def test_a_retried_turn_is_answered_with_the_run_that_took_it_not_the_one_
     async def started(key: str) -> str:
         """A run of the session's guest, journaled as the runtime starts one (nothing drives it: the runtime is
         stopped for the whole test)."""
-        now, run_id = datetime.now(UTC), run_id_for(client.tenant, key)
-        budget = Budget()
-        await journal.append(
-            RunStarted(
-                run_id=run_id,
-                at=now,
-                agent="booking",
-                session_id=session,
-                guest_id=guest,
-                event_id=key,
-                idempotency_key=key,
-                input_hash="0" * 64,
-                text=BOOKING_TEXT,
-                budget=budget,
-                deadline_at=now + timedelta(seconds=budget.deadline_s),
-                tenant=client.tenant,
-            ),
-            0,
+        run_id = run_id_for(client.tenant, key)
+        first_event = msgspec.structs.replace(
+            started_event(at=datetime.now(UTC)),
+            run_id=run_id,
+            session_id=session,
+            guest_id=guest,
+            event_id=key,
+            idempotency_key=key,
+            tenant=client.tenant,
         )
+        await journal.append(first_event, 0)
         return run_id
 
     runtime.send_signal(signal.SIGSTOP)
