@@ -18,7 +18,7 @@ from bench.workloads import REGISTRY
 from crashsafe.contracts.run_events import ActionRequested, RunCompleted, RunHandedOff, event_decoder
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.services.platform.jetstream import Broker
-from crashsafe.services.platform.settings import NatsAccess
+from crashsafe.services.platform.settings import NatsAccess, Settings
 from crashsafe.stack import Stack
 
 AGENT = "steps5x100ms"
@@ -123,7 +123,9 @@ def _at(ordered: list[float], q: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--ack-wait", type=float, default=1.0)
+    parser.add_argument(
+        "--ack-wait", type=float, default=Settings.ack_wait_s, help="(default: the product's)"
+    )
     parser.add_argument("--scenarios", default="none,restart,replica,executor")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

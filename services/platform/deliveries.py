@@ -182,7 +182,9 @@ class Deliveries:
     async def _heartbeats(self) -> None:
         """Every message handled for longer than a heartbeat says "in progress", so its ack timer restarts."""
         while self._handling:
-            await asyncio.sleep(self.heartbeat_s)
+            # Swept twice a heartbeat: a message that arrived just after a sweep says so within 1.5 heartbeats of
+            # its delivery, not 2, leaving more of the ack wait for a loop that lags.
+            await asyncio.sleep(self.heartbeat_s / 2)
             now = time.monotonic()
             for ident, (msg, since) in list(self._handling.items()):
                 if now - since >= self.heartbeat_s and ident in self._handling and not msg.is_acked:
