@@ -45,6 +45,17 @@ class Deadlines:
 
         self._timers[run_id] = asyncio.get_running_loop().call_later(delay, fire)
 
+    def disarm(self, run_id: str) -> None:
+        """The run has ended: its wake is not needed. (Left armed, each ended run kept a timer, its closure and a
+        wake to send until its deadline, 90 s by default, when the wake read its finished journal back in.)"""
+        handle = self._timers.pop(run_id, None)
+        if handle is not None:
+            handle.cancel()
+
+    @property
+    def armed(self) -> int:
+        return len(self._timers)
+
     def stop(self) -> None:
         for handle in self._timers.values():
             handle.cancel()

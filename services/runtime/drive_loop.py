@@ -141,6 +141,8 @@ class DriveLoop:
                 self._report_fault(run.state, fault)
                 await release_active(self.appends.broker, self.appends.ns, run.state, self.logger)
                 await self.lanes.release(run.state)
+                if run.state.terminal:
+                    self.deadlines.disarm(run.state.run_id)
                 self.appends.runs.settle(run)
                 return False
             case AwaitApproval(approval=approval):

@@ -1,10 +1,14 @@
 """The runs a runtime worker holds in memory: each one's folded state, journal version and published requests, a
-lock per run, bounded (the oldest are dropped; a dropped run is read from its journal again when it moves)."""
+lock per run, bounded (the oldest are dropped; a dropped run is read from its journal again when it moves). Only
+active runs stay: an ended one is let go once no handler holds its lock, and a lock lives only while a handler
+holds it or waits on it (both once grew with every run the worker ever saw)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from crashsafe.contracts.run_events import ActionRequested
@@ -30,7 +34,9 @@ def sent(intent: ActionRequested) -> str:
 class HeldRuns:
     def __init__(self, limit: int = MAX_CACHED_RUNS) -> None:
         self._runs: OrderedDict[str, HeldRun] = OrderedDict()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[
+            str, tuple[asyncio.Lock, int]
+        ] = {}  # run -> its lock, and the handlers holding or waiting
         self._limit = limit
 
     def __contains__(self, run_id: object) -> bool:
@@ -46,25 +52,44 @@ class HeldRuns:
             self._runs.move_to_end(run_id)
         return run
 
-    def lock(self, run_id: str) -> asyncio.Lock:
-        """The run's lock: one handler at a time moves a run in this worker."""
-        lock = self._locks.get(run_id)
+    @asynccontextmanager
+    async def lock(self, run_id: str) -> AsyncIterator[None]:
+        """The run's lock, held for the block: one handler at a time moves a run in this worker (fair: in the order
+        they asked). When the last handler leaves, the lock goes, and the run too if it has ended: whatever read it
+        in (a wake of a finished run, a late turn) does not keep it."""
+        lock, users = self._locks.get(run_id, (None, 0))
         if lock is None:
-            lock = self._locks[run_id] = asyncio.Lock()
-        return lock
+            lock = asyncio.Lock()
+        self._locks[run_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[run_id]
+            if users > 1:
+                self._locks[run_id] = (lock, users - 1)
+            else:
+                del self._locks[run_id]
+                run = self._runs.get(run_id)
+                if run is not None:
+                    self.settle(run)
 
     def remember(self, run: HeldRun) -> HeldRun:
         self._runs[run.state.run_id] = run
         self._runs.move_to_end(run.state.run_id)
         while len(self._runs) > self._limit:
-            old, _ = self._runs.popitem(last=False)
-            self._locks.pop(old, None)
+            self._runs.popitem(last=False)
         return run
 
     def settle(self, run: HeldRun) -> None:
-        """An ended run is let go (its lock too, unless a handler waits on it)."""
+        """An ended run is let go."""
         if run.state.terminal:
             self._runs.pop(run.state.run_id, None)
-            lock = self._locks.get(run.state.run_id)
-            if lock is not None and not lock.locked():
-                self._locks.pop(run.state.run_id, None)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    @property
+    def locks(self) -> int:
+        """Runs whose lock a handler holds or waits on now."""
+        return len(self._locks)

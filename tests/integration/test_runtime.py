@@ -30,6 +30,7 @@ from crashsafe.domain.fold import fold_run, replay
 from crashsafe.domain.model_calls import model_answered
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_asks import wake_run
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.model import ResponsesModel
 from crashsafe.services.runtime.service import Runtime
@@ -216,4 +217,43 @@ async def test_an_old_and_a_new_replica_side_by_side_finish_a_booking_once(
         assert ledger["counts"] == BOOKED_AND_PAID, (run_id, ledger["counts"])
     unknown = sum(isinstance(e, UnknownEvent) for events in journals for e in events)
     assert unknown == newer.wrote
+    assert await dead_letters(broker, namespace) == []
+
+
+async def test_a_worker_keeps_nothing_of_runs_that_ended_not_even_after_a_late_wake(
+    workers: Workers, broker: Broker, namespace: Namespace
+) -> None:
+    """Ended runs leave no folded state, no lock and no deadline timer behind: each once stayed for every run the
+    worker ever saw (a timer until the run's deadline, whose wake then read the finished run back into memory for
+    good: 700 MB after 60,000 steps5 runs). A wake of an ended run reads it and lets it go again."""
+    worker = workers.first
+    await worker.start()
+    event_id = unique("ev")
+    run_ids = [
+        await submit_inbound(broker, namespace, f"{event_id}-{i}", agent="booking", text=BOOKING_TEXT)
+        for i in range(4)
+    ]
+
+    async def ended() -> bool:
+        states = [replay((await workers.journal.read(run_id))[0]) for run_id in run_ids]
+        return all(s is not None and s.terminal for s in states)
+
+    await eventually(ended, what="every run to end")
+
+    async def let_go() -> bool:
+        return len(worker.runs) == 0 and worker.runs.locks == 0 and worker.deadlines.armed == 0
+
+    await eventually(let_go, what="the worker to let every ended run go")
+
+    woken = asyncio.Event()
+    heed = worker.wake
+
+    async def wake_noted(wake: Any, ctx: Any) -> None:
+        await heed(wake, ctx)
+        woken.set()
+
+    worker.wake = wake_noted  # type: ignore[method-assign]
+    await wake_run(broker, worker.settings, run_ids[0], "deadline passed with actions pending", "test")
+    await asyncio.wait_for(woken.wait(), 10)
+    assert (len(worker.runs), worker.runs.locks, worker.deadlines.armed) == (0, 0, 0)
     assert await dead_letters(broker, namespace) == []
