@@ -968,3 +968,66 @@ async def test_a_store_whose_commits_fsync_keeps_them_off_the_event_loop(tmp_pat
     finally:
         await full.close()
         await normal.close()
+
+
+async def test_recent_receipts_read_a_big_store_a_slice_at_a_time(tmp_path: Path) -> None:
+    """What a new owner republishes from the store it takes over: the receipts of the last seconds only, read a
+    slice of rows at a time with a turn of the event loop between (the store runs on the loop; its deliveries'
+    heartbeats must not wait out a scan of every row it ever wrote)."""
+    store = await ActionStore.open(tmp_path / "store.sqlite3")
+    now = datetime.now(UTC)
+    recent: list[ActionOutcome] = []
+    try:
+        for i in range(10):
+            request = ActionRequest(
+                run_id=f"run_{i}",
+                step_no=1,
+                tool="create_booking",
+                family="booking",
+                args=book_args(),
+                key=f"run_{i}:1",
+                input_hash="h",
+                timeout_s=5.0,
+                deadline_at=now,
+                requested_at=now,
+            )
+            assert await store.begin(request, stream_seq=i + 1)
+            if i % 3 == 0:
+                continue  # an intent with no receipt
+            outcome = ActionOutcome(
+                run_id=request.run_id,
+                step_no=1,
+                tool=request.tool,
+                key=request.key,
+                status=OutcomeStatus.SUCCEEDED,
+                result={"booking_id": f"bk_{i}"},
+                provider_ref=f"bk_{i}",
+                attempts=1,
+            )
+            await store.finish(outcome, stream_seq=None)
+            if i < 4:  # written long ago
+                await store._db.execute(
+                    "UPDATE actions SET updated_at = ? WHERE key = ?", (time.time() - 3600, request.key)
+                )
+            else:
+                recent.append(outcome)
+
+        turns = 0
+        scanning = True
+
+        async def other_work() -> None:
+            nonlocal turns
+            while scanning:
+                turns += 1
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        before = turns
+        found = await store.recent_receipts(since_s=60, rows_a_turn=3)
+        scanning = False
+        await beside
+        assert sorted(found, key=lambda o: o.key) == sorted(recent, key=lambda o: o.key)
+        assert turns - before >= 3  # 10 rows, 3 a turn: the loop ran between the slices
+    finally:
+        await store.close()
