@@ -176,6 +176,21 @@ def test_a_rate_of_zero_is_no_limit_and_idle_buckets_are_forgotten() -> None:
     assert small.take("c", 0.0) > 0.0
 
 
+def test_a_bucket_full_again_is_forgotten_so_a_gateway_keeps_only_the_recent_guests() -> None:
+    buckets = TokenBuckets(Rate(per_s=20.0, burst=40.0))  # full again 2 s after its last take
+    for guest in range(1_000):
+        assert buckets.take(f"g{guest}", 0.0) == 0.0
+    for _ in range(40):
+        buckets.take("flood", 1.0)
+    assert len(buckets) == 1_001
+    assert buckets.take("late", 2.5) == 0.0
+    assert len(buckets) == 2  # the thousand idle since 0.0 are full again: forgotten; the flood is not
+    assert buckets.take("flood", 2.5) == 0.0 and buckets.take("g1", 2.5) == 0.0
+    assert [buckets.take("flood", 2.5) for _ in range(40)].count(
+        0.0
+    ) == 29  # 1.5 s refilled 30; one taken above
+
+
 # Active runs --------------------------------------------------------------------------------------------------
 
 
