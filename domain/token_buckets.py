@@ -25,7 +25,7 @@ class TokenBuckets:
     """One bucket per key (a client id, a guest, a run). A bucket idle long enough to be full again is forgotten
     (a full bucket and a missing one answer the same), so what is kept is the keys of the last refill time
     (`burst / per_s`: 2 s for a guest); past `max_keys` of those, the least recently used go too. (Kept until the
-    bound, a gateway held every guest it had seen: 0.4 KB a run in a steady booking benchmark.)"""
+    bound, a gateway held every guest it had seen: 0.4 KB a run in a steady benchmark.)"""
 
     def __init__(self, rate: Rate, max_keys: int = 100_000) -> None:
         self.rate = rate
