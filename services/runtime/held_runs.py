@@ -55,8 +55,8 @@ class HeldRuns:
     @asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
         """The run's lock, held for the block: one handler at a time moves a run in this worker (fair: in the order
-        they asked). When the last handler leaves, the lock goes, and the run too if it has ended: whatever read it
-        in (a wake of a finished run, a late turn) does not keep it."""
+        they asked). When the last handler leaves, the lock goes, and the run too if it has ended with nothing in
+        flight: whatever read it in (a wake of a finished run, a late turn) does not keep it."""
         lock, users = self._locks.get(run_id, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
@@ -71,7 +71,9 @@ class HeldRuns:
             else:
                 del self._locks[run_id]
                 run = self._runs.get(run_id)
-                if run is not None:
+                if run is not None and not run.state.pending:
+                    # A run handed off with requests out stays: what it published is remembered, so a late
+                    # receipt does not send them again (found by review).
                     self.settle(run)
 
     def remember(self, run: HeldRun) -> HeldRun:
