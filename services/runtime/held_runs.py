@@ -34,9 +34,8 @@ def sent(intent: ActionRequested) -> str:
 class HeldRuns:
     def __init__(self, limit: int = MAX_CACHED_RUNS) -> None:
         self._runs: OrderedDict[str, HeldRun] = OrderedDict()
-        self._locks: dict[
-            str, tuple[asyncio.Lock, int]
-        ] = {}  # run -> its lock, and the handlers holding or waiting
+        # run -> its lock, and how many handlers hold it or wait on it
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._limit = limit
 
     def __contains__(self, run_id: object) -> bool:
