@@ -8,6 +8,7 @@ when a key is to be asked about again. The detectors (`open_work`) then judge on
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -48,9 +49,11 @@ def accepted(
 
 def due_looks(work: OpenWork, now: datetime, limit: int) -> list[str]:
     """The runs to read now, the longest overdue first, at most `limit` (the rest wait for the next tick)."""
-    due = [(look.next_at, run_id) for run_id, look in work.looks.items() if look.next_at <= now]
-    due.sort()
-    return [run_id for _, run_id in due[:limit]]
+    # The `limit` smallest, not the whole list sorted (a backlog of accepted runs is every run in flight).
+    due = heapq.nsmallest(
+        limit, ((look.next_at, run_id) for run_id, look in work.looks.items() if look.next_at <= now)
+    )
+    return [run_id for _, run_id in due]
 
 
 def looked(
