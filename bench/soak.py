@@ -42,7 +42,7 @@ from crashsafe.stack_processes import ProcessIdentity
 T = TypeVar("T")
 
 # Projection retries (2 s … 5 minutes when real) at a twentieth: a receiver killed in the soak is retried soon.
-SOAK_ENV = {"CRASHSAFE_PROJECTION_TIME_SCALE": "0.05"}  # the default ack wait, as deployed
+SOAK_ENV = {"CRASHSAFE_PROJECTION_TIME_SCALE": "0.05"}  # the default ack wait (1 s), as deployed
 
 BOOKING = "Book a room in {city} from 2031-12-{d1:02d} to 2031-12-{d2:02d}"
 CITIES = ("Lisbon", "Berlin", "Paris")

@@ -40,7 +40,7 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("CRASHSAFE_DATA_DIR", ".crashsafe/data", "executor SQLite files, one per owned partition"),
     Variable("CRASHSAFE_SQLITE_SYNC", "NORMAL", "`FULL` fsyncs every receipt (power-loss safe)"),
-    Variable("CRASHSAFE_ACK_WAIT_S", "0.5", "ack wait of every consumer"),
+    Variable("CRASHSAFE_ACK_WAIT_S", "1", "ack wait of every consumer"),
     Variable("CRASHSAFE_STREAM_REPLICAS", "1", "`3` on a three-node JetStream cluster"),
     Variable("CRASHSAFE_GATEWAY_HOST", "127.0.0.1", "gateway listen address"),
     Variable("CRASHSAFE_GATEWAY_PORT", "8080", "gateway listen port"),

@@ -87,7 +87,7 @@ class Settings:
     openai_organization: str | None = None  # OPENAI_ORG_ID, sent as OpenAI-Organization
     openai_project: str | None = None  # OPENAI_PROJECT_ID, sent as OpenAI-Project
     worker_id: str = ""
-    ack_wait_s: float = 0.5
+    ack_wait_s: float = 1.0
     stream_replicas: int = 1
     log_level: str = "INFO"
     crash_at: str | None = None
