@@ -227,8 +227,9 @@ class ActionStore:
 
         Read `rows_a_turn` rows of the table at a time, giving the event loop a turn between: the store may run on
         the loop (store_connection.py), rows are never deleted, and one scan of a store of a million rows held
-        the loop about 0.4 s, past what the ack wait leaves a delivery's heartbeat, just as a partition is taken
-        over. (An index on `updated_at` would cost every intent and receipt its upkeep: 6–12 µs a step.)"""
+        the loop about 0.4 s (more on a bigger store), its deliveries' heartbeats and lease renewals waiting, just
+        as a partition is taken over. (An index on `updated_at` would cost every intent and receipt its upkeep:
+        6–12 µs a step.)"""
         since = time.time() - since_s
         last = next(iter(await self._db.execute_fetchall("SELECT MAX(rowid) FROM actions")))[0] or 0
         out: list[ActionOutcome] = []
