@@ -156,3 +156,27 @@ async def test_a_handler_that_settled_and_then_raised_is_not_settled_twice() -> 
     msg = _Msg(num_delivered=1)
     await _deliver(acks_then_fails, msg, settles_itself=True)
     assert msg.settled == ["ack"]
+
+
+async def test_a_message_handled_past_a_heartbeat_says_in_progress_within_one_and_a_half_of_them() -> None:
+    # The ack wait's margin: a message that arrives just after a sweep must not wait two heartbeats (half the
+    # ack wait) for its first "in progress", or a loop that lags a little lets it be delivered again.
+    loop = Deliveries(
+        _Broker(), Namespace("t"), "test", logging.getLogger("tests.deliveries"), MAX_DELIVER, 4.0
+    )  # type: ignore[arg-type]
+    beat = loop.heartbeat_s
+    assert beat == 1.0
+
+    def lasting(seconds: float) -> Any:
+        async def handler(msg: Any) -> None:
+            await asyncio.sleep(seconds)
+
+        return handler
+
+    first, second = _Msg(), _Msg()
+    await loop.dispatch(lasting(2.2 * beat))(first)  # type: ignore[arg-type]  # starts the sweeper
+    await asyncio.sleep(0.3 * beat)  # the second arrives between two sweeps
+    await loop.dispatch(lasting(1.6 * beat))(second)  # type: ignore[arg-type]
+    await loop.drain()
+    assert "in_progress" in second.settled and second.settled[-1] == "ack"
+    assert first.settled[-1] == "ack"
