@@ -36,14 +36,12 @@ GUESTS = "guests"
 # Approval records and session lanes (issue 9).
 APPROVALS = "approvals"
 SESSIONS = "sessions"
-KEY_FACTS = (
-    "key_facts"  # an action key's facts beside its partition's store (issue 17): its family's executors
-)
+# An action key's facts beside its partition's store (issue 17): its family's executors.
+KEY_FACTS = "key_facts"
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
-PROJECTIONS = "projections"  # projection receipts (issue 10): the projector writes them, the reconciler reads
-DEAD_MARKS = (
-    "dead_marks"  # dead letters an operator replayed or discarded (issue 11): the gateway and the CLI
-)
+PROJECTIONS = "projections"  # receipts and run plans (issue 10): the projector writes, the reconciler reads
+# Dead letters an operator replayed or discarded (issue 11): the gateway and the CLI.
+DEAD_MARKS = "dead_marks"
 
 
 class Role(StrEnum):
@@ -276,7 +274,7 @@ def users(
             # The expiry backstop: it reads pending approvals and wakes their runs, never decides one.
             stream_info(s.kv_stream(APPROVALS)),
             *direct_get(s.kv_stream(APPROVALS)),
-            # Lost projections: it reads their receipts (never writes one) and publishes their tasks again.
+            # Lost projections: it reads receipts and plans (never writes one), publishes lost tasks again.
             f"{n}.projection.>",
             stream_info(s.kv_stream(PROJECTIONS)),
             *direct_get(s.kv_stream(PROJECTIONS)),
@@ -335,8 +333,8 @@ def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:
 def _projector(s: Scope, concrete: Namespace) -> NatsUser:
     """The projector: its durable on the run journals and direct gets of them (the outbox it plans from), the
     projection tasks it publishes and its own consumers of them (one per projection tool: any durable on the
-    PROJECTIONS stream, whose create subject still binds the filter to `projection.*.*`), the receipts bucket,
-    and its dead letters and operator events. No journal append, no action, no other bucket."""
+    PROJECTIONS stream, whose create subject binds the filter to `projection.*.*`), the receipts bucket with
+    each run's plan, its dead letters and operator events. No journal append, no action, no other bucket."""
     n = s.n
     runs, tasks = s.stream(StreamKind.RUNS), s.stream(StreamKind.PROJECTIONS)
     planner = s.consumer(projector_planner_consumer(concrete))
@@ -347,6 +345,7 @@ def _projector(s: Scope, concrete: Namespace) -> NatsUser:
             f"{n}.dead.projector",
             f"{n}.ops.projection_failed.*",
             s.kv(PROJECTIONS, "projection.*.*"),
+            s.kv(PROJECTIONS, "plan.*"),  # each ended run's plan, beside its receipts
             *(
                 stream_info(s.stream(k))
                 for k in (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)

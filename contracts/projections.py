@@ -69,6 +69,27 @@ class ProjectionRecord(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""  # the last failure, for a person
 
 
+class PlannedProjection(msgspec.Struct, frozen=True, kw_only=True):
+    """One task of a plan: the tool that delivers it and its key (together they name its receipt)."""
+
+    tool: str
+    key: str
+
+
+class ProjectionPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the projector planned for an ended run, `plan.<digest(run_id)>` in `<ns>_projections`, written once
+    the plan's tasks are published (kept as long as the planner plans a run again). The reconciler tells a run
+    whose every projection has settled from this and the receipts alone, without reading its journal; a plan
+    whose `last_event_at` (the latest event of the journal it was planned from) is older than the run's latest
+    milestone is not trusted, and the journal is read."""
+
+    run_id: str
+    events: int  # the journal's length it was planned from
+    last_event_at: datetime
+    planned_at: datetime
+    tasks: tuple[PlannedProjection, ...] = ()
+
+
 class ProjectionFailed(
     msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="ops.projection_failed"
 ):
@@ -89,4 +110,5 @@ class ProjectionFailed(
 task_encoder = msgspec.json.Encoder()
 task_decoder = msgspec.json.Decoder(ProjectionTask)
 record_decoder = msgspec.json.Decoder(ProjectionRecord)
+plan_decoder = msgspec.json.Decoder(ProjectionPlan)
 failed_decoder = msgspec.json.Decoder(ProjectionFailed)

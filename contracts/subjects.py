@@ -31,43 +31,6 @@ class EventClass(StrEnum):
     MILESTONE = "milestone"
 
 
-class Header(StrEnum):
-    """NATS and HTTP header names that carry meaning across services."""
-
-    MSG_ID = "Nats-Msg-Id"
-    EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
-    # The filter the expected last sequence is checked across (nats-server 2.11+): a run's journal spans a
-    # subject per event class, and its version is the last sequence on any of them.
-    EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
-    TRACEPARENT = "traceparent"
-    TRACESTATE = "tracestate"
-    IDEMPOTENCY_KEY = "Idempotency-Key"
-    # The provider account a call acts in: the run's tenant (`RunState.account`); a call never sees another's.
-    PROVIDER_ACCOUNT = "Provider-Account"
-    AUTHORIZATION = "Authorization"
-    RETRY_AFTER = "Retry-After"
-    # A provider's "this answer is the one an earlier request with the key got" (Stripe's header).
-    IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
-    CONTENT_LENGTH = "Content-Length"
-    # Per-message TTL (nats-server 2.11+): a lease or membership key the server removes unless it is renewed.
-    MSG_TTL = "Nats-TTL"
-    KV_OPERATION = "KV-Operation"
-    # What a direct get answers with, beside the stored message.
-    SEQUENCE = "Nats-Sequence"
-    SUBJECT = "Nats-Subject"
-    NUM_PENDING = "Nats-Num-Pending"
-    UP_TO_SEQUENCE = "Nats-UpTo-Sequence"  # the sequence a paged multi-subject get answers up to
-    # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
-    SCHEDULE = "Nats-Schedule"
-    SCHEDULE_TARGET = "Nats-Schedule-Target"
-    # With `Nats-Schedule-Next: purge`, the schedule subject the server purges (a cancelled timer).
-    SCHEDULER = "Nats-Scheduler"
-    SCHEDULE_NEXT = "Nats-Schedule-Next"
-    # On a journal event appended after its run ended (a late receipt after a hand-off): the projector re-plans the
-    # run from this alone, without reading every outcome's journal to find out whether the run ended.
-    RUN_ENDED = "Crashsafe-Run-Ended"
-
-
 class StreamKind(StrEnum):
     """The streams of one namespace; the stream name is `<NAMESPACE>_<KIND>` upper-cased."""
 
@@ -236,6 +199,10 @@ class Namespace:
 
     def projection_record_key(self, tool: str, key: str) -> str:
         return f"projection.{_literal(tool)}.{_digest(key)}"
+
+    def projection_plan_key(self, run_id: str) -> str:
+        """An ended run's plan (`ProjectionPlan`), in the receipts' bucket beside them."""
+        return f"plan.{_digest(run_id)}"
 
     # Operator events: `ops.<kind>.<tool or service>` (a projection that gave up: `ops.projection_failed.<tool>`).
     def ops(self, kind: str, about: str) -> str:

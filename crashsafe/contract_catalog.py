@@ -323,7 +323,7 @@ _MEMBER = re.compile(r"^\s+(\w+)\s*=\s*\"([^\"]+)\"(?:\s*#\s*(.*))?$")
 
 def headers() -> list[tuple[str, str]]:
     """Every `Header` name with its source comment (trailing, or the `#` lines above it)."""
-    from crashsafe.contracts.subjects import Header
+    from crashsafe.contracts.headers import Header
 
     comments: dict[str, str] = {}
     above: list[str] = []

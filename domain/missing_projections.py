@@ -20,6 +20,7 @@ import msgspec
 
 from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
+    ProjectionPlan,
     ProjectionRecord,
     ProjectionStatus,
     ProjectionTask,
@@ -121,6 +122,18 @@ def verdict(record: ProjectionRecord | None, now: datetime, stale_s: float) -> V
     return Verdict.PENDING
 
 
+def judged(
+    record: ProjectionRecord | None, now: datetime, stale_s: float, last_sent: datetime | None = None
+) -> Verdict:
+    """One task's verdict. A task this reconciler published again less than `stale_s` ago (`last_sent`) and still
+    without a receipt is waited for like a pending one, not sent again: a projector down for an hour does not
+    find an hour of copies queued for it."""
+    found = verdict(record, now, stale_s)
+    if found is Verdict.MISSING and last_sent is not None and now - last_sent <= timedelta(seconds=stale_s):
+        return Verdict.PENDING
+    return found
+
+
 def to_republish(
     tasks: Iterable[ProjectionTask],
     records: Mapping[str, ProjectionRecord | None],
@@ -128,10 +141,8 @@ def to_republish(
     stale_s: float,
     sent: Mapping[str, datetime] | None = None,
 ) -> tuple[list[ProjectionTask], dict[Verdict, int]]:
-    """The tasks to publish again (`records` by task key) and how many tasks got each verdict.
+    """The tasks to publish again (`records` by task key) and how many tasks got each verdict (`judged`).
 
-    A task this reconciler published again less than `stale_s` ago (`sent`) and still without a receipt is
-    waited for, not sent again: a projector down for an hour does not find an hour of copies queued for it.
     A stale task keeps the `planned_at` its receipt holds: its give-up clock runs from the first planning, so
     the reconciler can put a lost task back but never keep a failing one alive past its policy."""
     again: list[ProjectionTask] = []
@@ -139,20 +150,39 @@ def to_republish(
     sent = sent or {}
     for task in tasks:
         record = records.get(task.key)
-        found = verdict(record, now, stale_s)
-        last_sent = sent.get(task.key)
-        if (
-            found is Verdict.MISSING
-            and last_sent is not None
-            and now - last_sent <= timedelta(seconds=stale_s)
-        ):
-            found = Verdict.PENDING
+        found = judged(record, now, stale_s, sent.get(task.key))
         counts[found] += 1
         if found is Verdict.MISSING:
             again.append(task)
         elif found is Verdict.STALE and record is not None:
             again.append(replace_planned(task, record.planned_at))
     return again, counts
+
+
+def plan_current(plan: ProjectionPlan, run_id: str, run: EndedRun) -> bool:
+    """Whether a recorded plan was made from the journal as this reconciler last saw it move (its latest event no
+    older than the run's latest milestone here): only then do its tasks stand for what the run calls for. Both
+    times are the journal's own, so no two clocks are compared."""
+    return plan.run_id == run_id and plan.last_event_at >= run.last_at
+
+
+def judged_plan(
+    plan: ProjectionPlan,
+    records: Mapping[str, ProjectionRecord | None],
+    now: datetime,
+    stale_s: float,
+    sent: Mapping[str, datetime] | None = None,
+) -> dict[Verdict, int] | None:
+    """How many of a current plan's tasks got each verdict, from their receipts alone (`records` by task key);
+    None if any must be published again (missing or stale): only the journal holds the task to publish."""
+    counts = dict.fromkeys(Verdict, 0)
+    sent = sent or {}
+    for task in plan.tasks:
+        found = judged(records.get(task.key), now, stale_s, sent.get(task.key))
+        if found in (Verdict.MISSING, Verdict.STALE):
+            return None
+        counts[found] += 1
+    return counts
 
 
 def replace_planned(task: ProjectionTask, planned_at: datetime) -> ProjectionTask:

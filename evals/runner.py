@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import msgspec
 
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.keys import provider_account
-from crashsafe.contracts.subjects import Header
 from crashsafe.evals import operator
 from crashsafe.evals.checks import Observed, RunView, eventual, failures
 from crashsafe.evals.conversation import Action, AwaitExpiry, Decide, RestartAll, Say, Scenario

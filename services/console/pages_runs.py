@@ -17,9 +17,10 @@ from litestar import Request, Response, get
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from crashsafe.contracts.errors import CrashsafeError, InvalidSetting, RunNotFound
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.keys import is_run_id
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, RunStatus
-from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.access import Client
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.console.console_router import (

@@ -21,11 +21,12 @@ from crashsafe.contracts.errors import (
     TooManyActiveRuns,
     UnknownAgent,
 )
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from crashsafe.contracts.memory import SessionLane
 from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
-from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT, SYNTHETIC_TENANT
 from crashsafe.domain.access import (
     Client,

@@ -11,8 +11,8 @@ from litestar import Request, Response
 
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.errors import BodyTooLarge, CrashsafeError, RateLimited, Unauthenticated
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import MAX_BODY_BYTES
-from crashsafe.contracts.subjects import Header
 from crashsafe.domain.access import Client, authenticate, parse_bearer, require
 from crashsafe.domain.admission import status_for, too_large
 from crashsafe.domain.token_buckets import Rate, TokenBuckets

@@ -9,8 +9,8 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from crashsafe.contracts.errors import LeaseConflict, RunVersionConflict
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.streams import KvSpec
-from crashsafe.contracts.subjects import Header
 from crashsafe.services.platform.jetstream_reads import DirectReads
 
 

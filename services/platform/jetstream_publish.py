@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 # SubjectFull is importable from here too, where it lived before it joined the error family.
 from crashsafe.contracts.errors import BrokerUnavailable, NotPermitted, RunVersionConflict, SubjectFull
-from crashsafe.contracts.subjects import Header
+from crashsafe.contracts.headers import Header
 
 log = logging.getLogger("crashsafe.jetstream")
 

@@ -10,7 +10,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from crashsafe.contracts.errors import BrokerUnavailable
-from crashsafe.contracts.subjects import Header
+from crashsafe.contracts.headers import Header
 from crashsafe.services.platform.jetstream_publish import Publishing
 
 _direct_request = msgspec.json.Encoder()

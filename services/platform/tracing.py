@@ -15,8 +15,8 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.spans import SpanAttr, SpanName
-from crashsafe.contracts.subjects import Header
 from crashsafe.services.platform.logs import bind_run, unbind_run
 
 _tracer: tuple[object, trace.Tracer | None] = (None, None)  # (the provider it came from, our tracer)

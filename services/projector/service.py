@@ -14,7 +14,13 @@ from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import ErrorCode
-from crashsafe.contracts.projections import AUDIT_TRAIL_TOOL, task_encoder
+from crashsafe.contracts.headers import Header
+from crashsafe.contracts.projections import (
+    AUDIT_TRAIL_TOOL,
+    PlannedProjection,
+    ProjectionPlan,
+    task_encoder,
+)
 from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import (
     PLANNER_HISTORY_S,
@@ -23,7 +29,7 @@ from crashsafe.contracts.streams import (
     projections_spec,
     projector_planner_consumer,
 )
-from crashsafe.contracts.subjects import Header, StreamKind
+from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import RETIRED, Projecting, plan
 from crashsafe.domain.projection_rules import Trigger, envelope_of, trigger
@@ -220,6 +226,22 @@ class Projector:
                 task_encoder.encode(task),
                 msg_id=task.key,
                 headers=headers,
+            )
+        if which is Trigger.ALL and state.terminal and state.last_event_at is not None:
+            # After its tasks: a plan on record names only tasks that are in the stream (or were delivered).
+            planned = ProjectionPlan(
+                run_id=run_id,
+                events=len(stored),
+                last_event_at=state.last_event_at,
+                planned_at=datetime.now(UTC),
+                tasks=tuple(PlannedProjection(tool=t.tool, key=t.key) for t in tasks),
+            )
+            await self.broker.kv_write(
+                self.records,
+                self.ns.projection_plan_key(run_id),
+                task_encoder.encode(planned),
+                revision=None,
+                ttl_s=int(PLANNER_HISTORY_S),
             )
         if tasks:
             log(self.logger, logging.DEBUG, "planned", run_id=run_id, keys=[t.key for t in tasks])

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from crashsafe.contracts.subjects import Header
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.registry import HttpOperation, ProviderAnswer
 from crashsafe.services.platform.provider_http import ProviderResponse

@@ -12,6 +12,7 @@ import aiohttp
 from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.keys import ACCOUNT_ARG
 from crashsafe.contracts.provider_settings import (
     DEFAULT_PROVIDER,
@@ -20,7 +21,6 @@ from crashsafe.contracts.provider_settings import (
     url_variable,
 )
 from crashsafe.contracts.spans import SpanAttr, SpanName
-from crashsafe.contracts.subjects import Header
 from crashsafe.contracts.tool_messages import ActionRequest, Answer
 from crashsafe.domain.registry import (
     HttpOperation,

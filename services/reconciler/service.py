@@ -12,7 +12,6 @@ from nats.aio.msg import Msg
 
 from crashsafe.contracts.errors import CrashsafeError
 from crashsafe.contracts.inbound import inbound_decoder
-from crashsafe.contracts.projections import ProjectionRecord, ProjectionTask, record_decoder, task_encoder
 from crashsafe.contracts.run_events import (
     ApprovalRequested,
     RunCompleted,
@@ -20,10 +19,9 @@ from crashsafe.contracts.run_events import (
     decode_event,
 )
 from crashsafe.contracts.spans import SpanName
-from crashsafe.contracts.streams import PLANNER_HISTORY_S, approvals_spec, projections_spec
+from crashsafe.contracts.streams import approvals_spec, projections_spec
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import journal_looks as looks
-from crashsafe.domain import missing_projections as projections
 from crashsafe.domain.open_work import (
     OpenWork,
     approval_wake_due,
@@ -42,6 +40,7 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from, span
+from crashsafe.services.reconciler.projection_checks import ProjectionChecks
 from crashsafe.services.records.approval_records import ApprovalRecords
 from crashsafe.services.records.run_asks import wake_run
 from crashsafe.services.records.run_journal import RunJournal
@@ -77,24 +76,8 @@ class Reconciler:
         self.approval_check_s = 5.0
         self._approvals_checked = datetime.min.replace(tzinfo=UTC)
         # Projections (seed 002): ended runs whose planned projections have no receipt are published again.
-        self.registry = registry
         self.journal = RunJournal(broker, self.ns)
-        self.ended = projections.EndedRuns()
-        scale = settings.projection_time_scale
-        # An ended run is checked once the projector has had time to plan and deliver it (a minute), a pending
-        # receipt is stale once its next attempt is ten minutes past (the projector's ack wait is 30 s, its
-        # longest pause 5 minutes); an open run is checked again after 1, 2, 4 … 30 minutes.
-        self.projection_grace_s = 60.0 * scale
-        self.projection_stale_s = projections.STALE_S * scale
-        self.projection_recheck_s = 60.0 * scale
-        self.projection_max_gap_s = 1800.0 * scale
-        # Bounded work per tick: at most this many journals read, and tasks published, a second.
-        self.projection_runs_per_tick = 20
-        self.projection_publishes_per_tick = 50
-        counted = ("checked", "republished", "missing", "stale", "settled_runs", "failed_checks")
-        self.projection_counts: dict[str, int] = dict.fromkeys(counted, 0)
-        self._logged_counts: dict[str, int] = {}
-        self._projections_logged = datetime.min.replace(tzinfo=UTC)
+        self.projection_checks = ProjectionChecks(broker, settings, logger, registry, self.journal)
         self._unknown_tools: set[str] = set()
         self._since = datetime.min.replace(tzinfo=UTC)
 
@@ -138,11 +121,7 @@ class Reconciler:
         if event.at < self._since:
             return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
         run_id, now = event.run_id, datetime.now(UTC)
-        if isinstance(event, RunCompleted | RunHandedOff):
-            oldest = now - timedelta(seconds=PLANNER_HISTORY_S)
-            projections.ended(self.ended, run_id, event.at, self.projection_grace_s, oldest=oldest)
-        else:
-            projections.moved(self.ended, run_id, event.at, self.projection_grace_s)
+        self.projection_checks.observe(event, now)
         if isinstance(event, RunCompleted):
             observe(self.work, event)
             looks.ended(self.work, run_id, now)
@@ -252,7 +231,7 @@ class Reconciler:
             if await publish_ticket(self.broker, self.ns, ticket, self.logger):
                 self.work.tickets.pop(ticket.run_id, None)
         await self._approval_backstop(now)
-        await self._projections(now)
+        await self.projection_checks.tick(now)
         self.report_unknowns()
 
     def report_unknowns(self) -> None:
@@ -290,109 +269,3 @@ class Reconciler:
                     self.worker,
                 )
                 self.wakes += 1
-
-    async def _projections(self, now: datetime) -> None:
-        """Ended runs past their grace: their planned projections read against the receipts, the lost ones
-        published again (bounded per tick), the run forgotten once every projection is delivered or dead."""
-        if self.registry is None or not self.registry.projections:
-            return
-        budget = self.projection_publishes_per_tick
-        for run_id in projections.due_runs(self.ended, now, self.projection_runs_per_tick):
-            if budget <= 0:
-                break
-            try:
-                published = await self._check_projections(run_id, now, budget)
-            except CrashsafeError as exc:
-                # NATS away, a bucket not yet provisioned: the run is checked again later, never dropped.
-                self.projection_counts["failed_checks"] += 1
-                projections.checked(
-                    self.ended,
-                    run_id,
-                    {projections.Verdict.MISSING: 1},
-                    0,
-                    now,
-                    self.projection_recheck_s,
-                    self.projection_max_gap_s,
-                )
-                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
-                continue
-            budget -= published
-        if (
-            now - self._projections_logged >= timedelta(seconds=60)
-            and self.projection_counts != self._logged_counts
-        ):
-            # The counters once a minute when they moved: what was checked, put back, found stale, given up on.
-            self._projections_logged, self._logged_counts = now, dict(self.projection_counts)
-            log(
-                self.logger,
-                logging.INFO,
-                "projection reconciliation",
-                tracked=len(self.ended.runs),
-                let_go=self.ended.let_go,
-                **self.projection_counts,
-            )
-
-    async def _check_projections(self, run_id: str, now: datetime, budget: int) -> int:
-        """One ended run: its lost projections published again (at most `budget`); returns how many."""
-        assert self.registry is not None
-        events, _ = await self.journal.read(run_id)
-        try:
-            tasks = projections.planned(self.registry, events, now)
-        except Exception as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
-            # A journal the planner cannot plan from (a hostile or corrupt event): named in the log and left
-            # alone, never a reconciler that dies on every tick.
-            self.projection_counts["failed_checks"] += 1
-            log(self.logger, logging.ERROR, "projection plan failed", run_id=run_id, error=repr(exc))
-            projections.forget(self.ended, run_id)
-            return 0
-        if tasks is None:
-            projections.forget(self.ended, run_id)
-            return 0
-        records: dict[str, ProjectionRecord | None] = {}
-        readable: list[ProjectionTask] = []
-        for task in tasks:
-            entry = await self.broker.kv_get(
-                projections_spec(self.ns), self.ns.projection_record_key(task.tool, task.key)
-            )
-            try:
-                records[task.key] = record_decoder.decode(entry.value) if entry is not None else None
-            except msgspec.DecodeError:
-                # A receipt this version cannot read is a newer writer's: left alone, never published over.
-                log(
-                    self.logger, logging.WARNING, "projection receipt unreadable", run_id=run_id, key=task.key
-                )
-                continue
-            readable.append(task)
-        run = self.ended.runs.get(run_id)
-        sent = run.sent if run is not None else {}
-        again, counts = projections.to_republish(readable, records, now, self.projection_stale_s, sent)
-        again = again[:budget]
-        done = run.republished if run is not None else 0
-        for n, task in enumerate(again, start=done + 1):
-            await self.broker.publish(
-                self.ns.projection(task.tool, run_id),
-                task_encoder.encode(task),
-                msg_id=projections.republish_id(task.key, n, now),
-            )
-        projections.mark_sent(self.ended, run_id, [t.key for t in again], now)
-        projections.checked(
-            self.ended, run_id, counts, len(again), now, self.projection_recheck_s, self.projection_max_gap_s
-        )
-        self.projection_counts["checked"] += 1
-        self.projection_counts["republished"] += len(again)
-        self.projection_counts["missing"] += counts[projections.Verdict.MISSING]
-        self.projection_counts["stale"] += counts[projections.Verdict.STALE]
-        if run_id not in self.ended.runs:
-            self.projection_counts["settled_runs"] += 1
-        if again:
-            log(
-                self.logger,
-                logging.INFO,
-                "projections published again",
-                run_id=run_id,
-                keys=[t.key for t in again],
-                tracked=len(self.ended.runs),
-                let_go=self.ended.let_go,
-                **self.projection_counts,
-            )
-        return len(again)

@@ -19,8 +19,9 @@ from crashsafe.contracts.errors import (
     LeaseConflict,
     UnprocessableBody,
 )
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.streams import approvals_spec
-from crashsafe.contracts.subjects import Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import RunWake, tool_encoder
 from crashsafe.domain import approval_flow as approval_rules
 from crashsafe.services.platform.crashpoints import crash_point

@@ -17,6 +17,7 @@ from typing import TypeVar
 from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import RunVersionConflict
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -27,7 +28,7 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     TurnReceived,
 )
-from crashsafe.contracts.subjects import Header, Namespace
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.support import ticket_for
 from crashsafe.domain import intake
 from crashsafe.domain.fold import fold_run, replay

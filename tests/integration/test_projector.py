@@ -25,6 +25,7 @@ import pytest
 
 from bench import workloads
 from crashsafe.contracts.dead_letters import DeadLetter
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
@@ -33,6 +34,7 @@ from crashsafe.contracts.projections import (
     ProjectionStatus,
     ProjectionTask,
     failed_decoder,
+    plan_decoder,
     record_decoder,
     task_encoder,
 )
@@ -46,7 +48,7 @@ from crashsafe.contracts.run_events import (
     event_encoder,
 )
 from crashsafe.contracts.streams import KvSpec, projections_spec
-from crashsafe.contracts.subjects import EventClass, Header, Namespace, StreamKind
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import audit_key, plan
 from crashsafe.natsd import NatsServer
@@ -384,6 +386,16 @@ async def test_a_completed_run_is_planned_into_its_email_and_crm_record_delivere
     assert email["guest_id"] == crm["guest_id"] == state.guest_id
     sent = await world.http.get(f"/emails/by-key/{email['key']}")
     assert sent.json()["booking_id"] == booking_id
+    # The plan on record, beside the receipts: what the reconciler judges the run by without its journal.
+    entry = await world.broker.kv_get(world.records, world.ns.projection_plan_key(state.run_id))
+    assert entry is not None, "an ended run's plan is on record once its tasks are published"
+    recorded = plan_decoder.decode(entry.value)
+    assert (recorded.run_id, recorded.events, recorded.last_event_at) == (
+        state.run_id,
+        len(events),
+        state.last_event_at,
+    )
+    assert sorted((t.tool, t.key) for t in recorded.tasks) == sorted((t.tool, t.key) for t in expected)
 
 
 async def test_a_journal_that_does_not_fold_is_dead_lettered_and_planning_goes_on(world: World) -> None:
@@ -636,8 +648,10 @@ async def test_a_run_waiting_for_an_approval_flushes_its_audit_trail_and_nothing
     records = (await world.http.get("/audit/records", params={"run_id": state.run_id})).json()["records"]
     assert [r["type"] for r in records][-1] == "run.approval_requested"
     assert len(records) == len(run.events)
-    # The booking is paid, but the run may yet undo it: no email, no CRM record until it ends.
+    # The booking is paid, but the run may yet undo it: no email, no CRM record until it ends, and no plan on
+    # record (a run not ended is never judged by one).
     assert await world.effects("email") == [] and await world.effects("crm_update") == []
+    assert await world.broker.kv_get(world.records, world.ns.projection_plan_key(state.run_id)) is None
 
 
 async def test_a_replica_paused_mid_delivery_loses_its_claim_and_the_email_is_still_sent_once(

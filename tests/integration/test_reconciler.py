@@ -350,7 +350,7 @@ async def test_a_hand_off_whose_read_fails_is_read_on_the_next_tick_and_its_proj
         await reconciler.tick(datetime.now(UTC) + timedelta(seconds=1))
         assert intent.run_id not in reconciler.work.runs
         assert (intent.run_id, intent.key) in reconciler.work.unknown
-        assert intent.run_id in reconciler.ended.runs
+        assert intent.run_id in reconciler.projection_checks.ended.runs
 
 
 async def test_a_turns_own_id_is_let_go_once_its_run_journaled_it_and_kept_while_it_did_not(
@@ -424,7 +424,7 @@ async def test_a_restarted_reconciler_reads_no_journal_of_a_run_that_ended_in_it
 
     async def behind(self: Reconciler, msg: Msg) -> None:
         # The order the followers' replays happened to take in a trial run here: every end before any message.
-        await eventually(lambda: len(self.ended.runs) == 30, what="the milestones replayed")
+        await eventually(lambda: len(self.projection_checks.ended.runs) == 30, what="the milestones replayed")
         await on_inbound(self, msg)
         followed.append(msg)
 

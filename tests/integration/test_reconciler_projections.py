@@ -17,6 +17,8 @@ from crashsafe.contracts.keys import action_key, input_hash, run_id_for
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
+    PlannedProjection,
+    ProjectionPlan,
     ProjectionRecord,
     ProjectionStatus,
     ProjectionTask,
@@ -34,6 +36,7 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.domain.missing_projections import planned
 from crashsafe.domain.registry import Registry, load
 from crashsafe.natsd import NatsServer
 from crashsafe.projections_command import projections_list, projections_retry
@@ -145,12 +148,37 @@ def _record(
     )
 
 
+async def _plan_on_record(
+    broker: Broker, ns: Namespace, run_id: str, last_event_at: datetime, tasks: list[ProjectionTask]
+) -> None:
+    """The plan the projector records once it published an ended run's tasks."""
+    plan = ProjectionPlan(
+        run_id=run_id,
+        events=4,
+        last_event_at=last_event_at,
+        planned_at=last_event_at,
+        tasks=tuple(PlannedProjection(tool=t.tool, key=t.key) for t in tasks),
+    )
+    await broker.kv_write(
+        projections_spec(ns), ns.projection_plan_key(run_id), record_encoder.encode(plan), revision=None
+    )
+
+
+def _planned(events: list[RunEvent], now: datetime) -> list[ProjectionTask]:
+    """What the projector plans from the journal `events`."""
+    tasks = planned(STAYHUB, events, now)  # type: ignore[arg-type]
+    assert tasks is not None
+    return tasks
+
+
 def _registry_projections(registry: Registry) -> set[str]:
     return set(registry.projections)
 
 
 async def _ended(reconciler: Reconciler, run_id: str) -> None:
-    await eventually(lambda: run_id in reconciler.ended.runs, what=f"the reconciler saw {run_id} end")
+    await eventually(
+        lambda: run_id in reconciler.projection_checks.ended.runs, what=f"the reconciler saw {run_id} end"
+    )
 
 
 async def test_a_completed_runs_lost_projections_are_published_again_once_and_settled_ones_left_alone(
@@ -167,7 +195,7 @@ async def test_a_completed_runs_lost_projections_are_published_again_once_and_se
     assert await _tasks(broker, namespace, run_id) == []
 
     # Past the grace, no receipt at all: each planned projection is published again, once.
-    later = now + timedelta(seconds=reconciler.projection_grace_s + 0.1)
+    later = now + timedelta(seconds=reconciler.projection_checks.grace_s + 0.1)
     await reconciler.tick(later)
     tasks = await _tasks(broker, namespace, run_id)
     tools = sorted(t.tool for t in tasks)
@@ -182,7 +210,7 @@ async def test_a_completed_runs_lost_projections_are_published_again_once_and_se
     # a pending one being tried is the projector's.
     await reconciler.tick(later)
     assert len(await _tasks(broker, namespace, run_id)) == len(tasks)
-    recheck = later + timedelta(seconds=reconciler.projection_recheck_s + 0.1)
+    recheck = later + timedelta(seconds=reconciler.projection_checks.recheck_s + 0.1)
     await _receipt(broker, namespace, email, _record(email, ProjectionStatus.DELIVERED, recheck))
     await _receipt(
         broker, namespace, crm, _record(crm, ProjectionStatus.PENDING, recheck, next_attempt=recheck)
@@ -192,11 +220,13 @@ async def test_a_completed_runs_lost_projections_are_published_again_once_and_se
             await _receipt(broker, namespace, other, _record(other, ProjectionStatus.DEAD, recheck))
     await reconciler.tick(recheck)
     assert len(await _tasks(broker, namespace, run_id)) == len(tasks)
-    assert run_id in reconciler.ended.runs  # the CRM record is not settled yet
+    assert run_id in reconciler.projection_checks.ended.runs  # the CRM record is not settled yet
 
     # The pending CRM receipt's next attempt long past (its worker died, its task purged): published again,
     # keeping the planning time of its receipt.
-    stale = recheck + timedelta(seconds=reconciler.projection_stale_s + reconciler.projection_max_gap_s + 1)
+    stale = recheck + timedelta(
+        seconds=reconciler.projection_checks.stale_s + reconciler.projection_checks.max_gap_s + 1
+    )
     await reconciler.tick(stale)
     again = [t for t in await _tasks(broker, namespace, run_id) if t.tool == "update_crm"]
     assert len(again) == 2
@@ -204,33 +234,36 @@ async def test_a_completed_runs_lost_projections_are_published_again_once_and_se
 
     # Delivered: the run is forgotten, and nothing more is published for it.
     await _receipt(broker, namespace, crm, _record(crm, ProjectionStatus.DELIVERED, stale))
-    done = stale + timedelta(seconds=reconciler.projection_max_gap_s + 1)
+    done = stale + timedelta(seconds=reconciler.projection_checks.max_gap_s + 1)
     await reconciler.tick(done)
-    assert run_id not in reconciler.ended.runs
+    assert run_id not in reconciler.projection_checks.ended.runs
     assert len(await _tasks(broker, namespace, run_id)) == len(tasks) + 1
-    assert reconciler.projection_counts["settled_runs"] == 1
+    assert reconciler.projection_checks.counts["settled_runs"] == 1
 
 
 async def test_work_per_tick_is_bounded(reconciler: Reconciler, broker: Broker, namespace: Namespace) -> None:
+    reconciler.projection_checks.reads_per_tick = (
+        5  # under the publishes' bound (50): each bound is seen alone
+    )
     now = datetime.now(UTC)
-    runs = [run_id_for("", unique("run")) for _ in range(reconciler.projection_runs_per_tick + 5)]
+    runs = [run_id_for("", unique("run")) for _ in range(reconciler.projection_checks.reads_per_tick + 5)]
     for run_id in runs:
         await _journal(broker, namespace, _paid_booking(run_id, now))
     for run_id in runs:
         await _ended(reconciler, run_id)
-    later = now + timedelta(seconds=reconciler.projection_grace_s + 0.1)
+    later = now + timedelta(seconds=reconciler.projection_checks.grace_s + 0.1)
     await reconciler.tick(later)
     per_run = {r: await _tasks(broker, namespace, r) for r in runs}
     touched = [r for r, tasks in per_run.items() if tasks]
-    assert 0 < len(touched) <= reconciler.projection_runs_per_tick
-    assert sum(len(t) for t in per_run.values()) <= reconciler.projection_publishes_per_tick
+    assert 0 < len(touched) <= reconciler.projection_checks.reads_per_tick
+    assert sum(len(t) for t in per_run.values()) <= reconciler.projection_checks.publishes_per_tick
     assert len(touched) < len(runs)  # the rest wait for the next ticks
     # Later ticks put back the rest (a run cut short by the budget is completed at its re-check).
     expected = {"send_confirmation_email", "update_crm"}
     for _ in range(10):
         # Each next tick when the next run is due, all within the stale window of what was put back.
-        due = min((r.due_at for r in reconciler.ended.runs.values()), default=later)
-        assert due - later < timedelta(seconds=reconciler.projection_stale_s)
+        due = min((r.due_at for r in reconciler.projection_checks.ended.runs.values()), default=later)
+        assert due - later < timedelta(seconds=reconciler.projection_checks.stale_s)
         await reconciler.tick(due)
         per_run = {r: await _tasks(broker, namespace, r) for r in runs}
         if all(expected <= {t.tool for t in tasks} for tasks in per_run.values()):
@@ -260,7 +293,7 @@ async def test_a_hostile_journal_does_not_stop_the_others(
     await _journal(broker, namespace, _paid_booking(good, now))
     for run_id in (stranger, garbage, good):
         await _ended(reconciler, run_id)
-    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_checks.grace_s + 0.1))
     # The stranger's run: no email or CRM record (no agent to call for them), its audit trail all the same.
     assert {t.tool for t in await _tasks(broker, namespace, stranger)} <= {AUDIT_TRAIL_TOOL}
     assert await _tasks(broker, namespace, good)
@@ -284,7 +317,7 @@ async def test_an_operator_retries_a_dead_projection_and_only_a_dead_one(
     run_id = run_id_for("", unique("run"))
     await _journal(broker, namespace, _paid_booking(run_id, now))
     await _ended(reconciler, run_id)
-    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_checks.grace_s + 0.1))
     tasks = await _tasks(broker, namespace, run_id)
     email = next(t for t in tasks if t.tool == "send_confirmation_email")
     crm = next(t for t in tasks if t.tool == "update_crm")
@@ -335,7 +368,7 @@ async def test_an_operator_retries_a_pending_projection_nobody_is_trying(
     run_id = run_id_for("", unique("run"))
     await _journal(broker, namespace, _paid_booking(run_id, now))
     await _ended(reconciler, run_id)
-    await reconciler.tick(now + timedelta(seconds=reconciler.projection_grace_s + 0.1))
+    await reconciler.tick(now + timedelta(seconds=reconciler.projection_checks.grace_s + 0.1))
     tasks = await _tasks(broker, namespace, run_id)
     email = next(t for t in tasks if t.tool == "send_confirmation_email")
     an_hour_ago = now - timedelta(hours=1)
@@ -354,3 +387,99 @@ async def test_an_operator_retries_a_pending_projection_nobody_is_trying(
     after = await _tasks(broker, namespace, run_id)
     assert len(after) == len(tasks) + 1
     assert (after[-1].tool, after[-1].key) == (email.tool, email.key)
+
+
+async def test_a_run_settled_by_its_plan_and_receipts_is_let_go_without_reading_its_journal(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    """The projector's plan on record and every receipt delivered: the run is forgotten by the plan alone. Its
+    journal here holds only its end (the plan would fail on it, counted): a read would show."""
+    checks = reconciler.projection_checks
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    tasks = _planned(_paid_booking(run_id, now), now)
+    end = RunCompleted(run_id=run_id, at=now, reply="Booked and paid.")
+    await _journal(broker, namespace, [end])
+    await _ended(reconciler, run_id)
+    await _plan_on_record(broker, namespace, run_id, now, tasks)
+    for task in tasks:
+        await _receipt(broker, namespace, task, _record(task, ProjectionStatus.DELIVERED, now))
+
+    await reconciler.tick(now + timedelta(seconds=checks.grace_s + 0.1))
+    assert run_id not in checks.ended.runs
+    assert (checks.counts["by_plan"], checks.counts["settled_runs"], checks.counts["failed_checks"]) == (
+        1,
+        1,
+        0,
+    )
+    assert await _tasks(broker, namespace, run_id) == []
+
+
+async def test_a_plan_pending_at_its_receiver_is_checked_again_later_and_a_missing_receipt_reads_the_journal(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    checks = reconciler.projection_checks
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    events = _paid_booking(run_id, now)
+    tasks = _planned(events, now)
+    await _journal(broker, namespace, events)
+    await _ended(reconciler, run_id)
+    await _plan_on_record(broker, namespace, run_id, now, tasks)
+    email = next(t for t in tasks if t.tool == "send_confirmation_email")
+    for task in tasks:
+        status = ProjectionStatus.PENDING if task is email else ProjectionStatus.DELIVERED
+        await _receipt(broker, namespace, task, _record(task, status, now, next_attempt=now))
+
+    # Pending and being tried: the projector's; judged by the plan, kept, nothing published.
+    later = now + timedelta(seconds=checks.grace_s + 0.1)
+    await reconciler.tick(later)
+    assert run_id in checks.ended.runs and checks.counts["by_plan"] == 1
+    assert await _tasks(broker, namespace, run_id) == []
+
+    # Its receipt gone (a purged bucket, a receipt never written): only the journal has the task to put back.
+    await broker.kv_delete(
+        projections_spec(namespace), namespace.projection_record_key(email.tool, email.key)
+    )
+    recheck = later + timedelta(seconds=checks.recheck_s + 0.1)
+    await reconciler.tick(recheck)
+    assert checks.counts["by_plan"] == 1
+    assert [(t.tool, t.key) for t in await _tasks(broker, namespace, run_id)] == [(email.tool, email.key)]
+
+
+async def test_a_plan_older_than_the_runs_latest_milestone_is_not_trusted(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    """A plan on record from before the run's journal last moved (an empty one here, which would settle the run
+    at once): the journal is read, and what it calls for is published."""
+    checks = reconciler.projection_checks
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+    await _plan_on_record(broker, namespace, run_id, now - timedelta(seconds=1), [])
+
+    await reconciler.tick(now + timedelta(seconds=checks.grace_s + 0.1))
+    assert checks.counts["by_plan"] == 0
+    assert {"send_confirmation_email", "update_crm"} <= {
+        t.tool for t in await _tasks(broker, namespace, run_id)
+    }
+
+
+async def test_runs_judged_by_their_plans_are_bounded_per_tick_too(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    checks = reconciler.projection_checks
+    checks.checks_per_tick = 4
+    now = datetime.now(UTC)
+    runs = [run_id_for("", unique("run")) for _ in range(6)]
+    for run_id in runs:
+        await _journal(broker, namespace, [RunCompleted(run_id=run_id, at=now, reply="done")])
+        await _plan_on_record(broker, namespace, run_id, now, [])
+    for run_id in runs:
+        await _ended(reconciler, run_id)
+    later = now + timedelta(seconds=checks.grace_s + 0.1)
+    await reconciler.tick(later)
+    assert checks.counts["by_plan"] == 4 and len(checks.ended.runs) == 2
+    await reconciler.tick(later)
+    assert checks.counts["by_plan"] == 6 and not checks.ended.runs

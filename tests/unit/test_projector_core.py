@@ -209,8 +209,8 @@ def test_an_event_naming_another_run_is_recorded_under_the_journal_it_is_in() ->
 def test_the_runtime_marks_an_event_appended_after_its_run_ended() -> None:
     from opentelemetry.context import Context
 
+    from crashsafe.contracts.headers import Header
     from crashsafe.contracts.run_events import RunCompleted
-    from crashsafe.contracts.subjects import Header
     from crashsafe.domain.fold import replay
     from crashsafe.services.runtime.append_path import journal_headers as _journal_headers
     from tests.support.runs import Run, started

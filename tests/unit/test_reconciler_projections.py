@@ -10,7 +10,13 @@ import pytest
 
 from crashsafe.contracts.audit import FindingKind, ProviderEffect
 from crashsafe.contracts.keys import action_key, input_hash
-from crashsafe.contracts.projections import ProjectionRecord, ProjectionStatus, ProjectionTask
+from crashsafe.contracts.projections import (
+    PlannedProjection,
+    ProjectionPlan,
+    ProjectionRecord,
+    ProjectionStatus,
+    ProjectionTask,
+)
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -28,7 +34,9 @@ from crashsafe.domain.missing_projections import (
     checked,
     due_runs,
     ended,
+    judged_plan,
     moved,
+    plan_current,
     projected_keys,
     replanned,
     republish_id,
@@ -146,6 +154,52 @@ def test_a_task_put_back_is_waited_for_before_it_is_put_back_again() -> None:
     again, counts = to_republish(tasks, {}, at(700), STALE, sent)
     assert [t.key for t in again] == ["sent_long_ago", "never_sent"]
     assert counts[Verdict.PENDING] == 1 and counts[Verdict.MISSING] == 2
+
+
+def plan_of(*keys: str, last_event: float = 0.0, run_id: str = "run_1") -> ProjectionPlan:
+    return ProjectionPlan(
+        run_id=run_id,
+        events=4,
+        last_event_at=at(last_event),
+        planned_at=at(last_event + 1),
+        tasks=tuple(PlannedProjection(tool="send_confirmation_email", key=k) for k in keys),
+    )
+
+
+def test_a_plan_stands_for_the_run_only_if_made_from_its_journal_as_last_seen_moving() -> None:
+    work = EndedRuns()
+    ended(work, "run_1", at(0), GRACE)
+    run = work.runs["run_1"]
+    assert plan_current(plan_of(last_event=0), "run_1", run)
+    assert not plan_current(plan_of(last_event=0, run_id="run_2"), "run_1", run)  # not this run's
+    moved(work, "run_1", at(30), GRACE)  # a late receipt after the end: the projector plans again
+    assert not plan_current(plan_of(last_event=0), "run_1", run)
+    assert plan_current(plan_of(last_event=30), "run_1", run)
+
+
+def test_a_plan_settles_a_run_from_receipts_alone_unless_a_task_must_be_put_back() -> None:
+    settled = {"a": record("a", ProjectionStatus.DELIVERED), "b": record("b", ProjectionStatus.DEAD)}
+    assert judged_plan(plan_of("a", "b"), settled, at(700), STALE) == {
+        Verdict.MISSING: 0,
+        Verdict.STALE: 0,
+        Verdict.PENDING: 0,
+        Verdict.SETTLED: 2,
+    }
+    trying = {**settled, "c": record("c", ProjectionStatus.PENDING, next_attempt=690)}
+    assert judged_plan(plan_of("a", "b", "c"), trying, at(700), STALE) == {
+        Verdict.MISSING: 0,
+        Verdict.STALE: 0,
+        Verdict.PENDING: 1,
+        Verdict.SETTLED: 2,
+    }
+    # Missing or stale: only the journal holds the task to publish again.
+    assert judged_plan(plan_of("a", "d"), settled, at(700), STALE) is None
+    stale = {**settled, "c": record("c", ProjectionStatus.PENDING, next_attempt=10)}
+    assert judged_plan(plan_of("a", "c"), stale, at(700), STALE) is None
+    # One this reconciler put back a moment ago, with no receipt yet, is waited for.
+    counts = judged_plan(plan_of("a", "d"), settled, at(700), STALE, {"d": at(650)})
+    assert counts is not None and counts[Verdict.PENDING] == 1
+    assert judged_plan(plan_of(), {}, at(700), STALE) == dict.fromkeys(Verdict, 0)
 
 
 def test_a_settled_run_is_forgotten_and_an_open_one_checked_again_later_and_later() -> None:
