@@ -79,13 +79,12 @@ class PlannedProjection(msgspec.Struct, frozen=True, kw_only=True):
 class ProjectionPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What the projector planned for an ended run, `plan.<digest(run_id)>` in `<ns>_projections`, written once
     the plan's tasks are published (kept as long as the planner plans a run again). The reconciler tells a run
-    whose every projection has settled from this and the receipts alone, without reading its journal; a plan
-    whose `last_event_at` (the latest event of the journal it was planned from) is older than the run's latest
-    milestone is not trusted, and the journal is read."""
+    whose every projection has settled from this and the receipts alone, without reading its journal, while the
+    journal's last stream sequence is still `last_seq`; a journal that moved since is read."""
 
     run_id: str
     events: int  # the journal's length it was planned from
-    last_event_at: datetime
+    last_seq: int  # the stream sequence of that journal's last event
     planned_at: datetime
     tasks: tuple[PlannedProjection, ...] = ()
 

@@ -159,26 +159,26 @@ def to_republish(
     return again, counts
 
 
-def plan_current(plan: ProjectionPlan, run_id: str, run: EndedRun) -> bool:
-    """Whether a recorded plan was made from the journal as this reconciler last saw it move (its latest event no
-    older than the run's latest milestone here): only then do its tasks stand for what the run calls for. Both
-    times are the journal's own, so no two clocks are compared."""
-    return plan.run_id == run_id and plan.last_event_at >= run.last_at
+def plan_current(plan: ProjectionPlan, run_id: str, last_seq: int) -> bool:
+    """Whether a recorded plan was made from the run's journal as it stands (`last_seq`: its last event's stream
+    sequence now): only then do its tasks stand for what the run calls for. A sequence, not a time: events are
+    stamped by whichever runtime replica appended them, and plans may be written out of order."""
+    return plan.run_id == run_id and plan.last_seq == last_seq != 0
 
 
 def judged_plan(
     plan: ProjectionPlan,
-    records: Mapping[str, ProjectionRecord | None],
+    records: Mapping[tuple[str, str], ProjectionRecord | None],
     now: datetime,
     stale_s: float,
     sent: Mapping[str, datetime] | None = None,
 ) -> dict[Verdict, int] | None:
-    """How many of a current plan's tasks got each verdict, from their receipts alone (`records` by task key);
-    None if any must be published again (missing or stale): only the journal holds the task to publish."""
+    """How many of a current plan's tasks got each verdict, from their receipts alone (`records` by tool and
+    key); None if any must be published again (missing or stale): only the journal holds the task to publish."""
     counts = dict.fromkeys(Verdict, 0)
     sent = sent or {}
     for task in plan.tasks:
-        found = judged(records.get(task.key), now, stale_s, sent.get(task.key))
+        found = judged(records.get((task.tool, task.key)), now, stale_s, sent.get(task.key))
         if found in (Verdict.MISSING, Verdict.STALE):
             return None
         counts[found] += 1

@@ -13,12 +13,13 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.errors import CrashsafeError, ErrorCode
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
     PlannedProjection,
     ProjectionPlan,
+    ProjectionTask,
     task_encoder,
 )
 from crashsafe.contracts.run_events import RunStarted, decode_event
@@ -227,15 +228,26 @@ class Projector:
                 msg_id=task.key,
                 headers=headers,
             )
-        if which is Trigger.ALL and state.terminal and state.last_event_at is not None:
-            # After its tasks: a plan on record names only tasks that are in the stream (or were delivered).
-            planned = ProjectionPlan(
-                run_id=run_id,
-                events=len(stored),
-                last_event_at=state.last_event_at,
-                planned_at=datetime.now(UTC),
-                tasks=tuple(PlannedProjection(tool=t.tool, key=t.key) for t in tasks),
-            )
+        if which is Trigger.ALL and state.terminal:
+            await self._record_plan(run_id, stored[-1].seq, len(stored), tasks)
+        if tasks:
+            log(self.logger, logging.DEBUG, "planned", run_id=run_id, keys=[t.key for t in tasks])
+        return len(tasks)
+
+    async def _record_plan(
+        self, run_id: str, last_seq: int, events: int, tasks: list[ProjectionTask]
+    ) -> None:
+        """The plan beside the receipts, after its tasks (a plan on record names only tasks in the stream, or
+        delivered). Only a saving for the reconciler, which reads the journal without it: a failed write is
+        logged, never a reason to plan the run again."""
+        planned = ProjectionPlan(
+            run_id=run_id,
+            events=events,
+            last_seq=last_seq,
+            planned_at=datetime.now(UTC),
+            tasks=tuple(PlannedProjection(tool=t.tool, key=t.key) for t in tasks),
+        )
+        try:
             await self.broker.kv_write(
                 self.records,
                 self.ns.projection_plan_key(run_id),
@@ -243,9 +255,8 @@ class Projector:
                 revision=None,
                 ttl_s=int(PLANNER_HISTORY_S),
             )
-        if tasks:
-            log(self.logger, logging.DEBUG, "planned", run_id=run_id, keys=[t.key for t in tasks])
-        return len(tasks)
+        except CrashsafeError as exc:
+            log(self.logger, logging.WARNING, "plan not recorded", run_id=run_id, error=exc.message)
 
     async def _may_project(self, run_id: str) -> bool:
         """Whether the run's journal can call for anything: always with an audit trail; else only if its agent

@@ -62,9 +62,11 @@ class ProjectionChecks:
         self._logged_counts: dict[str, int] = {}
         self._logged = datetime.min.replace(tzinfo=UTC)
 
-    def observe(self, event: JournalEvent, now: datetime) -> None:
-        """A milestone: a run's end starts its grace; a later event of an ended run restarts it."""
-        if isinstance(event, RunCompleted | RunHandedOff):
+    def observe(self, event: JournalEvent, now: datetime, after_end: bool = False) -> None:
+        """A milestone: a run's end starts its grace, and so does an event appended after it (`after_end`: a
+        late receipt after a hand-off, which the projector plans again from), whether or not the run was settled
+        and forgotten since; a later event of a tracked run restarts it."""
+        if isinstance(event, RunCompleted | RunHandedOff) or after_end:
             oldest = now - timedelta(seconds=PLANNER_HISTORY_S)
             missing.ended(self.ended, event.run_id, event.at, self.grace_s, oldest=oldest)
         else:
@@ -81,16 +83,17 @@ class ProjectionChecks:
                 if await self._by_plan(run_id, now):
                     continue
                 if reads <= 0 or budget <= 0:
-                    break  # the earliest due wait for the next tick's reads: none is passed over for good
+                    continue  # due still: read on a later tick; runs behind it may yet be settled by their plan
                 reads -= 1
                 budget -= await self._by_journal(run_id, now, budget)
-            except CrashsafeError as exc:
-                # NATS away, a bucket not yet provisioned: the run is checked again later, never dropped.
+            except Exception as exc:  # noqa: BLE001 -- NATS away, a bucket not yet provisioned, a plan or receipt
+                # no rule expected: the run is checked again later, never dropped, and the tick goes on.
                 self.counts["failed_checks"] += 1
                 missing.checked(
                     self.ended, run_id, {missing.Verdict.MISSING: 1}, 0, now, self.recheck_s, self.max_gap_s
                 )
-                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
+                error = exc.message if isinstance(exc, CrashsafeError) else repr(exc)
+                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=error)
         if now - self._logged >= timedelta(seconds=60) and self.counts != self._logged_counts:
             # The counters once a minute when they moved: what was checked, put back, found stale, given up on.
             self._logged, self._logged_counts = now, dict(self.counts)
@@ -107,14 +110,17 @@ class ProjectionChecks:
         """The run judged by its plan on record and its receipts, if the plan is current and nothing needs
         publishing again; False: its journal must be read."""
         run = self.ended.runs.get(run_id)
-        entry = await self.broker.kv_get(self.receipts, self.ns.projection_plan_key(run_id))
+        entry, last_seq = await asyncio.gather(
+            self.broker.kv_get(self.receipts, self.ns.projection_plan_key(run_id)),
+            self.journal.last_seq(run_id),
+        )
         if run is None or entry is None or not entry.value:
             return False
         try:
             plan = plan_decoder.decode(entry.value)
         except msgspec.DecodeError:
             return False  # a newer writer's plan, or a corrupt one: the journal says what the run calls for
-        if not missing.plan_current(plan, run_id, run):
+        if not missing.plan_current(plan, run_id, last_seq):
             return False
         records = await self._receipts(run_id, [(t.tool, t.key) for t in plan.tasks])
         if records is None:
@@ -128,18 +134,18 @@ class ProjectionChecks:
 
     async def _receipts(
         self, run_id: str, tasks: list[tuple[str, str]]
-    ) -> dict[str, ProjectionRecord | None] | None:
-        """The receipts of (tool, key) tasks by key, read together; None if one is unreadable (a newer writer's)."""
+    ) -> dict[tuple[str, str], ProjectionRecord | None] | None:
+        """The receipts of (tool, key) tasks, read together; None if one is unreadable (a newer writer's)."""
         entries = await asyncio.gather(
             *(
                 self.broker.kv_get(self.receipts, self.ns.projection_record_key(tool, key))
                 for tool, key in tasks
             )
         )
-        records: dict[str, ProjectionRecord | None] = {}
-        for (_, key), entry in zip(tasks, entries, strict=True):
+        records: dict[tuple[str, str], ProjectionRecord | None] = {}
+        for (tool, key), entry in zip(tasks, entries, strict=True):
             try:
-                records[key] = record_decoder.decode(entry.value) if entry is not None else None
+                records[tool, key] = record_decoder.decode(entry.value) if entry is not None else None
             except msgspec.DecodeError:
                 log(self.logger, logging.WARNING, "projection receipt unreadable", run_id=run_id, key=key)
                 return None
@@ -169,7 +175,7 @@ class ProjectionChecks:
             # over; the others are still judged.
             found = await self._receipts(run_id, [(task.tool, task.key)])
             if found is not None:
-                records.update(found)
+                records[task.key] = found[task.tool, task.key]
                 readable.append(task)
         run = self.ended.runs.get(run_id)
         sent = run.sent if run is not None else {}

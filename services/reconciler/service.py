@@ -11,6 +11,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from crashsafe.contracts.errors import CrashsafeError
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.run_events import (
     ApprovalRequested,
@@ -121,7 +122,7 @@ class Reconciler:
         if event.at < self._since:
             return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
         run_id, now = event.run_id, datetime.now(UTC)
-        self.projection_checks.observe(event, now)
+        self.projection_checks.observe(event, now, bool(msg.headers and msg.headers.get(Header.RUN_ENDED)))
         if isinstance(event, RunCompleted):
             observe(self.work, event)
             looks.ended(self.work, run_id, now)

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.keys import action_key, input_hash, run_id_for
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.projections import (
@@ -113,7 +114,11 @@ def _paid_booking(run_id: str, now: datetime) -> list[RunEvent]:
 
 
 async def _journal(broker: Broker, ns: Namespace, events: list[RunEvent]) -> None:
-    journal, seq = RunJournal(broker, ns), 0
+    await _journal_on(broker, ns, events, 0)
+
+
+async def _journal_on(broker: Broker, ns: Namespace, events: list[RunEvent], seq: int) -> None:
+    journal = RunJournal(broker, ns)
     for event in events:
         seq = await journal.append(event, seq)
 
@@ -149,14 +154,15 @@ def _record(
 
 
 async def _plan_on_record(
-    broker: Broker, ns: Namespace, run_id: str, last_event_at: datetime, tasks: list[ProjectionTask]
+    broker: Broker, ns: Namespace, run_id: str, tasks: list[ProjectionTask], last_seq: int | None = None
 ) -> None:
-    """The plan the projector records once it published an ended run's tasks."""
+    """The plan the projector records once it published an ended run's tasks (from its journal as it stands,
+    unless `last_seq` says otherwise)."""
     plan = ProjectionPlan(
         run_id=run_id,
         events=4,
-        last_event_at=last_event_at,
-        planned_at=last_event_at,
+        last_seq=await RunJournal(broker, ns).last_seq(run_id) if last_seq is None else last_seq,
+        planned_at=datetime.now(UTC),
         tasks=tuple(PlannedProjection(tool=t.tool, key=t.key) for t in tasks),
     )
     await broker.kv_write(
@@ -401,18 +407,35 @@ async def test_a_run_settled_by_its_plan_and_receipts_is_let_go_without_reading_
     end = RunCompleted(run_id=run_id, at=now, reply="Booked and paid.")
     await _journal(broker, namespace, [end])
     await _ended(reconciler, run_id)
-    await _plan_on_record(broker, namespace, run_id, now, tasks)
+    await _plan_on_record(broker, namespace, run_id, tasks)
     for task in tasks:
         await _receipt(broker, namespace, task, _record(task, ProjectionStatus.DELIVERED, now))
 
-    await reconciler.tick(now + timedelta(seconds=checks.grace_s + 0.1))
+    later = now + timedelta(seconds=checks.grace_s + 0.1)
+    await reconciler.tick(later)
     assert run_id not in checks.ended.runs
-    assert (checks.counts["by_plan"], checks.counts["settled_runs"], checks.counts["failed_checks"]) == (
-        1,
-        1,
-        0,
-    )
+    counted = (checks.counts["by_plan"], checks.counts["settled_runs"], checks.counts["failed_checks"])
+    assert counted == (1, 1, 0)
     assert await _tasks(broker, namespace, run_id) == []
+
+    # An event appended after the end (a late receipt after a hand-off) makes the run one to check again, though
+    # it was settled and forgotten: the projector plans it again, and the plan on record is not that plan.
+    journal = RunJournal(broker, namespace)
+    late = ActionCompleted(
+        run_id=run_id,
+        at=now + timedelta(seconds=1),
+        step_no=1,
+        key=action_key(run_id, 1),
+        status=OutcomeStatus.SUCCEEDED,
+        result={"payment_id": "pay_1", "status": "captured"},
+        provider_ref="pay_1",
+    )
+    ended_header = {Header.RUN_ENDED.value: "1"}  # as the runtime marks an event after its run's end
+    await journal.append(late, await journal.last_seq(run_id), ended_header, after_end=True)
+    await eventually(lambda: run_id in checks.ended.runs, what="the late event seen")
+    await reconciler.tick(later + timedelta(seconds=checks.grace_s + 1.2))
+    assert checks.counts["by_plan"] == 1  # its journal was read (it opens with an end: nothing to plan there)
+    assert run_id not in checks.ended.runs
 
 
 async def test_a_plan_pending_at_its_receiver_is_checked_again_later_and_a_missing_receipt_reads_the_journal(
@@ -425,7 +448,7 @@ async def test_a_plan_pending_at_its_receiver_is_checked_again_later_and_a_missi
     tasks = _planned(events, now)
     await _journal(broker, namespace, events)
     await _ended(reconciler, run_id)
-    await _plan_on_record(broker, namespace, run_id, now, tasks)
+    await _plan_on_record(broker, namespace, run_id, tasks)
     email = next(t for t in tasks if t.tool == "send_confirmation_email")
     for task in tasks:
         status = ProjectionStatus.PENDING if task is email else ProjectionStatus.DELIVERED
@@ -447,39 +470,49 @@ async def test_a_plan_pending_at_its_receiver_is_checked_again_later_and_a_missi
     assert [(t.tool, t.key) for t in await _tasks(broker, namespace, run_id)] == [(email.tool, email.key)]
 
 
-async def test_a_plan_older_than_the_runs_latest_milestone_is_not_trusted(
+async def test_a_plan_made_before_the_journal_last_moved_is_not_trusted(
     reconciler: Reconciler, broker: Broker, namespace: Namespace
 ) -> None:
-    """A plan on record from before the run's journal last moved (an empty one here, which would settle the run
-    at once): the journal is read, and what it calls for is published."""
+    """A plan on record from before the run's last event (an empty one here, which would settle the run at once),
+    whatever the events' times say (each runtime replica stamps its own): the journal is read, and what it calls
+    for is published, the audit trail of the whole journal with it."""
     checks = reconciler.projection_checks
     now = datetime.now(UTC)
     run_id = run_id_for("", unique("run"))
-    await _journal(broker, namespace, _paid_booking(run_id, now))
+    events = _paid_booking(run_id, now)
+    await _journal(broker, namespace, events[:-1])
+    before_the_end = await RunJournal(broker, namespace).last_seq(run_id)
+    await _journal_on(broker, namespace, events[-1:], before_the_end)
     await _ended(reconciler, run_id)
-    await _plan_on_record(broker, namespace, run_id, now - timedelta(seconds=1), [])
+    await _plan_on_record(broker, namespace, run_id, [], last_seq=before_the_end)
 
     await reconciler.tick(now + timedelta(seconds=checks.grace_s + 0.1))
     assert checks.counts["by_plan"] == 0
-    assert {"send_confirmation_email", "update_crm"} <= {
-        t.tool for t in await _tasks(broker, namespace, run_id)
-    }
+    tasks = await _tasks(broker, namespace, run_id)
+    assert {"send_confirmation_email", "update_crm", AUDIT_TRAIL_TOOL} <= {t.tool for t in tasks}
+    assert next(t for t in tasks if t.tool == AUDIT_TRAIL_TOOL).upto == len(events)
 
 
 async def test_runs_judged_by_their_plans_are_bounded_per_tick_too(
     reconciler: Reconciler, broker: Broker, namespace: Namespace
 ) -> None:
+    """Up to `checks_per_tick` a tick; a run that needs its journal read while the tick's reads are spent (none
+    here) waits for a later tick, and the runs behind it are still judged by their plans."""
     checks = reconciler.projection_checks
-    checks.checks_per_tick = 4
+    checks.checks_per_tick, checks.reads_per_tick = 5, 0
     now = datetime.now(UTC)
+    unplanned = run_id_for("", unique("run"))
+    await _journal(
+        broker, namespace, [RunCompleted(run_id=unplanned, at=now - timedelta(seconds=1), reply="x")]
+    )
     runs = [run_id_for("", unique("run")) for _ in range(6)]
     for run_id in runs:
         await _journal(broker, namespace, [RunCompleted(run_id=run_id, at=now, reply="done")])
-        await _plan_on_record(broker, namespace, run_id, now, [])
-    for run_id in runs:
+        await _plan_on_record(broker, namespace, run_id, [])
+    for run_id in [unplanned, *runs]:
         await _ended(reconciler, run_id)
     later = now + timedelta(seconds=checks.grace_s + 0.1)
     await reconciler.tick(later)
-    assert checks.counts["by_plan"] == 4 and len(checks.ended.runs) == 2
+    assert checks.counts["by_plan"] == 4 and len(checks.ended.runs) == 3
     await reconciler.tick(later)
-    assert checks.counts["by_plan"] == 6 and not checks.ended.runs
+    assert checks.counts["by_plan"] == 6 and set(checks.ended.runs) == {unplanned}

@@ -156,36 +156,39 @@ def test_a_task_put_back_is_waited_for_before_it_is_put_back_again() -> None:
     assert counts[Verdict.PENDING] == 1 and counts[Verdict.MISSING] == 2
 
 
-def plan_of(*keys: str, last_event: float = 0.0, run_id: str = "run_1") -> ProjectionPlan:
+def plan_of(*keys: str, last_seq: int = 40, run_id: str = "run_1") -> ProjectionPlan:
     return ProjectionPlan(
         run_id=run_id,
         events=4,
-        last_event_at=at(last_event),
-        planned_at=at(last_event + 1),
+        last_seq=last_seq,
+        planned_at=at(1),
         tasks=tuple(PlannedProjection(tool="send_confirmation_email", key=k) for k in keys),
     )
 
 
-def test_a_plan_stands_for_the_run_only_if_made_from_its_journal_as_last_seen_moving() -> None:
-    work = EndedRuns()
-    ended(work, "run_1", at(0), GRACE)
-    run = work.runs["run_1"]
-    assert plan_current(plan_of(last_event=0), "run_1", run)
-    assert not plan_current(plan_of(last_event=0, run_id="run_2"), "run_1", run)  # not this run's
-    moved(work, "run_1", at(30), GRACE)  # a late receipt after the end: the projector plans again
-    assert not plan_current(plan_of(last_event=0), "run_1", run)
-    assert plan_current(plan_of(last_event=30), "run_1", run)
+def test_a_plan_stands_for_the_run_only_while_its_journal_is_as_it_was_planned_from() -> None:
+    assert plan_current(plan_of(last_seq=40), "run_1", 40)
+    assert not plan_current(plan_of(last_seq=40, run_id="run_2"), "run_1", 40)  # not this run's
+    assert not plan_current(
+        plan_of(last_seq=40), "run_1", 57
+    )  # a late event since: planned again, or not yet
+    assert not plan_current(plan_of(last_seq=57), "run_1", 40)  # a replica behind the journal answered
+    assert not plan_current(plan_of(last_seq=0), "run_1", 0)  # no journal to stand for
 
 
 def test_a_plan_settles_a_run_from_receipts_alone_unless_a_task_must_be_put_back() -> None:
-    settled = {"a": record("a", ProjectionStatus.DELIVERED), "b": record("b", ProjectionStatus.DEAD)}
+    email = "send_confirmation_email"
+    settled = {
+        (email, "a"): record("a", ProjectionStatus.DELIVERED),
+        (email, "b"): record("b", ProjectionStatus.DEAD),
+    }
     assert judged_plan(plan_of("a", "b"), settled, at(700), STALE) == {
         Verdict.MISSING: 0,
         Verdict.STALE: 0,
         Verdict.PENDING: 0,
         Verdict.SETTLED: 2,
     }
-    trying = {**settled, "c": record("c", ProjectionStatus.PENDING, next_attempt=690)}
+    trying = {**settled, (email, "c"): record("c", ProjectionStatus.PENDING, next_attempt=690)}
     assert judged_plan(plan_of("a", "b", "c"), trying, at(700), STALE) == {
         Verdict.MISSING: 0,
         Verdict.STALE: 0,
@@ -194,7 +197,14 @@ def test_a_plan_settles_a_run_from_receipts_alone_unless_a_task_must_be_put_back
     }
     # Missing or stale: only the journal holds the task to publish again.
     assert judged_plan(plan_of("a", "d"), settled, at(700), STALE) is None
-    stale = {**settled, "c": record("c", ProjectionStatus.PENDING, next_attempt=10)}
+    stale = {**settled, (email, "c"): record("c", ProjectionStatus.PENDING, next_attempt=10)}
+    # A receipt of another tool under the same key is not this task's.
+    assert (
+        judged_plan(
+            plan_of("e"), {("update_crm", "e"): record("e", ProjectionStatus.DELIVERED)}, at(700), STALE
+        )
+        is None
+    )
     assert judged_plan(plan_of("a", "c"), stale, at(700), STALE) is None
     # One this reconciler put back a moment ago, with no receipt yet, is waited for.
     counts = judged_plan(plan_of("a", "d"), settled, at(700), STALE, {"d": at(650)})
