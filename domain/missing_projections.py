@@ -52,6 +52,11 @@ class EndedRun:
     last_at: datetime
     due_at: datetime
     checks: int = 0
+    # The latest stream sequence of its journal this reconciler saw (a milestone's): a plan from before it is old.
+    seen_seq: int = 0
+    # Its plan on record did not settle it (none, older than its journal, or a task to put back): the next check
+    # reads the journal, and no plan is read again until the journal moves or is read.
+    needs_read: bool = False
     republished: int = 0
     # When this reconciler last published each key again: a task it put back is waited for like a pending one.
     sent: dict[str, datetime] = field(default_factory=dict)
@@ -77,6 +82,7 @@ def ended(
     grace_s: float,
     max_tracked: int = MAX_TRACKED,
     oldest: datetime | None = None,
+    seq: int = 0,
 ) -> None:
     """A run ended at `at` (or an ended run's journal moved again: the projector plans again, so the grace
     restarts). Checked once `grace_s` have passed since its last event. A run that ended before `oldest` is not
@@ -90,16 +96,19 @@ def ended(
         while len(work.runs) >= max_tracked:
             del work.runs[next(iter(work.runs))]  # the longest tracked (dicts keep insertion order)
             work.let_go += 1
-        work.runs[run_id] = EndedRun(last_at=at, due_at=due)
-    elif at > known.last_at:
+        work.runs[run_id] = EndedRun(last_at=at, due_at=due, seen_seq=seq)
+        return
+    known.seen_seq = max(known.seen_seq, seq)
+    known.needs_read = False
+    if at > known.last_at:
         known.last_at = at
         known.due_at = max(known.due_at, due)
 
 
-def moved(work: EndedRuns, run_id: str, at: datetime, grace_s: float) -> None:
+def moved(work: EndedRuns, run_id: str, at: datetime, grace_s: float, seq: int = 0) -> None:
     """An event of a run: only an ended run's is tracked here."""
     if run_id in work.runs:
-        ended(work, run_id, at, grace_s)
+        ended(work, run_id, at, grace_s, seq=seq)
 
 
 def due_runs(work: EndedRuns, now: datetime, limit: int) -> list[str]:
@@ -136,12 +145,12 @@ def judged(
 
 def to_republish(
     tasks: Iterable[ProjectionTask],
-    records: Mapping[str, ProjectionRecord | None],
+    records: Mapping[tuple[str, str], ProjectionRecord | None],
     now: datetime,
     stale_s: float,
     sent: Mapping[str, datetime] | None = None,
 ) -> tuple[list[ProjectionTask], dict[Verdict, int]]:
-    """The tasks to publish again (`records` by task key) and how many tasks got each verdict (`judged`).
+    """The tasks to publish again (`records` by tool and key) and how many tasks got each verdict (`judged`).
 
     A stale task keeps the `planned_at` its receipt holds: its give-up clock runs from the first planning, so
     the reconciler can put a lost task back but never keep a failing one alive past its policy."""
@@ -149,7 +158,7 @@ def to_republish(
     counts = dict.fromkeys(Verdict, 0)
     sent = sent or {}
     for task in tasks:
-        record = records.get(task.key)
+        record = records.get((task.tool, task.key))
         found = judged(record, now, stale_s, sent.get(task.key))
         counts[found] += 1
         if found is Verdict.MISSING:
@@ -159,11 +168,12 @@ def to_republish(
     return again, counts
 
 
-def plan_current(plan: ProjectionPlan, run_id: str, last_seq: int) -> bool:
+def plan_current(plan: ProjectionPlan, run_id: str, last_seq: int, run: EndedRun) -> bool:
     """Whether a recorded plan was made from the run's journal as it stands (`last_seq`: its last event's stream
-    sequence now): only then do its tasks stand for what the run calls for. A sequence, not a time: events are
-    stamped by whichever runtime replica appended them, and plans may be written out of order."""
-    return plan.run_id == run_id and plan.last_seq == last_seq != 0
+    sequence now), and no older than any of its events this reconciler saw (a lagging replica may answer both
+    the planner's read and this one): only then do its tasks stand for what the run calls for. Sequences, not
+    times: events are stamped by whichever runtime replica appended them, and plans may be written out of order."""
+    return plan.run_id == run_id and plan.last_seq == last_seq != 0 and plan.last_seq >= run.seen_seq
 
 
 def judged_plan(

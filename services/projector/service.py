@@ -13,7 +13,7 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry.context import Context
 
-from crashsafe.contracts.errors import CrashsafeError, ErrorCode
+from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError, ErrorCode
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.projections import (
     AUDIT_TRAIL_TOOL,
@@ -183,7 +183,9 @@ class Projector:
             await msg.ack()
             return
         try:
-            planned = await self.plan_run(run_id, which, context_from(msg.headers))
+            planned = await self.plan_run(
+                run_id, which, context_from(msg.headers), at_least=msg.metadata.sequence.stream
+            )
         except Undeliverable as exc:
             await self._dead_letter(msg, exc.message, exc.code, {"run_id": run_id[:200]})
             return
@@ -191,14 +193,22 @@ class Projector:
             crash_point("projector.after_plan_publish")
         await msg.ack()
 
-    async def plan_run(self, run_id: str, which: Trigger = Trigger.ALL, ctx: Context | None = None) -> int:
+    async def plan_run(
+        self, run_id: str, which: Trigger = Trigger.ALL, ctx: Context | None = None, at_least: int = 0
+    ) -> int:
         """Read the run's journal, fold it, publish the tasks it calls for (`Nats-Msg-Id` = the task's key: a
         second plan within the duplicate window is dropped by the stream, after it by the receipt). Returns how
         many were published; raises Undeliverable for a journal that does not fold. `ctx`: the trace of the run
-        event that triggered the plan, carried on each task, so its delivery joins the run's trace."""
+        event that triggered the plan, carried on each task, so its delivery joins the run's trace. `at_least`: that
+        event's stream sequence; a journal read that ends before it (a replica behind answered) is tried again."""
         if not await self._may_project(run_id):
             return 0
         stored = await RunJournal(self.broker, self.ns).stored(run_id)
+        if at_least and (not stored or stored[-1].seq < at_least):
+            raise BrokerUnavailable(
+                f"run {run_id}'s journal read ended before the event that asked for its plan ({at_least})",
+                subject=self.ns.run_events(run_id),
+            )
         try:
             state = replay(decode_event(m.data) for m in stored)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:

@@ -62,15 +62,18 @@ class ProjectionChecks:
         self._logged_counts: dict[str, int] = {}
         self._logged = datetime.min.replace(tzinfo=UTC)
 
-    def observe(self, event: JournalEvent, now: datetime, after_end: bool = False) -> None:
-        """A milestone: a run's end starts its grace, and so does an event appended after it (`after_end`: a
-        late receipt after a hand-off, which the projector plans again from), whether or not the run was settled
-        and forgotten since; a later event of a tracked run restarts it."""
-        if isinstance(event, RunCompleted | RunHandedOff) or after_end:
-            oldest = now - timedelta(seconds=PLANNER_HISTORY_S)
-            missing.ended(self.ended, event.run_id, event.at, self.grace_s, oldest=oldest)
+    def observe(self, event: JournalEvent, now: datetime, after_end: bool = False, seq: int = 0) -> None:
+        """A milestone (`seq`: its stream sequence): a run's end starts its grace, and so does an event appended
+        after it (`after_end`: a late receipt after a hand-off, which the projector plans again from), whether or
+        not the run was settled and forgotten since, from now at the earliest (the projector plans it first); a
+        later event of a tracked run restarts it."""
+        oldest = now - timedelta(seconds=PLANNER_HISTORY_S)
+        if isinstance(event, RunCompleted | RunHandedOff):
+            missing.ended(self.ended, event.run_id, event.at, self.grace_s, oldest=oldest, seq=seq)
+        elif after_end and event.at >= oldest:
+            missing.ended(self.ended, event.run_id, max(event.at, now), self.grace_s, seq=seq)
         else:
-            missing.moved(self.ended, event.run_id, event.at, self.grace_s)
+            missing.moved(self.ended, event.run_id, event.at, self.grace_s, seq)
 
     async def tick(self, now: datetime) -> None:
         """Ended runs past their grace: judged by their plan and receipts, or their journal; the lost tasks
@@ -79,21 +82,21 @@ class ProjectionChecks:
             return
         budget, reads = self.publishes_per_tick, self.reads_per_tick
         for run_id in missing.due_runs(self.ended, now, self.checks_per_tick):
+            run = self.ended.runs[run_id]
             try:
-                if await self._by_plan(run_id, now):
+                if not run.needs_read and await self._by_plan(run_id, now):
                     continue
                 if reads <= 0 or budget <= 0:
                     continue  # due still: read on a later tick; runs behind it may yet be settled by their plan
                 reads -= 1
                 budget -= await self._by_journal(run_id, now, budget)
-            except Exception as exc:  # noqa: BLE001 -- NATS away, a bucket not yet provisioned, a plan or receipt
-                # no rule expected: the run is checked again later, never dropped, and the tick goes on.
+            except CrashsafeError as exc:
+                # NATS away, a bucket not yet provisioned: the run is checked again later, never dropped.
                 self.counts["failed_checks"] += 1
                 missing.checked(
                     self.ended, run_id, {missing.Verdict.MISSING: 1}, 0, now, self.recheck_s, self.max_gap_s
                 )
-                error = exc.message if isinstance(exc, CrashsafeError) else repr(exc)
-                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=error)
+                log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
         if now - self._logged >= timedelta(seconds=60) and self.counts != self._logged_counts:
             # The counters once a minute when they moved: what was checked, put back, found stale, given up on.
             self._logged, self._logged_counts = now, dict(self.counts)
@@ -108,19 +111,30 @@ class ProjectionChecks:
 
     async def _by_plan(self, run_id: str, now: datetime) -> bool:
         """The run judged by its plan on record and its receipts, if the plan is current and nothing needs
-        publishing again; False: its journal must be read."""
+        publishing again; False: its journal must be read (and is, before its plan is read again). A plan or a
+        receipt no rule expected (a hostile or buggy writer) is logged, and the journal decides."""
+        try:
+            settled = await self._settled_by_plan(run_id, now)
+        except CrashsafeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- never a net that stops on a record it cannot judge
+            log(self.logger, logging.ERROR, "projection plan unusable", run_id=run_id, error=repr(exc))
+            settled = False
         run = self.ended.runs.get(run_id)
-        entry, last_seq = await asyncio.gather(
-            self.broker.kv_get(self.receipts, self.ns.projection_plan_key(run_id)),
-            self.journal.last_seq(run_id),
-        )
+        if not settled and run is not None:
+            run.needs_read = True
+        return settled
+
+    async def _settled_by_plan(self, run_id: str, now: datetime) -> bool:
+        run = self.ended.runs.get(run_id)
+        entry = await self.broker.kv_get(self.receipts, self.ns.projection_plan_key(run_id))
         if run is None or entry is None or not entry.value:
             return False
         try:
             plan = plan_decoder.decode(entry.value)
         except msgspec.DecodeError:
             return False  # a newer writer's plan, or a corrupt one: the journal says what the run calls for
-        if not missing.plan_current(plan, run_id, last_seq):
+        if not missing.plan_current(plan, run_id, await self.journal.last_seq(run_id), run):
             return False
         records = await self._receipts(run_id, [(t.tool, t.key) for t in plan.tasks])
         if records is None:
@@ -169,15 +183,17 @@ class ProjectionChecks:
             missing.forget(self.ended, run_id)
             return 0
         readable: list[ProjectionTask] = []
-        records: dict[str, ProjectionRecord | None] = {}
+        records: dict[tuple[str, str], ProjectionRecord | None] = {}
         for task in tasks:
             # One at a time: a receipt this version cannot read is a newer writer's, left alone, never published
             # over; the others are still judged.
             found = await self._receipts(run_id, [(task.tool, task.key)])
             if found is not None:
-                records[task.key] = found[task.tool, task.key]
+                records.update(found)
                 readable.append(task)
         run = self.ended.runs.get(run_id)
+        if run is not None:
+            run.needs_read = False  # read now: a plan may settle its next check
         sent = run.sent if run is not None else {}
         again, counts = missing.to_republish(readable, records, now, self.stale_s, sent)
         again = again[:budget]

@@ -14,10 +14,14 @@ from crashsafe.contracts.errors import CrashsafeError
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.run_events import (
+    RUN_ENDS,
+    RUN_WAITS,
     ApprovalRequested,
     RunCompleted,
     RunHandedOff,
+    UnknownEvent,
     decode_event,
+    event_type,
 )
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.streams import approvals_spec, projections_spec
@@ -122,7 +126,13 @@ class Reconciler:
         if event.at < self._since:
             return  # stored recently, written long ago: a journal copied by an upgrade (services/operations)
         run_id, now = event.run_id, datetime.now(UTC)
-        self.projection_checks.observe(event, now, bool(msg.headers and msg.headers.get(Header.RUN_ENDED)))
+        # A milestone that neither ends its run nor makes it wait was appended after its end (`event_class`); the
+        # runtime marks a late receipt so, and every such event is one the projector may plan again from.
+        kind = event.type if isinstance(event, UnknownEvent) else event_type(event)
+        after_end = (
+            bool(msg.headers and msg.headers.get(Header.RUN_ENDED)) or kind not in RUN_ENDS | RUN_WAITS
+        )
+        self.projection_checks.observe(event, now, after_end, msg.metadata.sequence.stream)
         if isinstance(event, RunCompleted):
             observe(self.work, event)
             looks.ended(self.work, run_id, now)

@@ -25,6 +25,7 @@ import pytest
 
 from bench import workloads
 from crashsafe.contracts.dead_letters import DeadLetter
+from crashsafe.contracts.errors import BrokerUnavailable
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.projections import (
@@ -895,3 +896,26 @@ async def test_without_an_audit_trail_a_run_of_an_agent_that_projects_nothing_co
         # Its whole journal, and no other.
         whose = f"{world.ns.name}.run.{paid[0].run_id}."
         assert whole_reads and all(subject.startswith(whose) for subject in whole_reads), whole_reads
+
+
+async def test_a_journal_read_that_ends_before_the_event_that_asked_is_planned_again_later(
+    world: World,
+) -> None:
+    """A replica behind the journal answered the planner's read: planning from it would miss the very event that
+    asked for the plan (a late receipt's email, the audit trail's last events), and record a plan the reconciler
+    would trust. It fails as retryable (the event is delivered again), and plans once the read reaches it."""
+    events, _ = await paid_run(world)
+    await journal(world, events)
+    run_id = events[0].run_id
+    last = await RunJournal(world.broker, world.ns).last_seq(run_id)
+    settings = world.settings()
+    async with Providers.connect(settings.sandbox_url) as providers:
+        projector = Projector(
+            world.broker, settings, REGISTRY, providers, logging.getLogger("tests.projector")
+        )
+        with pytest.raises(BrokerUnavailable):
+            await projector.plan_run(run_id, at_least=last + 1)
+        assert await world.broker.kv_get(world.records, world.ns.projection_plan_key(run_id)) is None
+        assert await projector.plan_run(run_id, at_least=last) == 3
+    entry = await world.broker.kv_get(world.records, world.ns.projection_plan_key(run_id))
+    assert entry is not None and plan_decoder.decode(entry.value).last_seq == last

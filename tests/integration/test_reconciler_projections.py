@@ -516,3 +516,44 @@ async def test_runs_judged_by_their_plans_are_bounded_per_tick_too(
     assert checks.counts["by_plan"] == 4 and len(checks.ended.runs) == 3
     await reconciler.tick(later)
     assert checks.counts["by_plan"] == 6 and set(checks.ended.runs) == {unplanned}
+
+
+async def test_a_plan_no_rule_expected_is_logged_and_the_journal_decides(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    """A plan naming a tool no subject can carry (a hostile or buggy writer): never a net that stops on it."""
+    checks = reconciler.projection_checks
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+    hostile = ProjectionTask(
+        tool="no.such tool", key="k", run_id=run_id, tenant="", agent="booking", planned_at=now
+    )
+    await _plan_on_record(broker, namespace, run_id, [hostile])
+
+    await reconciler.tick(now + timedelta(seconds=checks.grace_s + 0.1))
+    assert checks.counts["by_plan"] == 0
+    assert {"send_confirmation_email", "update_crm"} <= {
+        t.tool for t in await _tasks(broker, namespace, run_id)
+    }
+
+
+async def test_a_compensation_requested_after_a_forgotten_runs_end_makes_it_one_to_check_again(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace
+) -> None:
+    """Only receipts carry the runtime's after-the-end mark; any other event journaled after the end (a milestone
+    that neither ends the run nor makes it wait) is one too."""
+    checks = reconciler.projection_checks
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    events = _paid_booking(run_id, now)
+    await _journal(broker, namespace, events)
+    await _ended(reconciler, run_id)
+    checks.ended.runs.pop(run_id)  # settled and forgotten
+    intent = events[1]
+    assert isinstance(intent, ActionRequested)
+    refund = msgspec.structs.replace(intent, step_no=2, key=action_key(run_id, 2), tool="refund_payment")
+    journal = RunJournal(broker, namespace)
+    await journal.append(refund, await journal.last_seq(run_id), after_end=True)
+    await eventually(lambda: run_id in checks.ended.runs, what="the event after the end seen")

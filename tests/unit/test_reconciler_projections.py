@@ -134,11 +134,14 @@ def test_verdict_of_a_receipt(stored: ProjectionRecord | None, expected: Verdict
 
 def test_only_lost_tasks_are_published_again() -> None:
     tasks = [task("missing"), task("delivered"), task("dead"), task("trying"), task("stale")]
+    email = "send_confirmation_email"
     records = {
-        "delivered": record("delivered", ProjectionStatus.DELIVERED),
-        "dead": record("dead", ProjectionStatus.DEAD),
-        "trying": record("trying", ProjectionStatus.PENDING, next_attempt=690),
-        "stale": record("stale", ProjectionStatus.PENDING, next_attempt=10, planned=5),
+        (email, "delivered"): record("delivered", ProjectionStatus.DELIVERED),
+        (email, "dead"): record("dead", ProjectionStatus.DEAD),
+        (email, "trying"): record("trying", ProjectionStatus.PENDING, next_attempt=690),
+        (email, "stale"): record("stale", ProjectionStatus.PENDING, next_attempt=10, planned=5),
+        # Another tool's receipt under a key of this plan's is not its receipt.
+        ("update_crm", "missing"): record("missing", ProjectionStatus.DELIVERED),
     }
     again, counts = to_republish(tasks, records, at(700), STALE)
     assert [t.key for t in again] == ["missing", "stale"]
@@ -167,13 +170,29 @@ def plan_of(*keys: str, last_seq: int = 40, run_id: str = "run_1") -> Projection
 
 
 def test_a_plan_stands_for_the_run_only_while_its_journal_is_as_it_was_planned_from() -> None:
-    assert plan_current(plan_of(last_seq=40), "run_1", 40)
-    assert not plan_current(plan_of(last_seq=40, run_id="run_2"), "run_1", 40)  # not this run's
+    work = EndedRuns()
+    ended(work, "run_1", at(0), GRACE, seq=38)
+    run = work.runs["run_1"]
+    assert plan_current(plan_of(last_seq=40), "run_1", 40, run)
+    assert not plan_current(plan_of(last_seq=40, run_id="run_2"), "run_1", 40, run)  # not this run's
     assert not plan_current(
-        plan_of(last_seq=40), "run_1", 57
+        plan_of(last_seq=40), "run_1", 57, run
     )  # a late event since: planned again, or not yet
-    assert not plan_current(plan_of(last_seq=57), "run_1", 40)  # a replica behind the journal answered
-    assert not plan_current(plan_of(last_seq=0), "run_1", 0)  # no journal to stand for
+    assert not plan_current(plan_of(last_seq=57), "run_1", 40, run)  # a replica behind the journal answered
+    assert not plan_current(plan_of(last_seq=0), "run_1", 0, run)  # no journal to stand for
+    # A milestone seen here after the plan: a replica behind answered both the planner and this reconciler.
+    moved(work, "run_1", at(30), GRACE, 45)
+    assert not plan_current(plan_of(last_seq=40), "run_1", 40, run)
+    assert plan_current(plan_of(last_seq=45), "run_1", 45, run)
+
+
+def test_a_run_whose_plan_did_not_settle_it_has_its_plan_read_again_once_its_journal_moves() -> None:
+    work = EndedRuns()
+    ended(work, "run_1", at(0), GRACE, seq=38)
+    run = work.runs["run_1"]
+    run.needs_read = True  # (the shell's mark: its next check reads the journal, not the plan)
+    moved(work, "run_1", at(30), GRACE, 45)  # the projector plans it again: that plan may settle it
+    assert not run.needs_read
 
 
 def test_a_plan_settles_a_run_from_receipts_alone_unless_a_task_must_be_put_back() -> None:
