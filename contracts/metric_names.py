@@ -132,6 +132,20 @@ PROJECTIONS_DELIVERED = MetricSpec(
     labels=("tool", "result"),
     services=("projector",),
 )
+PROJECTION_CHECKS = MetricSpec(
+    name="crashsafe_projection_checks",
+    kind=MetricKind.COUNTER,
+    help="ended runs' projection checks by the reconciler, by how each was judged (plan: by the projector's plan and"
+    " the receipts; journal: its journal read; failed: NATS away; let_go: dropped unchecked at the tracking bound)",
+    labels=("result",),
+    services=("reconciler",),
+)
+PROJECTION_CHECKS_WAITING = MetricSpec(
+    name="crashsafe_projection_checks_waiting",
+    kind=MetricKind.GAUGE,
+    help="ended runs the reconciler tracks whose projections it has not yet seen settled (as of its last tick)",
+    services=("reconciler",),
+)
 LEASE_OWNED = MetricSpec(
     name="crashsafe_partition_lease_owned",
     kind=MetricKind.GAUGE,
@@ -230,6 +244,8 @@ ALL_METRICS: tuple[MetricSpec, ...] = (
     DEAD_LETTERS,
     PROJECTION_BACKLOG,
     PROJECTIONS_DELIVERED,
+    PROJECTION_CHECKS,
+    PROJECTION_CHECKS_WAITING,
     LEASE_OWNED,
     CONSUMER_LAG,
     GATEWAY_REQUESTS,

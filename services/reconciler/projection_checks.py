@@ -22,6 +22,7 @@ from crashsafe.contracts.run_events import JournalEvent, RunCompleted, RunHanded
 from crashsafe.contracts.streams import PLANNER_HISTORY_S, projections_spec
 from crashsafe.domain import missing_projections as missing
 from crashsafe.domain.registry import Registry
+from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
@@ -60,6 +61,7 @@ class ProjectionChecks:
         counted = ("checked", "by_plan", "republished", "missing", "stale", "settled_runs", "failed_checks")
         self.counts: dict[str, int] = dict.fromkeys(counted, 0)
         self._logged_counts: dict[str, int] = {}
+        self._let_go_counted = 0
         self._logged = datetime.min.replace(tzinfo=UTC)
 
     def observe(self, event: JournalEvent, now: datetime, after_end: bool = False, seq: int = 0) -> None:
@@ -93,10 +95,15 @@ class ProjectionChecks:
             except CrashsafeError as exc:
                 # NATS away, a bucket not yet provisioned: the run is checked again later, never dropped.
                 self.counts["failed_checks"] += 1
+                metrics.PROJECTION_CHECKS.labels("failed").inc()
                 missing.checked(
                     self.ended, run_id, {missing.Verdict.MISSING: 1}, 0, now, self.recheck_s, self.max_gap_s
                 )
                 log(self.logger, logging.WARNING, "projection check failed", run_id=run_id, error=exc.message)
+        metrics.PROJECTION_CHECKS_WAITING.set(len(self.ended.runs))
+        if self.ended.let_go > self._let_go_counted:
+            metrics.PROJECTION_CHECKS.labels("let_go").inc(self.ended.let_go - self._let_go_counted)
+            self._let_go_counted = self.ended.let_go
         if now - self._logged >= timedelta(seconds=60) and self.counts != self._logged_counts:
             # The counters once a minute when they moved: what was checked, put back, found stale, given up on.
             self._logged, self._logged_counts = now, dict(self.counts)
@@ -144,6 +151,7 @@ class ProjectionChecks:
             return False
         self._checked(run_id, counts, 0, now)
         self.counts["by_plan"] += 1
+        metrics.PROJECTION_CHECKS.labels("plan").inc()
         return True
 
     async def _receipts(
@@ -206,6 +214,7 @@ class ProjectionChecks:
             )
         missing.mark_sent(self.ended, run_id, [t.key for t in again], now)
         self._checked(run_id, counts, len(again), now)
+        metrics.PROJECTION_CHECKS.labels("journal").inc()
         self.counts["republished"] += len(again)
         self.counts["missing"] += counts[missing.Verdict.MISSING]
         self.counts["stale"] += counts[missing.Verdict.STALE]

@@ -41,6 +41,7 @@ from crashsafe.domain.missing_projections import planned
 from crashsafe.domain.registry import Registry, load
 from crashsafe.natsd import NatsServer
 from crashsafe.projections_command import projections_list, projections_retry
+from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.records.run_journal import RunJournal
@@ -411,11 +412,14 @@ async def test_a_run_settled_by_its_plan_and_receipts_is_let_go_without_reading_
     for task in tasks:
         await _receipt(broker, namespace, task, _record(task, ProjectionStatus.DELIVERED, now))
 
+    by_plan = metrics.PROJECTION_CHECKS.labels("plan")
+    before = by_plan._value.get()
     later = now + timedelta(seconds=checks.grace_s + 0.1)
     await reconciler.tick(later)
     assert run_id not in checks.ended.runs
     counted = (checks.counts["by_plan"], checks.counts["settled_runs"], checks.counts["failed_checks"])
     assert counted == (1, 1, 0)
+    assert by_plan._value.get() == before + 1  # what an operator's dashboard reads
     assert await _tasks(broker, namespace, run_id) == []
 
     # An event appended after the end (a late receipt after a hand-off) makes the run one to check again, though
