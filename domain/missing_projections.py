@@ -168,12 +168,13 @@ def to_republish(
     return again, counts
 
 
-def plan_current(plan: ProjectionPlan, run_id: str, last_seq: int, run: EndedRun) -> bool:
-    """Whether a recorded plan was made from the run's journal as it stands (`last_seq`: its last event's stream
-    sequence now), and no older than any of its events this reconciler saw (a lagging replica may answer both
-    the planner's read and this one): only then do its tasks stand for what the run calls for. Sequences, not
-    times: events are stamped by whichever runtime replica appended them, and plans may be written out of order."""
-    return plan.run_id == run_id and plan.last_seq == last_seq != 0 and plan.last_seq >= run.seen_seq
+def plan_current(plan: ProjectionPlan, run_id: str, run: EndedRun) -> bool:
+    """Whether a recorded plan was made from the run's journal as this reconciler saw it last: no older than any
+    milestone of the run it saw. Every event after a run's end is a milestone, and the planner plans from a read
+    that reaches the event that asked for it, so a plan this old has every event seen here; one appended since
+    and not seen yet makes the run one to check again when it is (`ended`). Sequences, not times: events are
+    stamped by whichever runtime replica appended them, and plans may be written out of order."""
+    return plan.run_id == run_id and run.seen_seq > 0 and plan.last_seq >= run.seen_seq
 
 
 def judged_plan(

@@ -34,6 +34,18 @@ class KvBuckets(DirectReads):
             return None
         return KvEntry(key, stored.seq, stored.data)
 
+    async def kv_get_many(self, spec: KvSpec, keys: list[str]) -> dict[str, KvEntry | None]:
+        """Several keys' values, read in one batched direct get (one round trip, one snapshot of the bucket)."""
+        if not keys:
+            return {}
+        subjects = {spec.subject(key): key for key in keys}
+        found: dict[str, KvEntry | None] = dict.fromkeys(keys)
+        for stored in await self.last_on_each_subject(spec.stream, list(subjects)):
+            key = subjects.get(stored.subject)
+            if key is not None and not stored.headers.get(Header.KV_OPERATION):
+                found[key] = KvEntry(key, stored.seq, stored.data)
+        return found
+
     async def kv_get_revision(self, spec: KvSpec, key: str, revision: int) -> KvEntry | None:
         """`key`'s value as written at `revision` (a bucket with history); None if the bucket no longer holds it."""
         stored = await self.at_sequence(spec.stream, revision, spec.subject(key))

@@ -95,14 +95,18 @@ class DirectReads(Publishing):
                 return out
             next_seq = answer.messages[-1].seq + 1
 
-    async def last_on_each_subject(self, stream: str, subjects: str, page: int = 500) -> list[StoredMessage]:
-        """The last message of every subject matching `subjects` (a wildcard), in stream order: `multi_last`
-        direct gets, paged at one stream sequence (the first page's `up_to`), so a busy stream still gives one
-        consistent snapshot. Needs nats-server 2.11 or later."""
+    async def last_on_each_subject(
+        self, stream: str, subjects: str | list[str], page: int = 500
+    ) -> list[StoredMessage]:
+        """The last message of every subject matching `subjects` (a wildcard, or several subjects), in stream
+        order: `multi_last` direct gets, paged at one stream sequence (the first page's `up_to`), so a busy stream
+        still gives one consistent snapshot. Needs nats-server 2.11 or later."""
         out: list[StoredMessage] = []
         after, up_to = 0, 0
+        named = subjects if isinstance(subjects, list) else [subjects]
+        shown = ", ".join(named)
         while True:
-            request: dict[str, object] = {"multi_last": [subjects], "batch": page}
+            request: dict[str, object] = {"multi_last": named, "batch": page}
             if after:
                 request["seq"] = after + 1
             if up_to:
@@ -111,7 +115,7 @@ class DirectReads(Publishing):
                 f"listing {stream} answered %s; this needs nats-server 2.11 or later and a stream that allows"
                 " direct gets (`crashsafe infra apply`)"
             )
-            answer = await self._direct_batch(stream, request, subjects, refused)
+            answer = await self._direct_batch(stream, request, shown, refused)
             out.extend(answer.messages)
             if answer.end is None or not answer.messages:
                 return out

@@ -4,7 +4,6 @@ journal is read only for a run with a task to put back, or no current plan, at a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -141,7 +140,7 @@ class ProjectionChecks:
             plan = plan_decoder.decode(entry.value)
         except msgspec.DecodeError:
             return False  # a newer writer's plan, or a corrupt one: the journal says what the run calls for
-        if not missing.plan_current(plan, run_id, await self.journal.last_seq(run_id), run):
+        if not missing.plan_current(plan, run_id, run):
             return False
         records = await self._receipts(run_id, [(t.tool, t.key) for t in plan.tasks])
         if records is None:
@@ -158,12 +157,10 @@ class ProjectionChecks:
         self, run_id: str, tasks: list[tuple[str, str]]
     ) -> dict[tuple[str, str], ProjectionRecord | None] | None:
         """The receipts of (tool, key) tasks, read together; None if one is unreadable (a newer writer's)."""
-        entries = await asyncio.gather(
-            *(
-                self.broker.kv_get(self.receipts, self.ns.projection_record_key(tool, key))
-                for tool, key in tasks
-            )
-        )
+        # One batched read of the bucket for all of them: a round trip, not one a task.
+        names = {(tool, key): self.ns.projection_record_key(tool, key) for tool, key in tasks}
+        found = await self.broker.kv_get_many(self.receipts, list(names.values()))
+        entries = [found[names[task]] for task in tasks]
         records: dict[tuple[str, str], ProjectionRecord | None] = {}
         for (tool, key), entry in zip(tasks, entries, strict=True):
             try:

@@ -40,11 +40,6 @@ class RunJournal:
         the journal before reads on from where it stopped)."""
         return [(m.seq, decode_event(m.data)) for m in await self.stored(run_id, after_seq)]
 
-    async def last_seq(self, run_id: str) -> int:
-        """The stream sequence of the run's last event (0: no journal): one lookup in the server's subject index."""
-        last = await self.broker.last_on_subject(self.stream, self.ns.run_events(run_id))
-        return last.seq if last is not None else 0
-
     async def stored(self, run_id: str, after_seq: int = 0) -> list[StoredMessage]:
         """The run's journal as stored (after stream sequence `after_seq`), in order: always a prefix of it. Every
         journal read in the product goes through here.

@@ -391,7 +391,7 @@ async def test_a_completed_run_is_planned_into_its_email_and_crm_record_delivere
     entry = await world.broker.kv_get(world.records, world.ns.projection_plan_key(state.run_id))
     assert entry is not None, "an ended run's plan is on record once its tasks are published"
     recorded = plan_decoder.decode(entry.value)
-    last_seq = await RunJournal(world.broker, world.ns).last_seq(state.run_id)
+    last_seq = (await RunJournal(world.broker, world.ns).read(state.run_id))[1]
     assert (recorded.run_id, recorded.events, recorded.last_seq) == (state.run_id, len(events), last_seq)
     assert sorted((t.tool, t.key) for t in recorded.tasks) == sorted((t.tool, t.key) for t in expected)
 
@@ -907,7 +907,7 @@ async def test_a_journal_read_that_ends_before_the_event_that_asked_is_planned_a
     events, _ = await paid_run(world)
     await journal(world, events)
     run_id = events[0].run_id
-    last = await RunJournal(world.broker, world.ns).last_seq(run_id)
+    last = (await RunJournal(world.broker, world.ns).read(run_id))[1]
     settings = world.settings()
     async with Providers.connect(settings.sandbox_url) as providers:
         projector = Projector(

@@ -162,7 +162,7 @@ async def _plan_on_record(
     plan = ProjectionPlan(
         run_id=run_id,
         events=4,
-        last_seq=await RunJournal(broker, ns).last_seq(run_id) if last_seq is None else last_seq,
+        last_seq=(await RunJournal(broker, ns).read(run_id))[1] if last_seq is None else last_seq,
         planned_at=datetime.now(UTC),
         tasks=tuple(PlannedProjection(tool=t.tool, key=t.key) for t in tasks),
     )
@@ -435,7 +435,7 @@ async def test_a_run_settled_by_its_plan_and_receipts_is_let_go_without_reading_
         provider_ref="pay_1",
     )
     ended_header = {Header.RUN_ENDED.value: "1"}  # as the runtime marks an event after its run's end
-    await journal.append(late, await journal.last_seq(run_id), ended_header, after_end=True)
+    await journal.append(late, (await journal.read(run_id))[1], ended_header, after_end=True)
     await eventually(lambda: run_id in checks.ended.runs, what="the late event seen")
     await reconciler.tick(later + timedelta(seconds=checks.grace_s + 1.2))
     assert checks.counts["by_plan"] == 1  # its journal was read (it opens with an end: nothing to plan there)
@@ -485,7 +485,7 @@ async def test_a_plan_made_before_the_journal_last_moved_is_not_trusted(
     run_id = run_id_for("", unique("run"))
     events = _paid_booking(run_id, now)
     await _journal(broker, namespace, events[:-1])
-    before_the_end = await RunJournal(broker, namespace).last_seq(run_id)
+    before_the_end = (await RunJournal(broker, namespace).read(run_id))[1]
     await _journal_on(broker, namespace, events[-1:], before_the_end)
     await _ended(reconciler, run_id)
     await _plan_on_record(broker, namespace, run_id, [], last_seq=before_the_end)
@@ -559,5 +559,5 @@ async def test_a_compensation_requested_after_a_forgotten_runs_end_makes_it_one_
     assert isinstance(intent, ActionRequested)
     refund = msgspec.structs.replace(intent, step_no=2, key=action_key(run_id, 2), tool="refund_payment")
     journal = RunJournal(broker, namespace)
-    await journal.append(refund, await journal.last_seq(run_id), after_end=True)
+    await journal.append(refund, (await journal.read(run_id))[1], after_end=True)
     await eventually(lambda: run_id in checks.ended.runs, what="the event after the end seen")

@@ -169,21 +169,20 @@ def plan_of(*keys: str, last_seq: int = 40, run_id: str = "run_1") -> Projection
     )
 
 
-def test_a_plan_stands_for_the_run_only_while_its_journal_is_as_it_was_planned_from() -> None:
+def test_a_plan_stands_for_the_run_only_if_no_older_than_any_milestone_seen() -> None:
     work = EndedRuns()
-    ended(work, "run_1", at(0), GRACE, seq=38)
+    ended(work, "run_1", at(0), GRACE, seq=40)
     run = work.runs["run_1"]
-    assert plan_current(plan_of(last_seq=40), "run_1", 40, run)
-    assert not plan_current(plan_of(last_seq=40, run_id="run_2"), "run_1", 40, run)  # not this run's
-    assert not plan_current(
-        plan_of(last_seq=40), "run_1", 57, run
-    )  # a late event since: planned again, or not yet
-    assert not plan_current(plan_of(last_seq=57), "run_1", 40, run)  # a replica behind the journal answered
-    assert not plan_current(plan_of(last_seq=0), "run_1", 0, run)  # no journal to stand for
-    # A milestone seen here after the plan: a replica behind answered both the planner and this reconciler.
-    moved(work, "run_1", at(30), GRACE, 45)
-    assert not plan_current(plan_of(last_seq=40), "run_1", 40, run)
-    assert plan_current(plan_of(last_seq=45), "run_1", 45, run)
+    assert plan_current(plan_of(last_seq=40), "run_1", run)
+    assert plan_current(plan_of(last_seq=41), "run_1", run)  # planned after a later event not seen here yet
+    assert not plan_current(plan_of(last_seq=40, run_id="run_2"), "run_1", run)  # not this run's
+    assert not plan_current(plan_of(last_seq=39), "run_1", run)  # planned before the end seen here
+    # A late event after the end: a plan from before it is not the run's plan any more, whatever the times say.
+    moved(work, "run_1", at(-30), GRACE, 57)
+    assert not plan_current(plan_of(last_seq=40), "run_1", run)
+    assert plan_current(plan_of(last_seq=57), "run_1", run)
+    ended(work, "run_2", at(0), GRACE)  # no sequence known (a caller that had none): never trusted
+    assert not plan_current(plan_of(last_seq=40, run_id="run_2"), "run_2", work.runs["run_2"])
 
 
 def test_a_run_whose_plan_did_not_settle_it_has_its_plan_read_again_once_its_journal_moves() -> None:
