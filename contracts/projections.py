@@ -79,8 +79,8 @@ class PlannedProjection(msgspec.Struct, frozen=True, kw_only=True):
 class ProjectionPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What the projector planned for an ended run, `plan.<digest(run_id)>` in `<ns>_projections`, written once
     the plan's tasks are published (kept as long as the planner plans a run again). The reconciler tells a run
-    whose every projection has settled from this and the receipts alone, without reading its journal, while the
-    journal's last stream sequence is still `last_seq`; a journal that moved since is read."""
+    whose every projection has settled from this and the receipts alone, without reading its journal, if no
+    milestone of the run it saw is later than `last_seq`; otherwise it reads the journal."""
 
     run_id: str
     events: int  # the journal's length it was planned from
