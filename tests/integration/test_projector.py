@@ -919,3 +919,28 @@ async def test_a_journal_read_that_ends_before_the_event_that_asked_is_planned_a
         assert await projector.plan_run(run_id, at_least=last) == 3
     entry = await world.broker.kv_get(world.records, world.ns.projection_plan_key(run_id))
     assert entry is not None and plan_decoder.decode(entry.value).last_seq == last
+
+
+async def test_a_plan_that_cannot_be_recorded_is_logged_and_the_run_is_planned_all_the_same(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan on record only saves the reconciler a journal read: a write refused (NATS away, a NATS user not yet
+    allowed `plan.*` during an upgrade) must not fail the planning, nor send its milestone to the dead letters."""
+    events, _ = await paid_run(world)
+    await journal(world, events)
+    run_id = events[0].run_id
+    kv_write = world.broker.kv_write
+
+    async def refusing(spec: KvSpec, key: str, value: bytes, **kwargs: Any) -> int:
+        if key == world.ns.projection_plan_key(run_id):
+            raise BrokerUnavailable("refused", subject=spec.subject(key))
+        return await kv_write(spec, key, value, **kwargs)
+
+    monkeypatch.setattr(world.broker, "kv_write", refusing)
+    settings = world.settings()
+    async with Providers.connect(settings.sandbox_url) as providers:
+        projector = Projector(
+            world.broker, settings, REGISTRY, providers, logging.getLogger("tests.projector")
+        )
+        assert await projector.plan_run(run_id) == 3
+    assert await world.broker.kv_get(world.records, world.ns.projection_plan_key(run_id)) is None
