@@ -70,8 +70,12 @@ class Stack:
         synthetic: bool = False,
         monitor_port: int | None = None,
         forking: bool = True,
+        python: str | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        # The interpreter whose crashsafe provisions and serves (another release's venv, as an image is one);
+        # None: this one. A service's own `Service.python` overrides it (a rolling update runs both).
+        self.python = python
         # Services forked from a warm interpreter (`crashsafe.forkserver`); False: each a fresh interpreter.
         self.forking = forking
         # The embedded nats-server's monitoring port (`/connz`), on loopback: the benchmarks count messages with it.
@@ -211,8 +215,9 @@ class Stack:
         env.update(self.base_env)
         with open(self.logs_dir / "provision.log", "ab") as log:
             done = subprocess.run(
-                [sys.executable, "-m", "crashsafe.cli", "infra", "apply"],
+                [self.python or sys.executable, "-m", "crashsafe.cli", "infra", "apply"],
                 env=env,
+                cwd=self._cwd(self.python),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -292,7 +297,8 @@ class Stack:
     def _start_process(self, service: Service, log_path: Path) -> subprocess.Popen[bytes] | ForkedService:
         """Forked from the warm fork server where there is one (`crashsafe.forkserver`), else a fresh interpreter."""
         env = self.env_for(service)
-        if self.forking:
+        python = service.python or self.python
+        if self.forking and python is None:
             try:
                 # The server starts with the stack's own environment; each service brings its own.
                 return ForkServer.shared(os.environ).fork(["serve", *service.args], env, log_path)
@@ -301,13 +307,19 @@ class Stack:
                 self.forking = False
         with open(log_path, "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
+                [python or sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
                 env=env,
+                cwd=self._cwd(python),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    def _cwd(self, python: str | None) -> Path | None:
+        """Another installation runs outside any checkout: `python -m` puts its working directory first on the
+        path, and a checkout's own `crashsafe/` there would shadow the installation's."""
+        return None if python is None else self.state_dir
 
     def wait_http(self, name: str, timeout_s: float = 30.0) -> None:
         url = {"sandbox": f"{self.sandbox_url}/_faults", "gateway": f"{self.gateway_url}/readyz"}[name]

@@ -118,6 +118,9 @@ class Service:
     once_env: dict[str, str] = field(default_factory=dict)
     # The `--scale` name this is a replica of (`executor-payment` for `executor-payment-2`).
     base: str = ""
+    # The interpreter of another installation of crashsafe (a release's own venv) to serve it from, as a pod
+    # runs its own image; None: the stack's (`Stack.python`).
+    python: str | None = None
     process: subprocess.Popen[bytes] | ForkedService | None = None
     identity: ProcessIdentity | None = None
     restarts: int = 0
