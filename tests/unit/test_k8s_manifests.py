@@ -1,7 +1,9 @@
 """The Kubernetes base in infra/k8s, rendered as kustomize would and checked without a cluster: every object
 against the Kubernetes schemas (strict), and the rules the product depends on: probes on declared ports, each
 role's pod holding only its own NATS credential and keys, non-root everywhere, one executor per tool family of
-the registry, and the nats chart's values including the generated users from where they are mounted.
+the registry, the nats chart's values including the generated users from where they are mounted, and the rolling
+upgrade's (docs/upgrading.md): no old pod stopped before a new one is ready, a disruption budget over every
+workload that a drain can meet, the release's version on every workload and image, provisioning that only adds.
 
 Each rule is a function returning what breaks it; the rules are also run on broken copies of the base, so a
 rule that can no longer fail is caught too.
@@ -21,6 +23,7 @@ import pytest
 import yaml
 
 from crashsafe.contracts.nats_permissions import users
+from crashsafe.contracts.release import VERSION
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain import registry as registries
 from crashsafe.infra import infra_nats_auth
@@ -45,6 +48,13 @@ ROLE_SECRETS = {
 }
 # NATS users that are no pod of this base: `analytics` is the example consumer's (examples/analytics).
 NOT_PODS = {"analytics"}
+VERSION_LABEL = "app.kubernetes.io/version"
+# The least terminationGracePeriodSeconds for a service's drain on SIGTERM: a runtime step may be a model call (30 s
+# on the default route) and its append; an executor's keyed write a call, a lookup and a call again.
+DRAIN_S = {"runtime": 60, "executor": 60}
+DEFAULT_DRAIN_S = 30
+# A Deployment's rolling update: one new pod beside the old ones, none stopped before a new one is ready.
+SURGE_ONE = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
 
 Rule = Callable[[Rendered], list[str]]
 
@@ -73,6 +83,16 @@ def _ports(container: dict[str, Any]) -> dict[str | int, int]:
         if "name" in port:
             ports[port["name"]] = port["containerPort"]
     return ports
+
+
+def _services(base: Rendered) -> list[dict[str, Any]]:
+    """The long-running workloads (not the provisioning Job)."""
+    return [o for o in base.workloads() if o["kind"] != "Job"]
+
+
+def _selector(obj: dict[str, Any]) -> dict[str, str]:
+    selector = obj["spec"]["selector"]
+    return dict(selector.get("matchLabels", selector))
 
 
 def _secrets_of(pod: dict[str, Any]) -> set[str]:
@@ -322,6 +342,116 @@ def network_problems(base: Rendered) -> list[str]:
     return problems
 
 
+def rollout_problems(base: Rendered) -> list[str]:
+    """No rolling update stops an old pod before a new one is ready: a Deployment surges one pod with none
+    unavailable, a StatefulSet (its pods keep their names and volumes) replaces one at a time with no canary
+    partition left in the base; a new pod counts only after minReadySeconds; the grace period covers the drain."""
+    problems = []
+    for obj in _services(base):
+        name, spec = obj["metadata"]["name"], obj["spec"]
+        if obj["kind"] == "Deployment":
+            if spec.get("strategy") != SURGE_ONE:
+                problems.append(f"{name}: strategy {spec.get('strategy')}, not {SURGE_ONE}")
+        else:
+            strategy = spec.get("updateStrategy", {})
+            rolling = strategy.get("rollingUpdate", {})
+            if strategy.get("type") != "RollingUpdate" or rolling.get("maxUnavailable", 1) != 1:
+                problems.append(f"{name}: {strategy}, not a RollingUpdate of one pod at a time")
+            if rolling.get("partition", 0) != 0:
+                problems.append(
+                    f"{name}: partition {rolling['partition']} would hold every rollout at a canary"
+                )
+        if spec.get("minReadySeconds", 0) < 5:
+            problems.append(f"{name}: minReadySeconds {spec.get('minReadySeconds', 0)}, under 5")
+        grace = _pod(obj).get("terminationGracePeriodSeconds", 30)
+        needed = DRAIN_S.get(_component(obj).split("-")[0], DEFAULT_DRAIN_S)
+        if grace < needed:
+            problems.append(f"{name}: terminationGracePeriodSeconds {grace}, under its drain's {needed}")
+    return problems
+
+
+def disruption_problems(base: Rendered) -> list[str]:
+    """Every Deployment and StatefulSet has one PodDisruptionBudget over its pods, which a drain can always meet
+    one pod at a time (a singleton's too: a budget of one available would block every drain of its node) and which
+    lets a pod that is not ready be evicted (a rollout stuck on it must not hold up a drain)."""
+    problems = []
+    budgets = base.of_kind("PodDisruptionBudget")
+    for obj in _services(base):
+        name = obj["metadata"]["name"]
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        covering = [b for b in budgets if _selector(b).items() <= labels.items()]
+        if len(covering) != 1:
+            problems.append(f"{name}: {len(covering)} PodDisruptionBudgets select its pods, not 1")
+        for budget in covering:
+            spec = budget["spec"]
+            replicas = obj["spec"].get("replicas", 1)
+            allowed = (
+                spec["maxUnavailable"] if "maxUnavailable" in spec else replicas - spec.get("minAvailable", 0)
+            )
+            if not isinstance(allowed, int) or allowed < 1:
+                problems.append(
+                    f"PodDisruptionBudget/{budget['metadata']['name']}: no drain can evict {name}"
+                )
+            if spec.get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+                problems.append(
+                    f"PodDisruptionBudget/{budget['metadata']['name']}: keeps pods that are not ready"
+                )
+    return problems
+
+
+def version_problems(base: Rendered) -> list[str]:
+    """Every workload and its pods carry the release (contracts/release.py VERSION) as `app.kubernetes.io/version`
+    and run the image tagged with it; no selector and no volume claim template names the version (a Deployment's or
+    StatefulSet's cannot change, and a Service's would send traffic to one release in a rollout)."""
+    problems = []
+    for obj in base.workloads():
+        name = obj["metadata"]["name"]
+        for where, labels in (
+            ("", obj["metadata"].get("labels", {})),
+            ("pod template ", obj["spec"]["template"]["metadata"].get("labels", {})),
+        ):
+            if labels.get(VERSION_LABEL) != VERSION:
+                problems.append(
+                    f"{name}: {where}{VERSION_LABEL} {labels.get(VERSION_LABEL)!r}, not {VERSION}"
+                )
+        if VERSION_LABEL in obj["spec"].get("selector", {}).get("matchLabels", {}):
+            problems.append(f"{name}: its selector names the version")
+        for claim in obj["spec"].get("volumeClaimTemplates", []):
+            if VERSION_LABEL in claim["metadata"].get("labels", {}):
+                problems.append(
+                    f"{name}: volume claim template {claim['metadata']['name']} names the version"
+                )
+        for container in _pod(obj)["containers"] + _pod(obj).get("initContainers", []):
+            if container["image"].rpartition(":")[2] != VERSION:
+                problems.append(
+                    f"{name}/{container['name']}: image {container['image']}, not tagged {VERSION}"
+                )
+    for kind in ("Service", "PodDisruptionBudget"):
+        for obj in base.of_kind(kind):
+            if obj["spec"].get("selector") and VERSION_LABEL in _selector(obj):
+                problems.append(f"{kind}/{obj['metadata']['name']}: its selector names the version")
+    return problems
+
+
+def provisioning_problems(base: Rendered) -> list[str]:
+    """One Job runs `crashsafe infra apply` (additive: creates what is missing, never deletes or rewrites), and no
+    container of the base runs a contracting step: `crashsafe infra contract` is the operator's, once no older
+    release is left (docs/upgrading.md)."""
+    problems = []
+    applies = [
+        j
+        for j in base.of_kind("Job")
+        if any(c.get("args") == ["infra", "apply"] for c in _pod(j)["containers"])
+    ]
+    if len(applies) != 1:
+        problems.append(f"{len(applies)} Jobs run `crashsafe infra apply`, not 1")
+    for obj in base.workloads():
+        for container in _pod(obj)["containers"] + _pod(obj).get("initContainers", []):
+            if "contract" in [*container.get("command", []), *container.get("args", [])]:
+                problems.append(f"{obj['metadata']['name']}/{container['name']}: runs a contracting step")
+    return problems
+
+
 RULES: list[Rule] = [
     schema_problems,
     probe_problems,
@@ -331,6 +461,10 @@ RULES: list[Rule] = [
     selector_problems,
     variable_problems,
     network_problems,
+    rollout_problems,
+    disruption_problems,
+    version_problems,
+    provisioning_problems,
 ]
 
 
@@ -350,6 +484,7 @@ def test_the_base_has_every_component(rendered: Rendered) -> None:
         ("Deployment", "runtime"),
         ("PodDisruptionBudget", "runtime"),
         ("Deployment", "reconciler"),
+        ("PodDisruptionBudget", "reconciler"),
         ("Deployment", "projector"),
         ("PodDisruptionBudget", "projector"),
         ("Job", "crashsafe-infra-apply"),
@@ -364,7 +499,8 @@ def test_the_base_has_every_component(rendered: Rendered) -> None:
         o["metadata"].get("namespace") == "crashsafe" for o in rendered.objects if o["kind"] != "Namespace"
     )
     images = {c["image"] for o in rendered.workloads() for c in _pod(o)["containers"]}
-    assert images == {"registry.example.com/crashsafe:0.1.0"}
+    assert images == {f"registry.example.com/crashsafe:{VERSION}"}
+    assert rendered.kustomization["images"][0]["newTag"] == VERSION
 
 
 def test_the_config_is_one_the_services_accept(rendered: Rendered) -> None:
@@ -473,6 +609,11 @@ def _open_to_all(obj: dict[str, Any]) -> None:
     obj["spec"]["ingress"][0].pop("from")
 
 
+def _one_available(obj: dict[str, Any]) -> None:
+    obj["spec"].pop("maxUnavailable")
+    obj["spec"]["minAvailable"] = 1
+
+
 BREAKAGES = {
     "NATS open to every pod in the cluster": (
         network_problems,
@@ -554,6 +695,78 @@ BREAKAGES = {
         "ConfigMap",
         "crashsafe-config",
         _set(["data", "CRASHSAFE_STREAM_REPLICA"], "3"),
+    ),
+    "an old pod stopped before a new one is ready": (
+        rollout_problems,
+        "Deployment",
+        "runtime",
+        _set(["spec", "strategy", "rollingUpdate", "maxUnavailable"], 1),
+    ),
+    "a canary partition left in the base": (
+        rollout_problems,
+        "StatefulSet",
+        "executor-payment",
+        _set(["spec", "updateStrategy", "rollingUpdate", "partition"], 1),
+    ),
+    "a new pod counted as soon as it is ready": (
+        rollout_problems,
+        "Deployment",
+        "gateway",
+        _set(["spec", "minReadySeconds"], 0),
+    ),
+    "a runtime killed before its model call can end": (
+        rollout_problems,
+        "Deployment",
+        "runtime",
+        _set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 30),
+    ),
+    "a singleton whose budget blocks every drain": (
+        disruption_problems,
+        "PodDisruptionBudget",
+        "reconciler",
+        _one_available,
+    ),
+    "a Deployment no budget covers": (
+        disruption_problems,
+        "PodDisruptionBudget",
+        "projector",
+        _set(["spec", "selector", "matchLabels", "app.kubernetes.io/component"], "projectors"),
+    ),
+    "a budget that keeps pods that are not ready": (
+        disruption_problems,
+        "PodDisruptionBudget",
+        "executor-booking",
+        _set(["spec", "unhealthyPodEvictionPolicy"], "IfHealthyBudget"),
+    ),
+    "pods labelled with another release": (
+        version_problems,
+        "Deployment",
+        "gateway",
+        _set(["spec", "template", "metadata", "labels", VERSION_LABEL], "0.1.0"),
+    ),
+    "an image of another release": (
+        version_problems,
+        "Deployment",
+        "projector",
+        _set([*CONTAINER, "image"], "registry.example.com/crashsafe:0.1.0"),
+    ),
+    "a Service that selects one release": (
+        version_problems,
+        "Service",
+        "gateway",
+        _set(["spec", "selector", VERSION_LABEL], VERSION),
+    ),
+    "the version on a volume claim template": (
+        version_problems,
+        "StatefulSet",
+        "executor-notify",
+        _set(["spec", "volumeClaimTemplates", 0, "metadata", "labels", VERSION_LABEL], VERSION),
+    ),
+    "a Job that contracts": (
+        provisioning_problems,
+        "Job",
+        "crashsafe-infra-apply",
+        _set([*CONTAINER, "args"], ["infra", "contract"]),
     ),
 }
 
