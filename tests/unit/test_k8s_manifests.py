@@ -706,7 +706,7 @@ BREAKAGES = {
         rollout_problems,
         "StatefulSet",
         "executor-payment",
-        _set(["spec", "updateStrategy", "rollingUpdate", "partition"], 1),
+        _set(["spec", "updateStrategy"], {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}}),
     ),
     "a new pod counted as soon as it is ready": (
         rollout_problems,
