@@ -40,3 +40,6 @@ class Header(StrEnum):
     # On a journal event appended after its run ended (a late receipt after a hand-off): the projector re-plans the
     # run from this alone, without reading every outcome's journal to find out whether the run ended.
     RUN_ENDED = "Crashsafe-Run-Ended"
+    # The release of the process that published a message (`contracts.release.VERSION`), on every JetStream
+    # publish: which version wrote what while two run side by side in a rolling upgrade. No reader needs it.
+    VERSION = "Crashsafe-Version"

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.release import VERSION
 from crashsafe.contracts.run_events import RunStatus
 from crashsafe.services.platform.crashpoints import SEAMS
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crashsafe", description="A crash-safe runtime for AI agents on NATS JetStream."
     )
+    parser.add_argument("--version", action="version", version=f"crashsafe {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (as a container would)")

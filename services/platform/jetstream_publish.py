@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 # SubjectFull is importable from here too, where it lived before it joined the error family.
 from crashsafe.contracts.errors import BrokerUnavailable, NotPermitted, RunVersionConflict, SubjectFull
 from crashsafe.contracts.headers import Header
+from crashsafe.contracts.release import VERSION
 
 log = logging.getLogger("crashsafe.jetstream")
 
@@ -43,6 +44,10 @@ class Published:
     seq: int
     duplicate: bool
 
+
+# Stamped on every publish (a KV write's too): which release wrote a message, when two run side by side. Built
+# once; this process's stamp wins over one a copied message brought along.
+_STAMP = {Header.VERSION.value: VERSION}
 
 # How often waits for a PubAck or an answer are checked against their time: they fail at most this late.
 _SWEEP_S = 0.1
@@ -82,7 +87,7 @@ class Publishing:
 
         With `expected_subject_seq`, only if the last message on `subject` (or on the filter `sequence_subject`,
         which may span several subjects) is at that sequence; RunVersionConflict otherwise."""
-        hdrs = dict(headers or {})
+        hdrs = {**headers, **_STAMP} if headers else _STAMP.copy()
         if msg_id is not None:
             hdrs[Header.MSG_ID] = msg_id
         if expected_subject_seq is not None:
@@ -91,7 +96,7 @@ class Publishing:
                 hdrs[Header.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = sequence_subject
         reply, future = await self._await_answer(subject, timeout_s)
         try:
-            await self.nc.publish(subject, payload, reply=reply, headers=hdrs or None)
+            await self.nc.publish(subject, payload, reply=reply, headers=hdrs)
             msg = await future
         except NotPermitted:
             raise
