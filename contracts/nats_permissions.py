@@ -31,17 +31,14 @@ from crashsafe.contracts.subjects import (
 # The buckets slice A adds beside the leases (`{ns}_clients`: API keys; `{ns}_active`: active runs per guest).
 CLIENTS = "clients"
 ACTIVE = "active"
-# Guest profiles (`{ns}_guests`): the runtime reads them, the memory executor alone writes them.
-GUESTS = "guests"
-# Approval records and session lanes (issue 9).
-APPROVALS = "approvals"
+GUESTS = "guests"  # guest profiles: the runtime reads them, the memory executor alone writes them
+APPROVALS = "approvals"  # approval records and session lanes (issue 9)
 SESSIONS = "sessions"
-# An action key's facts beside its partition's store (issue 17): its family's executors.
-KEY_FACTS = "key_facts"
+KEY_FACTS = "key_facts"  # an action key's facts beside its store (issue 17): its family's executors
 CATALOG = "catalog"  # the configuration catalog: the operator publishes, runtimes read and watch
 PROJECTIONS = "projections"  # receipts and run plans (issue 10): the projector writes, the reconciler reads
-# Dead letters an operator replayed or discarded (issue 11): the gateway and the CLI.
-DEAD_MARKS = "dead_marks"
+DEAD_MARKS = "dead_marks"  # dead letters an operator replayed or discarded (issue 11): the gateway, the CLI
+VERSIONS = "versions"  # version heartbeats (issue 30): each service its own `beat.<user>.*`
 
 
 class Role(StrEnum):
@@ -51,12 +48,10 @@ class Role(StrEnum):
     RUNTIME = "runtime"
     EXECUTOR = "executor"
     RECONCILER = "reconciler"
-    OPERATOR = (
-        "operator"  # the CLI: provisions streams and buckets, manages keys, reads, reconciles; an admin
-    )
-    ANALYTICS = (
-        "analytics"  # an outside reader of the RUNS stream: its own consumers, direct gets, nothing else
-    )
+    # The CLI: provisions streams and buckets, manages keys, reads, reconciles; an admin.
+    OPERATOR = "operator"
+    # An outside reader of the RUNS stream: its own consumers, direct gets, nothing else.
+    ANALYTICS = "analytics"
     PROJECTOR = "projector"  # plans projections from run journals and delivers them (issue 10)
 
 
@@ -142,7 +137,7 @@ def _user(
         role=role,
         family=family,
         permissions=Permissions(
-            publish=tuple(dict.fromkeys(publish)),
+            publish=tuple(dict.fromkeys(publish if role is Role.ANALYTICS else (*publish, f"{API}.STREAM.NAMES"))),
             subscribe=(f"{inbox_prefix(name)}.>", *dict.fromkeys(subscribe)),
             publish_deny=deny,
             allow_responses=responses,
@@ -315,8 +310,14 @@ def users(
         # take a run's end away from the projector, and its email and CRM record with it.
         deny=_not_the_planner(s, concrete),
     )
-    projector = _projector(s, concrete)
-    return [gateway, runtime, *executors, reconciler, operator, analytics, projector]
+    every = [gateway, runtime, *executors, reconciler, operator, analytics, _projector(s, concrete)]
+    return [u if u.role in (Role.OPERATOR, Role.ANALYTICS) else _beating(u, s) for u in every]
+
+
+def _beating(user: NatsUser, s: Scope) -> NatsUser:
+    """A service process keeps its version heartbeat (issue 30): its own user's keys only, written and deleted."""
+    beats = s.kv(VERSIONS, f"beat.{user.name}.*")
+    return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, beats)))
 
 
 def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:

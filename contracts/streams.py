@@ -303,3 +303,9 @@ def projections_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 def dead_marks_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
     """Settled dead letters, `dead.<stream_seq>`: a `DeadLetterMark` (replayed or discarded), created once."""
     return KvSpec(bucket=ns.dead_letter_marks_bucket, replicas=replicas)
+
+
+def versions_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
+    """Version heartbeats, `beat.<service>.<worker>`: a `VersionBeat` per live service process, each written with
+    a TTL and renewed well within it, deleted on a clean stop (issue 30)."""
+    return KvSpec(bucket=ns.versions_bucket, replicas=replicas)

@@ -341,6 +341,21 @@ class Namespace:
     def runtime_timers_consumer(self) -> str:
         return "runtime_timers"
 
+    # Version heartbeats (issue 30): each live service process keeps one key, renewed with a TTL, saying which
+    # release it runs; `crashsafe upgrade check|status` and `infra contract` read them.
+    @property
+    def versions_bucket(self) -> str:
+        return f"{self.name}_versions"
+
+    def version_beat_key(self, service: str, worker_id: str) -> str:
+        """One process's heartbeat, `beat.<service>.<worker>`: `service` is its NATS user (`executor-payment`)."""
+        return f"beat.{_literal(service)}.{worker_token(worker_id)}"
+
+    @property
+    def version_beats_all(self) -> str:
+        """Every live process's heartbeat: what the operator's commands scan."""
+        return "beat.*.*"
+
     # The configuration catalog: one key, its history the published revisions; only the operator writes it.
     @property
     def catalog_bucket(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.platform import crashpoints
@@ -12,6 +13,7 @@ from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.platform.version_beats import VersionBeats
 from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.records.capability_keys import load_verifier
 
@@ -33,6 +35,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
             access=settings.nats_access,
             stop=stop,
         )
+        beats = VersionBeats(broker, settings.namespace, Role.EXECUTOR, settings.worker_id, logger, family)
+        beats.start()
         try:
             executor = Executor(broker, settings, registry, family, providers, logger, verifier)
             await executor.start()
@@ -41,6 +45,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
             await stop.wait()
             await executor.close()
         finally:
+            await beats.stop()
             await ops.stop()
             await broker.close()
             telemetry.close()

@@ -24,6 +24,7 @@ from crashsafe.contracts.errors import (
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import InboundEvent, InboundMessage, inbound_decoder, inbound_encoder
 from crashsafe.contracts.memory import SessionLane
+from crashsafe.contracts.nats_permissions import Role
 from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
@@ -59,6 +60,7 @@ from crashsafe.services.platform.tracing import (
     trace_id_of,
     trace_requests,
 )
+from crashsafe.services.platform.version_beats import VersionBeats
 from crashsafe.services.records.active_runs import Caps, claim
 from crashsafe.services.records.client_keys import ClientKeys
 from crashsafe.services.records.run_journal import RunJournal
@@ -325,9 +327,13 @@ def build_app(settings: Settings, registry: Registry, mounted: Sequence[Router] 
         app.state.sessions = SessionRecords(broker, ns)
         app.state.settings = settings
         app.state.registry = registry
+        # The logger `configure("gateway")` named (bootstrap.py): the line says which release serves.
+        beats = VersionBeats(broker, ns, Role.GATEWAY, settings.worker_id, logging.getLogger("gateway"))
+        beats.start()
         try:
             yield
         finally:
+            await beats.stop()
             await broker.close()
 
     # logging_config=None keeps our JSON log handler (Litestar would install its own and drop run ids).

@@ -103,6 +103,16 @@ class KvBuckets(DirectReads):
             raise LeaseConflict(key=key, expected_revision=revision or 0) from None
         return published.seq
 
-    async def kv_delete(self, spec: KvSpec, key: str) -> None:
-        """Remove `key` (a delete marker, as `nats kv del` writes; scans skip it)."""
-        await self.publish(spec.subject(key), b"", headers={Header.KV_OPERATION.value: "DEL"}, timeout_s=5.0)
+    async def kv_delete(self, spec: KvSpec, key: str, *, revision: int | None = None) -> None:
+        """Remove `key` (a delete marker, as `nats kv del` writes; scans skip it); with `revision`, only if the key
+        is still at it (LeaseConflict otherwise: someone wrote it since)."""
+        try:
+            await self.publish(
+                spec.subject(key),
+                b"",
+                expected_subject_seq=revision,
+                headers={Header.KV_OPERATION.value: "DEL"},
+                timeout_s=5.0,
+            )
+        except RunVersionConflict:
+            raise LeaseConflict(key=key, expected_revision=revision or 0) from None

@@ -1,5 +1,9 @@
 """Declares a namespace's streams and buckets: the operator's job (`crashsafe infra apply`, `crashsafe up`).
 
+Additive only (issue 30): a stream keeps every subject it already takes (`Broker.ensure_stream`), since a release
+still running beside this one may write there; narrowing a stream to this release's subjects is a contracting step
+(`crashsafe infra contract`, services/operations/contracting.py), run once no older release is left.
+
 Services never create or change streams (their NATS users may not); each checks at start that what it uses
 exists (`required_streams`) and stops with `StreamMissing`, telling the operator to run `crashsafe infra apply`.
 """
@@ -20,6 +24,7 @@ from crashsafe.contracts.streams import (
     projections_spec,
     sessions_spec,
     stream_specs,
+    versions_spec,
 )
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.services.platform.jetstream import Broker
@@ -39,13 +44,15 @@ def buckets(ns: Namespace, replicas: int = 1) -> list[KvSpec]:
         sessions_spec(ns, replicas),
         projections_spec(ns, replicas),  # projection receipts (issue 10)
         dead_marks_spec(ns, replicas),  # dead letters an operator replayed or discarded (issue 11)
+        versions_spec(ns, replicas),  # which release each live service process runs (issue 30)
     ]
 
 
 async def provision(
     broker: Broker, ns: Namespace, replicas: int = 1
 ) -> tuple[list[StreamSpec], list[KvSpec]]:
-    """Create or bring in line every stream and bucket of `ns` (idempotent); needs the operator's user."""
+    """Create every stream and bucket of `ns`, or add to it what this release needs (idempotent; never a subject
+    taken away); needs the operator's user."""
     streams = stream_specs(ns, replicas)
     for spec in streams:
         await broker.ensure_stream(spec)

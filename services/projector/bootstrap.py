@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import crashpoints
 from crashsafe.services.platform.jetstream import Broker
@@ -11,6 +12,7 @@ from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.platform.version_beats import VersionBeats
 from crashsafe.services.projector.service import Projector
 from crashsafe.services.providers.provider_calls import Providers
 
@@ -23,6 +25,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     broker = await Broker.connect(
         settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
+    beats = VersionBeats(broker, settings.namespace, Role.PROJECTOR, settings.worker_id, logger)
+    beats.start()
     try:
         # The receivers (email, CRM, audit log) are asked as the executors ask the providers: same adapter, same
         # Idempotency-Key header, same reading of their answers.
@@ -34,6 +38,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             await stop.wait()
             await projector.close()
     finally:
+        await beats.stop()
         await ops.stop()
         await broker.close()
         telemetry.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import crashpoints
 from crashsafe.services.platform.jetstream import Broker
@@ -12,6 +13,7 @@ from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.platform.version_beats import VersionBeats
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.reconciler.synthetic_cadence import SyntheticCadence
 
@@ -26,6 +28,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     broker = await Broker.connect(
         settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
+    beats = VersionBeats(broker, settings.namespace, Role.RECONCILER, settings.worker_id, logger)
+    beats.start()
     try:
         reconciler = Reconciler(broker, settings, logger, registry=registry)
         await reconciler.start()
@@ -39,6 +43,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
     finally:
+        await beats.stop()
         await ops.stop()
         await broker.close()
         telemetry.close()

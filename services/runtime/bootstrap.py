@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import crashpoints
@@ -13,6 +14,7 @@ from crashsafe.services.platform.logs import configure, log
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
+from crashsafe.services.platform.version_beats import VersionBeats
 from crashsafe.services.records.capability_keys import load_issuer
 from crashsafe.services.records.guest_profiles import GuestProfiles
 from crashsafe.services.runtime.held_actions import ApprovalDesk
@@ -39,6 +41,8 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     broker = await Broker.connect(
         settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access, stop=stop
     )
+    beats = VersionBeats(broker, settings.namespace, Role.RUNTIME, settings.worker_id, logger)
+    beats.start()
     try:
         # The documents are indexed once, before the first run can search them.
         library = Library.stayhub(settings.knowledge_dir)
@@ -74,6 +78,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         await catalog.stop()
         await runtime.deliveries.drain()
     finally:
+        await beats.stop()
         await ops.stop()
         await model.close()
         await broker.close()

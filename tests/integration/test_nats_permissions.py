@@ -82,6 +82,7 @@ KV_CATALOG = "KV_sweep_catalog"
 KV_GUESTS = "KV_sweep_guests"
 KV_DEAD_MARKS = "KV_sweep_dead_marks"
 KV_KEY_FACTS = "KV_sweep_key_facts"
+BEATING = ("gateway", "runtime", *(f"executor-{f}" for f in FAMILIES), "reconciler", "projector")
 
 
 def probes() -> list[Probe]:
@@ -127,6 +128,13 @@ def probes() -> list[Probe]:
         # The operating pages (issue 11): settle a dead letter once, ask a family's executors for a provider view.
         Probe("publish", "KV dead marks: `dead.1`", "$KV.sweep_dead_marks.dead.1"),
         *(Probe("publish", f"ask a provider view: {f}", NS.provider_view(f)) for f in FAMILIES),
+        # Version heartbeats (issue 30): each service process its own user's keys, never another's.
+        *(
+            Probe(
+                "publish", f"KV versions: `beat.{u}.w1`", f"$KV.sweep_versions.{NS.version_beat_key(u, 'w1')}"
+            )
+            for u in BEATING
+        ),
         Probe(
             "streams",
             "create a stream",
@@ -253,6 +261,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         # The admin does anything in its namespace, but never listens on another user's deliveries or inbox.
         return not (probe.subscribe and not probe.subject.startswith("sweep."))
     role, family, label = user.role, user.family, probe.label
+    if label.startswith("KV versions: "):  # a service process's own heartbeat only; analytics runs none
+        return role is not Role.ANALYTICS and label == f"KV versions: `beat.{user.name}.w1`"
     allowed: set[str] = set()
     if role is Role.GATEWAY:
         allowed = {"inbound event", "wake a run", "KV active: `guest.t1.h`", f"info {RUNS}"}

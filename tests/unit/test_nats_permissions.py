@@ -92,3 +92,16 @@ def test_analytics_may_not_take_the_projectors_run_events() -> None:
     assert "$JS.API.CONSUMER.MSG.NEXT.PROD_RUNS.projector_planner" in denied
     assert "$JS.ACK.PROD_RUNS.projector_planner.>" in denied
     assert "$JS.API.CONSUMER.CREATE.PROD_RUNS.projector_planner.>" in denied
+
+
+@given(FAMILIES)
+def test_each_service_writes_only_its_own_version_heartbeats(families: set[str]) -> None:
+    every = users(Namespace("prod"), families)
+    for user in every:
+        beats = [s for s in user.permissions.publish if s.startswith("$KV.prod_versions.")]
+        if user.role is Role.OPERATOR:
+            assert "$KV.>" in user.permissions.publish  # it writes and reads them all
+        elif user.role is Role.ANALYTICS:
+            assert beats == []
+        else:
+            assert beats == [f"$KV.prod_versions.beat.{user.name}.*"], user.name
