@@ -83,7 +83,7 @@ class Namespace:
 
     @property
     def legacy_run_events_all(self) -> str:
-        """Journals before event classes (`<ns>.run.<run_id>`): only `crashsafe infra apply`'s migration reads them."""
+        """Journals before event classes (`<ns>.run.<run_id>`): only `crashsafe infra contract`'s copy reads them."""
         return f"{self.name}.run.*"
 
     @property

@@ -200,7 +200,16 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
 
             if args.infra_command == "nats-auth":
                 return infra.infra_nats_auth(Path(args.out), args.namespace, args.registry, args.partitions)
-            return infra.infra_apply(Path(args.state_dir) if args.state_dir else None)
+            state_dir = Path(args.state_dir) if args.state_dir else None
+            if args.infra_command == "contract":
+                return infra.infra_contract(state_dir)
+            return infra.infra_apply(state_dir)
+        case "upgrade":
+            from crashsafe import upgrade_command
+
+            if args.upgrade_command == "check":
+                return upgrade_command.upgrade_check(Path(args.state_dir))
+            return upgrade_command.upgrade_status(Path(args.state_dir))
         case "reconcile" | "audit":
             from crashsafe import audit_command
 

@@ -306,11 +306,18 @@ def build_parser() -> argparse.ArgumentParser:
     infra = sub.add_parser("infra", help="declare streams and consumers")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
     apply = infra_sub.add_parser(
-        "apply", help="create or update every stream and bucket (idempotent; operator)"
+        "apply",
+        help="create every stream and bucket, or add what this release needs (additive, idempotent; operator)",
     )
-    apply.add_argument(
-        "--state-dir", default=None, help="a running stack's (its URL and operator credential)"
+    contract = infra_sub.add_parser(
+        "contract",
+        help="take away what only an older release used (old journal layout, old subjects); refused while a"
+        " process of an older release is alive (operator)",
     )
+    for command in (apply, contract):
+        command.add_argument(
+            "--state-dir", default=None, help="a running stack's (its URL and operator credential)"
+        )
     nats_auth = infra_sub.add_parser(
         "nats-auth", help="write NATS users (server config fragment) and per-role credentials for a cluster"
     )
@@ -318,4 +325,18 @@ def build_parser() -> argparse.ArgumentParser:
     nats_auth.add_argument("--namespace", default="crashsafe")
     nats_auth.add_argument("--registry", default="crashsafe.services.agents:stayhub")
     nats_auth.add_argument("--partitions", type=int, default=4, help="CRASHSAFE_ACTION_PARTITIONS")
+
+    upgrade = sub.add_parser(
+        "upgrade", help="a rolling upgrade: which releases are alive (version heartbeats)"
+    )
+    upgrade_sub = upgrade.add_subparsers(dest="upgrade_command", required=True)
+    upgrade_check = upgrade_sub.add_parser(
+        "check",
+        help=f"before a rollout: every live process's release; exit 1 if {VERSION} may not run beside one",
+    )
+    upgrade_status = upgrade_sub.add_parser(
+        "status", help="after a rollout: `converged on X` (exit 0) once every live process runs one release"
+    )
+    for command in (upgrade_check, upgrade_status):
+        command.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     return parser

@@ -81,7 +81,7 @@ class ErrorCode(StrEnum):
     # messages waiting to be read (429, Retry-After).
     TURN_LIMIT_REACHED = "turn_limit_reached"
     RUN_INBOX_FULL = "run_inbox_full"
-    # `crashsafe infra apply` would copy journals onto a new layout while services still write the old one.
+    # A contracting step (`crashsafe infra contract`) while processes of an older release are alive (issue 30).
     UPGRADE_BLOCKED = "upgrade_blocked"
 
 

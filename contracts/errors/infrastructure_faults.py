@@ -48,19 +48,20 @@ class BrokerUnavailable(CrashsafeError):
 
 
 class UpgradeBlocked(CrashsafeError):
-    """A migration of the namespace's streams refused while services still pull from them: nothing was changed."""
+    """A contracting step refused while processes of an older release are alive (their version heartbeats, or pull
+    requests no heartbeat accounts for): nothing was changed."""
 
     code = ErrorCode.UPGRADE_BLOCKED
     retry = RetryClass.RETRY_LATER
 
-    stream: str
-    consumers: list[str]
+    step: str  # the command refused: `infra contract`
+    processes: list[str]  # each older process: service, worker, version (or how it was seen)
 
     def explain(self) -> str:
+        alive = "; ".join(self.processes)
         return (
-            f"{', '.join(self.consumers)} on {self.stream} still have services pulling: an older runtime would append"
-            " to the journal layout being copied away. Stop the runtimes and projectors (scale them to 0), run"
-            " `crashsafe infra apply` again, then start this version's services"
+            f"`crashsafe {self.step}` refused, nothing changed: older processes are alive ({alive}). Finish the"
+            " rollout first (`crashsafe upgrade status` says converged), then run it again"
         )
 
 

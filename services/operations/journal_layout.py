@@ -1,13 +1,14 @@
 """Journals written before event classes (one subject per run, `<ns>.run.<run_id>`) copied onto their classes'
-subjects by `crashsafe infra apply`, so every reader of this version reads every run it ever had.
+subjects by `crashsafe infra contract` (services/operations/contracting.py), so every reader reads every run it ever
+had.
 
-It refuses (UpgradeBlocked) while a runtime or projector still pulls: an older runtime appends to the old subject
-and a run copied before its last append would lose it. Each run is copied in order with its version checked
-across its new subjects, and only past what an earlier, interrupted copy already wrote: running it again finishes
-the job and copies nothing twice. A run's old subject is purged once its copy is whole (a subject that names no
-run is left as it was). The projector's planner durable is made to start after the copies, so no run that ended
-before the upgrade plans its email again (the reconciler still finds one whose plan was missed); the reconciler
-reads the copies by their events' own times."""
+A contracting step: the caller runs it only once no older runtime or projector is alive (an older runtime appends
+to the old subject, and a run copied before its last append would lose it). Each run is copied in order with its
+version checked across its new subjects, and only past what an earlier, interrupted copy already wrote: running it
+again finishes the job and copies nothing twice. A run's old subject is purged once its copy is whole (a subject
+that names no run is left as it was). The projector's planner durable is made to start after the copies, so no
+run that ended before the upgrade plans its email again (the reconciler still finds one whose plan was missed);
+the reconciler reads the copies by their events' own times."""
 
 from __future__ import annotations
 
@@ -16,14 +17,8 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from crashsafe.contracts.errors import UpgradeBlocked
 from crashsafe.contracts.run_events import RUN_ENDS, event_class
-from crashsafe.contracts.streams import (
-    StreamSpec,
-    projector_planner_consumer,
-    runtime_consumers,
-    stream_specs,
-)
+from crashsafe.contracts.streams import StreamSpec, projector_planner_consumer, stream_specs
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.services.platform.jetstream import Broker
 
@@ -32,11 +27,6 @@ log = logging.getLogger("crashsafe.operations")
 # The server's own headers (an old append's version check and dedup id, a direct get's sequence and time) stay
 # behind: the copy makes its own. The trace context and the after-the-end mark travel with the event.
 _SERVERS = "Nats-"
-
-
-def _pulled_by_writers(ns: Namespace) -> list[tuple[str, str]]:
-    """The durables a live runtime or projector pulls from: a process pulling there may write the old layout."""
-    return [(c.stream, c.durable) for c in (*runtime_consumers(ns), projector_planner_consumer(ns))]
 
 
 class _Envelope(msgspec.Struct):
@@ -62,18 +52,20 @@ def _type_of(data: bytes) -> str:
         return ""  # not an event: copied as a step, as it was kept, for the reader to refuse as it always did
 
 
+async def has_old_layout(broker: Broker, ns: Namespace) -> bool:
+    """Whether the RUNS stream still takes the old layout's subjects: something for `migrate_journals` to do."""
+    subjects = await broker.stream_subjects(ns.stream(StreamKind.RUNS))
+    return subjects is not None and ns.legacy_run_events_all in subjects
+
+
 async def migrate_journals(broker: Broker, ns: Namespace, replicas: int = 1) -> LayoutMigration:
-    """Copy every journal on the old layout onto the new one (see the module's docstring); nothing to do on a
-    deployment that never had it."""
+    """Copy every journal on the old layout onto the new one (see the module's docstring; the caller has made
+    sure no older runtime or projector is alive); nothing to do on a deployment that never had it."""
     runs_spec = next(s for s in stream_specs(ns, replicas) if s.name == ns.stream(StreamKind.RUNS))
     legacy = ns.legacy_run_events_all
-    subjects = await broker.stream_subjects(runs_spec.name)
-    if subjects is None or legacy not in subjects:
+    if not await has_old_layout(broker, ns):
         return LayoutMigration()
-    live = [f"{s}/{d}" for s, d in _pulled_by_writers(ns) if await broker.consumer_pullers(s, d)]
-    if live:
-        raise UpgradeBlocked(stream=runs_spec.name, consumers=live)
-    # Both layouts while the copy runs; the provisioning that follows leaves the new one alone.
+    # Both layouts while the copy runs; the contracting step narrows the stream to the new one after it.
     await broker.ensure_stream(replace(runs_spec, subjects=(legacy, *runs_spec.subjects)))
     done = LayoutMigration()
     for last in await broker.last_on_each_subject(runs_spec.name, legacy):

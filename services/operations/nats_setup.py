@@ -1,5 +1,6 @@
 """What a deployment's NATS must hold, declared by the operator (the only role that may): the namespace's streams
-and buckets (`crashsafe infra apply`), and the users and credentials of a real cluster (`infra nats-auth`)."""
+and buckets (`crashsafe infra apply`, additive only; its contracting steps are `infra contract`'s,
+services/operations/contracting.py), and the users and credentials of a real cluster (`infra nats-auth`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 from crashsafe.contracts.streams import KvSpec, StreamSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.registry import Registry
-from crashsafe.services.operations.journal_layout import migrate_journals
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import NatsAuth, write_private
 from crashsafe.services.platform.provisioning import provision
@@ -17,9 +17,9 @@ from crashsafe.services.platform.provisioning import provision
 async def declare_streams(
     broker: Broker, ns: Namespace, replicas: int
 ) -> tuple[list[StreamSpec], list[KvSpec]]:
-    """Create or update every stream and bucket of the namespace (idempotent), first copying run journals of an
-    older layout onto this one's (`journal_layout`); what was declared."""
-    await migrate_journals(broker, ns, replicas)
+    """Create every stream and bucket of the namespace, or add what this release needs to it (idempotent): never
+    a delete, a purge or a subject taken away, so a release still running beside this one is never disturbed;
+    what was declared."""
     return await provision(broker, ns, replicas)
 
 

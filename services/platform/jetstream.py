@@ -21,6 +21,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from crashsafe.contracts.errors import BrokerUnavailable, InvalidSetting, SubjectFull
 from crashsafe.contracts.nats_permissions import inbox_prefix
 from crashsafe.contracts.streams import ConsumerSpec
+from crashsafe.services.platform.jetstream_contractions import Contractions
 from crashsafe.services.platform.jetstream_declarations import Declarations
 from crashsafe.services.platform.jetstream_kv import KvBuckets, KvEntry
 from crashsafe.services.platform.jetstream_publish import Published
@@ -110,7 +111,7 @@ def _identity(access: NatsAccess, url: str) -> dict[str, object]:
     return options
 
 
-class Broker(KvBuckets, Declarations):
+class Broker(KvBuckets, Declarations, Contractions):
     """A connection to NATS with JetStream, and the only place library exceptions are translated."""
 
     def __init__(self, nc: Client, user: object = None) -> None:

@@ -1,5 +1,6 @@
-"""One-shot commands fail fast: with no reachable NATS, `crashsafe runs show`, `audit`, `reconcile` and `infra apply`
-print one clear line and exit non-zero within seconds; a missing run is one line, not a traceback."""
+"""One-shot commands fail fast: with no reachable NATS, `crashsafe runs show`, `audit`, `reconcile`, `infra
+apply|contract` and `upgrade check|status` print one clear line and exit non-zero within seconds; a missing run is
+one line, not a traceback."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def _lines(text: str) -> list[str]:
         ("audit",),
         ("reconcile",),
         ("infra", "apply"),
+        ("infra", "contract"),
+        ("upgrade", "check"),
+        ("upgrade", "status"),
         ("keys", "create", "--tenant", "acme", "--scope", "admin"),
         ("keys", "list"),
         ("keys", "revoke", "0123456789abcdef"),

@@ -1,12 +1,13 @@
-"""Upgrading a deployment whose journals are on the old layout (one subject per run): `crashsafe infra apply`
-copies every run onto its event classes' subjects, in order, exactly once, and the projector's planner does not
-plan the upgraded runs again."""
+"""Contracting a deployment whose journals are on the old layout (one subject per run): `crashsafe infra apply` only
+adds (the old subjects stay taken), and `crashsafe infra contract` copies every run onto its event classes'
+subjects, in order, exactly once, narrows the stream, and the projector's planner does not plan the upgraded runs
+again; it refuses while an older process may be alive (a heartbeat of an older release, or a runtime pulling with
+no heartbeat of this release to account for it)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +16,9 @@ import msgspec
 import pytest
 
 from crashsafe.contracts.errors import UpgradeBlocked
+from crashsafe.contracts.heartbeats import VersionBeat, beat_encoder
 from crashsafe.contracts.inbound import inbound_encoder
+from crashsafe.contracts.release import RUNS_BESIDE_SINCE, VERSION
 from crashsafe.contracts.run_events import (
     ModelAnswered,
     RunCompleted,
@@ -24,10 +27,16 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     event_encoder,
 )
-from crashsafe.contracts.streams import projector_planner_consumer, runtime_consumers, stream_specs
+from crashsafe.contracts.streams import (
+    projector_planner_consumer,
+    runtime_consumers,
+    stream_specs,
+    versions_spec,
+)
 from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.natsd import NatsServer
-from crashsafe.services.operations.journal_layout import LayoutMigration, migrate_journals
+from crashsafe.services.operations.contracting import Contraction, contract
+from crashsafe.services.operations.journal_layout import LayoutMigration
 from crashsafe.services.operations.nats_setup import declare_streams
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
@@ -86,9 +95,16 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
         )
     )
     await RunJournal(broker, namespace).append(ended[0], 0)
+    # `infra apply` adds and never takes away: the old layout is still taken, nothing is copied.
+    await declare_streams(broker, namespace, 1)
+    assert set(await broker.stream_subjects(stream) or []) == {
+        namespace.legacy_run_events_all,
+        namespace.run_events_all,
+    }
 
-    assert await migrate_journals(broker, namespace) == LayoutMigration(runs=2, events=5, skipped=1)
-    await declare_streams(broker, namespace, 1)  # as `crashsafe infra apply` goes on: nothing left to copy
+    assert await contract(broker, namespace) == Contraction(
+        LayoutMigration(runs=2, events=5, skipped=1), {stream: [namespace.legacy_run_events_all]}
+    )
 
     journal = RunJournal(broker, namespace)
     for events in (ended, going):
@@ -109,13 +125,29 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
     _, seq = await journal.read(going[0].run_id)
     await journal.append(RunCompleted(run_id=going[0].run_id, at=now, reply="done"), seq)
     assert await broker.consumer_pending(stream, planner.durable) == 1
-    # Nothing left to do the second time.
-    assert await migrate_journals(broker, namespace) == LayoutMigration()
+    # Nothing left to do the second time, and `infra apply` leaves the narrowed stream alone.
+    await declare_streams(broker, namespace, 1)
+    assert await contract(broker, namespace) is None
     last = await broker.last_on_subject(stream, namespace.run_events(going[0].run_id))
     assert last is not None and last.subject == namespace.run_event(going[0].run_id, EventClass.MILESTONE)
 
 
-async def test_an_upgrade_is_refused_while_a_runtime_pulls_and_makes_the_planner_when_none_existed(
+def _beat(version: str, worker: str) -> bytes:
+    now = datetime.now(UTC)
+    return beat_encoder.encode(
+        VersionBeat(
+            version=version,
+            runs_beside_since=RUNS_BESIDE_SINCE,
+            service="runtime",
+            worker=worker,
+            pid=1,
+            started_at=now,
+            beat_at=now,
+        )
+    )
+
+
+async def test_a_contract_is_refused_while_an_older_runtime_may_be_alive_and_makes_the_planner_when_none_existed(
     broker: Broker, namespace: Namespace
 ) -> None:
     now = datetime.now(UTC)
@@ -125,32 +157,40 @@ async def test_an_upgrade_is_refused_while_a_runtime_pulls_and_makes_the_planner
     inbound = runtime_consumers(namespace)[0]
     await broker.ensure_stream(next(s for s in stream_specs(namespace) if s.name == inbound.stream))
     await broker.ensure_consumer(inbound)
-    # An older runtime still pulling: it would append to the old layout behind the copy.
+    versions = versions_spec(namespace)
+    await broker.ensure_kv(versions)
+    # An older runtime still pulling, with no heartbeat (a release before heartbeats): it would append to the old
+    # layout behind the copy.
     pulling = await broker.js.pull_subscribe_bind(inbound.durable, inbound.stream)
-    waiting = asyncio.create_task(pulling.fetch(1, timeout=30))
+    waiting = asyncio.create_task(pulling.fetch(1, timeout=60))
     await eventually(
         lambda: broker.consumer_pullers(inbound.stream, inbound.durable), what="the old runtime pulls"
     )
     with pytest.raises(UpgradeBlocked) as refused:
-        await migrate_journals(broker, namespace)
-    assert refused.value.consumers == [f"{inbound.stream}/{inbound.durable}"]
+        await contract(broker, namespace)
+    (unheard,) = refused.value.processes
+    assert (
+        unheard.startswith("runtime without a heartbeat") and f"{inbound.stream}/{inbound.durable}" in unheard
+    )
+    # A heartbeat of an older release accounts for the request, and blocks all the same, by name.
+    await broker.kv_write(versions, "beat.runtime.old", _beat("0.1.0", "old"), revision=None, ttl_s=60)
+    with pytest.raises(UpgradeBlocked) as refused:
+        await contract(broker, namespace)
+    assert refused.value.processes == ["runtime old 0.1.0"]
     assert await broker.stream_subjects(stream) == [namespace.legacy_run_events_all]  # nothing changed
+    # The pulling runtime is this release's (its heartbeat says so): the copy goes ahead beside it.
+    await broker.kv_delete(versions, "beat.runtime.old")
+    await broker.kv_write(versions, "beat.runtime.new", _beat(VERSION, "new"), revision=None, ttl_s=60)
+
+    done = await contract(broker, namespace)
+    assert done is not None and done.journals == LayoutMigration(runs=1, events=4, skipped=1)
     waiting.cancel()
     await pulling.unsubscribe()
-    await eventually(
-        lambda: _not(broker.consumer_pullers(inbound.stream, inbound.durable)), what="the old runtime stopped"
-    )
-
-    assert await migrate_journals(broker, namespace) == LayoutMigration(runs=1, events=4, skipped=1)
     # No projector had ever run: its planner is made after the copies all the same, never hours back by time.
     assert await broker.consumer_pending(stream, projector_planner_consumer(namespace).durable) == 0
     # The subject that names no run is left where it was.
     kept = await broker.last_on_each_subject(stream, namespace.legacy_run_events_all)
     assert [m.subject for m in kept] == [f"{namespace.name}.run.h$x"]
-
-
-async def _not(pullers: Awaitable[int]) -> bool:
-    return not await pullers
 
 
 async def test_a_reconciler_after_the_upgrade_follows_only_runs_written_within_its_look_back(
@@ -163,8 +203,8 @@ async def test_a_reconciler_after_the_upgrade_follows_only_runs_written_within_i
     year_ago = datetime.now(UTC) - timedelta(days=365)
     old, recent = _run(year_ago, ended=False), _run(datetime.now(UTC), ended=False)
     await _old_layout(broker, namespace, [old, recent])
-    await migrate_journals(broker, namespace)
     await declare_streams(broker, namespace, 1)
+    await contract(broker, namespace)
     for events in (old, recent):
         first = events[0]
         assert isinstance(first, RunStarted)
