@@ -74,7 +74,7 @@ class Stack:
     ) -> None:
         self.state_dir = state_dir.resolve()
         # The interpreter whose crashsafe provisions and serves (another release's venv, as an image is one);
-        # None: this one. A service's own `Service.python` overrides it (a rolling update runs both).
+        # None: this one. `Service.python` overrides it for one service (a rolling update runs both).
         self.python = python
         # Services forked from a warm interpreter (`crashsafe.forkserver`); False: each a fresh interpreter.
         self.forking = forking
@@ -217,7 +217,7 @@ class Stack:
             done = subprocess.run(
                 [self.python or sys.executable, "-m", "crashsafe.cli", "infra", "apply"],
                 env=env,
-                cwd=self._cwd(self.python),
+                cwd=self.state_dir if self.python else None,  # see _start_process
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -309,17 +309,14 @@ class Stack:
             return subprocess.Popen(
                 [python or sys.executable, "-m", "crashsafe.cli", "serve", *service.args],
                 env=env,
-                cwd=self._cwd(python),
+                # `-m` puts the working directory first on the path: a checkout's `crashsafe/` would shadow
+                # another installation's.
+                cwd=self.state_dir if python else None,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-
-    def _cwd(self, python: str | None) -> Path | None:
-        """Another installation runs outside any checkout: `python -m` puts its working directory first on the
-        path, and a checkout's own `crashsafe/` there would shadow the installation's."""
-        return None if python is None else self.state_dir
 
     def wait_http(self, name: str, timeout_s: float = 30.0) -> None:
         url = {"sandbox": f"{self.sandbox_url}/_faults", "gateway": f"{self.gateway_url}/readyz"}[name]
