@@ -19,9 +19,7 @@ from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
 from crashsafe.forkserver import ForkedService, ForkServer, ForkServerError
 from crashsafe.natsd import NatsAuth, NatsServer, free_port
 from crashsafe.services.platform.nats_users import creds_path
-from crashsafe.services.records.capability_keys import (
-    ensure_key_pair,
-)
+from crashsafe.services.records.capability_keys import ensure_key_pair
 from crashsafe.stack_env import service_env
 from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, mint_stack_key
 from crashsafe.stack_plan import ScaleError, registry_families
