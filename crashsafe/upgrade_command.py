@@ -23,6 +23,9 @@ async def _census(state_dir: Path) -> Census:
 
 
 def _table(beats: list[VersionBeat], now: datetime) -> None:
+    if not beats:
+        print("no live process publishes a version heartbeat")
+        return
     rows = [("service", "worker", "version", "beat")]
     rows += [(b.service, b.worker, b.version, f"{(now - b.beat_at).total_seconds():.0f}s ago") for b in beats]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

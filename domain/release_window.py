@@ -41,17 +41,17 @@ class Waiting:
 
 @dataclass(frozen=True, slots=True)
 class Unheard:
-    """Processes of `service` seen only by their pull requests: a release before `FIRST_BEATING`."""
+    """Processes of `service` seen only by their pull requests (on `consumers`): a release before `FIRST_BEATING`."""
 
     service: str
-    consumer: str
+    consumers: tuple[str, ...]
     count: int
 
     def __str__(self) -> str:
         many = f"{self.count} " if self.count > 1 else ""
         return (
             f"{many}{self.service} without a heartbeat (a release before {FIRST_BEATING}; seen pulling on"
-            f" {self.consumer})"
+            f" {', '.join(self.consumers)})"
         )
 
 
@@ -74,15 +74,20 @@ def described(beat: VersionBeat) -> str:
 
 
 def unheard(waiting: list[Waiting], beats: list[VersionBeat]) -> list[Unheard]:
-    """The pull requests on each durable beyond the live heartbeats of its service, as unheard-of processes."""
+    """Per service, the processes its pull requests show beyond its live heartbeats: a process keeps at most one
+    request on each durable, so there are at least as many as the most requests on any one of them."""
     heard: dict[str, int] = defaultdict(int)
     for beat in beats:
         heard[beat.service] += 1
-    return [
-        Unheard(w.service, w.consumer, w.requests - heard[w.service])
-        for w in waiting
-        if w.requests > heard[w.service]
-    ]
+    seen: dict[str, list[Waiting]] = defaultdict(list)
+    for w in waiting:
+        seen[w.service].append(w)
+    found = []
+    for service, on in seen.items():
+        extra = max(w.requests for w in on) - heard[service]
+        if extra > 0:
+            found.append(Unheard(service, tuple(w.consumer for w in on if w.requests), extra))
+    return found
 
 
 def runs_beside(beat: VersionBeat, window: Window) -> bool:

@@ -72,7 +72,6 @@ class VersionBeats:
             "crashsafe version",
             version=VERSION,
             runs_beside_since=RUNS_BESIDE_SINCE,
-            service=self.beat.service,
             worker=self.beat.worker,
         )
         self._task = asyncio.create_task(self._beat_forever())

@@ -89,7 +89,18 @@ def test_pull_requests_beyond_the_heartbeats_of_their_service_are_unheard_of_pro
     ]
     beats = [beat("0.2.0", "runtime", "w1"), beat("0.2.0", "gateway", "w2"), beat("0.2.0", "projector", "w3")]
     (extra,) = unheard(waiting, beats)
-    assert (extra.service, extra.consumer, extra.count) == ("runtime", "INBOUND/runtime_inbound", 1)
+    assert (extra.service, extra.consumers, extra.count) == ("runtime", ("INBOUND/runtime_inbound",), 1)
+    # One process pulls on each of its durables: seen on two, it is still one process.
+    both = [
+        Waiting("runtime", "INBOUND/runtime_inbound", 1),
+        Waiting("runtime", "OUTCOMES/runtime_outcomes", 1),
+    ]
+    (one,) = unheard(both, [])
+    assert one.count == 1 and one.consumers == ("INBOUND/runtime_inbound", "OUTCOMES/runtime_outcomes")
+    assert str(one) == (
+        "runtime without a heartbeat (a release before 0.2.0; seen pulling on INBOUND/runtime_inbound,"
+        " OUTCOMES/runtime_outcomes)"
+    )
     # Any heartbeat of the service explains a request: an older process is named by its own heartbeat.
     assert unheard([Waiting("runtime", "c", 1)], [beat("0.1.9", "runtime", "w1")]) == []
 
