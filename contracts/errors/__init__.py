@@ -19,6 +19,11 @@ from crashsafe.contracts.errors.bad_input import (
     UnknownAgent,
     UnprocessableBody,
 )
+from crashsafe.contracts.errors.broker_mismatches import (
+    ConsumerShapeChanged,
+    SeamBroken,
+    StreamShapeChanged,
+)
 from crashsafe.contracts.errors.catalog_faults import (
     AgentFault,
     CatalogRevisionGone,
@@ -66,6 +71,7 @@ __all__ = [
     "BrokerUnavailable",
     "CapabilityRefused",
     "CatalogRevisionGone",
+    "ConsumerShapeChanged",
     "CrashsafeError",
     "DeadLetterNotFound",
     "DeadLetterSettled",
@@ -89,8 +95,10 @@ __all__ = [
     "RunInboxFull",
     "RunNotFound",
     "RunVersionConflict",
+    "SeamBroken",
     "SessionOfAnotherGuest",
     "StreamMissing",
+    "StreamShapeChanged",
     "UpgradeBlocked",
     "SubjectFull",
     "TooManyActiveRuns",

@@ -83,6 +83,11 @@ class ErrorCode(StrEnum):
     RUN_INBOX_FULL = "run_inbox_full"
     # A contracting step (`crashsafe infra contract`) while processes of an older release are alive (issue 30).
     UPGRADE_BLOCKED = "upgrade_blocked"
+    # What a release finds on the broker that it must not change in place (issue 30): a durable of another shape,
+    # a stream of another retention; and a service's seam that does not work yet (it stays unready).
+    CONSUMER_SHAPE_CHANGED = "consumer_shape_changed"
+    STREAM_SHAPE_CHANGED = "stream_shape_changed"
+    SEAM_BROKEN = "seam_broken"
 
 
 class RetryClass(StrEnum):
