@@ -13,6 +13,11 @@ def stream_info(stream: str) -> str:
     return f"{API}.STREAM.INFO.{stream}"
 
 
+# Which stream takes a subject (a body `{"subject": ...}`): how a service proves, before it is ready, that each
+# subject it writes lands in the stream it expects.
+STREAM_NAMES = f"{API}.STREAM.NAMES"
+
+
 def direct_get(stream: str) -> list[str]:
     """A direct get with a JSON body (by sequence, next by subject, a batch), and the last-by-subject form."""
     return [f"{API}.DIRECT.GET.{stream}", f"{API}.DIRECT.GET.{stream}.>"]

@@ -1,9 +1,11 @@
-"""Declaring what a namespace uses on JetStream: streams, buckets and durable consumers, and checking they exist."""
+"""Declaring what a namespace uses on JetStream (streams, buckets, durable consumers) without taking anything from
+what a release beside this one uses, and checking what is there: a stream, a durable's shape, a subject's stream."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -11,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -23,24 +26,39 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from crashsafe.contracts.errors import BrokerUnavailable, StreamMissing
+from crashsafe.contracts.consumer_shapes import ConsumerShape, FieldDifference, compare_consumer
+from crashsafe.contracts.errors import (
+    BrokerUnavailable,
+    ConsumerShapeChanged,
+    StreamMissing,
+    StreamShapeChanged,
+)
+from crashsafe.contracts.jetstream_api import STREAM_NAMES, consumer_create
 from crashsafe.contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 
 log = logging.getLogger("crashsafe.jetstream")
 
 # nats-server's JSClusterNoPeersErrF ("no suitable peers for placement").
 _NO_PEERS_FOR_PLACEMENT = 10005
-_CONSUMER_CREATE_REFUSED = 10012  # JSConsumerCreateErrF: the server could not make the change asked
+# What NATS answers when it does not answer: no JetStream, or no reply in time.
+_NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError)
+# The durables whose other tuning this process already said it uses as it is: said once, not at every start.
+_tuning_told: set[tuple[str, str, tuple[FieldDifference, ...]]] = set()
 
 
 class Declarations:
     """The Broker's declarations: the operator's (`crashsafe infra apply`) and each service's check at start."""
 
+    nc: Client
     js: JetStreamContext
     # How long creating a stream or bucket waits for a cluster to be able to place its replicas.
     placement_wait_s: float
 
     async def ensure_stream(self, spec: StreamSpec) -> None:
+        """Create the stream, or bring an existing one to `spec` without taking anything from it: it keeps every
+        subject it takes beside `spec`'s (a release running beside this one may write there; taking a subject
+        away is a contracting step, once no older release is left), and its retention, which no release changes
+        in place (StreamShapeChanged)."""
         config = StreamConfig(
             name=spec.name,
             subjects=list(spec.subjects),
@@ -63,8 +81,18 @@ class Declarations:
         )
         try:
             await self._placed(lambda: self.js.add_stream(config), spec.name)
-        except nats.js.errors.BadRequestError:
-            # Exists with another config: bring it in line (additive changes only; see contracts/README.md).
+        except nats.js.errors.BadRequestError as refused:
+            # Exists with another config (or the create was refused for a reason of its own: then that is said).
+            try:
+                live = (await self.js.stream_info(spec.name)).config
+            except nats.js.errors.NotFoundError:
+                raise refused from None
+            found = RetentionPolicy(live.retention or RetentionPolicy.LIMITS)
+            if found != config.retention:
+                differences = [f"retention declared {spec.retention.value}, found {found.value}"]
+                raise StreamShapeChanged(stream=spec.name, differences=differences) from None
+            taken = [s for s in live.subjects or [] if s not in spec.subjects]
+            config.subjects = [*spec.subjects, *taken]
             await self.js.update_stream(config)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             raise BrokerUnavailable(
@@ -154,61 +182,102 @@ class Declarations:
             info = await self.js.consumer_info(stream, durable)
         except nats.js.errors.NotFoundError:
             return None
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.errors.ConnectionClosedError,
-        ) as exc:
+        except _NO_ANSWER as exc:
             raise BrokerUnavailable(
                 f"JetStream did not answer about consumer {durable} on {stream}: {exc}", subject=stream
             ) from exc
         return int(info.num_pending or 0)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
-        """Create the durable, or bring it to `spec`. A change the server cannot make in place (push to pull)
-        recreates it from just after its ack floor: nothing acknowledged comes back, nothing unacknowledged is lost."""
+        """Create the durable if it does not exist; an existing one is never changed (JetStream's create action
+        leaves it as it is), since a release running beside this one may read it. One of another shape raises
+        ConsumerShapeChanged; one of other tuning is used as it is (said once). A durable with a start lookback
+        is made starting that far back; replicas making it at once all take the one that won."""
         config = _consumer_config(spec)
         if spec.start_lookback_s is not None:
-            await self._start_of(spec, config)
-        # A second try where a replica created the durable between our look and our create: its start taken.
-        # (Replicas started together race here: the server refuses the second start time with a 400 or, as
-        # nats-server 2.11 does, a 500 with err_code 10012 "start time can not be updated".)
-        tries = 2 if spec.start_lookback_s is not None else 1
-        for n in range(tries):
-            try:
-                await self.js.add_consumer(spec.stream, config)
-                return
-            except nats.js.errors.APIError as exc:
-                if not (exc.code == 400 or exc.err_code == _CONSUMER_CREATE_REFUSED):
-                    raise
-                if n + 1 == tries or not await self._start_of(spec, config):
-                    break
-        info = await self.js.consumer_info(spec.stream, spec.durable)
-        config.opt_start_time = None
-        config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
-        config.opt_start_seq = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
-        log.warning(
-            "consumer %s cannot change in place; recreated from stream sequence %d",
-            spec.durable,
-            config.opt_start_seq,
-        )
-        await self.js.delete_consumer(spec.stream, spec.durable)
-        await self.js.add_consumer(spec.stream, config)
-
-    async def _start_of(self, spec: ConsumerSpec, config: ConsumerConfig) -> bool:
-        """Where the durable starts: an existing one's own start (so an update is made in place: it keeps its
-        place), a new one `spec.start_lookback_s` back. True if it exists."""
-        assert spec.start_lookback_s is not None
-        try:
-            existing = (await self.js.consumer_info(spec.stream, spec.durable)).config
-        except nats.js.errors.NotFoundError:
             config.deliver_policy = DeliverPolicy.BY_START_TIME
             config.opt_start_time = datetime.now(UTC) - timedelta(seconds=spec.start_lookback_s)
-            return False
-        config.deliver_policy = existing.deliver_policy
-        config.opt_start_time = existing.opt_start_time
-        config.opt_start_seq = existing.opt_start_seq
-        return True
+        try:
+            await self._create_consumer(spec, config)
+            return
+        except nats.js.errors.APIError as exc:
+            # 10148 "consumer already exists": there with another config, or with another start (a replica's).
+            refused = exc
+        found = await self.consumer_shape(spec.stream, spec.durable)
+        if found is None:
+            raise refused
+        compared = compare_consumer(spec, found)
+        if compared.shape:
+            raise ConsumerShapeChanged(
+                stream=spec.stream, durable=spec.durable, differences=[str(d) for d in compared.shape]
+            )
+        told = (spec.stream, spec.durable, compared.tuning)
+        if compared.tuning and told not in _tuning_told:
+            _tuning_told.add(told)
+            log.warning(
+                "consumer %s on %s is used as the server has it (%s): no release changes a live consumer in"
+                " place; an operator who wants this release's values edits it with the nats CLI",
+                spec.durable,
+                spec.stream,
+                "; ".join(str(d) for d in compared.tuning),
+            )
+
+    async def _create_consumer(self, spec: ConsumerSpec, config: ConsumerConfig) -> None:
+        """JetStream's named create with the `create` action: made if missing, refused (never updated) if there
+        with another config. nats-py's add_consumer sends no action, which creates or updates."""
+        request = {"stream_name": spec.stream, "config": config.as_dict(), "action": "create"}
+        try:
+            answer = await self.nc.request(consumer_create(spec), json.dumps(request).encode(), timeout=10)
+        except _NO_ANSWER as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer creating consumer {spec.durable} on {spec.stream}: {exc!r}; check that"
+                " nats-server runs with JetStream enabled, then start again",
+                subject=spec.stream,
+            ) from exc
+        error = json.loads(answer.data).get("error")
+        if error is not None:
+            nats.js.errors.APIError.from_error(error)  # raises the error's own class (400, 404, 503, ...)
+
+    async def consumer_shape(self, stream: str, durable: str) -> ConsumerShape | None:
+        """A durable's config as the server holds it now, or None if it does not exist (one consumer_info)."""
+        try:
+            info = await self.js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            return None
+        except _NO_ANSWER as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer about consumer {durable} on {stream}: {exc}", subject=stream
+            ) from exc
+        c = info.config
+        filters = tuple(c.filter_subjects or ()) or ((c.filter_subject,) if c.filter_subject else ())
+        return ConsumerShape(
+            filter_subjects=filters,
+            deliver_subject=c.deliver_subject or None,
+            deliver_group=c.deliver_group or None,
+            ack_policy=str(AckPolicy(c.ack_policy or AckPolicy.EXPLICIT).value),
+            deliver_policy=str(DeliverPolicy(c.deliver_policy or DeliverPolicy.ALL).value),
+            max_deliver=-1 if c.max_deliver is None else int(c.max_deliver),
+            backoff_s=tuple(c.backoff or ()),
+            headers_only=bool(c.headers_only),
+            ack_wait_s=float(c.ack_wait or 0.0),
+            max_ack_pending=-1 if c.max_ack_pending is None else int(c.max_ack_pending),
+        )
+
+    async def streams_taking(self, subject: str) -> list[str]:
+        """The streams a publish to `subject` lands in, as the server finds them (JetStream's lookup by subject,
+        STREAM_NAMES): one, or none; never cached, so an operator's change shows at the next ask."""
+        try:
+            answer = await self.nc.request(
+                STREAM_NAMES, json.dumps({"subject": subject}).encode(), timeout=10
+            )
+        except _NO_ANSWER as exc:
+            raise BrokerUnavailable(
+                f"JetStream did not answer which stream takes {subject}: {exc!r}", subject=subject
+            ) from exc
+        found = json.loads(answer.data)
+        if found.get("error") is not None:
+            nats.js.errors.APIError.from_error(found["error"])
+        return list(found.get("streams") or [])
 
     async def ensure_kv(self, spec: KvSpec) -> None:
         """A key-value bucket with per-key TTLs allowed (nats-py declares its stream with allow_msg_ttl)."""
