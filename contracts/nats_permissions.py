@@ -137,7 +137,7 @@ def _user(
         role=role,
         family=family,
         permissions=Permissions(
-            publish=tuple(dict.fromkeys(publish if role is Role.ANALYTICS else (*publish, f"{API}.STREAM.NAMES"))),
+            publish=tuple(dict.fromkeys(publish)),
             subscribe=(f"{inbox_prefix(name)}.>", *dict.fromkeys(subscribe)),
             publish_deny=deny,
             allow_responses=responses,
@@ -311,13 +311,13 @@ def users(
         deny=_not_the_planner(s, concrete),
     )
     every = [gateway, runtime, *executors, reconciler, operator, analytics, _projector(s, concrete)]
-    return [u if u.role in (Role.OPERATOR, Role.ANALYTICS) else _beating(u, s) for u in every]
+    return [u if u.role in (Role.OPERATOR, Role.ANALYTICS) else _as_service(u, s) for u in every]
 
 
-def _beating(user: NatsUser, s: Scope) -> NatsUser:
-    """A service process keeps its version heartbeat (issue 30): its own user's keys only, written and deleted."""
-    beats = s.kv(VERSIONS, f"beat.{user.name}.*")
-    return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, beats)))
+def _as_service(user: NatsUser, s: Scope) -> NatsUser:
+    """Each service: its own version heartbeats (issue 30), and the lookup of which stream takes a subject."""
+    added = (s.kv(VERSIONS, f"beat.{user.name}.*"), f"{API}.STREAM.NAMES")  # readiness: where writes land
+    return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, *added)))
 
 
 def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:

@@ -142,6 +142,13 @@ def probes() -> list[Probe]:
             json.dumps({"name": "SWEEP_PROBE", "subjects": ["sweep.probe.>"], "storage": "memory"}).encode(),
         ),
         Probe("streams", f"info {RUNS}", f"{API}.STREAM.INFO.{RUNS}"),
+        # Readiness (issue 30): which stream takes a subject the service writes; an outside reader needs none.
+        Probe(
+            "streams",
+            "which stream takes a subject",
+            f"{API}.STREAM.NAMES",
+            b'{"subject":"sweep.inbound.r1"}',
+        ),
         *(
             Probe("direct get", f"direct get on {s}", f"{API}.DIRECT.GET.{s}", b'{"seq":1}')
             for s in (
@@ -263,6 +270,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
     role, family, label = user.role, user.family, probe.label
     if label.startswith("KV versions: "):  # a service process's own heartbeat only; analytics runs none
         return role is not Role.ANALYTICS and label == f"KV versions: `beat.{user.name}.w1`"
+    if label == "which stream takes a subject":  # every service proves where its writes land; analytics, none
+        return role is not Role.ANALYTICS
     allowed: set[str] = set()
     if role is Role.GATEWAY:
         allowed = {"inbound event", "wake a run", "KV active: `guest.t1.h`", f"info {RUNS}"}
