@@ -7,7 +7,7 @@ import asyncio
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.executor.service import Executor
-from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform import crashpoints, seam_checks
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
@@ -39,10 +39,13 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
         beats.start()
         try:
             executor = Executor(broker, settings, registry, family, providers, logger, verifier)
-            await executor.start()
-            ops.serve(executor.ops_checks, executor.ops_samplers())
-            print(f"ready: executor {family}", flush=True)
-            await stop.wait()
+            # Not ready, and holding no partition, until its receipts and consumers work (seam_checks).
+            if await seam_checks.start_when_able(
+                ops, f"executor {family}", executor.start, executor.ops_checks, stop, logger
+            ):
+                ops.serve(executor.ops_checks, executor.ops_samplers())
+                print(f"ready: executor {family}", flush=True)
+                await stop.wait()
             await executor.close()
         finally:
             await beats.stop()

@@ -1,16 +1,18 @@
 """What an executor's /readyz asks, afresh each time (partitions move): NATS and its streams, its member record or
-its listed leases, each held partition's store and consumer; and the consumer lag its /metrics samples."""
+its listed leases, each held partition's store and consumer, and its seams (its outcomes land in OUTCOMES, no
+partition's consumer is of another shape); and the consumer lag its /metrics samples."""
 
 from __future__ import annotations
 
 import functools
 import time
 
+from crashsafe.contracts.stream_routes import executor_routes
 from crashsafe.contracts.streams import ConsumerSpec, executor_consumer
 from crashsafe.domain.partition_ownership import fenced, member_decoder
 from crashsafe.services.executor.partitions import PartitionKeeper
 from crashsafe.services.executor.store import ActionStore
-from crashsafe.services.platform import probes
+from crashsafe.services.platform import probes, seam_checks
 from crashsafe.services.platform.jetstream import Broker, Subscription
 from crashsafe.services.platform.provisioning import executor_streams
 from crashsafe.services.platform.settings import Settings
@@ -42,7 +44,7 @@ class ExecutorReadiness:
     def checks(self) -> dict[str, probes.Check]:
         """Readiness, asked afresh each time (partitions move): NATS and its streams; in shared mode its member
         record alive, with an explicit list each listed partition's lease held; every held partition's store
-        answering and its consumer present."""
+        answering and its consumer present; its seams."""
         checks = probes.basic_checks(self.broker, executor_streams(self.ns))
         keeper = self.keeper
         if keeper.static is None:
@@ -52,19 +54,30 @@ class ExecutorReadiness:
                 checks[f"lease:{p}"] = functools.partial(self._lease_held, p)
         for p, store in sorted(self.stores.items()):
             checks[f"store:{p}"] = functools.partial(_store_answers, store)
-        checks.update(probes.consumer_checks(self.broker, self.consumers()))
+        checks.update(self.seams())
+        checks.update(seam_checks.consumer_checks(self.broker, self.consumers()))
         return checks
+
+    def seams(self) -> dict[str, probes.Check]:
+        """What it must prove before it takes any partition: its outcomes (the receipt path) and dead letters land
+        in the streams it expects, and no partition's consumer is of another shape (one not made yet is made
+        when its partition is taken)."""
+        every = [self._consumer(p) for p in range(self.settings.partitions)]
+        return {
+            **seam_checks.route_checks(self.broker, executor_routes(self.ns, self.family)),
+            **seam_checks.consumer_checks(self.broker, every, required=False),
+        }
 
     def samplers(self) -> list[probes.Sampler]:
         return [probes.lag_sampler(self.broker, self.consumers)]
 
     def consumers(self) -> list[ConsumerSpec]:
-        return [
-            executor_consumer(
-                self.ns, self.family, p, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
-            )
-            for p in sorted(self.subscriptions)
-        ]
+        """The durables of the partitions it holds now."""
+        return [self._consumer(p) for p in sorted(self.subscriptions)]
+
+    def _consumer(self, partition: int) -> ConsumerSpec:
+        s = self.settings
+        return executor_consumer(self.ns, self.family, partition, s.ack_wait_s, self.max_deliver, s.lease_s)
 
     async def _member_alive(self) -> str | None:
         keeper = self.keeper

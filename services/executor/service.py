@@ -59,7 +59,7 @@ from crashsafe.services.executor.outcomes import OutcomePublisher, with_note
 from crashsafe.services.executor.partitions import PartitionKeeper
 from crashsafe.services.executor.readiness import ExecutorReadiness
 from crashsafe.services.executor.store import ActionStore
-from crashsafe.services.platform import probes
+from crashsafe.services.platform import probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker, Subscription
@@ -157,6 +157,8 @@ class Executor:
 
     async def start(self) -> None:
         await require(self.broker, executor_streams(self.ns))
+        # No partition taken until its receipts land and no consumer of its family is of another shape.
+        await seam_checks.prove(f"executor {self.family}", self.readiness.seams())
         # Takes the partitions that are free now and returns; the keeper takes the rest as others let go.
         await self.keeper.start()
         # The provider's by-key view for the console (read-only lookups; issue 11).

@@ -9,8 +9,9 @@ from litestar import Response, get
 from litestar.datastructures import State
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from crashsafe.contracts.stream_routes import gateway_routes
 from crashsafe.contracts.streams import active_spec, approvals_spec, clients_spec, sessions_spec, stream_specs
-from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform import metrics, probes, seam_checks
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
 
@@ -19,14 +20,18 @@ _REQUEST_SECONDS = metrics.Children(metrics.GATEWAY_REQUEST_SECONDS)
 
 
 def checks(broker: Broker, settings: Settings) -> dict[str, probes.Check]:
-    """NATS, every stream, and the buckets the gateway reads and writes (API keys, active runs, approvals,
-    session lanes). The gateway has no durable consumer of its own."""
+    """NATS, every stream, the buckets the gateway reads and writes (API keys, active runs, approvals, session
+    lanes), and that a guest's message and a wake land in the streams it expects. The gateway has no durable
+    consumer of its own."""
     ns = settings.namespace
-    return probes.basic_checks(
-        broker,
-        streams=[spec.name for spec in stream_specs(ns)],
-        buckets=[clients_spec(ns), active_spec(ns), approvals_spec(ns), sessions_spec(ns)],
-    )
+    return {
+        **probes.basic_checks(
+            broker,
+            streams=[spec.name for spec in stream_specs(ns)],
+            buckets=[clients_spec(ns), active_spec(ns), approvals_spec(ns), sessions_spec(ns)],
+        ),
+        **seam_checks.route_checks(broker, gateway_routes(ns)),
+    }
 
 
 async def readiness(state: State) -> Response[Any]:

@@ -65,7 +65,7 @@ def verdict(results: Mapping[str, str | None]) -> Readiness:
     return Readiness(ready=bool(checks) and all(r == OK for r in checks.values()), checks=checks)
 
 
-# Checks over the real seams -----------------------------------------------------------------------------------
+# Checks over the real seams (what a service writes and reads through: services/platform/seam_checks.py) --------
 
 
 def nats_connected(broker: Broker) -> Check:
@@ -89,14 +89,6 @@ def bucket_present(broker: Broker, spec: KvSpec) -> Check:
     return check
 
 
-def consumer_present(broker: Broker, spec: ConsumerSpec) -> Check:
-    async def check() -> str | None:
-        pending = await broker.consumer_pending(spec.stream, spec.durable)
-        return None if pending is not None else f"consumer {spec.durable} on {spec.stream} does not exist"
-
-    return check
-
-
 def basic_checks(
     broker: Broker, streams: Iterable[str] = (), buckets: Iterable[KvSpec] = ()
 ) -> dict[str, Check]:
@@ -106,10 +98,6 @@ def basic_checks(
     checks.update({f"stream:{name}": stream_present(broker, name) for name in streams})
     checks.update({f"bucket:{spec.bucket}": bucket_present(broker, spec) for spec in buckets})
     return checks
-
-
-def consumer_checks(broker: Broker, specs: Iterable[ConsumerSpec]) -> dict[str, Check]:
-    return {f"consumer:{spec.durable}": consumer_present(broker, spec) for spec in specs}
 
 
 def lag_sampler(broker: Broker, specs: Callable[[], Iterable[ConsumerSpec]]) -> Sampler:

@@ -6,7 +6,7 @@ import asyncio
 
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform import crashpoints, seam_checks
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
@@ -32,10 +32,13 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         # Idempotency-Key header, same reading of their answers.
         async with Providers.open(settings, registry.projections.values()) as providers:
             projector = Projector(broker, settings, registry, providers, logger)
-            await projector.start()
-            ops.serve(projector.ops_checks, projector.ops_samplers())
-            print("ready: projector", flush=True)
-            await stop.wait()
+            # Not ready, and planning nothing, until its tasks land and its durables are in shape (seam_checks).
+            if await seam_checks.start_when_able(
+                ops, "projector", projector.start, projector.ops_checks, stop, logger
+            ):
+                ops.serve(projector.ops_checks, projector.ops_samplers())
+                print("ready: projector", flush=True)
+                await stop.wait()
             await projector.close()
     finally:
         await beats.stop()

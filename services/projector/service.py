@@ -23,6 +23,7 @@ from crashsafe.contracts.projections import (
     task_encoder,
 )
 from crashsafe.contracts.run_events import RunStarted, decode_event
+from crashsafe.contracts.stream_routes import projector_routes
 from crashsafe.contracts.streams import (
     PLANNER_HISTORY_S,
     ConsumerSpec,
@@ -35,7 +36,7 @@ from crashsafe.domain.fold import replay
 from crashsafe.domain.projection_plan import RETIRED, Projecting, plan
 from crashsafe.domain.projection_rules import Trigger, envelope_of, trigger
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform import metrics, probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries, dead_letter
 from crashsafe.services.platform.jetstream import Broker, Subscription
@@ -102,24 +103,32 @@ class Projector:
         self._ended: OrderedDict[str, None] = OrderedDict()
 
     async def start(self) -> None:
+        """Check its streams (StreamMissing), declare its durables (ConsumerShapeChanged), prove its seams
+        (SeamBroken), and only then take work."""
         kinds = (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)
         await require(self.broker, [self.ns.stream(k) for k in kinds] + [self.records.stream])
-        planner = projector_planner_consumer(self.ns, self.settings.ack_wait_s, self.history_s)
-        await self.broker.ensure_consumer(planner)
+        planner, workers = self._planner(), self._workers()
+        await seam_checks.declare(self.broker, [planner, *workers.values()])
+        await seam_checks.prove("projector", self.seams())
         for name, tool in sorted(self.tools.items()):
-            spec = projection_consumer(self.ns, name, self.settings.ack_wait_s)
-            await self.broker.ensure_consumer(spec)
-            handler = self.delivery.worker(tool)
-            self._subscriptions.append(await self._subscribe(spec, handler))
+            self._subscriptions.append(await self._subscribe(workers[name], self.delivery.worker(tool)))
         self._subscriptions.append(await self._subscribe(planner, self._on_run_event))
         log(self.logger, logging.INFO, "projector ready", tools=sorted(self.tools))
 
     def ops_checks(self) -> dict[str, probes.Check]:
-        """Readiness: NATS, its streams and the receipts bucket, the planner's and every worker's durable."""
+        """Readiness: NATS, its streams and the receipts bucket, and its seams."""
         kinds = (StreamKind.RUNS, StreamKind.PROJECTIONS, StreamKind.OPS, StreamKind.DEAD_LETTERS)
         return {
             **probes.basic_checks(self.broker, [self.ns.stream(k) for k in kinds], [self.records]),
-            **probes.consumer_checks(self.broker, [self._planner(), *self._workers().values()]),
+            **self.seams(),
+        }
+
+    def seams(self) -> dict[str, probes.Check]:
+        """Each tool's tasks, its operator events and dead letters land in the streams it expects; the planner's
+        and every worker's durable are in their shape."""
+        return {
+            **seam_checks.route_checks(self.broker, projector_routes(self.ns, self.tools)),
+            **seam_checks.consumer_checks(self.broker, [self._planner(), *self._workers().values()]),
         }
 
     def ops_samplers(self) -> list[probes.Sampler]:

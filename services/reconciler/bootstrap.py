@@ -7,7 +7,7 @@ import contextlib
 
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform import crashpoints, seam_checks
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
@@ -32,7 +32,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     beats.start()
     try:
         reconciler = Reconciler(broker, settings, logger, registry=registry)
-        await reconciler.start()
+        # Not ready, and following nothing, until its wakes, tickets and tasks land where it expects (seam_checks).
+        if not await seam_checks.start_when_able(
+            ops, "reconciler", reconciler.start, reconciler.ops_checks, stop, logger
+        ):
+            return
         ops.serve(reconciler.ops_checks)
         print("ready: reconciler", flush=True)
         synthetic = SyntheticCadence.configured(broker, settings, logger, agents=registry.agents)

@@ -24,6 +24,7 @@ from crashsafe.contracts.run_events import (
     event_type,
 )
 from crashsafe.contracts.spans import SpanName
+from crashsafe.contracts.stream_routes import reconciler_routes
 from crashsafe.contracts.streams import approvals_spec, projections_spec
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import journal_looks as looks
@@ -38,7 +39,7 @@ from crashsafe.domain.open_work import (
     unsettled_unknowns,
 )
 from crashsafe.domain.registry import Registry
-from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform import metrics, probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
@@ -87,7 +88,9 @@ class Reconciler:
         self._since = datetime.min.replace(tzinfo=UTC)
 
     async def start(self) -> None:
+        """Check its streams (StreamMissing) and prove its seams (SeamBroken) before it follows anything."""
         await require(self.broker, [*all_streams(self.ns), approvals_spec(self.ns).stream])
+        await seam_checks.prove("reconciler", self.seams())
         since = datetime.now(UTC) - timedelta(seconds=self.lookback_s)
         self._since = since
         # Not every journal event: each accepted run's inbound message, and the milestones (ends, waits, late
@@ -101,11 +104,18 @@ class Reconciler:
         log(self.logger, logging.INFO, "reconciler ready")
 
     def ops_checks(self) -> dict[str, probes.Check]:
-        """Readiness: NATS, every stream, and the buckets it reads (approval records, projection receipts). It
-        follows milestones and accepted runs with ordered consumers of its own, which need no durable."""
-        return probes.basic_checks(
-            self.broker, all_streams(self.ns), [approvals_spec(self.ns), projections_spec(self.ns)]
-        )
+        """Readiness: NATS, every stream, the buckets it reads (approval records, projection receipts), and its
+        seams. It follows milestones and accepted runs with ordered consumers of its own, which need no durable."""
+        return {
+            **probes.basic_checks(
+                self.broker, all_streams(self.ns), [approvals_spec(self.ns), projections_spec(self.ns)]
+            ),
+            **self.seams(),
+        }
+
+    def seams(self) -> dict[str, probes.Check]:
+        """Its wakes, tickets, re-published projection tasks and synthetic results land where it expects."""
+        return seam_checks.route_checks(self.broker, reconciler_routes(self.ns))
 
     async def _on_inbound(self, msg: Msg) -> None:
         try:

@@ -8,7 +8,7 @@ import logging
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.knowledge.library import Library
-from crashsafe.services.platform import crashpoints
+from crashsafe.services.platform import crashpoints, seam_checks
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure, log
 from crashsafe.services.platform.probes import OpsServer
@@ -70,10 +70,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             profiles=profiles,
             library=library,
         )
-        await runtime.start()
-        ops.serve(runtime.ops_checks, runtime.ops_samplers())
-        print("ready: runtime", flush=True)
-        await stop.wait()
+        # Not ready, and taking no work, until its appends and reads work against this broker (seam_checks).
+        if await seam_checks.start_when_able(ops, "runtime", runtime.start, runtime.ops_checks, stop, logger):
+            ops.serve(runtime.ops_checks, runtime.ops_samplers())
+            print("ready: runtime", flush=True)
+            await stop.wait()
         runtime.stop_timers()
         await catalog.stop()
         await runtime.deliveries.drain()

@@ -14,6 +14,7 @@ from crashsafe.contracts.capabilities import CapabilityIssuer, OutcomeRefusal
 from crashsafe.contracts.errors import OutcomeRefused
 from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.spans import SpanName
+from crashsafe.contracts.stream_routes import runtime_routes
 from crashsafe.contracts.streams import (
     RUNTIME_MAX_DELIVER,
     ConsumerSpec,
@@ -28,7 +29,7 @@ from crashsafe.domain import intake
 from crashsafe.domain.authority import outcome_refusal
 from crashsafe.domain.registry import Registry
 from crashsafe.services.knowledge.library import Library
-from crashsafe.services.platform import metrics, probes
+from crashsafe.services.platform import metrics, probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.jetstream import Broker
@@ -121,7 +122,12 @@ class Runtime:
             max_deliver=RUNTIME_MAX_DELIVER,
             ack_wait_s=settings.ack_wait_s,
         )
-        self.consumers: tuple[ConsumerSpec, ...] = ()  # its durables, once started
+        inbound, outcomes = runtime_consumers(self.ns, settings.ack_wait_s)
+        self.consumers: tuple[ConsumerSpec, ...] = (
+            inbound,
+            outcomes,
+            timers_consumer(self.ns, settings.ack_wait_s),
+        )
 
     @property
     def journal(self) -> RunJournal:
@@ -142,6 +148,8 @@ class Runtime:
         self.loop.model = model
 
     async def start(self) -> None:
+        """Check its streams (StreamMissing), declare its durables (ConsumerShapeChanged), prove its seams
+        (SeamBroken), and only then take work: a runtime that could not append or read takes none."""
         await require(
             self.broker,
             [
@@ -151,13 +159,9 @@ class Runtime:
                 sessions_spec(self.ns).stream,
             ],
         )
-        inbound, outcomes, timers = (
-            *runtime_consumers(self.ns, self.settings.ack_wait_s),
-            timers_consumer(self.ns, self.settings.ack_wait_s),
-        )
-        self.consumers = (inbound, outcomes, timers)
-        for spec in self.consumers:
-            await self.broker.ensure_consumer(spec)
+        await seam_checks.declare(self.broker, self.consumers)
+        await seam_checks.prove("runtime", self.seams())
+        inbound, outcomes, timers = self.consumers
         # Pulled as handlers free up (room), never waiting inside a callback (contracts/streams.py).
         for spec, handler in (
             (inbound, self._on_inbound),
@@ -168,14 +172,22 @@ class Runtime:
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
 
     def ops_checks(self) -> dict[str, probes.Check]:
-        """Readiness: NATS, the streams and buckets it checked at start, and its three durables."""
+        """Readiness: NATS, the streams and buckets it checked at start, and its seams."""
         return {
             **probes.basic_checks(
                 self.broker,
                 all_streams(self.ns),
                 [active_spec(self.ns), approvals_spec(self.ns), sessions_spec(self.ns)],
             ),
-            **probes.consumer_checks(self.broker, self.consumers),
+            **self.seams(),
+        }
+
+    def seams(self) -> dict[str, probes.Check]:
+        """Each subject it writes (a run event of each class, an action request of each family, a wake, a timer,
+        a ticket, a dead letter) lands in the stream it expects, and its three durables are in their shape."""
+        return {
+            **seam_checks.route_checks(self.broker, runtime_routes(self.ns, self.registry.families)),
+            **seam_checks.consumer_checks(self.broker, self.consumers),
         }
 
     def ops_samplers(self) -> list[probes.Sampler]:

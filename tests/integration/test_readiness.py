@@ -1,10 +1,15 @@
 """Each service's /readyz over its real seams: 503 naming the check when its stream, bucket, consumer, member
-record or store goes (or NATS does), 200 again once restored; /healthz answers throughout and never asks NATS."""
+record or store goes (or NATS does), 200 again once restored; /healthz answers throughout and never asks NATS.
+A service whose subjects no stream takes, or whose durable is of another shape, never takes work nor says
+`ready:` (issue 30: a rollout must stop at a new pod that cannot serve, not kill the old ones)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,15 +17,25 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from crashsafe.contracts.streams import projection_consumer, projections_spec, runtime_consumers
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.errors import ConsumerShapeChanged, SeamBroken
+from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.streams import (
+    executor_consumer,
+    projection_consumer,
+    projections_spec,
+    runtime_consumers,
+    stream_specs,
+)
+from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 from crashsafe.natsd import NatsAuth, NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.probes import OpsServer
 from crashsafe.services.platform.provisioning import provision
 from tests.support import inprocess
-from tests.support.nats_users import admit
+from tests.support.nats_users import access, admit
 from tests.support.waiting import eventually
 
 
@@ -279,3 +294,181 @@ async def test_a_consumer_no_longer_sampled_leaves_no_lag_gauge_behind(
     held.pop()  # partition 1 handed on
     await sample()
     assert lags() == {specs[0].durable: 1.0}
+
+
+# Seams against the live broker (issue 30) ------------------------------------------------------------------------
+
+
+async def _old_runs_stream(broker: Broker, ns: Namespace) -> None:
+    """RUNS as a release before event classes declared it: `<ns>.run.*`, which takes no run event of this one."""
+    runs = next(spec for spec in stream_specs(ns) if spec.name == ns.stream(StreamKind.RUNS))
+    await broker.js.delete_stream(runs.name)
+    await broker.ensure_stream(dataclasses.replace(runs, subjects=(ns.legacy_run_events_all,)))
+
+
+@dataclasses.dataclass
+class _Served:
+    """A service in its own process, as Kubernetes runs it: what it printed, and a client of its ops port."""
+
+    process: asyncio.subprocess.Process
+    printed: list[str]
+    http: httpx.AsyncClient
+
+    @property
+    def said_ready(self) -> bool:
+        return any(line.startswith("ready:") for line in self.printed)
+
+
+@asynccontextmanager
+async def _serve_runtime(nats_server: NatsServer, ns: Namespace, tmp_path: Path) -> AsyncIterator[_Served]:
+    key = tmp_path / "signing.pem"
+    key.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    )
+    env = {
+        **os.environ,
+        "CRASHSAFE_NATS_URL": nats_server.url,
+        "CRASHSAFE_NAMESPACE": ns.name,
+        "CRASHSAFE_NATS_CREDS": str(access(nats_server.url, Role.RUNTIME).creds),
+        "CRASHSAFE_CAPABILITY_SIGNING_KEY": str(key),
+        "CRASHSAFE_OPS_PORT": "0",
+        "CRASHSAFE_DATA_DIR": str(tmp_path),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crashsafe.cli", "serve", "runtime", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    printed: list[str] = []
+
+    async def read() -> None:
+        assert process.stdout is not None
+        async for line in process.stdout:
+            printed.append(line.decode().strip())
+
+    reading = asyncio.create_task(read())
+    try:
+        listening = await eventually(
+            lambda: next((line for line in printed if line.startswith("ops listening on ")), None),
+            what="the runtime's ops port",
+        )
+        async with httpx.AsyncClient(base_url=listening.split()[-1], timeout=10.0) as http:
+            yield _Served(process, printed, http)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        await reading
+
+
+async def test_a_runtime_whose_run_events_no_stream_takes_is_never_ready_until_the_stream_takes_them(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """RUNS left on the old layout (`<ns>.run.*`): every append of this runtime would be refused. It takes no
+    message, its /readyz names each run-event subject and the stream, and it never prints `ready:`; once the
+    operator's `infra apply` makes RUNS take them too, it starts by itself."""
+    await inprocess.provisioned(inprocess.settings_for(nats_server.url, namespace))
+    await _old_runs_stream(broker, namespace)
+    runs = namespace.stream(StreamKind.RUNS)
+    step, milestone = (f"subject:{namespace.run_event('readyz', kind)}" for kind in EventClass)
+    async with _serve_runtime(nats_server, namespace, tmp_path) as served:
+        body = await eventually(lambda: failing(served.http, step), what="readyz names the run-event subject")
+        assert body["checks"][step] == (
+            f"no stream takes {namespace.run_event('readyz', EventClass.STEP)}: stream {runs} takes only"
+            f" {namespace.legacy_run_events_all}; run `crashsafe infra apply` with this release"
+        )
+        assert body["checks"][milestone] != "ok" and body["checks"]["started"] != "ok"
+        assert namespace.run_event("readyz", EventClass.STEP) in body["missing"]
+        assert set(body["missing"]) == {"started", step.split(":", 1)[1], milestone.split(":", 1)[1]}
+        inbound = runtime_consumers(namespace)[0]
+        await broker.publish(namespace.inbound("run_000000000000000000000001"), b"{}")
+        await asyncio.sleep(6.0)  # past a retry of its start
+        assert not served.said_ready, served.printed
+        assert (await broker.js.consumer_info(inbound.stream, inbound.durable)).num_pending == 1  # untaken
+
+        await provision(broker, namespace)  # the operator's `crashsafe infra apply`: RUNS takes both layouts
+        await eventually(lambda: served.said_ready, what="`ready: runtime` once RUNS takes its subjects")
+        assert await ready(served.http), await readyz(served.http)
+
+
+async def test_a_runtime_that_finds_its_durable_in_another_shape_leaves_it_and_is_never_ready(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """`runtime_outcomes` as an older release reads it (pushed): left exactly as it is, /readyz names it and
+    what differs, no `ready:`; once that release is gone and the operator removes it, the runtime makes its own."""
+    await inprocess.provisioned(inprocess.settings_for(nats_server.url, namespace))
+    outcomes = runtime_consumers(namespace)[1]
+    older = dataclasses.replace(outcomes, pull=False)
+    await broker.ensure_consumer(older)
+    made = (await broker.js.consumer_info(outcomes.stream, outcomes.durable)).created
+    check = f"consumer:{outcomes.durable}"
+    async with _serve_runtime(nats_server, namespace, tmp_path) as served:
+        body = await eventually(lambda: failing(served.http, check), what="readyz names the consumer")
+        assert body["checks"][check] == (
+            f"consumer {outcomes.durable} on {outcomes.stream} is of another shape: deliver_subject declared"
+            f" none (pull), found {older.deliver_subject} (push); deliver_group declared none, found"
+            f" {outcomes.durable}"
+        )
+        assert set(body["missing"]) == {"started", outcomes.durable}
+        await asyncio.sleep(6.0)  # past a retry of its start
+        assert not served.said_ready, served.printed
+        info = await broker.js.consumer_info(outcomes.stream, outcomes.durable)
+        assert (info.created, info.config.deliver_subject) == (made, older.deliver_subject)
+
+        await broker.js.delete_consumer(outcomes.stream, outcomes.durable)
+        await eventually(lambda: served.said_ready, what="`ready: runtime` once the consumer is its own")
+        info = await broker.js.consumer_info(outcomes.stream, outcomes.durable)
+        assert info.config.deliver_subject is None
+
+
+async def test_a_runtime_started_on_a_broken_seam_refuses_and_takes_no_work(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker
+) -> None:
+    """In process: `start` raises the typed refusal before it subscribes, so nothing is pulled."""
+    settings = inprocess.settings_for(nats_server.url, namespace)
+    async with inprocess.runtime(settings) as worker:
+        await _old_runs_stream(broker, namespace)
+        with pytest.raises(SeamBroken) as refused:
+            await worker.start()
+        step = f"subject:{namespace.run_event('readyz', EventClass.STEP)}"
+        assert step in refused.value.checks and "stream" in refused.value.checks[step]
+        inbound = runtime_consumers(namespace)[0]
+        info = await broker.js.consumer_info(inbound.stream, inbound.durable)
+        assert info.num_waiting == 0  # no pull request: it takes nothing
+
+    namespace2 = Namespace(namespace.name + "b")
+    settings = inprocess.settings_for(nats_server.url, namespace2)
+    async with inprocess.runtime(settings) as worker:
+        outcomes = runtime_consumers(namespace2)[1]
+        await broker.ensure_consumer(
+            dataclasses.replace(outcomes, filter_subject=f"{namespace2.name}.outcome._wake.*")
+        )
+        with pytest.raises(ConsumerShapeChanged) as shape:
+            await worker.start()
+        assert shape.value.durable == outcomes.durable and "filter_subjects" in shape.value.differences[0]
+
+
+async def test_an_executor_proves_its_receipt_path_and_its_family_consumers_before_taking_a_partition(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> None:
+    """OUTCOMES taking no outcome of its family: the executor refuses at start and holds no partition; a partition
+    consumer of another shape, held by no one, is named too."""
+    settings = inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path)
+    await inprocess.provisioned(settings)
+    outcomes = next(s for s in stream_specs(namespace) if s.name == namespace.stream(StreamKind.OUTCOMES))
+    await broker.js.delete_stream(outcomes.name)
+    await broker.ensure_stream(dataclasses.replace(outcomes, subjects=(f"{namespace.name}.outcome._wake.*",)))
+    partition_3 = executor_consumer(namespace, "payment", 3, settings.ack_wait_s)
+    await broker.ensure_consumer(dataclasses.replace(partition_3, max_deliver=5))
+    async with inprocess.executor(settings, "payment", start=False) as worker:
+        with pytest.raises(SeamBroken) as refused:
+            await worker.start()
+        assert worker.partitions == []
+        failed = refused.value.checks
+        assert failed[f"subject:{namespace.outcomes('payment', 'readyz')}"].startswith("no stream takes")
+        assert "max_deliver declared" in failed[f"consumer:{partition_3.durable}"]
+        async with ops_port(worker.ops_checks) as http:
+            status, body = await readyz(http)
+            assert status == 503 and partition_3.durable in body["missing"], body
