@@ -77,6 +77,7 @@ chaos *args:
 # --- docs ---
 
 # regenerate every generated document (docs/events.md, docs/schemas/, docs/asyncapi.json, docs/openapi.json,
-# contracts/lock.json); refuses a breaking change to the contracts (a breaking change is a new event type)
+# contracts/lock.json, contracts/wire.json); refuses a breaking change to the contracts, against the locks and the
+# previous release's snapshot (a breaking change is a new event type; on the broker, a new name beside the old)
 docs:
     {{bin}}/python -m crashsafe.contract_docs

@@ -1,8 +1,11 @@
-"""The generated contract documents: docs/events.md, docs/schemas/, docs/asyncapi.json, docs/openapi.json, the lock.
+"""The generated contract documents: docs/events.md, docs/schemas/, docs/asyncapi.json, docs/openapi.json, the locks.
 
 The renderers live in `contract_pages` (Markdown) and `contract_specs` (schemas, AsyncAPI, OpenAPI); this is the
-set of documents, the lock, the golden files and a thin writer (`python -m crashsafe.contract_docs`, run by `just docs`). tests/unit/test_contract_docs.py renders
-every document in memory and compares it with the checked-in file, so none of them can drift from the code.
+set of documents, the locks (the messages' contracts/lock.json, the broker's contracts/wire.json), the golden files
+and a thin writer (`python -m crashsafe.contract_docs`, run by `just docs`) that refuses a breaking change against
+the locks in the tree and the previous release's snapshot (`crashsafe.release_snapshot`).
+tests/unit/test_contract_docs.py renders every document in memory and compares it with the checked-in file, so
+none of them can drift from the code.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import json
 import sys
 from pathlib import Path
 
-from crashsafe import contract_lock
+from crashsafe import contract_lock, release_snapshot, wire_lock
 from crashsafe.contract_pages import events_md, metrics_md
 from crashsafe.contract_specs import asyncapi, json_bytes, openapi, schemas
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = Path("contracts/lock.json")
+WIRE = Path("contracts/wire.json")
 SCHEMAS = Path("docs/schemas")
 
 
@@ -29,6 +33,7 @@ def documents(locked: contract_lock.Lock | None = None) -> dict[Path, bytes]:
         Path("docs/openapi.json"): json_bytes(openapi()),
         Path("docs/metrics.md"): metrics_md().encode(),
         LOCK: json_bytes(contract_lock.merged(locked or {}, now)),
+        WIRE: json_bytes(wire_lock.current()),
     }
     docs |= {SCHEMAS / name: body for name, body in schemas().items()}
     return docs
@@ -73,9 +78,14 @@ def new_golden_versions(root: Path = ROOT) -> dict[Path, bytes]:
 def main(root: Path = ROOT) -> int:
     locked = read_lock(root)
     problems = contract_lock.breaking_changes(locked, contract_lock.current())
+    # The previous release's snapshot as well: a lock rewritten by hand hides nothing from it.
+    previous = release_snapshot.previous(root)
+    if previous:
+        problems += release_snapshot.breaks(previous, wire_lock.current(), contract_lock.current())
     if problems:
         print(
-            "refusing to write: a breaking change to the contracts (a breaking change is a new event type):"
+            "refusing to write: a breaking change to the contracts (a breaking change is a new event type;"
+            " on the broker, a new name beside the old: contracts/README.md):"
         )
         for p in problems:
             print(f"  - {p}")

@@ -2,7 +2,10 @@
 
 A field is only ever added, with a default; never removed or retyped; a required field is never added. A breaking
 change is a new message type (a new tag) plus an upcaster. `just docs` extends the lock with additive changes and
-refuses to write a breaking one; tests/unit/test_schema_evolution.py fails on one.
+refuses to write a breaking one; tests/unit/test_schema_evolution.py fails on one. Both check the previous
+release's lock too, as it shipped (contracts/releases/<version>.json, `crashsafe.release_snapshot`), so a lock
+rewritten by hand hides no break. What lives on the broker (streams, consumers, buckets, subjects, headers) has its
+own lock and rules: `crashsafe.wire_lock`.
 """
 
 from __future__ import annotations

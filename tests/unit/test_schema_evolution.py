@@ -2,7 +2,9 @@
 they do not know. A breaking change is a new event type (a new tag plus an upcaster), never an edit.
 
 contracts/lock.json records every message's fields (type, required); `just docs` extends it with additive changes
-only. tests/golden/v<n>/<type>.json keeps every version of every message's encoding, forever.
+only. The previous release's lock, as it shipped (contracts/releases/<version>.json), is checked as well, so a
+lock.json rewritten by hand hides nothing. tests/golden/v<n>/<type>.json keeps every version of every message's
+encoding, forever.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import msgspec
 import pytest
 
 from crashsafe import contract_catalog as cat
-from crashsafe import contract_docs
+from crashsafe import contract_docs, release_snapshot, wire_lock
 from crashsafe.contract_lock import Lock, breaking_changes, current, entry_of, merged
+from crashsafe.contracts.release import previous_release
 from crashsafe.contracts.run_events import UnknownEvent, decode_event
 from tests.support.paths import GOLDEN, ROOT
 
@@ -34,6 +37,19 @@ def test_the_contracts_break_nothing_the_lock_holds() -> None:
     assert not problems, (
         "a breaking change to the contracts (a breaking change is a new event type, with an upcaster):\n"
         + "\n".join(problems)
+    )
+
+
+def test_the_contracts_break_nothing_the_previous_release_locked() -> None:
+    release = previous_release()
+    if release is None:
+        pytest.skip("the first release has no release before it")
+    snapshot = release_snapshot.previous()
+    assert snapshot is not None, f"contracts/releases/{release.version}.json is missing"
+    problems = breaking_changes(snapshot["messages"], current())
+    assert not problems, (
+        f"a breaking change to the contracts of release {snapshot['version']} (a new event type, with an "
+        "upcaster, instead):\n" + "\n".join(problems)
     )
 
 
@@ -146,6 +162,28 @@ def test_just_docs_refuses_to_write_a_breaking_change(tmp_path: Path) -> None:
     (tmp_path / contract_docs.LOCK).write_text(json.dumps(locked))
     assert contract_docs.main(tmp_path) == 1
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == [contract_docs.LOCK]
+
+
+@renders_documents
+def test_just_docs_refuses_a_break_of_the_previous_release_the_locks_in_the_tree_hide(tmp_path: Path) -> None:
+    """lock.json and wire.json rewritten to today's: the previous release's snapshot still names the break."""
+    release = previous_release()
+    if release is None:
+        pytest.skip("the first release has no release before it")
+    locked = current()
+    shipped = {**locked, "run.gone": {"run_id": {"type": "str", "required": True}}}
+    wire = wire_lock.current()
+    wire["consumers"]["runtime_inbound"] = {**wire["consumers"]["runtime_inbound"], "max_deliver": 7}
+    snapshot = {"version": release.version, "commit": release.commit, "wire": wire, "messages": shipped}
+    release_snapshot.path_of(release.version, tmp_path).parent.mkdir(parents=True)
+    release_snapshot.path_of(release.version, tmp_path).write_text(json.dumps(snapshot))
+    (tmp_path / contract_docs.LOCK).write_text(json.dumps(locked))
+    assert contract_docs.main(tmp_path) == 1
+    assert release_snapshot.breaks(snapshot, wire_lock.current(), locked) == [
+        f"against {release.version}: consumer runtime_inbound: redefined in place (max_deliver 7 to -1): a"
+        " durable the previous release uses keeps its shape; a new shape takes a new durable name",
+        f"against {release.version}: run.gone: the message type was removed (a type is kept forever)",
+    ]
 
 
 @renders_documents
