@@ -15,7 +15,6 @@ def stream_info(stream: str) -> str:
 
 # Which stream takes a subject (a body `{"subject": ...}`): how a service proves, before it is ready, that each
 # subject it writes lands in the stream it expects.
-STREAM_NAMES = f"{API}.STREAM.NAMES"
 
 
 def direct_get(stream: str) -> list[str]:

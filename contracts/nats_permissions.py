@@ -315,8 +315,8 @@ def users(
 
 
 def _as_service(user: NatsUser, s: Scope) -> NatsUser:
-    """Each service: its own version heartbeats (issue 30), and the lookup of which stream takes a subject."""
-    added = (s.kv(VERSIONS, f"beat.{user.name}.*"), f"{API}.STREAM.NAMES")  # readiness: where writes land
+    """Each service: its own version heartbeats (issue 30)."""
+    added = (s.kv(VERSIONS, f"beat.{user.name}.*"),)
     return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, *added)))
 
 

@@ -1,5 +1,5 @@
-"""Which stream must take each subject a service writes, as a concrete sample of each kind: a service asks the live
-broker (JetStream's lookup by subject) before it is ready, so a release whose subjects the streams there do not
+"""Which stream must take each subject a service writes, as a concrete sample of each kind: a service reads that
+stream's subjects off the live broker before it is ready, so a release whose subjects the streams there do not
 take (an older stream, a stream an operator changed) never takes work it could not record."""
 
 from __future__ import annotations
@@ -13,10 +13,26 @@ from crashsafe.contracts.subjects import EventClass, Namespace, StreamKind
 SAMPLE = "readyz"
 
 
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` one token, `>` one or more trailing tokens."""
+    pat, sub = pattern.split("."), subject.split(".")
+    for i, token in enumerate(pat):
+        if token == ">":
+            return len(sub) > i
+        if i >= len(sub) or (token != "*" and token != sub[i]):
+            return False
+    return len(pat) == len(sub)
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     subject: str  # a subject the service publishes to
     stream: str  # the stream that must take it
+
+    def taken_by(self, subjects: Iterable[str]) -> bool:
+        """A stream with these subjects takes a publish to this route's subject (streams never overlap, so it is
+        the only one that does)."""
+        return any(matches(pattern, self.subject) for pattern in subjects)
 
 
 def runtime_routes(ns: Namespace, families: Iterable[str]) -> list[Route]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from crashsafe.contract_catalog import NS, Template, wildcard
 from crashsafe.contracts.jetstream_api import API, consumer_create
 from crashsafe.contracts.nats_permissions import NatsUser, users
+from crashsafe.contracts.stream_routes import matches
 from crashsafe.contracts.streams import ConsumerSpec, StreamSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.stream_catalog import Consumer, consumers, registry, streams
@@ -20,17 +21,6 @@ _API = API.split(".")  # the JetStream API subject's leading tokens, as a permis
 
 def roles(ns: Namespace = NS) -> list[NatsUser]:
     return users(ns, registry().families)
-
-
-def matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` one token, `>` one or more trailing tokens."""
-    pat, sub = pattern.split("."), subject.split(".")
-    for i, token in enumerate(pat):
-        if token == ">":
-            return len(sub) > i
-        if i >= len(sub) or (token != "*" and token != sub[i]):
-            return False
-    return len(pat) == len(sub)
 
 
 def overlaps(pattern: str, template: str) -> bool:

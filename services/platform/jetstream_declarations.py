@@ -33,7 +33,7 @@ from crashsafe.contracts.errors import (
     StreamMissing,
     StreamShapeChanged,
 )
-from crashsafe.contracts.jetstream_api import STREAM_NAMES, consumer_create
+from crashsafe.contracts.jetstream_api import consumer_create
 from crashsafe.contracts.streams import ConsumerSpec, KvSpec, Retention, StreamSpec
 
 log = logging.getLogger("crashsafe.jetstream")
@@ -262,22 +262,6 @@ class Declarations:
             ack_wait_s=float(c.ack_wait or 0.0),
             max_ack_pending=-1 if c.max_ack_pending is None else int(c.max_ack_pending),
         )
-
-    async def streams_taking(self, subject: str) -> list[str]:
-        """The streams a publish to `subject` lands in, as the server finds them (JetStream's lookup by subject,
-        STREAM_NAMES): one, or none; never cached, so an operator's change shows at the next ask."""
-        try:
-            answer = await self.nc.request(
-                STREAM_NAMES, json.dumps({"subject": subject}).encode(), timeout=10
-            )
-        except _NO_ANSWER as exc:
-            raise BrokerUnavailable(
-                f"JetStream did not answer which stream takes {subject}: {exc!r}", subject=subject
-            ) from exc
-        found = json.loads(answer.data)
-        if found.get("error") is not None:
-            nats.js.errors.APIError.from_error(found["error"])
-        return list(found.get("streams") or [])
 
     async def ensure_kv(self, spec: KvSpec) -> None:
         """A key-value bucket with per-key TTLs allowed (nats-py declares its stream with allow_msg_ttl)."""

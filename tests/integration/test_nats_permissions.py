@@ -142,13 +142,6 @@ def probes() -> list[Probe]:
             json.dumps({"name": "SWEEP_PROBE", "subjects": ["sweep.probe.>"], "storage": "memory"}).encode(),
         ),
         Probe("streams", f"info {RUNS}", f"{API}.STREAM.INFO.{RUNS}"),
-        # Readiness (issue 30): which stream takes a subject the service writes; an outside reader needs none.
-        Probe(
-            "streams",
-            "which stream takes a subject",
-            f"{API}.STREAM.NAMES",
-            b'{"subject":"sweep.inbound.r1"}',
-        ),
         *(
             Probe("direct get", f"direct get on {s}", f"{API}.DIRECT.GET.{s}", b'{"seq":1}')
             for s in (

@@ -9,6 +9,7 @@ from crashsafe.contracts.stream_routes import (
     Route,
     executor_routes,
     gateway_routes,
+    matches,
     projector_routes,
     reconciler_routes,
     runtime_routes,
@@ -18,17 +19,6 @@ from crashsafe.contracts.subjects import EventClass, Namespace
 
 NS = Namespace("routes")
 FAMILIES = ("booking", "payment")
-
-
-def matches(pattern: str, subject: str) -> bool:
-    """NATS's subject match: `*` one token, `>` one or more at the end."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 def test_the_matcher_is_nats_own() -> None:
@@ -48,7 +38,7 @@ ROUTES = {
 @pytest.mark.parametrize("service", sorted(ROUTES))
 def test_each_sample_lands_in_its_stream_and_no_other(service: str) -> None:
     for route in ROUTES[service]:
-        taking = [s.name for s in stream_specs(NS) if any(matches(p, route.subject) for p in s.subjects)]
+        taking = [s.name for s in stream_specs(NS) if route.taken_by(s.subjects)]
         assert taking == [route.stream], route
 
 
