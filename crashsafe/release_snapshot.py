@@ -5,9 +5,11 @@ taken from that release's own commit, so no later edit of contracts/wire.json or
 break: the unit tests and `just docs` check this tree against the previous release's snapshot
 (`contracts.release.previous_release()`), besides the locks in the tree.
 
-Cutting release N: `python -m crashsafe.release_snapshot` at its commit writes contracts/releases/<N>.json. An
-older release is snapshotted from its own tree with its own interpreter, as 0.1.0 was (its venv and checkout):
-`python -m crashsafe.release_snapshot --version 0.1.0 --python /tmp/rel/venv/bin/python --tree /tmp/rel/src`.
+A release is snapshotted once contracts/releases.json records it (its commit known), as the first change of the
+next one, from its own tree with its own interpreter (its checkout and venv, as the version-skew test makes them),
+the way 0.1.0's was: `python -m crashsafe.release_snapshot --version 0.1.0 --python /tmp/rel/venv/bin/python
+--tree /tmp/rel/src`. Its message lock is read from its commit (`git show`). Without `--python`, the wire is read
+from this tree: right only where this tree is that release's commit.
 """
 
 from __future__ import annotations
@@ -77,29 +79,31 @@ def _wire_of(python: str, tree: str | None) -> wire_lock.Wire:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", default=VERSION, help="the release to snapshot (default: this tree's)")
+    parser.add_argument("--version", required=True, help="the recorded release to snapshot")
     parser.add_argument(
-        "--python", help="the release's interpreter, its crashsafe installed (default: this one)"
+        "--python", help="the release's interpreter, its crashsafe installed (default: this tree)"
     )
-    parser.add_argument("--tree", help="the release's source tree, put first on its PYTHONPATH")
+    parser.add_argument("--tree", help="the release's source tree, imported before its installed crashsafe")
     args = parser.parse_args(argv)
     record = next((r for r in releases() if r.version == args.version), None)
-    if args.version == VERSION:
-        wire, lock = wire_lock.current(), json.loads((ROOT / LOCK).read_bytes())
-    elif record is None or not args.python:
-        print(f"{args.version} is not in contracts/releases.json, or no --python runs it", file=sys.stderr)
-        return 2
-    else:
-        wire = _wire_of(args.python, args.tree)
-        shown = subprocess.run(
-            ["git", "show", f"{record.commit}:{LOCK}"], cwd=ROOT, capture_output=True, check=True
+    if record is None:
+        print(
+            f"{args.version} is not in contracts/releases.json: record it (and its commit) first",
+            file=sys.stderr,
         )
-        lock = json.loads(shown.stdout)
+        return 2
+    if args.python is None and args.version != VERSION:
+        print(f"this tree is {VERSION}: give --python (and --tree) of {args.version}", file=sys.stderr)
+        return 2
+    wire = _wire_of(args.python, args.tree) if args.python else wire_lock.current()
+    shown = subprocess.run(
+        ["git", "show", f"{record.commit}:{LOCK}"], cwd=ROOT, capture_output=True, check=True
+    )
     snapshot = {
-        "version": args.version,
-        "commit": record.commit if record else "",
+        "version": record.version,
+        "commit": record.commit,
         "wire": wire,
-        "messages": lock,
+        "messages": json.loads(shown.stdout),
     }
     target = path_of(args.version)
     target.parent.mkdir(parents=True, exist_ok=True)
