@@ -45,14 +45,15 @@ async def _beyond_spec(broker: Broker, specs: list[StreamSpec]) -> dict[str, lis
 
 async def contract(broker: Broker, ns: Namespace, replicas: int = 1) -> Contraction | None:
     """Run the namespace's contracting steps as the operator; None when there is nothing to contract. Raises
-    UpgradeBlocked, having changed nothing, while an older process may be alive."""
-    specs = stream_specs(ns, replicas)
-    if not await has_old_layout(broker, ns) and not await _beyond_spec(broker, specs):
-        return None
+    UpgradeBlocked, having changed nothing, while an older process may be alive: even with nothing to contract
+    today, an operator asking in the middle of a roll is told it is not over, never "nothing to do"."""
     seen = await census(broker, ns)
     blockers = contract_blockers(seen.beats, seen.waiting, VERSION)
     if blockers:
         raise UpgradeBlocked(step=STEP, processes=blockers)
+    specs = stream_specs(ns, replicas)
+    if not await has_old_layout(broker, ns) and not await _beyond_spec(broker, specs):
+        return None
     journals = await migrate_journals(broker, ns, replicas)
     narrowed = {}
     for spec in specs:  # the copy may have widened RUNS for its own while

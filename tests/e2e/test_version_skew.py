@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,10 +132,13 @@ class Roll:
         [service] = [s for s in self.stack.replicas(base) if not s.stopped]
         return service
 
-    async def to(self, python: str) -> None:
+    async def to(self, python: str, after: dict[str, Callable[[], Awaitable[None]]] | None = None) -> None:
+        """Every service replaced in ROLL_ORDER; `after[base]` runs once `base` is replaced (the operator's look)."""
         self.generation += 1
         for base in ROLL_ORDER:
             await self.replace(base, python)
+            if after and base in after:
+                await after[base]()
 
     async def replace(self, base: str, python: str) -> None:
         old = self.live(base)
@@ -191,42 +195,33 @@ async def _awaiting_approval(client: StackClient, gateways: Gateways, run_id: st
     return summary.get("awaiting_approval") if summary else None
 
 
-async def _infra_apply(stack: Stack, python: str) -> None:
-    """The operator's first step of a rollout: the new release's additive provisioning."""
+async def _operator(stack: Stack, python: str, *args: str) -> tuple[int, str]:
+    """`crashsafe ARGS` of the release installed at `python`, as the operator (its credential, the stack's NATS),
+    run outside any checkout; its exit code and output."""
     process = await asyncio.create_subprocess_exec(
         python,
         "-m",
         "crashsafe.cli",
-        "infra",
-        "apply",
-        env={**_env(), **cli_env(stack)},
-        cwd=stack.state_dir,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await process.communicate()
-    assert process.returncode == 0, out.decode()
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ)
-
-
-async def _audit(stack: Stack, python: str, state: Path) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        python,
-        "-m",
-        "crashsafe.cli",
-        "audit",
-        "--state-dir",
-        str(state),
-        env={**_env(), **cli_env(stack)},
+        *args,
+        env={**os.environ, **cli_env(stack)},
         cwd=stack.state_dir,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await process.communicate()
     return process.returncode or 0, out.decode()
+
+
+async def _infra_apply(stack: Stack, python: str) -> None:
+    """The operator's first step of a rollout: the release's own provisioning, additive."""
+    code, out = await _operator(stack, python, "infra", "apply")
+    assert code == 0, out
+
+
+async def _says(stack: Stack, expected_code: int, expected: str, *args: str) -> None:
+    """This release's operator command answers `expected_code` and says `expected`."""
+    code, out = await _operator(stack, sys.executable, *args, "--state-dir", str(stack.state_dir / "op"))
+    assert code == expected_code and expected in out, f"crashsafe {' '.join(args)}: {code} {out}"
 
 
 class ApprovalAcross:
@@ -289,10 +284,22 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
             driving = asyncio.create_task(load.run())
             await asyncio.sleep(2)  # the previous release alone under load, before any pod is replaced
 
+            await _says(stack, 0, f"compatible: {VERSION} runs beside", "upgrade", "check")
             started = time.monotonic()
             await _infra_apply(stack, new)
-            await roll.to(new)
+            # Half-way, the previous release's runtime still pulls: no contracting step may run.
+            await roll.to(
+                new,
+                after={
+                    "executor-memory": lambda: _says(
+                        stack, 1, "older processes are alive", "infra", "contract"
+                    )
+                },
+            )
             forward_s = time.monotonic() - started
+            await _says(
+                stack, 0, f"converged on {VERSION} ({len(ROLL_ORDER)} process(es))", "upgrade", "status"
+            )
             await first.answer()
             await second.ask(client)
 
@@ -300,6 +307,8 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
             await _infra_apply(stack, old.python)  # a rollback applies the previous release's own config too
             await roll.to(old.python)
             back_s = time.monotonic() - started
+            # Rolled back: the previous release runs again, and nothing may be contracted under it.
+            await _says(stack, 1, "older processes are alive", "infra", "contract")
             await second.answer()
             await asyncio.sleep(2)
             load.stop.set()
@@ -331,7 +340,9 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
                 await broker.close()
             assert all(code == 0 for code in roll.exits.values()), roll.exits
             for python, label in ((new, VERSION), (old.python, previous.version)):
-                code, out = await _audit(stack, python, tmp_path / f"audit-{label}")
+                code, out = await _operator(
+                    stack, python, "audit", "--state-dir", str(tmp_path / f"audit-{label}")
+                )
                 assert code == 0 and "nothing wrong" in out, f"{label}'s audit: {out[-3000:]}"
             print(
                 f"version skew {previous.version} -> {VERSION} -> {previous.version}: {len(runs)} runs accepted"
@@ -339,6 +350,10 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
                 f" exits {roll.exits}"
             )
         finally:
+            load.stop.set()
+            for task in list(load.pending):
+                task.cancel()
+            await asyncio.gather(*load.pending, return_exceptions=True)
             await http.aclose()
 
 
