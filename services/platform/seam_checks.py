@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from crashsafe.contracts.consumer_shapes import compare_consumer
@@ -24,16 +25,18 @@ from crashsafe.services.platform.probes import Check, OpsServer, run_checks
 STARTED = "started"  # the check a service not yet started fails, with why
 # How often a service that cannot start yet tries again: a seam an operator fixes is taken up within this.
 RETRY_S = 5.0
+START_CHECK_TIMEOUT_S = 5.0
 
 
-def stream_takes(broker: Broker, route: Route) -> Check:
+def stream_takes(broker: Broker, route: Route, subjects_of: SubjectsOf | None = None) -> Check:
     """A publish to `route.subject` lands in `route.stream`; else what that stream takes instead. Read from the
     stream's own info, which every role of every release may ask for: JetStream's lookup by subject
     (STREAM.NAMES) would need a permission a broker still configured for the previous release does not grant,
     and would keep this release unready beside it for no fault of the seam."""
+    read = subjects_of or SubjectsOf(broker)
 
     async def check() -> str | None:
-        subjects = await broker.stream_subjects(route.stream)
+        subjects = await read(route.stream)
         if subjects is None:
             return f"no stream takes {route.subject}: stream {route.stream} does not exist"
         if route.taken_by(subjects):
@@ -46,8 +49,32 @@ def stream_takes(broker: Broker, route: Route) -> Check:
     return check
 
 
+class SubjectsOf:
+    """A stream's subjects as the server holds them, read once for every route of one probe: a runtime proves a
+    dozen subjects on five streams, and a dozen STREAM.INFO requests at once on a loaded broker outlast a probe's
+    budget. A read older than `fresh_s` is made again, so nothing stale outlives a probe."""
+
+    def __init__(self, broker: Broker, fresh_s: float = 0.25) -> None:
+        self.broker = broker
+        self.fresh_s = fresh_s
+        self._reads: dict[str, tuple[float, asyncio.Task[list[str] | None]]] = {}
+
+    async def __call__(self, stream: str) -> list[str] | None:
+        now = time.monotonic()
+        held = self._reads.get(stream)
+        if (
+            held is None
+            or now - held[0] > self.fresh_s
+            or (held[1].done() and (held[1].cancelled() or held[1].exception()))
+        ):
+            held = (now, asyncio.ensure_future(self.broker.stream_subjects(stream)))
+            self._reads[stream] = held
+        return await asyncio.shield(held[1])
+
+
 def route_checks(broker: Broker, routes: Iterable[Route]) -> dict[str, Check]:
-    return {f"subject:{route.subject}": stream_takes(broker, route) for route in routes}
+    subjects_of = SubjectsOf(broker)
+    return {f"subject:{route.subject}": stream_takes(broker, route, subjects_of) for route in routes}
 
 
 def consumer_in_shape(broker: Broker, spec: ConsumerSpec, *, required: bool = True) -> Check:
@@ -85,10 +112,11 @@ async def declare(broker: Broker, specs: Iterable[ConsumerSpec]) -> None:
         raise refused[0]
 
 
-async def prove(service: str, checks: Mapping[str, Check]) -> None:
+async def prove(service: str, checks: Mapping[str, Check], timeout_s: float = START_CHECK_TIMEOUT_S) -> None:
     """SeamBroken, naming each failed check and why, unless every one passes now: a service's start, before it
-    takes any work."""
-    readiness = await run_checks(checks)
+    takes any work. Each check may take `timeout_s`: a start on a loaded broker waits for its answer, where a
+    probe (Kubernetes' 1 s) may not."""
+    readiness = await run_checks(checks, timeout_s)
     if not readiness.ready:
         raise SeamBroken(service=service, checks={name: readiness.checks[name] for name in readiness.failed})
 
