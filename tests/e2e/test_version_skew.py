@@ -1,7 +1,7 @@
 """The previous release and this tree on one nats-server, rolled forward service by service and back under a
 steady stream of booking runs, as a Kubernetes rolling update does it (`maxUnavailable: 0`): each new pod started
 and ready before the old one gets SIGTERM, in the order docs/upgrading.md gives (executors, runtime, projector,
-reconciler, gateway). Approvals wait across each roll: one asked of the previous release and answered by this one,
+reconciler, gateway; a rollback the other way round, each with its release's own `infra apply` first). Approvals wait across each roll: one asked of the previous release and answered by this one,
 one asked of this one and answered by the previous release after the rollback.
 
 The previous release is the one contracts/releases.json names before this tree's version, checked out of the
@@ -132,10 +132,15 @@ class Roll:
         [service] = [s for s in self.stack.replicas(base) if not s.stopped]
         return service
 
-    async def to(self, python: str, after: dict[str, Callable[[], Awaitable[None]]] | None = None) -> None:
-        """Every service replaced in ROLL_ORDER; `after[base]` runs once `base` is replaced (the operator's look)."""
+    async def to(
+        self,
+        python: str,
+        order: tuple[str, ...] = ROLL_ORDER,
+        after: dict[str, Callable[[], Awaitable[None]]] | None = None,
+    ) -> None:
+        """Every service replaced in `order`; `after[base]` runs once `base` is replaced (the operator's look)."""
         self.generation += 1
-        for base in ROLL_ORDER:
+        for base in order:
             await self.replace(base, python)
             if after and base in after:
                 await after[base]()
@@ -305,7 +310,7 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
 
             started = time.monotonic()
             await _infra_apply(stack, old.python)  # a rollback applies the previous release's own config too
-            await roll.to(old.python)
+            await roll.to(old.python, order=ROLL_ORDER[::-1])  # a rollback: writers back before readers
             back_s = time.monotonic() - started
             # Rolled back: the previous release runs again, and nothing may be contracted under it.
             await _says(stack, 1, "older processes are alive", "infra", "contract")
