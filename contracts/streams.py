@@ -171,12 +171,18 @@ def timers_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
     )
 
 
+# How often an executor takes an action request before the server stops delivering it (0.1.0's value, declared by
+# every release since: a durable's shape never changes in place). The executor settles a request itself before
+# its last delivery (services/executor/service.py).
+EXECUTOR_MAX_DELIVER = 12
+
+
 def executor_consumer(
     ns: Namespace,
     family: str,
     partition: int,
     ack_wait_s: float = 30.0,
-    max_deliver: int = 20,
+    max_deliver: int = EXECUTOR_MAX_DELIVER,
     lease_s: float = 5.0,
 ) -> ConsumerSpec:
     """A partition's consumer, pulled by its lease holder only. A pull request lives less than half a lease, so

@@ -26,7 +26,7 @@ from crashsafe.contracts.errors import (
 )
 from crashsafe.contracts.keys import partition_of
 from crashsafe.contracts.spans import SpanName
-from crashsafe.contracts.streams import executor_consumer
+from crashsafe.contracts.streams import EXECUTOR_MAX_DELIVER, executor_consumer
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -71,7 +71,7 @@ from crashsafe.services.providers import provider_views
 from crashsafe.services.providers.kv_effects import KvEffects
 from crashsafe.services.providers.provider_calls import Providers
 
-MAX_DELIVER = 12
+MAX_DELIVER = EXECUTOR_MAX_DELIVER
 # How long a released partition waits for its keys in flight before its store closes (the fence covers the rest).
 DRAIN_S = 10.0
 
