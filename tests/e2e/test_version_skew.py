@@ -1,7 +1,8 @@
 """The previous release and this tree on one nats-server, rolled forward service by service and back under a
 steady stream of booking runs, as a Kubernetes rolling update does it (`maxUnavailable: 0`): each new pod started
 and ready before the old one gets SIGTERM, in the order docs/upgrading.md gives (executors, runtime, projector,
-reconciler, gateway; a rollback the other way round, each with its release's own `infra apply` first). Approvals wait across each roll: one asked of the previous release and answered by this one,
+reconciler, gateway; back in the same order, so each reader meets the other release's writers both ways; each
+direction after its release's own `infra apply`). Approvals wait across each roll: one asked of the previous release and answered by this one,
 one asked of this one and answered by the previous release after the rollback.
 
 The previous release is the one contracts/releases.json names before this tree's version, checked out of the
@@ -310,7 +311,10 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
 
             started = time.monotonic()
             await _infra_apply(stack, old.python)  # a rollback applies the previous release's own config too
-            await roll.to(old.python, order=ROLL_ORDER[::-1])  # a rollback: writers back before readers
+            # Back in the same order, not the reverse docs/upgrading.md advises: forward, every reader is new
+            # before its writers are (N+1 reads N); back in this order, every reader is old again while its writers
+            # are still new (N reads N+1). Reversed, the rollback would only try the first again.
+            await roll.to(old.python)
             back_s = time.monotonic() - started
             # Rolled back: the previous release runs again, and nothing may be contracted under it.
             await _says(stack, 1, "older processes are alive", "infra", "contract")
@@ -321,25 +325,33 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
             assert not load.refused, load.refused
 
             runs = {**load.accepted, first.guest_id: first.run_id, second.guest_id: second.run_id}
-            for run_id in runs.values():
-                summary = await eventually(
-                    lambda r=run_id: _ended(client, gateways, r), what=f"run {run_id} to end", timeout_s=120
-                )
-                assert summary["status"] == "completed", summary
-            ledger = await eventually(
-                lambda: _all_projected(client, len(runs)),
-                what="every run's booking, charge, email and CRM record",
-                timeout_s=120,
-            )
-            per_run = effects_per_run(ledger["entries"], {g: r for g, r in runs.items()})
-            wrong = {
-                run: kinds
-                for run, kinds in per_run.items()
-                if {k: kinds.get(k, 0) for k in EFFECTS} != {k: CONFIRMED[k] for k in EFFECTS}
-            }
-            assert not wrong and set(per_run) == set(runs.values()), wrong
             broker = await Broker.connect(stack.nats_url, "skew-test", access=operator_access(stack))
             try:
+                for run_id in runs.values():
+                    try:
+                        summary = await eventually(
+                            lambda r=run_id: _ended(client, gateways, r),
+                            what=f"run {run_id} to end",
+                            timeout_s=120,
+                        )
+                    except AssertionError as exc:
+                        letters = [
+                            (d.service, d.code, d.reason) for d in await dead_letters(broker, client.ns)
+                        ]
+                        raise AssertionError(f"{exc}; dead letters: {letters[:5]} ({len(letters)})") from None
+                    assert summary["status"] == "completed", summary
+                ledger = await eventually(
+                    lambda: _all_projected(client, len(runs)),
+                    what="every run's booking, charge, email and CRM record",
+                    timeout_s=120,
+                )
+                per_run = effects_per_run(ledger["entries"], dict(runs))
+                wrong = {
+                    run: kinds
+                    for run, kinds in per_run.items()
+                    if {k: kinds.get(k, 0) for k in EFFECTS} != {k: CONFIRMED[k] for k in EFFECTS}
+                }
+                assert not wrong and set(per_run) == set(runs.values()), wrong
                 assert await dead_letters(broker, client.ns) == []
             finally:
                 await broker.close()
