@@ -43,6 +43,7 @@ from bench.run import WORKLOADS, note
 from bench.wiretap import TappedStack
 from bench.workloads import REGISTRY
 from crashsafe.contracts.jetstream_api import ACK, API
+from crashsafe.contracts.stream_routes import matches
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.natsd import free_port
 from crashsafe.services.platform.jetstream import Broker
@@ -50,17 +51,6 @@ from crashsafe.services.platform.settings import NatsAccess
 from crashsafe.stack_keys import STACK_TENANT
 
 DIRECT_GET = f"{API}.DIRECT.GET."
-
-
-def matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` is one token, a trailing `>` one or more."""
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(want) == len(got)
 
 
 def header_bytes(msg: Msg) -> int:
