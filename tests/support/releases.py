@@ -4,12 +4,13 @@ The release record (contracts/releases.json) names each release's commit; `git a
 this checkout's history (nothing is downloaded) and pip installs it, without its dependencies, into a fresh venv
 that reads them from this one's site-packages (a `.pth` line): a release's dependencies are a range this venv
 already satisfies, and installing them again from the index would cost a CI run a minute. The install is kept
-per commit under the temporary directory and made once, under a file lock, however many workers ask.
+per commit and venv under the temporary directory and made once, under a file lock, however many workers ask.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -37,7 +38,9 @@ class ReleaseUnavailable(RuntimeError):
 
 def install(release: Release, root: Path | None = None) -> ReleaseInstall:
     """The release installed in its own venv (made once per commit; later calls return it at once)."""
-    home = (root or Path(tempfile.gettempdir()) / "crashsafe-releases") / release.commit
+    # Per commit and per venv it draws its dependencies from: a clone with a venv of its own builds its own.
+    deps = hashlib.sha256(sysconfig.get_paths()["purelib"].encode()).hexdigest()[:12]
+    home = (root or Path(tempfile.gettempdir()) / "crashsafe-releases") / f"{release.commit}-{deps}"
     home.mkdir(parents=True, exist_ok=True)
     python = home / "venv" / "bin" / "python"
     with open(home / ".lock", "w") as lock:
