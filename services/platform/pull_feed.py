@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -15,33 +16,55 @@ from crashsafe.contracts.streams import ConsumerSpec
 
 log = logging.getLogger("crashsafe.jetstream")
 
-# How many messages one pull request asks for. The handler's own bound (Deliveries) caps the work in hand.
+# How many messages one pull request asks for at most. The handler's own bound (Deliveries) caps the work in hand.
 PULL_BATCH = 64
+# How many a feed asks for when its last request came back empty: an idle feed holds this little room, so a room
+# shared by many feeds (an executor's partitions) keeps a request waiting on the server for every one of them.
+IDLE_BATCH = 4
 _HEARTBEAT = "100"
 
 
 class Room:
     """How many more handlers a service may start: a feed reserves room before it asks the server for messages,
-    so a message that arrives always finds a handler free and a callback never waits for one."""
+    so a message that arrives always finds a handler free and a callback never waits for one.
+
+    Fair between the feeds that share it: room freed goes to the feed that has waited longest, and a feed never
+    takes room past one already waiting (the first feeds to ask once kept all of it, and the others never asked
+    the server again)."""
 
     def __init__(self, handlers: int) -> None:
         self._free = handlers
-        self._freed = asyncio.Event()
+        self._waiting: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
 
     async def reserve(self, most: int) -> int:
-        """Wait until a handler is free, then reserve room for up to `most` messages: how many to ask for."""
-        while self._free <= 0:
-            self._freed.clear()
-            await self._freed.wait()
-        taken = min(most, self._free)
-        self._free -= taken
-        return taken
+        """Wait until a handler is free and no feed waits ahead, then reserve room for up to `most` messages:
+        how many to ask for."""
+        if self._free > 0 and not self._waiting:
+            taken = min(most, self._free)
+            self._free -= taken
+            return taken
+        turn: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.append((turn, most))
+        try:
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release(turn.result())  # granted as the feed stopped: the room goes to the next waiter
+            else:
+                self._waiting = collections.deque(w for w in self._waiting if w[0] is not turn)
+            raise
 
     def release(self, count: int) -> None:
-        """A handler ended, or room reserved for messages that never came (a request that expired short)."""
+        """A handler ended, or room reserved for messages that never came (a request that expired short): it goes
+        to the longest waiter first."""
         self._free += count
-        if self._free > 0:
-            self._freed.set()
+        while self._free > 0 and self._waiting:
+            turn, most = self._waiting.popleft()
+            if turn.done():
+                continue
+            taken = min(most, self._free)
+            self._free -= taken
+            turn.set_result(taken)
 
     def overdraw(self) -> None:
         """A message arrived that no reservation covered (a request's straggler): it is handled all the same."""
@@ -56,7 +79,9 @@ class PullFeed:
     a 409 when the server drops it). A request lost with a broker restart is replaced after its expiry.
 
     With a `room`, each request asks for no more messages than there are free handlers (flow control): what the
-    server sends is handled at once, and the rest waits on the server, unacknowledged, for whoever asks next."""
+    server sends is handled at once, and the rest waits on the server, unacknowledged, for whoever asks next. A
+    feed asks for what it can use: `IDLE_BATCH` after a request that came back empty, twice as many after one
+    that was filled (up to `PULL_BATCH`), so an idle feed never holds the room other feeds need to ask at all."""
 
     def __init__(
         self,
@@ -74,6 +99,7 @@ class PullFeed:
         self._next_subject = spec.next_subject
         self._asked = 0
         self._received = 0
+        self._want = IDLE_BATCH
         self._request_over = asyncio.Event()
         self._last_status = ""
         self._stopping = False
@@ -121,7 +147,7 @@ class PullFeed:
     async def _ask_forever(self) -> None:
         expires_s = self.spec.pull_expires_s
         while not self._stopping:
-            batch = PULL_BATCH if self.room is None else await self.room.reserve(PULL_BATCH)
+            batch = PULL_BATCH if self.room is None else await self.room.reserve(self._want)
             self._asked, self._received, self._open = batch, 0, True
             self._request_over.clear()
             try:
@@ -141,6 +167,10 @@ class PullFeed:
                 self._open = False
                 if self.room is not None:
                     self.room.release(self._asked - self._received)  # room for messages that never came
+            if self._received >= self._asked:
+                self._want = min(self._want * 2, PULL_BATCH)
+            elif self._received == 0:
+                self._want = IDLE_BATCH
             if self._last_status.startswith("409"):
                 # Dropped (a leader change, too many waiting requests): ask again, but not in a tight loop.
                 log.info("pull request on %s ended: %s", self.spec.durable, self._last_status)

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any, cast
 
+import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -206,3 +207,42 @@ async def test_replicas_that_declare_a_durable_with_a_start_time_at_once_all_sta
                 await replica.close()
         assert (await broker.js.consumer_info(spec.stream, spec.durable)).config.opt_start_time is not None
         await broker.js.delete_consumer(spec.stream, spec.durable)
+
+
+@pytest.mark.parametrize("partitions", [16, 64])
+async def test_every_partition_of_a_shared_room_keeps_a_request_on_the_server_and_is_served_after_a_quiet_spell(
+    broker: Broker, namespace: Namespace, partitions: int
+) -> None:
+    """Issue 31: an executor's partition feeds share one room of 512 handlers. Each feed once asked for a full
+    batch and took its room back the moment an empty request expired, so the first 8 feeds kept all of it and the
+    others never asked the server again: their messages sat there. Every feed must keep a request waiting, and a
+    message on any partition after a quiet spell must be handled within a couple of seconds."""
+    await provision(broker, namespace)
+    deliveries = Deliveries(
+        broker, namespace, "executor_payment", logging.getLogger("test"), max_deliver=12, ack_wait_s=1.0
+    )
+    specs = [executor_consumer(namespace, "payment", p, ack_wait_s=1.0, lease_s=1) for p in range(partitions)]
+    handled: set[str] = set()
+
+    async def handle(msg: Msg) -> None:
+        handled.add(msg.subject)
+
+    subscriptions = []
+    for spec in specs:
+        await broker.ensure_consumer(spec)
+        subscriptions.append(await broker.subscribe(spec, deliveries.dispatch(handle), room=deliveries.room))
+    try:
+        await asyncio.sleep(4 * specs[0].pull_expires_s)  # a quiet spell: every request expires empty, twice
+        waiting = [(await broker.js.consumer_info(spec.stream, spec.durable)).num_waiting for spec in specs]
+        unasked = [p for p, n in enumerate(waiting) if not n]
+        assert unasked == [], f"{len(unasked)} of {partitions} partitions have no pull request on the server"
+        for p in range(partitions):
+            await broker.publish(namespace.actions("payment", p), b"{}", msg_id=f"quiet-{p}")
+        # A couple of seconds, with slack for a loaded machine; before the fix half of them never came.
+        await eventually(
+            lambda: len(handled) == partitions, what="a message on every partition handled", timeout_s=3.0
+        )
+    finally:
+        for subscription in subscriptions:
+            await broker.unsubscribe(subscription)
+        await deliveries.drain()
