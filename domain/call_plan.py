@@ -228,11 +228,13 @@ def plan_one(
         raise AgentFault(
             agent=agent.name, hook="prepare", problem=f"returned arguments that are not JSON ({exc})"[:300]
         ) from exc
-    verdict = check_policy(state, config, contract, prepared, hashed, origin, now, agent)
-    if origin != Origin.COMPENSATION and not isinstance(verdict, (Deny, Hold)):
-        # The key names the action's business identity (compensations keep the key of what they undo); a new
-        # attempt at a money action that failed is the guest's decision, never the model's.
-        keyed = choose_key(state, contract, prepared, hashed, key)
+    # The key names the action's business identity (compensations keep the key of what they undo); a new
+    # attempt at a money action that failed is the guest's decision, never the model's. Chosen before the rules
+    # are read: an approval covers only the attempt (the key) it was asked for.
+    keyed = choose_key(state, contract, prepared, hashed, key) if origin != Origin.COMPENSATION else None
+    attempt = keyed.key if keyed is not None and keyed.key != key else ""
+    verdict = check_policy(state, config, contract, prepared, hashed, origin, now, agent, attempt)
+    if keyed is not None and not isinstance(verdict, (Deny, Hold)):
         key, verdict = keyed.key, keyed.verdict
     if isinstance(verdict, Deny):
         return denied(verdict)

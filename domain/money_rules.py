@@ -9,6 +9,7 @@ from typing import Any
 from crashsafe.contracts.approvals import ApprovalStatus
 from crashsafe.contracts.keys import ACCOUNT_ARG
 from crashsafe.contracts.policy import ApprovalAbove, Approver, RefundWithinPaid
+from crashsafe.contracts.run_events import ApprovalRequested, Origin
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.guest_scope import owns
@@ -16,9 +17,10 @@ from crashsafe.domain.policy_verdicts import LIVE, Allow, Deny, Hold, Verdict, m
 from crashsafe.domain.run_state import RunState
 
 
-def approved(state: RunState, tool: str, input_hash: str, approver: str) -> bool:
-    """Whether exactly this action (tool and input hash) was approved by `approver` (or by a manager, who may
-    approve what a guest may). A changed action has another hash: it needs its own approval."""
+def approved(state: RunState, tool: str, input_hash: str, approver: str, key: str = "") -> bool:
+    """Whether exactly this action (tool and input hash), at this attempt (`key`, its business key), was
+    approved by `approver` (or by a manager, who may approve what a guest may). A changed action has another
+    hash, and a new attempt at the same action (after a refund, `:a2`) another key: each needs its own yes."""
     asked = {r.approval_id: r for r in state.approval_requests}
     for decided in state.approvals:
         request = asked.get(decided.approval_id)
@@ -29,13 +31,38 @@ def approved(state: RunState, tool: str, input_hash: str, approver: str) -> bool
             and request.input_hash == input_hash
             and request.tool == tool
             and request.approver in (approver, Approver.MANAGER)
+            and _covers(state, request, key)
         ):
             return True
     return False
 
 
+def _covers(state: RunState, request: ApprovalRequested, key: str) -> bool:
+    """An approval covers the attempt it was asked for: the first request of its tool and hash after it, by that
+    request's key. Asked again under the same business key, the executor answers with the same receipt; once
+    refunded (or released) the next attempt takes another key (`:a2`), and a step-keyed action a new step key,
+    so the old yes pays nothing again. Read from the journal alone: no key is recorded on the approval."""
+    spent = next(
+        (
+            r.key
+            for r in sorted((*state.pending, *(req for req, _ in state.completed)), key=lambda r: r.step_no)
+            if r.tool == request.tool
+            and r.input_hash == request.input_hash
+            and r.step_no > request.step_no
+            and r.origin != Origin.COMPENSATION
+        ),
+        None,
+    )
+    return spent is None or (bool(key) and spent == key)
+
+
 def approval_above(
-    state: RunState, rule: ApprovalAbove, contract: ToolContract, args: dict[str, Any], input_hash: str
+    state: RunState,
+    rule: ApprovalAbove,
+    contract: ToolContract,
+    args: dict[str, Any],
+    input_hash: str,
+    key: str = "",
 ) -> Verdict:
     amount = args.get(rule.amount_field)
     if isinstance(amount, bool) or not isinstance(amount, int):
@@ -49,7 +76,7 @@ def approval_above(
     profile = state.started.profile
     if rule.corporate_only and not (profile is not None and profile.corporate):
         return Allow()
-    if approved(state, contract.name, input_hash, rule.approver):
+    if approved(state, contract.name, input_hash, rule.approver, key):
         return Allow()
     what = money(amount, currency)
     if earlier:
@@ -143,7 +170,7 @@ def _refunded_since(state: RunState, rule: RefundWithinPaid, payment_id: str, si
 
 
 def refund_within_paid(
-    state: RunState, rule: RefundWithinPaid, args: dict[str, Any], input_hash: str
+    state: RunState, rule: RefundWithinPaid, args: dict[str, Any], input_hash: str, key: str = ""
 ) -> Verdict:
     name = rule_name(rule)
     payment_id = str(args.get(rule.payment_field, ""))
@@ -167,7 +194,7 @@ def refund_within_paid(
     # What the payment has been refunded in all counts, not this refund alone: split into refunds under the
     # limit (140.00, then 100.00), a refund above it would otherwise never reach a manager.
     if refunded + amount > rule.manager_above_cents and not approved(
-        state, rule.tool, input_hash, Approver.MANAGER
+        state, rule.tool, input_hash, Approver.MANAGER, key
     ):
         already = f" ({money(refunded, currency)} refunded already)" if refunded else ""
         return Hold(

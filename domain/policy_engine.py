@@ -118,10 +118,12 @@ def check_policy(
     origin: Origin,
     now: datetime,
     agent: Agent | None = None,
+    key: str = "",
 ) -> Verdict:
     """What the rules say about one prepared action: the built-in ones, the catalog's, then the agent's own
     (`agent.policies`; one that raises or answers no verdict is an `AgentFault`). Compensations are never held
-    back.
+    back. `key` is the business key the action would take (its attempt; "" for a step-keyed action): an
+    approval covers only the attempt it was asked for (`money_rules.approved`).
 
     Denials win over holds; of several holds, a manager's is asked first (a manager's approval also passes
     the guest's rule, so a corporate guest is not asked twice)."""
@@ -138,13 +140,13 @@ def check_policy(
             case DateWindow() if contract.name in rule.tools:
                 verdict = date_window(rule, args, now)
             case ApprovalAbove() if contract.name == rule.tool:
-                verdict = approval_above(state, rule, contract, args, input_hash)
+                verdict = approval_above(state, rule, contract, args, input_hash, key)
             case VerifiedRecipient() if contract.name in rule.tools:
                 verdict = _verified_recipient(state, rule, args)
             case OneActiveHold() if contract.name == rule.tool:
                 verdict = one_active_hold(state, rule, args, contracts | {contract.name: contract})
             case RefundWithinPaid() if contract.name == rule.tool:
-                verdict = refund_within_paid(state, rule, args, input_hash)
+                verdict = refund_within_paid(state, rule, args, input_hash, key)
         if isinstance(verdict, Deny):
             return verdict
         if isinstance(verdict, Hold):
@@ -158,7 +160,9 @@ def check_policy(
             # Approved is the engine's to know, not the rule's: exactly this action (its input hash), by the
             # hold's approver or a manager. A rule that holds again after its approval would ask for ever, and
             # one that read `state.approvals` itself could approve another action than the one asked about.
-            if isinstance(verdict, Hold) and not approved(state, contract.name, input_hash, verdict.approver):
+            if isinstance(verdict, Hold) and not approved(
+                state, contract.name, input_hash, verdict.approver, key
+            ):
                 holds.append(verdict)
     if holds:
         return next((h for h in holds if h.approver == Approver.MANAGER), holds[0])

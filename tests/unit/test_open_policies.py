@@ -8,22 +8,26 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 
+from crashsafe.contracts.approvals import ApprovalStatus
 from crashsafe.contracts.catalog import AgentConfig, Catalog
-from crashsafe.contracts.keys import CompensationKind
+from crashsafe.contracts.keys import CompensationKind, KeyScheme, compensation_key
 from crashsafe.contracts.policy import ApprovalAbove, DateWindow, OneActiveHold, rule_decoder
 from crashsafe.contracts.run_events import (
     ActionRequested,
+    ApprovalDecided,
     ApprovalRequested,
     HandOffReason,
+    Origin,
     PolicyDenied,
     RunEvent,
     RunHandedOff,
     ToolCall,
 )
 from crashsafe.contracts.tool_messages import OutcomeStatus
-from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
+from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.call_plan import plan_calls
 from crashsafe.domain.catalog_check import validate_catalog
@@ -473,3 +477,82 @@ def test_charges_split_under_the_limit_are_counted_together_when_the_rule_names_
     (held,) = first.of(ApprovalRequested)
     assert (held.args["reservation_id"], held.amount_cents) == ("rsv_2", 2_500)
     assert [args["reservation_id"] for tool, args in first.requested if tool == CHARGE.name] == ["rsv_1"]
+
+
+# An approval covers the attempt it was asked for ---------------------------------------------------------------
+
+BUSINESS_CHARGE = msgspec.structs.replace(
+    CHARGE, key_rule=KeyRule.BUSINESS, identity_kind="charge", identity=("reservation_id",)
+)
+
+
+class BusinessDeskAgent(DeskAgent):
+    """The desk agent with its day pass keyed by what it pays for (`charge:<reservation>`, then `:a2`)."""
+
+    tools = {RESERVE.name: RESERVE, CHARGE.name: BUSINESS_CHARGE}
+
+
+def _paid_then_refunded(run: DeskRun) -> ActionRequested:
+    """Reserve a desk, ask for its 25.00 pass (held above 20.00), approve it, pay it, then refund it."""
+    run.reserved("2030-01-08")
+    held = run.ask(CHARGE.name, {"reservation_id": "rsv_1"})
+    assert isinstance(held, ApprovalRequested), held
+    run.now += timedelta(seconds=1)
+    run.add(
+        ApprovalDecided(
+            run_id=held.run_id,
+            at=run.now,
+            approval_id=held.approval_id,
+            decision=ApprovalStatus.APPROVED.value,
+            decided_by="guest:guest-1",
+            input_hash=held.input_hash,
+        )
+    )
+    (paid,) = run.decide()
+    assert isinstance(paid, ActionRequested) and paid.input_hash == held.input_hash
+    run.complete(paid, pass_id="pass_1")
+    refund = ActionRequested(
+        run_id=paid.run_id,
+        at=run.now,
+        step_no=run.state.next_step,
+        call_id="",
+        tool=REFUND.name,
+        family=REFUND.family,
+        args={"pass_id": "pass_1", "guest_id": "guest-1"},
+        key=compensation_key(paid.key, CompensationKind.REFUND),
+        input_hash="r" * 64,
+        timeout_s=5.0,
+        deadline_at=run.now + timedelta(seconds=5),
+        origin=Origin.COMPENSATION.value,
+    )
+    run.add(refund)
+    run.complete(refund)
+    return paid
+
+
+@pytest.mark.parametrize("scheme", [KeyScheme.BUSINESS, KeyScheme.STEP])
+def test_an_approval_pays_once_not_again_after_a_refund(scheme: KeyScheme) -> None:
+    """The guest's yes to a 25.00 pass paid that pass; once refunded, the same pass asked again is a new
+    attempt (`charge:…:a2`, or a new step key) and is held for its own yes, not paid on the old one."""
+    rules = (ApprovalAbove(tool=CHARGE.name, limit_cents=2_000),)
+    agent = BusinessDeskAgent(rules=rules) if scheme == KeyScheme.BUSINESS else DeskAgent(rules=rules)
+    run = DeskRun(agent)
+    run.state = replace(run.state, started=msgspec.structs.replace(run.state.started, key_scheme=scheme))
+    paid = _paid_then_refunded(run)
+    again = run.ask(CHARGE.name, {"reservation_id": "rsv_1"})
+    assert isinstance(again, ApprovalRequested), again
+    assert again.input_hash == paid.input_hash
+    run.add(
+        ApprovalDecided(
+            run_id=again.run_id,
+            at=run.now,
+            approval_id=again.approval_id,
+            decision=ApprovalStatus.APPROVED.value,
+            decided_by="guest:guest-1",
+            input_hash=again.input_hash,
+        )
+    )
+    (repaid,) = run.decide()  # its own yes pays the new attempt, once
+    assert isinstance(repaid, ActionRequested) and repaid.key != paid.key
+    if scheme == KeyScheme.BUSINESS:
+        assert repaid.key == paid.key + ":a2"
