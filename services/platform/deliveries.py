@@ -14,6 +14,10 @@ The rules, the same for every consumer of every service:
   `handler_failed`), so nothing circles for hours and nothing crash-loops.
 - A message delivered more than `max_deliver` times and never settled (each handler died or stalled first) is
   dead-lettered before a handler sees it again: the server's own limit would end deliveries silently.
+- A consumer whose server stops delivering at `max_deliver` (`server_stops=True`, the executor's: its durables
+  keep 0.1.0's shape) has no delivery past it to dead-letter on: its handler sees `max_deliver - 1` deliveries,
+  and the server's last delivery is dead-lettered before a handler sees it (a request whose executor died on
+  every delivery vanished with no dead letter and no alarm).
 - A settle that fails (NATS went away meanwhile) is logged; the message comes back after its ack wait.
 
 A handler that settles its own messages (`dispatch(handler, settles_itself=True)`, the projector's) keeps its own
@@ -68,12 +72,17 @@ class Deliveries:
         max_deliver: int,
         ack_wait_s: float,
         concurrency: int = 512,
+        *,
+        server_stops: bool = False,
     ) -> None:
         self.broker = broker
         self.ns = ns
         self.service = service
         self.logger = logger
         self.max_deliver = max_deliver
+        self.server_stops = server_stops
+        # How many deliveries a handler sees: with the server's limit, its last delivery is the dead letter's.
+        self.handler_deliveries = max(max_deliver - 1, 1) if server_stops else max_deliver
         self.heartbeat_s = max(ack_wait_s / 4, 0.1)
         # Reserved by the pull feeds before they ask (`Broker.subscribe(room=)`).
         self.room = Room(concurrency)
@@ -99,10 +108,11 @@ class Deliveries:
     async def _settle(self, msg: Msg, handler: Handler, settles_itself: bool) -> None:
         deliveries = msg.metadata.num_delivered
         try:
-            if deliveries > self.max_deliver and not settles_itself:
+            if deliveries > self.handler_deliveries and not settles_itself:
+                last = "the server's last delivery" if self.server_stops else f"over {self.max_deliver}"
                 await self.dead_letter(
                     msg,
-                    f"delivered {deliveries} times and never settled (over {self.max_deliver}); "
+                    f"delivered {deliveries} times and never settled ({last}); "
                     "find why its handler died or stalled, then replay or discard it",
                     ErrorCode.DELIVERIES_EXHAUSTED,
                     {"deliveries": deliveries, "max_deliver": self.max_deliver},
@@ -131,7 +141,9 @@ class Deliveries:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._give_up(msg, f"cannot decode: {exc}", ErrorCode.POISON_MESSAGE)
         except CrashsafeError as exc:
-            if exc.retry is RetryClass.POISON or (deliveries >= self.max_deliver and not settles_itself):
+            if exc.retry is RetryClass.POISON or (
+                deliveries >= self.handler_deliveries and not settles_itself
+            ):
                 await self._give_up(msg, exc.message, exc.code, exc.details())
             else:
                 log(
@@ -145,7 +157,7 @@ class Deliveries:
                 )
                 await self._retry(msg, deliveries)
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            if deliveries >= self.max_deliver and not settles_itself:
+            if deliveries >= self.handler_deliveries and not settles_itself:
                 await self._give_up(msg, f"{type(exc).__name__}: {exc}", ErrorCode.HANDLER_FAILED)
             else:
                 log(
@@ -162,7 +174,7 @@ class Deliveries:
                 f"{self.service} handler failed",
                 extra={"fields": {"subject": msg.subject, "deliveries": deliveries}},
             )
-            if deliveries >= self.max_deliver:
+            if deliveries >= self.handler_deliveries:
                 await self._give_up(msg, f"{type(exc).__name__}: {exc}", ErrorCode.HANDLER_FAILED)
             else:
                 await self._retry(msg, deliveries)

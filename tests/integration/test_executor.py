@@ -20,6 +20,7 @@ import httpx
 import msgspec
 import pytest
 
+from crashsafe.contracts.dead_letters import DeadLetter
 from crashsafe.contracts.errors import CrashsafeError, ErrorCode, PartitionNotOwned, RetryClass
 from crashsafe.contracts.keys import (
     CompensationKind,
@@ -29,6 +30,7 @@ from crashsafe.contracts.keys import (
     input_hash,
     partition_of,
 )
+from crashsafe.contracts.streams import executor_consumer
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
@@ -39,6 +41,7 @@ from crashsafe.contracts.tool_messages import (
 )
 from crashsafe.domain.key_facts import attempted, first_asked
 from crashsafe.natsd import NatsServer
+from crashsafe.services.executor import service as executor_service
 from crashsafe.services.executor import store_connection
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.service import Executor, OutcomeStillUnknown
@@ -46,7 +49,7 @@ from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform.jetstream import Broker, Published
 from crashsafe.services.platform.settings import Settings
 from tests.support import inprocess
-from tests.support.broker import ensure_streams
+from tests.support.broker import consumer_settled, dead_letters, ensure_streams
 from tests.support.capabilities import signed
 from tests.support.waiting import eventually
 from tests.support.world import Sandbox
@@ -1032,3 +1035,43 @@ async def test_recent_receipts_read_a_big_store_a_slice_at_a_time(tmp_path: Path
         assert turns - before >= 3  # 10 rows, 3 a turn: the loop ran between the slices
     finally:
         await store.close()
+
+
+async def test_a_request_whose_executor_dies_on_every_delivery_is_dead_lettered_once_never_dropped(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, item 3: the executor's durables stop at `max_deliver` (0.1.0's shape, kept), and the loop used to
+    dead-letter a never-settled request only on a delivery past it, which the server never makes: a request whose
+    executor died on every delivery vanished with no dead letter. Its handler now sees `max_deliver - 1`
+    deliveries, and the server's last one is dead-lettered (counted, logged as an error)."""
+
+    def dies(seam: str) -> None:
+        # The delivery ends as a SIGKILL ends it: never settled, no more "in progress"; it comes back after the
+        # ack wait, on and on.
+        if seam == "executor.after_provider_ack":
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(executor_service, "crash_point", dies)
+    await harness.start("payment", registry=FAST, max_deliver=3)
+    booking = await harness.booking()
+    request = harness.request("create_payment", "payment", pay_args(booking))
+    published = await harness.publish(request)
+
+    async def letters() -> list[DeadLetter]:
+        return [d for d in await dead_letters(harness.broker, harness.ns) if d.stream_seq == published.seq]
+
+    (dead,) = await eventually(letters, what="the request's dead letter", timeout_s=30)
+    assert (dead.code, dead.deliveries, dead.details["max_deliver"]) == (
+        ErrorCode.DELIVERIES_EXHAUSTED.value,
+        3,
+        3,
+    )
+    spec = executor_consumer(harness.ns, "payment", partition_of(request.key, PARTITIONS))
+    await eventually(
+        lambda: consumer_settled(harness.broker, spec.stream, spec.durable, published.seq),
+        what="the request settled (termed) on its consumer",
+        timeout_s=10,
+    )
+    await asyncio.sleep(3 * harness.settings.ack_wait_s)  # nothing more comes back, nothing more is written
+    assert len(await letters()) == 1
+    assert len(await charges(harness)) == 1  # the two lives that ran called (then looked up) one charge

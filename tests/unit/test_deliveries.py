@@ -57,11 +57,19 @@ class _Broker:
         self.letters.append(msgspec.json.decode(payload, type=DeadLetter))
 
 
-async def _deliver(handler: Any, msg: _Msg, *, settles_itself: bool = False) -> _Broker:
+async def _deliver(
+    handler: Any, msg: _Msg, *, settles_itself: bool = False, server_stops: bool = False
+) -> _Broker:
     broker = _Broker()
     loop = Deliveries(
-        broker, Namespace("t"), "test", logging.getLogger("tests.deliveries"), MAX_DELIVER, 30.0
-    )  # type: ignore[arg-type]
+        broker,  # type: ignore[arg-type]
+        Namespace("t"),
+        "test",
+        logging.getLogger("tests.deliveries"),
+        MAX_DELIVER,
+        30.0,
+        server_stops=server_stops,
+    )
     await loop.dispatch(handler, settles_itself=settles_itself)(msg)  # type: ignore[arg-type]
     await loop.drain()
     await asyncio.sleep(0)
@@ -146,6 +154,35 @@ async def test_a_message_delivered_past_the_cap_is_given_up_before_its_handler_r
     own = _Msg(num_delivered=MAX_DELIVER + 1)
     assert not (await _deliver(handler, own, settles_itself=True)).letters
     assert ran == [1] and own.settled == ["ack"]
+
+
+async def test_where_the_server_stops_at_the_cap_its_last_delivery_is_the_dead_letter_never_a_handler_run() -> (
+    None
+):
+    """The executor's durables stop delivering at `max_deliver` (issue 31, item 3): there is no delivery past it,
+    so the last one is given up before a handler runs, and a handler's own last run is the one before it."""
+    ran: list[int] = []
+
+    async def handler(msg: Any) -> None:
+        ran.append(msg.num_delivered)
+
+    last = _Msg(num_delivered=MAX_DELIVER)
+    letters = (await _deliver(handler, last, server_stops=True)).letters
+    assert [(letter.code, letter.deliveries) for letter in letters] == [
+        (ErrorCode.DELIVERIES_EXHAUSTED.value, MAX_DELIVER)
+    ]
+    assert last.settled == ["term"] and not ran
+
+    before = _Msg(num_delivered=MAX_DELIVER - 1)
+    assert not (await _deliver(handler, before, server_stops=True)).letters
+    assert ran == [MAX_DELIVER - 1] and before.settled == ["ack"]
+
+    failing = _Msg(
+        num_delivered=MAX_DELIVER - 1
+    )  # a bug on the handler's last run: dead, not nakked into silence
+    letters = (await _deliver(_raising(KeyError("x")), failing, server_stops=True)).letters
+    assert [letter.code for letter in letters] == [ErrorCode.HANDLER_FAILED.value]
+    assert failing.settled == ["term"]
 
 
 async def test_a_handler_that_settled_and_then_raised_is_not_settled_twice() -> None:
