@@ -66,7 +66,13 @@ def approval_above(
 ) -> Verdict:
     amount = args.get(rule.amount_field)
     if isinstance(amount, bool) or not isinstance(amount, int):
-        return Allow()
+        # A float from a provider's quote, a string, or no amount: the limit cannot be judged in cents, and a
+        # rule that cannot judge a charge never lets it through unasked.
+        return Deny(
+            rule_name(rule),
+            f"{contract.name} names {rule.amount_field} {amount!r}, not a whole number of cents; the limit "
+            f"{rule.limit_cents} cents cannot be checked: the provider's amount must be an integer in cents",
+        )
     currency = str(args.get(rule.currency_field, ""))
     # What the run charges in all counts, not this charge alone: charges split under the limit (twelve nights,
     # then the next twelve) would otherwise never be confirmed by anyone.

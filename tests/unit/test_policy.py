@@ -315,6 +315,23 @@ def test_a_guests_yes_does_not_pass_a_managers_rule() -> None:
     assert isinstance(verdict, Hold) and verdict.approver == "manager"
 
 
+@pytest.mark.parametrize("amount", [1_680.5, 168_000.0, "168000", True, None])
+def test_an_amount_that_is_not_whole_cents_is_refused_never_allowed(amount: object) -> None:
+    """A provider's quote in a float (1680.5, or even 168000.0), a string, a bool or no amount at all: the
+    limit cannot be judged in cents, so the charge is refused, not paid unasked."""
+    run, booking_id = long_stay()
+    args, _ = prepared_payment(run.state, booking_id)
+    args = {**args, "amount_cents": amount}
+    if amount is None:
+        del args["amount_cents"]
+    rule = ApprovalAbove(tool="create_payment", limit_cents=150_000)
+    config = AgentConfig(agent="booking", rules=[rule])
+    hashed = tool_input_hash("create_payment", args)
+    verdict = check_policy(run.state, config, PAY, args, hashed, Origin.MODEL, run.tick())
+    assert isinstance(verdict, Deny) and verdict.rule == "approval_above", verdict
+    assert "whole number of cents" in verdict.reason
+
+
 def test_compensations_are_never_held_back() -> None:
     run, booking_id = long_stay()
     args, hashed = prepared_payment(run.state, booking_id)
