@@ -45,7 +45,7 @@ from crashsafe.services.gateway.approval_routes import get_approval, list_approv
 from crashsafe.services.gateway.door import Door, error_response, read_body
 from crashsafe.services.gateway.linger import linger_on_unread_bodies
 from crashsafe.services.gateway.run_routes import get_run, get_run_events, post_reconcile
-from crashsafe.services.gateway.turns import TurnCaps, take_turn
+from crashsafe.services.gateway.turns import TurnCaps, published_turn
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
@@ -120,8 +120,6 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
             if owners_agent is not None:
                 # The message speaks to the owner's agent (its model, its approval): as if it started that agent.
                 may_start(client, owners_agent, registry.default_agent)
-            # The run's caps: its turns (409) and its unread messages (429); counted before anything is published.
-            await take_turn(broker, ns, sessions, state.turn_caps, client.tenant, message.session_id, turn_of)
         if not turn_of:
             try:
                 await claim(
@@ -146,7 +144,21 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
             tenant=client.tenant,
             turn_of=turn_of,
         )
-        duplicate = await _publish_once(broker, ns, event, ctx)
+        if turn_of:
+            # The run's caps: its turns (409) and its unread messages (429), counted before anything is published
+            # and given back if the publish fails (the client's retry is then counted once).
+            duplicate = await published_turn(
+                broker,
+                ns,
+                sessions,
+                state.turn_caps,
+                client.tenant,
+                message.session_id,
+                turn_of,
+                lambda: _publish_once(broker, ns, event, ctx),
+            )
+        else:
+            duplicate = await _publish_once(broker, ns, event, ctx)
     crash_point("gateway.after_publish")
     log(
         logger,

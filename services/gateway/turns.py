@@ -6,7 +6,9 @@ with a typed error before anything is published, never answered 202 and then los
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -22,6 +24,7 @@ from crashsafe.services.records.session_lane_records import SessionRecords
 # What a refused message's Retry-After says: the run reads its inbox at its next step (an approval may take longer;
 # the client is then refused again, cheaply).
 INBOX_RETRY_AFTER_S = 5.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,14 @@ def counted(
     return msgspec.structs.replace(lane, turns=lane.turns + 1)
 
 
+def given_back(lane: SessionLane, owner: str) -> SessionLane | None:
+    """The lane with one turn of `owner` fewer (a message counted whose publish failed); None if `owner` no longer
+    owns the session (its count went with it) or nothing is counted."""
+    if lane.run_id != owner or lane.turns <= 0:
+        return None
+    return msgspec.structs.replace(lane, turns=lane.turns - 1)
+
+
 async def take_turn(
     broker: Broker,
     ns: Namespace,
@@ -70,12 +81,45 @@ async def take_turn(
     tenant: str,
     session_id: str,
     owner: str,
-) -> None:
+) -> bool:
     """Count a message as the next turn of the session's run `owner` (compare-and-set on the lane, so two gateway
-    replicas never both take the last turn), or raise TurnLimitReached (409) / RunInboxFull (429)."""
+    replicas never both take the last turn), or raise TurnLimitReached (409) / RunInboxFull (429). True if it was
+    counted (no caps: nothing to count)."""
     if not caps.per_run and not caps.inbox:
-        return
+        return False
     # The run's journal is bounded by the caps themselves; its fold is linear (core/chain.py).
     events, _ = await RunJournal(broker, ns).read(owner)
     state = replay(events)
-    await sessions.change(tenant, session_id, lambda lane: counted(lane, owner, caps, state, session_id))
+    took = False
+
+    def count(lane: SessionLane) -> SessionLane | None:
+        nonlocal took  # the last round's answer is the one written (a compare-and-set may decide again)
+        changed = counted(lane, owner, caps, state, session_id)
+        took = changed is not None
+        return changed
+
+    await sessions.change(tenant, session_id, count)
+    return took
+
+
+async def published_turn(
+    broker: Broker,
+    ns: Namespace,
+    sessions: SessionRecords,
+    caps: TurnCaps,
+    tenant: str,
+    session_id: str,
+    owner: str,
+    publish: Callable[[], Awaitable[T]],
+) -> T:
+    """Count a message as a turn of `owner`, then publish it; a publish that raises gives its turn back, so a
+    client retrying a message that never got through is counted once, not once per try (a retry of one that did
+    get through finds it published and counts nothing). Counted first: a message past the caps is refused before
+    anything is published."""
+    took = await take_turn(broker, ns, sessions, caps, tenant, session_id, owner)
+    try:
+        return await publish()
+    except Exception:
+        if took:
+            await sessions.change(tenant, session_id, lambda lane: given_back(lane, owner))
+        raise
