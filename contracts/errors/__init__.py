@@ -2,7 +2,6 @@
 
 from crashsafe.contracts.errors.access_refused import (
     AgentNotAllowed,
-    ApproverStartedRun,
     ApproverStartsRuns,
     Forbidden,
     RateLimited,
@@ -67,7 +66,6 @@ __all__ = [
     "AgentNotAllowed",
     "ApprovalNotFound",
     "ApprovalNotPending",
-    "ApproverStartedRun",
     "ApproverStartsRuns",
     "BodyTooLarge",
     "BrokerUnavailable",

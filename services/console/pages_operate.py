@@ -144,7 +144,6 @@ async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> 
             f"manager:console:{session.client.key_id}",
             form.get("reason", "")[:1000],
             input_hash=form.get("input_hash", ""),
-            decider=session.client.key_id,  # never the key that started the run, an admin's included
         )
     except (ApprovalNotPending, ApprovalNotFound, UnprocessableBody) as exc:
         code = (
