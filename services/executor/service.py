@@ -145,8 +145,7 @@ class Executor:
             logger,
             max_deliver=max_deliver,
             ack_wait_s=settings.ack_wait_s,
-            # Its durables stop at `max_deliver` (0.1.0's shape): the last delivery is dead-lettered, not lost.
-            server_stops=True,
+            server_stops=True,  # its durables stop at `max_deliver`: the last delivery is dead-lettered, not lost
         )
 
     def store_path(self, partition: int) -> Path:
