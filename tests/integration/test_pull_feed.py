@@ -233,9 +233,16 @@ async def test_every_partition_of_a_shared_room_keeps_a_request_on_the_server_an
         subscriptions.append(await broker.subscribe(spec, deliveries.dispatch(handle), room=deliveries.room))
     try:
         await asyncio.sleep(4 * specs[0].pull_expires_s)  # a quiet spell: every request expires empty, twice
-        waiting = [(await broker.js.consumer_info(spec.stream, spec.durable)).num_waiting for spec in specs]
-        unasked = [p for p, n in enumerate(waiting) if not n]
-        assert unasked == [], f"{len(unasked)} of {partitions} partitions have no pull request on the server"
+        # A feed is between two requests for a moment after each expiry: a partition counts as asked if one of a
+        # few looks finds its request (before the fix, 8 of 16 and 56 of 64 had none at any look).
+        unasked = set(range(partitions))
+        for _ in range(3):
+            waiting = [
+                (await broker.js.consumer_info(spec.stream, spec.durable)).num_waiting for spec in specs
+            ]
+            unasked -= {p for p, n in enumerate(waiting) if n}
+            await asyncio.sleep(0.1)
+        assert not unasked, f"{len(unasked)} of {partitions} partitions have no pull request on the server"
         for p in range(partitions):
             await broker.publish(namespace.actions("payment", p), b"{}", msg_id=f"quiet-{p}")
         # A couple of seconds, with slack for a loaded machine; before the fix half of them never came.
