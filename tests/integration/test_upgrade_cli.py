@@ -10,7 +10,7 @@ from pathlib import Path
 
 from crashsafe.contracts.heartbeats import VersionBeat, beat_encoder
 from crashsafe.contracts.nats_permissions import Role
-from crashsafe.contracts.release import VERSION
+from crashsafe.contracts.release import VERSION, previous_release
 from crashsafe.contracts.streams import stream_specs, versions_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.natsd import NatsServer
@@ -18,6 +18,10 @@ from crashsafe.services.platform.jetstream import Broker
 from tests.support.broker import ensure_streams
 from tests.support.nats_users import access
 from tests.support.stack import CliResult, crashsafe
+
+_PREVIOUS = previous_release()
+assert _PREVIOUS is not None
+PREVIOUS = _PREVIOUS.version  # a release inside this one's window
 
 
 def _env(nats_server: NatsServer, namespace: Namespace) -> dict[str, str]:
@@ -55,14 +59,14 @@ async def test_check_and_status_before_during_and_after_a_rollout(
     env = _env(nats_server, namespace)
     await ensure_streams(broker, namespace)
     await _beat(broker, namespace, "runtime", "runtime-a", VERSION, "0.1.0")
-    await _beat(broker, namespace, "executor-payment", "pay-0", "0.1.0", "0.0.1")
+    await _beat(broker, namespace, "executor-payment", "pay-0", PREVIOUS, "0.0.1")
 
     checked = await _run(env, tmp_path, "upgrade", "check")
     assert checked.returncode == 0, checked
     assert "runtime-a" in checked.stdout and "pay-0" in checked.stdout and "s ago" in checked.stdout
     status = await _run(env, tmp_path, "upgrade", "status")
     assert status.returncode == 1
-    assert f"mixed: 0.1.0: executor-payment pay-0; {VERSION}: runtime runtime-a" in status.stderr
+    assert f"mixed: {PREVIOUS}: executor-payment pay-0; {VERSION}: runtime runtime-a" in status.stderr
 
     # A process this release may not run beside: named, and the check fails.
     await _beat(broker, namespace, "reconciler", "rec-0", "0.0.9", "0.0.1")
