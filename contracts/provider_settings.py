@@ -14,6 +14,11 @@ PROVIDER_PREFIX = "CRASHSAFE_PROVIDER_"
 URL_SUFFIX = "_URL"
 CREDENTIAL_FILE_SUFFIX = "_CREDENTIAL_FILE"
 DEFAULT_URL_VARIABLE = "CRASHSAFE_SANDBOX_URL"
+# Shorter than this, a credential is refused at start (InvalidSetting), not masked (domain/credential_masks.py): a
+# 7-byte secret's base64 at the worst of its three alignments is one 4-character group, which any id or token can
+# contain, so every answer would turn to noise; masking only its whole text instead would journal its encodings in
+# the clear. At 8, every encoded piece is at least 8 characters (48 bits), and no provider issues a key that short.
+MIN_CREDENTIAL_CHARS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +41,14 @@ def url_variable(provider: str) -> str:
 def credential_variable(provider: str) -> str:
     """The variable naming the file that holds `provider`'s credential (a bearer token, an API key)."""
     return f"{PROVIDER_PREFIX}{provider.upper()}{CREDENTIAL_FILE_SUFFIX}"
+
+
+def unmaskable(credential: str) -> str | None:
+    """Why `credential` cannot be masked in what its provider answers (what the setting must hold instead), or
+    None if it can."""
+    if len(credential) < MIN_CREDENTIAL_CHARS:
+        return (
+            f"a credential of at least {MIN_CREDENTIAL_CHARS} characters (this one has {len(credential)}): "
+            "shorter, its encoded forms match ordinary text and could not be masked in what the provider answers"
+        )
+    return None

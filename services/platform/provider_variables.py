@@ -16,6 +16,7 @@ from crashsafe.contracts.provider_settings import (
     URL_SUFFIX,
     ProviderSettings,
     credential_variable,
+    unmaskable,
     url_variable,
 )
 
@@ -78,4 +79,6 @@ def _credential(name: str, path: str) -> str:
         raise InvalidSetting(
             variable=variable, value=path, expected="a file holding the credential (it is empty)"
         )
+    if why := unmaskable(secret):
+        raise InvalidSetting(variable=variable, value=path, expected=f"a file holding {why}")
     return secret

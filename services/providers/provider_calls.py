@@ -18,10 +18,12 @@ from crashsafe.contracts.provider_settings import (
     DEFAULT_PROVIDER,
     ProviderSettings,
     credential_variable,
+    unmaskable,
     url_variable,
 )
 from crashsafe.contracts.spans import SpanAttr, SpanName
 from crashsafe.contracts.tool_messages import ActionRequest, Answer
+from crashsafe.domain.credential_masks import CredentialMask
 from crashsafe.domain.registry import (
     HttpOperation,
     KvOperation,
@@ -83,6 +85,15 @@ class Providers:
             if endpoint.base_url and endpoint.base_url not in self._http:
                 self._http[endpoint.base_url] = ProviderHttp(endpoint.base_url)
         self._python: dict[str, ProviderClient] = {}
+        # Each credential's masks, built once here: every answer is masked before it is journaled or shown.
+        self._masks: dict[str, CredentialMask] = {}
+        for name, endpoint in self.endpoints.items():
+            if endpoint.credential:
+                if why := unmaskable(endpoint.credential):
+                    raise InvalidSetting(
+                        variable=credential_variable(name), value="(not shown)", expected=why
+                    )
+                self._masks[name] = CredentialMask.of(endpoint.credential)
         # The key-value records a KV-backed tool rewrites (a guest's profile); None: this process has no
         # access to them, and such a tool's answers are unknown (never a guess).
         self.kv = kv
@@ -156,9 +167,11 @@ class Providers:
                 detail=f"{tool.name}: its client did not open: {type(exc).__name__}: {exc}",
             )
 
-    def _credential(self, provider: str) -> str | None:
-        endpoint = self.endpoints.get(provider)
-        return endpoint.credential if endpoint is not None else None
+    def _shown(self, provider: str, answer: ProviderAnswer) -> ProviderAnswer:
+        """An HTTP provider's answer as it may be journaled: its credential masked (an error body that echoes the
+        request's `Authorization`, a record that quotes it)."""
+        mask = self._masks.get(provider)
+        return mask.answer(answer) if mask is not None else answer
 
     def _headers(
         self, sent: Context, operation: HttpOperation, args: dict[str, Any] | None
@@ -217,7 +230,7 @@ class Providers:
                             python_calls.CALL_ANSWERS,
                             timeout * _WHOLE_CALL,
                         )
-                    answer = python_calls.without(self._credential(python.provider), answer)
+                    answer = python_calls.without(self._masks.get(python.provider), answer)
                     _noted(sent, answer)
                     return answer
             case HttpOperation() as operation:
@@ -254,6 +267,7 @@ class Providers:
                     else:
                         annotate(sent, **{SpanAttr.HTTP_STATUS: response.status_code})
                         answer = read_answer(response, operation)
+                    answer = self._shown(operation.provider, answer)
                     _noted(sent, answer)
                     return answer
         raise AssertionError(f"unhandled operation {tool.operation!r}")
@@ -315,7 +329,7 @@ class Providers:
                             python_calls.LOOKUP_ANSWERS,
                             timeout * _WHOLE_CALL,
                         )
-                    answer = python_calls.without(self._credential(python.provider), answer)
+                    answer = python_calls.without(self._masks.get(python.provider), answer)
                     _noted(asked, answer)
                     return answer
             case HttpOperation(lookup_path=str(path)) as operation:
@@ -342,6 +356,7 @@ class Providers:
                     else:
                         annotate(asked, **{SpanAttr.HTTP_STATUS: response.status_code})
                         answer = read_lookup(response, operation)
+                    answer = self._shown(operation.provider, answer)
                     _noted(asked, answer)
                     return answer
         raise AssertionError(f"unhandled operation {tool.operation!r}")

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from crashsafe.contracts.tool_messages import Answer
+from crashsafe.domain.credential_masks import CredentialMask
 from crashsafe.domain.registry import ProviderAnswer
 
 # What each question may be answered with (contracts.tool_messages.CallAnswer, LookupAnswer).
@@ -80,23 +81,12 @@ def checked(what: str, answer: object, allowed: frozenset[Answer]) -> ProviderAn
 _DETAIL_CHARS = 500
 
 
-def without(credential: str | None, answer: ProviderAnswer) -> ProviderAnswer:
+def without(mask: CredentialMask | None, answer: ProviderAnswer) -> ProviderAnswer:
     """The answer as it may be journaled and shown to operators: its provider's credential masked wherever an
-    SDK put it (an exception's text, an echoed request in the body), then its detail cut to 500 characters (cut
-    first, a credential across the cut would leave its start behind)."""
-    detail = answer.detail.replace(credential, "[credential]") if credential else answer.detail
-    body = _masked(answer.body, credential) if credential else answer.body
-    return dataclasses.replace(answer, detail=detail[:_DETAIL_CHARS], body=body)
-
-
-def _masked(value: Any, credential: str) -> Any:
-    if isinstance(value, str):
-        return value.replace(credential, "[credential]")
-    if isinstance(value, dict):
-        return {_masked(k, credential): _masked(v, credential) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_masked(v, credential) for v in value]
-    return value
+    SDK put it (an exception's text, an echoed request in the body, the ref; encoded or not), then its detail cut
+    to 500 characters (cut first, a credential across the cut would leave its start behind)."""
+    masked = mask.answer(answer) if mask is not None else answer
+    return dataclasses.replace(masked, detail=masked.detail[:_DETAIL_CHARS])
 
 
 def deadline_in(seconds: float) -> float:

@@ -5,10 +5,12 @@ redirect is read, never followed; closing the providers closes their connections
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from urllib.parse import quote
 
 import pytest
 
@@ -175,3 +177,43 @@ async def test_a_cookie_a_provider_sets_is_never_sent_back_with_another_call() -
                 await providers.lookup(CREATE_PAYMENT, "run_1:2", 1.0, {"account": account})
             ).kind == Answer.FOUND
     assert cookies == [None, None]
+
+
+async def test_a_providers_answer_echoing_its_credential_is_masked_before_anyone_reads_it() -> None:
+    """An HTTP provider's refusal body is the receipt's result, its record the effect and its ref the receipt's
+    `provider_ref`, all journaled; a provider that echoes the request's credential (as text, base64 in a Basic
+    header, percent-encoded) must leave none of it there (issue 31, item 8)."""
+    secret = "sk_test_51Hq+Lyj/x y&=Z"
+    basic = base64.b64encode(b"acct_1:" + secret.encode()).decode()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            headers = request_headers(head)
+            await reader.readexactly(int(headers.get("content-length", 0)))
+            if head.startswith(b"POST"):
+                echoed = {"authorization": headers["authorization"], "basic": f"Basic {basic}"}
+                error = {"code": "invalid_key", "message": f"Invalid API key: {secret}", "request": echoed}
+                writer.write(http_answer("401 Unauthorized", json.dumps({"error": error}).encode()))
+            else:
+                record = {
+                    "payment_id": f"pay_{quote(secret, safe='')}",
+                    "status": "captured",
+                    "seen": [[basic]],
+                }
+                writer.write(http_answer("200 OK", json.dumps(record).encode()))
+            await writer.drain()
+
+    async with provider(handler, credential=secret) as providers:
+        refused = await providers.call(CREATE_PAYMENT, payment(), 1.0)
+        found = await providers.lookup(CREATE_PAYMENT, "run_1:2", 1.0, {})
+    assert refused.kind == Answer.REJECTED and refused.body == {
+        "code": "invalid_key",
+        "message": "Invalid API key: [credential]",
+        "request": {"authorization": "Bearer [credential]", "basic": "Basic YWNjdF8xO[credential]"},
+    }
+    assert found.kind == Answer.FOUND and found.ref == "pay_[credential]"
+    assert found.body == {
+        "payment_id": "pay_[credential]",
+        "status": "captured",
+        "seen": [["YWNjdF8xO[credential]"]],
+    }
