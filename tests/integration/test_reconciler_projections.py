@@ -23,6 +23,7 @@ from crashsafe.contracts.projections import (
     ProjectionRecord,
     ProjectionStatus,
     ProjectionTask,
+    plan_decoder,
     record_decoder,
     task_decoder,
 )
@@ -38,11 +39,14 @@ from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.missing_projections import planned
+from crashsafe.domain.projection_rules import Trigger
 from crashsafe.domain.registry import Registry, load
 from crashsafe.natsd import NatsServer
 from crashsafe.projections_command import projections_list, projections_retry
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.projector.service import Projector
+from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.records.run_journal import RunJournal
 from tests.support import inprocess
@@ -495,6 +499,46 @@ async def test_a_plan_made_before_the_journal_last_moved_is_not_trusted(
     tasks = await _tasks(broker, namespace, run_id)
     assert {"send_confirmation_email", "update_crm", AUDIT_TRAIL_TOOL} <= {t.tool for t in tasks}
     assert next(t for t in tasks if t.tool == AUDIT_TRAIL_TOOL).upto == len(events)
+
+
+async def test_an_audit_only_plan_written_after_the_runs_full_plan_never_stands_for_the_ended_run(
+    reconciler: Reconciler, broker: Broker, namespace: Namespace, nats_server: NatsServer
+) -> None:
+    """Two projector replicas plan one ended run out of order: one plans everything from the run's end; the other,
+    lagging on the approval the run once waited for (it never saw the end), flushes only the audit trail, from a
+    journal read that already reaches the end. That audit-only plan is not the run's plan: recorded at the run's
+    last sequence, it would settle the run by its audit receipt alone, and a lost email or CRM record would never
+    be put back."""
+    checks = reconciler.projection_checks
+    now = datetime.now(UTC)
+    run_id = run_id_for("", unique("run"))
+    await _journal(broker, namespace, _paid_booking(run_id, now))
+    await _ended(reconciler, run_id)
+    settings = inprocess.settings_for(nats_server.url, namespace)
+    async with Providers.connect(settings.sandbox_url) as providers:
+
+        def replica() -> Projector:
+            return Projector(broker, settings, STAYHUB, providers, logging.getLogger("tests.projector"))
+
+        assert await replica().plan_run(run_id) == 3  # the email, the CRM record and the audit trail
+        assert await replica().plan_run(run_id, Trigger.AUDIT) == 1
+    entry = await broker.kv_get(projections_spec(namespace), namespace.projection_plan_key(run_id))
+    assert entry is not None
+    on_record = plan_decoder.decode(entry.value)
+    assert {t.tool for t in on_record.tasks} == {"send_confirmation_email", "update_crm", AUDIT_TRAIL_TOOL}, (
+        f"the plan on record is {on_record.tasks}: an audit-only flush replaced the run's plan"
+    )
+    # The audit trail was delivered; the email and the CRM record were lost on their way (no receipt).
+    published = await _tasks(broker, namespace, run_id)
+    audit = next(t for t in published if t.tool == AUDIT_TRAIL_TOOL)
+    await _receipt(broker, namespace, audit, _record(audit, ProjectionStatus.DELIVERED, now))
+
+    await reconciler.tick(now + timedelta(seconds=checks.grace_s + 0.1))
+    again = sorted(t.tool for t in await _tasks(broker, namespace, run_id))
+    assert again == sorted([*(t.tool for t in published), "send_confirmation_email", "update_crm"]), (
+        f"published for the run: {again}; the lost email and CRM record were not put back"
+    )
+    assert run_id in checks.ended.runs  # checked again until their receipts come
 
 
 async def test_runs_judged_by_their_plans_are_bounded_per_tick_too(
