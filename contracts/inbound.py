@@ -52,6 +52,9 @@ class InboundEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     # the message starts its own run (`run_id`). The event still travels on its own inbound subject, whose
     # one-message guard dedups it forever.
     turn_of: str = ""
+    # The id of the client key that sent it (never its secret): a run records who started it, so that key never
+    # decides the run's approvals. "": a gateway from before this field (who sent it is not known).
+    sent_by: str = ""
 
 
 inbound_encoder = msgspec.json.Encoder()

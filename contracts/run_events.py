@@ -111,6 +111,10 @@ class RunStarted(RunEventBase, frozen=True, kw_only=True, tag="run.started"):
     # Who the guest is at the providers (a keys.GuestScope): "" for journals from before tenant accounts, where
     # a guest was its id alone; "tenant": (tenant, guest), every call in the tenant's own provider account.
     guest_scope: str = ""
+    # The id of the client key whose message started the run (`InboundEvent.sent_by`): that key never decides this
+    # run's approvals, an admin key included. "": not known (a run journaled before, or sent by a gateway that did
+    # not say); then the key's scopes alone decide (`access.may_approve`).
+    started_by: str = ""
 
 
 class Passage(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from crashsafe.deployment import gateway_for
+from crashsafe.deployment import DECIDING_KEY_FILES, gateway_for
 from crashsafe.services.operations.approval_decisions import (
     GatewayAnswer,
     decide_through_gateway,
@@ -51,7 +51,7 @@ async def approvals_decide(
     reason: str,
     gateway_url: str | None = None,
 ) -> int:
-    url, headers = gateway_for(state_dir, gateway_url)
+    url, headers = gateway_for(state_dir, gateway_url, DECIDING_KEY_FILES)
     answer = await decide_through_gateway(url, headers, approval_id, decision, approver, reason)
     if answer.status != 200:
         return _say_error(answer)

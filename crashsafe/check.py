@@ -10,7 +10,7 @@ from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.deployment import settings_for, stack_file
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.platform.settings import Settings
-from crashsafe.stack import SYNTHETIC_KEY_FILE
+from crashsafe.stack_keys import SYNTHETIC_KEY_FILE
 
 
 def synthetic_target(state_dir: Path, gateway_url: str | None, key: str | None) -> tuple[str, str]:

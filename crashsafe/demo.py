@@ -20,7 +20,7 @@ from crashsafe.contracts.tool_messages import Asked
 from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.stack import Stack
 from crashsafe.stack_env import model_at
-from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
+from crashsafe.stack_keys import API_KEY_FILE, APPROVER_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
 from crashsafe.stack_plan import RegistryUnusable, ScaleError
 from crashsafe.timeline import describe
 
@@ -230,7 +230,9 @@ async def run_up(
     console.print(
         f"nats     {stack.nats_url}\ngateway  {stack.gateway_url}\nconsole  {stack.console_url}"
         f"\n{providers} {stack.sandbox_url}\nmodel    {model} ({why})\nstate    {state_dir / 'stack.json'}"
-        f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT})"
+        f"\napi key  {state_dir / API_KEY_FILE} (admin, tenant {STACK_TENANT}; never approves a run it started)"
+        f"\napprover {state_dir / APPROVER_KEY_FILE} (approvals:decide, tenant {STACK_TENANT}: crashsafe approvals"
+        " approve, the console's approvals)"
         f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )
     # Where each process answers /healthz, /readyz and /metrics (also `ops_url` per process in stack.json).

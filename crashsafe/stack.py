@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
 from crashsafe.forkserver import ForkedService, ForkServer, ForkServerError
 from crashsafe.natsd import NatsAuth, NatsServer, free_port
 from crashsafe.services.platform.nats_users import creds_path
 from crashsafe.services.records.capability_keys import ensure_key_pair
 from crashsafe.stack_env import service_env
-from crashsafe.stack_keys import API_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE, mint_stack_key
+from crashsafe.stack_keys import mint_stack_keys
 from crashsafe.stack_plan import ScaleError, registry_families
 from crashsafe.stack_processes import SINGLE_PORT, Backoff, ProcessIdentity, Service
 from crashsafe.stack_state import write_stack_json
@@ -97,6 +96,7 @@ class Stack:
         self.backoff = backoff
         self.status = "starting"
         self.api_key = ""  # the admin key minted by start(); also in <state>/api_key, never in stack.json
+        self.approver_key = ""  # the manager's key start() mints (stack_keys.py), in <state>/approver_key
         # The reconciler's synthetic turn on its cadence (`crashsafe up`); off in test stacks unless asked, so a
         # test's runs are its own. The key and the gateway URL are provisioned either way.
         self.synthetic = synthetic
@@ -136,7 +136,8 @@ class Stack:
 
     @property
     def console_url(self) -> str:
-        """The evidence console the gateway serves (sign in with the stack's key, `<state>/api_key`)."""
+        """The evidence console the gateway serves (sign in with `<state>/approver_key` to decide approvals; with
+        `<state>/api_key`, the admin key, to operate on every tenant)."""
         return f"{self.gateway_url}/console/"
 
     @property
@@ -239,8 +240,7 @@ class Stack:
             self.nats_url = self.nats.url
             self._track_nats()
         self.provision()
-        self.api_key = self._mint_api_key()
-        self._mint_synthetic_key()
+        self.api_key, self.approver_key = mint_stack_keys(self)
         for service in self.services.values():  # all at once: none needs another up to start
             self.spawn(service.name)
         for service in self.services.values():
@@ -251,24 +251,6 @@ class Stack:
         self.status = "running"
         self.write_state()
         return self
-
-    def _mint_api_key(self) -> str:
-        """An admin key for this stack's own clients, written to `<state>/api_key` (0600, the key alone on one
-        line); the key a previous start left there is revoked."""
-        return mint_stack_key(self, API_KEY_FILE, STACK_TENANT, (Scope.ADMIN,), "crashsafe up")
-
-    def _mint_synthetic_key(self) -> str:
-        """The synthetic turn's key (tenant `synthetic`, events:write + runs:read) in `<state>/synthetic_key`,
-        0600; the one a previous start left there is revoked, as the admin key's is."""
-        from crashsafe.contracts.synthetic_turn import SYNTHETIC_TENANT
-
-        return mint_stack_key(
-            self,
-            SYNTHETIC_KEY_FILE,
-            SYNTHETIC_TENANT,
-            (Scope.EVENTS_WRITE, Scope.RUNS_READ),
-            "synthetic turn",
-        )
 
     async def supervise(self, stop: asyncio.Event, backoff_s: float | None = None) -> None:
         """Restart whatever it started that died (`stack_supervision.supervise`)."""

@@ -1,4 +1,5 @@
-"""A stack's own API keys (its admin key, the synthetic turn's), minted as the operator into 0600 files."""
+"""A stack's own API keys (its admin key, its approver's, the synthetic turn's), minted as the operator into 0600
+files."""
 
 from __future__ import annotations
 
@@ -19,6 +20,25 @@ API_KEY_FILE = "api_key"
 # The synthetic turn's key (tenant `synthetic`, scopes events:write and runs:read), for the reconciler and
 # `crashsafe check synthetic`: `<state>/synthetic_key`, 0600.
 SYNTHETIC_KEY_FILE = "synthetic_key"
+# The stack's manager key (tenant `demo`, approvals:decide and runs:read, never events:write): the admin key starts
+# the stack's runs, and the key that started a run never decides its approvals, so the CLI's decisions, the evals'
+# and an operator's console sign-in decide with this one: `<state>/approver_key`, 0600.
+APPROVER_KEY_FILE = "approver_key"
+APPROVER_SCOPES = (Scope.APPROVALS_DECIDE, Scope.RUNS_READ)
+
+
+def mint_stack_keys(stack: Stack) -> tuple[str, str]:
+    """Every key `crashsafe up` mints, each replacing (and revoking) the one a previous start left: (the admin
+    key, the approver key)."""
+    from crashsafe.contracts.synthetic_turn import SYNTHETIC_TENANT
+
+    admin = mint_stack_key(stack, API_KEY_FILE, STACK_TENANT, (Scope.ADMIN,), "crashsafe up")
+    approver = mint_stack_key(
+        stack, APPROVER_KEY_FILE, STACK_TENANT, APPROVER_SCOPES, "crashsafe up approver"
+    )
+    synthetic = (Scope.EVENTS_WRITE, Scope.RUNS_READ)
+    mint_stack_key(stack, SYNTHETIC_KEY_FILE, SYNTHETIC_TENANT, synthetic, "synthetic turn")
+    return admin, approver
 
 
 def mint_stack_key(stack: Stack, file: str, tenant: str, scopes: tuple[Scope, ...], name: str) -> str:

@@ -6,7 +6,13 @@ import hmac
 from dataclasses import dataclass
 
 from crashsafe.contracts.clients import EVERY_AGENT, ApiKeyRecord, Scope, secret_hash, split_key
-from crashsafe.contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
+from crashsafe.contracts.errors import (
+    AgentNotAllowed,
+    ApproverStartedRun,
+    ApproverStartsRuns,
+    Forbidden,
+    Unauthenticated,
+)
 
 BEARER = "bearer "
 
@@ -97,3 +103,11 @@ def require_approver(client: Client) -> None:
     require(client, Scope.APPROVALS_DECIDE)
     if not may_approve(client):
         raise ApproverStartsRuns(key_id=client.key_id)
+
+
+def require_not_starter(decider: str, started_by: str, run_id: str) -> None:
+    """The key whose message started a run never decides its approvals, whatever its scopes (an admin's too: the
+    stack's admin key both starts runs and holds approvals:decide). `started_by` "" (a run journaled by a release
+    that recorded no starting key): not known, so the scope rule alone decides, as it did."""
+    if started_by and decider == started_by:
+        raise ApproverStartedRun(key_id=decider, run_id=run_id)

@@ -75,6 +75,7 @@ def run_started(
         history=history,
         key_scheme=KeyScheme.BUSINESS,
         guest_scope=GuestScope.TENANT,  # the guest is (tenant, guest) at every provider
+        started_by=event.sent_by,
     )
 
 

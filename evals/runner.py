@@ -1,6 +1,6 @@
 """Plays the scenarios against the product's own stack (embedded nats-server, sandbox, every service) in a temp
-state dir, as a guest and an operator would: only over the gateway's HTTP API with the stack's API key, plus the
-sandbox providers' ledger to count what really happened."""
+state dir, as a guest and an operator would: only over the gateway's HTTP API with the stack's API key (a manager's
+decisions with its approver key), plus the sandbox providers' ledger to count what really happened."""
 
 from __future__ import annotations
 
@@ -80,10 +80,17 @@ class EvalStack:
         self.gateway = httpx.AsyncClient(
             base_url=stack.gateway_url, timeout=20.0, headers={"authorization": f"Bearer {stack.api_key}"}
         )
+        # The manager decides with the stack's approver key: the admin key started the runs, so it may not.
+        self.manager = httpx.AsyncClient(
+            base_url=stack.gateway_url,
+            timeout=20.0,
+            headers={"authorization": f"Bearer {stack.approver_key}"},
+        )
         self.sandbox = httpx.AsyncClient(base_url=stack.sandbox_url, timeout=20.0)
 
     async def aclose(self) -> None:
         await self.gateway.aclose()
+        await self.manager.aclose()
         await self.sandbox.aclose()
 
 
@@ -208,7 +215,7 @@ class Conversation:
 
     async def decide(self, approval: str, action: Decide) -> httpx.Response:
         body = {"decision": action.decision, "approver": action.approver, "reason": action.reason}
-        return await self.evals.gateway.post(f"/v1/approvals/{approval}", json=body)
+        return await self.evals.manager.post(f"/v1/approvals/{approval}", json=body)
 
     async def decide_again(self, action: Decide) -> None:
         if not self.decided:

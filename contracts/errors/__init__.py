@@ -2,6 +2,7 @@
 
 from crashsafe.contracts.errors.access_refused import (
     AgentNotAllowed,
+    ApproverStartedRun,
     ApproverStartsRuns,
     Forbidden,
     RateLimited,
@@ -66,6 +67,7 @@ __all__ = [
     "AgentNotAllowed",
     "ApprovalNotFound",
     "ApprovalNotPending",
+    "ApproverStartedRun",
     "ApproverStartsRuns",
     "BodyTooLarge",
     "BrokerUnavailable",

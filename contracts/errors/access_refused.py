@@ -77,6 +77,21 @@ class ApproverStartsRuns(Forbidden):
         )
 
 
+class ApproverStartedRun(Forbidden):
+    """The key whose message started a run asked to decide one of its approvals (HTTP 403): an admin key too,
+    which may otherwise both start runs and decide (`crashsafe up` mints one)."""
+
+    scope: str = field(init=False, default="approvals:decide")
+    run_id: str
+
+    def explain(self) -> str:
+        return (
+            f"key {self.key_id} started run {self.run_id}, so it may not approve what that run holds back; decide"
+            " with another key that has approvals:decide (`crashsafe up` writes one to <state-dir>/approver_key;"
+            " crashsafe keys create --scope approvals:decide makes one)"
+        )
+
+
 class RateLimited(CrashsafeError):
     """Too many requests for one `limit` (client, guest, run) right now (HTTP 429, `Retry-After`)."""
 

@@ -19,6 +19,7 @@ from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
+    ApproverStartedRun,
     CrashsafeError,
     DeadLetterNotFound,
     RateLimited,
@@ -144,12 +145,11 @@ async def decide_approval(request: Request[Any, Any, Any], approval_id: str) -> 
             f"manager:console:{session.client.key_id}",
             form.get("reason", "")[:1000],
             input_hash=form.get("input_hash", ""),
+            decider=session.client.key_id,  # never the key that started the run, an admin's included
         )
-    except (ApprovalNotPending, ApprovalNotFound, UnprocessableBody) as exc:
-        code = (
-            409 if isinstance(exc, ApprovalNotPending) else 404 if isinstance(exc, ApprovalNotFound) else 422
-        )
-        return await _approvals_page(request, session, exc.message, _outcome(request, code))
+    except (ApprovalNotPending, ApprovalNotFound, ApproverStartedRun, UnprocessableBody) as exc:
+        # In the page, as the API would answer it: 409, 404, 403 (this key started the run), 422.
+        return await _approvals_page(request, session, exc.message, _outcome(request, status_for(exc)))
     log(logger, logging.INFO, "approval decided", approval_id=approval_id, decision=status.value)
     notice = f"approval {approval_id} {moved.record.status}: run {moved.record.run_id} is woken to go on"
     return await _approvals_page(request, session, notice)

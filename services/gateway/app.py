@@ -143,6 +143,7 @@ async def _accept(state: State, request: Request[Any, Any, Any]) -> Response[Any
             received_at=received_at,
             tenant=client.tenant,
             turn_of=turn_of,
+            sent_by=client.key_id,
         )
         if turn_of:
             # The run's caps: its turns (409) and its unread messages (429), counted before anything is published

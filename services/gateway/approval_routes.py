@@ -106,6 +106,7 @@ async def post_approval(state: State, request: Request[Any, Any, Any], approval_
             decision,
             f"manager:{body.approver}",
             body.reason,
+            decider=client.key_id,  # never the key that started the run, an admin's included
         )
     except CrashsafeError as exc:
         return error_response(exc)

@@ -20,10 +20,12 @@ from crashsafe.contracts.errors import (
     UnprocessableBody,
 )
 from crashsafe.contracts.headers import Header
+from crashsafe.contracts.run_events import RunStarted, decode_event
 from crashsafe.contracts.streams import approvals_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import RunWake, tool_encoder
 from crashsafe.domain import approval_flow as approval_rules
+from crashsafe.domain.access import require_not_starter
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
@@ -168,6 +170,13 @@ async def visible(records: ApprovalRecords, sees: Callable[[str], bool], approva
     return stored
 
 
+async def started_by(broker: Broker, ns: Namespace, run_id: str) -> str:
+    """The id of the client key that started the run, as its run.started says ("": not recorded, or no run)."""
+    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+    started = decode_event(first.data) if first is not None else None
+    return started.started_by if isinstance(started, RunStarted) else ""
+
+
 async def decide(
     broker: Broker,
     settings: Settings,
@@ -178,12 +187,17 @@ async def decide(
     reason: str,
     *,
     input_hash: str | None = None,
+    decider: str = "",
 ) -> Stored:
     """Move a pending record once (compare-and-set), then wake its run, which journals what the record says.
     Decided or expired already: ApprovalNotPending naming the status, nothing changes. `input_hash`: the action
-    the decider saw (the console's form); a record bound to other arguments is refused."""
+    the decider saw (the console's form); a record bound to other arguments is refused. `decider`: the deciding
+    client key's id; the key that started the run is refused (ApproverStartedRun), whatever its scopes."""
     records = ApprovalRecords(broker, settings.namespace)
     stored = await visible(records, sees, approval_id)
+    if decider:
+        run_id = stored.record.run_id
+        require_not_starter(decider, await started_by(broker, settings.namespace, run_id), run_id)
     if input_hash is not None and input_hash != stored.record.input_hash:
         raise UnprocessableBody(
             f"approval {approval_id} is bound to another action than the one decided on; reload the page"

@@ -19,7 +19,7 @@ from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.policy import Approver
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.client_keys import ClientKeys
-from tests.support.holds import held_search
+from tests.support.holds import held_search, key_id_of
 from tests.support.stack import StackClient, auth_header, cli_env, crashsafe, supervised
 from tests.support.waiting import eventually
 
@@ -78,13 +78,19 @@ async def test_an_approval_is_decided_once_after_every_service_was_killed_while_
     assert summary["reply"] == "Your manager must approve this search."
     listed = (await client.gateway.get("/v1/approvals", params={"status": "pending"})).json()["approvals"]
     assert approval_id in [a["approval_id"] for a in listed]
+    # The stack's admin key started the run (it is admin, so approvals:decide): it may not decide it (issue 31,
+    # item 9). The stack's approver key does, below.
+    own = await client.gateway.post(
+        f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "x"}
+    )
+    assert own.status_code == 403 and run_id in own.json()["error"]["message"], own.text
 
     async with supervised(client.stack):
         await _kill_everything_while_it_waits(client)
         if decision == "expire":
             ended = await client.wait_terminal(run_id, timeout_s=120)
         else:
-            response = await client.gateway.post(
+            response = await client.manager.post(
                 f"/v1/approvals/{approval_id}", json={"decision": decision, "approver": "ana", "reason": "ok"}
             )
             assert response.status_code == 200, response.text
@@ -104,7 +110,7 @@ async def test_an_approval_is_decided_once_after_every_service_was_killed_while_
         assert ("not given in time" if decision == "expire" else "declined by manager:ana") in ended["reply"]
 
     # Once decided, never again: a second decision is a 409 naming what the record says.
-    again = await client.gateway.post(
+    again = await client.manager.post(
         f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "bob"}
     )
     assert again.status_code == 409, again.text
@@ -135,10 +141,25 @@ async def test_another_tenants_approval_is_not_found_and_the_cli_decides_through
         assert (await other.get("/v1/approvals")).json()["approvals"] == []
     assert (await client.gateway.get("/v1/approvals/apr_nope_2")).status_code == 404
 
-    env = {**cli_env(client.stack), "CRASHSAFE_API_KEY": client.api_key}
-    gw = ("--gateway-url", client.stack.gateway_url)
+    # The keys `crashsafe up` wrote: the CLI lists with the admin key and decides with the approver key.
+    env = {**cli_env(client.stack), "CRASHSAFE_API_KEY": ""}
+    gw = ("--gateway-url", client.stack.gateway_url, "--state-dir", str(client.stack.state_dir))
+    approver = await ClientKeys(broker, client.ns).get(key_id_of(client.approver_key))
+    assert approver is not None and sorted(approver.scopes) == ["approvals:decide", "runs:read"], approver
     listed = await crashsafe("approvals", "list", "--status", "pending", *gw, env=env)
     assert listed.returncode == 0 and approval_id in listed.stdout, listed.stderr
+    # The admin key, the one that started the run, named by the operator: refused, saying why and what to use.
+    own = await crashsafe(
+        "approvals",
+        "approve",
+        approval_id,
+        "--approver",
+        "me",
+        *gw,
+        env={**env, "CRASHSAFE_API_KEY": client.api_key},
+    )
+    assert own.returncode == 1 and "403 forbidden" in own.stderr and run_id in own.stderr, own.stderr
+    assert "approver_key" in own.stderr
     decided = await crashsafe(
         "approvals", "reject", approval_id, "--approver", "ana", "--reason", "no", *gw, env=env
     )
@@ -157,14 +178,14 @@ async def test_a_gateway_killed_between_its_decision_and_the_wake_still_gets_the
     await eventually(lambda: _approval(client, approval_id), what="the approval's record")
     async with supervised(client.stack):
         with pytest.raises(httpx.TransportError):  # the gateway died after its compare-and-set
-            await client.gateway.post(
+            await client.manager.post(
                 f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana"}
             )
         # Nobody woke the run: the reconciler's backstop finds the decided record and wakes it.
         ended = await client.wait_terminal(run_id, timeout_s=120)
         assert client.stack.services["gateway"].restarts >= 1
         # The manager's client retries: the decision was taken, once.
-        again = await client.gateway.post(
+        again = await client.manager.post(
             f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana"}
         )
     assert again.status_code == 409 and again.json()["error"]["details"]["status"] == "approved"

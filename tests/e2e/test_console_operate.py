@@ -85,13 +85,14 @@ async def test_an_approval_is_approved_by_clicking_and_a_stale_click_shows_the_4
     await eventually(lambda: _pending(stack, approval_id), what="the approval's record")
     await eventually(lambda: _pending(stack, stale_id), what="the other approval's record")
     base = stack.stack.gateway_url
-    await signed_in(page, base, stack.api_key, "/console/approvals")
+    # The manager signs in with the stack's approver key: its admin key started these runs, so it may not decide.
+    await signed_in(page, base, stack.approver_key, "/console/approvals")
     row, stale_row = page.locator(f"tr#{approval_id}"), page.locator(f"tr#{stale_id}")
     await expect(row).to_contain_text("search_hotels")
     await expect(row.locator(f"a[href='/console/runs/{run_id}']")).to_be_visible()
 
     # Decided behind the page's back: the click is answered with what the API answers (409), in the page.
-    decided = await stack.gateway.post(
+    decided = await stack.manager.post(
         f"/v1/approvals/{stale_id}", json={"decision": "reject", "approver": "ana"}
     )
     assert decided.status_code == 200, decided.text
@@ -453,7 +454,16 @@ async def test_a_stay_over_the_limit_is_approved_by_clicking_and_charged_once(
     record = await eventually(waiting, what="the charge held for approval", timeout_s=60)
     assert record["tool"] == "create_payment" and record["amount_cents"] > 150_000
     base = stack.stack.gateway_url
-    await signed_in(page, base, stack.api_key, "/console/approvals")
+    # The admin key asked (it started the run): its decision, with its own session's token, is refused in the
+    # page, naming the run and the key to decide with (issue 31, item 9).
+    parts = split_key(stack.api_key)
+    assert parts is not None
+    form = {CSRF_FIELD: csrf_token(*parts), "decision": "approve", "input_hash": record["input_hash"]}
+    async with httpx.AsyncClient(base_url=base, cookies={COOKIE: stack.api_key}, timeout=20) as admin:
+        refused = await admin.post(f"/console/approvals/{record['approval_id']}", data=form)
+    assert refused.status_code == 403 and f"started run {run_id}" in refused.text, refused.text
+    assert "approver_key" in refused.text
+    await signed_in(page, base, stack.approver_key, "/console/approvals")
     row = page.locator(f"tr#{record['approval_id']}")
     await expect(row).to_contain_text(f"{record['amount_cents'] / 100:.2f} {record['currency']}")
     await _shot(page, "approvals.png")

@@ -129,8 +129,8 @@ async def test_a_flood_on_a_run_waiting_for_its_manager_is_refused_typed_and_ano
     # Nothing was dropped by a client that could not keep up.
     assert "SlowConsumer" not in _logs(world)
 
-    # The manager decides: the run goes on with what it holds.
-    decided = await world.gateway.post(
+    # The manager decides (the stack's approver key): the run goes on with what it holds.
+    decided = await world.manager.post(
         f"/v1/approvals/{approval_id}", json={"decision": "approve", "approver": "ana", "reason": "ok"}
     )
     assert decided.status_code == 200, decided.text

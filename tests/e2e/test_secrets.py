@@ -18,7 +18,7 @@ from crashsafe.contracts.synthetic_turn import synthetic_decoder
 from crashsafe.contracts.tool_messages import action_request_decoder
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.nats_users import read_credential
-from crashsafe.stack_keys import SYNTHETIC_KEY_FILE
+from crashsafe.stack_keys import APPROVER_KEY_FILE, SYNTHETIC_KEY_FILE
 from tests.support.stack import StackClient, auth_header
 from tests.support.waiting import eventually
 from tests.support.world import CONFIRMED, projected
@@ -38,6 +38,8 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     synthetic_key = (stack.state_dir / SYNTHETIC_KEY_FILE).read_text().strip()
     synthetic = split_key(synthetic_key)
     assert synthetic is not None
+    approver = split_key(client.approver_key)
+    assert approver is not None
     forged = secrets.token_urlsafe(32)  # a caller's wrong secret for a real key id: must not be logged either
     wanted = {
         "the admin key": client.api_key,
@@ -45,6 +47,8 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
         "its hash": secret_hash(secret),
         "a forged secret": forged,
         "the forged secret's hash": secret_hash(forged),
+        "the approver key": client.approver_key,
+        "its secret as well": approver[1],
         "the synthetic key": synthetic_key,
         "its secret too": synthetic[1],
         "that secret's hash": secret_hash(synthetic[1]),
@@ -90,7 +94,12 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     assert signatures, "the action requests were read"
 
     # Each NATS user's seed and the runtime's private key: only their own 0600 files may hold them.
-    holders = {stack.state_dir / "api_key", stack.state_dir / SYNTHETIC_KEY_FILE, stack.capability_key}
+    holders = {
+        stack.state_dir / "api_key",
+        stack.state_dir / APPROVER_KEY_FILE,
+        stack.state_dir / SYNTHETIC_KEY_FILE,
+        stack.capability_key,
+    }
     assert stack.nats_creds_dir is not None
     for creds in stack.nats_creds_dir.glob("*"):
         if creds.is_file():

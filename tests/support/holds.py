@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
+from crashsafe.contracts.clients import split_key
 from crashsafe.contracts.keys import run_id_for, tool_input_hash
 from crashsafe.contracts.run_events import ApprovalRequested, Budget, RunStarted
 from crashsafe.domain.call_plan import approval_id_for
@@ -22,6 +23,12 @@ from tests.support.waiting import unique
 from tests.support.world import BOOKING_TEXT
 
 
+def key_id_of(key: str) -> str:
+    parts = split_key(key)
+    assert parts is not None, "the stack's key is csk_<key_id>_<secret>"
+    return parts[0]
+
+
 async def held_search(
     client: StackClient,
     broker: Broker,
@@ -33,8 +40,9 @@ async def held_search(
     guest: str | None = None,
     claim: Callable[[str], Awaitable[str]] | None = None,
 ) -> tuple[str, str]:
-    """A booking run of the stack's tenant whose first call (the hotel search) waits for `approver`, woken so the
-    runtime takes it up: (run id, approval id). `run_id_for(tenant, event id)` as the gateway would name it;
+    """A booking run of the stack's tenant, started by its admin key, whose first call (the hotel search) waits for
+    `approver`, woken so the runtime takes it up: (run id, approval id). A manager decides it with the stack's
+    approver key (`StackClient.manager`). `run_id_for(tenant, event id)` as the gateway would name it;
     `claim` (the session's lane, as the gateway claims it) must give the session to this run before it starts."""
     settings = inprocess.settings_for(client.stack.nats_url, client.ns, sandbox_url=client.stack.sandbox_url)
     journal = RunJournal(broker, client.ns)
@@ -56,6 +64,7 @@ async def held_search(
         budget=Budget(),
         deadline_at=now + timedelta(seconds=Budget().deadline_s),
         tenant=client.tenant,
+        started_by=key_id_of(client.api_key),  # the stack's admin key, as its gateway records it
     )
     seq = await journal.append(started, 0)
     async with inprocess.scripted_model(settings) as model:

@@ -66,10 +66,17 @@ class StackClient:
         self.gateway = httpx.AsyncClient(
             base_url=stack.gateway_url, timeout=20.0, headers=auth_header(stack.api_key)
         )
+        # A manager's client: the stack's approver key (approvals:decide, runs:read), since the admin key that
+        # starts the stack's runs never decides their approvals.
+        self.approver_key = stack.approver_key
+        self.manager = httpx.AsyncClient(
+            base_url=stack.gateway_url, timeout=20.0, headers=auth_header(stack.approver_key)
+        )
         self.sandbox = Sandbox(self.http, stack.sandbox_url)
 
     async def aclose(self) -> None:
         await self.gateway.aclose()
+        await self.manager.aclose()
         await self.http.aclose()
 
     # The guest ---------------------------------------------------------------------------------------------

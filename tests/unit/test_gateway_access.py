@@ -11,8 +11,14 @@ import pytest
 
 from crashsafe.contracts.active import GRACE_S, ActiveRuns, entry_deadline
 from crashsafe.contracts.clients import ApiKeyRecord, Scope, format_key, secret_hash, split_key
-from crashsafe.contracts.errors import AgentNotAllowed, ApproverStartsRuns, Forbidden, Unauthenticated
-from crashsafe.deployment import api_key_for
+from crashsafe.contracts.errors import (
+    AgentNotAllowed,
+    ApproverStartedRun,
+    ApproverStartsRuns,
+    Forbidden,
+    Unauthenticated,
+)
+from crashsafe.deployment import DECIDING_KEY_FILES, api_key_for
 from crashsafe.domain.access import (
     Client,
     authenticate,
@@ -20,6 +26,7 @@ from crashsafe.domain.access import (
     require,
     require_agent,
     require_approver,
+    require_not_starter,
 )
 from crashsafe.domain.token_buckets import Rate, TokenBuckets
 
@@ -144,6 +151,18 @@ def test_an_approval_needs_a_managers_key_never_one_that_starts_runs() -> None:
     require_approver(Client(key_id="k4", tenant="ops", scopes=frozenset({"admin"})))
 
 
+def test_the_key_that_started_a_run_never_decides_its_approvals_an_admin_key_included() -> None:
+    """Issue 31, item 9: `crashsafe up` mints one admin key, which starts the stack's runs and passes the scope
+    rule (admin holds approvals:decide), so the key that asked approved. The run's starting key is refused by id."""
+    with pytest.raises(ApproverStartedRun) as refused:
+        require_not_starter("k_admin", "k_admin", "run_1")
+    assert refused.value.code.value == "forbidden" and "run_1" in refused.value.message
+    assert "approver_key" in refused.value.message  # where the stack's deciding key is
+    require_not_starter("k_approver", "k_admin", "run_1")  # another key (the stack's approver) decides
+    # A run journaled by 0.2.0 recorded no starting key: not known, so the scope rule alone decides, as before.
+    require_not_starter("k_admin", "", "run_2")
+
+
 def test_a_scope_a_newer_writer_granted_is_kept_and_never_matches_a_known_one() -> None:
     client = authenticate(KEY_ID, SECRET, record(scopes=["runs:approve"]))
     assert not any(client.may(scope) for scope in Scope)
@@ -219,3 +238,18 @@ def test_scripts_read_the_key_from_the_environment_else_the_stacks_file(
     assert api_key_for(tmp_path) == "csk_from_file"
     monkeypatch.setenv("CRASHSAFE_API_KEY", "csk_from_env")
     assert api_key_for(tmp_path) == "csk_from_env"
+
+
+def test_the_cli_decides_with_the_stacks_approver_key_and_lists_with_its_admin_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin key starts the stack's runs, so it may not decide their approvals: `crashsafe approvals
+    approve|reject` sends `<state>/approver_key`; a state dir from before it had one, its admin key."""
+    monkeypatch.delenv("CRASHSAFE_API_KEY", raising=False)
+    (tmp_path / "api_key").write_text("csk_admin\n")
+    assert api_key_for(tmp_path, DECIDING_KEY_FILES) == "csk_admin"
+    (tmp_path / "approver_key").write_text("csk_approver\n")
+    assert api_key_for(tmp_path, DECIDING_KEY_FILES) == "csk_approver"
+    assert api_key_for(tmp_path) == "csk_admin"
+    monkeypatch.setenv("CRASHSAFE_API_KEY", "csk_from_env")  # the operator's own choice comes first
+    assert api_key_for(tmp_path, DECIDING_KEY_FILES) == "csk_from_env"
