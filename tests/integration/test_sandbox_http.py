@@ -724,3 +724,58 @@ async def test_http_a_key_is_looked_up_in_its_own_account_only(sandbox_url: str)
         theirs = await providers.lookup(tool, key, 5.0, {"account": "evil", "guest_id": "alice"})
     assert ours.kind == Answer.FOUND and ours.body.get("booking_id") == made.json()["booking_id"]
     assert theirs.kind == Answer.ABSENT
+
+
+async def test_http_a_tenants_calls_never_see_or_touch_the_default_accounts_record_of_the_same_guest(
+    http: httpx.AsyncClient, sandbox_url: str
+) -> None:
+    """A guest paid in the providers' default account (no `Provider-Account`: a run from before tenants, the
+    hotel's own site). A tenant's run of the same guest id, through the executor's own calls and lookups (its
+    arguments name its account), lists none of it, cannot refund it, and reads its key as never written there."""
+    from datetime import UTC, datetime
+
+    from crashsafe.contracts.tool_messages import ActionRequest, Answer
+    from crashsafe.services.agents import stayhub
+    from crashsafe.services.providers.provider_calls import Providers
+
+    guest = unique("guest")
+    booking = await book(http, guest)
+    charge_key = unique("pay")
+    paid = await http.post(
+        "/payments",
+        json={"booking_id": booking["booking_id"], "guest_id": guest, "amount_cents": booking["total_cents"]},
+        headers={"Idempotency-Key": charge_key},
+    )
+    assert paid.status_code == 201 and "account" not in paid.json(), paid.text
+    payment_id = paid.json()["payment_id"]
+    tools = stayhub().tools
+
+    def asked(tool: str, step: int, **args: Any) -> ActionRequest:
+        now = datetime.now(UTC)
+        return ActionRequest(
+            run_id="run_demo",
+            step_no=step,
+            tool=tool,
+            family=tools[tool].contract.family,
+            args={**args, "account": "demo"},
+            key=f"run_demo:{step}:{unique('k')}",
+            input_hash="h",
+            timeout_s=5.0,
+            deadline_at=now + timedelta(seconds=30),
+            requested_at=now,
+        )
+
+    async with Providers.connect(sandbox_url) as providers:
+        found = await providers.call(tools["find_payments"], asked("find_payments", 1, guest_id=guest), 5.0)
+        refund = asked("refund_payment", 2, payment_id=payment_id, amount_cents=100, guest_id=guest)
+        refunded = await providers.call(tools["refund_payment"], refund, 5.0)
+        charge = await providers.lookup(tools["create_payment"], charge_key, 5.0, {"account": "demo"})
+        own = await providers.lookup(tools["create_payment"], charge_key, 5.0, {})
+    assert (found.kind, found.body) == (Answer.OK, {"payments": []})
+    assert refunded.kind == Answer.REJECTED and refunded.body["code"] == "payment_not_found"
+    assert charge.kind == Answer.ABSENT
+    assert own.kind == Answer.FOUND and own.body["payment_id"] == payment_id, (
+        "the default account still has it"
+    )
+    listed = (await http.get("/payments", params={"guest_id": guest})).json()["payments"]
+    assert [(p["payment_id"], p["refunded_cents"]) for p in listed] == [(payment_id, 0)]

@@ -20,6 +20,7 @@ from crashsafe.sandbox.ledger import SandboxLedger
 from crashsafe.sandbox.records import (
     BookingRequest,
     CrmUpdateRequest,
+    EffectKind,
     EmailRequest,
     PaymentRequest,
     RefundRequest,
@@ -149,3 +150,75 @@ def test_a_provider_call_in_another_account_finds_nothing_of_the_guest() -> None
     assert ledger.payments_of("alice", "demo")[0].refunded_cents == 0
     refunded = ledger.refund_payment("k-r3", RefundRequest(payment_id, 9_000, account="demo")).record
     assert (refunded.account, ledger.payments_of("alice", "demo")[0].refunded_cents) == ("demo", 9_000)
+
+
+# A record in the providers' default account (issue 31, "planted bugs the suite misses") -------------------------
+
+
+def default_account_paid(ledger: SandboxLedger) -> tuple[str, str]:
+    """Alice's booking and payment in the providers' default account (a run from before tenants, the hotel's
+    own website): same guest id as the tenant's guest, and no account of its own."""
+    hold = BookingRequest("lis-1", "alice", "2031-12-01", "2031-12-03")
+    booking = ledger.create_booking("k-old-hold", hold).record
+    charge = PaymentRequest(booking.booking_id, "alice", booking.total_cents, "EUR")
+    return booking.booking_id, ledger.create_payment("k-old-pay", charge).record.payment_id
+
+
+def test_a_record_in_the_default_account_is_not_found_from_a_tenants_account() -> None:
+    """The other direction of the test above: a record with no account is the default account's, never the
+    asker's. Every listing a tenant's call makes names its account, so treating "no account" as the asker's own
+    would hand demo's run the default account's alice (and let it refund her)."""
+    ledger = SandboxLedger(now=lambda: datetime(2026, 12, 1, tzinfo=UTC))
+    booking_id, payment_id = default_account_paid(ledger)
+    assert ledger.payments_of("alice", "demo") == []
+    with pytest.raises(NotFound):
+        ledger.lookup(EffectKind.CHARGE, "k-old-pay", account="demo")
+    for attempt in (
+        lambda: ledger.refund_payment("k-r", RefundRequest(payment_id, 15_000, account="demo")),
+        lambda: ledger.release_booking("k-rel", ReleaseRequest(booking_id, account="demo")),
+        lambda: ledger.create_payment(
+            "k-pay2", PaymentRequest(booking_id, "alice", 1, "EUR", account="demo")
+        ),
+        lambda: ledger.send_email(
+            "k-em", EmailRequest("alice", "booking_confirmation", booking_id, account="demo")
+        ),
+        lambda: ledger.update_crm("k-crm", CrmUpdateRequest("alice", booking_id, account="demo")),
+    ):
+        with pytest.raises(NotFound):
+            attempt()
+    (own,) = ledger.payments_of("alice")
+    assert (own.payment_id, own.refunded_cents) == (payment_id, 0), "the default account's alice untouched"
+
+
+def test_a_tenants_run_shown_a_default_account_record_of_its_guests_id_never_takes_it_for_its_own() -> None:
+    """A listing answered with the default account's alice (a provider that does not keep accounts apart, a
+    lagging one): the record names no account, exactly as the sandbox writes it. A tenant's run may not refund it
+    (the agent's `prepare` and the policy both refuse); a run from before tenants, in the default account, may."""
+    ledger = SandboxLedger(now=lambda: datetime(2026, 12, 1, tzinfo=UTC))
+    _, payment_id = default_account_paid(ledger)
+    (record,) = msgspec.json.decode(msgspec.json.encode(ledger.payments_of("alice")))
+    assert "account" not in record and record["guest_id"] == "alice"
+    asked = {"payment_id": payment_id, "amount_cents": 15_000}
+    demo = listed(run_of("demo"), [record])
+    refused = SUPPORT.prepare(demo.state, REFUND_PAYMENT.contract, asked)
+    assert isinstance(refused, ErrorInfo) and refused.code == "unknown_payment"
+    args = {
+        **asked,
+        "currency": "EUR",
+        "booking_id": record["booking_id"],
+        "guest_id": "alice",
+        "account": "demo",
+    }
+    verdict = check_policy(
+        demo.state,
+        SUPPORT.config,
+        REFUND_PAYMENT.contract,
+        args,
+        tool_input_hash("refund_payment", args),
+        Origin.MODEL,
+        T0,
+    )
+    assert isinstance(verdict, Deny) and "not one of this guest's" in verdict.reason
+    before_tenants = listed(run_of("demo", scope=GuestScope.GUEST), [record])
+    prepared = SUPPORT.prepare(before_tenants.state, REFUND_PAYMENT.contract, asked)
+    assert isinstance(prepared, dict) and "account" not in prepared and prepared["payment_id"] == payment_id
