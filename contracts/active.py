@@ -42,3 +42,19 @@ class ActiveRuns(msgspec.Struct, frozen=True, kw_only=True):
 
 active_encoder = msgspec.json.Encoder()
 active_decoder = msgspec.json.Decoder(ActiveRuns)
+
+
+class StallMark(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of `stalled.<run_id>` in the `{ns}_active` bucket: a runtime's watchdog ended its process while
+    the run's agent's code held the event loop (code a signal cannot stop). Whoever holds the run next hands it
+    off with `agent_fault` (or, ended already, leaves it with the person) and never runs its agent's code again."""
+
+    run_id: str
+    worker: str
+    stalled_s: float
+    at: datetime
+    where: str = ""  # the agent's line the loop was held at, as the watchdog saw it
+
+
+stall_encoder = msgspec.json.Encoder()
+stall_decoder = msgspec.json.Decoder(StallMark)

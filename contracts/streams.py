@@ -272,7 +272,8 @@ def clients_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
 
 
 def active_spec(ns: Namespace, replicas: int = 1) -> KvSpec:
-    """Active runs per guest and per session, `guest.<tenant>.<hash>` / `session.<tenant>.<hash>`."""
+    """Active runs per guest and per session, `guest.<tenant>.<hash>` / `session.<tenant>.<hash>`; and the stall
+    marks of runs whose agent held a runtime's loop, `stalled.<run_id>` (contracts/active.py)."""
     return KvSpec(bucket=ns.active_bucket, replicas=replicas)
 
 

@@ -277,6 +277,11 @@ class Namespace:
     def guest_active_key(self, tenant: str, guest_id: str) -> str:
         return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
 
+    def stalled_run_key(self, run_id: str) -> str:
+        """The stall mark of a run whose agent's code held a runtime's event loop until its watchdog ended it: no
+        process drives that run's agent again (contracts/active.py, `StallMark`)."""
+        return f"stalled.{_literal(run_id)}"
+
     # Guest profiles (verified address, remembered preferences): the operator sets the address, the memory
     # executor writes preferences, the runtime reads a profile when a run starts.
     @property

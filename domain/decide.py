@@ -90,11 +90,11 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
             raise AgentFault(agent=agent.name, hook="next move", problem="journals nothing (no progress)")
         return move
     except AgentFault as fault:
-        return _agent_failed(state, fault, now)
+        return agent_failed(state, fault, now)
 
 
-def _agent_failed(state: RunState, fault: AgentFault, now: datetime) -> Move:
-    """A live run is handed to a person; one already ended (with a person already) only waits on what is
+def agent_failed(state: RunState, fault: AgentFault, now: datetime) -> Move:
+    """What a run does once its agent's code failed (here, or stopped by the shell's time limit): a live run is handed to a person; one already ended (with a person already) only waits on what is
     pending, as it would without the agent's further say."""
     if not state.terminal:
         return Append((handed_off(state, now, HandOffReason.AGENT_FAULT, fault.message[:1000]),))

@@ -165,4 +165,10 @@ VARIABLES: tuple[Variable, ...] = (
         "30",
         "a service whose event loop has not turned for this long fails `/healthz` and exits (code 70), to be restarted",
     ),
+    Variable(
+        "CRASHSAFE_HOOK_LIMIT_S",
+        "5",
+        "an agent's code that runs longer than this in one decision is stopped and its run handed off (`agent_fault`);"
+        " 0: no limit",
+    ),
 )

@@ -186,6 +186,9 @@ class Watchdog:
         self._handle: asyncio.TimerHandle | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Called on the watchdog's thread, with how long the loop has stood, just before the process ends: what
+        # the service must remember of the stall (the runtime: which run's agent held it), bounded by the callee.
+        self.on_stall: Callable[[float], None] | None = None
 
     @property
     def stalled_s(self) -> float:
@@ -227,6 +230,11 @@ class Watchdog:
             EXIT_STALLED,
             where,
         )
+        if self.on_stall is not None:
+            try:
+                self.on_stall(self._stalled_s)
+            except Exception:  # noqa: BLE001 -- the process ends whatever the callback did
+                log.exception("the stall's callback failed")
         for handler in logging.getLogger().handlers + log.handlers:
             handler.flush()
         sys.stderr.flush()

@@ -122,6 +122,9 @@ class Settings:
     ops_port: int = 9464
     # A wedged event loop (code that never awaits) is a dead service: it exits after this long (probes.Watchdog).
     loop_stall_s: float = 30.0
+    # An agent's code that runs longer than this in one decision is stopped, and its run handed off with
+    # `agent_fault` (services/runtime/hook_limit.py); 0 turns the limit off. Well below `loop_stall_s`.
+    hook_limit_s: float = 5.0
 
     @classmethod
     def from_env(
@@ -329,6 +332,12 @@ class Settings:
             ops_port=read("CRASHSAFE_OPS_PORT", cls.ops_port, port, "a port number 0-65535"),
             loop_stall_s=read(
                 "CRASHSAFE_LOOP_STALL_S", cls.loop_stall_s, positive_float, "seconds, a number > 0"
+            ),
+            hook_limit_s=read(
+                "CRASHSAFE_HOOK_LIMIT_S",
+                cls.hook_limit_s,
+                non_negative_float,
+                "seconds, a number >= 0 (0: off)",
             ),
         )
 

@@ -194,7 +194,8 @@ class RunAppends:
         ended = run is not None and run.state.terminal
         seq = await self.journal.append(event, expected, headers, after_end=ended)
         if run is None:
-            run = self.runs.remember(HeldRun(fold_run(None, event), seq))
+            # Started here, at sequence 0: no process has driven it yet, so no stall mark can name it.
+            run = self.runs.remember(HeldRun(fold_run(None, event), seq, stall_checked=True))
         else:
             run.state = fold_run(run.state, event)
             run.seq = seq
@@ -241,4 +242,5 @@ class RunAppends:
         fresh = await self.load(run_id, ctx, fresh=True, mark_resume=False)
         if fresh is not None and run is not None:
             fresh.published |= run.published
+            fresh.stall_checked, fresh.stalled = run.stall_checked, run.stalled
         return fresh

@@ -70,12 +70,23 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
             profiles=profiles,
             library=library,
         )
+        # An agent's code runs under a time limit (its run is handed off past it); code out of a signal's reach
+        # holds the loop until the watchdog ends the process, which first marks the run it was deciding.
+        if not runtime.loop.hook_limit.install():
+            log(
+                logger,
+                logging.WARNING,
+                "agent code runs without a time limit (SIGALRM is not this process's)",
+            )
+        if ops.watchdog is not None:
+            ops.watchdog.on_stall = runtime.loop.on_stall
         # Not ready, and taking no work, until its appends and reads work against this broker (seam_checks).
         if await seam_checks.start_when_able(ops, "runtime", runtime.start, runtime.ops_checks, stop, logger):
             ops.serve(runtime.ops_checks, runtime.ops_samplers())
             print("ready: runtime", flush=True)
             await stop.wait()
         runtime.stop_timers()
+        runtime.loop.hook_limit.uninstall()
         await catalog.stop()
         await runtime.deliveries.drain()
     finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,8 +17,15 @@ from typing import Any
 import msgspec
 from opentelemetry.context import Context
 
+from crashsafe.contracts.active import StallMark
 from crashsafe.contracts.catalog import AgentConfig
-from crashsafe.contracts.errors import CatalogRevisionGone, CrashsafeError, ModelUnavailable, PoisonMessage
+from crashsafe.contracts.errors import (
+    AgentFault,
+    CatalogRevisionGone,
+    CrashsafeError,
+    ModelUnavailable,
+    PoisonMessage,
+)
 from crashsafe.contracts.run_events import ModelRejected, Passage
 from crashsafe.contracts.spans import SpanAttr, SpanName
 from crashsafe.domain import intake
@@ -29,6 +38,7 @@ from crashsafe.domain.decide import (
     DecideApproval,
     Idle,
     Move,
+    agent_failed,
     next_move,
     policy_unavailable,
 )
@@ -44,11 +54,13 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, span
 from crashsafe.services.records.active_runs import release_active
+from crashsafe.services.runtime import stall_marks
 from crashsafe.services.runtime.action_requests import ActionRequests
 from crashsafe.services.runtime.append_path import RunAppends, Write
 from crashsafe.services.runtime.deadlines import Deadlines
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun
+from crashsafe.services.runtime.hook_limit import HookLimit, HookOverran, where_stopped
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
 from crashsafe.services.runtime.run_catalog import RunCatalog
@@ -86,6 +98,7 @@ class DriveLoop:
         model: Model,
         settings: Settings,
         logger: logging.Logger,
+        hook_limit: HookLimit | None = None,
     ) -> None:
         self.appends = appends
         self.requests = requests
@@ -98,11 +111,35 @@ class DriveLoop:
         self.model = model
         self.settings = settings
         self.logger = logger
+        self.hook_limit = hook_limit or HookLimit(0.0)
+        # The run whose agent's code is deciding right now (None between decisions): no await falls between
+        # setting and clearing it, so a loop that stops turning inside it stopped in that run's agent.
+        self.deciding: str | None = None
+        self._loop_thread = threading.get_ident()
+        # Runs a redelivered message came for: their stall mark is read again (another process may have left one).
+        self._suspects: set[str] = set()
+
+    def suspect(self, run_id: str) -> None:
+        """A message for the run came again: before its agent decides, look for a stall mark once more."""
+        self._suspects.add(run_id)
+
+    def on_stall(self, stalled_s: float) -> None:
+        """The watchdog's last call before it ends the process (its own thread): mark the run whose agent held the
+        loop, so the next process hands it off instead of driving it into the same stall."""
+        run_id = self.deciding
+        if run_id is None:
+            return  # stuck outside an agent's decision: nothing to blame on a run
+        where = where_stopped(sys._current_frames().get(self._loop_thread))
+        stall_marks.record_blocking(self.settings, run_id, stalled_s, where)
 
     async def drive(self, run: HeldRun, ctx: Context) -> None:
         """Advance the run until it waits on an action or ends. Every decision is journaled before it acts."""
         annotate(ctx, step_no=run.state.next_step, agent=run.state.agent)
         started = time.perf_counter()
+        if not run.stall_checked or run.state.run_id in self._suspects:
+            self._suspects.discard(run.state.run_id)
+            run.stalled = await stall_marks.read(self.appends.broker, self.appends.ns, run.state.run_id)
+            run.stall_checked = True
         try:
             step = partial(self._step, rules=await self._rules(run.state), ctx=ctx)
             going = True
@@ -132,8 +169,10 @@ class DriveLoop:
         """Take the run's next move; False once the run waits or ends (nothing more to drive)."""
         assert run is not None  # the drive loop drives held runs only
         move: Move
-        if rules.gone is None or run.state.terminal:
-            move = next_move(run.state, rules.agent, utcnow(), rules.config)
+        if run.stalled is not None:
+            move = self._stalled(run.state, rules.agent, run.stalled)
+        elif rules.gone is None or run.state.terminal:
+            move = self._decide(run.state, rules)
         else:
             move = Append(intake.revision_gone(run.state, utcnow(), rules.gone.message))
         match move:
@@ -168,6 +207,42 @@ class DriveLoop:
                 self.deadlines.arm(run.state)
                 return False
         return True
+
+    def _decide(self, state: RunState, rules: _Rules) -> Move:
+        """`next_move` under the hook limit: an agent whose code runs past it is stopped, and its run handed off
+        (`agent_fault`, naming the hook and the line it was stopped at), as for a hook that raised."""
+        now = utcnow()
+        self.deciding, self._loop_thread = state.run_id, threading.get_ident()
+        try:
+            return self.hook_limit.run(next_move, state, rules.agent, now, rules.config)
+        except HookOverran as overran:
+            fault = AgentFault(
+                agent=rules.agent.name, hook=overran.hook_of(rules.agent), problem=str(overran)
+            )
+            log(
+                self.logger,
+                logging.ERROR,
+                "agent code stopped by the hook limit",
+                run_id=state.run_id,
+                agent=rules.agent.name,
+                limit_s=self.hook_limit.limit_s,
+                where=overran.where,
+            )
+            return agent_failed(state, fault, now)
+        finally:
+            self.deciding = None
+
+    def _stalled(self, state: RunState, agent: Agent, mark: StallMark) -> Move:
+        """A run whose agent held a runtime's loop until its watchdog ended the process: its agent is not asked
+        again (it would hold this loop too); a live run is handed off, an ended one only waits on what is out."""
+        where = f" at {mark.where}" if mark.where else ""
+        fault = AgentFault(
+            agent=agent.name,
+            hook="code",
+            problem=f"held runtime {mark.worker}'s event loop for {mark.stalled_s:g} s{where}, until its "
+            "watchdog ended the process; its agent is not run again for this run",
+        )
+        return agent_failed(state, fault, utcnow())
 
     async def _ask_model(
         self, run: HeldRun, write: Write, rules: _Rules, items: tuple[dict[str, Any], ...], ctx: Context

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from crashsafe.contracts.active import StallMark
 from crashsafe.contracts.run_events import ActionRequested
 from crashsafe.domain.run_state import RunState
 
@@ -24,6 +25,10 @@ class HeldRun:
     state: RunState
     seq: int
     published: set[str] = field(default_factory=set)  # `sent(request)` of each
+    # Whether this worker has looked for the run's stall mark (a run it started itself has none), and the mark:
+    # a run whose agent held some runtime's loop until its watchdog ended it is never driven by its agent again.
+    stall_checked: bool = False
+    stalled: StallMark | None = None
 
 
 def sent(intent: ActionRequested) -> str:

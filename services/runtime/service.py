@@ -46,6 +46,7 @@ from crashsafe.services.runtime.drive_loop import DriveLoop
 from crashsafe.services.runtime.guest_messages import GuestMessages
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
+from crashsafe.services.runtime.hook_limit import HookLimit
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
 from crashsafe.services.runtime.run_catalog import RunCatalog
@@ -102,6 +103,7 @@ class Runtime:
             model=model,
             settings=settings,
             logger=logger,
+            hook_limit=HookLimit(settings.hook_limit_s),  # armed by the composition root (it owns SIGALRM)
         )
         self.messages = GuestMessages(
             appends=self.appends,
@@ -200,6 +202,7 @@ class Runtime:
 
     async def _on_inbound(self, msg: Msg) -> None:
         event = intake.addressed(inbound_decoder.decode(msg.data), self.registry.default_agent)
+        self._came_again(msg, event.run_id)
         with span(
             SpanName.RUNTIME_STEP,
             context_from(msg.headers),
@@ -213,6 +216,7 @@ class Runtime:
         """A fired durable timer (an approval's expiry): a wake of its run, which then asks the record."""
         run_id = self.ns.fired_run(msg.subject)
         wake = intake.fired(runtime_message_decoder.decode(msg.data), msg.subject, run_id)
+        self._came_again(msg, wake.run_id)
         async with self.runs.lock(wake.run_id):
             with span(
                 SpanName.RUNTIME_STEP, context_from(msg.headers), run_id=wake.run_id, event_type="timer"
@@ -222,6 +226,7 @@ class Runtime:
     async def _on_outcome(self, msg: Msg) -> None:
         """An executor's outcome, or a wake (the reconciler's, an operator's, a deadline's), on the outcomes stream."""
         message = runtime_message_decoder.decode(msg.data)
+        self._came_again(msg, message.run_id)
         is_outcome = isinstance(message, ActionOutcome)
         with span(
             SpanName.RUNTIME_STEP,
@@ -236,6 +241,11 @@ class Runtime:
                     await self.record_outcome(message, ctx, source)
                 else:
                     await self.wake(message, ctx)
+
+    def _came_again(self, msg: Msg, run_id: str) -> None:
+        """A redelivered message may be the one whose run's agent held another process's loop: look again."""
+        if msg.metadata.num_delivered > 1:
+            self.loop.suspect(run_id)
 
     # Use cases ----------------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Agents whose own code misbehaves, for the tests that nothing an agent returns wedges a run or the runtime.
 
 Each one plans a no-op step from code (no model), then misbehaves in one way: it asks again to undo what is undone,
-raises in a hook, or answers a hook with the wrong type. `blocks_the_loop` holds the event loop without awaiting.
+raises in a hook, or answers a hook with the wrong type. `NEVER_RETURN`'s hooks hold the event loop without awaiting
+(a sleep, an endless loop), and `swallows_the_limit` also swallows what the hook limit raises into it.
 Run by a real runtime with `CRASHSAFE_REGISTRY=tests.support.misbehaving:registry`.
 """
 
@@ -120,6 +121,27 @@ class BlocksTheLoop(OneStep):
         return None
 
 
+class LoopsForever(OneStep):
+    """Never returns from a hook: an endless loop that never awaits (issue 31, item 10)."""
+
+    def script(self, state: RunState) -> ScriptedStep | None:
+        spins = 0
+        while True:
+            spins += 1
+
+
+class SwallowsTheLimit(OneStep):
+    """Holds the loop and swallows whatever is raised into it, the hook limit's `HookOverran` included: only the
+    watchdog can end this one (as it would code stuck inside C, out of a signal's reach)."""
+
+    def script(self, state: RunState) -> ScriptedStep | None:
+        while True:
+            try:
+                time.sleep(3600)
+            except BaseException:  # noqa: BLE001, S110 -- the misbehaviour under test
+                pass
+
+
 # What each misbehaving agent gets wrong, as the hand-off's detail names it (the hook).
 MISBEHAVING: dict[str, tuple[type[OneStep], str]] = {
     "undoes_again": (UndoesAgain, "compensations"),
@@ -133,9 +155,14 @@ MISBEHAVING: dict[str, tuple[type[OneStep], str]] = {
     "scripts_strings": (ScriptsStrings, "script"),
     "types_with_a_string": (TypesWithAString, "argument_types"),
 }
+# Agents whose hook never returns: stopped only by the runtime's hook limit (CRASHSAFE_HOOK_LIMIT_S).
+NEVER_RETURN: dict[str, tuple[type[OneStep], str]] = {
+    "blocks_the_loop": (BlocksTheLoop, "script"),
+    "loops_forever": (LoopsForever, "script"),
+}
 
 
 def registry() -> Registry:
-    agents = [kind(name) for name, (kind, _) in MISBEHAVING.items()]
-    agents += [OneStep("well_behaved"), BlocksTheLoop("blocks_the_loop")]
+    agents = [kind(name) for name, (kind, _) in (MISBEHAVING | NEVER_RETURN).items()]
+    agents += [OneStep("well_behaved"), SwallowsTheLimit("swallows_the_limit")]
     return Registry.of(*(Registration(agent=a, tools=(NOOP, UNDO)) for a in agents))
