@@ -102,6 +102,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_OPS_HOST": "0.0.0.0",
         "CRASHSAFE_OPS_PORT": "0",
         "CRASHSAFE_LOOP_STALL_S": "12.5",
+        "CRASHSAFE_HOOK_LIMIT_S": "2.5",
     }
     # A `<NAME>` variable is one per provider: tests/unit/test_provider_settings.py reads them.
     assert set(env) == {v.name for v in VARIABLES if "<NAME>" not in v.name}
