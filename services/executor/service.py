@@ -57,6 +57,7 @@ from crashsafe.services.executor.key_records import KeyRecords
 from crashsafe.services.executor.leftovers import Leftovers
 from crashsafe.services.executor.outcomes import OutcomePublisher, with_note
 from crashsafe.services.executor.partitions import PartitionKeeper
+from crashsafe.services.executor.pruning import Pruner
 from crashsafe.services.executor.readiness import ExecutorReadiness
 from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform import probes, seam_checks
@@ -112,6 +113,7 @@ class Executor:
         self.facts = FactBook(broker, self.ns, family, settings.stream_replicas)
         # What a key's records say across this replica's stores and beside them (the facts).
         self.records = KeyRecords(self.facts, self.stores, settings.partitions, self._token)
+        self.pruner = Pruner(self.stores, settings.retention, logger)  # settled rows past their retention
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
@@ -162,6 +164,7 @@ class Executor:
         await seam_checks.prove(f"executor {self.family}", self.readiness.seams())
         # Takes the partitions that are free now and returns; the keeper takes the rest as others let go.
         await self.keeper.start()
+        self.pruner.start()
         # The provider's by-key view for the console (read-only lookups; issue 11).
         self._views = await provider_views.serve(
             self.broker, self.ns, self.family, self.tools, self.providers, self.logger
@@ -171,9 +174,8 @@ class Executor:
     async def close(self) -> None:
         if self._views is not None:
             await self.broker.unsubscribe(self._views)
-        await (
-            self.keeper.close()
-        )  # every partition handed back: unsubscribed, its keys finished, store closed
+        await self.pruner.stop()
+        await self.keeper.close()  # every partition handed back: unsubscribed, keys finished, store closed
         await self.deliveries.drain()
         for store in list(self.stores.values()):
             await store.close()
@@ -334,9 +336,7 @@ class Executor:
                 await self.outcomes.publish(with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
                 return
             case Conflict(outcome=outcome):
-                PROVIDER_CALLS_BY_TOOL(
-                    request.tool, "conflict"
-                ).inc()  # refused before any call: the key's input differs
+                PROVIDER_CALLS_BY_TOOL(request.tool, "conflict").inc()  # refused uncalled: other input
                 await self.outcomes.publish(with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
                 return
             case Execute():

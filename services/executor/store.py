@@ -56,6 +56,9 @@ CREATE TABLE IF NOT EXISTS tenures (
 
 # Rows a full-table read takes between two turns of the event loop (about 9 ms of SQLite here).
 SCAN_ROWS = 20_000
+# Which rows each retention covers: step keys (`run_…:n` and their compensations), and every other (business) key.
+STEP_KEYS = "substr(key, 1, 4) = 'run_'"
+BUSINESS_KEYS = "substr(key, 1, 4) != 'run_'"
 
 _outcome_decoder = msgspec.json.Decoder(ActionOutcome)
 _request_decoder = msgspec.json.Decoder(ActionRequest)
@@ -64,12 +67,21 @@ _request_decoder = msgspec.json.Decoder(ActionRequest)
 class ActionStore:
     """Key -> (input hash, status, receipt). Written only by the executor that owns the key's partition."""
 
-    def __init__(self, db: StoreConnection, path: Path, store_id: str, takeover_at: float | None) -> None:
+    def __init__(
+        self,
+        db: StoreConnection,
+        path: Path,
+        store_id: str,
+        takeover_at: float | None,
+        pruned_through: float | None = None,
+    ) -> None:
         self._db = db
         self.path = path
         self.store_id = store_id
         # The latest time this store took its partition over from another store (None: it never did).
         self.takeover_at = takeover_at
+        # Every settled row this store deleted was last written before this time (None: it never deleted one).
+        self.pruned_through = pruned_through
         self.clock_skew_s = 2.0
         # Raises PartitionNotOwned unless this replica still holds the partition's lease: checked by every write
         # of an intent, an attempt and a receipt. The executor sets it when it acquires the partition.
@@ -94,7 +106,8 @@ class ActionStore:
         rows = list(await db.execute_fetchall("SELECT value FROM meta WHERE name = 'store_id'"))
         taken = list(await db.execute_fetchall("SELECT MAX(acquired_at) FROM tenures WHERE takeover = 1"))
         takeover_at = taken[0][0] if taken and taken[0][0] is not None else None
-        return cls(db, path, str(rows[0][0]), takeover_at)
+        pruned = list(await db.execute_fetchall("SELECT value FROM meta WHERE name = 'pruned_through'"))
+        return cls(db, path, str(rows[0][0]), takeover_at, float(pruned[0][0]) if pruned else None)
 
     async def record_tenure(self, token: int, owner: str, previous_store: str | None, takeover: bool) -> None:
         """Note a lease acquired for this store's partition; a takeover makes older unknown keys look up first."""
@@ -107,8 +120,10 @@ class ActionStore:
             self.takeover_at = now
 
     def inherits(self, request: ActionRequest) -> bool:
-        """A key this store never saw, asked before it took the partition over: another store may know it."""
-        return inherited(request.requested_at.timestamp(), self.takeover_at, self.clock_skew_s)
+        """A key this store has no row of, asked before it took the partition over (another store may know it) or
+        before rows it pruned were last written (it may have known it itself): look it up before calling."""
+        at = request.requested_at.timestamp()
+        return any(inherited(at, t, self.clock_skew_s) for t in (self.takeover_at, self.pruned_through))
 
     async def close(self) -> None:
         await self._db.close()
@@ -242,6 +257,52 @@ class ActionStore:
             out.extend(_outcome_decoder.decode(row[0]) for row in rows)
             await asyncio.sleep(0)
         return out
+
+    async def prune(self, keys: str, cutoff: float, batch: int) -> int:
+        """Delete the settled rows of `keys` (STEP_KEYS or BUSINESS_KEYS) last written before `cutoff`, never an
+        intent with no receipt (`started`, `unknown`). Walks the table in rowid windows of `batch` rows from where
+        the last pass of this kind left rows it could not delete yet, one short delete per window and a turn of
+        the event loop between, so the store's writer is never held long; stops at rows created after `cutoff`
+        (rowids grow with creation, and a row is written no earlier than it was created). Returns rows deleted."""
+        cursor_name = f"prune_cursor:{keys}"
+        found = list(await self._db.execute_fetchall("SELECT value FROM meta WHERE name = ?", (cursor_name,)))
+        start = int(found[0][0]) if found else 0
+        last = next(iter(await self._db.execute_fetchall("SELECT MAX(rowid) FROM actions")))[0] or 0
+        if start < last and cutoff > (self.pruned_through or 0.0):
+            # Before any row goes: a key asked before `cutoff` and found nowhere is looked up by key first
+            # (`inherits`), so a request asked again after its row was deleted never calls blind.
+            await self._db.execute(
+                "INSERT OR REPLACE INTO meta (name, value) VALUES ('pruned_through', ?)", (repr(cutoff),)
+            )
+            self.pruned_through = cutoff
+        deleted, kept_from = 0, None
+        while start < last:
+            end = start + batch
+            cur = await self._db.execute(
+                f"DELETE FROM actions WHERE rowid > ? AND rowid <= ? AND {keys} AND status IN {_SETTLED}"
+                " AND updated_at < ?",
+                (start, end, cutoff),
+            )
+            deleted += max(cur.rowcount, 0)
+            left = next(
+                iter(
+                    await self._db.execute_fetchall(
+                        f"SELECT MIN(rowid), MAX(created_at) FROM actions WHERE rowid > ? AND rowid <= ? AND {keys}",
+                        (start, end),
+                    )
+                )
+            )
+            if left[0] is not None and kept_from is None:
+                kept_from = int(left[0]) - 1  # the next pass starts here: a row it may delete later
+            if left[1] is not None and left[1] >= cutoff:
+                break
+            start = end
+            await asyncio.sleep(0)
+        cursor = kept_from if kept_from is not None else start
+        await self._db.execute(
+            "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (cursor_name, str(cursor))
+        )
+        return deleted
 
     async def count(self) -> int:
         rows = await self._db.execute_fetchall("SELECT COUNT(*) FROM actions")

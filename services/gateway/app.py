@@ -319,7 +319,10 @@ def build_app(settings: Settings, registry: Registry, mounted: Sequence[Router] 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         broker = await Broker.connect(
-            settings.nats_url, f"gateway-{settings.worker_id}", access=settings.nats_access
+            settings.nats_url,
+            f"gateway-{settings.worker_id}",
+            access=settings.nats_access,
+            retention=settings.retention,
         )
         ns = settings.namespace
         await require_streams(

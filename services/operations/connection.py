@@ -14,7 +14,9 @@ async def operator_broker(settings: Settings, name: str) -> AsyncIterator[Broker
     """`async with operator_broker(settings, "crashsafe-audit") as broker:` the deployment's NATS as the operator's
     credential names it. Fail-fast: a one-shot command with no reachable NATS says so at once (a service would
     wait for it); `name` is the connection's name in NATS' own monitoring."""
-    broker = await Broker.connect(settings.nats_url, name, fail_fast=True, access=settings.nats_access)
+    broker = await Broker.connect(
+        settings.nats_url, name, fail_fast=True, access=settings.nats_access, retention=settings.retention
+    )
     try:
         yield broker
     finally:

@@ -32,6 +32,7 @@ from crashsafe.contracts.projections import ProjectionTask
 from crashsafe.contracts.streams import dead_marks_spec
 from crashsafe.contracts.subjects import WAKE_TOKEN, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, tool_encoder
+from crashsafe.domain.record_ttls import kept_ttl
 from crashsafe.services.platform.jetstream import Broker
 
 # The dead letter keeps at most this many characters of the original payload (services/platform/deliveries.py).
@@ -269,7 +270,14 @@ class DeadLetters:
         )
         key = self.ns.dead_letter_mark_key(seq)
         try:
-            await self.broker.kv_write(self.marks, key, dead_mark_encoder.encode(mark), revision=0)
+            # Kept past its letter's 30 days in DEAD_LETTERS, so no letter is ever replayed twice.
+            await self.broker.kv_write(
+                self.marks,
+                key,
+                dead_mark_encoder.encode(mark),
+                revision=0,
+                ttl_s=kept_ttl(self.broker.retention.dead_marks_s),
+            )
         except LeaseConflict:
             # Settled meanwhile by another click (whose replay, if any, was the same message id: one message).
             entry = await self.broker.kv_get(self.marks, key)

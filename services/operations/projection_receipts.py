@@ -22,6 +22,7 @@ from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
 from crashsafe.domain.missing_projections import STALE_S, Verdict, retried_record, verdict
 from crashsafe.domain.projection_plan import plan
+from crashsafe.domain.record_ttls import kept_ttl
 from crashsafe.domain.registry import Registry
 from crashsafe.services.operations.replan import replan_projection
 from crashsafe.services.platform.jetstream import Broker, KvEntry
@@ -149,6 +150,7 @@ async def retry_projection(
         ns.projection_record_key(record.tool, key),
         record_encoder.encode(retried_record(record, now)),
         revision=entry.revision,
+        ttl_s=kept_ttl(broker.retention.receipts_s),
     )
     await broker.publish(
         ns.projection(task.tool, task.run_id),

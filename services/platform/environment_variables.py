@@ -171,4 +171,48 @@ VARIABLES: tuple[Variable, ...] = (
         "an agent's code that runs longer than this in one decision is stopped and its run handed off (`agent_fault`);"
         " 0: no limit",
     ),
+    # Retention (issue 31, months of runs): each a TTL in whole seconds, 0 keeps forever; below its floor refused.
+    Variable(
+        "CRASHSAFE_RETENTION_SESSIONS_S",
+        "691200",
+        "a session lane is kept this long after its last write (8 days; at least 7 days + 1 h, a run's longest life)",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_ACTIVE_S",
+        "86400",
+        "a guest's active-runs record is kept this long past the latest run deadline it holds",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_APPROVALS_S",
+        "604800",
+        "an approval record is kept this long past its decision, or past its expiry while pending (at least 1 day)",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_DEAD_MARKS_S",
+        "2678400",
+        "a dead letter's replayed/discarded mark is kept this long (31 days; at least DEAD_LETTERS' 30 days + 1 h)",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_RECEIPTS_S",
+        "604800",
+        "a projection receipt is kept this long after its last write (at least 1 day, the reconciler's look-back)",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_STEP_ROWS_S",
+        "604800",
+        "executors: a settled step key's SQLite row (`run_…:n`) is deleted this long after its receipt (at least 1 day)",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_BUSINESS_ROWS_S",
+        "15552000",
+        "executors: a settled business key's row (`charge:…`) is deleted this long after its receipt (180 days; at least 30)",
+    ),
+    Variable(
+        "CRASHSAFE_PRUNE_EVERY_S", "300", "executors: how often each partition's store deletes expired rows"
+    ),
+    Variable(
+        "CRASHSAFE_PRUNE_BATCH",
+        "500",
+        "executors: at most this many rows one delete takes (the writer is held briefly)",
+    ),
 )

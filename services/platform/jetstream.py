@@ -20,6 +20,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from crashsafe.contracts.errors import BrokerUnavailable, InvalidSetting, SubjectFull
 from crashsafe.contracts.nats_permissions import inbox_prefix
+from crashsafe.contracts.retention import RecordRetention
 from crashsafe.contracts.streams import ConsumerSpec
 from crashsafe.services.platform.jetstream_contractions import Contractions
 from crashsafe.services.platform.jetstream_declarations import Declarations
@@ -129,6 +130,8 @@ class Broker(KvBuckets, Declarations, Contractions):
         self._ack_counter = 0
         # How long creating a stream or bucket waits for a cluster to be able to place its replicas.
         self.placement_wait_s = 30.0
+        # How long this process's record writers keep what they write (the TTLs they send): the deployment's.
+        self.retention = RecordRetention()
 
     @classmethod
     async def connect(
@@ -139,13 +142,15 @@ class Broker(KvBuckets, Declarations, Contractions):
         *,
         access: NatsAccess | None = None,
         stop: asyncio.Event | None = None,
+        retention: RecordRetention | None = None,
     ) -> Broker:
         """Connect to NATS. A service reconnects forever (a broker restart is expected); a one-shot command
         (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting.
 
         `access` says who this process is (its role's credential file) and how to check the server (TLS). A
         service passes its `stop`: a SIGTERM while NATS is away ends the wait (`BrokerUnavailable`), or the pod
-        would sit out its whole termination grace period, reconnecting."""
+        would sit out its whole termination grace period, reconnecting. `retention`: the deployment's
+        (settings.retention), for every record this connection writes with a TTL; else the safe defaults."""
         identity = _identity(access or NatsAccess(), url)
 
         made: list[Broker] = []
@@ -205,6 +210,7 @@ class Broker(KvBuckets, Declarations, Contractions):
                 f"cannot reach NATS at {url}: {reason}; start nats-server or set CRASHSAFE_NATS_URL", url=url
             ) from exc
         broker = cls(nc, user=identity.get("inbox_prefix"))
+        broker.retention = retention or broker.retention
         made.append(broker)
         return broker
 

@@ -284,11 +284,15 @@ class Declarations:
         # nats-py turns rollup headers on for every bucket. A `Nats-Rollup: all` on one key a user may write wipes
         # every key of the bucket (another family's leases and holders, another tenant's active runs): no NATS
         # permission can see a header, so the bucket refuses it. Nothing here ever rolls up (a delete is a marker).
+        # Per-key TTLs are what bound the run-scoped buckets (contracts/retention.py): a bucket made without them
+        # (another client, the `nats` CLI) gets them, an additive change a release beside this one never notices.
         info = await self.js.stream_info(spec.stream)
-        if info.config.allow_rollup_hdrs or info.config.max_msgs_per_subject != spec.history:
-            info.config.allow_rollup_hdrs = False
-            info.config.max_msgs_per_subject = spec.history  # a bucket made before its history grew
-            await self.js.update_stream(info.config)
+        live = info.config
+        if live.allow_rollup_hdrs or live.max_msgs_per_subject != spec.history or not live.allow_msg_ttl:
+            live.allow_rollup_hdrs = False
+            live.max_msgs_per_subject = spec.history  # a bucket made before its history grew
+            live.allow_msg_ttl = True
+            await self.js.update_stream(live)
 
 
 def _consumer_config(spec: ConsumerSpec) -> ConsumerConfig:

@@ -12,9 +12,11 @@ from typing import Any
 
 from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
+from crashsafe.contracts.retention import RecordRetention
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
 from crashsafe.services.platform.environment_variables import VARIABLES
 from crashsafe.services.platform.provider_variables import provider_settings
+from crashsafe.services.platform.retention_variables import read_retention
 
 SQLITE_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -122,6 +124,8 @@ class Settings:
     ops_port: int = 9464
     # A wedged event loop (code that never awaits) is a dead service: it exits after this long (probes.Watchdog).
     loop_stall_s: float = 30.0
+    # How long the records that grow with every run are kept (docs/capacity.md); 0 for one: forever.
+    retention: RecordRetention = field(default_factory=RecordRetention)
     # An agent's code that runs longer than this in one decision is stopped, and its run handed off with
     # `agent_fault` (services/runtime/hook_limit.py); 0 turns the limit off. Well below `loop_stall_s`.
     hook_limit_s: float = 5.0
@@ -339,6 +343,7 @@ class Settings:
                 non_negative_float,
                 "seconds, a number >= 0 (0: off)",
             ),
+            retention=read_retention(get),
         )
 
     def provider(self, name: str) -> ProviderSettings | None:

@@ -23,7 +23,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     telemetry = configure_telemetry("projector", settings.otel)
     ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(
-        settings.nats_url, f"projector-{settings.worker_id}", access=settings.nats_access, stop=stop
+        settings.nats_url,
+        f"projector-{settings.worker_id}",
+        access=settings.nats_access,
+        stop=stop,
+        retention=settings.retention,
     )
     beats = VersionBeats(broker, settings.namespace, Role.PROJECTOR, settings.worker_id, logger)
     beats.start()

@@ -40,6 +40,7 @@ from crashsafe.domain.projection_rules import (
     audit_records,
     chunks,
 )
+from crashsafe.domain.record_ttls import kept_ttl
 from crashsafe.domain.registry import HttpOperation, ProviderAnswer, PythonOperation, Tool
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.crashpoints import crash_point
@@ -326,10 +327,10 @@ class ProjectionDelivery:
         """Write the receipt by compare-and-set; never over a delivered one (another replica's). False: a
         delivered receipt is there already (ours is not written). A clash is read again and the write is
         compared against what was read, so a delivered receipt written in between is never overwritten."""
-        value = task_encoder.encode(record)
+        value, ttl = task_encoder.encode(record), kept_ttl(self.broker.retention.receipts_s)
         for _ in range(_SAVE_ATTEMPTS):
             try:
-                await self.broker.kv_write(self.records, record_key, value, revision=revision)
+                await self.broker.kv_write(self.records, record_key, value, revision=revision, ttl_s=ttl)
                 return True
             except LeaseConflict:
                 pass

@@ -26,7 +26,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     telemetry = configure_telemetry("reconciler", settings.otel)
     ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(
-        settings.nats_url, f"reconciler-{settings.worker_id}", access=settings.nats_access, stop=stop
+        settings.nats_url,
+        f"reconciler-{settings.worker_id}",
+        access=settings.nats_access,
+        stop=stop,
+        retention=settings.retention,
     )
     beats = VersionBeats(broker, settings.namespace, Role.RECONCILER, settings.worker_id, logger)
     beats.start()

@@ -15,6 +15,7 @@ from crashsafe.contracts.active import ActiveRuns, active_decoder, active_encode
 from crashsafe.contracts.errors import CrashsafeError, LeaseConflict, TooManyActiveRuns
 from crashsafe.contracts.streams import active_spec
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.record_ttls import active_ttl
 from crashsafe.domain.run_state import RunState
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
@@ -52,7 +53,11 @@ async def _update(
             updated = record.without_run(run_id, now)
         try:
             await broker.kv_write(
-                spec, key, active_encoder.encode(updated), revision=entry.revision if entry else 0
+                spec,
+                key,
+                active_encoder.encode(updated),
+                revision=entry.revision if entry else 0,
+                ttl_s=active_ttl(updated, now, broker.retention.active_s),
             )
             return True
         except LeaseConflict:

@@ -26,6 +26,7 @@ from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import RunWake, tool_encoder
 from crashsafe.domain import approval_flow as approval_rules
 from crashsafe.domain.access import require_not_starter
+from crashsafe.domain.record_ttls import approval_ttl
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
@@ -67,7 +68,7 @@ class ApprovalRecords:
                 return stored
             try:
                 revision = await self.broker.kv_write(
-                    self.spec, key, record_encoder.encode(record), revision=0
+                    self.spec, key, record_encoder.encode(record), revision=0, ttl_s=self._ttl(record)
                 )
                 return Stored(record, revision)
             except LeaseConflict:
@@ -89,12 +90,20 @@ class ApprovalRecords:
                 return stored, False
             try:
                 revision = await self.broker.kv_write(
-                    self.spec, key, record_encoder.encode(updated), revision=stored.revision
+                    self.spec,
+                    key,
+                    record_encoder.encode(updated),
+                    revision=stored.revision,
+                    ttl_s=self._ttl(updated),
                 )
                 return Stored(updated, revision), True
             except LeaseConflict:
                 continue  # someone decided it (or wrote it) first: read what it says now
         raise LeaseConflict(key=key, expected_revision=0)
+
+    def _ttl(self, record: ApprovalRecord) -> int | None:
+        """Kept past its expiry while pending, past its decision once decided (domain/record_ttls.py)."""
+        return approval_ttl(record, datetime.now(UTC), self.broker.retention.approvals_s)
 
     async def ensure_timer(self, record: ApprovalRecord) -> None:
         """The record's expiry schedule, unless it is there already: at `expires_at` the server publishes a wake

@@ -15,6 +15,7 @@ from crashsafe.contracts.errors import LeaseConflict
 from crashsafe.contracts.memory import SessionLane
 from crashsafe.contracts.streams import INBOUND_KEPT_S, sessions_spec
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.domain.record_ttls import kept_ttl
 from crashsafe.domain.session_lanes import claimed, with_turn
 from crashsafe.services.platform.jetstream import Broker
 
@@ -50,8 +51,13 @@ class SessionRecords:
             if updated is None or updated == lane:
                 return lane
             try:
+                # Refreshed on every write; a lane idle past it starts with no history (record_ttls.py).
                 await self.broker.kv_write(
-                    self.spec, key, lane_encoder.encode(updated), revision=entry.revision if entry else 0
+                    self.spec,
+                    key,
+                    lane_encoder.encode(updated),
+                    revision=entry.revision if entry else 0,
+                    ttl_s=kept_ttl(self.broker.retention.sessions_s),
                 )
                 return updated
             except LeaseConflict:

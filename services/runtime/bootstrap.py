@@ -39,7 +39,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     # Liveness answers from here on, readiness once subscribed (and about its real seams thereafter).
     ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
     broker = await Broker.connect(
-        settings.nats_url, f"runtime-{settings.worker_id}", access=settings.nats_access, stop=stop
+        settings.nats_url,
+        f"runtime-{settings.worker_id}",
+        access=settings.nats_access,
+        stop=stop,
+        retention=settings.retention,
     )
     beats = VersionBeats(broker, settings.namespace, Role.RUNTIME, settings.worker_id, logger)
     beats.start()

@@ -214,6 +214,7 @@ async def runtime(
         settings.nats_url,
         f"tests-runtime-{settings.worker_id}",
         access=access(settings.nats_url, Role.RUNTIME),
+        retention=settings.retention,
     )
     logger = logging.getLogger(f"tests.runtime.{settings.worker_id}")
     run_catalog = RunCatalog(registry, broker, settings.namespace, logger) if catalog else None
@@ -332,6 +333,7 @@ async def reconciler(
         settings.nats_url,
         f"tests-reconciler-{settings.worker_id}",
         access=access(settings.nats_url, Role.RECONCILER),
+        retention=settings.retention,
     )
     worker = Reconciler(
         broker,
@@ -367,7 +369,12 @@ async def projector(
     from crashsafe.services.agents import stayhub
 
     await provisioned(settings)
-    broker = await Broker.connect(settings.nats_url, name, access=access(settings.nats_url, Role.PROJECTOR))
+    broker = await Broker.connect(
+        settings.nats_url,
+        name,
+        access=access(settings.nats_url, Role.PROJECTOR),
+        retention=settings.retention,
+    )
     registry = registry or stayhub()
     providers = Providers.open(settings, registry.projections.values())
     worker = Projector(broker, settings, registry, providers, logging.getLogger(f"tests.{name}"))

@@ -103,6 +103,15 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_OPS_PORT": "0",
         "CRASHSAFE_LOOP_STALL_S": "12.5",
         "CRASHSAFE_HOOK_LIMIT_S": "2.5",
+        "CRASHSAFE_RETENTION_SESSIONS_S": "864000",
+        "CRASHSAFE_RETENTION_ACTIVE_S": "0",
+        "CRASHSAFE_RETENTION_APPROVALS_S": "86400",
+        "CRASHSAFE_RETENTION_DEAD_MARKS_S": "3000000",
+        "CRASHSAFE_RETENTION_RECEIPTS_S": "172800",
+        "CRASHSAFE_RETENTION_STEP_ROWS_S": "90000",
+        "CRASHSAFE_RETENTION_BUSINESS_ROWS_S": "0",
+        "CRASHSAFE_PRUNE_EVERY_S": "30",
+        "CRASHSAFE_PRUNE_BATCH": "100",
     }
     # A `<NAME>` variable is one per provider: tests/unit/test_provider_settings.py reads them.
     assert set(env) == {v.name for v in VARIABLES if "<NAME>" not in v.name}
@@ -146,6 +155,11 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert s.projection_time_scale == 0.01
     assert (s.synthetic_gateway_url, s.synthetic_key_file) == ("http://gateway:8080", files["synthetic.key"])
     assert (s.synthetic_every_s, s.synthetic_budget_s, s.knowledge_dir) == (60.0, 12.5, Path("/knowledge"))
+    kept = s.retention
+    assert (kept.sessions_s, kept.active_s, kept.approvals_s) == (864000, 0, 86400)
+    assert kept.dead_marks_s == 3000000
+    assert (kept.receipts_s, kept.step_rows_s, kept.business_rows_s) == (172800, 90000, 0)
+    assert (kept.prune_every_s, kept.prune_batch) == (30.0, 100)
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -184,6 +198,14 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_PROJECTION_TIME_SCALE", "fast"),
         ("CRASHSAFE_OPS_PORT", "65536"),
         ("CRASHSAFE_OPS_PORT", "ops"),
+        # A retention below what its late readers need would expire a record still in use.
+        ("CRASHSAFE_RETENTION_SESSIONS_S", "3600"),
+        ("CRASHSAFE_RETENTION_DEAD_MARKS_S", "2592000"),
+        ("CRASHSAFE_RETENTION_APPROVALS_S", "-1"),
+        ("CRASHSAFE_RETENTION_RECEIPTS_S", "1.5"),
+        ("CRASHSAFE_RETENTION_STEP_ROWS_S", "60"),
+        ("CRASHSAFE_PRUNE_EVERY_S", "0"),
+        ("CRASHSAFE_PRUNE_BATCH", "none"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
