@@ -257,6 +257,12 @@ class Namespace:
         """One action key's shared facts, `fact.<family>.<digest(key)>` (keys hold `:`, which KV keys may not)."""
         return f"fact.{_literal(family)}.{_digest(key)}"
 
+    def partition_epoch_key(self, family: str, partition: int) -> str:
+        """A partition's epoch, counted up at each acquisition beside the facts it orders, `fact.<family>.epoch-<n>`
+        (a key's digest is 32 hex digits: the two never meet). Not a key's facts: whatever reads `fact.<family>.*`
+        as facts (an expiry sweep) must leave it out."""
+        return f"fact.{_literal(family)}.epoch-{partition}"
+
     # API client keys: one record per key, written by the operator, read by every gateway on every request.
     @property
     def clients_bucket(self) -> str:

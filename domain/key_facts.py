@@ -13,6 +13,7 @@ import msgspec
 from crashsafe.contracts.keys import undone_by
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus
 from crashsafe.domain.execution import Record
+from crashsafe.domain.partition_ownership import Holding
 
 
 class KeyFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,8 +31,11 @@ class KeyFacts(msgspec.Struct, frozen=True, kw_only=True):
     sent_at: float | None = None
     outcome: ActionOutcome | None = None  # the settled receipt, as the first asker's store committed it
     undone_by: str = ""  # the compensation key whose success undid the effect (`hold:<d>:release`)
-    token: int = 0  # the lease token of the partition holder that wrote this value: a lower one is stale
+    token: int = 0  # the lease token of the partition holder that wrote this value
     store: str = ""  # the id of the store that wrote it (for an operator reading an incident)
+    # The writer's partition epoch: writers are ordered by (epoch, token), and a lower pair is stale. 0: written
+    # by 0.2.0 or before epochs, below every epoch (its token may be of a leases bucket since made again).
+    epoch: int = 0
 
 
 facts_encoder = msgspec.json.Encoder()
@@ -44,7 +48,7 @@ def shared(key: str) -> bool:
     return not key.startswith("run_")
 
 
-def first_asked(request: ActionRequest, sent_at: float, token: int, store: str) -> KeyFacts:
+def first_asked(request: ActionRequest, sent_at: float, holding: Holding, store: str) -> KeyFacts:
     """The facts of a key asked for the first time anywhere: this request is its first asker."""
     return KeyFacts(
         key=request.key,
@@ -55,8 +59,9 @@ def first_asked(request: ActionRequest, sent_at: float, token: int, store: str) 
         status=RecordStatus.STARTED.value,
         attempts=1,
         sent_at=sent_at,
-        token=token,
+        token=holding.token,
         store=store,
+        epoch=holding.epoch,
     )
 
 
@@ -81,29 +86,38 @@ def undone_record(facts: KeyFacts) -> Record | None:
     return Record(key=facts.undone_by, input_hash="", status=RecordStatus.SUCCEEDED, attempts=1, outcome=None)
 
 
-def attempted(facts: KeyFacts, attempts: int, sent_at: float, token: int, store: str) -> KeyFacts:
+def attempted(facts: KeyFacts, attempts: int, sent_at: float, holding: Holding, store: str) -> KeyFacts:
     """Another call is about to be sent with the key."""
     return msgspec.structs.replace(
-        facts, attempts=max(facts.attempts, attempts), sent_at=sent_at, token=token, store=store
+        facts,
+        attempts=max(facts.attempts, attempts),
+        sent_at=sent_at,
+        token=holding.token,
+        store=store,
+        epoch=holding.epoch,
     )
 
 
-def settled(facts: KeyFacts, outcome: ActionOutcome, token: int, store: str) -> KeyFacts:
+def settled(facts: KeyFacts, outcome: ActionOutcome, holding: Holding, store: str) -> KeyFacts:
     """The key's receipt committed. A receipt already there is kept: the first settled answer is the key's."""
     if facts.outcome is not None and RecordStatus(facts.status).settled:
-        return msgspec.structs.replace(facts, token=max(facts.token, token))
+        epoch, token = max(written_by(facts), holding)
+        return msgspec.structs.replace(facts, token=token, epoch=epoch)
     return msgspec.structs.replace(
         facts,
         status=RecordStatus.of(outcome.status).value,
         outcome=outcome,
         attempts=max(facts.attempts, outcome.attempts),
-        token=token,
+        token=holding.token,
         store=store,
+        epoch=holding.epoch,
     )
 
 
-def undone(facts: KeyFacts, compensation_key: str, token: int, store: str) -> KeyFacts:
-    return msgspec.structs.replace(facts, undone_by=compensation_key, token=token, store=store)
+def undone(facts: KeyFacts, compensation_key: str, holding: Holding, store: str) -> KeyFacts:
+    return msgspec.structs.replace(
+        facts, undone_by=compensation_key, token=holding.token, store=store, epoch=holding.epoch
+    )
 
 
 def undoes(outcome: ActionOutcome) -> str | None:
@@ -114,10 +128,16 @@ def undoes(outcome: ActionOutcome) -> str | None:
     return base
 
 
-def stale(current: KeyFacts | None, token: int) -> bool:
-    """A writer whose lease token is older than the one that last wrote the key lost the partition since: it
-    must not write (the fence, carried into the bucket)."""
-    return current is not None and current.token > token
+def written_by(facts: KeyFacts) -> Holding:
+    """Where the facts' last writer stood in the partition's fencing order."""
+    return Holding(facts.epoch, facts.token)
+
+
+def stale(current: KeyFacts | None, holding: Holding) -> bool:
+    """A writer standing below the one that last wrote the key lost the partition since: it must not write (the
+    fence, carried into the bucket). Epochs first: a leases bucket made again restarts the tokens at 1, and a
+    holder of the old bucket still alive then carries the higher token but the lower epoch."""
+    return current is not None and written_by(current) > holding
 
 
 def in_flight_left(window_s: float, sent_at: float | None, now: float, skew_s: float) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -23,6 +24,7 @@ class Holder(msgspec.Struct, frozen=True, kw_only=True):
     store: str  # the store's id (a SQLite file's own uuid)
     owner: str
     token: int  # the lease revision it held
+    epoch: int = 0  # the partition epoch it held under (0: written by 0.2.0, which counts none)
 
 
 class Member(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,10 +34,21 @@ class Member(msgspec.Struct, frozen=True, kw_only=True):
     incarnation: str
 
 
+class PartitionEpoch(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of `fact.<family>.epoch-<partition>` in the key-facts bucket: the partition's latest epoch, counted
+    up by compare-and-set at each acquisition. It lives beside the facts it orders, not in the leases bucket, so a
+    leases bucket made again (its revisions, the lease tokens, starting at 1 again) cannot take the order back."""
+
+    epoch: int
+    owner: str
+    token: int  # the lease revision the acquisition wrote (for an operator reading an incident)
+
+
 lease_encoder = msgspec.json.Encoder()
 lease_decoder = msgspec.json.Decoder(Lease)
 holder_decoder = msgspec.json.Decoder(Holder)
 member_decoder = msgspec.json.Decoder(Member)
+epoch_decoder = msgspec.json.Decoder(PartitionEpoch)
 
 
 def assign(members: Iterable[str], partitions: int) -> dict[str, frozenset[int]]:
@@ -115,21 +128,47 @@ def plan(
     return moves
 
 
+class Holding(NamedTuple):
+    """A holder's place in a partition's fencing order, compared as a tuple: the epoch of its acquisition first,
+    then its lease revision (which only orders one acquisition's renewals). (0, 0): not held, below everything."""
+
+    epoch: int
+    token: int
+
+
+def next_epoch(stored: PartitionEpoch | None, now: float) -> int:
+    """The epoch of an acquisition: above the partition's last one whatever the clocks say (compare-and-set keeps
+    two acquisitions from taking the same), and no lower than the wall clock in milliseconds, so it stays above
+    the epochs live holders carry even if the key-facts bucket itself is made again."""
+    return max((stored.epoch if stored is not None else 0) + 1, int(now * 1000))
+
+
 @dataclass(frozen=True, slots=True)
 class Tenure:
-    """A lease this replica holds: its fencing token, and until when (local monotonic clock) it may act on it."""
+    """A lease this replica holds: its fencing token and epoch, and until when (local monotonic clock) it may act
+    on it."""
 
     partition: int
     token: int
     valid_until: float
+    epoch: int
+
+    @property
+    def holding(self) -> Holding:
+        return Holding(self.epoch, self.token)
 
 
 def tenure_after_write(
-    partition: int, token: int, written_at: float, lease_s: float, margin_s: float
+    partition: int, holding: Holding, written_at: float, lease_s: float, margin_s: float
 ) -> Tenure:
     """A lease written at monotonic time `written_at` (taken before the write was sent) expires on the server no
     sooner than `lease_s` later; act on it only until `margin_s` before that."""
-    return Tenure(partition=partition, token=token, valid_until=written_at + lease_s - margin_s)
+    return Tenure(
+        partition=partition,
+        token=holding.token,
+        valid_until=written_at + lease_s - margin_s,
+        epoch=holding.epoch,
+    )
 
 
 def fenced(tenure: Tenure | None, now: float) -> str | None:

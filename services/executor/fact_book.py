@@ -1,5 +1,5 @@
 """The key-facts bucket as the executor uses it: read a key's facts, create them once, change them by
-compare-and-set, and never write with a lease token older than the last writer's (the fence, in the bucket)."""
+compare-and-set, and never write from below the last writer in the fencing order (the fence, in the bucket)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from crashsafe.contracts.errors import LeaseConflict, PartitionNotOwned
 from crashsafe.contracts.streams import key_facts_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.key_facts import KeyFacts, facts_decoder, facts_encoder, stale
+from crashsafe.domain.partition_ownership import Holding
 from crashsafe.services.platform.jetstream import Broker
 
 # Compare-and-set rounds before giving up (retry later): two writers of one key are only ever an old holder
@@ -47,17 +48,17 @@ class FactBook:
         self,
         key: str,
         change: Callable[[KeyFacts | None], KeyFacts | None],
-        token: int,
+        holding: Holding,
         fence: Callable[[], None],
         partition: int,
     ) -> None:
         """Apply `change` to the key's current facts (None: none yet) and write the result by compare-and-set;
-        `change` returning None writes nothing. A value written under a newer lease token means this replica
-        lost the partition: PartitionNotOwned, and nothing is written."""
+        `change` returning None writes nothing. A value written from above `holding` (a later epoch, or a later
+        lease token of the same one) means this replica lost the partition: PartitionNotOwned, nothing written."""
         subject = self.ns.key_facts_key(self.family, key)
         for _ in range(_ROUNDS):
             current, revision = await self.read(key)
-            if stale(current, token):
+            if stale(current, holding):
                 raise PartitionNotOwned(
                     family=self.family,
                     partition=partition,

@@ -10,6 +10,7 @@ from crashsafe.contracts.keys import CompensationKind, compensation_key, partiti
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest
 from crashsafe.domain import key_facts
 from crashsafe.domain.execution import Execute, Plan, Record, Resolve, classify
+from crashsafe.domain.partition_ownership import Holding
 from crashsafe.domain.registry import Tool
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.store import ActionStore
@@ -18,13 +19,18 @@ from crashsafe.services.platform.crashpoints import crash_point
 
 class KeyRecords:
     def __init__(
-        self, facts: FactBook, stores: dict[int, ActionStore], partitions: int, token: Callable[[int], int]
+        self,
+        facts: FactBook,
+        stores: dict[int, ActionStore],
+        partitions: int,
+        holding: Callable[[int], Holding],
     ) -> None:
         self.facts = facts
         # The executor's own map of held partitions to their stores (the same dict: it changes as leases move).
         self.stores = stores
         self.partitions = partitions
-        self.token = token  # the lease token a partition is held under (0: every fenced write refuses)
+        # Where this replica stands in a partition's fencing order ((0, 0) if not held: every fenced write refuses).
+        self.holding = holding
 
     async def undone(self, own: ActionStore, request: ActionRequest, tool: Tool) -> Record | None:
         """The record of a compensation of this key, if a store this executor holds has one. A business key's
@@ -59,7 +65,7 @@ class KeyRecords:
         read, and only when it was asked before this store took its partition over."""
         partition = partition_of(request.key, self.partitions)
         if key_facts.shared(request.key):
-            mine = key_facts.first_asked(request, time.time(), self.token(partition), store.store_id)
+            mine = key_facts.first_asked(request, time.time(), self.holding(partition), store.store_id)
             known = await self.facts.first(mine, store.fence)
         elif store.inherits(request):
             known, _ = await self.facts.read(request.key)
@@ -77,13 +83,13 @@ class KeyRecords:
         """A new attempt made durable before its call, beside the store and in it: a next life or a next store
         counts on from here and waits out this call's window before calling again."""
         partition = partition_of(request.key, self.partitions)
-        token = self.token(partition)
+        holding = self.holding(partition)
 
         def change(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts:
-            base = current or key_facts.first_asked(request, sent_at, token, store.store_id)
-            return key_facts.attempted(base, attempts, sent_at, token, store.store_id)
+            base = current or key_facts.first_asked(request, sent_at, holding, store.store_id)
+            return key_facts.attempted(base, attempts, sent_at, holding, store.store_id)
 
-        await self.facts.change(request.key, change, token, store.fence, partition)
+        await self.facts.change(request.key, change, holding, store.fence, partition)
         await store.attempt(request.key, attempts, sent_at)
 
     async def settle(
@@ -92,23 +98,23 @@ class KeyRecords:
         """Commit the receipt: beside the store first (a shared key, or one whose attempts left facts there),
         then in it; and a compensation's success on the key it undid, so no store replays the undone effect."""
         partition = partition_of(request.key, self.partitions)
-        token = self.token(partition)
+        holding = self.holding(partition)
         if key_facts.shared(receipt.key) or receipt.attempts > 1:
 
             def change(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts:
-                base = current or key_facts.first_asked(request, time.time(), token, store.store_id)
-                return key_facts.settled(base, receipt, token, store.store_id)
+                base = current or key_facts.first_asked(request, time.time(), holding, store.store_id)
+                return key_facts.settled(base, receipt, holding, store.store_id)
 
-            await self.facts.change(receipt.key, change, token, store.fence, partition)
+            await self.facts.change(receipt.key, change, holding, store.fence, partition)
         base_key = key_facts.undoes(receipt)
         if base_key is not None:
 
             def mark(current: key_facts.KeyFacts | None) -> key_facts.KeyFacts | None:
                 if current is None:
                     return None  # never asked through the facts (a key from before them): its store knows
-                return key_facts.undone(current, receipt.key, token, store.store_id)
+                return key_facts.undone(current, receipt.key, holding, store.store_id)
 
-            await self.facts.change(base_key, mark, token, store.fence, partition)
+            await self.facts.change(base_key, mark, holding, store.fence, partition)
         await store.finish(receipt, stream_seq)
 
     async def plan(

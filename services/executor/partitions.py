@@ -13,6 +13,7 @@ from crashsafe.contracts.streams import leases_spec
 from crashsafe.domain.partition_ownership import (
     Acquire,
     Holder,
+    Holding,
     Lease,
     Member,
     Release,
@@ -29,6 +30,7 @@ from crashsafe.domain.partition_ownership import (
     takeover,
     tenure_after_write,
 )
+from crashsafe.services.executor.partition_epochs import PartitionEpochs
 from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
@@ -72,6 +74,7 @@ class PartitionKeeper:
         self.logger = logger
         self._acquired = acquired
         self._released = released
+        self.epochs = PartitionEpochs(broker, self.ns, family, settings.stream_replicas)
         self.tenures: dict[int, Tenure] = {}
         self._acquired_at: dict[int, float] = {}
         self._releasing: dict[int, asyncio.Task[None]] = {}
@@ -90,6 +93,12 @@ class PartitionKeeper:
     def held(self) -> list[int]:
         return sorted(self.tenures)
 
+    def holding(self, partition: int) -> Holding:
+        """Where this replica's writes for `partition` stand in its fencing order ((0, 0) if it does not hold it:
+        every fenced write then refuses)."""
+        tenure = self.tenures.get(partition)
+        return tenure.holding if tenure is not None else Holding(0, 0)
+
     def check(self, partition: int, key: str | None = None) -> None:
         """The fence: raise unless this replica may still write for `partition` (by the local monotonic clock)."""
         why = fenced(self.tenures.get(partition), time.monotonic())
@@ -105,7 +114,7 @@ class PartitionKeeper:
         taken = takeover(holder, store.store_id)
         await store.record_tenure(token, self.me, holder.store if holder else None, taken)
         store.fence = functools.partial(self.check, partition)
-        record = Holder(store=store.store_id, owner=self.me, token=token)
+        record = Holder(store=store.store_id, owner=self.me, token=token, epoch=self.holding(partition).epoch)
         await self.broker.kv_write(self.spec, holder_key, lease_encoder.encode(record), revision=None)
         return holder, taken
 
@@ -212,9 +221,17 @@ class PartitionKeeper:
             token = await self.broker.kv_write(
                 self.spec, key, self._lease(partition, self.me), revision=revision, ttl_s=self.lease_s
             )
+            epoch = await self.epochs.count(partition, self.me, token)
+            # The lease must still be the one written above once its epoch is counted: an epoch counted for a
+            # lease of a bucket deleted meanwhile would stand above the holder of the new one. A compare-and-set
+            # asks the stream's leader (a direct get may be answered by a replica that lags).
+            token = await self.broker.kv_write(
+                self.spec, key, self._lease(partition, self.me), revision=token, ttl_s=self.lease_s
+            )
         except LeaseConflict:
-            return  # another replica got there first
-        self.tenures[partition] = tenure_after_write(partition, token, started, self.lease_s, self.margin_s)
+            return  # another replica got there first (the TTL frees a lease written before that was found out)
+        holding = Holding(epoch, token)
+        self.tenures[partition] = tenure_after_write(partition, holding, started, self.lease_s, self.margin_s)
         try:
             await self._acquired(partition, token)
         except Exception:
@@ -232,6 +249,7 @@ class PartitionKeeper:
             family=self.family,
             partition=partition,
             token=token,
+            epoch=epoch,
         )
 
     async def _renew(self, partition: int) -> None:
@@ -258,7 +276,7 @@ class PartitionKeeper:
             return
         if partition in self.tenures:
             self.tenures[partition] = tenure_after_write(
-                partition, token, started, self.lease_s, self.margin_s
+                partition, Holding(tenure.epoch, token), started, self.lease_s, self.margin_s
             )
 
     async def _release(self, partition: int) -> None:

@@ -111,8 +111,11 @@ class Executor:
         self.stores: dict[int, ActionStore] = {}
         # Each key's facts beside its partition's store: what a store that never saw a key learns it from.
         self.facts = FactBook(broker, self.ns, family, settings.stream_replicas)
-        # What a key's records say across this replica's stores and beside them (the facts).
-        self.records = KeyRecords(self.facts, self.stores, settings.partitions, self._token)
+        # What a key's records say across this replica's stores and beside them (the facts); where this replica
+        # stands in each partition's fencing order is the keeper's (made below).
+        self.records = KeyRecords(
+            self.facts, self.stores, settings.partitions, lambda p: self.keeper.holding(p)
+        )
         self.pruner = Pruner(self.stores, settings.retention, logger)  # settled rows past their retention
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subscriptions: dict[int, Subscription] = {}
@@ -386,11 +389,6 @@ class Executor:
             ctx=ctx,
             attempted=attempted,
         )
-
-    def _token(self, partition: int) -> int:
-        """The lease token this replica holds the partition under (0 if none: every fenced write then refuses)."""
-        tenure = self.keeper.tenures.get(partition)
-        return tenure.token if tenure is not None else 0
 
     def _store_for(self, key: str) -> ActionStore:
         partition = partition_of(key, self.settings.partitions)

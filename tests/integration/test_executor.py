@@ -40,6 +40,7 @@ from crashsafe.contracts.tool_messages import (
     tool_encoder,
 )
 from crashsafe.domain.key_facts import attempted, first_asked
+from crashsafe.domain.partition_ownership import Holding
 from crashsafe.natsd import NatsServer
 from crashsafe.services.executor import service as executor_service
 from crashsafe.services.executor import store_connection
@@ -746,14 +747,15 @@ async def test_a_stale_lease_holder_never_writes_a_keys_facts(harness: Harness) 
     await ensure_streams(harness.broker, harness.ns)  # as the operator
     book = FactBook(harness.broker, harness.ns, "payment")
     request = harness.request("create_payment", "payment", {"booking_id": "bk_1"}, key="charge:abc")
-    newer = first_asked(request, time.time(), token=9, store="store-b")
+    b, a = Holding(1, 9), Holding(1, 7)
+    newer = first_asked(request, time.time(), b, store="store-b")
     assert await book.first(newer, lambda: None) is None
     with pytest.raises(PartitionNotOwned):
         await book.change(
-            request.key, lambda f: attempted(f or newer, 2, time.time(), 7, "store-a"), 7, lambda: None, 0
+            request.key, lambda f: attempted(f or newer, 2, time.time(), a, "store-a"), a, lambda: None, 0
         )
     assert (await book.read(request.key))[0] == newer
-    await book.change(request.key, lambda f: attempted(f or newer, 2, 5.0, 9, "store-b"), 9, lambda: None, 0)
+    await book.change(request.key, lambda f: attempted(f or newer, 2, 5.0, b, "store-b"), b, lambda: None, 0)
     stored, _ = await book.read(request.key)
     assert stored is not None and (stored.attempts, stored.sent_at) == (2, 5.0)
 
@@ -945,7 +947,7 @@ async def test_a_hold_whose_release_began_on_the_previous_store_is_not_replayed_
         store = previous.stores[partition]
         assert await store.begin(release, stream_seq=2)
         # What the release's first ask leaves beside the store, as `_learn` writes it, before its call.
-        begun = first_asked(release, time.time(), previous._token(partition), store.store_id)
+        begun = first_asked(release, time.time(), previous.keeper.holding(partition), store.store_id)
         assert await previous.facts.first(begun, store.fence) is None
 
     moved = dataclasses.replace(

@@ -41,6 +41,7 @@ from crashsafe.domain.key_facts import (
     undone,
     undone_record,
 )
+from crashsafe.domain.partition_ownership import Holding
 from crashsafe.domain.registry import ProviderAnswer
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -85,7 +86,9 @@ def test_business_keys_and_their_compensations_are_shared_step_keys_are_not() ->
 
 
 def test_a_key_paid_by_an_earlier_run_is_replayed_to_a_later_one_naming_the_first_from_its_facts() -> None:
-    facts = settled(first_asked(ask(FIRST, 2), 100.0, 7, "store-a"), held(), 7, "store-a")
+    facts = settled(
+        first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "store-a"), held(), Holding(1, 7), "store-a"
+    )
     facts = facts_decoder.decode(facts_encoder.encode(facts))  # as the bucket hands them back
     plan = classify(as_record(facts), ask(LATER, 1), deliveries=1, undone=undone_record(facts))
     assert isinstance(plan, Replay)
@@ -94,37 +97,64 @@ def test_a_key_paid_by_an_earlier_run_is_replayed_to_a_later_one_naming_the_firs
 
 
 def test_a_key_undone_by_its_compensation_is_undone_for_a_later_run_from_its_facts() -> None:
-    facts = settled(first_asked(ask(FIRST, 2), 100.0, 7, "a"), held(), 7, "a")
-    facts = undone(facts, f"{KEY}:release", 8, "a")
+    facts = settled(first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "a"), held(), Holding(1, 7), "a")
+    facts = undone(facts, f"{KEY}:release", Holding(1, 8), "a")
     plan = classify(as_record(facts), ask(LATER, 1), deliveries=1, undone=undone_record(facts))
     assert isinstance(plan, Replay) and plan.outcome.error is not None
     assert plan.outcome.error.code == "action_undone"
 
 
 def test_other_input_under_a_known_key_is_a_conflict_from_its_facts() -> None:
-    facts = first_asked(ask(FIRST, 2), 100.0, 7, "a")
+    facts = first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "a")
     other = ask(LATER, 1, {**HOLD_ARGS, "check_out": "2031-12-04"})
     assert isinstance(classify(as_record(facts), other, deliveries=1), Conflict)
 
 
 def test_an_open_key_is_resolved_with_its_attempts_and_last_call_time_from_its_facts() -> None:
-    facts = attempted(first_asked(ask(FIRST, 2), 100.0, 7, "a"), 2, 130.0, 7, "a")
+    facts = attempted(first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "a"), 2, 130.0, Holding(1, 7), "a")
     assert classify(as_record(facts), ask(FIRST, 2), deliveries=3) == Resolve(attempts=2, sent_at=130.0)
 
 
 def test_the_first_settled_receipt_is_kept_and_a_compensation_names_the_key_it_undid() -> None:
-    facts = settled(first_asked(ask(FIRST, 2), 100.0, 7, "a"), held(), 7, "a")
+    facts = settled(first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "a"), held(), Holding(1, 7), "a")
     later = msgspec.structs.replace(held(LATER, 1), result={"booking_id": "bk_2"})
-    assert settled(facts, later, 9, "b").outcome == held()
+    assert settled(facts, later, Holding(1, 9), "b").outcome == held()
     release = msgspec.structs.replace(held(), key=f"{KEY}:release", tool="release_booking")
     assert undoes(release) == KEY
     assert undoes(msgspec.structs.replace(release, status=OutcomeStatus.FAILED)) is None
     assert undoes(msgspec.structs.replace(release, key=f"{FIRST}:3:release")) is None
 
 
-def test_a_writer_with_an_older_lease_token_is_stale() -> None:
-    facts = first_asked(ask(FIRST, 2), 100.0, 9, "b")
-    assert stale(facts, 7) and not stale(facts, 9) and not stale(facts, 12) and not stale(None, 1)
+def test_a_writer_with_an_older_lease_token_of_the_same_epoch_is_stale() -> None:
+    facts = first_asked(ask(FIRST, 2), 100.0, Holding(1, 9), "b")
+    assert (
+        stale(facts, Holding(1, 7)) and not stale(facts, Holding(1, 9)) and not stale(facts, Holding(1, 12))
+    )
+    assert not stale(None, Holding(1, 1)) and stale(facts, Holding(0, 0))  # (0, 0): holds nothing
+
+
+def test_the_epoch_orders_writers_before_the_token_so_a_recreated_leases_bucket_changes_nothing() -> None:
+    """A leases bucket made again numbers its revisions from 1: the old bucket's holder carries the higher token,
+    the new one's the higher epoch, and the epoch decides both ways."""
+    old = first_asked(ask(FIRST, 2), 100.0, Holding(4, 90_000), "old")
+    assert not stale(old, Holding(5, 3))  # the new bucket's holder writes
+    new = attempted(old, 2, 130.0, Holding(5, 3), "new")
+    assert (new.epoch, new.token) == (5, 3)
+    assert stale(
+        new, Holding(4, 90_000)
+    )  # the old bucket's holder, alive and believing its lease, is refused
+    kept = settled(settled(new, held(), Holding(5, 4), "new"), held(), Holding(4, 90_001), "old")
+    assert (kept.epoch, kept.token) == (5, 4)  # a settled receipt keeps the highest writer, not the last
+
+
+def test_facts_written_without_an_epoch_stand_below_every_epoch() -> None:
+    """0.2.0 writes no epoch (and drops it when it rewrites facts): such facts may carry a token of a leases
+    bucket since made again, so they never refuse a holder that counts epochs."""
+    written = msgspec.structs.asdict(first_asked(ask(FIRST, 2), 100.0, Holding(0, 90_000), "old"))
+    del written["epoch"]  # as 0.2.0's KeyFacts encodes them
+    by_old_release = facts_decoder.decode(facts_encoder.encode(written))
+    assert by_old_release.epoch == 0 and by_old_release.token == 90_000
+    assert not stale(by_old_release, Holding(1, 3))
 
 
 def test_the_in_flight_window_counts_from_the_last_call_with_the_hosts_skew() -> None:
@@ -134,7 +164,7 @@ def test_the_in_flight_window_counts_from_the_last_call_with_the_hosts_skew() ->
 
 
 def test_an_outcome_for_a_key_another_run_asked_first_is_credited_to_that_run() -> None:
-    facts = first_asked(ask(FIRST, 2), 100.0, 7, "a")
+    facts = first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "a")
     found = msgspec.structs.replace(held(LATER, 1), via="provider_lookup")
     published = credited(found, as_record(facts))
     assert first_made_by(published.evidence) == FIRST
@@ -158,7 +188,10 @@ def test_a_providers_replay_of_our_first_call_with_a_shared_key_is_another_reque
 
 def test_facts_round_trip_as_json() -> None:
     facts = undone(
-        settled(first_asked(ask(FIRST, 2), 100.0, 7, "a"), held(), 7, "a"), f"{KEY}:release", 8, "a"
+        settled(first_asked(ask(FIRST, 2), 100.0, Holding(1, 7), "a"), held(), Holding(1, 7), "a"),
+        f"{KEY}:release",
+        Holding(1, 8),
+        "a",
     )
     assert facts_decoder.decode(facts_encoder.encode(facts)) == facts
     assert isinstance(facts, KeyFacts)

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from crashsafe.domain.partition_ownership import (
     Acquire,
     Holder,
+    Holding,
     Lease,
+    PartitionEpoch,
     Release,
     Renew,
     Slot,
@@ -17,6 +19,7 @@ from crashsafe.domain.partition_ownership import (
     desired,
     fenced,
     inherited,
+    next_epoch,
     plan,
     takeover,
     tenure_after_write,
@@ -71,8 +74,9 @@ def test_a_restarted_replica_takes_its_previous_lifes_leases_at_once_but_never_i
 
 
 def test_the_fence_holds_until_a_margin_before_the_server_could_expire_the_lease() -> None:
-    tenure = tenure_after_write(3, token=42, written_at=100.0, lease_s=5.0, margin_s=1.0)
-    assert tenure == Tenure(partition=3, token=42, valid_until=104.0)
+    tenure = tenure_after_write(3, Holding(7, 42), written_at=100.0, lease_s=5.0, margin_s=1.0)
+    assert tenure == Tenure(partition=3, token=42, valid_until=104.0, epoch=7)
+    assert tenure.holding == Holding(7, 42)
     assert fenced(tenure, 103.9) is None
     assert fenced(tenure, 104.0) == "lease not renewed in time"  # e.g. resumed after SIGSTOP
     assert fenced(None, 0.0) == "not held"
@@ -89,3 +93,15 @@ def test_after_a_takeover_keys_asked_before_it_plus_the_clock_skew_are_looked_up
     assert inherited(requested_at=50.0, takeover_at=100.0, skew_s=2.0)
     assert inherited(requested_at=101.9, takeover_at=100.0, skew_s=2.0)
     assert not inherited(requested_at=102.0, takeover_at=100.0, skew_s=2.0)
+
+
+def test_an_epoch_is_above_the_last_one_whatever_the_clock_and_no_lower_than_the_clock() -> None:
+    """Above the stored one even with a clock gone back (the compare-and-set counts); no lower than the wall clock
+    in milliseconds, so a key-facts bucket made again still counts above the epochs its live holders carry."""
+    last = PartitionEpoch(epoch=1_900_000_000_000, owner="pod-0", token=3)
+    assert next_epoch(last, now=1_800_000_000.0) == 1_900_000_000_001
+    assert next_epoch(None, now=1_800_000_000.5) == 1_800_000_000_500
+    assert (
+        next_epoch(PartitionEpoch(epoch=5, owner="pod-0", token=3), now=1_800_000_000.0) == 1_800_000_000_000
+    )
+    assert Holding(2, 1) > Holding(1, 90_000) > Holding(0, 10**9) > Holding(0, 0)
