@@ -70,6 +70,11 @@ record-corpus *args:
 bench *args:
     {{bin}}/python bench/run.py {{args}}
 
+# the properties that hold in every shape, across the whole matrix: partitions 4/16/64, 1 or 3 replicas, agents
+# well behaved, raising, answering nonsense, blocking and looping (CI runs two shapes of it)
+shapes *args:
+    CRASHSAFE_SHAPES=full {{bin}}/pytest -n 0 tests/e2e/test_shapes.py {{args}}
+
 # chaos soak: random SIGKILLs of every service and nats-server under load
 chaos *args:
     {{bin}}/python bench/chaos.py {{args}}

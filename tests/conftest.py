@@ -57,12 +57,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             thing.stop()
 
 
+MOST_PARTITIONS = 64
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """Users on, as in a deployment: one per role, for any namespace (each test has its own) and every tool
-    family the tests' registries have (tests/integration/test_nats_permissions.py sweeps one namespace's)."""
+    family the tests' registries have (tests/integration/test_nats_permissions.py sweeps one namespace's), and as
+    many partitions as the largest shape a test runs (tests/e2e/test_shapes.py: 64)."""
     root = tmp_path_factory.mktemp("nats")
-    auth = NatsAuth.for_deployment(root / "auth", None, REGISTRY.families | TEST_ONLY_FAMILIES)
+    auth = NatsAuth.for_deployment(
+        root / "auth", None, REGISTRY.families | TEST_ONLY_FAMILIES, partitions=MOST_PARTITIONS
+    )
     server = NatsServer(root, auth=auth).start()
     admit(server)
     yield server
