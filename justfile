@@ -79,6 +79,11 @@ shapes *args:
 chaos *args:
     {{bin}}/python bench/chaos.py {{args}}
 
+# retention soak: runs through many retention periods (seconds), kept lanes, active records and executor rows must
+# stay flat (CI runs 3 rounds of 8 runs); ROUNDS and RUNS: a longer one
+soak-retention rounds="30" runs="20":
+    SOAK_ROUNDS={{rounds}} SOAK_RUNS_A_ROUND={{runs}} {{bin}}/pytest -n 0 -s tests/integration/test_retention_soak.py
+
 # --- docs ---
 
 # regenerate every generated document (docs/events.md, docs/schemas/, docs/asyncapi.json, docs/openapi.json,

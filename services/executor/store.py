@@ -278,10 +278,12 @@ class ActionStore:
         deleted, kept_from = 0, None
         while start < last:
             end = start + batch
+            # Never the newest row (`last`): SQLite, with no AUTOINCREMENT, gives a new row the largest rowid + 1,
+            # so deleting the largest would hand rowids out again below this kind's cursor, never to be pruned.
             cur = await self._db.execute(
-                f"DELETE FROM actions WHERE rowid > ? AND rowid <= ? AND {keys} AND status IN {_SETTLED}"
-                " AND updated_at < ?",
-                (start, end, cutoff),
+                f"DELETE FROM actions WHERE rowid > ? AND rowid <= ? AND rowid < ? AND {keys}"
+                f" AND status IN {_SETTLED} AND updated_at < ?",
+                (start, end, last, cutoff),
             )
             deleted += max(cur.rowcount, 0)
             left = next(
