@@ -27,7 +27,7 @@ def _json(response: ProviderResponse) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _provider_error(body: dict[str, Any] | None) -> dict[str, Any] | None:
+def provider_error(body: dict[str, Any] | None) -> dict[str, Any] | None:
     """The provider's own typed error (`{"error": {"code": "...", ...}}`); None for any other shape, which a
     proxy, a load balancer or a framework in front of it may have written."""
     error = body.get("error") if body is not None else None
@@ -92,7 +92,7 @@ def read_answer(response: ProviderResponse, operation: HttpOperation) -> Provide
         if (response.header(Header.IDEMPOTENT_REPLAYED.value) or "").lower() == "true":
             return dataclasses.replace(answer, replayed=True)
         return answer
-    error = _provider_error(body)
+    error = provider_error(body)
     if status < 400 or error is None:
         return _unknown(response, " with a body that is not the provider's")
     if error["code"] in operation.in_use_codes:
@@ -105,7 +105,7 @@ def read_lookup(response: ProviderResponse, operation: HttpOperation) -> Provide
     a bare 404 (a wrong route, a gateway), an expired key or anything else unreadable is unknown."""
     status = response.status_code
     body = _json(response)
-    error = _provider_error(body)
+    error = provider_error(body)
     if status == 404 and error is not None and error["code"] in operation.absent_codes:
         return ProviderAnswer(Answer.ABSENT, {}, detail=f"provider: {error['code']}")
     if 200 <= status < 300 and body is not None:

@@ -15,6 +15,7 @@ import msgspec
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.credential_masks import CredentialMask
 from crashsafe.domain.registry import ProviderAnswer
+from crashsafe.services.providers.http_answers import provider_error
 
 # What each question may be answered with (contracts.tool_messages.CallAnswer, LookupAnswer).
 CALL_ANSWERS = frozenset({Answer.OK, Answer.REJECTED, Answer.UNKNOWN})
@@ -63,6 +64,10 @@ def checked(what: str, answer: object, allowed: frozenset[Answer]) -> ProviderAn
         body = msgspec.json.decode(msgspec.json.encode(answer.body))
     except (TypeError, msgspec.EncodeError, msgspec.DecodeError) as exc:
         return _unknown(f"{what} answered a body that is not JSON: {exc}")
+    if answer.kind == Answer.REJECTED and (error := provider_error(body)) is not None:
+        # Read as an HTTP provider's refusal is: the receipt's code is the provider's own (`card_declined`), which
+        # the model and the agent's compensations read, never a bare `provider_rejected`.
+        body = error
     retry_after = answer.retry_after_s
     if not isinstance(retry_after, int | float) or isinstance(retry_after, bool):
         retry_after = None

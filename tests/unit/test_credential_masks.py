@@ -130,14 +130,18 @@ async def test_a_credential_echoed_in_a_body_its_keys_its_nested_lists_and_the_r
     """A refusal's body is the receipt's result and its ref the receipt's `provider_ref`: both journaled."""
     echo = echoes(SECRET)[how]
     body = {
-        "error": {"code": "auth", "sent": [[{"authorization": echo}], f"x-api-key={echo}"]},
-        echo: "a header name the SDK logged",
+        "error": {
+            "code": "auth",
+            "sent": [[{"authorization": echo}], f"x-api-key={echo}"],
+            echo: "a header name the SDK logged",
+        },
     }
     answer = await answered(ProviderAnswer(Answer.REJECTED, body, ref=f"req_{echo}", detail=f"sent {echo}"))
     assert answer.kind == Answer.REJECTED and answer.ref is not None
     shown = [answer.detail, answer.ref, str(answer.body)]
     assert all(MASK in text and not readable(text, SECRET) for text in shown), shown
-    assert answer.body["error"]["code"] == "auth" and len(answer.body) == 2
+    # The provider's error is the refusal's body (its code the receipt's), as an HTTP provider's is.
+    assert answer.body["code"] == "auth" and len(answer.body) == 3
 
 
 def test_base64_is_masked_with_the_characters_that_hold_bits_of_the_secret_and_its_neighbours() -> None:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.errors import ErrorInfo, InvalidSetting
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
-from crashsafe.contracts.tool_messages import ActionRequest, Answer
+from crashsafe.contracts.tool_messages import ActionRequest, Answer, OutcomeStatus
+from crashsafe.domain.execution import Done, after_call, after_lookup
 from crashsafe.domain.registry import ProviderAnswer, PythonOperation, Tool
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.providers.provider_calls import Providers
@@ -263,6 +264,38 @@ async def test_a_credential_across_the_details_cut_or_echoed_in_a_refusals_body_
     assert secret[:5] not in answer.detail and len(answer.detail) <= 500
     refused = ProviderAnswer(Answer.REJECTED, {"error": {"code": "auth", "sent": [f"Bearer {secret}"]}})
     answer = await Providers(endpoints).call(tool_of(Scripted(call=refused)), request(), 1.0)
-    assert answer.kind == Answer.REJECTED and answer.body == {
-        "error": {"code": "auth", "sent": ["Bearer [credential]"]}
-    }
+    # The provider's error is the refusal's body, as an HTTP provider's is (its code is the receipt's).
+    assert answer.kind == Answer.REJECTED and answer.body == {"code": "auth", "sent": ["Bearer [credential]"]}
+
+
+# A refusal keeps the provider's code ---------------------------------------------------------------------------
+
+DECLINED = {"error": {"code": "card_declined", "message": "Your card was declined."}}
+
+
+async def test_a_refusal_in_the_providers_error_shape_is_journaled_with_the_providers_code() -> None:
+    """docs/providers.md: the failed receipt carries the provider's `code` (a declined card), read from the same
+    `{"error": {"code", "message"}}` shape as an HTTP provider's refusal: the model and the agent's compensations
+    see `card_declined`, not `provider_rejected`."""
+    refused = ProviderAnswer(Answer.REJECTED, DECLINED, detail="card_declined")
+    answer = await providers().call(tool_of(Scripted(call=refused)), request(), 1.0)
+    step = after_call(request(), ORDER, answer, attempts=1, deliveries=1)
+    assert isinstance(step, Done) and step.outcome.status == OutcomeStatus.FAILED
+    assert step.outcome.error == ErrorInfo(
+        code="card_declined", message="Your card was declined.", details={"provider": DECLINED["error"]}
+    )
+    held = ProviderAnswer(
+        Answer.REJECTED, DECLINED
+    )  # a lookup: the provider holds the key's record as refused
+    found = await providers().lookup(tool_of(Scripted(lookup=held)), "run_1:1", 1.0, {})
+    again = after_lookup(request(), ORDER, found, attempts=1, deliveries=1)
+    assert isinstance(again, Done) and again.outcome.error is not None
+    assert again.outcome.error.code == "card_declined"
+
+
+async def test_a_refusal_with_no_code_of_the_provider_is_provider_rejected_with_its_detail() -> None:
+    refused = ProviderAnswer(Answer.REJECTED, {"reason": "no"}, detail="the SDK said no")
+    answer = await providers().call(tool_of(Scripted(call=refused)), request(), 1.0)
+    step = after_call(request(), ORDER, answer, attempts=1, deliveries=1)
+    assert isinstance(step, Done) and step.outcome.error is not None
+    assert (step.outcome.error.code, step.outcome.error.message) == ("provider_rejected", "the SDK said no")
