@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import msgspec
 
 from crashsafe.contracts.errors import AgentFault
-from crashsafe.contracts.keys import CompensationKind, compensation_key
-from crashsafe.contracts.run_events import Origin, RunEvent, ToolCall
+from crashsafe.contracts.keys import CompensationKind, compensation_key, undone_by
+from crashsafe.contracts.run_events import Origin, RunEvent, RunStatus, ToolCall
+from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Agent, Compensation, hook_misanswered, hook_raised
 from crashsafe.domain.call_plan import plan_one
 from crashsafe.domain.fold import fold_run
@@ -38,6 +41,33 @@ def agent_compensations(state: RunState, agent: Agent, ending: bool) -> tuple[Co
     if not isinstance(undo, (tuple, list)) or not all(_fits(c) for c in undo):
         raise hook_misanswered(agent, "compensations", undo, "a tuple of Compensation")
     return tuple(c for c in undo if not handed_by_another_run(state, c.undoes))
+
+
+def left_to_undo(state: RunState, tools: Mapping[str, ToolContract]) -> tuple[str, ...]:
+    """The keys of effects a handed-off run made and has not undone, whose tool has an undo (its contract names a
+    `compensation`): what its agent would be asked to undo if its code answered. Read from the journal alone, for
+    when that code faulted. A completed run undoes nothing (its effects are what the guest asked for); an effect
+    another run made is that run's to undo; one whose compensation is on its way or succeeded is being undone (one
+    that failed is not: a person must undo it)."""
+    if state.status != RunStatus.HANDED_OFF:
+        return ()
+    undoing = {undone_by(r.key) for r in state.pending if r.origin == Origin.COMPENSATION}
+    undoing |= {
+        undone_by(r.key)
+        for r, done in state.completed
+        if r.origin == Origin.COMPENSATION and done.status == OutcomeStatus.SUCCEEDED
+    }
+    left = [
+        req.key
+        for req, done in state.completed
+        if req.origin != Origin.COMPENSATION
+        and done.status == OutcomeStatus.SUCCEEDED
+        and (contract := tools.get(req.tool)) is not None
+        and contract.compensation is not None
+        and req.key not in undoing
+        and not handed_by_another_run(state, req.key)
+    ]
+    return tuple(dict.fromkeys(left))  # one key asked twice (the same room) is one effect
 
 
 def plan_compensations(

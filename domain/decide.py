@@ -23,7 +23,7 @@ from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.agent import Agent, ScriptedStep, hook_misanswered, hook_raised
 from crashsafe.domain.approval_flow import guest_answer
 from crashsafe.domain.call_plan import plan_calls
-from crashsafe.domain.compensation_plan import agent_compensations, plan_compensations
+from crashsafe.domain.compensation_plan import agent_compensations, left_to_undo, plan_compensations
 from crashsafe.domain.handoff import handed_off
 from crashsafe.domain.model_calls import over_budget
 from crashsafe.domain.retrieval import policy_question
@@ -49,11 +49,15 @@ class AwaitActions:
     # An ended run's agent faulted deciding what it must still undo: nothing is journaled (the run is with a person
     # already), so the shell reports it; what the agent would have undone is left for that person.
     fault: str = ""
+    # With a fault: the keys of the effects the run left that a person must check, since the agent could not say
+    # whether to undo them (`left_to_undo`). Empty: the fault left nothing undone, and no person need check.
+    undo_left: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Idle:
     fault: str = ""  # as AwaitActions.fault
+    undo_left: tuple[str, ...] = ()  # as AwaitActions.undo_left
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +94,19 @@ def next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig 
             raise AgentFault(agent=agent.name, hook="next move", problem="journals nothing (no progress)")
         return move
     except AgentFault as fault:
-        return agent_failed(state, fault, now)
+        return agent_failed(state, agent, fault, now)
 
 
-def agent_failed(state: RunState, fault: AgentFault, now: datetime) -> Move:
-    """What a run does once its agent's code failed (here, or stopped by the shell's time limit): a live run is handed to a person; one already ended (with a person already) only waits on what is
-    pending, as it would without the agent's further say."""
+def agent_failed(state: RunState, agent: Agent, fault: AgentFault, now: datetime) -> Move:
+    """What a run does once its agent's code failed (here, or stopped by the shell's time limit): a live run is
+    handed to a person; one already ended (with a person already) only waits on what is pending, as it would
+    without the agent's further say, and names what it left that the agent may have wanted undone."""
     if not state.terminal:
         return Append((handed_off(state, now, HandOffReason.AGENT_FAULT, fault.message[:1000]),))
-    said = fault.message[:1000]
-    return AwaitActions(state.pending, fault=said) if state.pending else Idle(fault=said)
+    said, left = fault.message[:1000], left_to_undo(state, agent.tools)
+    if state.pending:
+        return AwaitActions(state.pending, fault=said, undo_left=left)
+    return Idle(fault=said, undo_left=left)
 
 
 def _next_move(state: RunState, agent: Agent, now: datetime, config: AgentConfig | None) -> Move:

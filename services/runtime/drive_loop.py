@@ -176,8 +176,8 @@ class DriveLoop:
         else:
             move = Append(intake.revision_gone(run.state, utcnow(), rules.gone.message))
         match move:
-            case Idle(fault=fault):
-                self._report_fault(run.state, fault)
+            case Idle(fault=fault, undo_left=undo_left):
+                self._report_fault(run.state, fault, undo_left)
                 await release_active(self.appends.broker, self.appends.ns, run.state, self.logger)
                 await self.lanes.release(run.state)
                 if run.state.terminal:
@@ -201,8 +201,8 @@ class DriveLoop:
                 await write(events)
             case AskModel(input=items):
                 await self._ask_model(run, write, rules, items, ctx)
-            case AwaitActions(fault=fault):
-                self._report_fault(run.state, fault)
+            case AwaitActions(fault=fault, undo_left=undo_left):
+                self._report_fault(run.state, fault, undo_left)
                 await self.requests.publish_pending(run, ctx)
                 self.deadlines.arm(run.state)
                 return False
@@ -228,7 +228,7 @@ class DriveLoop:
                 limit_s=self.hook_limit.limit_s,
                 where=overran.where,
             )
-            return agent_failed(state, fault, now)
+            return agent_failed(state, rules.agent, fault, now)
         finally:
             self.deciding = None
 
@@ -242,7 +242,7 @@ class DriveLoop:
             problem=f"held runtime {mark.worker}'s event loop for {mark.stalled_s:g} s{where}, until its "
             "watchdog ended the process; its agent is not run again for this run",
         )
-        return agent_failed(state, fault, utcnow())
+        return agent_failed(state, agent, fault, utcnow())
 
     async def _ask_model(
         self, run: HeldRun, write: Write, rules: _Rules, items: tuple[dict[str, Any], ...], ctx: Context
@@ -268,10 +268,13 @@ class DriveLoop:
             )
         await write((answered,))
 
-    def _report_fault(self, state: RunState, fault: str) -> None:
+    def _report_fault(self, state: RunState, fault: str, undo_left: tuple[str, ...]) -> None:
         """An ended run's agent faulted deciding what to undo: nothing is journaled (it is with a person already),
-        so it is said here, as an error an operator is alerted on, never passed over in silence."""
-        if fault:
+        so it is said here, never passed over in silence. An error an operator is alerted on only where the run
+        left effects the agent may have wanted undone (`left_to_undo`); else the agent's bug alone, a warning."""
+        if not fault:
+            return
+        if undo_left:
             log(
                 self.logger,
                 logging.ERROR,
@@ -280,7 +283,18 @@ class DriveLoop:
                 agent=state.agent,
                 status=state.status,
                 fault=fault,
+                undo_left=", ".join(undo_left)[:1000],
             )
+            return
+        log(
+            self.logger,
+            logging.WARNING,
+            "agent fault in an ended run; it left nothing to undo",
+            run_id=state.run_id,
+            agent=state.agent,
+            status=state.status,
+            fault=fault,
+        )
 
     async def _ask(
         self,

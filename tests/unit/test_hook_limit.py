@@ -40,7 +40,7 @@ def test_a_hook_that_never_returns_is_stopped_and_named(limit: HookLimit, name: 
     assert stopped.value.hook_of(agent) == hook
     assert stopped.value.where.startswith("tests.support.misbehaving:") and stopped.value.where.endswith(hook)
     fault = AgentFault(agent=name, hook=stopped.value.hook_of(agent), problem=str(stopped.value))
-    move = agent_failed(run.state, fault, run.tick())
+    move = agent_failed(run.state, agent, fault, run.tick())
     assert isinstance(move, Append)
     (handed,) = move.events
     assert isinstance(handed, RunHandedOff) and handed.reason == "agent_fault"
