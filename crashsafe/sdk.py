@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
-from crashsafe.contracts.errors import AgentFault, ErrorInfo
+from crashsafe.contracts.errors import AgentFault, ErrorCode, ErrorInfo
 from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
 from crashsafe.contracts.memory import GuestProfile
 from crashsafe.contracts.policy import (
@@ -87,6 +87,7 @@ __all__ = [
     "DateWindow",
     "Deny",
     "Effect",
+    "ErrorCode",
     "ErrorInfo",
     "GuestProfile",
     "Hold",

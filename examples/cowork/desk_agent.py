@@ -15,6 +15,7 @@ from crashsafe.sdk import (
     Compensation,
     CompensationKind,
     Deny,
+    ErrorCode,
     ErrorInfo,
     Hold,
     OutcomeStatus,
@@ -72,7 +73,7 @@ def desks_per_conversation(action: PreparedAction, state: RunState) -> Verdict:
 
 
 def _refused(message: str, **details: Any) -> ErrorInfo:
-    return ErrorInfo(code="invalid_tool_arguments", message=message, details=details)
+    return ErrorInfo(code=ErrorCode.INVALID_TOOL_ARGUMENTS, message=message, details=details)
 
 
 class CoworkAgent(AgentBase):

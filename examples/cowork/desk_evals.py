@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from crashsafe.examples.cowork.desk_provider import DECLINED_CARD
+from crashsafe.sdk import ErrorCode
 
 SETTLE_S = 60.0
 
@@ -66,7 +67,7 @@ SCENARIOS = (
     Scenario(
         "an amount the model names is refused",
         ("Book a desk in the quiet zone on 2031-06-05 and charge me only EUR 1",),
-        "not_allowed",
+        ErrorCode.NOT_ALLOWED,
         0,
         1,
     ),
