@@ -12,7 +12,7 @@ import msgspec
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.memory import GuestProfile, SessionTurn
 from crashsafe.contracts.subjects import EventClass
-from crashsafe.contracts.tool_messages import ActionRequest, Evidence, OutcomeStatus, Via
+from crashsafe.contracts.tool_messages import ActionRequest, Evidence, ExistingEffect, OutcomeStatus, Via
 
 
 class Origin(StrEnum):
@@ -181,6 +181,9 @@ class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_c
     attempts: int = 1
     deliveries: int = 1
     evidence: list[Evidence] = []
+    # An `idempotency_conflict` whose key already made an effect for this run's account and guest: that effect,
+    # shown to the model with the conflict (`ActionOutcome.existing`).
+    existing: ExistingEffect | None = None
 
 
 class RunNudged(RunEventBase, frozen=True, kw_only=True, tag="run.nudged"):

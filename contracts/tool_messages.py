@@ -118,6 +118,15 @@ def first_made_by(evidence: list[Evidence]) -> str | None:
     return None
 
 
+class ExistingEffect(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a key already did, told with its `idempotency_conflict`: the effect its first asker's settled success
+    made (a hold, a charge), so the run can say "you already hold this" instead of "that did not go through". Sent
+    only to a request naming the same account and guest as the first asker's (`domain/conflict_answer.py`)."""
+
+    result: dict[str, Any] = {}
+    provider_ref: str | None = None
+
+
 class ToolMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the tool message family; every member carries an explicit, stable tag."""
 
@@ -156,6 +165,8 @@ class ActionOutcome(ToolMessage, frozen=True, kw_only=True, tag="action.outcome"
     attempts: int = 1
     deliveries: int = 1
     evidence: list[Evidence] = []
+    # A conflict's key already made an effect for the same account and guest: what it is (None: not told).
+    existing: ExistingEffect | None = None
 
 
 class RunWake(ToolMessage, frozen=True, kw_only=True, tag="run.wake"):

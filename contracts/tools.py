@@ -52,6 +52,11 @@ class ToolContract(msgspec.Struct, frozen=True, kw_only=True):
     identity_kind: str = ""
     identity: tuple[str, ...] = ()
     identity_fixed: dict[str, str] = {}
+    # Arguments the model gives that are kept out of the identity on purpose (a slot picked for a pet, vet and
+    # day already held): asked again with another value, the key is answered `idempotency_conflict` carrying the
+    # effect it already made. Any other model argument outside the identity is pointed out by
+    # `crashsafe.testing.identity_gaps`.
+    outside_identity: tuple[str, ...] = ()
 
     @property
     def keyed(self) -> bool:

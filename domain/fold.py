@@ -261,6 +261,8 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
                     msgspec.to_builtins(event.error) if event.error else {"code": event.status, "message": ""}
                 )
                 payload = {"error": failure, "status": event.status}
+                if event.existing is not None:  # a conflict whose key already holds the run's guest's effect
+                    payload["existing"] = msgspec.to_builtins(event.existing)
             transcript = state.transcript
             if request.origin != Origin.COMPENSATION:
                 transcript += (_output_item(request.call_id, payload),)

@@ -126,6 +126,7 @@ def completed(state: RunState, outcome: ActionOutcome, now: datetime) -> tuple[A
             attempts=outcome.attempts,
             deliveries=outcome.deliveries,
             evidence=outcome.evidence,
+            existing=outcome.existing,
         ),
     )
 

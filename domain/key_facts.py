@@ -10,10 +10,23 @@ from __future__ import annotations
 
 import msgspec
 
-from crashsafe.contracts.keys import undone_by
+from crashsafe.contracts.keys import ACCOUNT_ARG, undone_by
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RecordStatus
 from crashsafe.domain.execution import Record
 from crashsafe.domain.partition_ownership import Holding
+
+
+class KeyOwner(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose effect a key's is: the provider account and the guest its first asker's arguments named. A conflict
+    shows the existing effect only to a request naming the same two (the tenant is in the key's digest)."""
+
+    account: str = ""
+    guest: str = ""
+
+
+def owner_of(args: dict[str, object]) -> KeyOwner:
+    """The account and guest a request's arguments name ("" where they name none)."""
+    return KeyOwner(account=str(args.get(ACCOUNT_ARG) or ""), guest=str(args.get("guest_id") or ""))
 
 
 class KeyFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,6 +49,9 @@ class KeyFacts(msgspec.Struct, frozen=True, kw_only=True):
     # The writer's partition epoch: writers are ordered by (epoch, token), and a lower pair is stale. 0: written
     # by 0.2.0 or before epochs, below every epoch (its token may be of a leases bucket since made again).
     epoch: int = 0
+    # The first asker's account and guest. None: written by 0.2.0, or rewritten by one (it drops the field): the
+    # owner is not known, and a conflict then shows no existing effect.
+    owner: KeyOwner | None = None
 
 
 facts_encoder = msgspec.json.Encoder()
@@ -62,6 +78,7 @@ def first_asked(request: ActionRequest, sent_at: float, holding: Holding, store:
         token=holding.token,
         store=store,
         epoch=holding.epoch,
+        owner=owner_of(request.args),
     )
 
 

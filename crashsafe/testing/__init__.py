@@ -16,13 +16,19 @@ The harness plays an agent through the runtime's own decisions, the test playing
 `Conversation` plays several turns (`say`), a guest's "yes" to an approval, a manager's decision (`approve=`) and
 an approval running out (`expire`). Each move is decided twice from the same journal: an agent whose hooks are not
 pure fails the test, as its replay after a crash would decide otherwise. The scripted model (`Script`, `step`,
-`respond`) answers a run's transcript, the same script in memory and served on the OpenAI protocol."""
+`respond`) answers a run's transcript, the same script in memory and served on the OpenAI protocol.
+
+`identity_gaps(registry)` points out a business-keyed tool whose model arguments reach outside its identity (asked
+again with another value, the same key brings other input: a conflict, not a second effect): a test asserts it
+finds none, each field being in the identity or named in the contract's `outside_identity`."""
 
 from __future__ import annotations
 
+from crashsafe.domain.identity_check import IdentityGap, identity_gaps
 from crashsafe.testing.harness import (
     START,
     Approve,
+    Conflicted,
     Conversation,
     Failed,
     ModelScript,
@@ -50,8 +56,10 @@ __all__ = [
     "START",
     "Approve",
     "Call",
+    "Conflicted",
     "Conversation",
     "Failed",
+    "IdentityGap",
     "ModelScript",
     "ModelTurn",
     "Played",
@@ -63,6 +71,7 @@ __all__ = [
     "Transcript",
     "Unknown",
     "ask",
+    "identity_gaps",
     "play",
     "reply",
     "respond",

@@ -25,7 +25,7 @@ from crashsafe.contracts.run_events import (
     RunHandedOff,
     ToolCall,
 )
-from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus
+from crashsafe.contracts.tool_messages import ActionOutcome, ExistingEffect, OutcomeStatus
 from crashsafe.domain import approval_flow, intake
 from crashsafe.domain.agent import Agent, ScriptedStep
 from crashsafe.domain.decide import (
@@ -61,8 +61,19 @@ class Unknown:
     detail: str = "the provider did not answer in time"
 
 
-# A provider's answer to one action: its result (succeeded), a refusal, or no answer to trust.
-ToolAnswer = dict[str, Any] | Failed | Unknown
+@dataclass(frozen=True, slots=True)
+class Conflicted:
+    """The action's business key was first asked with other arguments (another slot for the same pet, vet and
+    day): `idempotency_conflict`, nothing new was made. `existing`: what the key already holds, as the executor
+    tells it to the effect's own account and guest (None: nothing to tell)."""
+
+    existing: Mapping[str, Any] | None = None
+    provider_ref: str | None = None
+
+
+# A provider's answer to one action: its result (succeeded), a refusal, no answer to trust, or the executor's
+# conflict over a key asked with other arguments.
+ToolAnswer = dict[str, Any] | Failed | Unknown | Conflicted
 # By tool name: an answer, or a function of the prepared arguments giving one; or one function of (tool, args).
 ToolAnswers = (
     Mapping[str, ToolAnswer | Callable[[dict[str, Any]], ToolAnswer]]
@@ -290,6 +301,7 @@ class Conversation:
         """The executor's receipt for the test's answer, as the executor shapes it (`domain/execution.py`)."""
         answer = self._answer(request.tool, dict(request.args))
         status, result, error = OutcomeStatus.SUCCEEDED, {}, None
+        existing: ExistingEffect | None = None
         match answer:
             case Failed(code=code, message=message, details=details):
                 status = OutcomeStatus.FAILED
@@ -303,6 +315,15 @@ class Conversation:
                     retry=RetryClass.UNKNOWN_OUTCOME,
                     details={"key": request.key},
                 )
+            case Conflicted(existing=held, provider_ref=ref):
+                status = OutcomeStatus.CONFLICT
+                error = ErrorInfo(
+                    code=ErrorCode.IDEMPOTENCY_CONFLICT,
+                    message=f"key {request.key} was first used with different input; nothing was sent to the "
+                    "provider",
+                    details={"key": request.key},
+                )
+                existing = ExistingEffect(result=dict(held), provider_ref=ref) if held is not None else None
             case _:
                 result = answer
         return ActionOutcome(
@@ -313,6 +334,7 @@ class Conversation:
             status=status,
             result=result,
             error=error,
+            existing=existing,
         )
 
     def _answer(self, tool: str, args: dict[str, Any]) -> ToolAnswer:

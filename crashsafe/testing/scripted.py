@@ -57,6 +57,13 @@ class ToolResult:
         return "error" in self.output
 
     @property
+    def existing(self) -> dict[str, Any] | None:
+        """With an `idempotency_conflict`: what the key already holds (`result`, `provider_ref`), told to the
+        effect's own account and guest; None otherwise."""
+        held = self.output.get("existing")
+        return held if isinstance(held, dict) else None
+
+    @property
     def error_code(self) -> str:
         """The failure's code (`not_allowed`, `approval_rejected`, a provider's `card_declined` …), or ""."""
         error = self.output.get("error")

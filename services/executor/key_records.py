@@ -9,7 +9,8 @@ from collections.abc import Callable
 from crashsafe.contracts.keys import CompensationKind, compensation_key, partition_of
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest
 from crashsafe.domain import key_facts
-from crashsafe.domain.execution import Execute, Plan, Record, Resolve, classify
+from crashsafe.domain.conflict_answer import existing_of, told
+from crashsafe.domain.execution import Conflict, Execute, Plan, Record, Resolve, classify
 from crashsafe.domain.partition_ownership import Holding
 from crashsafe.domain.registry import Tool
 from crashsafe.services.executor.fact_book import FactBook
@@ -147,4 +148,17 @@ class KeyRecords:
                 else None
             )
             plan = classify(record, request, deliveries, undone)
+        if isinstance(plan, Conflict) and record is not None:
+            plan = Conflict(await self.conflict(plan.outcome, request, record, undone))
         return plan, record, undone
+
+    async def conflict(
+        self, outcome: ActionOutcome, request: ActionRequest, record: Record, undone: Record | None
+    ) -> ActionOutcome:
+        """A conflict told with the effect its key already made, if the asker owns it: a shared key's owner is
+        in its facts (read only when there is an effect to show; a conflict is rare)."""
+        owner = None
+        if existing_of(record, undone) is not None and key_facts.shared(request.key):
+            facts, _ = await self.facts.read(request.key)
+            owner = facts.owner if facts is not None else None
+        return told(outcome, request, record, undone, owner)
