@@ -31,8 +31,9 @@ async def reconcile(state_dir: Path, run_id: str | None) -> int:
 
 async def listings(providers: Providers, registry: Registry) -> tuple[ListedEffects | None, list[str]]:
     """The listing of every effect, from each provider an audited HTTP operation names that offers one (the
-    sandbox's ledger), each base URL read once; and a note for each provider or Python operation that offers
-    none, whose effects are then checked by key alone (effects no run journaled cannot be found there)."""
+    sandbox's ledger), each base URL read once, and from each Python operation that lists (`lists=True`), each
+    provider's effects counted once; and a note for each provider or Python operation that offers none, whose
+    effects are then checked by key alone (effects no run journaled cannot be found there)."""
     audited = [t for t in registry.tools.values() if t.audited]
     names = sorted({t.operation.provider for t in audited if isinstance(t.operation, HttpOperation)})
     clients = providers.http_providers()
@@ -52,11 +53,28 @@ async def listings(providers: Providers, registry: Registry) -> tuple[ListedEffe
             )
             continue
         effects = [*(effects or []), *await listed.effects()]
-    python = sorted(t.name for t in audited if isinstance(t.operation, PythonOperation))
-    if python:
+    python = sorted(
+        ((t, t.operation) for t in audited if isinstance(t.operation, PythonOperation)),
+        key=lambda p: p[0].name,
+    )
+    unlisted = [tool.name for tool, operation in python if not operation.lists]
+    # Two tools of one provider may each list it: an effect both name is one effect, not a duplicate.
+    by_provider: dict[str, dict[ProviderEffect, None]] = {}
+    for tool, operation in python:
+        if not operation.lists:
+            continue
+        answered = await providers.listing(tool)
+        if isinstance(answered, str):
+            unlisted.append(tool.name)
+            notes.append(f"NOTE {tool.name}: no listing ({answered})")
+            continue
+        by_provider.setdefault(operation.provider, {}).update(dict.fromkeys(answered))
+    for listed_effects in by_provider.values():
+        effects = [*(effects or []), *listed_effects]
+    if unlisted:
         notes.append(
-            f"NOTE {', '.join(python)}: Python operations offer no listing; each journaled effect is asked about "
-            "by its key through the operation's own lookup"
+            f"NOTE {', '.join(sorted(unlisted))}: Python operations that list no effects; each journaled effect is"
+            " asked about by its key through the operation's own lookup"
         )
     return (ListedEffects(effects) if effects is not None else None), notes
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from crashsafe.contracts.audit import ProviderEffect
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
+
+# What a provider client may answer: the five of docs/providers.md (the executor's own answers are not an adopter's).
+from crashsafe.contracts.client_answers import ClientAnswer as Answer
 from crashsafe.contracts.errors import AgentFault, ErrorCode, ErrorInfo
 from crashsafe.contracts.keys import ACCOUNT_ARG, CompensationKind
 from crashsafe.contracts.memory import GuestProfile
@@ -36,7 +40,7 @@ from crashsafe.contracts.run_events import (
     ToolRejected,
     TurnReceived,
 )
-from crashsafe.contracts.tool_messages import Answer, OutcomeStatus
+from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
@@ -55,6 +59,7 @@ from crashsafe.domain.registry import (
     HttpOperation,
     HttpRequest,
     ProviderAnswer,
+    ProviderCall,
     ProviderClient,
     PythonOperation,
     Registration,
@@ -105,7 +110,9 @@ __all__ = [
     "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
+    "ProviderCall",
     "ProviderClient",
+    "ProviderEffect",
     "ProviderSettings",
     "PythonOperation",
     "RefundWithinPaid",

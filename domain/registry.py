@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from crashsafe.contracts.audit import Finding, Intent
 from crashsafe.contracts.errors import UnknownAgent
@@ -13,9 +13,15 @@ from crashsafe.contracts.projections import RetryPolicy
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, PROVIDER_NAME, ProviderSettings
 from crashsafe.contracts.streams import KvSpec
 from crashsafe.contracts.subjects import Namespace
-from crashsafe.contracts.tool_messages import CallAnswer, LookupAnswer
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Agent
+
+# What a provider is asked and answers lives beside this module; these names are read from here too.
+from crashsafe.domain.provider_clients import LegacyProviderClient as LegacyProviderClient
+from crashsafe.domain.provider_clients import ListingClient as ListingClient
+from crashsafe.domain.provider_clients import ProviderAnswer as ProviderAnswer
+from crashsafe.domain.provider_clients import ProviderCall as ProviderCall
+from crashsafe.domain.provider_clients import ProviderClient as ProviderClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,35 +70,21 @@ def _check_provider(name: str) -> None:
         )
 
 
-class ProviderClient(Protocol):
-    """A provider as an adopter writes it in Python (its SDK: Stripe's, a reservations API's). The contract, in full in
-    docs/providers.md: `call` makes the effect at most once per `key` (the provider's idempotency key) and answers
-    OK, REJECTED (a definitive no: nothing was made) or UNKNOWN; `lookup` answers FOUND, ABSENT (only when the
-    provider says it never saw the key), REJECTED (it holds the key's record as refused) or UNKNOWN. Any exception,
-    a timeout or an answer of another type is read as UNKNOWN: the effect may exist, so it is asked about by key,
-    never called blind."""
-
-    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
-        """`deadline`: a `time.monotonic()` instant (the event loop's clock: `asyncio.timeout_at(deadline)`) by
-        which to answer; the executor stops waiting a grace after it, and the answer is then unknown."""
-        ...
-
-    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
-        """What became of `key`; `args` are the call's (they name the account or the record it wrote)."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class PythonOperation:
     """A tool's effect as an adopter's Python code: `client` is called once per process with its provider's
     settings (base URL, credential: never read from the environment by the adopter) and gives the ProviderClient
     the executor calls with the action's key and asks by key."""
 
-    client: Callable[[ProviderSettings], ProviderClient]
+    # A 0.2 client (`LegacyProviderClient`) is still served, with a deprecation warning, until 0.4.
+    client: Callable[[ProviderSettings], ProviderClient | LegacyProviderClient]
     provider: str = DEFAULT_PROVIDER
     requires: tuple[str, ...] = ()
     # False: the provider cannot be asked about a key; an unknown outcome then stays unknown (never called again).
     looks_up: bool = True
+    # True: the client also lists every effect its provider holds (`ListingClient.effects`), which the audit
+    # reads to find effects no run journaled; False: the audit checks this tool's effects by key alone.
+    lists: bool = False
 
     def __post_init__(self) -> None:
         _check_provider(self.provider)
@@ -123,20 +115,6 @@ class KvOperation:
 
 
 Operation = HttpOperation | PythonOperation | LocalOperation | KvOperation
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderAnswer:
-    """What one provider call or lookup told us. `unknown`: no answer we can trust (timeout, 5xx, garbage)."""
-
-    kind: CallAnswer | LookupAnswer
-    body: dict[str, Any]
-    ref: str | None = None
-    detail: str = ""
-    # The provider's Retry-After: how long to wait before asking it again (a 429, a key in use).
-    retry_after_s: float | None = None
-    # The provider said this answer replays an earlier request with the key (`Idempotent-Replayed: true`).
-    replayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

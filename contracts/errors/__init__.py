@@ -29,6 +29,7 @@ from crashsafe.contracts.errors.catalog_faults import (
     AgentFault,
     CatalogRevisionGone,
     InvalidCatalog,
+    ProviderAnswerInvalid,
 )
 from crashsafe.contracts.errors.crashsafe_error import (
     NOT_SENT,
@@ -91,6 +92,7 @@ __all__ = [
     "OutcomeRefused",
     "PartitionNotOwned",
     "PoisonMessage",
+    "ProviderAnswerInvalid",
     "RateLimited",
     "ReplayRefused",
     "RetryClass",

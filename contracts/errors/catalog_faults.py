@@ -1,5 +1,6 @@
 """Faults of the configuration catalog and of the agents it configures: an invalid catalog, a pinned revision
-that left the bucket's history, an agent's own code that fails."""
+that left the bucket's history, an agent's own code that fails, a provider client's answer of a kind it may not
+give."""
 
 from __future__ import annotations
 
@@ -60,4 +61,21 @@ class AgentFault(CrashsafeError):
         return (
             f"agent {self.agent}'s {self.hook} {self.problem}; the run is handed to a person: fix the agent's code"
             " and redeploy (its journal replays as it stands)"
+        )
+
+
+class ProviderAnswerInvalid(CrashsafeError):
+    """A `ProviderAnswer` built with a kind a provider client may not give: one of the executor's own (`replayed`,
+    `conflict`, `republished`) or no answer at all. Raised where it is built, in the adopter's code: an exception
+    there is read as an unknown outcome (asked about by key, never called blind), like any other."""
+
+    code = ErrorCode.PROVIDER_ANSWER_INVALID
+
+    kind: str
+    allowed: list[str]
+
+    def explain(self) -> str:
+        return (
+            f"a provider answer of kind {self.kind!r}: a provider client answers one of {', '.join(self.allowed)}"
+            " (crashsafe.sdk.Answer; docs/providers.md, the five answers)"
         )

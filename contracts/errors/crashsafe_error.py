@@ -88,6 +88,8 @@ class ErrorCode(StrEnum):
     CONSUMER_SHAPE_CHANGED = "consumer_shape_changed"
     STREAM_SHAPE_CHANGED = "stream_shape_changed"
     SEAM_BROKEN = "seam_broken"
+    # An adopter's provider client built an answer of a kind it may not give (an executor's own `replayed`).
+    PROVIDER_ANSWER_INVALID = "provider_answer_invalid"
 
 
 class RetryClass(StrEnum):

@@ -94,7 +94,7 @@ async def call_until_known(
             await providers.call(tool, request, step_timeout(request, contract), ctx=ctx),
         )
         _PROVIDER_CALL_SECONDS(request.tool).observe(time.monotonic() - started)
-        PROVIDER_CALLS_BY_TOOL(request.tool, _CALL_OUTCOME.get(answer.kind, str(answer.kind))).inc()
+        PROVIDER_CALLS_BY_TOOL(request.tool, _CALL_OUTCOME.get(Answer(answer.kind), str(answer.kind))).inc()
         maker = made_by_another(key_facts.shared(request.key), answer, attempts)
         if maker is not None:  # the call's evidence line says whose effect this is
             trail[-1] = msgspec.structs.replace(trail[-1], detail=maker)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from crashsafe.contracts.audit import Finding, Intent, ProviderEffect
+from crashsafe.contracts.client_answers import ClientAnswer
 from crashsafe.contracts.provider_view import ProviderViewReply
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, JournalEvent, RunStarted
 from crashsafe.contracts.subjects import Namespace
@@ -100,7 +101,8 @@ class ProviderViews:
         self, tool: Tool, key: str, timeout: float, args: dict[str, Any] | None = None
     ) -> ProviderAnswer:
         reply = await provider_views.ask(self.broker, self.ns, tool, key, args or {}, timeout_s=timeout + 1)
-        kind = Answer(reply.answer) if reply.answer in {a.value for a in Answer} else Answer.UNKNOWN
+        # Only the five a provider answers: anything else an executor of another release says is unknown.
+        kind = Answer(reply.answer) if reply.answer in {a.value for a in ClientAnswer} else Answer.UNKNOWN
         return ProviderAnswer(kind, reply.effect, ref=reply.ref, detail=reply.detail)  # type: ignore[arg-type]
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from opentelemetry.context import Context
 
+from crashsafe.contracts.audit import ProviderEffect
 from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.keys import ACCOUNT_ARG
@@ -27,6 +28,7 @@ from crashsafe.domain.credential_masks import CredentialMask
 from crashsafe.domain.registry import (
     HttpOperation,
     KvOperation,
+    ListingClient,
     LocalOperation,
     ProviderAnswer,
     ProviderClient,
@@ -36,7 +38,7 @@ from crashsafe.domain.registry import (
 from crashsafe.services.platform.provider_http import ProviderHttp
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, current, failed, headers_for, span
-from crashsafe.services.providers import python_calls
+from crashsafe.services.providers import legacy_clients, python_calls
 from crashsafe.services.providers.http_answers import read_answer, read_lookup
 from crashsafe.services.providers.kv_effects import KvEffects
 
@@ -147,7 +149,8 @@ class Providers:
         """The tool's Python client, opened once with its provider's settings. KeyError: not configured here."""
         client = self._python.get(tool.name)
         if client is None:
-            client = self._python[tool.name] = operation.client(self.endpoints[operation.provider])
+            opened = operation.client(self.endpoints[operation.provider])
+            client = self._python[tool.name] = legacy_clients.served(tool.name, opened)
         return client
 
     def _python_client(self, tool: Tool, operation: PythonOperation) -> ProviderClient | ProviderAnswer:
@@ -222,11 +225,10 @@ class Providers:
                         answer = client
                     else:
                         # `deadline` is the step's timeout from now; the whole call gets the grace HTTP gets.
-                        deadline = python_calls.deadline_in(timeout)
-                        args = python_calls.own_copy(request.args)
+                        call = python_calls.question(request.args, request.key, timeout)
                         answer = await python_calls.asked(
                             f"{tool.name}'s call",
-                            lambda: client.call(args, request.key, deadline),
+                            lambda: client.call(call),
                             python_calls.CALL_ANSWERS,
                             timeout * _WHOLE_CALL,
                         )
@@ -271,6 +273,16 @@ class Providers:
                     _noted(sent, answer)
                     return answer
         raise AssertionError(f"unhandled operation {tool.operation!r}")
+
+    async def listing(self, tool: Tool, timeout: float = 60.0) -> list[ProviderEffect] | str:
+        """Every effect a Python operation's provider lists (`lists=True`), for the audit; or why there is none."""
+        operation = tool.operation
+        if not isinstance(operation, PythonOperation) or not operation.lists:
+            return f"{tool.name} offers no listing"
+        client = self._python_client(tool, operation)
+        if isinstance(client, ProviderAnswer):
+            return client.detail
+        return await python_calls.listed(f"{tool.name}'s listing", cast(ListingClient, client), timeout)
 
     def can_look_up(self, tool: Tool) -> bool:
         """A local effect leaves nothing to ask about: asking says `absent`, and calling again is the same as once."""
@@ -322,10 +334,10 @@ class Providers:
                     if isinstance(client, ProviderAnswer):
                         answer = client
                     else:
-                        own = python_calls.own_copy(args or {})
+                        asked_about = python_calls.question(args or {}, key, timeout)
                         answer = await python_calls.asked(
                             f"{tool.name}'s lookup",
-                            lambda: client.lookup(key, own),
+                            lambda: client.lookup(asked_about),
                             python_calls.LOOKUP_ANSWERS,
                             timeout * _WHOLE_CALL,
                         )

@@ -12,9 +12,11 @@ from typing import Any
 
 import msgspec
 
+from crashsafe.contracts.audit import ProviderEffect
+from crashsafe.contracts.keys import ACCOUNT_ARG
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.credential_masks import CredentialMask
-from crashsafe.domain.registry import ProviderAnswer
+from crashsafe.domain.registry import ListingClient, ProviderAnswer, ProviderCall
 from crashsafe.services.providers.http_answers import provider_error
 
 # What each question may be answered with (contracts.tool_messages.CallAnswer, LookupAnswer).
@@ -102,6 +104,30 @@ def deadline_in(seconds: float) -> float:
 def own_copy(args: dict[str, Any]) -> dict[str, Any]:
     """The arguments as the adopter's code may keep or change them: never the request's own."""
     return copy.deepcopy(args)
+
+
+def question(args: dict[str, Any], key: str, timeout: float) -> ProviderCall:
+    """What a client's `call` or `lookup` is given: its own copy of the arguments, the account taken out of them
+    (`in_account` put it there for the journal; the provider gets it as its account, never in the body), and the
+    deadline `timeout` from now."""
+    own = own_copy(args)
+    account = own.pop(ACCOUNT_ARG, None)
+    return ProviderCall(key=key, args=own, account=str(account or ""), deadline=deadline_in(timeout))
+
+
+async def listed(what: str, client: ListingClient, give_up_after: float) -> list[ProviderEffect] | str:
+    """Every effect a client lists (`effects()`), checked: a list of `ProviderEffect`; else why there is none (it
+    raised, answered late or answered something else), and the audit checks by key alone."""
+    try:
+        async with asyncio.timeout(give_up_after):
+            effects = await client.effects()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- the adopter's code: no listing, never a failed audit
+        return f"{what} raised {type(exc).__name__}: {exc}"
+    if not isinstance(effects, list) or not all(isinstance(e, ProviderEffect) for e in effects):
+        return f"{what} answered a {type(effects).__name__}, not a list of ProviderEffect"
+    return effects
 
 
 def _unknown(detail: str) -> ProviderAnswer:

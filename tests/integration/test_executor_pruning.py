@@ -32,7 +32,14 @@ from crashsafe.contracts.tool_messages import (
     runtime_message_decoder,
 )
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
-from crashsafe.domain.registry import ProviderAnswer, PythonOperation, Registration, Registry, Tool
+from crashsafe.domain.registry import (
+    ProviderAnswer,
+    ProviderCall,
+    PythonOperation,
+    Registration,
+    Registry,
+    Tool,
+)
 from crashsafe.natsd import NatsServer
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.executor.store import ActionStore
@@ -66,18 +73,18 @@ class Charges:
     def __init__(self, ledger: Ledger, settings: ProviderSettings) -> None:
         self.ledger = ledger
 
-    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
-        self.ledger.calls.append(key)
-        known = self.ledger.made.get(key)
+    async def call(self, call: ProviderCall) -> ProviderAnswer:
+        self.ledger.calls.append(call.key)
+        known = self.ledger.made.get(call.key)
         if known is not None:
             return ProviderAnswer(Answer.OK, known, ref=known["charge_id"], replayed=True)
-        charge = {"charge_id": f"ch_{len(self.ledger.made) + 1}", "amount_cents": args["amount_cents"]}
-        self.ledger.made[key] = charge
+        charge = {"charge_id": f"ch_{len(self.ledger.made) + 1}", "amount_cents": call.args["amount_cents"]}
+        self.ledger.made[call.key] = charge
         return ProviderAnswer(Answer.OK, charge, ref=charge["charge_id"])
 
-    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
-        self.ledger.lookups.append(key)
-        known = self.ledger.made.get(key)
+    async def lookup(self, call: ProviderCall) -> ProviderAnswer:
+        self.ledger.lookups.append(call.key)
+        known = self.ledger.made.get(call.key)
         if known is not None:
             return ProviderAnswer(Answer.FOUND, known, ref=known["charge_id"])
         return ProviderAnswer(Answer.ABSENT, {})

@@ -262,6 +262,52 @@ async def test_the_audit_asks_a_python_operation_by_key_and_lists_only_where_a_p
     ]
 
 
+async def test_the_audit_finds_an_effect_no_journal_asked_for_through_a_python_operations_listing(
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
+) -> None:
+    """Issue 32, item 14: a Python operation that lists (`lists=True`) is read like a sandbox ledger, so an order
+    its provider holds at a key no run journaled is reported, beside the by-key answers for journaled ones."""
+    book = OrderBook()
+    deployment = registry(book, lists=True)
+    settings = dataclasses.replace(
+        inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path),
+        providers=(
+            ProviderSettings("shop", credential=CREDENTIAL),
+            ProviderSettings("crm", f"http://127.0.0.1:{free_port()}"),
+        ),
+    )
+    await inprocess.provisioned(settings)
+    journal = RunJournal(broker, namespace)
+    at = datetime.now(UTC)
+    run_id = "run_" + uuid.uuid4().hex[:24]
+    asked = ActionRequested(
+        run_id=run_id,
+        at=at,
+        step_no=1,
+        call_id="c1",
+        tool=ORDER.name,
+        family=ORDER.family,
+        args={"item": "desk-1"},
+        key=action_key(run_id, 1),
+        input_hash="h",
+        timeout_s=2.0,
+        deadline_at=at + timedelta(seconds=30),
+    )
+    events: list[RunEvent] = [msgspec.structs.replace(runs.started(agent="steps1", at=at), run_id=run_id)]
+    events += [asked, runs.receipt(asked, at), RunCompleted(run_id=run_id, at=at, reply="done")]
+    for seq, event in enumerate(events):
+        await journal.append(event, seq if seq == 0 else await _last(journal, run_id))
+    book.orders[action_key(run_id, 1)] = {"order_id": "ord_1"}
+    stray = "run_" + uuid.uuid4().hex[:24] + ":1"  # no journal asked for it
+    book.orders[stray] = {"order_id": "ord_2"}
+
+    async with Providers.open(settings, deployment.tools.values()) as providers:
+        listing, notes = await listings(providers, deployment)
+        findings, stats = await audit_all(broker, settings, deployment, providers, listing)
+    assert stats.listed_effects == 2 and [n.split(" ", 2)[1] for n in notes] == ["provider"], notes
+    assert [(f.kind, f.key) for f in findings] == [(FindingKind.EFFECT_WITHOUT_INTENT, stray)]
+
+
 async def _last(journal: RunJournal, run_id: str) -> int:
     _, version = await journal.read(run_id)
     return version

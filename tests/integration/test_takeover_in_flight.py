@@ -32,7 +32,14 @@ from crashsafe.contracts.tool_messages import (
     runtime_message_decoder,
 )
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
-from crashsafe.domain.registry import ProviderAnswer, PythonOperation, Registration, Registry, Tool
+from crashsafe.domain.registry import (
+    ProviderAnswer,
+    ProviderCall,
+    PythonOperation,
+    Registration,
+    Registry,
+    Tool,
+)
 from crashsafe.natsd import NatsServer
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.platform.jetstream import Broker
@@ -77,9 +84,9 @@ class UnlockedCharges:
     def __init__(self, ledger: Ledger, settings: ProviderSettings) -> None:
         self.ledger = ledger
 
-    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
-        self.ledger.calls.append(key)
-        work = asyncio.ensure_future(self._charge(args, key))
+    async def call(self, call: ProviderCall) -> ProviderAnswer:
+        self.ledger.calls.append(call.key)
+        work = asyncio.ensure_future(self._charge(call.args, call.key))
         self.ledger.work.add(work)
         return await asyncio.shield(work)  # a caller that goes away does not stop the charge
 
@@ -98,7 +105,8 @@ class UnlockedCharges:
         self.ledger.made[key] = charge
         return ProviderAnswer(Answer.OK, charge, ref=charge["charge_id"])
 
-    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
+    async def lookup(self, call: ProviderCall) -> ProviderAnswer:
+        key = call.key
         self.ledger.lookups.append((key, self.ledger.in_hand.get(key, 0) > 0))
         known = self.ledger.made.get(key)
         if known is not None:

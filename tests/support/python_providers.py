@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.workloads import StepsAgent
+from crashsafe.contracts.audit import ProviderEffect
 from crashsafe.contracts.provider_settings import ProviderSettings
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.contracts.tools import Effect, RetryRule, ToolContract
@@ -15,6 +16,7 @@ from crashsafe.domain.registry import (
     HttpOperation,
     HttpRequest,
     ProviderAnswer,
+    ProviderCall,
     PythonOperation,
     Registration,
     Registry,
@@ -50,18 +52,22 @@ class OrderBook:
     opened: list[tuple[str, str, str | None]] = field(default_factory=list)
     # The `deadline` each call got, with time.monotonic() when it came in.
     deadlines: list[tuple[float, float]] = field(default_factory=list)
+    # Every question as the client was given it, calls and lookups alike.
+    asked: list[ProviderCall] = field(default_factory=list)
 
 
 class OrderClient:
-    """A ProviderClient: places an order once per key; says what became of a key."""
+    """A ProviderClient: places an order once per key; says what became of a key; lists every order it holds."""
 
     def __init__(self, book: OrderBook, settings: ProviderSettings) -> None:
         self.book = book
         book.opened.append((settings.name, settings.base_url, settings.credential))
 
-    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
+    async def call(self, call: ProviderCall) -> ProviderAnswer:
+        key, args = call.key, call.args
+        self.book.asked.append(call)
         self.book.calls.append(key)
-        self.book.deadlines.append((deadline, time.monotonic()))
+        self.book.deadlines.append((call.deadline, time.monotonic()))
         if self.book.raise_before_commit:
             self.book.raise_before_commit -= 1
             raise ConnectionRefusedError("the provider's SDK could not connect")
@@ -78,18 +84,23 @@ class OrderClient:
             raise ConnectionResetError("connection reset after the provider committed")
         return ProviderAnswer(Answer.OK, order, ref=order["order_id"])
 
-    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
-        self.book.lookups.append(key)
-        if (order := self.book.orders.get(key)) is not None:
+    async def lookup(self, call: ProviderCall) -> ProviderAnswer:
+        self.book.asked.append(call)
+        self.book.lookups.append(call.key)
+        if (order := self.book.orders.get(call.key)) is not None:
             return ProviderAnswer(Answer.FOUND, order, ref=order["order_id"])
         return ProviderAnswer(Answer.ABSENT, {})
 
+    async def effects(self) -> list[ProviderEffect]:
+        return [ProviderEffect("order", key, order["order_id"]) for key, order in self.book.orders.items()]
 
-def order_tool(book: OrderBook, provider: str = "shop") -> Tool:
-    return Tool(ORDER, PythonOperation(lambda settings: OrderClient(book, settings), provider=provider))
+
+def order_tool(book: OrderBook, provider: str = "shop", lists: bool = False) -> Tool:
+    client = PythonOperation(lambda settings: OrderClient(book, settings), provider=provider, lists=lists)
+    return Tool(ORDER, client)
 
 
-def registry(book: OrderBook | None = None, provider: str = "shop") -> Registry:
+def registry(book: OrderBook | None = None, provider: str = "shop", lists: bool = False) -> Registry:
     """An agent of the benchmark's with a Python operation at `provider` and an HTTP one at `crm`: an executor
     of family `orders` needs both providers configured before it starts."""
     note = Tool(
@@ -101,5 +112,5 @@ def registry(book: OrderBook | None = None, provider: str = "shop") -> Registry:
             provider="crm",
         ),
     )
-    tools = (order_tool(book or OrderBook(), provider), note)
+    tools = (order_tool(book or OrderBook(), provider, lists), note)
     return Registry.of(Registration(agent=StepsAgent(steps=1), tools=tools))

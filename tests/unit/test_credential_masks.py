@@ -9,7 +9,6 @@ import base64
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import pytest
@@ -18,7 +17,7 @@ from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.tool_messages import ActionRequest, Answer
 from crashsafe.domain.credential_masks import MASK, CredentialMask
-from crashsafe.domain.registry import ProviderAnswer, PythonOperation, Tool
+from crashsafe.domain.registry import ProviderAnswer, ProviderCall, PythonOperation, Tool
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.providers.provider_calls import Providers
 from tests.support.python_providers import ORDER
@@ -74,13 +73,13 @@ class Answers:
     def __init__(self, answer: ProviderAnswer | Exception) -> None:
         self.answer = answer
 
-    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
+    async def call(self, call: ProviderCall) -> ProviderAnswer:
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
 
-    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
-        return await self.call(args, key, 0.0)
+    async def lookup(self, call: ProviderCall) -> ProviderAnswer:
+        return await self.call(call)
 
 
 def request() -> ActionRequest:

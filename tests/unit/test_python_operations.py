@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from crashsafe.contracts.errors import ErrorInfo, InvalidSetting
+from crashsafe.contracts.errors import ErrorCode, ErrorInfo, InvalidSetting, ProviderAnswerInvalid
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.tool_messages import ActionRequest, Answer, OutcomeStatus
 from crashsafe.domain.execution import Done, after_call, after_lookup
-from crashsafe.domain.registry import ProviderAnswer, PythonOperation, Tool
+from crashsafe.domain.registry import ProviderAnswer, ProviderCall, PythonOperation, Tool
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.providers.provider_calls import Providers
 from tests.support.python_providers import ORDER, OrderBook, order_tool, registry
@@ -36,13 +36,13 @@ class Scripted:
             raise answer
         return answer
 
-    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
-        self.seen.append(args)
-        args["changed"] = True  # the adopter's code may change what it was given
+    async def call(self, call: ProviderCall) -> ProviderAnswer:
+        self.seen.append(call.args)
+        call.args["changed"] = True  # the adopter's code may change what it was given
         answer: ProviderAnswer = await self._answer("call")
         return answer
 
-    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
+    async def lookup(self, call: ProviderCall) -> ProviderAnswer:
         answer: ProviderAnswer = await self._answer("lookup")
         return answer
 
@@ -95,7 +95,6 @@ async def test_an_exception_from_lookup_is_unknown_never_absent() -> None:
             ProviderAnswer(Answer.FOUND, {}),
             "answered <Answer.FOUND: 'found'>, not one of ok, rejected, unknown",
         ),
-        (ProviderAnswer("done", {}), "answered 'done', not one of ok, rejected, unknown"),  # type: ignore[arg-type]
         (ProviderAnswer(Answer.OK, ["a"]), "answered a body that is not a dict"),  # type: ignore[arg-type]
         (ProviderAnswer(Answer.OK, {"at": object()}), "answered a body that is not JSON"),
     ],
@@ -299,3 +298,88 @@ async def test_a_refusal_with_no_code_of_the_provider_is_provider_rejected_with_
     step = after_call(request(), ORDER, answer, attempts=1, deliveries=1)
     assert isinstance(step, Done) and step.outcome.error is not None
     assert (step.outcome.error.code, step.outcome.error.message) == ("provider_rejected", "the SDK said no")
+
+
+# What a client may answer: the five, and a typed error where another is built ----------------------------------
+
+
+@pytest.mark.parametrize("kind", [Answer.REPLAYED, Answer.CONFLICT, Answer.REPUBLISHED, "done"])
+def test_an_answer_of_a_kind_no_client_may_give_is_a_typed_error_where_it_is_built(kind: str) -> None:
+    with pytest.raises(ProviderAnswerInvalid) as raised:
+        ProviderAnswer(kind, {})  # type: ignore[arg-type]
+    assert raised.value.code == ErrorCode.PROVIDER_ANSWER_INVALID and raised.value.kind == kind
+    assert raised.value.allowed == ["ok", "rejected", "unknown", "found", "absent"]
+
+
+class SaysReplayed:
+    """A client that answers the executor's own `replayed` (it read the evidence's vocabulary as its own)."""
+
+    async def call(self, call: ProviderCall) -> ProviderAnswer:
+        return ProviderAnswer(Answer.REPLAYED, {})  # type: ignore[arg-type]
+
+    async def lookup(self, call: ProviderCall) -> ProviderAnswer:
+        return await self.call(call)
+
+
+async def test_a_client_answering_an_executors_own_kind_is_unknown_naming_the_typed_error() -> None:
+    """Unknown, never taken at its word: the call may have made its effect before the client built its answer."""
+    tool = Tool(ORDER, PythonOperation(lambda settings: SaysReplayed()))
+    answer = await providers().call(tool, request(), 1.0)
+    assert answer.kind == Answer.UNKNOWN
+    assert answer.detail.startswith(
+        "place_order's call raised ProviderAnswerInvalid: a provider answer of kind"
+    )
+
+
+# The account: a typed field of the call, never among the arguments ----------------------------------------------
+
+
+async def test_a_client_is_given_the_account_as_a_field_of_the_call_and_not_in_its_arguments() -> None:
+    """A tenant's run acts in its account at the provider (`in_account` journals it in the arguments): the client
+    sends `call.account` as the provider's account; the arguments it may pass as the body do not hold it."""
+    book = OrderBook()
+    tool = order_tool(book, DEFAULT_PROVIDER)
+    opened = providers()
+    sent = request(account="acme")
+    await opened.call(tool, sent, 1.0)
+    await opened.lookup(tool, sent.key, 1.0, sent.args)
+    await opened.call(tool, request(), 1.0)  # a run of no tenant: the provider's default account
+    assert [(c.key, c.account, c.args) for c in book.asked] == [
+        ("run_1:1", "acme", {"item": "desk"}),
+        ("run_1:1", "acme", {"item": "desk"}),
+        ("run_1:1", "", {"item": "desk"}),
+    ]
+    assert sent.args == {"item": "desk", "account": "acme"}, "the journaled request is untouched"
+    assert all(c.deadline > 0 for c in book.asked)
+
+
+class OldShape:
+    """A client written for 0.2: the account among its arguments, taken out of the body by the client itself."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(self, args: dict[str, Any], key: str, deadline: float) -> ProviderAnswer:
+        self.seen.append(("call", dict(args)))
+        return ProviderAnswer(Answer.OK, {"order_id": "ord_1"})
+
+    async def lookup(self, key: str, args: dict[str, Any]) -> ProviderAnswer:
+        self.seen.append(("lookup", dict(args)))
+        return ProviderAnswer(Answer.FOUND, {"order_id": "ord_1"})
+
+
+async def test_a_client_of_the_02_shape_is_still_served_the_account_in_its_arguments_and_warned_about() -> (
+    None
+):
+    client = OldShape()
+    tool = Tool(ORDER, PythonOperation(lambda settings: client))
+    opened = providers()
+    sent = request(account="acme")
+    with pytest.warns(DeprecationWarning, match="tool 'place_order': its provider client has the 0.2 shape"):
+        answer = await opened.call(tool, sent, 1.0)
+    found = await opened.lookup(tool, sent.key, 1.0, sent.args)  # opened once: warned once
+    assert (answer.kind, found.kind) == (Answer.OK, Answer.FOUND)
+    assert client.seen == [
+        ("call", {"item": "desk", "account": "acme"}),
+        ("lookup", {"item": "desk", "account": "acme"}),
+    ]

@@ -9,6 +9,7 @@ import pytest
 
 from crashsafe import sdk
 from crashsafe.contracts.errors import ErrorCode
+from crashsafe.contracts.tool_messages import Answer
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.unit
@@ -42,3 +43,11 @@ def test_the_example_and_the_template_spell_no_error_code_as_a_bare_string() -> 
         for match in bare.finditer(path.read_text())
     ]
     assert not spelled, spelled
+
+
+def test_a_provider_client_is_offered_the_five_answers_and_none_of_the_executors_own() -> None:
+    """`Answer` in the sdk is what a ProviderClient may answer (docs/providers.md); the executor's `replayed`,
+    `conflict` and `republished` stay in the evidence's vocabulary, with the same words on the wire."""
+    assert [a.value for a in sdk.Answer] == ["ok", "rejected", "unknown", "found", "absent"]
+    assert all(Answer(a.value) == a for a in sdk.Answer)
+    assert {"ProviderCall", "ProviderEffect"} <= set(sdk.__all__)
