@@ -2,9 +2,10 @@
 
 An operator's probe of the whole seam (gateway -> runtime -> model -> executor -> provider and back), recorded
 apart from process health: `ops.synthetic` on `<ns>.ops.synthetic.<who>` (OPS stream), and the
-`crashsafe_synthetic_*` metrics. Its runs belong to the tenant `synthetic` and the agent `synthetic`, whose only
-tool is `search_hotels` (a read): whatever its model asks for, the runtime rejects any other tool before anything
-is journaled or signed (`tool_rejected`, `unknown_tool`), so a synthetic run can write nothing.
+`crashsafe_synthetic_*` metrics. Its runs belong to the tenant `synthetic` and the agent `synthetic`, whose tools
+are reads only (StayHub's: `search_hotels`; another registry's: those its declared probe names, `domain/probe.py`):
+whatever its model asks for, the runtime rejects any other tool before anything is journaled or signed
+(`tool_rejected`, `unknown_tool`), so a synthetic run can write nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ SYNTHETIC_TENANT = "synthetic"
 SYNTHETIC_AGENT = "synthetic"
 # The guest message's form, which the deterministic route reads back: "synthetic search <city> from <d> to <d>".
 SYNTHETIC_PREFIX = "synthetic search"
+# A registry's own probe (`domain/probe.py`): "synthetic probe [{"tool": ..., "arguments": {...}}, ...]", the read
+# calls its agent `synthetic` makes, read back by the deterministic route.
+SYNTHETIC_PROBE_PREFIX = "synthetic probe"
 # The model name the `fixed` route answers as (services/runtime/fixed_model.py).
 FIXED_MODEL = "synthetic-fixed"
 # How long one turn may take before it is called slow (the run is still bounded by its own deadline).

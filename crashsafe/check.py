@@ -1,4 +1,4 @@
-"""`crashsafe check synthetic`: one synthetic turn (the scoped test tenant's search) through the gateway, printed;
+"""`crashsafe check synthetic`: one synthetic turn (the scoped test tenant's reads) through the gateway, printed;
 and, asked to, recorded where the reconciler's turns go."""
 
 from __future__ import annotations
@@ -48,11 +48,15 @@ async def check_synthetic(
     """One synthetic turn; prints its result; 0 if ok, 1 if slow or failed. `record`: also publish it on
     `<ns>.ops.synthetic.cli` with the operator's NATS credential (the history the reconciler's turns go to)."""
     from crashsafe.contracts.synthetic_turn import SyntheticResult, synthetic_encoder
+    from crashsafe.domain.registry import load
     from crashsafe.services.reconciler.synthetic_probe import publish_turn, synthetic_turn
 
     url, secret = synthetic_target(state_dir, gateway_url, key)
     budget = budget_s if budget_s is not None else Settings.from_env().synthetic_budget_s
-    turn = await synthetic_turn(url, secret, budget_s=budget, by="cli")
+    # The stack's registry (`up --registry`, CRASHSAFE_REGISTRY) says what a turn asks: its declared probe's calls,
+    # else StayHub's search.
+    probe = load(settings_for(state_dir).registry).probe
+    turn = await synthetic_turn(url, secret, budget_s=budget, by="cli", probe=probe)
     if as_json:
         print(synthetic_encoder.encode(turn).decode())
     else:

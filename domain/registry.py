@@ -13,8 +13,10 @@ from crashsafe.contracts.projections import RetryPolicy
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, PROVIDER_NAME, ProviderSettings
 from crashsafe.contracts.streams import KvSpec
 from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT
 from crashsafe.contracts.tools import ToolContract
 from crashsafe.domain.agent import Agent
+from crashsafe.domain.probe import Probe, ProbeAgent, probe_agent
 
 # What a provider is asked and answers lives beside this module; these names are read from here too.
 from crashsafe.domain.provider_clients import LegacyProviderClient as LegacyProviderClient
@@ -173,11 +175,14 @@ class Registry:
     families: frozenset[str] = field(default=frozenset())
 
     @classmethod
-    def of(cls, *registrations: Registration, extra_tools: Iterable[Tool] = ()) -> Registry:
+    def of(
+        cls, *registrations: Registration, extra_tools: Iterable[Tool] = (), probe: Probe | None = None
+    ) -> Registry:
         """The first registration's agent is the default one (for a guest event that names none).
 
         `extra_tools`: the deployment's own projection tools that no agent calls (the audit trail): delivered by
-        the projector only, so their families get no executor."""
+        the projector only, so their families get no executor. `probe`: the deployment's synthetic turn, run as
+        the agent `synthetic` (`domain/probe.py`; reads only, else `ProbeWrites`)."""
         if not registrations:
             raise ValueError("a registry needs at least one agent")
         agents: dict[str, Agent] = {}
@@ -211,6 +216,8 @@ class Registry:
                     f"agent {agent.name!r} names {', '.join(undeclared)} among its projection tools, which the "
                     "registry has as no projection tool"
                 )
+        if probe is not None:
+            agents[SYNTHETIC_AGENT] = probe_agent(probe, agents)
         return cls(
             agents=agents,
             tools=tools,
@@ -248,6 +255,12 @@ class Registry:
     @property
     def contracts(self) -> dict[str, ToolContract]:
         return {name: t.contract for name, t in self.tools.items()}
+
+    @property
+    def probe(self) -> Probe | None:
+        """The synthetic turn the registry declared (None: none, or StayHub's own `synthetic` agent)."""
+        agent = self.agents.get(SYNTHETIC_AGENT)
+        return agent.probe if isinstance(agent, ProbeAgent) else None
 
 
 # What an agent class must have (the Agent protocol): an agent written before a member was added (a plain class,

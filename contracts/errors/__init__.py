@@ -57,6 +57,7 @@ from crashsafe.contracts.errors.infrastructure_faults import (
     SubjectFull,
     UpgradeBlocked,
 )
+from crashsafe.contracts.errors.registry_faults import ProbeWrites
 from crashsafe.contracts.errors.trust_refusals import (
     CapabilityRefused,
     OutcomeRefused,
@@ -92,6 +93,7 @@ __all__ = [
     "OutcomeRefused",
     "PartitionNotOwned",
     "PoisonMessage",
+    "ProbeWrites",
     "ProviderAnswerInvalid",
     "RateLimited",
     "ReplayRefused",

@@ -75,6 +75,8 @@ class ErrorCode(StrEnum):
     REPLAY_REFUSED = "replay_refused"
     # An agent's own code raised, answered with the wrong type, or asked for a move that makes no progress.
     AGENT_FAULT = "agent_fault"
+    # A registry's synthetic probe names a tool that is not a read: refused when the registry is built.
+    PROBE_WRITES = "probe_writes"
     # A message delivered more often than its consumer's limit without being settled: dead-lettered, never dropped.
     DELIVERIES_EXHAUSTED = "deliveries_exhausted"
     # A guest's message refused because the session's run took its whole share of turns (409) or has too many

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT, SyntheticResult, SyntheticTurn
+from crashsafe.domain.probe import Probe, ProbeAgent
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
@@ -38,14 +39,17 @@ class SyntheticCadence:
         self.gateway_url = gateway_url
         self.key_file = key_file
         self.turns = 0
+        # The registry's declared probe (None: StayHub's own search).
+        self.probe: Probe | None = None
 
     @classmethod
     def configured(
         cls, broker: Broker, settings: Settings, logger: logging.Logger, *, agents: Collection[str]
     ) -> SyntheticCadence | None:
         """The cadence if the settings ask for one (a gateway, a key file and a period above 0) and the registry
-        runs the `synthetic` agent (`agents`: its agents' names); else None. A registry without it (an adopter's
-        own) would answer every turn 422: the turn is off, said once at start."""
+        runs the `synthetic` agent (`agents`: its agents, or their names): StayHub's own, or the one a registry's
+        declared probe makes (`domain/probe.py`), whose calls each turn then asks. Else None: a registry without
+        it would answer every turn 422, so the turn is off, said once at start."""
         if (
             settings.synthetic_every_s <= 0
             or not settings.synthetic_gateway_url
@@ -57,11 +61,14 @@ class SyntheticCadence:
                 logger,
                 logging.WARNING,
                 "the registry runs no synthetic agent: the synthetic turn is off "
-                "(register crashsafe.services.agents.synthetic_agent.registration() to probe the seams)",
+                "(declare one: Registry.of(..., probe=Probe(agent, calls)), docs/adopting.md)",
                 agents=sorted(agents),
             )
             return None
-        return cls(broker, settings, logger, settings.synthetic_gateway_url, settings.synthetic_key_file)
+        probed = agents.get(SYNTHETIC_AGENT) if isinstance(agents, Mapping) else None
+        cadence = cls(broker, settings, logger, settings.synthetic_gateway_url, settings.synthetic_key_file)
+        cadence.probe = probed.probe if isinstance(probed, ProbeAgent) else None
+        return cadence
 
     async def run(self, stop: asyncio.Event) -> None:
         delay = min(FIRST_AFTER_S, self.settings.synthetic_every_s)
@@ -94,7 +101,9 @@ class SyntheticCadence:
             )
         else:
             try:
-                turn = await synthetic_turn(self.gateway_url, key, budget_s=budget_s, by="reconciler")
+                turn = await synthetic_turn(
+                    self.gateway_url, key, budget_s=budget_s, by="reconciler", probe=self.probe
+                )
             except Exception as exc:  # noqa: BLE001 -- a probe's own fault is a failed turn; the cadence goes on
                 turn = SyntheticTurn(
                     result=SyntheticResult.FAILED.value,

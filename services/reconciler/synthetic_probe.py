@@ -28,6 +28,7 @@ from crashsafe.contracts.synthetic_turn import (
     SyntheticTurn,
     synthetic_encoder,
 )
+from crashsafe.domain.probe import Probe
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
@@ -44,17 +45,19 @@ def synthetic_text(today: date, city: str = CITY) -> str:
     return f"{SYNTHETIC_PREFIX} {city} from {check_in.isoformat()} to {(check_in + timedelta(days=1)).isoformat()}"
 
 
-def judge(events: Sequence[dict[str, Any]]) -> tuple[SyntheticResult, str]:
+def judge(events: Sequence[dict[str, Any]], probe: Probe | None = None) -> tuple[SyntheticResult, str]:
     """A finished synthetic run's journal (as `GET /v1/runs/{id}/events` gives it) -> its result and why. Pure.
 
-    ok: the run completed, its search succeeded, and it asked for nothing else. Anything else is failed, with the
-    first thing that is wrong."""
+    ok: the run completed, its search (a declared probe's calls, every one) succeeded, and it asked for nothing
+    else. Anything else is failed, with the first thing that is wrong."""
     requested = {e.get("key"): e for e in events if e.get("type") == "run.action_requested"}
-    others = sorted({str(e.get("tool")) for e in requested.values() if e.get("tool") != SEARCH_TOOL})
+    allowed = probe.tools if probe is not None else frozenset({SEARCH_TOOL})
+    others = sorted({str(e.get("tool")) for e in requested.values() if e.get("tool") not in allowed})
     if others:
         return (
             SyntheticResult.FAILED,
-            f"the run asked for {', '.join(others)}: a synthetic turn only searches",
+            f"the run asked for {', '.join(others)}: a synthetic turn only "
+            + (f"reads ({', '.join(sorted(allowed))})" if probe is not None else "searches"),
         )
     ended = next((e for e in reversed(events) if e.get("type") in ("run.completed", "run.handed_off")), None)
     if ended is None:
@@ -64,6 +67,8 @@ def judge(events: Sequence[dict[str, Any]]) -> tuple[SyntheticResult, str]:
             SyntheticResult.FAILED,
             f"handed off: {ended.get('reason')}: {str(ended.get('detail', ''))[:200]}",
         )
+    if probe is not None:
+        return _judge_probe(events, requested, probe, ended)
     searched = [
         e
         for e in events
@@ -87,6 +92,30 @@ def judge(events: Sequence[dict[str, Any]]) -> tuple[SyntheticResult, str]:
     return SyntheticResult.OK, f"searched {found} hotel(s), answered: {str(ended.get('reply', ''))[:120]}"
 
 
+def _judge_probe(
+    events: Sequence[dict[str, Any]],
+    requested: dict[Any, dict[str, Any]],
+    probe: Probe,
+    ended: dict[str, Any],
+) -> tuple[SyntheticResult, str]:
+    """A declared probe's completed run: each of its calls asked and answered with success."""
+    done = [e for e in events if e.get("type") == "run.action_completed" and e.get("key") in requested]
+    for completed in done:
+        if completed.get("status") != "succeeded":
+            tool = requested[completed.get("key")].get("tool")
+            error = completed.get("error") or {}
+            return (
+                SyntheticResult.FAILED,
+                f"{tool} {completed.get('status')}: {str(error.get('message', ''))[:200]}",
+            )
+    if len(done) < len(probe.calls):
+        return (
+            SyntheticResult.FAILED,
+            f"completed after {len(done)} of the probe's {len(probe.calls)} call(s)",
+        )
+    return SyntheticResult.OK, f"{len(done)} call(s) answered, answered: {str(ended.get('reply', ''))[:120]}"
+
+
 async def synthetic_turn(
     gateway_url: str,
     key: str,
@@ -94,9 +123,11 @@ async def synthetic_turn(
     budget_s: float = DEFAULT_BUDGET_S,
     by: str = "cli",
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    probe: Probe | None = None,
 ) -> SyntheticTurn:
     """Run one turn within `budget_s` (the whole of it: accept, run, read back). Never raises: a gateway that does
-    not answer, refuses the key or answers garbage is a `failed` result saying so; no answer in time is `slow`."""
+    not answer, refuses the key or answers garbage is a `failed` result saying so; no answer in time is `slow`.
+    `probe`: the registry's declared probe (its message, its calls judged); None: StayHub's search."""
     started = time.monotonic()
     run_id = ""
     result: SyntheticResult
@@ -112,7 +143,7 @@ async def synthetic_turn(
         "event_id": f"synthetic-{clock().strftime('%Y%m%dT%H%M%S')}-{turn}",
         "session_id": f"synthetic-{turn}",
         "guest_id": "synthetic-probe",
-        "text": synthetic_text(clock().date()),
+        "text": probe.text(clock().date()) if probe is not None else synthetic_text(clock().date()),
     }
     try:
         async with (
@@ -140,7 +171,7 @@ async def synthetic_turn(
             events = journal.get("events", [])
             if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
                 raise _Refused(f"the gateway's journal is not a list of events: {str(events)[:200]}")
-            result, reason = judge(events)
+            result, reason = judge(events, probe)
     except TimeoutError:
         result = SyntheticResult.SLOW
         reason = f"no answer within the budget of {budget_s:g}s" + (

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from crashsafe.contracts.synthetic_turn import FIXED_MODEL, SYNTHETIC_PREFIX
+from crashsafe.domain.probe import probe_calls
 
 _SEARCH = re.compile(
     re.escape(SYNTHETIC_PREFIX)
@@ -56,10 +57,51 @@ def _reply_to(output: str) -> str:
     return f"synthetic: ok: {len(hotels)} hotel(s) found"
 
 
+def _probe_answer(
+    items: tuple[dict[str, Any], ...], calls: list[tuple[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """A declared probe's next move (`domain/probe.py`): its next call once the one before is answered, then a
+    reply saying how it went."""
+    latest = max((n for n, i in enumerate(items) if i.get("role") == "user"), default=-1)
+    answered = [
+        str(i.get("output", "")) for i in items[latest + 1 :] if i.get("type") == "function_call_output"
+    ]
+    for output in answered:
+        try:
+            answer = json.loads(output)
+        except ValueError:
+            return [_said("synthetic: failed: a call's output is not JSON")]
+        if not isinstance(answer, dict) or "error" in answer:
+            error = answer.get("error") if isinstance(answer, dict) else answer
+            message = error.get("message", error) if isinstance(error, dict) else error
+            return [_said(f"synthetic: failed: a call failed: {str(message)[:200]}")]
+    if len(answered) >= len(calls):
+        return [_said(f"synthetic: ok: {len(calls)} call(s) answered")]
+    tool, arguments = calls[len(answered)]
+    return [
+        {
+            "type": "function_call",
+            "call_id": f"call_{_digest(items)[:16]}",
+            "name": tool,
+            "arguments": json.dumps(arguments, sort_keys=True),
+        }
+    ]
+
+
 def fixed_answer(items: tuple[dict[str, Any], ...], model: str = FIXED_MODEL) -> bytes:
-    """A Responses API object answering `items`: the search's result once it is in the transcript, else the
-    search the guest's `synthetic search …` message asks for, else a reply saying it is not one."""
+    """A Responses API object answering `items`: a declared probe's calls one by one, then how they went; the
+    search's result once it is in the transcript, else the search the guest's `synthetic search …` message asks
+    for, else a reply saying it is not one."""
     output: list[dict[str, Any]]
+    calls = probe_calls(_latest_user_text(items))
+    if calls is not None:
+        body = {
+            "id": f"resp_{_digest(items)}",
+            "model": model,
+            "output": _probe_answer(items, calls),
+            "usage": None,
+        }
+        return json.dumps(body).encode()
     last_output = next((i for i in reversed(items) if i.get("type") == "function_call_output"), None)
     if last_output is not None:
         output = [_said(_reply_to(str(last_output.get("output", ""))))]
