@@ -40,7 +40,7 @@ from crashsafe.contracts.run_events import (
     ToolRejected,
     TurnReceived,
 )
-from crashsafe.contracts.tool_messages import OutcomeStatus
+from crashsafe.contracts.tool_messages import ExistingEffect, OutcomeStatus
 from crashsafe.contracts.tools import Effect, KeyRule, RetryRule, ToolContract
 from crashsafe.domain.agent import Agent, AgentBase, Compensation, ProjectionCall, ScriptedStep
 from crashsafe.domain.argument_checks import parameters_of
@@ -54,6 +54,7 @@ from crashsafe.domain.policy_verdicts import (
     Verdict,
     default_question,
 )
+from crashsafe.domain.probe import Probe, ProbeCall
 from crashsafe.domain.registry import (
     AuditRule,
     HttpOperation,
@@ -94,6 +95,7 @@ __all__ = [
     "Effect",
     "ErrorCode",
     "ErrorInfo",
+    "ExistingEffect",
     "GuestProfile",
     "Hold",
     "HttpOperation",
@@ -107,6 +109,8 @@ __all__ = [
     "OutcomeStatus",
     "PolicyDenied",
     "PolicyRule",
+    "Probe",
+    "ProbeCall",
     "PreparedAction",
     "ProjectionCall",
     "ProviderAnswer",
