@@ -184,6 +184,9 @@ class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_c
     # An `idempotency_conflict` whose key already made an effect for this run's account and guest: that effect,
     # shown to the model with the conflict (`ActionOutcome.existing`).
     existing: ExistingEffect | None = None
+    # The tool of the request this receipt completes, as the runtime journaled it (issue 32): a reader matches
+    # receipts to tools without joining by key. "": journaled by 0.2, which did not say (its request names it).
+    tool: str = ""
 
 
 class RunNudged(RunEventBase, frozen=True, kw_only=True, tag="run.nudged"):

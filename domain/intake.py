@@ -112,11 +112,14 @@ def completed(state: RunState, outcome: ActionOutcome, now: datetime) -> tuple[A
     checked against the run's requests first (`authority.outcome_refusal`)."""
     if outcome_recorded(state, outcome):
         return ()
+    # The step's own request names the tool (an unknown one too, settled late); the outcome's was checked against it.
+    request = state.pending_step(outcome.step_no) or state.unknown_step(outcome.step_no)
     return (
         ActionCompleted(
             run_id=outcome.run_id,
             at=now,
             step_no=outcome.step_no,
+            tool=request.tool if request is not None else outcome.tool,
             key=outcome.key,
             status=outcome.status,
             result=outcome.result,

@@ -198,6 +198,7 @@ SAMPLES: list[msgspec.Struct] = [
             Evidence(asked="provider.call", key=KEY, answer="unknown", detail="RemoteProtocolError", at=AT),
             Evidence(asked="provider.lookup", key=KEY, answer="found", detail="", at=LATER),
         ],
+        tool="create_payment",
     ),
     RunNudged(run_id=RUN, at=AT, by="reconciler:r1", reason="1 action(s) past their timeout", keys=[KEY]),
     ModelAsked(run_id=RUN, at=AT, step_no=5, model="scripted-booking", input_bytes=2048),
