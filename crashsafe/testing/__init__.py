@@ -16,7 +16,8 @@ The harness plays an agent through the runtime's own decisions, the test playing
 `Conversation` plays several turns (`say`), a guest's "yes" to an approval, a manager's decision (`approve=`) and
 an approval running out (`expire`). Each move is decided twice from the same journal: an agent whose hooks are not
 pure fails the test, as its replay after a crash would decide otherwise. The scripted model (`Script`, `step`,
-`respond`) answers a run's transcript, the same script in memory and served on the OpenAI protocol.
+`respond`) answers a run's transcript, the same script in memory and served on the OpenAI protocol. A model that
+already speaks that protocol is replayed from its recorded answers: `play(agent, text, model=read_responses(path))`.
 
 `identity_gaps(registry)` points out a business-keyed tool whose model arguments reach outside its identity (asked
 again with another value, the same key brings other input: a conflict, not a second effect): a test asserts it
@@ -41,6 +42,7 @@ from crashsafe.testing.harness import (
     reply,
     tool_call,
 )
+from crashsafe.testing.recorded import read_responses
 from crashsafe.testing.scripted import (
     Call,
     ModelTurn,
@@ -73,6 +75,7 @@ __all__ = [
     "ask",
     "identity_gaps",
     "play",
+    "read_responses",
     "reply",
     "respond",
     "step",

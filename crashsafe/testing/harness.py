@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -79,8 +79,10 @@ ToolAnswers = (
     Mapping[str, ToolAnswer | Callable[[dict[str, Any]], ToolAnswer]]
     | Callable[[str, dict[str, Any]], ToolAnswer]
 )
-# What the model answers each time the run asks it: in order from a list, or a function of the folded run.
-ModelScript = Sequence[ScriptedStep] | Callable[[RunState], ScriptedStep]
+# What the model answers each time the run asks it: in order from a list, or a function of the folded run. A
+# `ModelReply` is an answer as the runtime read it off the wire (`read_responses`: a recorded model), journaled with
+# its own model, response id and token counts.
+ModelScript = Sequence[ScriptedStep | ModelReply] | Callable[[RunState], ScriptedStep | ModelReply]
 # A manager's decision on a held action: True approves, False rejects, None leaves it pending (the run waits).
 Approve = Callable[[ApprovalRequested], bool | None]
 
@@ -284,10 +286,13 @@ class Conversation:
                 )
             step = self._model[self._asked]
         self._asked += 1
+        given = step.tool_calls if isinstance(step, ModelReply) else step.calls
         calls = tuple(
             ToolCall(call_id=c.call_id or f"call_{state.next_step}_{i}", name=c.name, arguments=c.arguments)
-            for i, c in enumerate(step.calls, 1)
+            for i, c in enumerate(given, 1)
         )
+        if isinstance(step, ModelReply):
+            return replace(step, tool_calls=calls)
         return ModelReply(
             model="scripted",
             response_id=f"resp_{state.next_step}",

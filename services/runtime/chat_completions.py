@@ -3,12 +3,15 @@ translated to chat messages and function tools, and a chat answer read back into
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
 from crashsafe.contracts.run_events import ToolCall
 from crashsafe.domain.model_calls import ModelReply
+
+# The Responses dialect's reader's error and token count (domain/responses_reading.py), one for both dialects.
+from crashsafe.domain.responses_reading import MalformedAnswer, Tokens
 
 # Roles the chat dialect knows; the Responses API's `developer` is a chat `system` message.
 _ROLE = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -89,10 +92,6 @@ class _Choice(msgspec.Struct):
     message: _Message
 
 
-# A count of tokens is never negative: a provider that says so would hand the run back its token budget.
-Tokens = Annotated[int, msgspec.Meta(ge=0)]
-
-
 class _Usage(msgspec.Struct):
     prompt_tokens: Tokens = 0
     completion_tokens: Tokens = 0
@@ -108,10 +107,6 @@ class _Completion(msgspec.Struct):
 
 
 _decode_completion = msgspec.json.Decoder(_Completion).decode
-
-
-class MalformedAnswer(ValueError):
-    """The provider answered 2xx with something that is not a usable answer: the next route is asked."""
 
 
 def read_completion(raw: bytes, model: str) -> ModelReply:

@@ -15,19 +15,13 @@ import msgspec
 
 from crashsafe.contracts.catalog import AgentConfig, ModelApi, ModelRoute
 from crashsafe.contracts.errors import ModelUnavailable
-from crashsafe.contracts.run_events import ToolCall
 from crashsafe.domain.agent import Agent
 from crashsafe.domain.model_calls import ModelReply
+from crashsafe.domain.responses_reading import MalformedAnswer, read_response
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.provider_http import ProviderHttp
 from crashsafe.services.platform.settings import route_key
-from crashsafe.services.runtime.chat_completions import (
-    MalformedAnswer,
-    Tokens,
-    chat_messages,
-    chat_tools,
-    read_completion,
-)
+from crashsafe.services.runtime.chat_completions import chat_messages, chat_tools, read_completion
 from crashsafe.services.runtime.fixed_model import fixed_answer
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
@@ -48,64 +42,7 @@ class Model(Protocol):
         ...
 
 
-class _Usage(msgspec.Struct):
-    input_tokens: Tokens = 0
-    output_tokens: Tokens = 0
-
-
-class _Part(msgspec.Struct):
-    type: str
-    text: str = ""
-
-
-class _Item(msgspec.Struct):
-    type: str
-    call_id: str = ""
-    name: str = ""
-    arguments: str = ""
-    content: list[_Part] = []
-
-
-class _Response(msgspec.Struct):
-    """Only the fields of a Responses API answer the runtime reads; everything else is skipped unparsed."""
-
-    id: str
-    model: str = ""
-    output: list[_Item] = []
-    usage: _Usage | None = None
-
-
-_decode_response = msgspec.json.Decoder(_Response).decode
 _encode = msgspec.json.Encoder().encode
-
-
-def read_response(raw: bytes, model: str) -> ModelReply:
-    """A Responses API object as a `ModelReply`; `MalformedAnswer` if it is not one."""
-    try:
-        response = _decode_response(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise MalformedAnswer(f"not a Responses object: {exc}") from exc
-    calls = tuple(
-        ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
-        for item in response.output
-        if item.type == "function_call"
-    )
-    texts = [
-        part.text
-        for item in response.output
-        if item.type == "message"
-        for part in item.content
-        if part.type == "output_text"
-    ]
-    usage = response.usage or _Usage()
-    return ModelReply(
-        model=response.model or model,
-        response_id=response.id,
-        tool_calls=calls,
-        reply="".join(texts) if texts or not calls else None,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-    )
 
 
 class _Refused(Exception):
