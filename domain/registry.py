@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crashsafe.contracts.audit import Finding, Intent
-from crashsafe.contracts.errors import UnknownAgent
+from crashsafe.contracts.errors import ProjectionToolsUndeclared, UnknownAgent
 from crashsafe.contracts.projections import RetryPolicy
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, PROVIDER_NAME, ProviderSettings
 from crashsafe.contracts.streams import KvSpec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.synthetic_turn import SYNTHETIC_AGENT
 from crashsafe.contracts.tools import ToolContract
-from crashsafe.domain.agent import Agent
+from crashsafe.domain.agent import Agent, AgentBase
 from crashsafe.domain.probe import Probe, ProbeAgent, probe_agent
 
 # What a provider is asked and answers lives beside this module; these names are read from here too.
@@ -216,6 +216,8 @@ class Registry:
                     f"agent {agent.name!r} names {', '.join(undeclared)} among its projection tools, which the "
                     "registry has as no projection tool"
                 )
+        for registration in registrations:
+            _projects_what_it_declares(registration)
         if probe is not None:
             agents[SYNTHETIC_AGENT] = probe_agent(probe, agents)
         return cls(
@@ -281,6 +283,20 @@ AGENT_MEMBERS = (
     "projection_tools",
     "approval_question",
 )
+
+
+def _projects_what_it_declares(registration: Registration) -> None:
+    """An agent with `projections` of its own declares the projection tools it is registered with: the planner
+    plans no projection of an undeclared tool, so one left out (an agent ported from before `projection_tools`,
+    which declares none) would stop its emails and CRM records without a word. An agent that keeps `AgentBase`'s
+    `projections` (none) may share a registration's tools, projection tools among them, with one that projects."""
+    agent = registration.agent
+    if getattr(type(agent), "projections", None) is AgentBase.projections:
+        return
+    registered = {t.name for t in registration.tools if t.projection is not None}
+    undeclared = sorted(registered - set(agent.projection_tools))
+    if undeclared:
+        raise ProjectionToolsUndeclared(agent=agent.name, tools=undeclared)
 
 
 def _complete(agent: Agent) -> None:

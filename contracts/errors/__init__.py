@@ -29,6 +29,7 @@ from crashsafe.contracts.errors.catalog_faults import (
     AgentFault,
     CatalogRevisionGone,
     InvalidCatalog,
+    ProjectionToolsUndeclared,
     ProviderAnswerInvalid,
 )
 from crashsafe.contracts.errors.crashsafe_error import (
@@ -94,6 +95,7 @@ __all__ = [
     "PartitionNotOwned",
     "PoisonMessage",
     "ProbeWrites",
+    "ProjectionToolsUndeclared",
     "ProviderAnswerInvalid",
     "RateLimited",
     "ReplayRefused",

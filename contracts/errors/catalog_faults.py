@@ -79,3 +79,24 @@ class ProviderAnswerInvalid(CrashsafeError):
             f"a provider answer of kind {self.kind!r}: a provider client answers one of {', '.join(self.allowed)}"
             " (crashsafe.sdk.Answer; docs/providers.md, the five answers)"
         )
+
+
+class ProjectionToolsUndeclared(CrashsafeError, ValueError):
+    """An agent registered with projection tools its `projection_tools` does not name: the planner plans none of
+    its projections of them, and the projector reads no journal of an agent that declares none, so they would
+    be lost without a word (an agent ported from before the declaration existed declares none). Refused when the
+    registry is built, so no service starts with it; a `ValueError` too, as the registry's other refusals are."""
+
+    code = ErrorCode.INVALID_REGISTRY
+
+    agent: str
+    tools: list[str]
+
+    def explain(self) -> str:
+        named = ", ".join(self.tools)
+        return (
+            f"agent {self.agent!r} is registered with the projection tools {named}, which its projection_tools"
+            f" does not name: its projections of them would never be planned. Declare them"
+            f" (projection_tools = frozenset({{{', '.join(repr(t) for t in self.tools)}}})), or leave them out of"
+            " its Registration's tools"
+        )

@@ -90,6 +90,8 @@ class ErrorCode(StrEnum):
     CONSUMER_SHAPE_CHANGED = "consumer_shape_changed"
     STREAM_SHAPE_CHANGED = "stream_shape_changed"
     SEAM_BROKEN = "seam_broken"
+    # A registry a deployment cannot run as it is (an agent registered with projection tools it does not declare).
+    INVALID_REGISTRY = "invalid_registry"
     # An adopter's provider client built an answer of a kind it may not give (an executor's own `replayed`).
     PROVIDER_ANSWER_INVALID = "provider_answer_invalid"
 
