@@ -182,7 +182,12 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
                 args.providers,
                 args.model_url,
                 registry=args.registry,
+                crash=args.crash,
             )
+        case "crash-test":
+            from crashsafe.crash_test_command import crash_test_command
+
+            return crash_test_command(args)
         case "new":
             from crashsafe.new_agent_command import new_agent_command
 

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from crashsafe import crash_test_command
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.release import VERSION
 from crashsafe.contracts.run_events import RunStatus
@@ -101,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the deployment's agents and tools (default: CRASHSAFE_REGISTRY, else StayHub's); one executor "
         "starts per tool family it declares. A package in the current directory imports as with `python -m`",
     )
+    up.add_argument(
+        "--crash",
+        action="append",
+        default=[],
+        metavar="SEAM[@FAMILY]",
+        help="SIGKILL a service once at a seam of docs/failure-modes.md, then the supervisor restarts it: "
+        "executor.after_provider_ack@deposits (an executor's seam names its tool family). Repeatable; default: "
+        "CRASHSAFE_CRASH_AT",
+    )
+
+    crash_test_command.add_parser(sub)
 
     new = sub.add_parser("new", help="write a starting point of your own")
     new_sub = new.add_subparsers(dest="new_command", required=True)

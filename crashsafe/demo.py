@@ -17,11 +17,13 @@ from rich.table import Table
 
 from crashsafe.contracts.run_events import ActionCompleted, RunCompleted, RunEvent, RunHandedOff, RunStatus
 from crashsafe.contracts.tool_messages import Asked
+from crashsafe.crash_targets import CRASH_VARIABLE, CrashTargetError, crash_for_up, crash_map
 from crashsafe.sandbox.listing import SandboxListing
+from crashsafe.services.platform.settings import Settings
 from crashsafe.stack import Stack
 from crashsafe.stack_env import model_at
 from crashsafe.stack_keys import API_KEY_FILE, APPROVER_KEY_FILE, STACK_TENANT, SYNTHETIC_KEY_FILE
-from crashsafe.stack_plan import RegistryUnusable, ScaleError
+from crashsafe.stack_plan import RegistryUnusable, ScaleError, registry_families
 from crashsafe.timeline import describe
 
 GUEST_TEXT = "Book a room in Lisbon from 2031-12-01 to 2031-12-03"
@@ -64,6 +66,8 @@ async def _until_interrupted() -> None:
 async def run_demo(seam: str, state_dir: Path | None, keep_up: bool = False) -> int:
     console = Console()
     victim = service_for_seam(seam)
+    if (unused := Settings.from_env().crash_at) is not None:
+        console.print(f"{CRASH_VARIABLE}={unused} not used: the demo's --crash names the seam")
     holder = None
     if state_dir is None:
         holder = tempfile.TemporaryDirectory(prefix="crashsafe-demo-")
@@ -201,9 +205,13 @@ async def run_up(
     model_url: str | None = None,
     *,
     registry: str | None = None,
+    crash: list[str] | None = None,
 ) -> int:
     console = Console()
     try:
+        settings = Settings.from_env()
+        families = registry_families(registry or settings.registry)
+        crashes, crash_notes = crash_for_up(crash or [], settings.crash_at, families)
         stack = Stack(
             state_dir,
             nats_url=nats_url,
@@ -212,8 +220,9 @@ async def run_up(
             model_url=model_url,
             synthetic=True,
             registry=registry,
+            crash=crash_map(crashes),
         )
-    except (ScaleError, RegistryUnusable) as exc:
+    except (ScaleError, RegistryUnusable, CrashTargetError) as exc:
         console.print(f"[red]crashsafe up: {exc}[/red]")
         return 2
     stop = asyncio.Event()
@@ -235,6 +244,8 @@ async def run_up(
         " approve, the console's approvals)"
         f"\nprobe    {state_dir / SYNTHETIC_KEY_FILE} (tenant synthetic: crashsafe check synthetic)"
     )
+    for note in crash_notes:
+        console.print(f"crash    {note}", highlight=False)
     # Where each process answers /healthz, /readyz and /metrics (also `ops_url` per process in stack.json).
     for name in stack.services:
         if (url := stack.ops_url(name)) is not None:

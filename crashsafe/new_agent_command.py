@@ -8,6 +8,7 @@ import keyword
 import re
 import string
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from crashsafe.contracts.errors import InvalidSetting
@@ -61,13 +62,17 @@ def new_agent_command(name: str, into: Path) -> int:
     print(f"wrote {len(written)} files under {where / name}:")
     for path in written:
         print(f"  {path.relative_to(where)}")
+    day = (datetime.now(UTC) + timedelta(days=2)).date().isoformat()
     print(
-        f"\nits tests (pure: no broker):  cd {where} && python -m pytest -q {name}\n"
+        f"\nits tests (one on a real stack):  cd {where} && python -m pytest -q {name}\n"
         f"the stack, running your agent, from {where}:\n"
         f"  python -m {name}.provider --port 8765 &  # its provider (a stub)\n"
         f"  python -m crashsafe.testing {name}.model:script --port 8766 &  # its model (a script)\n"
         f"  crashsafe up --registry {name}.registry:registry --providers http://127.0.0.1:8765 "
-        "--model-url http://127.0.0.1:8766/v1",
+        "--model-url http://127.0.0.1:8766/v1\n"
+        f"a conversation killed at every seam in turn (the provider above running), from {where}:\n"
+        f"  crashsafe crash-test --registry {name}.registry:registry --providers http://127.0.0.1:8765 "
+        f"--model {name}.model:script --say 'A slot on {day}'",
         file=sys.stdout,
     )
     return 0

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from crashsafe.contracts.subjects import DEFAULT_NAMESPACE, Namespace
+from crashsafe.crash_targets import check_armable
 from crashsafe.forkserver import ForkedService, ForkServer, ForkServerError
 from crashsafe.natsd import NatsAuth, NatsServer, free_port
 from crashsafe.services.platform.nats_users import creds_path
@@ -129,6 +130,7 @@ class Stack:
                 seam = crash.get(name, crash.get(base))
                 once = {"CRASHSAFE_CRASH_AT": seam} if seam else {}
                 self.services[name] = Service(name=name, args=list(args), once_env=once, base=base)
+        check_armable(crash, {name: service.base for name, service in self.services.items()})
 
     @property
     def gateway_url(self) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crashsafe.contracts.provider_settings import CREDENTIAL_FILE_SUFFIX, PROVIDER_PREFIX
+from crashsafe.crash_targets import CRASH_VARIABLE
 from crashsafe.services.records.capability_keys import (
     SIGNING_KEY_VARIABLE,
     VERIFY_KEYS_VARIABLE,
@@ -44,7 +45,9 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    env.pop("CRASHSAFE_CRASH_AT", None)
+    # Not this shell's seam: in every service it would kill every process passing it. A seam is armed in one
+    # service, for one life, by `crash=` (`service.once_env`); `crashsafe up` reads the variable as a `--crash`.
+    env.pop(CRASH_VARIABLE, None)
     # Capabilities: only runtimes get the signing key; executors the public key; nobody else either.
     env.pop(SIGNING_KEY_VARIABLE, None)
     env.pop(VERIFY_KEYS_VARIABLE, None)
@@ -81,6 +84,26 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
         env["CRASHSAFE_OPS_PORT"] = "0"
     env.update(service.env)
     env.update(service.once_env)
+    return env
+
+
+def operator_env(stack: Stack) -> dict[str, str]:
+    """What an operator's task against the stack reads (`crashsafe.testing`'s audit): the services' NATS, namespace,
+    providers and registry, as the operator's NATS user."""
+    env = {**os.environ, **stack.base_env}
+    env.pop(CRASH_VARIABLE, None)
+    env.pop("CRASHSAFE_NATS_CREDS", None)
+    env.update(
+        {
+            "CRASHSAFE_NATS_URL": stack.nats_url,
+            "CRASHSAFE_NAMESPACE": stack.namespace,
+            "CRASHSAFE_SANDBOX_URL": stack.sandbox_url,
+        }
+    )
+    if stack.registry:
+        env["CRASHSAFE_REGISTRY"] = stack.registry
+    if (operator := stack.creds_for("operator")) is not None:
+        env["CRASHSAFE_NATS_CREDS"] = str(operator)
     return env
 
 

@@ -21,9 +21,19 @@ already speaks that protocol is replayed from its recorded answers: `play(agent,
 
 `identity_gaps(registry)` points out a business-keyed tool whose model arguments reach outside its identity (asked
 again with another value, the same key brings other input: a conflict, not a second effect): a test asserts it
-finds none, each field being in the identity or named in the contract's `outside_identity`."""
+finds none, each field being in the identity or named in the contract's `outside_identity`.
+
+`real_stack` is the other side: the agent on a stack of real processes, a seam armed to SIGKILL one of them, and
+every keyed effect asked about by key afterwards (`crashsafe.testing.live_stack`, imported only when asked for):
+
+    async with real_stack("desks.registry:registry", model=script, providers=url, crash="executor.after_intent") as s:
+        run_id = await s.start_run("A slot on 2031-05-04")
+        assert (await s.wait_terminal(run_id))["status"] == "completed"
+        assert await s.crashed() == ["executor-desks"] and (await s.audit()).ok"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from crashsafe.domain.identity_check import IdentityGap, identity_gaps
 from crashsafe.testing.harness import (
@@ -54,14 +64,31 @@ from crashsafe.testing.scripted import (
     step,
 )
 
+if TYPE_CHECKING:
+    from crashsafe.testing.live_stack import EffectAudit, LiveStack, real_stack
+
+# The real stack's names, imported when first asked for: the harness above stays pure (no broker, no processes).
+_LIVE = ("EffectAudit", "LiveStack", "real_stack")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LIVE:
+        from crashsafe.testing import live_stack
+
+        return getattr(live_stack, name)
+    raise AttributeError(f"module 'crashsafe.testing' has no attribute {name!r}")
+
+
 __all__ = [
     "START",
     "Approve",
     "Call",
     "Conflicted",
     "Conversation",
+    "EffectAudit",
     "Failed",
     "IdentityGap",
+    "LiveStack",
     "ModelScript",
     "ModelTurn",
     "Played",
@@ -76,6 +103,7 @@ __all__ = [
     "identity_gaps",
     "play",
     "read_responses",
+    "real_stack",
     "reply",
     "respond",
     "step",

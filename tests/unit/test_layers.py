@@ -116,6 +116,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crashsafe.sdk": {"crashsafe.contracts", "crashsafe.domain", "crashsafe.sdk"},
     # The adopter's test kit: plays an agent through the domain's own decisions, in memory; nothing with I/O.
     "crashsafe.testing": {"crashsafe.contracts", "crashsafe.domain", "crashsafe.sdk", "crashsafe.testing"},
+    # Its real stack, for an adopter's end-to-end and crash tests: the stack machinery `crashsafe up` runs.
+    "crashsafe.testing.live_stack": {"crashsafe", "crashsafe.contracts", "crashsafe.testing"},
     "crashsafe.sandbox": {"crashsafe.sandbox", "crashsafe.contracts"},
     "crashsafe": {"crashsafe.contracts", "crashsafe.services", "crashsafe.sandbox", "crashsafe"},
     # The eval suite drives the product from outside: its stack machinery, its contracts, the sandbox's ledger.
