@@ -8,6 +8,7 @@ from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.platform import crashpoints, seam_checks
+from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
@@ -28,6 +29,12 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
         verifier = load_verifier(
             settings.capability_verify_keys, registry.compensation_only, registry.model_tools
         )
+        # A Python operation's code between two awaits runs under the time limit: one that holds the loop (a
+        # synchronous SDK call that hangs) is stopped, its answer unknown and asked about by key, and every other
+        # partition of the family goes on (services/platform/hook_limit.py).
+        limit = HookLimit(settings.hook_limit_s)
+        if limit.install():
+            providers.code_limit = limit
         ops = await OpsServer(settings.ops_host, settings.ops_port, stall_s=settings.loop_stall_s).start()
         broker = await Broker.connect(
             settings.nats_url,
@@ -47,6 +54,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event, famil
                 print(f"ready: executor {family}", flush=True)
                 await stop.wait()
             await executor.close()
+            limit.uninstall()
         finally:
             await beats.stop()
             await ops.stop()

@@ -127,7 +127,8 @@ class Settings:
     # How long the records that grow with every run are kept (docs/capacity.md); 0 for one: forever.
     retention: RecordRetention = field(default_factory=RecordRetention)
     # An agent's code that runs longer than this in one decision is stopped, and its run handed off with
-    # `agent_fault` (services/runtime/hook_limit.py); 0 turns the limit off. Well below `loop_stall_s`.
+    # `agent_fault`; a Python operation's client, between two awaits, an unknown outcome (services/platform/
+    # hook_limit.py); 0 turns the limit off. Well below `loop_stall_s`.
     hook_limit_s: float = 5.0
 
     @classmethod

@@ -35,6 +35,7 @@ from crashsafe.domain.registry import (
     PythonOperation,
     Tool,
 )
+from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.provider_http import ProviderHttp
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, current, failed, headers_for, span
@@ -99,6 +100,9 @@ class Providers:
         # The key-value records a KV-backed tool rewrites (a guest's profile); None: this process has no
         # access to them, and such a tool's answers are unknown (never a guess).
         self.kv = kv
+        # The limit on a Python operation's code between two awaits; unbounded unless the composition root, which
+        # owns the process's SIGALRM, installs one (services/platform/hook_limit.py).
+        self.code_limit: HookLimit | None = None
 
     @classmethod
     def connect(cls, base_url: str, kv: KvEffects | None = None) -> Providers:
@@ -231,6 +235,7 @@ class Providers:
                             lambda: client.call(call),
                             python_calls.CALL_ANSWERS,
                             timeout * _WHOLE_CALL,
+                            self.code_limit,
                         )
                     answer = python_calls.without(self._masks.get(python.provider), answer)
                     _noted(sent, answer)
@@ -282,7 +287,9 @@ class Providers:
         client = self._python_client(tool, operation)
         if isinstance(client, ProviderAnswer):
             return client.detail
-        return await python_calls.listed(f"{tool.name}'s listing", cast(ListingClient, client), timeout)
+        return await python_calls.listed(
+            f"{tool.name}'s listing", cast(ListingClient, client), timeout, self.code_limit
+        )
 
     def can_look_up(self, tool: Tool) -> bool:
         """A local effect leaves nothing to ask about: asking says `absent`, and calling again is the same as once."""
@@ -340,6 +347,7 @@ class Providers:
                             lambda: client.lookup(asked_about),
                             python_calls.LOOKUP_ANSWERS,
                             timeout * _WHOLE_CALL,
+                            self.code_limit,
                         )
                     answer = python_calls.without(self._masks.get(python.provider), answer)
                     _noted(asked, answer)

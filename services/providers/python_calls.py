@@ -17,6 +17,7 @@ from crashsafe.contracts.keys import ACCOUNT_ARG
 from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.credential_masks import CredentialMask
 from crashsafe.domain.registry import ListingClient, ProviderAnswer, ProviderCall
+from crashsafe.services.platform.hook_limit import HookLimit, HookOverran
 from crashsafe.services.providers.http_answers import provider_error
 
 # What each question may be answered with (contracts.tool_messages.CallAnswer, LookupAnswer).
@@ -30,14 +31,19 @@ async def asked(
     question: Callable[[], Awaitable[object]],
     allowed: frozenset[Answer],
     give_up_after: float,
+    limit: HookLimit | None = None,
 ) -> ProviderAnswer:
     """The adopter's answer to one question, checked. An exception is unknown, never a refusal: a call that raised
     may have made its effect before it did (then it is asked about by key, never called blind); so is an answer
-    past `give_up_after` seconds, and one of another type or kind. Only the process's own cancellation passes."""
+    past `give_up_after` seconds, one whose code held the event loop past `limit` between two awaits (a
+    synchronous SDK call that hangs: stopped where it stands), and one of another type or kind. Only the process's
+    own cancellation passes."""
     bound = asyncio.timeout(give_up_after)
     try:
         async with bound:
-            answer = await question()
+            answer = await (limit.sliced(question()) if limit is not None else question())
+    except HookOverran as overran:
+        return _unknown(f"{what} held the event loop: {overran}")
     except TimeoutError as exc:
         if bound.expired():
             return _unknown(f"{what}: no answer within {give_up_after:.1f}s")
@@ -115,14 +121,18 @@ def question(args: dict[str, Any], key: str, timeout: float) -> ProviderCall:
     return ProviderCall(key=key, args=own, account=str(account or ""), deadline=deadline_in(timeout))
 
 
-async def listed(what: str, client: ListingClient, give_up_after: float) -> list[ProviderEffect] | str:
+async def listed(
+    what: str, client: ListingClient, give_up_after: float, limit: HookLimit | None = None
+) -> list[ProviderEffect] | str:
     """Every effect a client lists (`effects()`), checked: a list of `ProviderEffect`; else why there is none (it
     raised, answered late or answered something else), and the audit checks by key alone."""
     try:
         async with asyncio.timeout(give_up_after):
-            effects = await client.effects()
+            effects = await (limit.sliced(client.effects()) if limit is not None else client.effects())
     except asyncio.CancelledError:
         raise
+    except HookOverran as overran:
+        return f"{what} held the event loop: {overran}"
     except Exception as exc:  # noqa: BLE001 -- the adopter's code: no listing, never a failed audit
         return f"{what} raised {type(exc).__name__}: {exc}"
     if not isinstance(effects, list) or not all(isinstance(e, ProviderEffect) for e in effects):

@@ -50,6 +50,7 @@ from crashsafe.domain.run_state import RunState
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.crashpoints import crash_point
+from crashsafe.services.platform.hook_limit import HookLimit, HookOverran, where_stopped
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, span
@@ -60,7 +61,6 @@ from crashsafe.services.runtime.append_path import RunAppends, Write
 from crashsafe.services.runtime.deadlines import Deadlines
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun
-from crashsafe.services.runtime.hook_limit import HookLimit, HookOverran, where_stopped
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
 from crashsafe.services.runtime.run_catalog import RunCatalog

@@ -32,6 +32,7 @@ from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics, probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries
+from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams, require
@@ -46,7 +47,6 @@ from crashsafe.services.runtime.drive_loop import DriveLoop
 from crashsafe.services.runtime.guest_messages import GuestMessages
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
-from crashsafe.services.runtime.hook_limit import HookLimit
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
 from crashsafe.services.runtime.run_catalog import RunCatalog

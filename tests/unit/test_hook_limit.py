@@ -1,8 +1,10 @@
 """The hook limit (issue 31, items 2 and 10): an agent's hook that sleeps or loops is stopped where it stands and
-becomes its run's `agent_fault`, naming the hook and the line; SIGALRM is left alone when it is not ours."""
+becomes its run's `agent_fault`, naming the hook and the line; a Python operation's client that holds the loop
+between two awaits is stopped and its answer is unknown; SIGALRM is left alone when it is not ours."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 
@@ -10,8 +12,11 @@ import pytest
 
 from crashsafe.contracts.errors import AgentFault
 from crashsafe.contracts.run_events import RunHandedOff
+from crashsafe.contracts.tool_messages import Answer
 from crashsafe.domain.decide import Append, agent_failed, next_move
-from crashsafe.services.runtime.hook_limit import HookLimit, HookOverran
+from crashsafe.domain.registry import ProviderAnswer
+from crashsafe.services.platform.hook_limit import HookLimit, HookOverran
+from crashsafe.services.providers import python_calls
 from tests.support.misbehaving import NEVER_RETURN, OneStep
 from tests.unit.test_agent_faults import _run
 
@@ -81,3 +86,54 @@ def test_the_signal_is_left_to_whoever_owns_it() -> None:
     assert not hooks.install()
     assert hooks.run(lambda: time.sleep(0.3) or "ran whole") == "ran whole"
     assert not HookLimit(0).install()  # 0: off
+
+
+# A Python operation's client between two awaits (the executor's limit) ----------------------------------------
+
+
+@pytest.mark.timeout(0)
+async def test_awaits_are_never_limited_only_the_code_between_them(limit: HookLimit) -> None:
+    async def slow_provider() -> str:
+        for _ in range(3):
+            await asyncio.sleep(0.2)  # 0.6 s in all, past the 0.3 s limit: waiting is not holding the loop
+        return "answered"
+
+    assert await limit.sliced(slow_provider()) == "answered"
+
+
+@pytest.mark.timeout(0)
+async def test_a_client_that_holds_the_loop_is_stopped_and_its_answer_is_unknown(limit: HookLimit) -> None:
+    async def hangs() -> ProviderAnswer:
+        await asyncio.sleep(0)
+        time.sleep(60)  # a synchronous SDK call that hangs
+        return ProviderAnswer(Answer.OK, {})
+
+    others = asyncio.create_task(asyncio.sleep(0.05, result="the loop turned"))
+    started = time.monotonic()
+    answer = await python_calls.asked("charge's call", hangs, python_calls.CALL_ANSWERS, 30.0, limit)
+    assert time.monotonic() - started < 2.0
+    assert (
+        answer.kind == Answer.UNKNOWN and "charge's call held the event loop: ran past 0.3 s" in answer.detail
+    )
+    assert "in hangs" in answer.detail, answer.detail
+    assert await others == "the loop turned"
+
+
+@pytest.mark.timeout(0)
+async def test_a_cancellation_reaches_the_client_it_was_for(limit: HookLimit) -> None:
+    reached: list[str] = []
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            reached.append("cancelled")
+            raise
+
+    task = asyncio.create_task(limit.sliced(waits()))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert reached == ["cancelled"]
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
