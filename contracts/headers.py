@@ -31,6 +31,7 @@ class Header(StrEnum):
     SUBJECT = "Nats-Subject"
     NUM_PENDING = "Nats-Num-Pending"
     UP_TO_SEQUENCE = "Nats-UpTo-Sequence"  # the sequence a paged multi-subject get answers up to
+    TIME_STAMP = "Nats-Time-Stamp"  # when the server stored it (RFC 3339, nanoseconds)
     # JetStream message scheduling (nats-server 2.12+): when a schedule fires, and where its body goes.
     SCHEDULE = "Nats-Schedule"
     SCHEDULE_TARGET = "Nats-Schedule-Target"

@@ -32,3 +32,20 @@ class VersionBeat(msgspec.Struct, frozen=True, kw_only=True):
 
 beat_encoder = msgspec.json.Encoder()
 beat_decoder = msgspec.json.Decoder(VersionBeat)
+
+
+# Beside the heartbeats: the release the namespace was last contracted to (`crashsafe infra contract`). Past it no
+# older release may come back (its rollback promise ends there), so what only that promise held back (the
+# journals' archive and purge) may start.
+CONTRACTED_KEY = "contracted"
+
+
+class Contracted(msgspec.Struct, frozen=True, kw_only=True):
+    """`contracted` in `<ns>_versions`: written by `infra contract` once no older process was alive."""
+
+    release: str  # the release that ran the contracting step (`contracts.release.VERSION`)
+    at: datetime
+
+
+contracted_encoder = msgspec.json.Encoder()
+contracted_decoder = msgspec.json.Decoder(Contracted)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from crashsafe.contracts.archive_permissions import archiver
 from crashsafe.contracts.jetstream_api import API, DESTRUCTIVE, direct_get, own_consumer, stream_info
 from crashsafe.contracts.memory import MEMORY_FAMILY
 from crashsafe.contracts.streams import (
@@ -277,11 +278,7 @@ def users(
             f"{n}.ops.synthetic.reconciler",
         ],
     )
-    operator = _user(
-        Role.OPERATOR,
-        [f"{API}.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", f"{n}.>"],
-        [f"{n}.>"],
-    )
+    operator = _user(Role.OPERATOR, [f"{API}.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", f"{n}.>"], [f"{n}.>"])
     analytics = _user(
         Role.ANALYTICS,
         [
@@ -315,7 +312,9 @@ def users(
 
 
 def _as_service(user: NatsUser, s: Scope) -> NatsUser:
-    """Each service: its own version heartbeats (issue 30)."""
+    """Each service: its own version heartbeats (issue 30); the reconciler, archiving the journals (issue 31)."""
+    if user.role is Role.RECONCILER:
+        user = archiver(user, s, VERSIONS)
     added = (s.kv(VERSIONS, f"beat.{user.name}.*"),)
     return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, *added)))
 

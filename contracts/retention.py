@@ -41,6 +41,14 @@ class RecordRetention:
     # How often an executor prunes each partition's store, and at most how many rows one delete takes.
     prune_every_s: float = 300.0
     prune_batch: int = 500
+    # `<ns>_RUNS` journals: the hot window. An ended run no late message can reach is archived (written to the
+    # archive, read back) and its subjects purged once its journal has not moved for this long, and only where
+    # an archive is configured (CRASHSAFE_ARCHIVE_DIR); 0 keeps every journal in the stream, as 0.2.0 did.
+    journals_s: int = 3 * DAY_S
+    # How often the reconciler's archiver looks for runs past the hot window, and at most how many it archives
+    # in one pass (the rest on the next).
+    archive_every_s: float = 60.0
+    archive_batch: int = 200
 
 
 # The shortest non-zero value each retention may be set to (the environment's check; tests may go below).
@@ -52,4 +60,6 @@ FLOORS: dict[str, int] = {
     "receipts_s": RECONCILER_LOOKBACK_S,
     "step_rows_s": DAY_S,
     "business_rows_s": 30 * DAY_S,
+    # Past the reconciler's look-back (it re-reads 24 h of milestones on start) and the planner's (6 h).
+    "journals_s": RECONCILER_LOOKBACK_S,
 }

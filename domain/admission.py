@@ -13,6 +13,7 @@ import msgspec
 from crashsafe.contracts.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
+    ArchiveUnavailable,
     BodyTooLarge,
     BrokerUnavailable,
     CrashsafeError,
@@ -44,6 +45,7 @@ HTTP_STATUS: dict[type[CrashsafeError], int] = {
     IdempotencyConflict: 409,
     RunNotFound: 404,
     BrokerUnavailable: 503,
+    ArchiveUnavailable: 503,
     RunVersionConflict: 409,
     Unauthenticated: 401,
     Forbidden: 403,

@@ -47,6 +47,7 @@ from crashsafe.contracts.errors.decision_refusals import (
     ReplayRefused,
 )
 from crashsafe.contracts.errors.infrastructure_faults import (
+    ArchiveUnavailable,
     BrokerUnavailable,
     LeaseConflict,
     ModelUnavailable,
@@ -62,6 +63,7 @@ from crashsafe.contracts.errors.registry_faults import ProbeWrites
 from crashsafe.contracts.errors.trust_refusals import (
     CapabilityRefused,
     OutcomeRefused,
+    RunArchived,
     SessionOfAnotherGuest,
 )
 
@@ -71,6 +73,7 @@ __all__ = [
     "ApprovalNotFound",
     "ApprovalNotPending",
     "ApproverStartedRun",
+    "ArchiveUnavailable",
     "ApproverStartsRuns",
     "BodyTooLarge",
     "BrokerUnavailable",
@@ -100,6 +103,7 @@ __all__ = [
     "RateLimited",
     "ReplayRefused",
     "RetryClass",
+    "RunArchived",
     "RunInboxFull",
     "RunNotFound",
     "RunVersionConflict",

@@ -94,6 +94,10 @@ class ErrorCode(StrEnum):
     INVALID_REGISTRY = "invalid_registry"
     # An adopter's provider client built an answer of a kind it may not give (an executor's own `replayed`).
     PROVIDER_ANSWER_INVALID = "provider_answer_invalid"
+    # A message for a run whose journal was archived and purged (issue 31, months of runs): refused, never a
+    # journal started again from nothing.
+    RUN_ARCHIVED = "run_archived"
+    ARCHIVE_UNAVAILABLE = "archive_unavailable"  # the journals' archive could not be read or written
 
 
 class RetryClass(StrEnum):

@@ -47,6 +47,17 @@ class BrokerUnavailable(CrashsafeError):
     url: str | None = None
 
 
+class ArchiveUnavailable(CrashsafeError):
+    """The journals' archive (CRASHSAFE_ARCHIVE_DIR) could not be read or written; `message` says what failed.
+    Retried later: nothing is purged from `RUNS` until its archive is written and read back whole."""
+
+    code = ErrorCode.ARCHIVE_UNAVAILABLE
+    retry = RetryClass.RETRY_LATER
+
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    archive: str | None = None
+
+
 class UpgradeBlocked(CrashsafeError):
     """A contracting step refused while processes of an older release are alive (their version heartbeats, or pull
     requests no heartbeat accounts for): nothing was changed."""

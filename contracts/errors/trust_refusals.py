@@ -1,5 +1,5 @@
 """Refusals at a trust boundary: an action request without a good capability, an outcome its run never asked
-for, a message into another guest's session."""
+for, a message into another guest's session, a message for a run that was archived."""
 
 from __future__ import annotations
 
@@ -62,4 +62,23 @@ class SessionOfAnotherGuest(CrashsafeError):
         return (
             f"session {self.session_id} is in use by another guest's run {self.run_id}; use a session id of your"
             " own"
+        )
+
+
+class RunArchived(CrashsafeError):
+    """A message that would write into a run whose journal was archived and purged from `RUNS` (a receipt, a wake,
+    a turn, its inbound message again): refused and dead-lettered, never appended to an empty subject, which would
+    start a half journal. A run is archived only when no such message is expected; `archive` names the object."""
+
+    code = ErrorCode.RUN_ARCHIVED
+    retry = RetryClass.POISON
+
+    run_id: str
+    archive: str
+    what: str = "a message"
+
+    def explain(self) -> str:
+        return (
+            f"{self.what} for run {self.run_id}, whose journal was archived ({self.archive}) and purged: not"
+            " journaled; an archived run takes no more events (read it from the archive: crashsafe runs export)"
         )

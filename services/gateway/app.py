@@ -51,6 +51,7 @@ from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams
 from crashsafe.services.platform.provisioning import require as require_streams
+from crashsafe.services.platform.run_archive import open_archive
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import (
     context_from,
@@ -198,7 +199,7 @@ async def _owner(
     owner's guest too): a turn accepted here is never the runtime's to refuse. (A lane that changes hands after
     this is the runtime's: a turn of another guest's run becomes its own run there.) None: not known yet."""
     owner = lane.run_id
-    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(owner))
+    first = await RunJournal(broker, ns).first(owner)  # an owner archived since: its archive's run.started
     started = decode_event(first.data) if first is not None else None
     if isinstance(started, RunStarted):
         return started.guest_id, started.agent
@@ -228,8 +229,10 @@ async def _release_lane(sessions: SessionRecords, tenant: str, session_id: str, 
 
 
 async def _matches_journal(broker: Broker, ns: Namespace, admission: Admission) -> bool:
-    """True if the run already exists with this input; a conflict if it exists with another; False if new."""
-    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(admission.run_id))
+    """True if the run already exists with this input; a conflict if it exists with another; False if new. A run
+    archived and purged is asked of the archive (one lookup per new run): after INBOUND's 7 days it is all that
+    remembers the event (the stream is read first, and a run is archived before it is purged: no gap between)."""
+    first = await RunJournal(broker, ns).first(admission.run_id)
     if first is None:
         return False
     started = decode_event(first.data)
@@ -323,6 +326,7 @@ def build_app(settings: Settings, registry: Registry, mounted: Sequence[Router] 
             f"gateway-{settings.worker_id}",
             access=settings.nats_access,
             retention=settings.retention,
+            archive=open_archive(settings.archive_dir, settings.namespace.name),
         )
         ns = settings.namespace
         await require_streams(

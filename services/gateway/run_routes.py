@@ -12,7 +12,6 @@ from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.errors import CrashsafeError, RunNotFound
 from crashsafe.contracts.keys import is_run_id
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain.access import Client
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.gateway import openapi as api
@@ -96,8 +95,8 @@ async def post_reconcile(state: State, request: Request[Any, Any, Any], run_id: 
         client = await door.client(request, Scope.RUNS_OPERATE)
         if not is_run_id(run_id):
             raise _not_a_run_id(run_id)
-        ns = state.settings.namespace
-        first = await state.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+        # An archived run is found too: it has nothing open, so its reconcile asks nothing and wakes nobody.
+        first = await RunJournal(state.broker, state.settings.namespace).first(run_id)
         _visible(client, run_id, decode_event(first.data) if first is not None else None)
         # Each reconcile journals a run.nudged, kept forever: limited per run, so nobody can grow a journal at will.
         door.limit(door.reconciles, f"{client.tenant}/{run_id}", "run")

@@ -2,7 +2,8 @@
 
 `infra apply` only adds (services/platform/provisioning.py): a stream keeps the subjects an older release writes, and
 journals of an older layout stay where they are. Contracting copies the journals of the layout before event classes
-onto this one's (services/operations/journal_layout.py) and narrows each stream to this release's subjects. It
+onto this one's (services/operations/journal_layout.py), narrows each stream to this release's subjects and records
+the release it contracted to (`contracted` in `<ns>_versions`: the journals' archive waits for it). It
 refuses (`UpgradeBlocked`, nothing changed) while a live process runs a release older than this one, judged by the
 version heartbeats, or while a runtime or projector is seen pulling that no heartbeat of this release accounts for
 (a release before heartbeats: the guard the migration had)."""
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from crashsafe.contracts.errors import UpgradeBlocked
+from crashsafe.contracts.heartbeats import CONTRACTED_KEY, Contracted, contracted_encoder
 from crashsafe.contracts.release import VERSION
-from crashsafe.contracts.streams import StreamSpec, stream_specs
+from crashsafe.contracts.streams import StreamSpec, stream_specs, versions_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.release_window import contract_blockers
 from crashsafe.services.operations.journal_layout import LayoutMigration, has_old_layout, migrate_journals
@@ -51,6 +54,13 @@ async def contract(broker: Broker, ns: Namespace, replicas: int = 1) -> Contract
     blockers = contract_blockers(seen.beats, seen.waiting, VERSION)
     if blockers:
         raise UpgradeBlocked(step=STEP, processes=blockers)
+    if seen.bucket:
+        # Past this no older release comes back: what only its rollback held back may start (the journals'
+        # archive, services/reconciler/journal_archiver.py). Written even with nothing else to contract.
+        marker = Contracted(release=VERSION, at=datetime.now(UTC))
+        await broker.kv_write(
+            versions_spec(ns), CONTRACTED_KEY, contracted_encoder.encode(marker), revision=None
+        )
     specs = stream_specs(ns, replicas)
     if not await has_old_layout(broker, ns) and not await _beyond_spec(broker, specs):
         return None

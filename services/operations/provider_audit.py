@@ -58,7 +58,9 @@ async def audit_all(
     """Every run's journal against the providers' by-key answers and, where they offer one, their listing.
     `sees`: only the runs of the tenants it admits are audited (and their keys asked about), as the console
     audits for a tenant's key; None: every run, as the operator's `crashsafe audit`."""
-    journals = await RunJournal(broker, settings.namespace).read_all()
+    # The stream's runs and the archived ones: a provider still lists the effects of runs archived long ago.
+    journal = RunJournal(broker, settings.namespace)
+    journals = {**await journal.read_all_archived(), **await journal.read_all()}
     if sees is not None:
         journals = {
             run_id: events

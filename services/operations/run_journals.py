@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crashsafe.contracts.keys import is_run_id
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_asks import Reconciliation, reconcile_run
@@ -25,7 +25,7 @@ async def tenant_of_run(broker: Broker, ns: Namespace, run_id: str) -> str | Non
     """The tenant a run belongs to, from its first event alone; None for no such run (or no run id at all)."""
     if not is_run_id(run_id):
         return None
-    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+    first = await RunJournal(broker, ns).first(run_id)
     started = decode_event(first.data) if first is not None else None
     return started.tenant if isinstance(started, RunStarted) else None
 

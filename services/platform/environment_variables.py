@@ -215,4 +215,21 @@ VARIABLES: tuple[Variable, ...] = (
         "500",
         "executors: at most this many rows one delete takes (the writer is held briefly)",
     ),
+    Variable(
+        "CRASHSAFE_RETENTION_JOURNALS_S",
+        "259200",
+        "an ended run's journal is archived and purged from `RUNS` once it has not moved for this long and no late"
+        " message can reach it (3 days; at least 1 day; shorter than the receipts'); 0: kept in the stream forever",
+    ),
+    Variable(
+        "CRASHSAFE_ARCHIVE_DIR",
+        "unset",
+        "the journals' archive (`<dir>/<ns>/runs/<run_id>.json`), mounted by every service that reads journals and the"
+        " CLI; unset: nothing is archived or purged",
+    ),
+    Variable(
+        "CRASHSAFE_ARCHIVE_EVERY_S",
+        "60",
+        "reconciler: how often it archives the runs past the journals' hot window",
+    ),
 )

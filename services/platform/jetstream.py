@@ -26,9 +26,11 @@ from crashsafe.services.platform.jetstream_contractions import Contractions
 from crashsafe.services.platform.jetstream_declarations import Declarations
 from crashsafe.services.platform.jetstream_kv import KvBuckets, KvEntry
 from crashsafe.services.platform.jetstream_publish import Published
+from crashsafe.services.platform.jetstream_purges import Purges
 from crashsafe.services.platform.jetstream_reads import StoredMessage
 from crashsafe.services.platform.nats_users import CREDS_VARIABLE, read_credential
 from crashsafe.services.platform.pull_feed import PullFeed, Room
+from crashsafe.services.platform.run_archive import Archive
 from crashsafe.services.platform.settings import NatsAccess
 
 # What the adapter hands out, importable from its front door (SubjectFull, where it lived before its error family).
@@ -112,7 +114,7 @@ def _identity(access: NatsAccess, url: str) -> dict[str, object]:
     return options
 
 
-class Broker(KvBuckets, Declarations, Contractions):
+class Broker(KvBuckets, Declarations, Contractions, Purges):
     """A connection to NATS with JetStream, and the only place library exceptions are translated."""
 
     def __init__(self, nc: Client, user: object = None) -> None:
@@ -132,6 +134,9 @@ class Broker(KvBuckets, Declarations, Contractions):
         self.placement_wait_s = 30.0
         # How long this process's record writers keep what they write (the TTLs they send): the deployment's.
         self.retention = RecordRetention()
+        # Where the journals of archived runs are (settings.archive_dir): every journal read over this connection
+        # falls back to it for a run purged from the stream (services/records/run_journal.py). None: no archive.
+        self.archive: Archive | None = None
 
     @classmethod
     async def connect(
@@ -143,6 +148,7 @@ class Broker(KvBuckets, Declarations, Contractions):
         access: NatsAccess | None = None,
         stop: asyncio.Event | None = None,
         retention: RecordRetention | None = None,
+        archive: Archive | None = None,
     ) -> Broker:
         """Connect to NATS. A service reconnects forever (a broker restart is expected); a one-shot command
         (`fail_fast`) tries once, for a few seconds, and raises `BrokerUnavailable` instead of waiting.
@@ -150,7 +156,9 @@ class Broker(KvBuckets, Declarations, Contractions):
         `access` says who this process is (its role's credential file) and how to check the server (TLS). A
         service passes its `stop`: a SIGTERM while NATS is away ends the wait (`BrokerUnavailable`), or the pod
         would sit out its whole termination grace period, reconnecting. `retention`: the deployment's
-        (settings.retention), for every record this connection writes with a TTL; else the safe defaults."""
+        (settings.retention), for every record this connection writes with a TTL; else the safe defaults.
+        `archive`: the journals' archive (`open_archive(settings.archive_dir, …)`), which its journal reads fall
+        back to; a connection made without it reads only the stream, as before the archive."""
         identity = _identity(access or NatsAccess(), url)
 
         made: list[Broker] = []
@@ -211,6 +219,7 @@ class Broker(KvBuckets, Declarations, Contractions):
             ) from exc
         broker = cls(nc, user=identity.get("inbox_prefix"))
         broker.retention = retention or broker.retention
+        broker.archive = archive
         made.append(broker)
         return broker
 

@@ -95,6 +95,14 @@ class DirectReads(Publishing):
                 return out
             next_seq = answer.messages[-1].seq + 1
 
+    async def read_page(
+        self, stream: str, subject: str, after_seq: int = 0, batch: int = 256
+    ) -> list[StoredMessage]:
+        """At most `batch` messages on `subject` (a wildcard too) after `after_seq`, in order: one round trip, for
+        a reader that walks a stream a page at a time and stops where it likes."""
+        request = {"seq": after_seq + 1, "next_by_subj": subject, "batch": batch}
+        return (await self._direct_batch(stream, request, subject, _no_direct_gets(stream))).messages
+
     async def last_on_each_subject(
         self, stream: str, subjects: str | list[str], page: int = 500
     ) -> list[StoredMessage]:

@@ -19,6 +19,7 @@ RETENTION_VARIABLES = {
     "CRASHSAFE_RETENTION_RECEIPTS_S": "receipts_s",
     "CRASHSAFE_RETENTION_STEP_ROWS_S": "step_rows_s",
     "CRASHSAFE_RETENTION_BUSINESS_ROWS_S": "business_rows_s",
+    "CRASHSAFE_RETENTION_JOURNALS_S": "journals_s",
 }
 
 
@@ -56,4 +57,23 @@ def read_retention(get: Callable[[str], str | None]) -> RecordRetention:
                 variable="CRASHSAFE_PRUNE_BATCH", value=batch, expected="a whole number >= 1"
             )
         values["prune_batch"] = int(batch)
-    return dataclasses.replace(RecordRetention(), **values)
+    archive_every = get("CRASHSAFE_ARCHIVE_EVERY_S")
+    if archive_every is not None:
+        try:
+            values["archive_every_s"] = float(archive_every)
+        except ValueError:
+            values["archive_every_s"] = -1.0
+        if not values["archive_every_s"] > 0:
+            raise InvalidSetting(
+                variable="CRASHSAFE_ARCHIVE_EVERY_S", value=archive_every, expected="seconds, a number > 0"
+            )
+    kept = dataclasses.replace(RecordRetention(), **values)
+    # A run is archived only once its projection receipts say every projection settled: receipts that expire
+    # first would keep every journal forever, silently.
+    if kept.journals_s and kept.receipts_s and kept.journals_s >= kept.receipts_s:
+        raise InvalidSetting(
+            variable="CRASHSAFE_RETENTION_JOURNALS_S",
+            value=str(kept.journals_s),
+            expected=f"0 or whole seconds shorter than CRASHSAFE_RETENTION_RECEIPTS_S ({kept.receipts_s})",
+        )
+    return kept

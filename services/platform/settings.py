@@ -126,6 +126,9 @@ class Settings:
     loop_stall_s: float = 30.0
     # How long the records that grow with every run are kept (docs/capacity.md); 0 for one: forever.
     retention: RecordRetention = field(default_factory=RecordRetention)
+    # Where ended runs' journals are archived before their subjects are purged (services/platform/run_archive.py):
+    # a directory every reader of journals mounts. None: no archive, every journal stays in the stream.
+    archive_dir: Path | None = None
     # An agent's code that runs longer than this in one decision is stopped, and its run handed off with
     # `agent_fault`; a Python operation's client, between two awaits, an unknown outcome (services/platform/
     # hook_limit.py); 0 turns the limit off. Well below `loop_stall_s`.
@@ -345,6 +348,7 @@ class Settings:
                 "seconds, a number >= 0 (0: off)",
             ),
             retention=read_retention(get),
+            archive_dir=(Path(raw) if (raw := get("CRASHSAFE_ARCHIVE_DIR")) else None),
         )
 
     def provider(self, name: str) -> ProviderSettings | None:

@@ -10,6 +10,7 @@ from crashsafe.services.platform import crashpoints, seam_checks
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
+from crashsafe.services.platform.run_archive import open_archive
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.telemetry import configure_telemetry
 from crashsafe.services.platform.version_beats import VersionBeats
@@ -28,6 +29,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         access=settings.nats_access,
         stop=stop,
         retention=settings.retention,
+        archive=open_archive(settings.archive_dir, settings.namespace.name),
     )
     beats = VersionBeats(broker, settings.namespace, Role.PROJECTOR, settings.worker_id, logger)
     beats.start()

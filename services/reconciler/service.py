@@ -46,6 +46,7 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from, span
+from crashsafe.services.reconciler.journal_archiver import JournalArchiver
 from crashsafe.services.reconciler.projection_checks import ProjectionChecks
 from crashsafe.services.records.approval_records import ApprovalRecords
 from crashsafe.services.records.run_asks import wake_run
@@ -84,6 +85,8 @@ class Reconciler:
         # Projections (seed 002): ended runs whose planned projections have no receipt are published again.
         self.journal = RunJournal(broker, self.ns)
         self.projection_checks = ProjectionChecks(broker, settings, logger, registry, self.journal)
+        # Ended runs no message can reach, past the hot window: archived, then purged from the stream (issue 31).
+        self.archiver = JournalArchiver(broker, settings, logger, registry, self.worker)
         self._unknown_tools: set[str] = set()
         self._since = datetime.min.replace(tzinfo=UTC)
 
@@ -188,12 +191,17 @@ class Reconciler:
         looks.looked(self.work, run_id, look.seen_seq, now, self.cadence, taken)
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
-        """Tick every `tick_s` until `stop` is set."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=tick_s)
-            except TimeoutError:
-                await self.tick()
+        """Tick every `tick_s` until `stop` is set; the archiver's passes beside, on their own cadence (a pass
+        writes files and purges: it must not hold a tick back)."""
+        archiving = asyncio.create_task(self.archiver.run(stop))
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=tick_s)
+                except TimeoutError:
+                    await self.tick()
+        finally:
+            await archiving
 
     async def tick(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)

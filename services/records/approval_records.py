@@ -31,6 +31,7 @@ from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_journal import RunJournal
 
 record_encoder = msgspec.json.Encoder()
 record_decoder = msgspec.json.Decoder(ApprovalRecord)
@@ -181,7 +182,7 @@ async def visible(records: ApprovalRecords, sees: Callable[[str], bool], approva
 
 async def started_by(broker: Broker, ns: Namespace, run_id: str) -> str:
     """The id of the client key that started the run, as its run.started says ("": not recorded, or no run)."""
-    first = await broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+    first = await RunJournal(broker, ns).first(run_id)  # an archived run's from its archive
     started = decode_event(first.data) if first is not None else None
     return started.started_by if isinstance(started, RunStarted) else ""
 

@@ -108,15 +108,21 @@ class RunAppends:
         return held
 
     async def load(
-        self, run_id: str, ctx: Context, fresh: bool = False, mark_resume: bool = True
+        self,
+        run_id: str,
+        ctx: Context,
+        fresh: bool = False,
+        mark_resume: bool = True,
+        what: str = "a message",
     ) -> HeldRun | None:
         """The held run, or read from its journal (`fresh`: always). A run read that was not held is marked
-        resumed unless `mark_resume` is False; None: the run has no journal."""
+        resumed unless `mark_resume` is False; None: the run has no journal. RunArchived: it has none because it
+        was archived (`what` brought it here), and it takes no more events."""
         if not fresh:
             held = self.runs.touch(run_id)
             if held is not None:
                 return held
-        events, seq = await self.journal.read(run_id)
+        events, seq = await self.journal.writable(run_id, what)
         state = replay(events)
         if state is None:
             return None

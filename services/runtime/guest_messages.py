@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 from opentelemetry.context import Context
@@ -193,7 +193,7 @@ class GuestMessages:
         """Journal the message as the owner's next turn (once per event id) and drive the owner; False if the
         owner has ended (the caller decides the lane again). Another guest's message is refused
         (SessionOfAnotherGuest): it must never answer this run's approval."""
-        run = await self.appends.load(owner, ctx)
+        run = await self.appends.load(owner, ctx, what="a turn")
         if run is None:
             return False
         message = event.message
@@ -239,5 +239,16 @@ class GuestMessages:
             started = intake.run_started(
                 event, utcnow(), revision=revision, config=config, profile=profile, history=history
             )
+            await self._not_archived(event)
             run = await self.appends.start(started, ctx)
         await self.loop.drive(run, ctx)
+
+    async def _not_archived(self, event: InboundEvent) -> None:
+        """RunArchived for a message whose run was archived and purged: its start at sequence 0 would succeed on the
+        empty subject and run it a second time. Asked only of a message old enough to name one: a run is archived
+        a hot window after its journal last moved, so a message received within half of it cannot (the margin is
+        for the clocks); with no window set, always."""
+        window = self.broker.retention.journals_s
+        if window and utcnow() - event.received_at < timedelta(seconds=window / 2):
+            return
+        await self.appends.journal.refuse_archived(event.run_id, "its inbound message")

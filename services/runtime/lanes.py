@@ -8,10 +8,11 @@ import msgspec
 
 from crashsafe.contracts.memory import SessionLane, SessionTurn
 from crashsafe.contracts.run_events import RunStarted, decode_event
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.run_state import RunState
 from crashsafe.domain.session_lanes import finished_turn, handed_back, taken_over
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.session_lane_records import SessionRecords
 
 __all__ = ["SessionLanes", "finished_turn"]
@@ -46,7 +47,7 @@ class SessionLanes:
         guest; "" (nobody's: given to no one) when the journal is gone."""
         assert self.records is not None
         ns = self.records.ns
-        first = await self.records.broker.first_on_subject(ns.stream(StreamKind.RUNS), ns.run_events(run_id))
+        first = await RunJournal(self.records.broker, ns).first(run_id)
         started = decode_event(first.data) if first is not None else None
         return started.guest_id if isinstance(started, RunStarted) else ""
 

@@ -254,7 +254,9 @@ class Runtime:
         journaled only for a request the run journaled, with its tool and step, from the family it was sent to."""
         # Not marked resumed before the outcome is known to be the run's: a refused one leaves the journal as it was.
         resuming = outcome.run_id not in self.runs
-        run = await self.appends.load(outcome.run_id, ctx, mark_resume=False)
+        run = await self.appends.load(
+            outcome.run_id, ctx, mark_resume=False, what=f"a receipt of {outcome.key}"
+        )
         if run is not None and outcome_refusal(run.state, outcome, source) is not None:
             # Our copy may be stale (another replica moved the run on): never drop an outcome on a stale view.
             run = await self.appends.reload(run, ctx)
@@ -281,7 +283,7 @@ class Runtime:
     async def wake(self, wake: RunWake, ctx: Context) -> None:
         """A wake-up: journaled (if the run heeds it), the requests it names re-sent, the run driven again."""
         resuming = wake.run_id not in self.runs
-        run = await self.appends.load(wake.run_id, ctx, fresh=True, mark_resume=False)
+        run = await self.appends.load(wake.run_id, ctx, fresh=True, mark_resume=False, what="a wake")
         if run is None or not intake.heeds(run.state, wake):
             return
 
