@@ -82,6 +82,7 @@ KV_CATALOG = "KV_sweep_catalog"
 KV_GUESTS = "KV_sweep_guests"
 KV_DEAD_MARKS = "KV_sweep_dead_marks"
 KV_KEY_FACTS = "KV_sweep_key_facts"
+KV_VERSIONS = "KV_sweep_versions"
 BEATING = ("gateway", "runtime", *(f"executor-{f}" for f in FAMILIES), "reconciler", "projector")
 
 
@@ -163,6 +164,7 @@ def probes() -> list[Probe]:
                 KV_PROJECTIONS,
                 KV_DEAD_MARKS,
                 KV_KEY_FACTS,
+                KV_VERSIONS,
             )
         ),
         _consumer(INBOUND, "runtime_inbound", "sweep.inbound.*"),
@@ -241,7 +243,11 @@ def probes() -> list[Probe]:
         ),
         # Destructive ones last: the operator really does them.
         Probe("streams", f"delete message 1 of {RUNS}", f"{API}.STREAM.MSG.DELETE.{RUNS}", b'{"seq":1}'),
-        Probe("streams", f"purge {RUNS}", f"{API}.STREAM.PURGE.{RUNS}", b"{}"),
+        # Archiving journals (issue 31): the reconciler purges one run's subjects of RUNS, no other stream's.
+        Probe(
+            "streams", f"purge {INBOUND}", f"{API}.STREAM.PURGE.{INBOUND}", b'{"filter":"sweep.inbound.r1"}'
+        ),
+        Probe("streams", f"purge {RUNS}", f"{API}.STREAM.PURGE.{RUNS}", b'{"filter":"sweep.run.r1.>"}'),
         Probe(
             "streams",
             f"update {RUNS}",
@@ -316,6 +322,8 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"direct get on KV_sweep_approvals"}  # the expiry backstop reads records, never decides
         # Lost projections: it reads their receipts, never writes one, and publishes their tasks again.
         allowed |= {"projection task", f"direct get on {KV_PROJECTIONS}"}
+        # Archiving journals: who is alive and what was contracted; purge a run's subjects of RUNS, nothing else.
+        allowed |= {f"direct get on {KV_VERSIONS}", f"purge {RUNS}"}
     elif role is Role.ANALYTICS:
         # Named consumers only: a bare (ephemeral) create's body may name the projector's durable and rewrite it.
         allowed = {f"info {RUNS}", f"direct get on {RUNS}"}

@@ -1,7 +1,8 @@
 """Months of runs in seconds (issue 31): with retention set to seconds, runs driven through the gateway, a runtime and
-an executor for several retention periods keep a flat number of session lanes, active-run records and executor
-rows, where with retention off each grows with every run; and a run asked again after its records expired is
-still answered as a duplicate, never run twice. Each run has a new guest and session (the worst case for the
+an executor for several retention periods keep a flat number of session lanes, active-run records, executor rows
+and journal subjects in RUNS (the reconciler archives each ended run and purges it), where with retention off each
+grows with every run; and a run asked again after its records expired and its journal was archived is still
+answered as a duplicate, never run twice. Each run has a new guest and session (the worst case for the
 buckets). `SOAK_ROUNDS` lengthens it (`just soak-retention`); the figures are printed (`-s`)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +18,18 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from crashsafe.contracts.clients import Scope
+from crashsafe.contracts.heartbeats import CONTRACTED_KEY, Contracted, contracted_encoder
 from crashsafe.contracts.nats_permissions import Role
+from crashsafe.contracts.release import VERSION
 from crashsafe.contracts.retention import RecordRetention
 from crashsafe.contracts.run_events import RunCompleted, RunStarted
-from crashsafe.contracts.streams import active_spec, sessions_spec
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.streams import active_spec, sessions_spec, versions_spec
+from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.registry import LocalOperation, Registration, Registry, Tool
 from crashsafe.natsd import NatsServer
 from crashsafe.services.gateway import app as gateway
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.run_archive import open_archive
 from crashsafe.services.records.client_keys import ClientKeys
 from crashsafe.services.records.run_journal import RunJournal
 from tests.integration.test_composition import STAMP, TwoStamps
@@ -36,10 +41,22 @@ from tests.support.waiting import eventually
 ROUNDS = int(os.environ.get("SOAK_ROUNDS", "3"))
 RUNS_A_ROUND = int(os.environ.get("SOAK_RUNS_A_ROUND", "8"))
 SHORT = dataclasses.replace(
-    RecordRetention(), sessions_s=2, active_s=1, step_rows_s=2, prune_every_s=0.5, prune_batch=50
+    RecordRetention(),
+    sessions_s=2,
+    active_s=1,
+    step_rows_s=2,
+    prune_every_s=0.5,
+    prune_batch=50,
+    journals_s=2,
 )
 OFF = dataclasses.replace(
-    RecordRetention(), sessions_s=0, active_s=0, approvals_s=0, step_rows_s=0, business_rows_s=0
+    RecordRetention(),
+    sessions_s=0,
+    active_s=0,
+    approvals_s=0,
+    step_rows_s=0,
+    business_rows_s=0,
+    journals_s=0,
 )
 
 
@@ -60,13 +77,22 @@ async def test_kept_records_stay_flat_over_retention_periods_and_every_run_stays
 
     registry = Registry.of(Registration(agent=TwoStamps(), tools=(Tool(STAMP, LocalOperation(stamp)),)))
     settings = dataclasses.replace(
-        inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path), retention=retention
+        inprocess.settings_for(nats_server.url, namespace, data_dir=tmp_path),
+        retention=retention,
+        archive_dir=tmp_path / "archive",
     )
     gateway_settings = dataclasses.replace(settings, nats_access=access(nats_server.url, Role.GATEWAY))
     await inprocess.provisioned(settings)
     key = (await ClientKeys(broker, namespace).create("acme", [Scope.EVENTS_WRITE])).key
+    # The rollout is over (`infra contract`): the reconciler may archive; the test reads as the services do.
+    marker = Contracted(release=VERSION, at=datetime.now(UTC))
+    spec = versions_spec(namespace)
+    await broker.kv_write(spec, CONTRACTED_KEY, contracted_encoder.encode(marker), revision=None)
+    broker.archive = open_archive(settings.archive_dir, namespace.name)
     journal = RunJournal(broker, namespace)
-    figures: list[tuple[int, int, int, int]] = []  # (runs, sessions kept, active kept, executor rows)
+    runs_stream = namespace.stream(StreamKind.RUNS)
+    # (runs, sessions kept, active kept, executor rows, journal subjects kept in RUNS)
+    figures: list[tuple[int, int, int, int, int]] = []
 
     async def kept(stream: str) -> int:
         return (await broker.js.stream_info(stream)).state.messages  # one per key: history 1
@@ -74,6 +100,7 @@ async def test_kept_records_stay_flat_over_retention_periods_and_every_run_stays
     async with (
         inprocess.runtime(settings, registry=registry) as runtime,
         inprocess.executor(settings, STAMP.family, registry=registry) as executor,
+        inprocess.reconciler(settings) as reconciler,
         AsyncTestClient(app=gateway.build_app(gateway_settings, registry)) as client,
     ):
         await runtime.start()
@@ -102,6 +129,8 @@ async def test_kept_records_stay_flat_over_retention_periods_and_every_run_stays
 
             await eventually(ended, what=f"round {round_no}'s runs completed", timeout_s=30)
             await asyncio.sleep(2.5)  # a retention period passes (the executor prunes on its own schedule)
+            if reconciler.archiver.enabled:  # the reconciler's pass (every CRASHSAFE_ARCHIVE_EVERY_S)
+                assert (await reconciler.archiver.run_pass(datetime.now(UTC))).blocked is None
             rows = sum([await store.count() for store in executor.stores.values()])
             done = (round_no + 1) * RUNS_A_ROUND
             figures.append(
@@ -110,11 +139,12 @@ async def test_kept_records_stay_flat_over_retention_periods_and_every_run_stays
                     await kept(sessions_spec(namespace).stream),
                     await kept(active_spec(namespace).stream),
                     rows,
+                    await broker.subject_count(runs_stream, namespace.run_events_all),
                 )
             )
 
-        # The first run, asked again after its lane, its active record and its executor rows are gone: the
-        # same run, a duplicate, and nothing called again.
+        # The first run, asked again after its lane, its active record and its executor rows are gone and its
+        # journal left RUNS for the archive: the same run, a duplicate, and nothing called again.
         calls = len(stamped)
         again = await client.post("/v1/events", json=first["body"])
         assert again.status_code == 202 and again.json()["run_id"] == first["run_id"], again.text
@@ -125,15 +155,18 @@ async def test_kept_records_stay_flat_over_retention_periods_and_every_run_stays
         assert len(stamped) == calls == 2 * ROUNDS * RUNS_A_ROUND
 
     print(
-        f"\nretention {'on' if retention.sessions_s else 'off'}: (runs, sessions kept, active kept, rows) {figures}"
+        f"\nretention {'on' if retention.sessions_s else 'off'}: (runs, sessions kept, active kept, rows,"
+        f" journal subjects) {figures}"
     )
     total = ROUNDS * RUNS_A_ROUND
     last = figures[-1]
     if retention is OFF:
-        assert last == (total, total, total, 2 * total), figures  # everything every run wrote is still there
+        # Everything every run wrote is still there (a journal is two subjects: its steps and milestones).
+        assert last == (total, total, total, 2 * total, 2 * total), figures
     else:
         # Bounded by what one retention period holds, not by the runs so far: flat from round to round.
         # (a store keeps its newest row through a pass: one a partition at most)
-        for _, sessions, active, rows in figures:
+        for _, sessions, active, rows, journals in figures:
             assert max(sessions, active) <= RUNS_A_ROUND, figures
             assert rows <= 2 * RUNS_A_ROUND + settings.partitions, figures
+            assert journals <= 2 * RUNS_A_ROUND, figures

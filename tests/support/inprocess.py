@@ -36,6 +36,7 @@ from crashsafe.services.knowledge.library import Library
 from crashsafe.services.operations.provider_audit import AuditStats, audit_all
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.provisioning import provision
+from crashsafe.services.platform.run_archive import open_archive
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from
 from crashsafe.services.projector.service import Projector
@@ -215,6 +216,7 @@ async def runtime(
         f"tests-runtime-{settings.worker_id}",
         access=access(settings.nats_url, Role.RUNTIME),
         retention=settings.retention,
+        archive=open_archive(settings.archive_dir, settings.namespace.name),
     )
     logger = logging.getLogger(f"tests.runtime.{settings.worker_id}")
     run_catalog = RunCatalog(registry, broker, settings.namespace, logger) if catalog else None
@@ -324,16 +326,23 @@ def decide_together(workers: list[Runtime], timeout_s: float = 10.0) -> Iterator
 
 @asynccontextmanager
 async def reconciler(
-    settings: Settings, *, grace_s: float = 2.0, reask_s: float = 5.0, quiet_s: float = 30.0
+    settings: Settings,
+    *,
+    grace_s: float = 2.0,
+    reask_s: float = 5.0,
+    quiet_s: float = 30.0,
+    registry: Registry | None = None,
 ) -> AsyncIterator[Reconciler]:
     """A reconciler following the namespace's accepted runs and milestones. It never ticks by itself: the test calls
-    `tick(now)` with the time it wants, so "overdue" and "ask again later" happen when the test says."""
+    `tick(now)` with the time it wants, so "overdue" and "ask again later" happen when the test says (and its
+    archiver's passes: `worker.archiver.run_pass(now)`). `registry`: the projections it checks (none by default)."""
     await provisioned(settings)
     broker = await Broker.connect(
         settings.nats_url,
         f"tests-reconciler-{settings.worker_id}",
         access=access(settings.nats_url, Role.RECONCILER),
         retention=settings.retention,
+        archive=open_archive(settings.archive_dir, settings.namespace.name),
     )
     worker = Reconciler(
         broker,
@@ -342,6 +351,7 @@ async def reconciler(
         grace_s=grace_s,
         reask_s=reask_s,
         quiet_s=quiet_s,
+        registry=registry,
     )
     try:
         await worker.start()
@@ -374,6 +384,7 @@ async def projector(
         name,
         access=access(settings.nats_url, Role.PROJECTOR),
         retention=settings.retention,
+        archive=open_archive(settings.archive_dir, settings.namespace.name),
     )
     registry = registry or stayhub()
     providers = Providers.open(settings, registry.projections.values())

@@ -5,9 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crashsafe.contracts.archive_permissions import PURGE_ANY
 from crashsafe.contracts.jetstream_api import DESTRUCTIVE
 from crashsafe.contracts.nats_permissions import Role, user_for, users
-from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.subjects import Namespace, StreamKind
 
 # Family names that cannot collide with a fixed subject token (`action`, `lease`, the namespace).
 FAMILIES = st.sets(st.from_regex(r"fam[a-z0-9]{1,6}", fullmatch=True), min_size=1, max_size=4)
@@ -42,8 +43,22 @@ def test_no_service_role_may_change_or_remove_a_stream() -> None:
         if user.role is Role.OPERATOR:
             assert not user.permissions.publish_deny
             continue
-        assert user.permissions.publish_deny[: len(DESTRUCTIVE)] == DESTRUCTIVE
+        # The reconciler archives journals: it alone may purge, and only RUNS (contracts/archive_permissions.py).
+        kept = [d for d in DESTRUCTIVE if user.role is not Role.RECONCILER or d != PURGE_ANY]
+        assert list(user.permissions.publish_deny[: len(kept)]) == kept
         assert not any(".STREAM.CREATE" in s or ".STREAM.UPDATE" in s for s in user.permissions.publish)
+
+
+def test_only_the_reconciler_purges_and_only_the_runs_stream() -> None:
+    ns = Namespace("prod")
+    every = users(ns, {"payment"})
+    purgers = {u.role: [s for s in u.permissions.publish if ".STREAM.PURGE." in s] for u in every}
+    assert {role for role, found in purgers.items() if found} == {Role.RECONCILER}
+    assert purgers[Role.RECONCILER] == [f"$JS.API.STREAM.PURGE.{ns.stream(StreamKind.RUNS)}"]
+    denied = user_for(every, Role.RECONCILER).permissions.publish_deny
+    assert {f"$JS.API.STREAM.PURGE.{ns.stream(k)}" for k in StreamKind if k is not StreamKind.RUNS} <= set(
+        denied
+    )
 
 
 def test_analytics_reads_the_runs_stream_and_publishes_nothing_in_the_namespace() -> None:

@@ -112,6 +112,9 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_RETENTION_BUSINESS_ROWS_S": "0",
         "CRASHSAFE_PRUNE_EVERY_S": "30",
         "CRASHSAFE_PRUNE_BATCH": "100",
+        "CRASHSAFE_RETENTION_JOURNALS_S": "86400",
+        "CRASHSAFE_ARCHIVE_DIR": "/archive",
+        "CRASHSAFE_ARCHIVE_EVERY_S": "30",
     }
     # A `<NAME>` variable is one per provider: tests/unit/test_provider_settings.py reads them.
     assert set(env) == {v.name for v in VARIABLES if "<NAME>" not in v.name}
@@ -160,6 +163,7 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert kept.dead_marks_s == 3000000
     assert (kept.receipts_s, kept.step_rows_s, kept.business_rows_s) == (172800, 90000, 0)
     assert (kept.prune_every_s, kept.prune_batch) == (30.0, 100)
+    assert (kept.journals_s, kept.archive_every_s, s.archive_dir) == (86400, 30.0, Path("/archive"))
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -206,6 +210,10 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_RETENTION_STEP_ROWS_S", "60"),
         ("CRASHSAFE_PRUNE_EVERY_S", "0"),
         ("CRASHSAFE_PRUNE_BATCH", "none"),
+        # A journal purged inside the reconciler's look-back, or after its receipts expired (never archivable).
+        ("CRASHSAFE_RETENTION_JOURNALS_S", "3600"),
+        ("CRASHSAFE_RETENTION_JOURNALS_S", "604800"),
+        ("CRASHSAFE_ARCHIVE_EVERY_S", "0"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
@@ -261,3 +269,8 @@ def test_an_executor_for_a_family_the_deployment_lacks_is_refused_in_one_line() 
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "booking, memory, notify, payment" in done.stderr
+
+
+def test_no_journal_leaves_the_stream_unless_an_archive_is_configured() -> None:
+    s = Settings.from_env({})
+    assert s.archive_dir is None and s.retention.journals_s == 3 * 86_400  # the window waits for an archive
