@@ -7,6 +7,7 @@ import asyncio
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import crashpoints, seam_checks
+from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
@@ -37,6 +38,10 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         # The receivers (email, CRM, audit log) are asked as the executors ask the providers: same adapter, same
         # Idempotency-Key header, same reading of their answers.
         async with Providers.open(settings, registry.projections.values()) as providers:
+            # A receiver's Python client that holds the loop is stopped, as in the executors (hook_limit.py).
+            limit = HookLimit(settings.hook_limit_s)
+            if limit.install():
+                providers.code_limit = limit
             projector = Projector(broker, settings, registry, providers, logger)
             # Not ready, and planning nothing, until its tasks land and its durables are in shape (seam_checks).
             if await seam_checks.start_when_able(
@@ -46,6 +51,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
                 print("ready: projector", flush=True)
                 await stop.wait()
             await projector.close()
+            limit.uninstall()
     finally:
         await beats.stop()
         await ops.stop()
