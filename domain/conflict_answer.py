@@ -36,10 +36,11 @@ def existing_of(record: Record, undone: Record | None) -> ExistingEffect | None:
 def owned_by_asker(request: ActionRequest, record: Record, first_owner: KeyOwner | None) -> bool:
     """Whether the request may see the key's effect. A step key (`run_…:n`) is only ever its own run's; a shared
     key's first asker named an account and a guest (`KeyFacts.owner`), and the request must name the same two.
-    An owner not known (facts written by 0.2.0) shows nothing."""
+    An owner not known (facts written by 0.2.0) shows nothing, nor one whose arguments named no guest: two guests
+    of one tenant would then name the same nobody, and one would be shown the other's effect."""
     if not shared(request.key):
         return bool(record.run_id) and record.run_id == request.run_id
-    return first_owner is not None and first_owner == owner_of(request.args)
+    return first_owner is not None and bool(first_owner.guest) and first_owner == owner_of(request.args)
 
 
 def told(

@@ -85,7 +85,43 @@ class ClinicAgent(AgentBase):
         return in_account(state, dict(args) | {"guest_id": state.guest_id})
 
 
-REGISTRY = Registry.of(Registration(agent=ClinicAgent(), tools=(HOLD_ROOM,)))
+# A room held once per hotel and night for the whole tenant (the slot itself is the identity), whose agent names
+# the guest in an argument of its own (`client`), not `guest_id`: nothing in the arguments tells two guests apart.
+HOLD_NIGHT = Tool(
+    msgspec.structs.replace(
+        HOLD_ROOM.contract,
+        name="hold_night",
+        identity=("hotel_id", "check_in"),
+        outside_identity=("check_out",),
+    ),
+    HttpOperation(
+        request=lambda args: HttpRequest(
+            "POST",
+            "/bookings",
+            json={k: v for k, v in args.items() if k != "client"} | {"guest_id": args["client"]},
+        ),
+        lookup_path="/bookings/by-key/{key}",
+        ref_field="booking_id",
+        requires=("hotel_id", "client", "check_in", "check_out"),
+    ),
+)
+
+
+class FrontDeskAgent(AgentBase):
+    name = "front_desk"
+    tools = {HOLD_NIGHT.name: HOLD_NIGHT.contract}
+    config = AgentConfig(agent="front_desk")
+
+    def prepare(
+        self, state: RunState, tool: ToolContract, args: dict[str, Any]
+    ) -> dict[str, Any] | ErrorInfo:
+        return in_account(state, dict(args) | {"client": state.guest_id})
+
+
+REGISTRY = Registry.of(
+    Registration(agent=ClinicAgent(), tools=(HOLD_ROOM,)),
+    Registration(agent=FrontDeskAgent(), tools=(HOLD_NIGHT,)),
+)
 STAY = {"hotel_id": "lis-1", "check_in": "2031-12-01"}
 
 
@@ -222,3 +258,34 @@ async def test_another_tenants_request_under_the_same_key_hears_nothing_of_the_h
     assert other.existing is None
     assert str(made.provider_ref) not in msgspec.json.encode(other).decode()
     assert (await world.sandbox.counts(guest))["booking"] == 1
+
+
+async def test_another_guest_of_the_tenant_under_a_key_that_names_no_guest_hears_nothing_of_the_hold(
+    world: World,
+) -> None:
+    """The executor tells `existing` to a request naming the first asker's guest; where the arguments name no
+    `guest_id` at all it cannot tell two guests apart, so it tells nobody: another guest of the same clinic asking
+    for the same night must not be shown the first guest's hold as its own."""
+    model = await world.running.enter_async_context(inprocess.scripted_model(world.settings))
+    runtime = await world.running.enter_async_context(
+        inprocess.runtime(world.settings, model, registry=REGISTRY)
+    )
+    await runtime.start()
+    tenant, night = "clinic-1", STAY
+
+    async def asked(guest: str, check_out: str) -> list[JournalEvent]:
+        text = f"obey: hold_night {json.dumps(night | {'check_out': check_out})}"
+        run_id = await submit_inbound(
+            world.broker, world.ns, unique("ev"), agent="front_desk", text=text, guest_id=guest, tenant=tenant
+        )
+        return await world.ended(run_id)
+
+    first_guest, second_guest = unique("ana"), unique("bruno")
+    (held,) = [e for e in await asked(first_guest, "2031-12-03") if isinstance(e, ActionCompleted)]
+    assert held.status == OutcomeStatus.SUCCEEDED, held.error
+    second = await asked(second_guest, "2031-12-04")
+    (conflict,) = [e for e in second if isinstance(e, ActionCompleted)]
+    assert (conflict.key, conflict.status) == (held.key, OutcomeStatus.CONFLICT)
+    assert conflict.existing is None
+    assert str(held.provider_ref) not in msgspec.json.encode(second).decode()
+    assert first_guest not in msgspec.json.encode(second).decode()
