@@ -33,7 +33,9 @@ class Kept(StrEnum):
     APPROVAL_OPEN = "approval_open"
     HOT = "hot"  # ended, settled, but its journal moved less than a hot window ago
     PROJECTIONS_OPEN = "projections_open"
-    UNREADABLE = "unreadable"  # a journal no fold reads (a hostile or newer writer's): never archived blind
+    # A journal no fold reads (a hostile or newer writer's), or whose agent's `projections` hook raises on it:
+    # never archived blind.
+    UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,9 +195,11 @@ class JournalArchiver:
             if verdict.until is not None:
                 self.again[run_id] = verdict.until
             return verdict.reason.value
-        if await self._projections_open(events, now):
+        kept = await self._projections_open(run_id, events, now)
+        if kept is rule.Kept.PROJECTIONS_OPEN:
             self.again[run_id] = now + timedelta(seconds=max(self.stale_s, self.every_s))
-            return rule.Kept.PROJECTIONS_OPEN.value
+        if kept is not None:
+            return kept.value
         await self._archive(run_id, stored, now)
         # Up to the last sequence read: an event appended since (none is expected) stays, and the next pass merges.
         purged = await self.broker.purge_filter(
@@ -233,14 +235,23 @@ class JournalArchiver:
                 archive=self.archive.name(run_id),
             )
 
-    async def _projections_open(self, events: list[JournalEvent], now: datetime) -> bool:
-        """Whether a projection the journal calls for has no settled receipt (the projector or the reconciler's
-        check may still need the journal). No projections in this deployment: none can be open."""
+    async def _projections_open(
+        self, run_id: str, events: list[JournalEvent], now: datetime
+    ) -> rule.Kept | None:
+        """Why the run's projections keep its journal: one the journal calls for has no settled receipt (the
+        projector or the reconciler's check may still need the journal), or its agent cannot say what it calls
+        for. None: nothing open (no projections in this deployment: none can be)."""
         if self.registry is None or not self.registry.projections:
-            return False
-        tasks = missing.planned(self.registry, events, now) or []
+            return None
+        try:
+            tasks = missing.planned(self.registry, events, now) or []
+        except Exception as exc:  # noqa: BLE001 -- an agent's `projections` hook: its fault, never the archiver's
+            # Kept, never archived blind, and the pass goes on: an archiver that stopped here would stop for every
+            # tenant, and its next life would walk into the same run first (as the reconciler's own check does).
+            log(self.logger, logging.ERROR, "projection plan failed", run_id=run_id, error=repr(exc))
+            return rule.Kept.UNREADABLE
         if not tasks:
-            return False
+            return None
         spec = projections_spec(self.ns)
         names = {(t.tool, t.key): self.ns.projection_record_key(t.tool, t.key) for t in tasks}
         found = await self.broker.kv_get_many(spec, list(names.values()))
@@ -250,8 +261,10 @@ class JournalArchiver:
             try:
                 records[task] = record_decoder.decode(entry.value) if entry is not None else None
             except msgspec.DecodeError:
-                return True  # a newer writer's receipt: not judged here, the run is kept
-        return bool(rule.unsettled(tasks, records, now, self.stale_s))
+                return (
+                    rule.Kept.PROJECTIONS_OPEN
+                )  # a newer writer's receipt: not judged here, the run is kept
+        return rule.Kept.PROJECTIONS_OPEN if rule.unsettled(tasks, records, now, self.stale_s) else None
 
 
 def _starts_a_run(message: StoredMessage) -> bool:

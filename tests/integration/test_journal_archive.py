@@ -43,10 +43,15 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.streams import versions_spec
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, Answer, OutcomeStatus
+from crashsafe.domain.agent import ProjectionCall
 from crashsafe.domain.registry import LocalOperation, ProviderAnswer, Registration, Registry, Tool
+from crashsafe.domain.run_state import RunState
 from crashsafe.export_file import export_lines
 from crashsafe.natsd import NatsServer
 from crashsafe.replay import read_run, replayed_text
+from crashsafe.services.agents.booking import BookingAgent
+from crashsafe.services.agents.booking.booking_tools import TOOLS as BOOKING_TOOLS
+from crashsafe.services.agents.remember_preference import REMEMBER_PREFERENCE
 from crashsafe.services.gateway import app as gateway
 from crashsafe.services.operations.provider_audit import audit_all
 from crashsafe.services.platform.jetstream import Broker
@@ -392,3 +397,38 @@ async def test_a_journal_whose_archive_is_not_written_whole_stays_in_the_stream(
         later = await archiver.run_pass(now + timedelta(seconds=WINDOW_S + 1 + archiver.every_s))
         assert (later.archived, later.failed) == (1, []), later
         assert await _subjects(broker, namespace, run_id) == 0
+
+
+class _PlansBadly(BookingAgent):
+    """The booking agent with a `projections` hook that raises on some ended runs (an adopter's bug: an index
+    into results a run that ended early never got)."""
+
+    def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
+        if "boom" in state.started.text:
+            raise IndexError("list index out of range")
+        return super().projections(state)
+
+
+async def test_an_agent_whose_projections_hook_raises_keeps_its_run_and_stops_no_other_runs_archive(
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
+) -> None:
+    """The archiver asks each ended run's agent what it projects: an agent's hook that raises is the agent's fault,
+    never an archiver that stops for every tenant (its pass raised, its task ended, and a restarted one walks into
+    the same run first). The run is kept, as a journal nobody can plan from; the others are archived."""
+    registry = Registry.of(Registration(agent=_PlansBadly(), tools=(*BOOKING_TOOLS, REMEMBER_PREFERENCE)))
+    settings = _settings(nats_server, namespace, tmp_path)
+    await inprocess.provisioned(settings)
+    await _contracted(broker, namespace)
+    journal = RunJournal(broker, namespace)
+    now = datetime.now(UTC)
+    runs = {}
+    for text in ("boom: a run its agent cannot plan", "a run like any other"):
+        run_id = f"run_{uuid.uuid4().hex[:24]}"
+        begun = msgspec.structs.replace(started(agent="booking", text=text, at=now), run_id=run_id)
+        seq = await journal.append(begun, 0)
+        await journal.append(RunCompleted(run_id=run_id, at=now, reply="done"), seq)
+        runs[text[:4]] = run_id
+    async with inprocess.reconciler(settings, registry=registry) as reconciler:
+        assert await _past_window(reconciler.archiver) == {"archived": 1, "unreadable": 1}
+    assert await _subjects(broker, namespace, runs["boom"]) == 2  # its journal stays whole
+    assert await _subjects(broker, namespace, runs["a ru"]) == 0
