@@ -39,6 +39,7 @@ from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import metrics, probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries, dead_letter
+from crashsafe.services.platform.hook_limit import HookLimit, HookOverran
 from crashsafe.services.platform.jetstream import Broker, Subscription
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import require
@@ -231,8 +232,13 @@ class Projector:
         if state.outcome is not None:
             self._remember_ended(run_id)
         agent: Projecting = self.registry.agents.get(state.agent) or RETIRED
+        # The agent's `projections` hook runs under the process's time limit, as in the runtime: one that blocks is
+        # this run's undeliverable plan, never a planner stalled for every tenant.
+        limit = self.delivery.providers.code_limit or HookLimit(0.0)
         try:
-            tasks = plan(state, len(stored), agent, self.tools, datetime.now(UTC))
+            tasks = limit.run(plan, state, len(stored), agent, self.tools, datetime.now(UTC))
+        except HookOverran as overran:
+            raise Undeliverable(f"run {run_id}'s agent's projections {overran}", key=run_id) from None
         except Exception as exc:  # noqa: BLE001 -- a journal no rule expected (a hostile event) must not wedge the planner
             raise Undeliverable(
                 f"run {run_id}'s projections cannot be planned: {exc!r}", key=run_id
