@@ -315,7 +315,9 @@ def _as_service(user: NatsUser, s: Scope) -> NatsUser:
     """Each service: its own version heartbeats (issue 30); the reconciler, archiving the journals (issue 31)."""
     if user.role is Role.RECONCILER:
         user = archiver(user, s, VERSIONS)
-    added = (s.kv(VERSIONS, f"beat.{user.name}.*"),)
+    # Executors read who is alive and what was contracted before letting any key fact expire (issue 31).
+    census = direct_get(s.kv_stream(VERSIONS)) if user.role is Role.EXECUTOR else []
+    added = (s.kv(VERSIONS, f"beat.{user.name}.*"), *census)
     return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, *added)))
 
 
@@ -387,8 +389,7 @@ def _facts_reads(s: Scope, family: str) -> list[str]:
 
 
 def _profile_writes(s: Scope, family: str) -> list[str]:
-    """The memory family's executor writes guest profiles (compare-and-set): that bucket only, and no other
-    family's executor may touch it."""
+    """The memory family's executor alone writes guest profiles (compare-and-set): that bucket only."""
     if family != MEMORY_FAMILY:
         return []
     return [s.kv(GUESTS, ">"), stream_info(s.kv_stream(GUESTS)), *direct_get(s.kv_stream(GUESTS))]

@@ -49,6 +49,10 @@ class RecordRetention:
     # in one pass (the rest on the next).
     archive_every_s: float = 60.0
     archive_batch: int = 200
+    # `<ns>_key_facts`: a key's facts are given this TTL once two backups of its partition's store hold the key
+    # settled (services/executor/fact_seals.py). 0 keeps them forever, as 0.2.0 did: the only choice without store
+    # backups, whose floor it depends on (contracts/backup_schedule.py). Partition epochs never expire.
+    key_facts_s: int = 0
 
 
 # The shortest non-zero value each retention may be set to (the environment's check; tests may go below).

@@ -98,6 +98,9 @@ class ErrorCode(StrEnum):
     # journal started again from nothing.
     RUN_ARCHIVED = "run_archived"
     ARCHIVE_UNAVAILABLE = "archive_unavailable"  # the journals' archive could not be read or written
+    # A partition store's backup could not be written or read (CRASHSAFE_STORE_BACKUP_DIR): the partition is not
+    # taken up from an unreadable backup; a backup round not written is tried again at the next.
+    STORE_BACKUP_UNAVAILABLE = "store_backup_unavailable"
 
 
 class RetryClass(StrEnum):

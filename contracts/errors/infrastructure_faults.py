@@ -58,6 +58,19 @@ class ArchiveUnavailable(CrashsafeError):
     archive: str | None = None
 
 
+class StoreBackupUnavailable(CrashsafeError):
+    """A partition store's backup directory (CRASHSAFE_STORE_BACKUP_DIR) could not be written or read; `message`
+    says what failed. Retried later: a round not written is written at the next; a partition whose newest
+    backup cannot be read is handed back, never served from an empty store (check the volume, then its files)."""
+
+    code = ErrorCode.STORE_BACKUP_UNAVAILABLE
+    retry = RetryClass.RETRY_LATER
+
+    message: str = field(kw_only=False, metadata=NOT_SENT)
+    partition: int | None = None
+    backup: str | None = None
+
+
 class UpgradeBlocked(CrashsafeError):
     """A contracting step refused while processes of an older release are alive (their version heartbeats, or pull
     requests no heartbeat accounts for): nothing was changed."""

@@ -228,6 +228,24 @@ VARIABLES: tuple[Variable, ...] = (
         " CLI; unset: nothing is archived or purged",
     ),
     Variable(
+        "CRASHSAFE_STORE_BACKUP_DIR",
+        "unset",
+        "executors: each partition's store is backed up here (`<dir>/<ns>/<family>/p<n>/`) and restored from here by"
+        " the replica that takes the partition over; a directory every executor replica mounts. Unset: no backups",
+    ),
+    Variable(
+        "CRASHSAFE_STORE_BACKUP_EVERY_S",
+        "300",
+        "executors: how often each held partition's store is backed up (and at every clean release)",
+    ),
+    Variable(
+        "CRASHSAFE_RETENTION_KEY_FACTS_S",
+        "0",
+        "a key's facts expire this long after two backups of its store hold it settled; 0: kept forever. Only with"
+        " CRASHSAFE_STORE_BACKUP_DIR, at least the backup interval + the lease + 120 s, and facts expire only once"
+        " `infra contract` recorded 0.3.0 and no older process is alive",
+    ),
+    Variable(
         "CRASHSAFE_ARCHIVE_EVERY_S",
         "60",
         "reconciler: how often it archives the runs past the journals' hot window",

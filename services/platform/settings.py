@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashsafe.contracts.backup_schedule import BackupSchedule
 from crashsafe.contracts.errors import InvalidSetting
 from crashsafe.contracts.provider_settings import DEFAULT_PROVIDER, ProviderSettings
 from crashsafe.contracts.retention import RecordRetention
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, Namespace
+from crashsafe.services.platform.backup_variables import read_store_backups
 from crashsafe.services.platform.environment_variables import VARIABLES
 from crashsafe.services.platform.provider_variables import provider_settings
 from crashsafe.services.platform.retention_variables import read_retention
@@ -129,6 +131,9 @@ class Settings:
     # Where ended runs' journals are archived before their subjects are purged (services/platform/run_archive.py):
     # a directory every reader of journals mounts. None: no archive, every journal stays in the stream.
     archive_dir: Path | None = None
+    # Where executors back up the stores of the partitions they hold, and how often (services/executor/
+    # partition_stores.py): a directory every executor replica of the deployment mounts. Off: as 0.2.0.
+    store_backups: BackupSchedule = field(default_factory=BackupSchedule)
     # An agent's code that runs longer than this in one decision is stopped, and its run handed off with
     # `agent_fault`; a Python operation's client, between two awaits, an unknown outcome (services/platform/
     # hook_limit.py); 0 turns the limit off. Well below `loop_stall_s`.
@@ -240,6 +245,7 @@ class Settings:
         partitions = read(
             "CRASHSAFE_ACTION_PARTITIONS", DEFAULT_ACTION_PARTITIONS, positive_int, "a whole number >= 1"
         )
+        store_backups, retention = read_store_backups(get, read_retention(get), cls.lease_s)
         return cls(
             nats_url=get("CRASHSAFE_NATS_URL") or cls.nats_url,
             namespace=read(
@@ -347,7 +353,8 @@ class Settings:
                 non_negative_float,
                 "seconds, a number >= 0 (0: off)",
             ),
-            retention=read_retention(get),
+            retention=retention,
+            store_backups=store_backups,
             archive_dir=(Path(raw) if (raw := get("CRASHSAFE_ARCHIVE_DIR")) else None),
         )
 

@@ -314,6 +314,9 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
         allowed |= {f"answer provider views: {family}"}  # its own family's, never another's
+        allowed |= {
+            f"direct get on {KV_VERSIONS}"
+        }  # who is alive, what was contracted: may key facts expire?
         if family == "memory":  # the one writer of guest profiles
             allowed |= {"KV guests: `guest.t1.h` (a profile)", f"direct get on {KV_GUESTS}"}
     elif role is Role.RECONCILER:

@@ -115,6 +115,9 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
         "CRASHSAFE_RETENTION_JOURNALS_S": "86400",
         "CRASHSAFE_ARCHIVE_DIR": "/archive",
         "CRASHSAFE_ARCHIVE_EVERY_S": "30",
+        "CRASHSAFE_STORE_BACKUP_DIR": "/backups",
+        "CRASHSAFE_STORE_BACKUP_EVERY_S": "60",
+        "CRASHSAFE_RETENTION_KEY_FACTS_S": "604800",
     }
     # A `<NAME>` variable is one per provider: tests/unit/test_provider_settings.py reads them.
     assert set(env) == {v.name for v in VARIABLES if "<NAME>" not in v.name}
@@ -164,6 +167,11 @@ def test_every_variable_is_read_and_checked(tmp_path: Path) -> None:
     assert (kept.receipts_s, kept.step_rows_s, kept.business_rows_s) == (172800, 90000, 0)
     assert (kept.prune_every_s, kept.prune_batch) == (30.0, 100)
     assert (kept.journals_s, kept.archive_every_s, s.archive_dir) == (86400, 30.0, Path("/archive"))
+    assert (s.store_backups.dir, s.store_backups.every_s, kept.key_facts_s) == (
+        Path("/backups"),
+        60.0,
+        604800,
+    )
 
 
 def test_defaults_point_the_model_at_the_sandbox() -> None:
@@ -214,6 +222,10 @@ def test_defaults_fill_in_only_where_the_environment_is_silent() -> None:
         ("CRASHSAFE_RETENTION_JOURNALS_S", "3600"),
         ("CRASHSAFE_RETENTION_JOURNALS_S", "604800"),
         ("CRASHSAFE_ARCHIVE_EVERY_S", "0"),
+        ("CRASHSAFE_STORE_BACKUP_EVERY_S", "0"),
+        # Facts that expire where no backup restores a moved partition's store: the facts are all it has.
+        ("CRASHSAFE_RETENTION_KEY_FACTS_S", "604800"),
+        ("CRASHSAFE_RETENTION_KEY_FACTS_S", "-1"),
     ],
 )
 def test_an_unusable_value_names_the_variable_and_what_it_accepts(name: str, value: str) -> None:
@@ -274,3 +286,21 @@ def test_an_executor_for_a_family_the_deployment_lacks_is_refused_in_one_line() 
 def test_no_journal_leaves_the_stream_unless_an_archive_is_configured() -> None:
     s = Settings.from_env({})
     assert s.archive_dir is None and s.retention.journals_s == 3 * 86_400  # the window waits for an archive
+
+
+def test_key_facts_expire_only_with_backups_and_never_before_a_backup_round_and_a_lease() -> None:
+    """Unset, facts are kept forever (0.2.0's behaviour) and nothing is backed up; with backups, a TTL below the
+    round + the lease + the margin is refused, naming the variable and the floor."""
+    s = Settings.from_env({})
+    assert (s.store_backups.dir, s.store_backups.every_s, s.retention.key_facts_s) == (None, 300.0, 0)
+    backed = {"CRASHSAFE_STORE_BACKUP_DIR": "/backups", "CRASHSAFE_STORE_BACKUP_EVERY_S": "600"}
+    floor = 600 + Settings.lease_s + 120
+    assert (
+        Settings.from_env({**backed, "CRASHSAFE_RETENTION_KEY_FACTS_S": str(floor)}).retention.key_facts_s
+        == floor
+    )
+    assert Settings.from_env({**backed, "CRASHSAFE_RETENTION_KEY_FACTS_S": "0"}).retention.key_facts_s == 0
+    with pytest.raises(InvalidSetting) as raised:
+        Settings.from_env({**backed, "CRASHSAFE_RETENTION_KEY_FACTS_S": str(floor - 1)})
+    assert raised.value.variable == "CRASHSAFE_RETENTION_KEY_FACTS_S"
+    assert f">= {floor}" in raised.value.message and "CRASHSAFE_STORE_BACKUP_DIR" in raised.value.message
