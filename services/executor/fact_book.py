@@ -77,3 +77,23 @@ class FactBook:
             except LeaseConflict:
                 continue
         raise LeaseConflict(key=subject, expected_revision=revision)
+
+    async def seal(
+        self, key: str, ttl_s: int, holding: Holding, fence: Callable[[], None], partition: int
+    ) -> bool:
+        """Write the key's facts again as they are, with a TTL: a backup of the store now holds what they say
+        (fact_seals.py). False if there are none, or they changed since read (the change has no TTL: kept)."""
+        subject = self.ns.key_facts_key(self.family, key)
+        entry = await self.broker.kv_get(self.spec, subject)
+        if entry is None:
+            return False
+        if stale(facts_decoder.decode(entry.value), holding):
+            raise PartitionNotOwned(
+                family=self.family, partition=partition, key=key, why="a newer holder wrote the key's facts"
+            )
+        fence()
+        try:
+            await self.broker.kv_write(self.spec, subject, entry.value, revision=entry.revision, ttl_s=ttl_s)
+        except LeaseConflict:
+            return False
+        return True

@@ -105,17 +105,26 @@ class PartitionKeeper:
         if why is not None:
             raise PartitionNotOwned(family=self.family, partition=partition, key=key, why=why)
 
-    async def hold(self, store: ActionStore, partition: int, token: int) -> tuple[Holder | None, bool]:
+    async def previous(self, partition: int) -> Holder | None:
+        """The partition's holder record: which store held it last (None: no store ever did, under leases)."""
+        entry = await self.broker.kv_get(self.spec, self.ns.holder_key(self.family, partition))
+        return holder_decoder.decode(entry.value) if entry is not None else None
+
+    async def hold(
+        self, store: ActionStore, partition: int, token: int, restored: bool = False
+    ) -> tuple[Holder | None, bool]:
         """Make `store` the partition's holder under `token`: read the previous holder (a takeover if it was
-        another store), record the tenure in the store, fence its writes, and write the holder record."""
-        holder_key = self.ns.holder_key(self.family, partition)
-        entry = await self.broker.kv_get(self.spec, holder_key)
-        holder = holder_decoder.decode(entry.value) if entry is not None else None
-        taken = takeover(holder, store.store_id)
-        await store.record_tenure(token, self.me, holder.store if holder else None, taken)
+        another store, or `store` was just restored from a backup), record the tenure in the store, fence its
+        writes, and write the holder record."""
+        holder = await self.previous(partition)
+        taken = restored or takeover(holder, store.store_id)
+        epoch = self.holding(partition).epoch
+        await store.record_tenure(token, self.me, holder.store if holder else None, taken, epoch)
         store.fence = functools.partial(self.check, partition)
-        record = Holder(store=store.store_id, owner=self.me, token=token, epoch=self.holding(partition).epoch)
-        await self.broker.kv_write(self.spec, holder_key, lease_encoder.encode(record), revision=None)
+        record = Holder(store=store.store_id, owner=self.me, token=token, epoch=epoch)
+        await self.broker.kv_write(
+            self.spec, self.ns.holder_key(self.family, partition), lease_encoder.encode(record), revision=None
+        )
         return holder, taken
 
     async def start(self) -> None:

@@ -56,6 +56,7 @@ from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.key_records import KeyRecords
 from crashsafe.services.executor.leftovers import Leftovers
 from crashsafe.services.executor.outcomes import OutcomePublisher, with_note
+from crashsafe.services.executor.partition_stores import PartitionStores
 from crashsafe.services.executor.partitions import PartitionKeeper
 from crashsafe.services.executor.pruning import Pruner
 from crashsafe.services.executor.readiness import ExecutorReadiness
@@ -117,6 +118,10 @@ class Executor:
             self.facts, self.stores, settings.partitions, lambda p: self.keeper.holding(p)
         )
         self.pruner = Pruner(self.stores, settings.retention, logger)  # settled rows past their retention
+        # Backed up, and restored at a takeover, so a store follows its partition (off: each replica's own file).
+        self.backups = PartitionStores.of(
+            settings, family, self.stores, self.records.holding, self.facts, logger
+        )
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
@@ -168,6 +173,7 @@ class Executor:
         # Takes the partitions that are free now and returns; the keeper takes the rest as others let go.
         await self.keeper.start()
         self.pruner.start()
+        self.backups.start()
         # The provider's by-key view for the console (read-only lookups; issue 11).
         self._views = await provider_views.serve(
             self.broker, self.ns, self.family, self.tools, self.providers, self.logger
@@ -178,6 +184,7 @@ class Executor:
         if self._views is not None:
             await self.broker.unsubscribe(self._views)
         await self.pruner.stop()
+        await self.backups.stop()  # the release of each partition below still backs its store up
         await self.keeper.close()  # every partition handed back: unsubscribed, keys finished, store closed
         await self.deliveries.drain()
         for store in list(self.stores.values()):
@@ -191,24 +198,11 @@ class Executor:
         return self.readiness.samplers()
 
     async def _take_up(self, partition: int, token: int) -> None:
-        """A partition's lease was acquired: open its store, learn whether it is a takeover, settle what it left
-        open (alongside new work), then subscribe its consumer."""
-        store = await ActionStore.open(self.store_path(partition), self.synchronous)
-        try:
-            store.clock_skew_s = self.settings.clock_skew_s
-            holder, taken = await self.keeper.hold(store, partition, token)
-        except BaseException:
-            await store.close()
-            raise
+        """A partition's lease was acquired: open its store (restored from its backup first where another store
+        held it), learn whether it is a takeover, settle what it left open (alongside new work), subscribe."""
+        path = self.store_path(partition)
+        store = await self.backups.take_up(partition, token, path, self.keeper, self.settings)
         self.stores[partition] = store
-        if taken:
-            log(
-                self.logger,
-                logging.WARNING,
-                "partition taken over from another store; keys it never saw are looked up first",
-                partition=partition,
-                previous_store=holder.store if holder else None,
-            )
         # Start-up reconciliation runs beside new work: the in-flight map keeps a key from running twice.
         await self.leftovers.settle(partition, store)
         # A receipt committed just before a crash may never have been published; its request would come
@@ -234,9 +228,7 @@ class Executor:
         deadline = time.monotonic() + DRAIN_S
         while self._busy.get(partition, 0) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        store = self.stores.pop(partition, None)
-        if store is not None:
-            await store.close()
+        await self.backups.put_down(partition, self.stores.pop(partition, None))
 
     async def _on_request(self, msg: Msg) -> None:
         request = action_request_decoder.decode(msg.data)

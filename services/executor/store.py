@@ -109,12 +109,18 @@ class ActionStore:
         pruned = list(await db.execute_fetchall("SELECT value FROM meta WHERE name = 'pruned_through'"))
         return cls(db, path, str(rows[0][0]), takeover_at, float(pruned[0][0]) if pruned else None)
 
-    async def record_tenure(self, token: int, owner: str, previous_store: str | None, takeover: bool) -> None:
-        """Note a lease acquired for this store's partition; a takeover makes older unknown keys look up first."""
+    async def record_tenure(
+        self, token: int, owner: str, previous_store: str | None, takeover: bool, epoch: int = 0
+    ) -> None:
+        """Note a lease acquired for this store's partition; a takeover makes older unknown keys look up first.
+        The epoch is kept too: a backup of a later acquisition is newer than this file (partition_stores.py)."""
         now = time.time()
         await self._db.execute(
             "INSERT INTO tenures (token, owner, previous_store, takeover, acquired_at) VALUES (?, ?, ?, ?, ?)",
             (token, owner, previous_store, int(takeover), now),
+        )
+        await self._db.execute(
+            "INSERT OR REPLACE INTO meta (name, value) VALUES ('held_epoch', ?)", (str(epoch),)
         )
         if takeover:
             self.takeover_at = now
@@ -305,6 +311,42 @@ class ActionStore:
             "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (cursor_name, str(cursor))
         )
         return deleted
+
+    async def last_rowid(self) -> int:
+        return int(next(iter(await self._db.execute_fetchall("SELECT MAX(rowid) FROM actions")))[0] or 0)
+
+    async def progress(self, name: str) -> str | None:
+        """A note the store keeps about itself in `meta`: a backup's and a seal's progress (fact_seals.py)."""
+        found = list(await self._db.execute_fetchall("SELECT value FROM meta WHERE name = ?", (name,)))
+        return str(found[0][0]) if found else None
+
+    async def note(self, name: str, value: str) -> None:
+        await self._db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+
+    async def settled_between(
+        self, after: int, through: int, settled_before: float, given_up_before: float, waiting: list[int]
+    ) -> tuple[list[tuple[str, int]], list[int]]:
+        """The rows settled before `settled_before` (key, attempts) among rowid window (`after`, `through`] and the
+        rows `waiting` from an earlier call; and the rowids of the others created since `given_up_before`, to
+        wait for: a backup taken at `settled_before` may not hold their settled state yet."""
+        found: list[tuple[str, int]] = []
+        others: list[int] = []
+        query = f"SELECT rowid, key, attempts, status IN {_SETTLED} AND updated_at < ?, created_at >= ? FROM actions"
+        windows: list[tuple[str, tuple[int, ...]]] = [
+            (f"{query} WHERE rowid > ? AND rowid <= ?", (start, min(start + SCAN_ROWS, through)))
+            for start in range(after, through, SCAN_ROWS)
+        ]
+        if waiting:
+            windows.append((f"{query} WHERE rowid IN ({','.join('?' * len(waiting))})", tuple(waiting)))
+        for sql, bounds in windows:
+            rows = await self._db.execute_fetchall(sql, (settled_before, given_up_before, *bounds))
+            for rowid, key, attempts, sealable, recent in rows:
+                if sealable:
+                    found.append((str(key), int(attempts)))
+                elif recent:
+                    others.append(int(rowid))
+            await asyncio.sleep(0)
+        return found, others
 
     async def count(self) -> int:
         rows = await self._db.execute_fetchall("SELECT COUNT(*) FROM actions")
