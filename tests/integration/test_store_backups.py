@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
 
 from crashsafe.contracts.backup_schedule import BackupSchedule
+from crashsafe.contracts.errors import StoreBackupUnavailable
 from crashsafe.contracts.heartbeats import (
     CONTRACTED_KEY,
     Contracted,
@@ -26,7 +28,10 @@ from crashsafe.contracts.retention import RecordRetention
 from crashsafe.contracts.streams import key_facts_spec, versions_spec
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, Answer, Asked, OutcomeStatus
 from crashsafe.domain.backup_rules import BackupName
+from crashsafe.domain.partition_ownership import Holder, Holding
 from crashsafe.services.executor.fact_book import FactBook
+from crashsafe.services.executor.fact_seals import FactSeals
+from crashsafe.services.executor.partition_stores import PartitionStores
 from crashsafe.services.executor.service import Executor
 from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform.jetstream import Broker
@@ -270,3 +275,42 @@ def _receipt(request: ActionRequest) -> dict[str, object]:
         "key": request.key,
         "status": OutcomeStatus.SUCCEEDED,
     }
+
+
+async def test_a_damaged_newest_backup_is_passed_over_for_the_one_before_and_two_stop_the_takeover(
+    replicas: Replicas, broker: Broker
+) -> None:
+    """One backup behind is safe (a fact is sealed only once two backups hold its key); two behind is not, so the
+    partition is refused (StoreBackupUnavailable, handed back) rather than served from a store missing keys whose
+    facts expired."""
+    source = await ActionStore.open(replicas.root / "source" / "p0.sqlite3")
+    schedule = BackupSchedule(dir=replicas.root / "backups")
+    stores = PartitionStores(
+        schedule,
+        replicas.ns.name,
+        "payment",
+        {},
+        lambda p: Holding(10**13, 1),
+        FactSeals(FactBook(broker, replicas.ns, "payment"), 0, logging.getLogger("tests")),
+        logging.getLogger("tests"),
+    )
+    assert stores.shelf is not None
+    names = []
+    for token in (1, 2, 3):
+        assert await source.begin(replicas.book(f"guest-{token}"), token)
+        names.append(await stores.shelf.put(source.path, 0, Holding(100, token), source.store_id))
+    await source.close()
+
+    async def previous(partition: int) -> Holder:
+        return Holder(store=source.store_id, owner="pay-a", token=3, epoch=100)
+
+    folder = stores.shelf.folder(0)
+    (folder / names[2].file).write_bytes(b"not a database")
+    restored = await stores.open(0, replicas.root / "b" / "p0.sqlite3", "NORMAL", previous)
+    assert stores.restored[0] == names[1] and await restored.count() == 2
+    assert restored.store_id != source.store_id  # a store of its own: the acquisition is a takeover
+    await restored.close()
+
+    (folder / names[1].file).write_bytes(b"not a database either")
+    with pytest.raises(StoreBackupUnavailable):
+        await stores.open(0, replicas.root / "c" / "p0.sqlite3", "NORMAL", previous)
