@@ -4,11 +4,21 @@ list what is there, put one back as a partition's store, and keep only the newes
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from crashsafe.domain.backup_rules import BackupName, beyond_kept, parse
 from crashsafe.domain.partition_ownership import Holding
 from crashsafe.services.executor import store_snapshots
+
+# A temporary file this old is a backup whose writer died before its rename (a pod killed at a release): removed.
+UNFINISHED_S = 3_600.0
+
+
+def _forget_unfinished(folder: Path, before: float) -> None:
+    for left in folder.glob(".*.tmp"):
+        if left.stat().st_mtime < before:
+            left.unlink(missing_ok=True)
 
 
 class BackupShelf:
@@ -28,6 +38,7 @@ class BackupShelf:
         await asyncio.to_thread(store_snapshots.copy, store_path, folder / name.file)
         for old in beyond_kept(await self.names(partition), self.keep):
             await asyncio.to_thread((folder / old.file).unlink, missing_ok=True)
+        await asyncio.to_thread(_forget_unfinished, folder, time.time() - UNFINISHED_S)
         return name
 
     async def names(self, partition: int) -> list[BackupName]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import time
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -295,11 +297,17 @@ async def test_a_damaged_newest_backup_is_passed_over_for_the_one_before_and_two
         logging.getLogger("tests"),
     )
     assert stores.shelf is not None
+    # A backup whose writer died before its rename (a pod killed at a release), an hour ago: cleared by the next.
+    unfinished = stores.shelf.folder(0) / ".0-0-dead.sqlite3.x.tmp"
+    unfinished.parent.mkdir(parents=True)
+    unfinished.write_bytes(b"half")
+    os.utime(unfinished, (time.time() - 7200, time.time() - 7200))
     names = []
     for token in (1, 2, 3):
         assert await source.begin(replicas.book(f"guest-{token}"), token)
         names.append(await stores.shelf.put(source.path, 0, Holding(100, token), source.store_id))
     await source.close()
+    assert not unfinished.exists()
 
     async def previous(partition: int) -> Holder:
         return Holder(store=source.store_id, owner="pay-a", token=3, epoch=100)
