@@ -32,9 +32,11 @@ def schemas() -> dict[str, bytes]:
 
 
 def _version() -> str:
-    from importlib.metadata import version
+    # The release's one home, not the installed metadata: an editable install keeps the version it was installed
+    # at, so documents generated in a developer's venv said the release before.
+    from crashsafe.contracts.release import VERSION
 
-    return version("crashsafe")
+    return VERSION
 
 
 def asyncapi() -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import Any
 
 import msgspec
@@ -22,6 +21,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from crashsafe.contracts.approvals import ApprovalDecisionBody, ApprovalRecord
 from crashsafe.contracts.inbound import GuestMessage
+from crashsafe.contracts.release import VERSION
 from crashsafe.domain.run_state import Summary
 
 TITLE = "crashsafe gateway"
@@ -176,7 +176,7 @@ class GatewaySchema(JsonRenderPlugin):
 def config() -> OpenAPIConfig:
     return OpenAPIConfig(
         title=TITLE,
-        version=version("crashsafe"),
+        version=VERSION,  # the release's one home (an editable install's metadata keeps an old version)
         description="Accepts guest events and answers runs, journals and approvals. docs/events.md describes "
         "what happens behind it; every error body is `ErrorBody`.",
         path=SCHEMA_PATH,

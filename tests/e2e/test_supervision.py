@@ -84,7 +84,7 @@ def test_up_registry_runs_the_stack_under_it_and_operator_commands_follow_it(
     spec = "tests.support.misbehaving:registry"
     given: dict[str, object] = {}
 
-    async def run_up(state_dir: Path, *args: object, registry: str | None = None) -> int:
+    async def run_up(state_dir: Path, *args: object, registry: str | None = None, **_: object) -> int:
         given.update(state_dir=state_dir, registry=registry)
         return 0
 

@@ -16,7 +16,7 @@ def test_a_providers_credential_reaches_executors_and_the_projector_only_from_th
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in ("default", "shop"):
-        (tmp_path / name).write_text(f"sk_{name}")
+        (tmp_path / name).write_text(f"sk_test_{name}")  # masks need 8 characters or more
     monkeypatch.setenv("CRASHSAFE_PROVIDER_DEFAULT_CREDENTIAL_FILE", str(tmp_path / "default"))
     stack = Stack(tmp_path / "stack", env={CREDENTIAL: str(tmp_path / "shop")})
     given = {name: service_env(stack, service) for name, service in stack.services.items()}
