@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from crashsafe.contracts.backup_schedule import FACTS_EXPIRE_SINCE
 from crashsafe.contracts.heartbeats import VersionBeat
 from crashsafe.domain.partition_ownership import Holding
-from crashsafe.domain.release_window import described, parsed
+from crashsafe.domain.release_window import past_the_rollout
 
 SUFFIX = ".sqlite3"
 
@@ -69,16 +69,4 @@ def facts_expiry_blocked(
     restores a store: a partition it takes over meets only its own file and the facts, so a fact that expired
     would let it act again. Until `crashsafe infra contract` has recorded `since` or later, and while any live
     process runs an older release, facts are kept forever, as before."""
-    floor = parsed(since)
-    if floor is None:
-        return f"{since!r} is not a release"
-    older = [described(b) for b in beats if (v := parsed(b.version)) is None or v < floor]
-    if older:
-        return f"processes of a release before {since} are alive: {', '.join(older)}"
-    done = parsed(contracted) if contracted else None
-    if done is None or done < floor:
-        return (
-            f"the namespace is contracted to {contracted or 'no release'}, not {since} or later: run `crashsafe"
-            " infra contract` once every executor runs it"
-        )
-    return None
+    return past_the_rollout(since, contracted, beats, "once every executor runs it")

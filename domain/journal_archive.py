@@ -20,7 +20,7 @@ from crashsafe.contracts.heartbeats import VersionBeat
 from crashsafe.contracts.projections import ProjectionRecord, ProjectionTask
 from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.domain.missing_projections import Verdict, verdict
-from crashsafe.domain.release_window import described, parsed
+from crashsafe.domain.release_window import past_the_rollout
 from crashsafe.domain.run_state import RunState
 
 
@@ -91,16 +91,6 @@ def archiving_blocked(
     gateway would take a purged run's event for a new run, its API answer 404. So, until `crashsafe infra contract`
     has recorded `since` or later (`contracted`: past it nobody rolls back to an older release), and while any
     live process (`beats`) runs an older release (or one that cannot be read), nothing is purged."""
-    floor = parsed(since)
-    if floor is None:
-        return f"{since!r} is not a release"
-    older = [described(b) for b in beats if (v := parsed(b.version)) is None or v < floor]
-    if older:
-        return f"processes of a release before {since} are alive: {', '.join(older)}"
-    done = parsed(contracted) if contracted else None
-    if done is None or done < floor:
-        return (
-            f"the namespace is contracted to {contracted or 'no release'}, not {since} or later: run `crashsafe"
-            " infra contract` once the rollout is over (until then a rollback must find every journal)"
-        )
-    return None
+    return past_the_rollout(
+        since, contracted, beats, "once the rollout is over (until then a rollback must find every journal)"
+    )

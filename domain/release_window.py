@@ -8,6 +8,7 @@ waiting on a durable its service pulls (`Waiting`). Each process keeps at most o
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -71,6 +72,28 @@ def live(beats: list[VersionBeat], now: datetime) -> list[VersionBeat]:
 
 def described(beat: VersionBeat) -> str:
     return f"{beat.service} {beat.worker} {beat.version}"
+
+
+def past_the_rollout(
+    since: str, contracted: str | None, beats: Iterable[VersionBeat], until_then: str
+) -> str | None:
+    """Why a step that only a release from `since` on may take (a purge, an expiry) must wait (None: it may):
+    until `crashsafe infra contract` has recorded `since` or later (`contracted`: past it nobody rolls back to an
+    older release), and while any live process (`beats`) runs an older release, or one that cannot be read.
+    `until_then` says what the wait protects, in the operator's words."""
+    floor = parsed(since)
+    if floor is None:
+        return f"{since!r} is not a release"
+    older = [described(b) for b in beats if (v := parsed(b.version)) is None or v < floor]
+    if older:
+        return f"processes of a release before {since} are alive: {', '.join(older)}"
+    done = parsed(contracted) if contracted else None
+    if done is None or done < floor:
+        return (
+            f"the namespace is contracted to {contracted or 'no release'}, not {since} or later: run `crashsafe"
+            f" infra contract` {until_then}"
+        )
+    return None
 
 
 def unheard(waiting: list[Waiting], beats: list[VersionBeat]) -> list[Unheard]:
