@@ -8,6 +8,7 @@ import contextlib
 from crashsafe.contracts.nats_permissions import Role
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import crashpoints, seam_checks
+from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import configure
 from crashsafe.services.platform.probes import OpsServer
@@ -38,6 +39,11 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
     beats.start()
     try:
         reconciler = Reconciler(broker, settings, logger, registry=registry)
+        # An agent's `projections` hook that blocks is this run's failed plan, never a reconciler (and its
+        # archiver) stalled for every tenant, again after each restart (services/platform/hook_limit.py).
+        limit = HookLimit(settings.hook_limit_s)
+        if limit.install():
+            reconciler.projection_checks.hook_limit = reconciler.archiver.hook_limit = limit
         # Not ready, and following nothing, until its wakes, tickets and tasks land where it expects (seam_checks).
         if not await seam_checks.start_when_able(
             ops, "reconciler", reconciler.start, reconciler.ops_checks, stop, logger

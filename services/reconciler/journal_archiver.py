@@ -33,6 +33,7 @@ from crashsafe.domain import missing_projections as missing
 from crashsafe.domain.fold import replay
 from crashsafe.domain.registry import Registry
 from crashsafe.domain.release_window import live
+from crashsafe.services.platform.hook_limit import HookLimit, HookOverran
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.jetstream_reads import StoredMessage
 from crashsafe.services.platform.logs import log
@@ -67,6 +68,8 @@ class JournalArchiver:
         self.ns = settings.namespace
         self.logger = logger
         self.registry = registry
+        # The agents' `projections` hooks run under the process's time limit (set by the composition root).
+        self.hook_limit = HookLimit(0.0)
         self.worker = worker
         self.archive: Archive | None = broker.archive
         self.window_s = settings.retention.journals_s
@@ -244,8 +247,8 @@ class JournalArchiver:
         if self.registry is None or not self.registry.projections:
             return None
         try:
-            tasks = missing.planned(self.registry, events, now) or []
-        except Exception as exc:  # noqa: BLE001 -- an agent's `projections` hook: its fault, never the archiver's
+            tasks = self.hook_limit.run(missing.planned, self.registry, events, now) or []
+        except (Exception, HookOverran) as exc:  # noqa: BLE001 -- an agent's `projections` hook: its fault, never the archiver's
             # Kept, never archived blind, and the pass goes on: an archiver that stopped here would stop for every
             # tenant, and its next life would walk into the same run first (as the reconciler's own check does).
             log(self.logger, logging.ERROR, "projection plan failed", run_id=run_id, error=repr(exc))

@@ -22,6 +22,7 @@ from crashsafe.contracts.streams import PLANNER_HISTORY_S, projections_spec
 from crashsafe.domain import missing_projections as missing
 from crashsafe.domain.registry import Registry
 from crashsafe.services.platform import metrics
+from crashsafe.services.platform.hook_limit import HookLimit, HookOverran
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
@@ -41,6 +42,8 @@ class ProjectionChecks:
         self.ns = settings.namespace
         self.logger = logger
         self.registry = registry
+        # The agents' `projections` hooks run under the process's time limit (set by the composition root).
+        self.hook_limit = HookLimit(0.0)
         self.journal = journal
         self.receipts = projections_spec(self.ns)
         self.ended = missing.EndedRuns()
@@ -178,8 +181,8 @@ class ProjectionChecks:
         assert self.registry is not None
         events, _ = await self.journal.read(run_id)
         try:
-            tasks = missing.planned(self.registry, events, now)
-        except Exception as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
+            tasks = self.hook_limit.run(missing.planned, self.registry, events, now)
+        except (Exception, HookOverran) as exc:  # noqa: BLE001 -- pure code over a journal anybody may have written into
             # A journal the planner cannot plan from (a hostile or corrupt event): named in the log and left
             # alone, never a reconciler that dies on every tick.
             self.counts["failed_checks"] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -54,6 +55,7 @@ from crashsafe.services.agents.booking.booking_tools import TOOLS as BOOKING_TOO
 from crashsafe.services.agents.remember_preference import REMEMBER_PREFERENCE
 from crashsafe.services.gateway import app as gateway
 from crashsafe.services.operations.provider_audit import audit_all
+from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.run_archive import FileArchive, open_archive
 from crashsafe.services.platform.settings import Settings
@@ -406,11 +408,16 @@ class _PlansBadly(BookingAgent):
     def projections(self, state: RunState) -> tuple[ProjectionCall, ...]:
         if "boom" in state.started.text:
             raise IndexError("list index out of range")
+        if "hang" in state.started.text:
+            # A synchronous call that hangs; finite, so a broken limit fails the test rather than hanging it.
+            time.sleep(20)
         return super().projections(state)
 
 
+@pytest.mark.timeout(0)  # SIGALRM is the hook limit's here, as in a reconciler's process
+@pytest.mark.parametrize("misbehaves", ["boom", "hang"])
 async def test_an_agent_whose_projections_hook_raises_keeps_its_run_and_stops_no_other_runs_archive(
-    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path
+    nats_server: NatsServer, broker: Broker, namespace: Namespace, tmp_path: Path, misbehaves: str
 ) -> None:
     """The archiver asks each ended run's agent what it projects: an agent's hook that raises is the agent's fault,
     never an archiver that stops for every tenant (its pass raised, its task ended, and a restarted one walks into
@@ -422,13 +429,19 @@ async def test_an_agent_whose_projections_hook_raises_keeps_its_run_and_stops_no
     journal = RunJournal(broker, namespace)
     now = datetime.now(UTC)
     runs = {}
-    for text in ("boom: a run its agent cannot plan", "a run like any other"):
+    for text in (f"{misbehaves}: a run its agent cannot plan", "a run like any other"):
         run_id = f"run_{uuid.uuid4().hex[:24]}"
         begun = msgspec.structs.replace(started(agent="booking", text=text, at=now), run_id=run_id)
         seq = await journal.append(begun, 0)
         await journal.append(RunCompleted(run_id=run_id, at=now, reply="done"), seq)
         runs[text[:4]] = run_id
-    async with inprocess.reconciler(settings, registry=registry) as reconciler:
-        assert await _past_window(reconciler.archiver) == {"archived": 1, "unreadable": 1}
-    assert await _subjects(broker, namespace, runs["boom"]) == 2  # its journal stays whole
+    limit = HookLimit(0.3)  # the reconciler's composition root installs it (CRASHSAFE_HOOK_LIMIT_S)
+    assert limit.install()
+    try:
+        async with inprocess.reconciler(settings, registry=registry) as reconciler:
+            reconciler.archiver.hook_limit = limit
+            assert await _past_window(reconciler.archiver) == {"archived": 1, "unreadable": 1}
+    finally:
+        limit.uninstall()
+    assert await _subjects(broker, namespace, runs[misbehaves[:4]]) == 2  # its journal stays whole
     assert await _subjects(broker, namespace, runs["a ru"]) == 0
