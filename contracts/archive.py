@@ -28,7 +28,7 @@ def archive_name(namespace: str, run_id: str) -> str:
 
 def purge_filter(ns: Namespace, run_id: str) -> str:
     """Every subject of one run's journal, `<ns>.run.<run_id>.>`: what is purged once its archive is read back."""
-    return ns.run_events(run_id).removesuffix(".*") + ".>"
+    return ns.run_events(run_id)
 
 
 class ArchivedEvent(msgspec.Struct, frozen=True, kw_only=True):

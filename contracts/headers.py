@@ -41,6 +41,10 @@ class Header(StrEnum):
     # On a journal event appended after its run ended (a late receipt after a hand-off): the projector re-plans the
     # run from this alone, without reading every outcome's journal to find out whether the run ended.
     RUN_ENDED = "Crashsafe-Run-Ended"
+    # On a receipt an executor appended to its run's journal (the journal as the bus): the stream sequence of the
+    # intent it answers, sent only with an append checked to come right after it. A runtime holding the run at
+    # that sequence folds the receipt as it is; any other runtime reads the journal.
+    FOLLOWS = "Crashsafe-Follows"
     # The release of the process that published a message (`contracts.release.VERSION`), on every JetStream
     # publish: which version wrote what while two run side by side in a rolling upgrade. No reader needs it.
     VERSION = "Crashsafe-Version"

@@ -14,10 +14,12 @@ from enum import StrEnum
 from crashsafe.contracts.archive_permissions import archiver
 from crashsafe.contracts.jetstream_api import API, DESTRUCTIVE, direct_get, own_consumer, stream_info
 from crashsafe.contracts.memory import MEMORY_FAMILY
+from crashsafe.contracts.permission_scope import Scope
 from crashsafe.contracts.streams import (
-    ConsumerSpec,
     executor_consumer,
+    executor_journal_consumer,
     projector_planner_consumer,
+    receipts_consumer,
     runtime_consumers,
     timers_consumer,
 )
@@ -85,42 +87,6 @@ def inbox_prefix(user: str) -> str:
 
 def user_name(role: Role, family: str | None = None) -> str:
     return f"{role.value}-{family}" if role is Role.EXECUTOR else role.value
-
-
-@dataclass(frozen=True, slots=True)
-class Scope:
-    """The subjects of one namespace, or of every namespace (`ns=None`: `*` in place of each namespace token,
-    for the test suite's shared server, whose tests each use a fresh namespace). A deployment uses its own."""
-
-    ns: Namespace | None
-
-    @property
-    def n(self) -> str:
-        return self.ns.name if self.ns else "*"
-
-    def stream(self, kind: StreamKind) -> str:
-        return self.ns.stream(kind) if self.ns else "*"
-
-    def bucket(self, name: str) -> str:
-        return f"{self.ns.name}_{name}" if self.ns else "*"
-
-    def kv_stream(self, name: str) -> str:
-        return f"KV_{self.ns.name}_{name}" if self.ns else "*"
-
-    def kv(self, name: str, keys: str) -> str:
-        return f"$KV.{self.bucket(name)}.{keys}"
-
-    def consumer(self, spec: ConsumerSpec) -> ConsumerSpec:
-        """`spec` with this scope's stream token (the spec is built for a concrete namespace)."""
-        if self.ns:
-            return spec
-        kind = next(k for k in StreamKind if spec.stream.endswith(k.value.upper()))
-        return ConsumerSpec(
-            stream=self.stream(kind),
-            durable=spec.durable,
-            filter_subject="*." + spec.filter_subject.split(".", 1)[1],
-            pull=spec.pull,
-        )
 
 
 def _user(
@@ -213,6 +179,7 @@ def users(
             *own_consumer(inbound_consumer),
             *own_consumer(outcomes_consumer),
             *own_consumer(timers),
+            *own_consumer(s.consumer(receipts_consumer(concrete))),
             *direct_get(runs),
             *direct_get(s.kv_stream(ACTIVE)),
             stream_info(s.kv_stream(GUESTS)),
@@ -230,7 +197,11 @@ def users(
     )
     executors = []
     for family in families:
-        consumers = [s.consumer(executor_consumer(concrete, family, p)) for p in range(partitions)]
+        consumers = [
+            s.consumer(feed(concrete, family, p))
+            for p in range(partitions)
+            for feed in (executor_consumer, executor_journal_consumer)
+        ]
         executors.append(
             _user(
                 Role.EXECUTOR,
@@ -243,7 +214,12 @@ def users(
                     s.kv(KEY_FACTS, f"fact.{family}.*"),  # its own family's key facts (compare-and-set)
                     *(
                         stream_info(s.stream(k))
-                        for k in (StreamKind.ACTIONS, StreamKind.OUTCOMES, StreamKind.DEAD_LETTERS)
+                        for k in (
+                            StreamKind.ACTIONS,
+                            StreamKind.OUTCOMES,
+                            StreamKind.DEAD_LETTERS,
+                            StreamKind.RUNS,
+                        )
                     ),
                     stream_info(s.kv_stream("leases")),
                     *(subject for c in consumers for subject in own_consumer(c)),
@@ -303,9 +279,8 @@ def users(
             f"$JS.FC.{support}.>",
             *direct_get(support),
         ],
-        # Its own consumers on RUNS, never the projector's: pulling (and acking) the planner's deliveries would
-        # take a run's end away from the projector, and its email and CRM record with it.
-        deny=_not_the_planner(s, concrete),
+        # Its own consumers on RUNS, never a service's (the projector's, an executor's, the runtime's).
+        deny=_not_the_services(s, concrete, families, partitions),
     )
     every = [gateway, runtime, *executors, reconciler, operator, analytics, _projector(s, concrete)]
     return [u if u.role in (Role.OPERATOR, Role.ANALYTICS) else _as_service(u, s) for u in every]
@@ -321,14 +296,27 @@ def _as_service(user: NatsUser, s: Scope) -> NatsUser:
     return replace(user, permissions=replace(user.permissions, publish=(*user.permissions.publish, *added)))
 
 
-def _not_the_planner(s: Scope, concrete: Namespace) -> tuple[str, ...]:
-    planner = s.consumer(projector_planner_consumer(concrete))
-    return (
-        planner.next_subject,
-        f"$JS.ACK.{planner.stream}.{planner.durable}.>",
-        f"{API}.CONSUMER.CREATE.{planner.stream}.{planner.durable}",  # the named create without a filter token
-        f"{API}.CONSUMER.CREATE.{planner.stream}.{planner.durable}.>",
-        f"{API}.CONSUMER.DURABLE.CREATE.{planner.stream}.{planner.durable}",
+def _not_the_services(
+    s: Scope, concrete: Namespace, families: Iterable[str], partitions: int
+) -> tuple[str, ...]:
+    """Every service durable on RUNS, which an analytics user's named consumers must never be: pulling (and
+    acking) the planner's deliveries would take a run's end away from the projector, an executor's its intents
+    (the journal as the bus), the runtime's its receipts; re-creating one would rewrite its filter."""
+    durables = [
+        projector_planner_consumer(concrete),
+        receipts_consumer(concrete),
+        *(executor_journal_consumer(concrete, f, p) for f in families for p in range(partitions)),
+    ]
+    return tuple(
+        subject
+        for spec in map(s.consumer, durables)
+        for subject in (
+            spec.next_subject,
+            f"$JS.ACK.{spec.stream}.{spec.durable}.>",
+            f"{API}.CONSUMER.CREATE.{spec.stream}.{spec.durable}",  # the named create without a filter token
+            f"{API}.CONSUMER.CREATE.{spec.stream}.{spec.durable}.>",
+            f"{API}.CONSUMER.DURABLE.CREATE.{spec.stream}.{spec.durable}",
+        )
     )
 
 

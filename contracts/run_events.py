@@ -9,10 +9,11 @@ from typing import Any, TypeAlias, get_args
 
 import msgspec
 
+from crashsafe.contracts.capabilities import Capability
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.memory import GuestProfile, SessionTurn
 from crashsafe.contracts.subjects import EventClass
-from crashsafe.contracts.tool_messages import ActionRequest, Evidence, ExistingEffect, OutcomeStatus, Via
+from crashsafe.contracts.tool_messages import Evidence, ExistingEffect, OutcomeStatus, Via
 
 
 class Origin(StrEnum):
@@ -156,6 +157,10 @@ class ActionRequested(RunEventBase, frozen=True, kw_only=True, tag="run.action_r
     timeout_s: float
     deadline_at: datetime
     origin: str = Origin.MODEL.value  # an Origin
+    # The journal as the bus (issue 33): an intent journaled on its executor's subject (`run_intent`) carries
+    # the runtime's signed permission for exactly this request, as `ActionRequest.capability` does; the executor
+    # pulls it straight from the journal. None: journaled as a step and sent on ACTIONS (0.2, or before the bus).
+    capability: Capability | None = None
 
 
 class ToolRejected(RunEventBase, frozen=True, kw_only=True, tag="run.tool_rejected"):
@@ -187,6 +192,10 @@ class ActionCompleted(RunEventBase, frozen=True, kw_only=True, tag="run.action_c
     # The tool of the request this receipt completes, as the runtime journaled it (issue 32): a reader matches
     # receipts to tools without joining by key. "": journaled by 0.2, which did not say (its request names it).
     tool: str = ""
+    # The executor family that appended this receipt itself, on its own subject (`run_receipt`, the journal as
+    # the bus): the fold takes it only for a request of that family, key, tool and step the run journaled, and a
+    # reader takes it only where the subject names that family. "": journaled by the runtime, which checked it.
+    family: str = ""
 
 
 class RunNudged(RunEventBase, frozen=True, kw_only=True, tag="run.nudged"):
@@ -317,22 +326,6 @@ def event_id(run_id: str, position: int) -> str:
     if position < 1:
         raise ValueError("journal positions count from 1")
     return f"{run_id}/{position}"
-
-
-def request_for(intent: ActionRequested) -> ActionRequest:
-    """The executor's request for a journaled intent: the same key, input and deadline, however often it is sent."""
-    return ActionRequest(
-        run_id=intent.run_id,
-        step_no=intent.step_no,
-        tool=intent.tool,
-        family=intent.family,
-        args=intent.args,
-        key=intent.key,
-        input_hash=intent.input_hash,
-        timeout_s=intent.timeout_s,
-        deadline_at=intent.deadline_at,
-        requested_at=intent.at,
-    )
 
 
 @dataclass(frozen=True, slots=True)

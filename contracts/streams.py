@@ -74,7 +74,7 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
             discard_new_per_subject=True,
             replicas=replicas,
         ),
-        StreamSpec(name=ns.stream(StreamKind.RUNS), subjects=(ns.run_events_all,), replicas=replicas),
+        StreamSpec(name=ns.stream(StreamKind.RUNS), subjects=ns.run_subjects, replicas=replicas),
         StreamSpec(
             name=ns.stream(StreamKind.ACTIONS),
             subjects=(ns.actions_all,),
@@ -159,6 +159,25 @@ def runtime_consumers(ns: Namespace, ack_wait_s: float = 30.0) -> list[ConsumerS
     ]
 
 
+# How far back a journal-bus durable created on a journal with history starts: a receipt or an intent older than
+# this was journaled before its durable existed (a namespace contracted long after its birth), and what asks for
+# it now is the resolve path (a wake re-sends an unanswered request to the executor's ACTIONS durable).
+BUS_LOOKBACK_S = 600.0
+
+
+def receipts_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
+    """The runtime's durable on the receipts executors append to run journals: each wakes its run (issue 33)."""
+    return ConsumerSpec(
+        stream=ns.stream(StreamKind.RUNS),
+        durable=ns.runtime_receipts_consumer,
+        filter_subject=ns.run_receipts_all,
+        ack_wait_s=ack_wait_s,
+        max_deliver=UNLIMITED,
+        pull=True,
+        start_lookback_s=BUS_LOOKBACK_S,
+    )
+
+
 def timers_consumer(ns: Namespace, ack_wait_s: float = 30.0) -> ConsumerSpec:
     """The runtime's durable on fired timers: each one is a wake of its run (an approval's expiry)."""
     return ConsumerSpec(
@@ -195,6 +214,29 @@ def executor_consumer(
         max_deliver=max_deliver,
         pull=True,
         pull_expires_s=max(min(lease_s / 2, 2.0), 0.2),
+    )
+
+
+def executor_journal_consumer(
+    ns: Namespace,
+    family: str,
+    partition: int,
+    ack_wait_s: float = 30.0,
+    max_deliver: int = EXECUTOR_MAX_DELIVER,
+    lease_s: float = 5.0,
+) -> ConsumerSpec:
+    """A partition's durable on the journal (issue 33): the intents runs journaled for it, pulled by its lease
+    holder only, in the shape of its ACTIONS durable."""
+    actions = executor_consumer(ns, family, partition, ack_wait_s, max_deliver, lease_s)
+    return ConsumerSpec(
+        stream=ns.stream(StreamKind.RUNS),
+        durable=ns.executor_journal_consumer(family, partition),
+        filter_subject=ns.run_intents_of(family, partition),
+        ack_wait_s=actions.ack_wait_s,
+        max_deliver=actions.max_deliver,
+        pull=True,
+        pull_expires_s=actions.pull_expires_s,
+        start_lookback_s=BUS_LOOKBACK_S,
     )
 
 

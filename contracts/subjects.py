@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from crashsafe.contracts.bucket_keys import BucketKeys
 from crashsafe.contracts.keys import partition_of
+from crashsafe.contracts.tokens import digest as _digest
+from crashsafe.contracts.tokens import literal as _literal
 
 DEFAULT_NAMESPACE = "crashsafe"
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
-# A subject token that is a literal: no wildcard, separator, space or control character.
-_LITERAL = re.compile(r"^[A-Za-z0-9_\-]+$")
 # The outcome-subject token of wake-ups: `_` first, so no tool family can ever take it.
 WAKE_TOKEN = "_wake"
-
-
-def _literal(token: str) -> str:
-    if not _LITERAL.match(token):
-        raise ValueError(f"{token!r} is not a literal subject token")
-    return token
 
 
 class EventClass(StrEnum):
@@ -29,6 +23,13 @@ class EventClass(StrEnum):
 
     STEP = "step"
     MILESTONE = "milestone"
+
+
+class JournalPart(StrEnum):
+    """The bus's subjects in a run's journal (issue 33): an intent for an executor, an executor's receipt."""
+
+    INTENT = "intent"
+    RECEIPT = "receipt"
 
 
 class StreamKind(StrEnum):
@@ -48,7 +49,7 @@ class StreamKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Namespace:
+class Namespace(BucketKeys):
     """A set of streams and subjects; tests use a unique one each so they never see each other's messages."""
 
     name: str = DEFAULT_NAMESPACE
@@ -69,8 +70,9 @@ class Namespace:
         return f"{self.name}.inbound.*"
 
     def run_events(self, run_id: str) -> str:
-        """One run's whole journal: the filter it is read with and its version checked on."""
-        return f"{self.name}.run.{_literal(run_id)}.*"
+        """One run's whole journal: the filter it is read with and its version checked on. Since 0.3.0 its intents
+        and receipts may stand on subjects of their own under it (`run_intent`, `run_receipt`)."""
+        return f"{self.name}.run.{_literal(run_id)}.>"
 
     def run_event(self, run_id: str, kind: str) -> str:
         """The run journal: each event of one run on its class's subject (`EventClass`), appended with the run's
@@ -79,7 +81,54 @@ class Namespace:
 
     @property
     def run_events_all(self) -> str:
+        """Every run's whole journal (a reader's filter, never a stream's: the stream takes `run_subjects`)."""
+        return f"{self.name}.run.*.>"
+
+    @property
+    def run_classes_all(self) -> str:
+        """The journal's events of both classes (`EventClass`): every event the runtime appends but the bus's."""
         return f"{self.name}.run.*.*"
+
+    # The journal as the bus (issue 33): an intent the runtime journals for an executor stands on a subject naming
+    # its family and partition, so each partition's fenced owner pulls its own straight from the journal; the
+    # executor appends its receipt on its family's subject in the run, so who wrote a receipt is part of where it
+    # stands and NATS permissions say which family may write where.
+    def run_intent(self, run_id: str, family: str, partition: int) -> str:
+        if not _TOKEN.match(family):
+            raise ValueError(f"tool family {family!r} must match {_TOKEN.pattern}")
+        return f"{self.name}.run.{_literal(run_id)}.{JournalPart.INTENT}.{family}.{partition}"
+
+    def run_intents_of(self, family: str, partition: int) -> str:
+        """What one partition's owner pulls: every run's intents for its family and partition."""
+        return f"{self.name}.run.*.{JournalPart.INTENT}.{_literal(family)}.{partition}"
+
+    def run_receipt(self, run_id: str, family: str) -> str:
+        """An executor's receipt, appended into its run's journal on its family's subject; a reader of a run's
+        every event filters `run.<run_id>.>` (every run's: `run.*.>`), never `run.*.*` (the classes alone)."""
+        if not _TOKEN.match(family):
+            raise ValueError(f"tool family {family!r} must match {_TOKEN.pattern}")
+        return f"{self.name}.run.{_literal(run_id)}.{JournalPart.RECEIPT}.{family}"
+
+    @property
+    def run_intents_all(self) -> str:
+        return f"{self.name}.run.*.{JournalPart.INTENT}.*.*"
+
+    @property
+    def run_receipts_all(self) -> str:
+        return f"{self.name}.run.*.{JournalPart.RECEIPT}.*"
+
+    @property
+    def run_subjects(self) -> tuple[str, str, str]:
+        """The journal stream's subjects: the two classes and the bus's intents and receipts (none overlaps)."""
+        return (self.run_classes_all, self.run_intents_all, self.run_receipts_all)
+
+    def receipt_writer(self, subject: str) -> str | None:
+        """The family a receipt's subject names (`run.<run_id>.receipt.<family>`); None for any other subject."""
+        rest = subject.removeprefix(f"{self.name}.run.")
+        parts = rest.split(".")
+        if rest == subject or len(parts) != 3 or parts[1] != JournalPart.RECEIPT:
+            return None
+        return parts[2]
 
     @property
     def legacy_run_events_all(self) -> str:
@@ -91,10 +140,15 @@ class Namespace:
         return f"{self.name}.run.*.{EventClass.MILESTONE.value}"
 
     def journal_run(self, subject: str) -> str | None:
-        """The run id of a journal subject (`run.<run_id>.<class>`); None for anything else."""
+        """The run id of a journal subject (`run.<run_id>.<class>`, `.intent.<family>.<partition>`,
+        `.receipt.<family>`); None for anything else."""
         prefix = f"{self.name}.run."
         run_id, dot, kind = subject.removeprefix(prefix).partition(".")
-        known = kind in (EventClass.STEP, EventClass.MILESTONE)
+        part, _, rest = kind.partition(".")
+        known = kind in (EventClass.STEP, EventClass.MILESTONE) or (
+            (part == JournalPart.INTENT and rest.count(".") == 1)
+            or (part == JournalPart.RECEIPT and rest and "." not in rest)
+        )
         return run_id if subject.startswith(prefix) and dot and run_id and known else None
 
     # Action requests for one tool family, partitioned by idempotency key so one executor owns each key.
@@ -224,102 +278,14 @@ class Namespace:
     def executor_consumer(self, family: str, partition: int) -> str:
         return f"executor_{family}_p{partition}"
 
-    # Partition ownership: one key-value bucket per namespace (a JetStream stream `KV_<bucket>`).
-    @property
-    def leases_bucket(self) -> str:
-        return f"{self.name}_leases"
-
-    def lease_key(self, family: str, partition: int) -> str:
-        """Who holds a partition now: renewed with a TTL; its KV revision is the fencing token."""
-        return f"lease.{_literal(family)}.{partition}"
-
-    def leases_of(self, family: str) -> str:
-        return f"lease.{_literal(family)}.*"
-
-    def holder_key(self, family: str, partition: int) -> str:
-        """Which action store last held a partition (no TTL): a new owner with another store must look up first."""
-        return f"holder.{_literal(family)}.{partition}"
-
-    def member_key(self, family: str, worker_id: str) -> str:
-        """One live replica of a family, renewed with a TTL; the live members split the partitions."""
-        return f"member.{_literal(family)}.{worker_token(worker_id)}"
-
-    def members_of(self, family: str) -> str:
-        return f"member.{_literal(family)}.*"
-
-    # What a business key's first ask, attempts and undoing were, beside the partition stores (issue 17): a store
-    # that never saw a key (a new volume after a takeover) learns them here instead of calling the provider.
-    @property
-    def key_facts_bucket(self) -> str:
-        return f"{self.name}_key_facts"
-
-    def key_facts_key(self, family: str, key: str) -> str:
-        """One action key's shared facts, `fact.<family>.<digest(key)>` (keys hold `:`, which KV keys may not)."""
-        return f"fact.{_literal(family)}.{_digest(key)}"
-
-    def partition_epoch_key(self, family: str, partition: int) -> str:
-        """A partition's epoch, counted up at each acquisition beside the facts it orders, `fact.<family>.epoch-<n>`
-        (a key's digest is 32 hex digits: the two never meet). Not a key's facts: whatever reads `fact.<family>.*`
-        as facts (an expiry sweep) must leave it out."""
-        return f"fact.{_literal(family)}.epoch-{partition}"
-
-    # API client keys: one record per key, written by the operator, read by every gateway on every request.
-    @property
-    def clients_bucket(self) -> str:
-        return f"{self.name}_clients"
-
-    def client_key(self, key_id: str) -> str:
-        return f"client.{_literal(key_id)}"
+    def executor_journal_consumer(self, family: str, partition: int) -> str:
+        """A partition's durable on the journal: the intents journaled for it (the journal as the bus)."""
+        return f"executor_{family}_p{partition}_journal"
 
     @property
-    def clients_all(self) -> str:
-        return "client.*"
-
-    # Active runs per guest and per session (the caps): the gateway adds a run, the runtime removes it.
-    @property
-    def active_bucket(self) -> str:
-        return f"{self.name}_active"
-
-    def guest_active_key(self, tenant: str, guest_id: str) -> str:
-        return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
-
-    def stalled_run_key(self, run_id: str) -> str:
-        """The stall mark of a run whose agent's code held a runtime's event loop until its watchdog ended it: no
-        process drives that run's agent again (contracts/active.py, `StallMark`)."""
-        return f"stalled.{_literal(run_id)}"
-
-    # Guest profiles (verified address, remembered preferences): the operator sets the address, the memory
-    # executor writes preferences, the runtime reads a profile when a run starts.
-    @property
-    def guests_bucket(self) -> str:
-        return f"{self.name}_guests"
-
-    def guest_key(self, tenant: str, guest_id: str) -> str:
-        return f"guest.{_literal(tenant)}.{_digest(guest_id)}"
-
-    # Approvals of held-back actions: one record per approval, decided once by compare-and-set.
-    @property
-    def approvals_bucket(self) -> str:
-        return f"{self.name}_approvals"
-
-    def approval_key(self, approval_id: str) -> str:
-        return f"approval.{_literal(approval_id)}"
-
-    @property
-    def approvals_all(self) -> str:
-        return "approval.*"
-
-    # Session lanes: which run owns a guest session now (fenced by the record's revision), and its history.
-    @property
-    def sessions_bucket(self) -> str:
-        return f"{self.name}_sessions"
-
-    def session_key(self, tenant: str, session_id: str) -> str:
-        return f"session.{_literal(tenant)}.{_digest(session_id)}"
-
-    def turn_key(self, tenant: str, run_id: str) -> str:
-        """Which run a guest message (`run_id`: the run it would have started) was last handed to as its turn."""
-        return f"turn.{_literal(tenant)}.{_literal(run_id)}"
+    def runtime_receipts_consumer(self) -> str:
+        """The runtime's durable on the journal's receipts: each one wakes its run."""
+        return "runtime_receipts"
 
     # Durable timers: a schedule (`Nats-Schedule: @at ...`) on `timer.approval.<approval_id>` fires its body (a
     # run wake) to `timer.fired.<run_id>`, which the runtime consumes. Both in the TIMERS stream: the server
@@ -351,40 +317,6 @@ class Namespace:
     @property
     def runtime_timers_consumer(self) -> str:
         return "runtime_timers"
-
-    # Version heartbeats (issue 30): each live service process keeps one key, renewed with a TTL, saying which
-    # release it runs; `crashsafe upgrade check|status` and `infra contract` read them.
-    @property
-    def versions_bucket(self) -> str:
-        return f"{self.name}_versions"
-
-    def version_beat_key(self, service: str, worker_id: str) -> str:
-        """One process's heartbeat, `beat.<service>.<worker>`: `service` is its NATS user (`executor-payment`)."""
-        return f"beat.{_literal(service)}.{worker_token(worker_id)}"
-
-    @property
-    def version_beats_all(self) -> str:
-        """Every live process's heartbeat: what the operator's commands scan."""
-        return "beat.*.*"
-
-    # The configuration catalog: one key, its history the published revisions; only the operator writes it.
-    @property
-    def catalog_bucket(self) -> str:
-        return f"{self.name}_catalog"
-
-    @property
-    def catalog_key(self) -> str:
-        return "catalog"
-
-
-def _digest(value: str) -> str:
-    """An id of any spelling as one key token (a guest id may hold `@`, `:` and `.`)."""
-    return hashlib.sha256(value.encode()).hexdigest()[:32]
-
-
-def worker_token(worker_id: str) -> str:
-    """A worker id as one subject token (a hostname's dots and anything else become `_`)."""
-    return re.sub(r"[^A-Za-z0-9_\-]", "_", worker_id) or "_"
 
 
 # How many partitions each tool family's action subjects are split into. Every publisher and executor of a

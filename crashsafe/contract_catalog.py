@@ -19,7 +19,8 @@ import msgspec
 import msgspec.inspect as mi
 
 import crashsafe.contracts
-from crashsafe.contracts.subjects import Namespace, _digest
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.contracts.tokens import digest as _digest
 
 # The documents describe the default namespace; a deployment's `CRASHSAFE_NAMESPACE` replaces its first token.
 NS = Namespace()
@@ -301,6 +302,9 @@ CHANNEL_MESSAGES: dict[str, tuple[str, ...]] = {
         "run.completed",
         "run.handed_off",
     ),
+    # The journal as the bus (issue 33): an intent on its executor's subject, a receipt on its family's.
+    "run_intent": ("run.action_requested",),
+    "run_receipt": ("run.action_completed",),
     "actions": ("action.request",),
     "outcomes": ("action.outcome",),
     "wakes": ("run.wake",),

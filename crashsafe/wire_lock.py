@@ -288,6 +288,11 @@ def _writer_breaks(previous: Wire, now: Wire) -> list[str]:
     return problems
 
 
+def _written(subject: str, wire: Wire) -> bool:
+    """Some role of a release may publish to some subject `subject` matches."""
+    return any(collide(p, subject) for subjects in wire["publishes"].values() for p in subjects)
+
+
 def _channel_breaks(previous: Wire, now: Wire) -> list[str]:
     problems = []
     for tag, subjects in sorted(now["channels"].items()):
@@ -295,6 +300,8 @@ def _channel_breaks(previous: Wire, now: Wire) -> list[str]:
         if was is None:
             continue  # a new message type, or one not yet sent on its own: nothing of the previous reads it
         for subject in subjects:
+            if not _written(subject, now):
+                continue  # a layout this release only reads (expand): the release after it writes it
             if not any(covers(w, subject) for w in was):
                 problems.append(
                     f"message {tag}: now travels on {subject}, where the previous release never carried it "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from crashsafe.contracts.capabilities import GRACE_S, CapabilityOrigin, OutcomeRefusal
-from crashsafe.contracts.run_events import ActionRequested, Origin
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, JournalEvent, Origin
 from crashsafe.contracts.subjects import WAKE_TOKEN
 from crashsafe.contracts.tool_messages import ActionOutcome
 from crashsafe.domain.run_state import RunState
@@ -75,3 +75,19 @@ def outcome_refusal(state: RunState, outcome: ActionOutcome, source: str) -> Out
     if request.family != source:
         return OutcomeRefusal.WRONG_FAMILY
     return None
+
+
+def receipt_refusal(state: RunState, receipt: JournalEvent, family: str) -> OutcomeRefusal | None:
+    """Why a receipt an executor of `family` appended to this run's journal does not answer any request the run
+    journaled (None: it does; the fold takes it, or took it already from another path). What `read_event` did
+    not take as that family's receipt is the wrong family's."""
+    if not isinstance(receipt, ActionCompleted) or receipt.family != family:
+        return OutcomeRefusal.WRONG_FAMILY
+    outcome = ActionOutcome(
+        run_id=receipt.run_id,
+        step_no=receipt.step_no,
+        tool=receipt.tool,
+        key=receipt.key,
+        status=receipt.status,
+    )
+    return outcome_refusal(state, outcome, family)

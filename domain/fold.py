@@ -40,6 +40,16 @@ from crashsafe.domain.run_state import RunState, Summary, evolve
 _json = msgspec.json.Encoder(order="sorted")
 
 
+def _receipt_for(request: ActionRequested, receipt: ActionCompleted) -> bool:
+    """Whether a receipt answers this journaled request. One the runtime journaled (`family` "") it checked
+    before appending; one an executor appended itself (the journal as the bus) must name the request's key,
+    tool and family: the checks `authority.outcome_refusal` makes of an outcome message, made where it is folded."""
+    if not receipt.family:
+        return True
+    tool_ok = not receipt.tool or receipt.tool == request.tool
+    return receipt.key == request.key and receipt.family == request.family and tool_ok
+
+
 def _output_item(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call_id, "output": _json.encode(payload).decode()}
 
@@ -247,9 +257,15 @@ def fold_run(state: RunState | None, event: RunEvent | UnknownEvent) -> RunState
             return _flushed(queued)
         case ActionCompleted(step_no=step):
             request = state.pending_step(step)
+            if request is not None and not _receipt_for(request, event):
+                return replace(state, **base)  # an executor's receipt for another request: not this step's
             if request is None:
                 settled = state.unknown_step(step)
-                if settled is not None and event.status != OutcomeStatus.UNKNOWN:
+                if (
+                    settled is not None
+                    and event.status != OutcomeStatus.UNKNOWN
+                    and _receipt_for(settled, event)
+                ):
                     # A late resolution of an unknown outcome: the journal now says what really happened.
                     completed = tuple((r, event if r.step_no == step else d) for r, d in state.completed)
                     return replace(state, **base, completed=completed)

@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
-
-import msgspec
 
 from crashsafe.contracts.errors import CrashsafeError
-from crashsafe.contracts.heartbeats import CONTRACTED_KEY, beat_decoder, contracted_decoder
 from crashsafe.contracts.keys import undone_by
-from crashsafe.contracts.streams import versions_spec
 from crashsafe.domain.backup_rules import facts_expiry_blocked
 from crashsafe.domain.key_facts import shared
 from crashsafe.domain.partition_ownership import Holding
-from crashsafe.domain.release_window import live
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform.logs import log
+from crashsafe.services.records.rollout_facts import read_rollout
 
 # The rows a seal found not yet settled in the backup are looked at again by the next seals, for a day at most and
 # at most this many per store: past either, a key's facts, once it settles, simply keep no TTL (safe, and rare).
@@ -59,15 +54,10 @@ class FactSeals:
         if time.monotonic() < self._fresh_until:
             return self._said
         self._fresh_until = time.monotonic() + CENSUS_FRESH_S
-        broker, ns = self.facts.broker, self.facts.ns
-        spec = versions_spec(ns)
-        entry = await broker.kv_get(spec, CONTRACTED_KEY)
-        try:
-            contracted = contracted_decoder.decode(entry.value).release if entry is not None else None
-            beats = [beat_decoder.decode(e.value) for e in await broker.kv_scan(spec, ns.version_beats_all)]
-        except msgspec.DecodeError as exc:
-            return f"the versions bucket holds a record that does not decode: {exc}"
-        why = facts_expiry_blocked(contracted, live(beats, datetime.now(UTC)))
+        facts = await read_rollout(self.facts.broker, self.facts.ns)
+        if facts.unreadable:
+            return facts.unreadable
+        why = facts_expiry_blocked(facts.contracted, facts.beats)
         if why != self._said:
             self._said = why
             log(

@@ -26,7 +26,7 @@ from crashsafe.contracts.errors import (
 )
 from crashsafe.contracts.keys import partition_of
 from crashsafe.contracts.spans import SpanName
-from crashsafe.contracts.streams import EXECUTOR_MAX_DELIVER, executor_consumer
+from crashsafe.contracts.streams import EXECUTOR_MAX_DELIVER
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
     ActionRequest,
@@ -53,9 +53,11 @@ from crashsafe.services.executor.call_until_known import (
     call_until_known,
 )
 from crashsafe.services.executor.fact_book import FactBook
+from crashsafe.services.executor.journal_intents import Reply, intent_request
 from crashsafe.services.executor.key_records import KeyRecords
 from crashsafe.services.executor.leftovers import Leftovers
 from crashsafe.services.executor.outcomes import OutcomePublisher, with_note
+from crashsafe.services.executor.partition_feeds import PartitionFeeds
 from crashsafe.services.executor.partition_stores import PartitionStores
 from crashsafe.services.executor.partitions import PartitionKeeper
 from crashsafe.services.executor.pruning import Pruner
@@ -64,7 +66,7 @@ from crashsafe.services.executor.store import ActionStore
 from crashsafe.services.platform import probes, seam_checks
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries
-from crashsafe.services.platform.jetstream import Broker, Subscription
+from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import executor_streams, require
 from crashsafe.services.platform.settings import Settings
@@ -123,7 +125,6 @@ class Executor:
             settings, family, self.stores, self.records.holding, self.facts, logger
         )
         self._inflight: dict[str, asyncio.Future[None]] = {}
-        self._subscriptions: dict[int, Subscription] = {}
         self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
         self.outcomes = OutcomePublisher(broker, self.ns, family, logger)
         self.leftovers = Leftovers(self.tools, self._inflight, self.records, self.outcomes, self._run, logger)
@@ -138,16 +139,6 @@ class Executor:
             acquired=self._take_up,
             released=self._put_down,
         )
-        self.readiness = ExecutorReadiness(
-            broker,
-            settings,
-            family,
-            self.keeper,
-            self.incarnation,
-            self.stores,
-            self._subscriptions,
-            max_deliver,
-        )
         self.deliveries = Deliveries(
             broker,
             self.ns,
@@ -157,6 +148,12 @@ class Executor:
             ack_wait_s=settings.ack_wait_s,
             server_stops=True,  # its durables stop at `max_deliver`: the last delivery is dead-lettered, not lost
         )
+        # A held partition's requests on ACTIONS and its intents in the journal (issue 33).
+        self.feeds = PartitionFeeds(
+            broker, settings, family, max_deliver, self.deliveries, self._on_request, self._on_intent
+        )
+        held = (self.keeper, self.incarnation, self.stores, self.feeds.requests)
+        self.readiness = ExecutorReadiness(broker, settings, family, *held, max_deliver)
 
     def store_path(self, partition: int) -> Path:
         return self.settings.data_dir / f"{self.ns.name}-{self.family}-p{partition}.sqlite3"
@@ -211,19 +208,11 @@ class Executor:
             await self.outcomes.publish(
                 with_note(outcome, Asked.STORE_RECEIPT, Answer.REPUBLISHED), context_from(None)
             )
-        consumer = executor_consumer(
-            self.ns, self.family, partition, self.settings.ack_wait_s, self.max_deliver, self.settings.lease_s
-        )
-        await self.broker.ensure_consumer(consumer)
-        self._subscriptions[partition] = await self.broker.subscribe(
-            consumer, self.deliveries.dispatch(self._on_request), room=self.deliveries.room
-        )
+        await self.feeds.open(partition)
 
     async def _put_down(self, partition: int) -> None:
         """A partition is released or lost: stop taking its work, let its keys in flight finish, close its store."""
-        subscription = self._subscriptions.pop(partition, None)
-        if subscription is not None:
-            await self.broker.unsubscribe(subscription)
+        await self.feeds.close(partition)
         self.leftovers.cancel(partition)
         deadline = time.monotonic() + DRAIN_S
         while self._busy.get(partition, 0) > 0 and time.monotonic() < deadline:
@@ -231,12 +220,23 @@ class Executor:
         await self.backups.put_down(partition, self.stores.pop(partition, None))
 
     async def _on_request(self, msg: Msg) -> None:
-        request = action_request_decoder.decode(msg.data)
-        ctx = context_from(msg.headers)
-        meta = msg.metadata
-        await self.handle(request, ctx, meta.sequence.stream, meta.num_delivered)
+        meta, request = msg.metadata, action_request_decoder.decode(msg.data)
+        await self.handle(request, context_from(msg.headers), meta.sequence.stream, meta.num_delivered)
 
-    async def handle(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
+    async def _on_intent(self, msg: Msg) -> None:
+        """An intent pulled straight from its run's journal (issue 33), served as a request. 0.3.0 answers it on
+        OUTCOMES, which every runtime beside it takes: the receipt in the journal is the next release's."""
+        meta, request = msg.metadata, intent_request(msg, self.ns)
+        await self.handle(request, context_from(msg.headers), meta.sequence.stream, meta.num_delivered)
+
+    async def handle(
+        self,
+        request: ActionRequest,
+        ctx: Context,
+        stream_seq: int,
+        deliveries: int,
+        reply: Reply | None = None,
+    ) -> None:
         # Bounded: the attributes of a request that has not been verified yet are a caller's text.
         with span(
             SpanName.EXECUTOR_CALL,
@@ -247,9 +247,11 @@ class Executor:
             tool=request.tool[:200],
             service=f"executor.{self.family}",
         ) as served:
-            await self._serve(request, served, stream_seq, deliveries)
+            await self._serve(request, served, stream_seq, deliveries, reply or self.outcomes.publish)
 
-    async def _serve(self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int) -> None:
+    async def _serve(
+        self, request: ActionRequest, ctx: Context, stream_seq: int, deliveries: int, reply: Reply
+    ) -> None:
         # Before the tool lookup, the argument check and the intent row: a request the runtime did not sign for
         # exactly this run, key, tool and input, or one past its expiry, is refused with no outcome at all (an
         # outcome would let its sender inject an answer into a real run) and never reaches a provider. A
@@ -276,11 +278,11 @@ class Executor:
                 message=f"{request.tool} needs {', '.join(missing)}; nothing was sent to the provider",
                 details={"key": request.key, "missing": missing},
             )
-            await self.outcomes.publish(refused(request, error, deliveries), ctx)
+            await reply(refused(request, error, deliveries), ctx)
             # Also a dead letter: a request the runtime should never have built is a bug someone must see.
             raise PoisonMessage(error.message, key=request.key, missing=missing)
         if contract.effect is Effect.READ:
-            await self.outcomes.publish(
+            await reply(
                 await self._run(request, tool, attempts=1, deliveries=deliveries, look_first=False, ctx=ctx),
                 ctx,
             )
@@ -297,7 +299,7 @@ class Executor:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._inflight[request.key] = done
             try:
-                await self._handle_keyed(store, request, tool, ctx, stream_seq, deliveries)
+                await self._handle_keyed(store, request, tool, ctx, stream_seq, deliveries, reply)
             finally:
                 self._inflight.pop(request.key, None)
                 done.set_result(None)
@@ -312,6 +314,7 @@ class Executor:
         ctx: Context,
         stream_seq: int,
         deliveries: int,
+        reply: Reply,
     ) -> None:
         plan, record, undone = await self.records.plan(store, request, tool, stream_seq, deliveries)
         if undone is not None and being_undone(record, request, undone):
@@ -321,18 +324,18 @@ class Executor:
                 "ask again once it is"
             )
             if deliveries >= self.max_deliver - 1:
-                await self.outcomes.publish(unknown_outcome(request, detail, 0, deliveries), ctx)
+                await reply(unknown_outcome(request, detail, 0, deliveries), ctx)
                 return
             raise OutcomeStillUnknown(detail, key=request.key)
         attempts, look_first = 1, False
         sent_at: float | None = None
         match plan:
             case Replay(outcome=outcome):
-                await self.outcomes.publish(with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
+                await reply(with_note(outcome, Asked.STORE_RECEIPT, Answer.REPLAYED), ctx)
                 return
             case Conflict(outcome=outcome):
                 PROVIDER_CALLS_BY_TOOL(request.tool, "conflict").inc()  # refused uncalled: other input
-                await self.outcomes.publish(with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
+                await reply(with_note(outcome, Asked.STORE_CONFLICT, Answer.CONFLICT), ctx)
                 return
             case Execute():
                 pass
@@ -346,14 +349,14 @@ class Executor:
                 # Out of redeliveries, or no later ask can tell (a final unknown): tell the run the outcome is
                 # unknown (it hands off); the reconciler goes on asking.
                 outcome = unknown_outcome(request, exc.message, attempts, deliveries)
-                await self.outcomes.publish(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
+                await reply(msgspec.structs.replace(outcome, evidence=exc.evidence), ctx)
                 return
             raise
         crash_point("executor.after_provider_ack")
         await self.records.settle(store, request, receipt_of(outcome, record), stream_seq)
         crash_point("executor.after_receipt")
         outcome = credited(outcome, record)
-        await self.outcomes.publish(outcome, ctx)
+        await reply(outcome, ctx)
         crash_point("executor.after_outcome_published")
 
     async def _run(

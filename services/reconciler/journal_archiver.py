@@ -22,23 +22,22 @@ import msgspec
 from crashsafe.contracts.archive import ArchivedEvent, ArchivedJournal, archive_encoder, purge_filter
 from crashsafe.contracts.errors import ArchiveUnavailable, CrashsafeError
 from crashsafe.contracts.headers import Header
-from crashsafe.contracts.heartbeats import CONTRACTED_KEY, beat_decoder, contracted_decoder
 from crashsafe.contracts.projections import record_decoder
 from crashsafe.contracts.release import VERSION
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
-from crashsafe.contracts.streams import projections_spec, versions_spec
+from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.domain import journal_archive as rule
 from crashsafe.domain import missing_projections as missing
 from crashsafe.domain.fold import replay
 from crashsafe.domain.registry import Registry
-from crashsafe.domain.release_window import live
 from crashsafe.services.platform.hook_limit import HookLimit, HookOverran
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.jetstream_reads import StoredMessage
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.run_archive import Archive
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.records.rollout_facts import read_rollout
 from crashsafe.services.records.run_journal import RunJournal
 
 # Milestones read per round trip of the walk.
@@ -135,21 +134,10 @@ class JournalArchiver:
     async def blocked(self) -> str | None:
         """Why nothing may be purged now (`rule.archiving_blocked`), from the versions bucket: the heartbeats live by
         the wall clock (a pass's `now` is the hot window's)."""
-        spec = versions_spec(self.ns)
-        entry = await self.broker.kv_get(spec, CONTRACTED_KEY)
-        contracted = None
-        if entry is not None:
-            try:
-                contracted = contracted_decoder.decode(entry.value).release
-            except msgspec.DecodeError:
-                contracted = None
-        beats = []
-        for beat in await self.broker.kv_scan(spec, self.ns.version_beats_all):
-            try:
-                beats.append(beat_decoder.decode(beat.value))
-            except msgspec.DecodeError:
-                return f"a version heartbeat that does not decode: {beat.key}"
-        return rule.archiving_blocked(contracted, live(beats, datetime.now(UTC)))
+        facts = await read_rollout(self.broker, self.ns)
+        if facts.unreadable:
+            return facts.unreadable
+        return rule.archiving_blocked(facts.contracted, facts.beats)
 
     async def _candidates(self, now: datetime) -> list[str]:
         """At most `batch` runs to judge: those due again, then those whose milestones the walk reaches, up to the

@@ -7,10 +7,10 @@ import msgspec
 
 from crashsafe.contracts.archive import archive_decoder
 from crashsafe.contracts.errors import ArchiveUnavailable, RunArchived
+from crashsafe.contracts.journal_bus import read_event
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunEvent,
-    decode_event,
     event_class,
     event_encoder,
     event_type,
@@ -29,21 +29,25 @@ class RunJournal:
         self.ns = ns
         self.stream = ns.stream(StreamKind.RUNS)
 
+    def event(self, message: StoredMessage) -> JournalEvent:
+        """A stored message as the run's event: a receipt only as its subject's family wrote it (`read_event`)."""
+        return read_event(message.data, self.ns.receipt_writer(message.subject))
+
     async def read(self, run_id: str) -> tuple[list[JournalEvent], int]:
         """The run's events and the stream sequence of the last one (0 for a run that does not exist).
 
         Decoded tolerantly: an event type a newer writer added comes back as an `UnknownEvent`, never an error."""
         stored = await self.stored(run_id)
-        events = [decode_event(m.data) for m in stored]
+        events = [self.event(m) for m in stored]
         return events, (stored[-1].seq if stored else 0)
 
     async def read_with_seqs(self, run_id: str) -> list[tuple[int, JournalEvent]]:
-        return [(m.seq, decode_event(m.data)) for m in await self.stored(run_id)]
+        return [(m.seq, self.event(m)) for m in await self.stored(run_id)]
 
     async def read_after(self, run_id: str, after_seq: int) -> list[tuple[int, JournalEvent]]:
         """The run's events stored after stream sequence `after_seq`, each with its sequence (a reader that read
         the journal before reads on from where it stopped). The stream's only: a reader following a live run."""
-        return [(m.seq, decode_event(m.data)) for m in await self.live(run_id, after_seq)]
+        return [(m.seq, self.event(m)) for m in await self.live(run_id, after_seq)]
 
     async def writable(self, run_id: str, what: str = "a message") -> tuple[list[JournalEvent], int]:
         """The run's events and last sequence, to append after: the stream's alone. A run that has none there but
@@ -52,7 +56,7 @@ class RunJournal:
         stored = await self.live(run_id)
         if not stored:
             await self.refuse_archived(run_id, what)
-        return [decode_event(m.data) for m in stored], (stored[-1].seq if stored else 0)
+        return [self.event(m) for m in stored], (stored[-1].seq if stored else 0)
 
     async def refuse_archived(self, run_id: str, what: str = "a message") -> None:
         """RunArchived if the run's journal is in the archive (nothing where no archive is configured)."""
@@ -119,7 +123,7 @@ class RunJournal:
         path). An archived run is not among them: it is read by its id (`stored`)."""
         runs: dict[str, list[JournalEvent]] = {}
         for message in await self.broker.read_subject(self.stream, self.ns.run_events_all, batch=1000):
-            event = decode_event(message.data)
+            event = self.event(message)
             runs.setdefault(event.run_id, []).append(event)
         return runs
 
@@ -129,7 +133,7 @@ class RunJournal:
         archive = self.broker.archive
         runs: dict[str, list[JournalEvent]] = {}
         for run_id in await archive.runs() if archive is not None else []:
-            runs[run_id] = [decode_event(m.data) for m in await self.archived(run_id)]
+            runs[run_id] = [self.event(m) for m in await self.archived(run_id)]
         return runs
 
     async def append(
@@ -139,11 +143,13 @@ class RunJournal:
         headers: dict[str, str] | None = None,
         *,
         after_end: bool = False,
+        subject: str | None = None,
     ) -> int:
         """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise. `after_end`: the
-        run had ended before this event (it is journaled as a milestone, whatever its type)."""
+        run had ended before this event (it is journaled as a milestone, whatever its type). `subject`: where the
+        event stands if not on its class's (an intent for the bus, on its executor's)."""
         published = await self.broker.publish(
-            self.ns.run_event(event.run_id, event_class(event_type(event), after_end)),
+            subject or self.ns.run_event(event.run_id, event_class(event_type(event), after_end)),
             event_encoder.encode(event),
             expected_subject_seq=expected_seq,
             sequence_subject=self.ns.run_events(event.run_id),

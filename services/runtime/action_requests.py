@@ -5,10 +5,13 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+import msgspec
 from opentelemetry.context import Context
 
 from crashsafe.contracts.capabilities import CapabilityIssuer
-from crashsafe.contracts.run_events import ActionRequested, request_for
+from crashsafe.contracts.journal_bus import request_for
+from crashsafe.contracts.keys import partition_of
+from crashsafe.contracts.run_events import ActionRequested
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.tool_messages import tool_encoder
 from crashsafe.domain.authority import Terms, resend_terms, terms_for, to_resolve
@@ -25,17 +28,35 @@ def utcnow() -> datetime:
 class ActionRequests:
     """Only the runtime publishes action requests, and only what its runs journaled."""
 
-    def __init__(self, broker: Broker, settings: Settings, issuer: CapabilityIssuer) -> None:
+    def __init__(
+        self, broker: Broker, settings: Settings, issuer: CapabilityIssuer, bus: bool = False
+    ) -> None:
         self.broker = broker
         self.settings = settings
         self.ns = settings.namespace
         # Signs every action request this runtime publishes; the only holder of the signing key.
         self.issuer = issuer
+        # The journal as the bus (issue 33): 0.3.0 reads it (its executors serve intents journaled for them, its
+        # runtimes take receipts from journals) but never writes to it, so 0.2.0 beside it sees every request.
+        self.bus = bus
+
+    def on_the_bus(self, intent: ActionRequested, agent: str) -> tuple[ActionRequested, str] | None:
+        """The intent as the journal carries it to its executor (the journal as the bus): signed as a published
+        request is, on the subject of its family and the partition owning its key. None while the bus is off:
+        it is journaled as a step and published on ACTIONS (`publish_pending`)."""
+        if not self.bus:
+            return None
+        terms = terms_for(intent, utcnow())
+        granted = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at, agent)
+        partition = partition_of(intent.key, self.settings.partitions)
+        subject = self.ns.run_intent(intent.run_id, intent.family, partition)
+        return msgspec.structs.replace(intent, capability=granted.capability), subject
 
     async def publish_pending(self, run: HeldRun, ctx: Context) -> None:
-        """Each request the run waits on that this worker has not published yet."""
+        """Each request the run waits on that this worker has not published yet. One journaled for the bus (it
+        carries its capability) is in its executor's hands already: its partition's owner pulls it."""
         for request in run.state.pending:
-            if sent(request) not in run.published:
+            if request.capability is None and sent(request) not in run.published:
                 await self.publish(request, ctx, agent=run.state.agent)
                 run.published.add(sent(request))
 

@@ -40,6 +40,7 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.tracing import headers_for, trace_id_of
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.support_tickets import publish_ticket
+from crashsafe.services.runtime.action_requests import ActionRequests
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
 
 MAX_CONFLICT_RETRIES = 20
@@ -78,8 +79,11 @@ class RunAppends:
         ns: Namespace,
         worker: str,
         logger: logging.Logger,
+        requests: ActionRequests | None = None,
     ) -> None:
         self.journal = journal
+        # Signs an intent the journal carries to its executor (the journal as the bus); None: never on the bus.
+        self.requests = requests
         self.runs = runs
         self.broker = broker
         self.ns = ns
@@ -198,7 +202,15 @@ class RunAppends:
             else headers_for(ctx)
         )
         ended = run is not None and run.state.terminal
-        seq = await self.journal.append(event, expected, headers, after_end=ended)
+        subject = None
+        bussed = (
+            self.requests.on_the_bus(event, run.state.agent)
+            if isinstance(event, ActionRequested) and run is not None and self.requests is not None
+            else None
+        )
+        if bussed is not None:
+            event, subject = bussed
+        seq = await self.journal.append(event, expected, headers, after_end=ended, subject=subject)
         if run is None:
             # Started here, at sequence 0: no process has driven it yet, so no stall mark can name it.
             run = self.runs.remember(HeldRun(fold_run(None, event), seq, stall_checked=True))

@@ -12,7 +12,9 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.capabilities import CapabilityIssuer, OutcomeRefusal
 from crashsafe.contracts.errors import OutcomeRefused
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import inbound_decoder
+from crashsafe.contracts.run_events import ActionCompleted
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.stream_routes import runtime_routes
 from crashsafe.contracts.streams import (
@@ -20,13 +22,15 @@ from crashsafe.contracts.streams import (
     ConsumerSpec,
     active_spec,
     approvals_spec,
+    receipts_consumer,
     runtime_consumers,
     sessions_spec,
     timers_consumer,
 )
 from crashsafe.contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder
 from crashsafe.domain import intake
-from crashsafe.domain.authority import outcome_refusal
+from crashsafe.domain.authority import outcome_refusal, receipt_refusal
+from crashsafe.domain.fold import fold_run
 from crashsafe.domain.registry import Registry
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics, probes, seam_checks
@@ -34,6 +38,7 @@ from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.deliveries import Deliveries
 from crashsafe.services.platform.hook_limit import HookLimit
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.platform.jetstream_reads import StoredMessage
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
@@ -86,10 +91,10 @@ class Runtime:
         # Apart from readiness: without its documents the runtime still serves everything but policy answers.
         metrics.KNOWLEDGE_AVAILABLE.set(1 if library.available else 0)
         self.runs = HeldRuns()
-        self.appends = RunAppends(
-            RunJournal(broker, self.ns), self.runs, broker, self.ns, self.worker, logger
-        )
         self.requests = ActionRequests(broker, settings, issuer)
+        self.appends = RunAppends(
+            RunJournal(broker, self.ns), self.runs, broker, self.ns, self.worker, logger, self.requests
+        )
         self.deadlines = Deadlines(broker, settings, logger)
         self.loop = DriveLoop(
             appends=self.appends,
@@ -129,6 +134,7 @@ class Runtime:
             inbound,
             outcomes,
             timers_consumer(self.ns, settings.ack_wait_s),
+            receipts_consumer(self.ns, settings.ack_wait_s),
         )
 
     @property
@@ -163,12 +169,13 @@ class Runtime:
         )
         await seam_checks.declare(self.broker, self.consumers)
         await seam_checks.prove("runtime", self.seams())
-        inbound, outcomes, timers = self.consumers
+        inbound, outcomes, timers, receipts = self.consumers
         # Pulled as handlers free up (room), never waiting inside a callback (contracts/streams.py).
         for spec, handler in (
             (inbound, self._on_inbound),
             (outcomes, self._on_outcome),
             (timers, self._on_timer),
+            (receipts, self._on_receipt),
         ):
             await self.broker.subscribe(spec, self.deliveries.dispatch(handler), room=self.deliveries.room)
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
@@ -242,6 +249,17 @@ class Runtime:
                 else:
                     await self.wake(message, ctx)
 
+    async def _on_receipt(self, msg: Msg) -> None:
+        """A receipt an executor appended to its run's journal (the journal as the bus): the run folds it as the
+        journal holds it and moves on; nothing is appended to say it again."""
+        run_id = self.ns.journal_run(msg.subject) or ""
+        self._came_again(msg, run_id)
+        with span(
+            SpanName.RUNTIME_STEP, context_from(msg.headers), run_id=run_id, event_type="receipt"
+        ) as ctx:
+            async with self.runs.lock(run_id):
+                await self.take_receipt(run_id, msg.metadata.sequence.stream, msg, ctx)
+
     def _came_again(self, msg: Msg, run_id: str) -> None:
         """A redelivered message may be the one whose run's agent held another process's loop: look again."""
         if msg.metadata.num_delivered > 1:
@@ -278,6 +296,49 @@ class Runtime:
                 await write(intake.completed(held.state, outcome, utcnow()))
 
         run, _ = await self.appends.decided(run, receipt, ctx)
+        await self.loop.drive(run, ctx)
+
+    async def take_receipt(self, run_id: str, seq: int, msg: Msg, ctx: Context) -> None:
+        """Fold a journaled receipt into the held run when it comes right after what the run holds (the executor
+        appended it checked to follow its intent: `Crashsafe-Follows`); otherwise read the run again, which folds
+        it with the rest. A receipt the fold does not take is refused as an outcome message would be (dead
+        letter); one the run had ended before is journaled again as a milestone, so the projector plans it."""
+        family = self.ns.receipt_writer(msg.subject) or ""
+        receipt = self.journal.event(StoredMessage(seq, msg.subject, msg.data, {}))
+        held = self.runs.get(run_id)
+        resuming = held is None
+        follows = (msg.headers or {}).get(Header.FOLLOWS)
+        ended_before = False
+        if held is not None and follows is not None and follows == str(held.seq):
+            ended_before = held.state.terminal
+            refusal = receipt_refusal(held.state, receipt, family)
+            if refusal is None:
+                held.state, held.seq = fold_run(held.state, receipt), seq
+            run: HeldRun | None = held
+        else:
+            run = await self.appends.load(
+                run_id, ctx, fresh=held is None or held.seq < seq, mark_resume=False
+            )
+            refusal = receipt_refusal(run.state, receipt, family) if run is not None else None
+        if run is None or refusal is not None:
+            raise OutcomeRefused(
+                reason=refusal or OutcomeRefusal.UNREQUESTED,
+                key=getattr(receipt, "key", ""),
+                tool=getattr(receipt, "tool", ""),
+                run_id=run_id,
+                source=family,
+            )
+        if resuming and not run.state.terminal:
+            run = await self.appends.mark_resumed(run, ctx)
+        if ended_before or (resuming and run.state.terminal):
+            late = receipt
+
+            async def milestone(held: HeldRun | None, write: Write) -> None:
+                assert held is not None and isinstance(late, ActionCompleted)
+                await write((late,))
+
+            run, _ = await self.appends.decided(run, milestone, ctx)
+        crash_point("runtime.after_outcome_received")
         await self.loop.drive(run, ctx)
 
     async def wake(self, wake: RunWake, ctx: Context) -> None:

@@ -56,6 +56,7 @@ class RacingJournal:
         headers: dict[str, str] | None = None,
         *,
         after_end: bool = False,
+        subject: str | None = None,
     ) -> int:
         if isinstance(event, self.kind):
             self.tries += 1
@@ -65,7 +66,7 @@ class RacingJournal:
                     run_id=event.run_id, at=datetime.now(UTC), by="racer", reason="a concurrent writer"
                 )
                 await self._journal.append(other, last)
-        return await self._journal.append(event, expected_seq, headers, after_end=after_end)
+        return await self._journal.append(event, expected_seq, headers, after_end=after_end, subject=subject)
 
 
 @pytest.fixture

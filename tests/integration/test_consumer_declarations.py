@@ -135,7 +135,7 @@ async def test_a_stream_keeps_the_subjects_it_takes_and_refuses_another_retentio
     await broker.ensure_stream(replace(runs, subjects=(namespace.legacy_run_events_all,)))
     await broker.ensure_stream(runs)
     assert await broker.stream_subjects(runs.name) == [
-        namespace.run_events_all,
+        *namespace.run_subjects,
         namespace.legacy_run_events_all,
     ]
 

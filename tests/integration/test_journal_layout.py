@@ -91,7 +91,7 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
     await broker.ensure_stream(
         replace(
             next(s for s in stream_specs(namespace) if s.name == stream),
-            subjects=(namespace.legacy_run_events_all, namespace.run_events_all),
+            subjects=(namespace.legacy_run_events_all, namespace.run_classes_all),
         )
     )
     await RunJournal(broker, namespace).append(ended[0], 0)
@@ -99,7 +99,7 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
     await declare_streams(broker, namespace, 1)
     assert set(await broker.stream_subjects(stream) or []) == {
         namespace.legacy_run_events_all,
-        namespace.run_events_all,
+        *namespace.run_subjects,
     }
 
     assert await contract(broker, namespace) == Contraction(
@@ -115,7 +115,7 @@ async def test_old_journals_are_copied_onto_their_classes_once_and_the_planner_s
     assert all(m.headers.get("traceparent", "").startswith("00-111") for m in stored[1:])
     # The old layout is gone: the stream takes the new subjects only, and no run's old subject holds a message
     # (the one that names no run is left as it was).
-    assert await broker.stream_subjects(stream) == [namespace.run_events_all]
+    assert await broker.stream_subjects(stream) == list(namespace.run_subjects)
     kept = await broker.last_on_each_subject(stream, namespace.legacy_run_events_all)
     assert [m.subject for m in kept] == [f"{namespace.name}.run.h$x"]
     # The planner is sent nothing of the copies, and milestones from here on.

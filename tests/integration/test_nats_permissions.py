@@ -173,6 +173,10 @@ def probes() -> list[Probe]:
         _consumer(ACTIONS, "executor_booking_p1", "sweep.action.payment.1"),  # its own name, payment's work
         _consumer(ACTIONS, "executor_booking_p2", "sweep.action.booking.2", legacy=True),
         _consumer(RUNS, "projector_planner", "sweep.run.*.milestone"),
+        # The journal as the bus: each family pulls its own partitions' intents, the runtime every receipt.
+        *(_consumer(RUNS, f"executor_{f}_p0_journal", f"sweep.run.*.intent.{f}.0") for f in FAMILIES),
+        _consumer(RUNS, "executor_booking_p1_journal", "sweep.run.*.intent.payment.1"),  # its name, payment's
+        _consumer(RUNS, "runtime_receipts", "sweep.run.*.receipt.*"),
         _consumer(PROJECTIONS, "projection_update_crm", "sweep.projection.update_crm.*"),
         _consumer(
             PROJECTIONS, "projection_update_crm", "sweep.run.*.*"
@@ -313,6 +317,11 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {f"KV key facts: `fact.{family}.h`", f"read key facts: `fact.{family}.h`"}
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}
+        # Its intents straight from the journal (issue 33): its own durables on RUNS, never another family's.
+        allowed |= {
+            f"info {RUNS}",
+            f"create `executor_{family}_p0_journal` on {RUNS} (filter `sweep.run.*.intent.{family}.0`)",
+        }
         allowed |= {f"answer provider views: {family}"}  # its own family's, never another's
         allowed |= {
             f"direct get on {KV_VERSIONS}"

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from crashsafe.contracts.errors import BrokerUnavailable, CrashsafeError
 from crashsafe.contracts.inbound import InboundEvent, inbound_encoder
+from crashsafe.contracts.journal_bus import request_for
 from crashsafe.contracts.keys import action_key, input_hash, run_id_for
 from crashsafe.contracts.run_events import (
     ActionCompleted,
@@ -30,7 +31,6 @@ from crashsafe.contracts.run_events import (
     RunHandedOff,
     RunStarted,
     TurnReceived,
-    request_for,
 )
 from crashsafe.contracts.subjects import EventClass, Namespace
 from crashsafe.contracts.tool_messages import OutcomeStatus

@@ -172,8 +172,9 @@ class _NewerJournal:
         headers: dict[str, str] | None = None,
         *,
         after_end: bool = False,
+        subject: str | None = None,
     ) -> int:
-        seq = await self._journal.append(event, expected_seq, headers, after_end=after_end)
+        seq = await self._journal.append(event, expected_seq, headers, after_end=after_end, subject=subject)
         if isinstance(event, ModelAnswered):
             future = {"type": "run.reflection.v2", "run_id": event.run_id, "at": event.at.isoformat()}
             published = await self._journal.broker.publish(

@@ -107,7 +107,7 @@ async def _crash(worker: Executor) -> None:
     worker.keeper._loop_task.cancel()
     await asyncio.gather(worker.keeper._loop_task, return_exceptions=True)
     await worker.backups.stop()
-    for subscription in list(worker._subscriptions.values()):
+    for subscription in list(worker.feeds.requests.values()):
         await worker.broker.unsubscribe(subscription)
 
 

@@ -287,6 +287,7 @@ class _GatedJournal:
         headers: dict[str, str] | None = None,
         *,
         after_end: bool = False,
+        subject: str | None = None,
     ) -> int:
         c = self._contention
         if isinstance(event, PLANNED) and not self._gated:
@@ -297,13 +298,17 @@ class _GatedJournal:
             with suppress(TimeoutError):  # a party that never decides must not hang the test; it fails it
                 await asyncio.wait_for(c._all_here.wait(), self._timeout_s)
             try:
-                seq = await self._journal.append(event, expected_seq, headers, after_end=after_end)
+                seq = await self._journal.append(
+                    event, expected_seq, headers, after_end=after_end, subject=subject
+                )
             except RunVersionConflict:
                 c.conflicts += 1
                 raise
             c.won.append(event)
             return int(seq)
-        return int(await self._journal.append(event, expected_seq, headers, after_end=after_end))
+        return int(
+            await self._journal.append(event, expected_seq, headers, after_end=after_end, subject=subject)
+        )
 
 
 @contextmanager

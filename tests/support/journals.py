@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from crashsafe.contracts.journal_bus import request_for
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -20,7 +21,6 @@ from crashsafe.contracts.run_events import (
     RunEvent,
     ToolRejected,
     event_decoder,
-    request_for,
 )
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, Evidence
 from tests.support.capabilities import signed

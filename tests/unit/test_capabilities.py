@@ -24,6 +24,7 @@ from crashsafe.contracts.capabilities import (
     key_id,
     signed_bytes,
 )
+from crashsafe.contracts.journal_bus import request_for
 from crashsafe.contracts.keys import CompensationKind, action_key, compensation_key, tool_input_hash
 from crashsafe.contracts.run_events import (
     ActionCompleted,
@@ -32,7 +33,6 @@ from crashsafe.contracts.run_events import (
     Origin,
     RunEvent,
     RunStarted,
-    request_for,
 )
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,

@@ -55,6 +55,7 @@ from crashsafe.contracts.inbound import (
     inbound_decoder,
     inbound_encoder,
 )
+from crashsafe.contracts.journal_bus import request_for
 from crashsafe.contracts.policy import (
     ApprovalAbove,
     DateWindow,
@@ -100,7 +101,6 @@ from crashsafe.contracts.run_events import (
     TurnReceived,
     event_decoder,
     event_encoder,
-    request_for,
 )
 from crashsafe.contracts.support import SupportTicket, support_decoder, support_encoder
 from crashsafe.contracts.synthetic_turn import SyntheticTurn, synthetic_decoder, synthetic_encoder

@@ -101,7 +101,7 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
     assert ns.support("acme", run) == f"stayhub.support.acme.{run}"
     assert (ns.inbound(run), ns.run_events(run), ns.outcomes("payment", run), ns.wakes(run)) == (
         f"stayhub.inbound.{run}",
-        f"stayhub.run.{run}.*",
+        f"stayhub.run.{run}.>",
         f"stayhub.outcome.payment.{run}",
         f"stayhub.outcome._wake.{run}",
     )
@@ -117,11 +117,34 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         f"stayhub.run.{run}.step",
         f"stayhub.run.{run}.milestone",
     )
-    assert (ns.run_events_all, ns.run_milestones_all) == ("stayhub.run.*.*", "stayhub.run.*.milestone")
-    assert ns.journal_run(f"stayhub.run.{run}.milestone") == run
+    assert (ns.run_events_all, ns.run_milestones_all) == ("stayhub.run.*.>", "stayhub.run.*.milestone")
+    # The journal as the bus: intents by family and partition, receipts by the family that wrote them.
+    assert (ns.run_intent(run, "payment", 3), ns.run_intents_of("payment", 3)) == (
+        f"stayhub.run.{run}.intent.payment.3",
+        "stayhub.run.*.intent.payment.3",
+    )
+    assert ns.run_receipt(run, "payment") == f"stayhub.run.{run}.receipt.payment"
+    assert ns.run_subjects == ("stayhub.run.*.*", "stayhub.run.*.intent.*.*", "stayhub.run.*.receipt.*")
+    assert ns.receipt_writer(ns.run_receipt(run, "payment")) == "payment"
+    for not_a_receipt in (
+        ns.run_event(run, EventClass.STEP),
+        ns.run_intent(run, "payment", 0),
+        "other.run.x.receipt.p",
+    ):
+        assert ns.receipt_writer(not_a_receipt) is None
+    for subject in (
+        ns.run_event(run, "milestone"),
+        ns.run_intent(run, "payment", 0),
+        ns.run_receipt(run, "payment"),
+    ):
+        assert ns.journal_run(subject) == run
+    with pytest.raises(ValueError):
+        ns.run_receipt(run, "pay.ment")
     for stranger in (
         f"stayhub.run.{run}",
         f"stayhub.run.{run}.other",
+        f"stayhub.run.{run}.intent.payment",
+        f"stayhub.run.{run}.receipt.payment.0",
         f"other.run.{run}.step",
         "stayhub.run..step",
     ):
@@ -166,7 +189,11 @@ def test_the_streams_of_a_namespace() -> None:
             discard_new_per_subject=True,
             replicas=3,
         ),
-        StreamSpec(name="STAYHUB_RUNS", subjects=("stayhub.run.*.*",), replicas=3),
+        StreamSpec(
+            name="STAYHUB_RUNS",
+            subjects=("stayhub.run.*.*", "stayhub.run.*.intent.*.*", "stayhub.run.*.receipt.*"),
+            replicas=3,
+        ),
         StreamSpec(
             name="STAYHUB_ACTIONS",
             subjects=("stayhub.action.>",),

@@ -1,0 +1,151 @@
+"""The journal as the bus (issue 33), between releases on a real nats-server: an intent a runtime journals on its
+executor's subject is pulled by that partition's owner straight from the journal and answered, with nothing
+published on ACTIONS; a receipt appended to a run's journal by another family, or for another request, never
+completes a step: the runtime dead-letters it and the run goes on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    JournalEvent,
+    RunEvent,
+    event_encoder,
+)
+from crashsafe.contracts.subjects import JournalPart, Namespace, StreamKind
+from crashsafe.domain.fold import replay
+from crashsafe.natsd import NatsServer
+from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_journal import RunJournal
+from crashsafe.services.runtime.service import Runtime
+from tests.support import inprocess
+from tests.support.broker import dead_letters, submit_inbound
+from tests.support.waiting import eventually, unique
+from tests.support.world import BOOKED_AND_PAID, BOOKING_TEXT, Sandbox
+
+
+class _NextReleasesGrant:
+    """This release's runtime user may not write intents on the bus (the wire lock: a subject is written one
+    release after the release before reads it); the next release's may. Its bus appends go through the test's
+    own connection, as that grant would let them; every other append is the runtime's own."""
+
+    def __init__(self, journal: RunJournal, granted: RunJournal) -> None:
+        self._journal, self._granted = journal, granted
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._journal, name)
+
+    async def append(
+        self,
+        event: RunEvent,
+        expected_seq: int,
+        headers: dict[str, str] | None = None,
+        *,
+        after_end: bool = False,
+        subject: str | None = None,
+    ) -> int:
+        writer = self._journal if subject is None else self._granted
+        return await writer.append(event, expected_seq, headers, after_end=after_end, subject=subject)
+
+
+@dataclass
+class Bus:
+    runtime: Runtime
+    journal: RunJournal
+    sandbox: Sandbox
+
+
+@pytest.fixture
+async def bus(
+    nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
+) -> AsyncIterator[Bus]:
+    """A runtime that journals its intents for the bus, as the release after the expand step does, beside this
+    release's executors."""
+    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
+        settings = inprocess.settings_for(
+            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data"
+        )
+        for family in ("booking", "payment", "notify"):
+            await running.enter_async_context(inprocess.executor(settings, family))
+        model = await running.enter_async_context(inprocess.scripted_model(settings))
+        runtime = await running.enter_async_context(inprocess.runtime(settings, model))
+        runtime.requests.bus = True
+        runtime.journal = _NextReleasesGrant(runtime.journal, RunJournal(broker, namespace))  # type: ignore[assignment]
+        await runtime.start()
+        http = await running.enter_async_context(httpx.AsyncClient(timeout=10))
+        yield Bus(runtime, RunJournal(broker, namespace), Sandbox(http, sandbox_url))
+
+
+async def _ended(journal: RunJournal, run_id: str) -> list[JournalEvent]:
+    async def ended() -> list[JournalEvent] | None:
+        events, _ = await journal.read(run_id)
+        state = replay(events)
+        return events if state is not None and state.terminal else None
+
+    return await eventually(ended, what=f"run {run_id} to end")
+
+
+async def test_an_intent_journaled_for_the_bus_is_served_from_the_journal(
+    bus: Bus, broker: Broker, namespace: Namespace
+) -> None:
+    event_id = unique("ev")
+    run_id = await submit_inbound(broker, namespace, event_id, agent="booking", text=BOOKING_TEXT)
+    events = await _ended(bus.journal, run_id)
+    state = replay(events)
+    assert state is not None and state.status == "completed", state
+    intents = await broker.read_subject(
+        namespace.stream(StreamKind.RUNS), f"{namespace.name}.run.{run_id}.{JournalPart.INTENT}.*.*"
+    )
+    requested = [e for e in events if isinstance(e, ActionRequested)]
+    assert len(intents) == len(requested) == 3  # search, hold, pay: each on its executor's subject, signed
+    assert all(r.capability is not None and r.capability.key == r.key for r in requested)
+    assert (await broker.js.stream_info(namespace.stream(StreamKind.ACTIONS))).state.messages == 0
+    ledger = await bus.sandbox.ledger(f"guest-{event_id}")
+    assert ledger["counts"] == BOOKED_AND_PAID
+    assert await dead_letters(broker, namespace) == []
+
+
+async def test_a_receipt_from_another_family_or_for_another_request_is_refused(
+    bus: Bus, broker: Broker, namespace: Namespace
+) -> None:
+    event_id = unique("ev")
+    run_id = await submit_inbound(broker, namespace, event_id, agent="booking", text=BOOKING_TEXT)
+    events = await _ended(bus.journal, run_id)
+    search = next(e for e in events if isinstance(e, ActionRequested) and e.tool == "search_hotels")
+    # Forged after the run: the notify family claims the search, and booking's own subject a key never asked.
+    for family, forged_family, key in (
+        ("notify", "notify", search.key),
+        (search.family, search.family, f"{run_id}:99"),
+    ):
+        forged = ActionCompleted(
+            run_id=run_id,
+            at=datetime.now(UTC),
+            step_no=search.step_no,
+            key=key,
+            tool=search.tool,
+            status="failed",  # type: ignore[arg-type]
+            family=forged_family,
+        )
+        await broker.publish(namespace.run_receipt(run_id, family), event_encoder.encode(forged))
+
+    async def refused() -> list[str] | None:
+        letters = [d.details.get("reason") for d in await dead_letters(broker, namespace)]
+        return letters if len(letters) == 2 else None
+
+    reasons = await eventually(refused, what="both forged receipts to be dead-lettered")
+    assert sorted(map(str, reasons)) == ["unrequested", "wrong_family"], reasons
+    after, _ = await bus.journal.read(run_id)
+    state = replay(after)
+    assert state is not None and state.status == "completed"
+    completed = {r.step_no: d for r, d in state.completed}
+    assert completed[search.step_no].status == "succeeded"  # the executor's real receipt stands
