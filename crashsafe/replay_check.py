@@ -13,6 +13,7 @@ import msgspec
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.run_events import (
     ActionCompleted,
+    ActionRequested,
     ApprovalDecided,
     HandOffReason,
     JournalEvent,
@@ -88,6 +89,14 @@ def _inputs(event: JournalEvent) -> bool:
     )
 
 
+def _as_decided(event: JournalEvent) -> JournalEvent:
+    """The event as `next_move` decides it: an intent journaled for the bus carries the capability the shell
+    signed for it (issue 33), which is the runtime's key's answer, not the decision."""
+    if isinstance(event, ActionRequested) and event.capability is not None:
+        return msgspec.structs.replace(event, capability=None)
+    return event
+
+
 def divergences(
     journal: Sequence[JournalEvent], agent: Agent, config: AgentConfig | None
 ) -> list[Divergence]:
@@ -102,10 +111,10 @@ def divergences(
     state: RunState | None = fold_run(None, journal[0]) if journal else None
     states: list[RunState | None] = [None, state]  # states[i]: the fold of journal[:i]
     for i in range(1, len(journal)):
-        event = journal[i]
         assert state is not None
         before = state
-        state = fold_run(state, event)
+        state = fold_run(state, journal[i])
+        event = _as_decided(journal[i])
         states.append(state)
         position = i + 1
         if batch and event == batch[0]:

@@ -168,12 +168,12 @@ class Tail:
             stored = await self.broker.first_on_subject(
                 self.ns.stream(StreamKind.RUNS), self.ns.run_events(run_id)
             )
-            first = decoded_event(stored.data) if stored else None
+            first = decoded_event(stored.data, stored.subject) if stored else None
             self._sessions[run_id] = first.session_id if isinstance(first, RunStarted) else None
         return self._sessions[run_id]
 
     async def on_message(self, msg: Msg) -> None:
-        event = decoded_event(msg.data)
+        event = decoded_event(msg.data, msg.subject)
         run_id = self.ns.journal_run(msg.subject) or ""
         if self.where.run_id and run_id != self.where.run_id:
             return

@@ -127,7 +127,8 @@ def audit_records(
     events: Sequence[bytes], upto: int, tenant: str, run_id: str | None = None
 ) -> list[dict[str, Any]]:
     """The audit receiver's records of a run's events 1..upto, each as journaled (its JSON, not re-encoded by
-    this version: a field a newer writer added stays in, so every projector sends the same body per event id).
+    this version: a field a newer writer added stays in, so every projector sends the same body per event id),
+    less an intent's capability.
     Each is recorded under `run_id`, the journal it is in (its subject's), whatever its body claims: an event
     naming another run must not take that run's event id. Without `run_id`, the first event's run.
 
@@ -136,6 +137,11 @@ def audit_records(
     for position, raw in enumerate(events[:upto], start=1):
         envelope = _envelope.decode(raw)
         run_id = run_id or envelope.run_id
+        body = _event.decode(raw)
+        # An intent's capability (the journal carries it to its executor, issue 33) is the runtime's word to the
+        # executor alone: never sent on, by any release (the record must be the same from every projector).
+        if body.get("capability") is not None:  # (a null one stays: 0.2 sends it so)
+            del body["capability"]
         records.append(
             {
                 "event_id": event_id(run_id, position),
@@ -143,7 +149,7 @@ def audit_records(
                 "tenant": tenant,
                 "type": envelope.type,
                 "at": envelope.at,
-                "event": _event.decode(raw),
+                "event": body,
             }
         )
     return records

@@ -22,8 +22,9 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from crashsafe.contracts.journal_bus import read_event, receipt_family
 from crashsafe.contracts.nats_permissions import inbox_prefix
-from crashsafe.contracts.run_events import JournalEvent, decode_event
+from crashsafe.contracts.run_events import JournalEvent
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.examples.analytics.core import Figures, fold
 
@@ -99,9 +100,10 @@ def save_state(path: Path, durable: str, stream: str, url: str, figures: Figures
     tmp.replace(path)
 
 
-def _decoded(data: bytes) -> JournalEvent | None:
+def _decoded(data: bytes, subject: str) -> JournalEvent | None:
     try:
-        return decode_event(data)
+        # A receipt stands only as its subject's family wrote it (the journal as the bus: executors append them).
+        return read_event(data, receipt_family(subject))
     except (msgspec.DecodeError, ValueError):
         return (
             None  # not an event this contract can read: counted as undecodable, acknowledged, never a wedge
@@ -173,7 +175,7 @@ class Consumer:
         except TimeoutError:  # nats-py raises its own and asyncio's (the same class since 3.11): nothing came
             return 0
         for msg in sorted(batch, key=lambda m: m.metadata.sequence.stream):
-            fold(self.figures, _decoded(msg.data), msg.metadata.sequence.stream)
+            fold(self.figures, _decoded(msg.data, msg.subject), msg.metadata.sequence.stream)
         save_state(self.state_path, self.durable, self.stream, self.url, self.figures)
         for msg in batch:
             await msg.ack()

@@ -206,7 +206,7 @@ class Journal:
 
 
 def _decoded(messages: list[StoredMessage]) -> list[tuple[StoredMessage, JournalEvent]]:
-    return [(m, e) for m in messages if (e := decoded_event(m.data)) is not None]
+    return [(m, e) for m in messages if (e := decoded_event(m.data, m.subject)) is not None]
 
 
 async def _journal(request: Request[Any, Any, Any], client: Client, run_id: str) -> Journal:

@@ -11,7 +11,13 @@ from litestar.datastructures import State
 from crashsafe.contracts.clients import Scope
 from crashsafe.contracts.errors import CrashsafeError, RunNotFound
 from crashsafe.contracts.keys import is_run_id
-from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
+from crashsafe.contracts.run_events import (
+    ActionRequested,
+    JournalEvent,
+    RunStarted,
+    UnknownEvent,
+    decode_event,
+)
 from crashsafe.domain.access import Client
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.gateway import openapi as api
@@ -28,8 +34,13 @@ def _not_a_run_id(run_id: str) -> RunNotFound:
 
 
 def _as_json(event: JournalEvent) -> Any:
-    """An event as JSON: one this version does not know is shown as it was journaled."""
-    return msgspec.json.decode(event.data) if isinstance(event, UnknownEvent) else msgspec.to_builtins(event)
+    """An event as JSON: one this version does not know is shown as it was journaled. An intent's capability
+    (the journal carries it to the executor, issue 33) is the runtime's word to the executor alone: left out."""
+    if isinstance(event, UnknownEvent):
+        return msgspec.json.decode(event.data)
+    if isinstance(event, ActionRequested) and event.capability is not None:
+        event = msgspec.structs.replace(event, capability=None)
+    return msgspec.to_builtins(event)
 
 
 def _visible(client: Client, run_id: str, first: JournalEvent | None) -> None:

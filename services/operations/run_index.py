@@ -19,13 +19,13 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from crashsafe.contracts.errors import InvalidSetting
+from crashsafe.contracts.journal_bus import read_event, receipt_family
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunCompleted,
     RunHandedOff,
     RunStarted,
     RunStatus,
-    decode_event,
 )
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay, summarize
@@ -87,9 +87,11 @@ class ListStats:
     messages: int  # messages read in all
 
 
-def decoded_event(data: bytes) -> JournalEvent | None:
+def decoded_event(data: bytes, subject: str) -> JournalEvent | None:
+    """A stored journal message as its run's event (a receipt only as its subject's family wrote it); None for
+    bytes that are no run event."""
     try:
-        return decode_event(data)
+        return read_event(data, receipt_family(subject))
     except (msgspec.DecodeError, ValueError):
         return None  # not a run event (a hostile append): the run is listed as unreadable, never a crash
 
@@ -119,7 +121,7 @@ async def last_per_run(broker: Broker, ns: Namespace) -> dict[str, StoredMessage
 
 def row_of(run_id: str, stored: list[StoredMessage]) -> RunRow | None:
     """A run's row from its whole journal, folded by the runtime's own fold (None: not a run's journal)."""
-    events = [e for e in (decoded_event(m.data) for m in stored) if e is not None]
+    events = [e for e in (decoded_event(m.data, m.subject) for m in stored) if e is not None]
     try:
         state = replay(events)
     except ValueError:
@@ -190,7 +192,7 @@ async def list_runs(
     stream = ns.stream(StreamKind.RUNS)
     lasts = await last_per_run(broker, ns)
     messages = len(lasts)
-    last_events = {run_id: decoded_event(m.data) for run_id, m in lasts.items()}
+    last_events = {run_id: decoded_event(m.data, m.subject) for run_id, m in lasts.items()}
     candidates = []
     for run_id, last in last_events.items():
         if since is not None and last is not None and last.at < since:
@@ -226,7 +228,7 @@ async def list_runs(
     async def first(run_id: str) -> tuple[str, JournalEvent | None]:
         async with gate:
             stored = await broker.first_on_subject(stream, ns.run_events(run_id))
-        return run_id, decoded_event(stored.data) if stored else None
+        return run_id, decoded_event(stored.data, stored.subject) if stored else None
 
     starts: dict[str, RunStarted] = {}
     for run_id, event in await asyncio.gather(*(first(r) for r in candidates)):

@@ -28,6 +28,7 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     TurnReceived,
 )
+from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.support import ticket_for
 from crashsafe.domain import intake
@@ -37,7 +38,7 @@ from crashsafe.services.platform import metrics
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.tracing import headers_for, trace_id_of
+from crashsafe.services.platform.tracing import headers_for, span, trace_id_of
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.support_tickets import publish_ticket
 from crashsafe.services.runtime.action_requests import ActionRequests
@@ -202,15 +203,25 @@ class RunAppends:
             else headers_for(ctx)
         )
         ended = run is not None and run.state.terminal
-        subject = None
         bussed = (
             self.requests.on_the_bus(event, run.state.agent)
             if isinstance(event, ActionRequested) and run is not None and self.requests is not None
             else None
         )
-        if bussed is not None:
+        if bussed is None:
+            seq = await self.journal.append(event, expected, headers, after_end=ended)
+        else:
+            # The intent is the request its executor pulls (the journal as the bus): traced as one.
             event, subject = bussed
-        seq = await self.journal.append(event, expected, headers, after_end=ended, subject=subject)
+            with span(
+                SpanName.ACTION_REQUEST,
+                ctx,
+                run_id=event.run_id,
+                step_no=event.step_no,
+                idempotency_key=event.key,
+                tool=event.tool,
+            ) as requested:
+                seq = await self.journal.append(event, expected, headers_for(requested), subject=subject)
         if run is None:
             # Started here, at sequence 0: no process has driven it yet, so no stall mark can name it.
             run = self.runs.remember(HeldRun(fold_run(None, event), seq, stall_checked=True))

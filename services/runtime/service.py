@@ -14,7 +14,6 @@ from crashsafe.contracts.capabilities import CapabilityIssuer, OutcomeRefusal
 from crashsafe.contracts.errors import OutcomeRefused
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import inbound_decoder
-from crashsafe.contracts.run_events import ActionCompleted
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.stream_routes import runtime_routes
 from crashsafe.contracts.streams import (
@@ -300,17 +299,15 @@ class Runtime:
 
     async def take_receipt(self, run_id: str, seq: int, msg: Msg, ctx: Context) -> None:
         """Fold a journaled receipt into the held run when it comes right after what the run holds (the executor
-        appended it checked to follow its intent: `Crashsafe-Follows`); otherwise read the run again, which folds
+        appends one only right after its intent, `Crashsafe-Follows`); otherwise read the run again, which folds
         it with the rest. A receipt the fold does not take is refused as an outcome message would be (dead
-        letter); one the run had ended before is journaled again as a milestone, so the projector plans it."""
+        letter). Never journaled again: it stands where it is, and only ever right after its intent, so no run
+        had ended before it (a receipt that comes later is sent as an outcome message and journaled by a runtime)."""
         family = self.ns.receipt_writer(msg.subject) or ""
         receipt = self.journal.event(StoredMessage(seq, msg.subject, msg.data, {}))
         held = self.runs.get(run_id)
-        resuming = held is None
         follows = (msg.headers or {}).get(Header.FOLLOWS)
-        ended_before = False
         if held is not None and follows is not None and follows == str(held.seq):
-            ended_before = held.state.terminal
             refusal = receipt_refusal(held.state, receipt, family)
             if refusal is None:
                 held.state, held.seq = fold_run(held.state, receipt), seq
@@ -328,16 +325,8 @@ class Runtime:
                 run_id=run_id,
                 source=family,
             )
-        if resuming and not run.state.terminal:
+        if held is None and not run.state.terminal:
             run = await self.appends.mark_resumed(run, ctx)
-        if ended_before or (resuming and run.state.terminal):
-            late = receipt
-
-            async def milestone(held: HeldRun | None, write: Write) -> None:
-                assert held is not None and isinstance(late, ActionCompleted)
-                await write((late,))
-
-            run, _ = await self.appends.decided(run, milestone, ctx)
         crash_point("runtime.after_outcome_received")
         await self.loop.drive(run, ctx)
 

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from crashsafe.contracts.inbound import inbound_decoder
 from crashsafe.contracts.keys import partition_of, run_id_for
+from crashsafe.contracts.run_events import ActionCompleted, decode_event
 from crashsafe.contracts.subjects import DEFAULT_ACTION_PARTITIONS, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, RunWake, runtime_message_decoder, tool_encoder
 from crashsafe.natsd import NatsServer
@@ -212,23 +213,48 @@ async def test_outcome_delivered_again_while_the_run_is_in_flight_is_journaled_o
     run_id = run_id_for(STACK_TENANT, event_id)
     copies: list[asyncio.Task[Published]] = []
 
-    async def echo(msg: Msg) -> None:
-        # The moment the executor answers the payment, deliver the same answer twice more, as a redelivery would.
-        message = runtime_message_decoder.decode(msg.data)
-        if isinstance(message, ActionOutcome) and message.tool == "create_payment" and not copies:
-            for _ in range(2):
-                copies.append(
-                    asyncio.create_task(broker.publish(msg.subject, msg.data, msg_id=unique("copy")))
-                )
+    outcomes = world.ns.outcomes("payment", run_id)
 
-    sub = await broker.nc.subscribe(world.ns.outcomes("payment", run_id), cb=echo)
+    async def echo(msg: Msg) -> None:
+        # The moment the executor answers the payment (its receipt appended into the journal, the journal as the
+        # bus; or an outcome message, when something followed the intent), deliver the same answer twice more as
+        # outcome messages, as a request sent again would.
+        if copies:
+            return
+        if msg.subject == outcomes:
+            message = runtime_message_decoder.decode(msg.data)
+            if not (isinstance(message, ActionOutcome) and message.tool == "create_payment"):
+                return
+            body = msg.data
+        else:
+            receipt = decode_event(msg.data)
+            if not (isinstance(receipt, ActionCompleted) and receipt.tool == "create_payment"):
+                return
+            answer = ActionOutcome(
+                run_id=receipt.run_id,
+                step_no=receipt.step_no,
+                tool=receipt.tool,
+                key=receipt.key,
+                status=receipt.status,
+                result=receipt.result,
+                provider_ref=receipt.provider_ref,
+            )
+            body = tool_encoder.encode(answer)
+        for _ in range(2):
+            copies.append(asyncio.create_task(broker.publish(outcomes, body, msg_id=unique("copy"))))
+
+    subs = [
+        await broker.nc.subscribe(subject, cb=echo)
+        for subject in (world.ns.run_receipt(run_id, "payment"), outcomes)
+    ]
     try:
         response = await world.post_event(event_id, guest)
         assert response.json()["run_id"] == run_id
         summary = await world.wait_terminal(run_id)
         await eventually(lambda: _all_done(copies), what="the copies to be published")
     finally:
-        await sub.unsubscribe()
+        for sub in subs:
+            await sub.unsubscribe()
     seqs = [task.result().seq for task in copies]
     assert await eventually(
         lambda: _runtime_took(broker, world, max(seqs)), what="the runtime to take both copies"

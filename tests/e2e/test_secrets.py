@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from nats.aio.msg import Msg
 
 from crashsafe.contracts.clients import secret_hash, split_key
+from crashsafe.contracts.run_events import ActionRequested, decode_event
 from crashsafe.contracts.streams import stream_specs
 from crashsafe.contracts.subjects import StreamKind
 from crashsafe.contracts.synthetic_turn import synthetic_decoder
@@ -54,15 +55,23 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
         "that secret's hash": secret_hash(synthetic[1]),
     }
 
-    # Action requests leave the ACTIONS stream once acknowledged: watch them go by to learn their capabilities.
+    # A capability travels in the intent the journal carries to its executor (issue 33), or in a request sent
+    # again on ACTIONS (which leaves that stream once acknowledged): watch both go by to learn them.
     signatures: list[str] = []
 
     async def carried(msg: Msg) -> None:
-        capability = action_request_decoder.decode(msg.data).capability
+        if msg.subject.startswith(f"{client.ns.name}.action."):
+            capability = action_request_decoder.decode(msg.data).capability
+        else:
+            intent = decode_event(msg.data)
+            capability = intent.capability if isinstance(intent, ActionRequested) else None
         assert capability is not None and capability.sig
         signatures.append(capability.sig)
 
-    watching = await broker.nc.subscribe(client.ns.actions_all, cb=carried)
+    watching = [
+        await broker.nc.subscribe(subject, cb=carried)
+        for subject in (client.ns.actions_all, client.ns.run_intents_all)
+    ]
     refused = await client.gateway.post("/v1/events", json={}, headers=auth_header(f"csk_{key_id}_{forged}"))
     assert refused.status_code == 401
     run_id, guest = await client.start_run()
@@ -71,7 +80,8 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     assert await projected(lambda: client.counts(guest)) == CONFIRMED
     bodies = [refused.text, (await client.gateway.get(f"/v1/runs/{run_id}/events")).text]
     bodies.append((await client.reconcile(run_id)).text)
-    await watching.unsubscribe()
+    for watch in watching:
+        await watch.unsubscribe()
 
     async def probed() -> bool:
         ops = await broker.read_subject(
@@ -84,11 +94,14 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
 
     # Every message of every stream of the namespace: journals, inbound events, outcomes, dead letters.
     messages: list[bytes] = []
+    carriers: set[int] = set()  # the messages that carry a capability: the intents on the bus
     for spec in stream_specs(client.ns):
         for subject in spec.subjects:
             for message in await broker.read_subject(spec.name, subject):
                 if spec.name == client.ns.stream(StreamKind.ACTIONS):
                     continue  # a capability's one home (and emptied as requests are acknowledged)
+                if client.ns.journal_run(message.subject) and ".intent." in message.subject:
+                    carriers.add(len(messages))
                 messages.append(message.data + repr(sorted(message.headers.items())).encode())
     assert any(b"run.completed" in m for m in messages), "the journal was read"
     assert signatures, "the action requests were read"
@@ -126,7 +139,8 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
     ]
     assert not leaks, leaks
 
-    # A capability only in the message that carries it: not logged, journaled, written to stack.json or answered.
+    # A capability only in the message that carries it: not logged, journaled elsewhere, written to stack.json or
+    # answered.
     nats_store = stack.state_dir / "nats"
     ours = [p for p in files if nats_store not in p.parents]
     leaked = [
@@ -134,7 +148,7 @@ async def test_a_full_booking_leaves_no_key_anywhere_but_its_own_file(
         for sig in signatures
         for where, data in [
             *((str(p.relative_to(stack.state_dir)), p.read_bytes()) for p in ours),
-            *((f"stream message {i}", m) for i, m in enumerate(messages)),
+            *((f"stream message {i}", m) for i, m in enumerate(messages) if i not in carriers),
             *((f"response body {i}", b.encode()) for i, b in enumerate(bodies)),
         ]
         if sig.encode() in data
