@@ -160,7 +160,8 @@ def users(
         Role.RUNTIME,
         [
             *(f"{n}.run.*.{kind.value}" for kind in EventClass),  # only the runtime appends to journals
-            *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act
+            *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act: on ACTIONS,
+            *(f"{n}.run.*.intent.{f}.*" for f in families),  # or in the journal, as the bus (issue 33)
             f"{n}.dead.runtime",
             wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it
             tickets,  # a handed-off run's support ticket
@@ -207,6 +208,7 @@ def users(
                 Role.EXECUTOR,
                 [
                     f"{n}.outcome.{family}.*",  # outcomes of its own family only
+                    f"{n}.run.*.receipt.{family}",  # its receipts into the journals, on its own subject only
                     f"{n}.dead.executor_{family}",
                     s.kv("leases", f"lease.{family}.*"),
                     s.kv("leases", f"holder.{family}.*"),

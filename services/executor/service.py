@@ -54,6 +54,7 @@ from crashsafe.services.executor.call_until_known import (
 )
 from crashsafe.services.executor.fact_book import FactBook
 from crashsafe.services.executor.journal_intents import Reply, intent_request
+from crashsafe.services.executor.journal_receipts import JournalReceipts
 from crashsafe.services.executor.key_records import KeyRecords
 from crashsafe.services.executor.leftovers import Leftovers
 from crashsafe.services.executor.outcomes import OutcomePublisher, with_note
@@ -127,6 +128,9 @@ class Executor:
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._busy: dict[int, int] = {}  # keyed deliveries being handled, per partition
         self.outcomes = OutcomePublisher(broker, self.ns, family, logger)
+        self.receipts = JournalReceipts(
+            broker, self.ns, family, self.outcomes, logger
+        )  # intents from the journal
         self.leftovers = Leftovers(self.tools, self._inflight, self.records, self.outcomes, self._run, logger)
         self.incarnation = uuid.uuid4().hex
         self._views: Any = None
@@ -224,10 +228,13 @@ class Executor:
         await self.handle(request, context_from(msg.headers), meta.sequence.stream, meta.num_delivered)
 
     async def _on_intent(self, msg: Msg) -> None:
-        """An intent pulled straight from its run's journal (issue 33), served as a request. 0.3.0 answers it on
-        OUTCOMES, which every runtime beside it takes: the receipt in the journal is the next release's."""
+        """An intent pulled straight from its run's journal (issue 33), served as a request; its receipt is
+        appended into the same journal, right after it where it can be (`JournalReceipts`)."""
         meta, request = msg.metadata, intent_request(msg, self.ns)
-        await self.handle(request, context_from(msg.headers), meta.sequence.stream, meta.num_delivered)
+        seq = meta.sequence.stream
+        await self.handle(
+            request, context_from(msg.headers), seq, meta.num_delivered, self.receipts.reply_to(seq)
+        )
 
     async def handle(
         self,

@@ -36,8 +36,8 @@ class ActionRequests:
         self.ns = settings.namespace
         # Signs every action request this runtime publishes; the only holder of the signing key.
         self.issuer = issuer
-        # The journal as the bus (issue 33): 0.3.0 reads it (its executors serve intents journaled for them, its
-        # runtimes take receipts from journals) but never writes to it, so 0.2.0 beside it sees every request.
+        # The journal as the bus (issue 33): since 0.4.0 each intent is journaled on its executor's subject, signed,
+        # and sent on ACTIONS only when it must be sent again (a wake). Off: journaled as a step and sent on ACTIONS.
         self.bus = bus
 
     def on_the_bus(self, intent: ActionRequested, agent: str) -> tuple[ActionRequested, str] | None:

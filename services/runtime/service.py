@@ -90,7 +90,7 @@ class Runtime:
         # Apart from readiness: without its documents the runtime still serves everything but policy answers.
         metrics.KNOWLEDGE_AVAILABLE.set(1 if library.available else 0)
         self.runs = HeldRuns()
-        self.requests = ActionRequests(broker, settings, issuer)
+        self.requests = ActionRequests(broker, settings, issuer, bus=True)
         self.appends = RunAppends(
             RunJournal(broker, self.ns), self.runs, broker, self.ns, self.worker, logger, self.requests
         )

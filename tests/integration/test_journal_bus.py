@@ -1,7 +1,7 @@
-"""The journal as the bus (issue 33), between releases on a real nats-server: an intent a runtime journals on its
-executor's subject is pulled by that partition's owner straight from the journal and answered, with nothing
-published on ACTIONS; a receipt appended to a run's journal by another family, or for another request, never
-completes a step: the runtime dead-letters it and the run goes on."""
+"""The journal as the bus (issue 33) on a real nats-server: an intent the runtime journals on its executor's subject
+is pulled by that partition's owner straight from the journal and its receipt appended into the same journal,
+with nothing on ACTIONS or OUTCOMES and nothing journaled twice; a receipt appended by another family, or for
+another request, never completes a step: the runtime dead-letters it and the run goes on."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from crashsafe.contracts.headers import Header
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
     JournalEvent,
-    RunEvent,
     event_encoder,
 )
 from crashsafe.contracts.subjects import JournalPart, Namespace, StreamKind
@@ -34,30 +33,6 @@ from tests.support.waiting import eventually, unique
 from tests.support.world import BOOKED_AND_PAID, BOOKING_TEXT, Sandbox
 
 
-class _NextReleasesGrant:
-    """This release's runtime user may not write intents on the bus (the wire lock: a subject is written one
-    release after the release before reads it); the next release's may. Its bus appends go through the test's
-    own connection, as that grant would let them; every other append is the runtime's own."""
-
-    def __init__(self, journal: RunJournal, granted: RunJournal) -> None:
-        self._journal, self._granted = journal, granted
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._journal, name)
-
-    async def append(
-        self,
-        event: RunEvent,
-        expected_seq: int,
-        headers: dict[str, str] | None = None,
-        *,
-        after_end: bool = False,
-        subject: str | None = None,
-    ) -> int:
-        writer = self._journal if subject is None else self._granted
-        return await writer.append(event, expected_seq, headers, after_end=after_end, subject=subject)
-
-
 @dataclass
 class Bus:
     runtime: Runtime
@@ -69,8 +44,7 @@ class Bus:
 async def bus(
     nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
 ) -> AsyncIterator[Bus]:
-    """A runtime that journals its intents for the bus, as the release after the expand step does, beside this
-    release's executors."""
+    """A runtime and every executor of this release, on the bus."""
     async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
         settings = inprocess.settings_for(
             nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data"
@@ -79,8 +53,6 @@ async def bus(
             await running.enter_async_context(inprocess.executor(settings, family))
         model = await running.enter_async_context(inprocess.scripted_model(settings))
         runtime = await running.enter_async_context(inprocess.runtime(settings, model))
-        runtime.requests.bus = True
-        runtime.journal = _NextReleasesGrant(runtime.journal, RunJournal(broker, namespace))  # type: ignore[assignment]
         await runtime.start()
         http = await running.enter_async_context(httpx.AsyncClient(timeout=10))
         yield Bus(runtime, RunJournal(broker, namespace), Sandbox(http, sandbox_url))
@@ -109,7 +81,16 @@ async def test_an_intent_journaled_for_the_bus_is_served_from_the_journal(
     requested = [e for e in events if isinstance(e, ActionRequested)]
     assert len(intents) == len(requested) == 3  # search, hold, pay: each on its executor's subject, signed
     assert all(r.capability is not None and r.capability.key == r.key for r in requested)
-    assert (await broker.js.stream_info(namespace.stream(StreamKind.ACTIONS))).state.messages == 0
+    receipts = await broker.read_subject(
+        namespace.stream(StreamKind.RUNS), f"{namespace.name}.run.{run_id}.{JournalPart.RECEIPT}.*"
+    )
+    completed = [e for e in events if isinstance(e, ActionCompleted)]
+    # Each receipt once, as its executor appended it, right after its intent (no second append by the runtime).
+    assert len(receipts) == len(completed) == 3
+    assert [(c.family, c.key) for c in completed] == [(r.family, r.key) for r in requested]
+    assert all(m.headers.get(Header.FOLLOWS) == str(i.seq) for m, i in zip(receipts, intents, strict=True))
+    for kind in (StreamKind.ACTIONS, StreamKind.OUTCOMES):
+        assert (await broker.js.stream_info(namespace.stream(kind))).state.messages == 0, kind
     ledger = await bus.sandbox.ledger(f"guest-{event_id}")
     assert ledger["counts"] == BOOKED_AND_PAID
     assert await dead_letters(broker, namespace) == []

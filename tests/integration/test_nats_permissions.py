@@ -94,6 +94,9 @@ def probes() -> list[Probe]:
         # A subject beside the classes' would be folded into the run by every reader of `run.<id>.*`.
         Probe("publish", "run journal, no class", NS.run_event("r1", "other")),
         *(Probe("publish", f"action request: {f}", f"sweep.action.{f}.0") for f in FAMILIES),
+        # The journal as the bus (issue 33): the runtime journals intents, each family appends its own receipts.
+        *(Probe("publish", f"journal an intent: {f}", NS.run_intent("r1", f, 0)) for f in FAMILIES),
+        *(Probe("publish", f"journal a receipt: {f}", NS.run_receipt("r1", f)) for f in FAMILIES),
         *(Probe("publish", f"outcome: {f}", f"sweep.outcome.{f}.r1") for f in FAMILIES),
         Probe("publish", "wake a run", "sweep.outcome._wake.r1"),
         Probe("publish", "support ticket", NS.support("t1", "r1")),
@@ -299,6 +302,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"wake a run"}  # a run's deadline wake-up
         allowed |= {"support ticket"}  # a handed-off run's ticket
         allowed |= {f"action request: {f}" for f in FAMILIES}
+        allowed |= {f"journal an intent: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG, KV_GUESTS)}  # reads profiles
         allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
         # Approval records and their expiry schedules (never a fired timer), session lanes.
@@ -314,6 +318,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"the runtime's reply inbox"}
     elif role is Role.EXECUTOR:
         allowed = {f"outcome: {family}", f"dead letter: executor_{family}", f"KV leases: `lease.{family}.0`"}
+        allowed |= {f"journal a receipt: {family}"}  # its own family's subject in a run, never another's
         allowed |= {f"KV key facts: `fact.{family}.h`", f"read key facts: `fact.{family}.h`"}
         allowed |= {f"direct get on {KV_LEASES}", f"pull next from `executor_{family}_p0`"}
         allowed |= {f"create `executor_{family}_p0` on {ACTIONS} (filter `sweep.action.{family}.0`)"}

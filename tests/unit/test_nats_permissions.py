@@ -15,15 +15,21 @@ FAMILIES = st.sets(st.from_regex(r"fam[a-z0-9]{1,6}", fullmatch=True), min_size=
 
 
 @given(FAMILIES)
-def test_only_the_runtime_and_the_operator_append_journals_or_ask_for_actions(families: set[str]) -> None:
+def test_only_the_runtime_appends_journals_or_asks_for_actions_and_an_executor_only_its_receipts(
+    families: set[str],
+) -> None:
     ns = Namespace("prod")
     for user in users(ns, families):
         publishes = user.permissions.publish
         if user.role is Role.OPERATOR:
             continue  # the administrator (docs/security.md)
-        journal = any(s.startswith("prod.run.") for s in publishes)
+        receipts = {s for s in publishes if s.startswith("prod.run.*.receipt.")}
+        journal = any(s.startswith("prod.run.") for s in set(publishes) - receipts)
         actions = any(s.startswith("prod.action.") for s in publishes)
         assert journal == actions == (user.role is Role.RUNTIME), user.name
+        # The journal as the bus: an executor appends receipts into journals, on its own family's subject only.
+        expected = {f"prod.run.*.receipt.{user.family}"} if user.role is Role.EXECUTOR else set()
+        assert receipts == expected, user.name
 
 
 @given(FAMILIES)

@@ -17,6 +17,8 @@ from crashsafe.contracts.release import (
     releases,
     version_key,
 )
+from crashsafe.contracts.subjects import Namespace
+from crashsafe.upgrade_command import narrow_readers
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.unit
@@ -62,3 +64,22 @@ def test_crashsafe_version_prints_the_release(capsys: pytest.CaptureFixture[str]
         build_parser().parse_args(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"crashsafe {VERSION}"
+
+
+def test_upgrade_check_names_each_reader_of_the_journal_that_misses_the_bus() -> None:
+    """An analytics durable on `<ns>.run.*.*` reads no intent or receipt once the journal is the bus (0.4.0)."""
+    ns = Namespace("prod")
+    found = narrow_readers(
+        [
+            ("analytics", "prod.run.*.*"),
+            ("one_run", "prod.run.run_1.*"),
+            ("wide", "prod.run.*.>"),
+            ("projector_planner", "prod.run.*.milestone"),
+            ("executor_payment_p0_journal", "prod.run.*.intent.payment.0"),
+            ("other_ns", "dev.run.*.*"),
+        ],
+        ns,
+    )
+    assert [f.split(" ")[1] for f in found] == ["analytics", "one_run"]
+    assert "filter prod.run.*.> to read each event" in found[0]
+    assert "filter prod.run.run_1.> to read each event" in found[1]
