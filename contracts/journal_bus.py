@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -10,7 +12,7 @@ from crashsafe.contracts.run_events import (
     decode_event,
 )
 from crashsafe.contracts.subjects import JournalPart
-from crashsafe.contracts.tool_messages import ActionRequest
+from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest
 
 
 def request_for(intent: ActionRequested) -> ActionRequest:
@@ -47,3 +49,25 @@ def receipt_family(subject: str) -> str | None:
     if len(tokens) == 5 and tokens[1] == "run" and tokens[3] == JournalPart.RECEIPT:
         return tokens[4]
     return None
+
+
+def receipt_of(outcome: ActionOutcome, at: datetime, *, tool: str, family: str = "") -> ActionCompleted:
+    """An executor's outcome as its run journals it: by the runtime, which checked it first (`family` ""), or
+    appended by the executor itself, saying which family wrote it (the fold checks it against the intent)."""
+    return ActionCompleted(
+        run_id=outcome.run_id,
+        at=at,
+        step_no=outcome.step_no,
+        tool=tool,
+        key=outcome.key,
+        status=outcome.status,
+        result=outcome.result,
+        error=outcome.error,
+        provider_ref=outcome.provider_ref,
+        via=outcome.via,
+        attempts=outcome.attempts,
+        deliveries=outcome.deliveries,
+        evidence=outcome.evidence,
+        existing=outcome.existing,
+        family=family,
+    )

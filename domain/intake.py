@@ -14,6 +14,7 @@ from crashsafe.contracts.capabilities import OutcomeRefusal
 from crashsafe.contracts.catalog import AgentConfig
 from crashsafe.contracts.errors import OutcomeRefused, PoisonMessage
 from crashsafe.contracts.inbound import InboundEvent
+from crashsafe.contracts.journal_bus import receipt_of
 from crashsafe.contracts.keys import GuestScope, KeyScheme
 from crashsafe.contracts.memory import GuestProfile, SessionTurn
 from crashsafe.contracts.run_events import (
@@ -114,24 +115,7 @@ def completed(state: RunState, outcome: ActionOutcome, now: datetime) -> tuple[A
         return ()
     # The step's own request names the tool (an unknown one too, settled late); the outcome's was checked against it.
     request = state.pending_step(outcome.step_no) or state.unknown_step(outcome.step_no)
-    return (
-        ActionCompleted(
-            run_id=outcome.run_id,
-            at=now,
-            step_no=outcome.step_no,
-            tool=request.tool if request is not None else outcome.tool,
-            key=outcome.key,
-            status=outcome.status,
-            result=outcome.result,
-            error=outcome.error,
-            provider_ref=outcome.provider_ref,
-            via=outcome.via,
-            attempts=outcome.attempts,
-            deliveries=outcome.deliveries,
-            evidence=outcome.evidence,
-            existing=outcome.existing,
-        ),
-    )
+    return (receipt_of(outcome, now, tool=request.tool if request is not None else outcome.tool),)
 
 
 def heeds(state: RunState, wake: RunWake) -> bool:

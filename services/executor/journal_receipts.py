@@ -11,7 +11,8 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import RunVersionConflict
 from crashsafe.contracts.headers import Header
-from crashsafe.contracts.run_events import ActionCompleted, event_encoder
+from crashsafe.contracts.journal_bus import receipt_of
+from crashsafe.contracts.run_events import event_encoder
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionOutcome
 from crashsafe.services.executor.journal_intents import Reply
@@ -19,27 +20,6 @@ from crashsafe.services.executor.outcomes import OutcomePublisher
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.tracing import annotate, headers_for
-
-
-def journaled_receipt(outcome: ActionOutcome, family: str, now: datetime) -> ActionCompleted:
-    """The outcome as its run journals it, saying which family wrote it (the fold checks it against the intent)."""
-    return ActionCompleted(
-        run_id=outcome.run_id,
-        at=now,
-        step_no=outcome.step_no,
-        tool=outcome.tool,
-        key=outcome.key,
-        status=outcome.status,
-        result=outcome.result,
-        error=outcome.error,
-        provider_ref=outcome.provider_ref,
-        via=outcome.via,
-        attempts=outcome.attempts,
-        deliveries=outcome.deliveries,
-        evidence=outcome.evidence,
-        existing=outcome.existing,
-        family=family,
-    )
 
 
 class JournalReceipts:
@@ -67,7 +47,7 @@ class JournalReceipts:
         wake, a hand-off, this receipt itself on a redelivery), the outcome goes on OUTCOMES instead, where the
         runtime checks it and journals it only if the run has not recorded it (`intake.completed`)."""
         annotate(ctx, outcome=outcome.status, via=outcome.via)
-        receipt = journaled_receipt(outcome, self.family, datetime.now(UTC))
+        receipt = receipt_of(outcome, datetime.now(UTC), tool=outcome.tool, family=self.family)
         try:
             published = await self.broker.publish(
                 self.ns.run_receipt(outcome.run_id, self.family),

@@ -90,14 +90,7 @@ class ActionRequests:
         # Bound to the run's agent: an executor serves a compensation-only tool to a plan only for the agent
         # whose model may ask for it (support's refund_payment), never to another agent's run.
         request = self.issuer.grant(request_for(intent), terms.origin, terms.expires_at, agent)
-        with span(
-            SpanName.ACTION_REQUEST,
-            ctx,
-            run_id=intent.run_id,
-            step_no=intent.step_no,
-            idempotency_key=intent.key,
-            tool=intent.tool,
-        ) as published:
+        with request_span(intent, ctx) as published:
             await self.broker.publish(
                 subject,
                 tool_encoder.encode(request),
@@ -105,3 +98,16 @@ class ActionRequests:
                 msg_id=f"{msg_id}:{intent.run_id}:{intent.step_no}:{intent.key}",
                 headers=headers_for(published),
             )
+
+
+def request_span(intent: ActionRequested, ctx: Context) -> span:
+    """The span of one request to an executor, whichever way it goes (on ACTIONS, or journaled on the bus): the
+    executor's call is its child."""
+    return span(
+        SpanName.ACTION_REQUEST,
+        ctx,
+        run_id=intent.run_id,
+        step_no=intent.step_no,
+        idempotency_key=intent.key,
+        tool=intent.tool,
+    )

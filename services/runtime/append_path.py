@@ -28,7 +28,6 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     TurnReceived,
 )
-from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.support import ticket_for
 from crashsafe.domain import intake
@@ -38,10 +37,10 @@ from crashsafe.services.platform import metrics
 from crashsafe.services.platform.crashpoints import crash_point
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.logs import log
-from crashsafe.services.platform.tracing import headers_for, span, trace_id_of
+from crashsafe.services.platform.tracing import headers_for, trace_id_of
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.support_tickets import publish_ticket
-from crashsafe.services.runtime.action_requests import ActionRequests
+from crashsafe.services.runtime.action_requests import ActionRequests, request_span
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
 
 MAX_CONFLICT_RETRIES = 20
@@ -213,14 +212,7 @@ class RunAppends:
         else:
             # The intent is the request its executor pulls (the journal as the bus): traced as one.
             event, subject = bussed
-            with span(
-                SpanName.ACTION_REQUEST,
-                ctx,
-                run_id=event.run_id,
-                step_no=event.step_no,
-                idempotency_key=event.key,
-                tool=event.tool,
-            ) as requested:
+            with request_span(event, ctx) as requested:
                 seq = await self.journal.append(event, expected, headers_for(requested), subject=subject)
         if run is None:
             # Started here, at sequence 0: no process has driven it yet, so no stall mark can name it.
