@@ -29,8 +29,9 @@ from crashsafe.contracts.dead_letters import (
 )
 from crashsafe.contracts.errors import DeadLetterNotFound, DeadLetterSettled, LeaseConflict, ReplayRefused
 from crashsafe.contracts.projections import ProjectionTask
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, decode_event
 from crashsafe.contracts.streams import dead_marks_spec
-from crashsafe.contracts.subjects import WAKE_TOKEN, Namespace, StreamKind
+from crashsafe.contracts.subjects import WAKE_TOKEN, JournalPart, Namespace, StreamKind
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest, RunWake, tool_encoder
 from crashsafe.domain.record_ttls import kept_ttl
 from crashsafe.services.platform.jetstream import Broker
@@ -106,10 +107,13 @@ def replay_plan(ns: Namespace, letter: DeadLetter, now: datetime) -> Plan:
 
 
 def _subject_run(ns: Namespace, subject: str) -> str | None:
-    """The run a letter's original subject names, if it names one (outcomes, wakes, fired timers, projections)."""
+    """The run a letter's original subject names, if it names one (outcomes, wakes, fired timers, projections,
+    the journal's intents and receipts)."""
     source = ns.outcome_source(subject)
     if source is not None:
         return source[1]
+    if (run_id := ns.journal_run(subject)) is not None:
+        return run_id
     tokens = subject.split(".")
     if len(tokens) == 4 and tokens[0] == ns.name and tokens[1] == "projection":
         return tokens[3]
@@ -149,6 +153,13 @@ def _plan(ns: Namespace, letter: DeadLetter) -> Plan:
             case "outcome":
                 outcome = _outcome.decode(payload)
                 return WakeKeys(outcome.run_id, [outcome.key])
+            case "run" if len(tokens) > 4 and tokens[3] in (JournalPart.INTENT, JournalPart.RECEIPT):
+                # An intent or a receipt the journal carried (the bus): it stays in its journal, so nothing is
+                # appended again; its run is woken naming the key, which sends the request again on ACTIONS.
+                event = decode_event(payload)
+                if not isinstance(event, ActionRequested | ActionCompleted):
+                    return Refusal(f"{letter.subject} holds no intent or receipt: discard it")
+                return WakeKeys(event.run_id, [event.key])
             case "timer" if ns.fired_run(letter.subject):
                 # A fired approval expiry is a wake of its run: sent as one (only the server writes fired timers).
                 wake = _wake.decode(payload)

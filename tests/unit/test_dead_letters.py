@@ -10,7 +10,7 @@ import msgspec
 from crashsafe.contracts.dead_letters import DeadLetter
 from crashsafe.contracts.errors import ErrorInfo
 from crashsafe.contracts.projections import ProjectionTask, task_encoder
-from crashsafe.contracts.run_events import ActionCompleted, RunHandedOff
+from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, RunHandedOff, event_encoder
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import (
     ActionOutcome,
@@ -66,6 +66,28 @@ def test_an_action_or_an_outcome_is_never_sent_again_but_its_run_is_woken_naming
     assert replay_plan(
         NS, _letter(NS.outcomes("booking", RUN), tool_encoder.encode(outcome)), NOW
     ) == WakeKeys(RUN, ["k1"])
+
+
+def test_an_intent_or_a_receipt_from_the_journal_wakes_its_run_naming_the_key_never_appends_again() -> None:
+    """The journal as the bus (issue 33): an executor dead-letters an intent it pulled, the runtime a receipt."""
+    run, _ = booked_run()
+    intent = next(e for e in run.events if isinstance(e, ActionRequested))
+    receipt = next(e for e in run.events if isinstance(e, ActionCompleted))
+    for subject, event in (
+        (NS.run_intent(intent.run_id, intent.family, 0), intent),
+        (NS.run_receipt(receipt.run_id, "booking"), receipt),
+    ):
+        plan = replay_plan(NS, _letter(subject, event_encoder.encode(event)), NOW)
+        assert plan == WakeKeys(event.run_id, [event.key]), plan
+    # A payload naming another run than its journal subject: whose it is cannot be told.
+    foreign = replay_plan(
+        NS, _letter(NS.run_intent("run_other", "booking", 0), event_encoder.encode(intent)), NOW
+    )
+    assert isinstance(foreign, Refusal)
+    started = replay_plan(
+        NS, _letter(NS.run_intent(intent.run_id, "booking", 0), event_encoder.encode(run.events[0])), NOW
+    )
+    assert isinstance(started, Refusal) and "no intent or receipt" in started.why
 
 
 def test_a_wake_and_a_fired_timer_are_sent_as_a_wake_of_their_run() -> None:
