@@ -11,7 +11,6 @@ from crashsafe.contracts.run_events import (
     UnknownEvent,
     decode_event,
 )
-from crashsafe.contracts.subjects import JournalPart
 from crashsafe.contracts.tool_messages import ActionOutcome, ActionRequest
 
 
@@ -40,15 +39,6 @@ def read_event(data: bytes, receipt_of: str | None = None) -> JournalEvent:
     if receipt_of is None or (isinstance(event, ActionCompleted) and event.family == receipt_of):
         return event
     return UnknownEvent(type=f"refused:{receipt_of}", run_id=event.run_id, at=event.at, data=data)
-
-
-def receipt_family(subject: str) -> str | None:
-    """The family a receipt's subject names (`<ns>.run.<run_id>.receipt.<family>`), in any namespace; None for
-    any other subject. What a reader passes `read_event` when all it has is the message."""
-    tokens = subject.split(".")
-    if len(tokens) == 5 and tokens[1] == "run" and tokens[3] == JournalPart.RECEIPT:
-        return tokens[4]
-    return None
 
 
 def receipt_of(outcome: ActionOutcome, at: datetime, *, tool: str, family: str = "") -> ActionCompleted:

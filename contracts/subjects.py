@@ -123,12 +123,9 @@ class Namespace(BucketKeys):
         return (self.run_classes_all, self.run_intents_all, self.run_receipts_all)
 
     def receipt_writer(self, subject: str) -> str | None:
-        """The family a receipt's subject names (`run.<run_id>.receipt.<family>`); None for any other subject."""
-        rest = subject.removeprefix(f"{self.name}.run.")
-        parts = rest.split(".")
-        if rest == subject or len(parts) != 3 or parts[1] != JournalPart.RECEIPT:
-            return None
-        return parts[2]
+        """The family a receipt's subject in this namespace names (`run.<run_id>.receipt.<family>`); None for any
+        other subject."""
+        return receipt_family(subject) if subject.startswith(f"{self.name}.run.") else None
 
     @property
     def legacy_run_events_all(self) -> str:
@@ -322,3 +319,12 @@ class Namespace(BucketKeys):
 # How many partitions each tool family's action subjects are split into. Every publisher and executor of a
 # deployment must agree on it; changing it moves keys between partitions, so it is a migration, not a knob.
 DEFAULT_ACTION_PARTITIONS = 4
+
+
+def receipt_family(subject: str) -> str | None:
+    """The family a receipt's subject names (`<ns>.run.<run_id>.receipt.<family>`), in any namespace; None for
+    any other subject. What a reader passes `journal_bus.read_event` when all it has is the message."""
+    tokens = subject.split(".")
+    if len(tokens) == 5 and tokens[1] == "run" and tokens[3] == JournalPart.RECEIPT:
+        return tokens[4]
+    return None

@@ -22,10 +22,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from crashsafe.contracts.journal_bus import read_event, receipt_family
+from crashsafe.contracts.journal_bus import read_event
 from crashsafe.contracts.nats_permissions import inbox_prefix
 from crashsafe.contracts.run_events import JournalEvent
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind, receipt_family
 from crashsafe.examples.analytics.core import Figures, fold
 
 DEFAULT_DURABLE = "analytics_hourly"

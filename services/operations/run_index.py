@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from crashsafe.contracts.errors import InvalidSetting
-from crashsafe.contracts.journal_bus import read_event, receipt_family
+from crashsafe.contracts.journal_bus import read_event
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunCompleted,
@@ -27,7 +27,7 @@ from crashsafe.contracts.run_events import (
     RunStarted,
     RunStatus,
 )
-from crashsafe.contracts.subjects import Namespace, StreamKind
+from crashsafe.contracts.subjects import Namespace, StreamKind, receipt_family
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.platform.jetstream import Broker, StoredMessage
 from crashsafe.services.records.run_journal import RunJournal
