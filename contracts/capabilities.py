@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -16,6 +16,8 @@ import nacl.signing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from crashsafe.contracts import checkpoints
+from crashsafe.contracts.checkpoints import Checkpoint, RunHead
 from crashsafe.contracts.keys import tool_input_hash
 
 if TYPE_CHECKING:
@@ -151,6 +153,11 @@ class CapabilityIssuer:
             agent=agent,
         )
         return msgspec.structs.replace(unsigned, sig=_b64(self._key.sign(signed_bytes(unsigned)).signature))
+
+    def checkpoint(self, heads: Sequence[RunHead], prev: str, now: datetime) -> Checkpoint:
+        """A checkpoint of run heads signed with the same key (its own prefix: a checkpoint's signed bytes can
+        never pass as a capability's, docs/decisions.md)."""
+        return checkpoints.sign(self._key, self.kid, heads, prev, now)
 
     def grant(
         self, request: ActionRequest, origin: CapabilityOrigin, expires_at: datetime, agent: str = ""

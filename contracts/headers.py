@@ -48,3 +48,6 @@ class Header(StrEnum):
     # The release of the process that published a message (`contracts.release.VERSION`), on every JetStream
     # publish: which version wrote what while two run side by side in a rolling upgrade. No reader needs it.
     VERSION = "Crashsafe-Version"
+    # On a journal event (0.5.0+): `<position>:<hash of the event before it>`, the run's hash chain
+    # (contracts/journal_chain.py). Readers that do not check the chain ignore it.
+    CHAIN = "Crashsafe-Chain"

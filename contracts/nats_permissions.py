@@ -146,6 +146,7 @@ def users(
             stream_info(s.kv_stream(SESSIONS)),
             *direct_get(inbound),
             *direct_get(runs),
+            *direct_get(s.stream(StreamKind.CHECKPOINTS)),  # a run's evidence (the console's download)
             *direct_get(s.kv_stream(CLIENTS)),
             *direct_get(s.kv_stream(ACTIVE)),
             *direct_get(s.kv_stream(APPROVALS)),
@@ -163,6 +164,7 @@ def users(
             *(f"{n}.action.{f}.*" for f in families),  # and only it asks executors to act: on ACTIONS,
             *(f"{n}.run.*.intent.{f}.*" for f in families),  # or in the journal, as the bus (issue 33)
             f"{n}.dead.runtime",
+            f"{n}.checkpoint.runs",  # its signed checkpoints of run heads (issue 34), after the last one read
             wakes,  # the deadline of a run waiting on actions wakes it, on whichever replica takes it
             tickets,  # a handed-off run's support ticket
             s.kv(ACTIVE, ">"),
@@ -182,6 +184,7 @@ def users(
             *own_consumer(timers),
             *own_consumer(s.consumer(receipts_consumer(concrete))),
             *direct_get(runs),
+            *direct_get(s.stream(StreamKind.CHECKPOINTS)),
             *direct_get(s.kv_stream(ACTIVE)),
             stream_info(s.kv_stream(GUESTS)),
             *direct_get(s.kv_stream(GUESTS)),

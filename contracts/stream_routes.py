@@ -37,7 +37,7 @@ class Route:
 
 def runtime_routes(ns: Namespace, families: Iterable[str]) -> list[Route]:
     """A run event of each class, an action request of each family, a wake, an approval's expiry schedule and its
-    cancel, a support ticket and a dead letter."""
+    cancel, a support ticket, a dead letter and a checkpoint."""
     timers = ns.stream(StreamKind.TIMERS)
     return [
         *(Route(ns.run_event(SAMPLE, kind), ns.stream(StreamKind.RUNS)) for kind in EventClass),
@@ -47,6 +47,7 @@ def runtime_routes(ns: Namespace, families: Iterable[str]) -> list[Route]:
         Route(ns.timer_cancelled(SAMPLE), timers),
         Route(ns.support(SAMPLE, SAMPLE), ns.stream(StreamKind.SUPPORT)),
         Route(ns.dead_letters("runtime"), ns.stream(StreamKind.DEAD_LETTERS)),
+        Route(ns.checkpoints, ns.stream(StreamKind.CHECKPOINTS)),
     ]
 
 

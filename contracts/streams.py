@@ -31,6 +31,8 @@ class StreamSpec:
     replicas: int = 1
     # JetStream message scheduling (nats-server 2.12+; `Nats-Schedule: @at <RFC3339>` + `Nats-Schedule-Target`).
     allow_msg_schedules: bool = False
+    # No message is ever deleted or purged through the API (the server's deny_delete and deny_purge): a witness.
+    sealed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,11 @@ def stream_specs(ns: Namespace, replicas: int = 1) -> list[StreamSpec]:
         ),
         StreamSpec(
             name=ns.stream(StreamKind.OPS), subjects=(ns.ops_all,), max_age_s=30 * DAY_S, replicas=replicas
+        ),
+        # Signed checkpoints of run heads (issue 34): kept forever (about 200 bytes a run), never deleted or
+        # purged through the API, so rewriting one breaks every checkpoint after it (docs/evidence.md).
+        StreamSpec(
+            name=ns.stream(StreamKind.CHECKPOINTS), subjects=(ns.checkpoints,), sealed=True, replicas=replicas
         ),
     ]
 

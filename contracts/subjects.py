@@ -46,6 +46,8 @@ class StreamKind(StrEnum):
     # Projection tasks (an email, a CRM record, the audit trail), planned from run journals, one consumer per tool.
     PROJECTIONS = "projections"
     OPS = "ops"  # events for operators (a projection that gave up)
+    # Signed checkpoints of run heads (issue 34), each chained after the last; kept forever, never deleted.
+    CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,11 @@ class Namespace(BucketKeys):
         if not dot or not run_id or "." in run_id:
             return None
         return source, run_id
+
+    @property
+    def checkpoints(self) -> str:
+        """The runtimes' signed checkpoints of run heads, one after the other (contracts/checkpoints.py)."""
+        return f"{self.name}.checkpoint.runs"
 
     def dead_letters(self, service: str) -> str:
         return f"{self.name}.dead.{service}"

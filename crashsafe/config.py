@@ -1,7 +1,7 @@
 """`crashsafe config show|validate|publish`: the configuration catalog, as the operator sees and changes it.
 
 The catalog's store (read, publish, the stored revisions) is the runtime's, which reads it for every run's start
-(services/runtime/run_catalog.py); this command prints and checks what it holds."""
+(services/records/run_catalog.py); this command prints and checks what it holds."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from crashsafe.contracts.errors import InvalidCatalog
 from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
 from crashsafe.services.operations.connection import operator_broker
-from crashsafe.services.runtime.run_catalog import publish_catalog, read_catalog, stored_catalog
+from crashsafe.services.records.run_catalog import publish_catalog, read_catalog, stored_catalog
 
 _pretty = msgspec.json.Encoder(order="sorted")
 

@@ -317,6 +317,8 @@ CHANNEL_MESSAGES: dict[str, tuple[str, ...]] = {
     "timer_fired": ("run.wake",),
     # Request/reply (issue 11): the gateway asks a family's executors what the provider says about a key.
     "provider_view": ("provider_view.request", "provider_view.reply"),
+    # Signed checkpoints of run heads (issue 34), one after the other.
+    "checkpoints": ("checkpoint",),
 }
 
 

@@ -41,8 +41,8 @@ from crashsafe.export_file import (
 from crashsafe.run_views import diff_views, move_summary, state_view, summary_of
 from crashsafe.services.operations.connection import operator_broker
 from crashsafe.services.platform.settings import Settings
+from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.runtime.run_catalog import RunCatalog
 
 # Replay ---------------------------------------------------------------------------------------------------------
 

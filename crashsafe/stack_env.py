@@ -48,12 +48,13 @@ def service_env(stack: Stack, service: Service) -> dict[str, str]:
     # Not this shell's seam: in every service it would kill every process passing it. A seam is armed in one
     # service, for one life, by `crash=` (`service.once_env`); `crashsafe up` reads the variable as a `--crash`.
     env.pop(CRASH_VARIABLE, None)
-    # Capabilities: only runtimes get the signing key; executors the public key; nobody else either.
+    # Capabilities: only runtimes get the signing key; executors and the gateway the public key; nobody else.
     env.pop(SIGNING_KEY_VARIABLE, None)
     env.pop(VERIFY_KEYS_VARIABLE, None)
     if service.base == "runtime":
         env[SIGNING_KEY_VARIABLE] = str(stack.capability_key)
-    elif service.base.startswith("executor-"):
+    elif service.base.startswith("executor-") or service.base == "gateway":
+        # The gateway names the public key in a run's evidence bundle (the console's download).
         env[VERIFY_KEYS_VARIABLE] = str(public_path(stack.capability_key))
     if service.base == "reconciler":
         env["CRASHSAFE_SYNTHETIC_GATEWAY_URL"] = stack.gateway_url

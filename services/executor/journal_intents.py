@@ -11,6 +11,7 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import PoisonMessage
 from crashsafe.contracts.journal_bus import request_for
+from crashsafe.contracts.journal_chain import BadLink, ChainHead, in_namespace, link_of
 from crashsafe.contracts.run_events import (
     ActionRequested,
     decode_event,
@@ -29,3 +30,16 @@ def intent_request(msg: Msg, ns: Namespace) -> ActionRequest:
     if not isinstance(intent, ActionRequested) or ns.journal_run(msg.subject) != intent.run_id:
         raise PoisonMessage(f"{msg.subject} holds no intent of its run", run_id=ns.journal_run(msg.subject))
     return msgspec.structs.replace(request_for(intent), capability=intent.capability)
+
+
+def intent_head(msg: Msg, ns: Namespace) -> ChainHead | None:
+    """The run's chain head at the intent, from the link its runtime wrote: what the receipt appended right after
+    it links to. None for an intent written without a link (a release before the chain), or with a bad one: its
+    receipt is appended unlinked, and the chain still covers it (contracts/journal_chain.py)."""
+    try:
+        link = link_of(msg.headers)
+    except BadLink:
+        return None
+    if link is None:
+        return None
+    return ChainHead(link.position - 1, link.prev).after(in_namespace(ns.name, msg.subject), msg.data)

@@ -12,6 +12,7 @@ from opentelemetry.context import Context
 from crashsafe.contracts.errors import RunVersionConflict
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.journal_bus import receipt_of
+from crashsafe.contracts.journal_chain import CHAIN_HEADER, ChainHead
 from crashsafe.contracts.run_events import event_encoder
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.tool_messages import ActionOutcome
@@ -32,15 +33,18 @@ class JournalReceipts:
         self.outcomes = outcomes
         self.logger = logger
 
-    def reply_to(self, intent_seq: int) -> Reply:
-        """Where the outcome of the intent journaled at `intent_seq` goes: into its run's journal."""
+    def reply_to(self, intent_seq: int, intent_head: ChainHead | None = None) -> Reply:
+        """Where the outcome of the intent journaled at `intent_seq` goes: into its run's journal, linked after
+        `intent_head` (the run's chain head at the intent; None: unlinked)."""
 
         async def reply(outcome: ActionOutcome, ctx: Context) -> None:
-            await self.append(outcome, ctx, intent_seq)
+            await self.append(outcome, ctx, intent_seq, intent_head)
 
         return reply
 
-    async def append(self, outcome: ActionOutcome, ctx: Context, intent_seq: int) -> None:
+    async def append(
+        self, outcome: ActionOutcome, ctx: Context, intent_seq: int, intent_head: ChainHead | None = None
+    ) -> None:
         """Append the receipt only if its intent is still the run's last event (`Crashsafe-Follows` says so): a
         run's journal then holds at most one receipt an executor wrote per intent, right after it, and a runtime
         holding the run at the intent folds it with no read. When anything followed (another step's intent, a
@@ -48,6 +52,8 @@ class JournalReceipts:
         runtime checks it and journals it only if the run has not recorded it (`intake.completed`)."""
         annotate(ctx, outcome=outcome.status, via=outcome.via)
         receipt = receipt_of(outcome, datetime.now(UTC), tool=outcome.tool, family=self.family)
+        # Right after its intent or not at all: the intent's head is the one this receipt links to.
+        chained = {CHAIN_HEADER: intent_head.link().header()} if intent_head is not None else {}
         try:
             published = await self.broker.publish(
                 self.ns.run_receipt(outcome.run_id, self.family),
@@ -55,7 +61,7 @@ class JournalReceipts:
                 # No message id: the fence is the sequence (an id another family could reserve, stream-wide).
                 expected_subject_seq=intent_seq,
                 sequence_subject=self.ns.run_events(outcome.run_id),
-                headers={**headers_for(ctx), Header.FOLLOWS: str(intent_seq)},
+                headers={**headers_for(ctx), Header.FOLLOWS: str(intent_seq), **chained},
             )
         except RunVersionConflict:
             await self.outcomes.publish(outcome, ctx)

@@ -53,7 +53,7 @@ from crashsafe.services.executor.call_until_known import (
     call_until_known,
 )
 from crashsafe.services.executor.fact_book import FactBook
-from crashsafe.services.executor.journal_intents import Reply, intent_request
+from crashsafe.services.executor.journal_intents import Reply, intent_head, intent_request
 from crashsafe.services.executor.journal_receipts import JournalReceipts
 from crashsafe.services.executor.key_records import KeyRecords
 from crashsafe.services.executor.leftovers import Leftovers
@@ -232,9 +232,8 @@ class Executor:
         appended into the same journal, right after it where it can be (`JournalReceipts`)."""
         meta, request = msg.metadata, intent_request(msg, self.ns)
         seq = meta.sequence.stream
-        await self.handle(
-            request, context_from(msg.headers), seq, meta.num_delivered, self.receipts.reply_to(seq)
-        )
+        reply = self.receipts.reply_to(seq, intent_head(msg, self.ns))
+        await self.handle(request, context_from(msg.headers), seq, meta.num_delivered, reply)
 
     async def handle(
         self,

@@ -78,6 +78,8 @@ class Declarations:
             # turn them on by itself, so say it, and the stream's config stays what we declare.
             allow_msg_schedules=spec.allow_msg_schedules or None,  # type: ignore[arg-type]
             allow_rollup_hdrs=spec.allow_msg_schedules or None,  # type: ignore[arg-type]
+            deny_delete=spec.sealed,
+            deny_purge=spec.sealed,
         )
         try:
             await self._placed(lambda: self.js.add_stream(config), spec.name)

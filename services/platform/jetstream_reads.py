@@ -4,6 +4,7 @@ and of the last message on each of many subjects (the JetStream adapter's read s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import msgspec
 from nats.aio.msg import Msg
@@ -103,6 +104,14 @@ class DirectReads(Publishing):
         request = {"seq": after_seq + 1, "next_by_subj": subject, "batch": batch}
         return (await self._direct_batch(stream, request, subject, _no_direct_gets(stream))).messages
 
+    async def read_page_since(
+        self, stream: str, subject: str, since: datetime, batch: int = 256
+    ) -> list[StoredMessage]:
+        """At most `batch` messages on `subject` stored at or after `since` (the server's receive time), in order."""
+        start = since.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        request = {"start_time": start, "next_by_subj": subject, "batch": batch}
+        return (await self._direct_batch(stream, request, subject, _no_direct_gets(stream))).messages
+
     async def last_on_each_subject(
         self, stream: str, subjects: str | list[str], page: int = 500
     ) -> list[StoredMessage]:
@@ -179,8 +188,15 @@ class DirectReads(Publishing):
             return _Batch(messages, None, False)
         if status == "204":  # end of batch
             return _Batch(messages, headers, more)
+        if status == "413":
+            raise TooManySubjects(subject)
         described = f"{status} {headers.get('Description', '')}".strip()
         raise BrokerUnavailable(refused % described, subject=subject)
+
+
+class TooManySubjects(Exception):
+    """A `multi_last` get over more subjects than nats-server answers at once (1,024, whatever the batch: its
+    `maxAllowedResponses`): the caller reads the stream instead."""
 
 
 def _no_direct_gets(stream: str) -> str:

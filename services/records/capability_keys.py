@@ -88,6 +88,11 @@ def _read_public(path: Path, variable: str) -> Ed25519PublicKey:
     return key
 
 
+def read_public_keys(paths: Iterable[Path]) -> list[Ed25519PublicKey]:
+    """The runtime's public keys (PEM files): what a run's evidence names as the keys that signed it."""
+    return [_read_public(p, VERIFY_KEYS_VARIABLE) for p in paths]
+
+
 def load_verifier(
     paths: Iterable[Path],
     compensation_tools: Iterable[str],

@@ -8,6 +8,7 @@ import msgspec
 from crashsafe.contracts.archive import archive_decoder
 from crashsafe.contracts.errors import ArchiveUnavailable, RunArchived
 from crashsafe.contracts.journal_bus import read_event
+from crashsafe.contracts.journal_chain import CHAIN_HEADER, ChainHead, head_of, in_namespace
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunEvent,
@@ -49,14 +50,17 @@ class RunJournal:
         the journal before reads on from where it stopped). The stream's only: a reader following a live run."""
         return [(m.seq, self.event(m)) for m in await self.live(run_id, after_seq)]
 
-    async def writable(self, run_id: str, what: str = "a message") -> tuple[list[JournalEvent], int]:
-        """The run's events and last sequence, to append after: the stream's alone. A run that has none there but
-        was archived raises RunArchived (`what` names the message, for its dead letter): an append at sequence 0
-        on its purged subject would start a half journal under an ended run's id."""
+    async def writable(
+        self, run_id: str, what: str = "a message"
+    ) -> tuple[list[JournalEvent], int, ChainHead]:
+        """The run's events, last sequence and chain head, to append after: the stream's alone. A run that has none
+        there but was archived raises RunArchived (`what` names the message, for its dead letter): an append at
+        sequence 0 on its purged subject would start a half journal under an ended run's id."""
         stored = await self.live(run_id)
         if not stored:
             await self.refuse_archived(run_id, what)
-        return [self.event(m) for m in stored], (stored[-1].seq if stored else 0)
+        head = head_of((in_namespace(self.ns.name, m.subject), m.data) for m in stored)
+        return [self.event(m) for m in stored], (stored[-1].seq if stored else 0), head
 
     async def refuse_archived(self, run_id: str, what: str = "a message") -> None:
         """RunArchived if the run's journal is in the archive (nothing where no archive is configured)."""
@@ -136,6 +140,29 @@ class RunJournal:
             runs[run_id] = [self.event(m) for m in await self.archived(run_id)]
         return runs
 
+    async def append_linked(
+        self,
+        event: RunEvent,
+        expected_seq: int,
+        head: ChainHead,
+        headers: dict[str, str] | None = None,
+        *,
+        after_end: bool = False,
+        subject: str | None = None,
+    ) -> tuple[int, ChainHead]:
+        """`append`, with the event's link in the run's hash chain after `head` (contracts/journal_chain.py): its
+        stream sequence and the run's head with it."""
+        subject = subject or self.ns.run_event(event.run_id, event_class(event_type(event), after_end))
+        payload = event_encoder.encode(event)
+        published = await self.broker.publish(
+            subject,
+            payload,
+            expected_subject_seq=expected_seq,
+            sequence_subject=self.ns.run_events(event.run_id),
+            headers={**(headers or {}), CHAIN_HEADER: head.link().header()},
+        )
+        return published.seq, head.after(in_namespace(self.ns.name, subject), payload)
+
     async def append(
         self,
         event: RunEvent,
@@ -147,7 +174,8 @@ class RunJournal:
     ) -> int:
         """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise. `after_end`: the
         run had ended before this event (it is journaled as a milestone, whatever its type). `subject`: where the
-        event stands if not on its class's (an intent for the bus, on its executor's)."""
+        event stands if not on its class's (an intent for the bus, on its executor's). Unlinked: the runtime appends
+        with `append_linked`; this is a journal written as a release before the chain wrote it."""
         published = await self.broker.publish(
             subject or self.ns.run_event(event.run_id, event_class(event_type(event), after_end)),
             event_encoder.encode(event),

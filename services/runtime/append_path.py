@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import RunVersionConflict
 from crashsafe.contracts.headers import Header
+from crashsafe.contracts.journal_chain import START
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -42,6 +43,7 @@ from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.records.support_tickets import publish_ticket
 from crashsafe.services.runtime.action_requests import ActionRequests, request_span
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
+from crashsafe.services.runtime.run_checkpoints import RunCheckpoints
 
 MAX_CONFLICT_RETRIES = 20
 # Metric children per agent (and hand-off reason), made once.
@@ -80,8 +82,11 @@ class RunAppends:
         worker: str,
         logger: logging.Logger,
         requests: ActionRequests | None = None,
+        checkpoints: RunCheckpoints | None = None,
     ) -> None:
         self.journal = journal
+        # Signs each run's head once a second (issue 34); None: a journal no checkpoint covers (tests).
+        self.checkpoints = checkpoints
         # Signs an intent the journal carries to its executor (the journal as the bus); None: never on the bus.
         self.requests = requests
         self.runs = runs
@@ -126,11 +131,11 @@ class RunAppends:
             held = self.runs.touch(run_id)
             if held is not None:
                 return held
-        events, seq = await self.journal.writable(run_id, what)
+        events, seq, head = await self.journal.writable(run_id, what)
         state = replay(events)
         if state is None:
             return None
-        run = self.runs.remember(HeldRun(state, seq))
+        run = self.runs.remember(HeldRun(state, seq, head=head))
         if mark_resume and not state.terminal:
             run = await self.mark_resumed(run, ctx)
         return run
@@ -194,7 +199,7 @@ class RunAppends:
 
     async def _append(self, run_id: str, run: HeldRun | None, event: RunEvent, ctx: Context) -> HeldRun:
         """THE append: at the run's expected sequence, folded into the held run once the journal has it."""
-        expected = run.seq if run is not None else 0
+        expected, head = (run.seq, run.head) if run is not None else (0, START)
         # Only a receipt says the run has ended: a late one after a hand-off re-plans the run's projections.
         headers = (
             journal_headers(run.state, ctx)
@@ -208,18 +213,22 @@ class RunAppends:
             else None
         )
         if bussed is None:
-            seq = await self.journal.append(event, expected, headers, after_end=ended)
+            seq, head = await self.journal.append_linked(event, expected, head, headers, after_end=ended)
         else:
             # The intent is the request its executor pulls (the journal as the bus): traced as one.
             event, subject = bussed
             with request_span(event, ctx) as requested:
-                seq = await self.journal.append(event, expected, headers_for(requested), subject=subject)
+                seq, head = await self.journal.append_linked(
+                    event, expected, head, headers_for(requested), subject=subject
+                )
         if run is None:
             # Started here, at sequence 0: no process has driven it yet, so no stall mark can name it.
-            run = self.runs.remember(HeldRun(fold_run(None, event), seq, stall_checked=True))
+            run = self.runs.remember(HeldRun(fold_run(None, event), seq, stall_checked=True, head=head))
         else:
             run.state = fold_run(run.state, event)
-            run.seq = seq
+            run.seq, run.head = seq, head
+        if self.checkpoints is not None:
+            self.checkpoints.note(run_id, head)
         await self._journaled(run, event, ctx)
         return run
 

@@ -18,10 +18,10 @@ from crashsafe.services.platform.telemetry import configure_telemetry
 from crashsafe.services.platform.version_beats import VersionBeats
 from crashsafe.services.records.capability_keys import load_issuer
 from crashsafe.services.records.guest_profiles import GuestProfiles
+from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import ModelGateway
-from crashsafe.services.runtime.run_catalog import RunCatalog
 from crashsafe.services.runtime.service import Runtime
 
 
@@ -95,6 +95,7 @@ async def run(settings: Settings, registry: Registry, stop: asyncio.Event) -> No
         runtime.loop.hook_limit.uninstall()
         await catalog.stop()
         await runtime.deliveries.drain()
+        await runtime.checkpoints.close()  # the heads of its last second signed, not left to the next append
     finally:
         await beats.stop()
         await ops.stop()

@@ -55,6 +55,7 @@ from crashsafe.services.platform.logs import log
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import annotate, span
 from crashsafe.services.records.active_runs import release_active
+from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.runtime import stall_marks
 from crashsafe.services.runtime.action_requests import ActionRequests
 from crashsafe.services.runtime.append_path import RunAppends, Write
@@ -63,7 +64,6 @@ from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
-from crashsafe.services.runtime.run_catalog import RunCatalog
 
 _sizer = msgspec.json.Encoder()  # measures what a model call sends, for the budget's token estimate
 _STEP_SECONDS = metrics.Children(metrics.STEP_SECONDS)

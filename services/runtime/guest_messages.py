@@ -20,13 +20,13 @@ from crashsafe.domain.registry import Registry
 from crashsafe.domain.session_lanes import Join, Owner, Refuse, Start, TakeOver, Wait, lane_move
 from crashsafe.services.platform.logs import log
 from crashsafe.services.records.guest_profiles import GuestProfiles
+from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.records.turn_holders import turn_holder
 from crashsafe.services.runtime import append_path
 from crashsafe.services.runtime.append_path import RunAppends, Write
 from crashsafe.services.runtime.drive_loop import DriveLoop
 from crashsafe.services.runtime.held_runs import HeldRun
 from crashsafe.services.runtime.lanes import SessionLanes
-from crashsafe.services.runtime.run_catalog import RunCatalog
 
 
 def utcnow() -> datetime:

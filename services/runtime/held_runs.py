@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from crashsafe.contracts.active import StallMark
+from crashsafe.contracts.journal_chain import START, ChainHead
 from crashsafe.contracts.run_events import ActionRequested
 from crashsafe.domain.run_state import RunState
 
@@ -29,6 +30,8 @@ class HeldRun:
     # a run whose agent held some runtime's loop until its watchdog ended it is never driven by its agent again.
     stall_checked: bool = False
     stalled: StallMark | None = None
+    # The run's hash chain as far as `seq` (contracts/journal_chain.py): what the next append links to.
+    head: ChainHead = START
 
 
 def sent(intent: ActionRequested) -> str:

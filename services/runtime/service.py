@@ -14,6 +14,7 @@ from crashsafe.contracts.capabilities import CapabilityIssuer, OutcomeRefusal
 from crashsafe.contracts.errors import OutcomeRefused
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.inbound import inbound_decoder
+from crashsafe.contracts.journal_chain import in_namespace
 from crashsafe.contracts.spans import SpanName
 from crashsafe.contracts.stream_routes import runtime_routes
 from crashsafe.contracts.streams import (
@@ -43,6 +44,7 @@ from crashsafe.services.platform.provisioning import all_streams, require
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.platform.tracing import context_from, span
 from crashsafe.services.records.guest_profiles import GuestProfiles
+from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.action_requests import ActionRequests
 from crashsafe.services.runtime.append_path import RunAppends, Write
@@ -53,7 +55,7 @@ from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.held_runs import HeldRun, HeldRuns
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import Model
-from crashsafe.services.runtime.run_catalog import RunCatalog
+from crashsafe.services.runtime.run_checkpoints import RunCheckpoints
 
 
 def utcnow() -> datetime:
@@ -91,8 +93,16 @@ class Runtime:
         metrics.KNOWLEDGE_AVAILABLE.set(1 if library.available else 0)
         self.runs = HeldRuns()
         self.requests = ActionRequests(broker, settings, issuer, bus=True)
+        self.checkpoints = RunCheckpoints(broker, self.ns, issuer, logger)
         self.appends = RunAppends(
-            RunJournal(broker, self.ns), self.runs, broker, self.ns, self.worker, logger, self.requests
+            RunJournal(broker, self.ns),
+            self.runs,
+            broker,
+            self.ns,
+            self.worker,
+            logger,
+            self.requests,
+            self.checkpoints,
         )
         self.deadlines = Deadlines(broker, settings, logger)
         self.loop = DriveLoop(
@@ -177,6 +187,7 @@ class Runtime:
             (receipts, self._on_receipt),
         ):
             await self.broker.subscribe(spec, self.deliveries.dispatch(handler), room=self.deliveries.room)
+        self.checkpoints.start()
         log(self.logger, logging.INFO, "runtime ready", worker=self.worker, namespace=self.ns.name)
 
     def ops_checks(self) -> dict[str, probes.Check]:
@@ -203,6 +214,7 @@ class Runtime:
 
     def stop_timers(self) -> None:
         self.deadlines.stop()
+        self.checkpoints.stop()
 
     # Message handlers ---------------------------------------------------------------------------------------
 
@@ -311,6 +323,9 @@ class Runtime:
             refusal = receipt_refusal(held.state, receipt, family)
             if refusal is None:
                 held.state, held.seq = fold_run(held.state, receipt), seq
+                # The chain hashes what is stored, whatever link the executor wrote (a checker reads both).
+                held.head = held.head.after(in_namespace(self.ns.name, msg.subject), msg.data)
+                self.checkpoints.note(run_id, held.head)
             run: HeldRun | None = held
         else:
             run = await self.appends.load(

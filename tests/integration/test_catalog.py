@@ -23,8 +23,8 @@ from crashsafe.domain.handoff import handoff_reply
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_asks import wake_run
+from crashsafe.services.records.run_catalog import RunCatalog, publish_catalog, stored_catalog
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.runtime.run_catalog import RunCatalog, publish_catalog, stored_catalog
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters

@@ -42,9 +42,9 @@ from crashsafe.natsd import NatsServer, free_port
 from crashsafe.services.knowledge.library import Library
 from crashsafe.services.platform import metrics
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_catalog import publish_catalog
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.model import ModelGateway
-from crashsafe.services.runtime.run_catalog import publish_catalog
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound
 from tests.support.inprocess import REGISTRY

@@ -23,10 +23,10 @@ from crashsafe.contracts.subjects import Namespace
 from crashsafe.domain.fold import replay
 from crashsafe.natsd import NatsServer
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_catalog import publish_catalog
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.chat_completions import chat_messages, chat_tools
 from crashsafe.services.runtime.model import ModelGateway
-from crashsafe.services.runtime.run_catalog import publish_catalog
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import dead_letters, submit_inbound

@@ -75,6 +75,7 @@ INBOUND, RUNS, ACTIONS, OUTCOMES, DEAD = (
     )
 )
 SUPPORT = _stream(StreamKind.SUPPORT)
+CHECKPOINTS = _stream(StreamKind.CHECKPOINTS)
 PROJECTIONS = _stream(StreamKind.PROJECTIONS)
 KV_PROJECTIONS = "KV_sweep_projections"
 KV_LEASES, KV_CLIENTS, KV_ACTIVE = (f"KV_sweep_{b}" for b in ("leases", "clients", "active"))
@@ -99,6 +100,8 @@ def probes() -> list[Probe]:
         *(Probe("publish", f"journal a receipt: {f}", NS.run_receipt("r1", f)) for f in FAMILIES),
         *(Probe("publish", f"outcome: {f}", f"sweep.outcome.{f}.r1") for f in FAMILIES),
         Probe("publish", "wake a run", "sweep.outcome._wake.r1"),
+        # Signed checkpoints of run heads (issue 34): the runtime alone signs; nobody deletes one (a sealed stream).
+        Probe("publish", "signed checkpoint", NS.checkpoints),
         Probe("publish", "support ticket", NS.support("t1", "r1")),
         Probe("publish", "dead letter: runtime", NS.dead_letters("runtime")),
         *(Probe("publish", f"dead letter: executor_{f}", NS.dead_letters(f"executor_{f}")) for f in FAMILIES),
@@ -151,6 +154,7 @@ def probes() -> list[Probe]:
             for s in (
                 INBOUND,
                 RUNS,
+                CHECKPOINTS,
                 ACTIONS,
                 OUTCOMES,
                 DEAD,
@@ -291,6 +295,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {"the gateway's reply inbox"}
         allowed |= {f"ask a provider view: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {KV_PROJECTIONS}"}  # the console shows a run's projection receipts
+        allowed |= {f"direct get on {CHECKPOINTS}"}  # a run's evidence bundle (the console's download)
     elif role is Role.RUNTIME:
         allowed = {
             "run journal append",
@@ -304,6 +309,7 @@ def intended(user: NatsUser, probe: Probe) -> bool:
         allowed |= {f"action request: {f}" for f in FAMILIES}
         allowed |= {f"journal an intent: {f}" for f in FAMILIES}
         allowed |= {f"direct get on {s}" for s in (RUNS, KV_ACTIVE, KV_CATALOG, KV_GUESTS)}  # reads profiles
+        allowed |= {"signed checkpoint", f"direct get on {CHECKPOINTS}"}  # after the last one, which it reads
         allowed |= {f"ephemeral consumer on {KV_CATALOG} (watch the catalog)"}  # reads it; never writes it
         # Approval records and their expiry schedules (never a fired timer), session lanes.
         allowed |= {

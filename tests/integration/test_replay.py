@@ -26,8 +26,8 @@ from crashsafe.natsd import NatsServer
 from crashsafe.replay import replay_events
 from crashsafe.run_views import state_view
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.run_catalog import publish_catalog
 from crashsafe.services.records.run_journal import RunJournal
-from crashsafe.services.runtime.run_catalog import publish_catalog
 from crashsafe.services.runtime.service import Runtime
 from tests.support import inprocess
 from tests.support.broker import submit_inbound

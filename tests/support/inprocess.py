@@ -43,10 +43,10 @@ from crashsafe.services.projector.service import Projector
 from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.reconciler.service import Reconciler
 from crashsafe.services.records.guest_profiles import GuestProfiles
+from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.runtime.held_actions import ApprovalDesk
 from crashsafe.services.runtime.lanes import SessionLanes
 from crashsafe.services.runtime.model import ModelGateway
-from crashsafe.services.runtime.run_catalog import RunCatalog
 from crashsafe.services.runtime.service import Runtime
 from tests.support import capabilities
 from tests.support.nats_users import access

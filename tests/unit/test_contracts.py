@@ -21,6 +21,7 @@ import pytest
 
 import crashsafe.contracts
 from crashsafe.contracts.capabilities import Capability
+from crashsafe.contracts.checkpoints import Checkpoint, RunHead, checkpoint_decoder, checkpoint_encoder
 from crashsafe.contracts.dead_letters import (
     DeadLetter,
     DeadLetterMark,
@@ -331,6 +332,15 @@ SAMPLES: list[msgspec.Struct] = [
         agent="booking",
         received_at=AT,
     ),
+    Checkpoint(
+        kid="0123456789abcdef",
+        signed_at=AT,
+        prev="0" * 64,
+        root="a" * 64,
+        size=1,
+        sig="c2lnbmF0dXJl",
+        heads=[RunHead(RUN, 7, "b" * 64)],
+    ),
     SupportTicket(
         run_id=RUN,
         tenant="acme",
@@ -439,6 +449,8 @@ def codec(sample: msgspec.Struct) -> tuple[msgspec.json.Encoder, msgspec.json.De
             return provider_view_encoder, provider_view_reply_decoder
         case SupportTicket():
             return support_encoder, support_decoder
+        case Checkpoint():
+            return checkpoint_encoder, checkpoint_decoder
         case ProjectionTask():
             return task_encoder, task_decoder
         case ProjectionFailed():

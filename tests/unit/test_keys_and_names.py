@@ -78,6 +78,7 @@ def test_subjects_and_stream_names_of_a_namespace() -> None:
         "STAYHUB_SUPPORT",
         "STAYHUB_PROJECTIONS",
         "STAYHUB_OPS",
+        "STAYHUB_CHECKPOINTS",
     ]
     # Projections: a task per tool and run, its receipt per tool and key (the key digested: any text is a token).
     assert (
@@ -232,6 +233,10 @@ def test_the_streams_of_a_namespace() -> None:
         ),
         # Events for operators (a projection that gave up), kept 30 days like the dead letters.
         StreamSpec(name="STAYHUB_OPS", subjects=("stayhub.ops.>",), max_age_s=30 * day, replicas=3),
+        # Kept forever, and no message deleted or purged through the API: the witness (issue 34).
+        StreamSpec(
+            name="STAYHUB_CHECKPOINTS", subjects=("stayhub.checkpoint.runs",), sealed=True, replicas=3
+        ),
     ]
     assert {spec.replicas for spec in stream_specs(ns)} == {1}
 
