@@ -30,6 +30,7 @@ from crashsafe.contracts.run_events import (
 from crashsafe.contracts.subjects import Namespace, StreamKind, receipt_family
 from crashsafe.domain.fold import replay, summarize
 from crashsafe.services.platform.jetstream import Broker, StoredMessage
+from crashsafe.services.platform.jetstream_reads import TooManySubjects
 from crashsafe.services.records.run_journal import RunJournal
 
 # How many runs one `multi_last` page answers, and how many first-event reads are in flight at once.
@@ -110,7 +111,12 @@ def _ended_by(event: JournalEvent | None) -> str | None:
 async def last_per_run(broker: Broker, ns: Namespace) -> dict[str, StoredMessage]:
     """The last message of every run, in one consistent snapshot of the stream (paged `multi_last`: the last of
     each of a run's subjects, of which the latest is the run's)."""
-    lasts = await broker.last_on_each_subject(ns.stream(StreamKind.RUNS), ns.run_events_all, page=PAGE)
+    stream = ns.stream(StreamKind.RUNS)
+    try:
+        lasts = await broker.last_on_each_subject(stream, ns.run_events_all, page=PAGE)
+    except TooManySubjects:
+        # More journal subjects than one snapshot answers (about 170 runs on the bus): the stream read once.
+        lasts = await broker.read_subject(stream, ns.run_events_all, batch=1000)
     runs: dict[str, StoredMessage] = {}
     for message in lasts:
         run_id = ns.journal_run(message.subject)

@@ -263,3 +263,23 @@ async def test_runs_list_and_tail_from_the_command_line(
     rows = [json.loads(line) for line in out.decode().splitlines()]
     assert rows and len(rows) <= 5 and {r["guest_id"] for r in rows} == {"g3"}
     assert [r["started_at"] for r in rows] == sorted((r["started_at"] for r in rows), reverse=True)
+
+
+async def test_the_listing_holds_more_journal_subjects_than_one_snapshot_answers(
+    broker: Broker, namespace: Namespace
+) -> None:
+    """nats-server answers a `multi_last` over at most 1,024 subjects; a run on the bus stands on about six, so
+    past about 170 runs the listing reads the stream instead (it once failed with "413 Too Many Results")."""
+    await provision(broker, namespace)
+    many = 1100
+
+    async def begin(i: int) -> None:
+        event = msgspec.structs.replace(started(at=T0 + timedelta(seconds=i)), run_id=f"run_{i:05d}")
+        await broker.publish(namespace.run_event(event.run_id, EventClass.STEP), event_encoder.encode(event))
+
+    for start in range(0, many, 100):
+        await asyncio.gather(*(begin(i) for i in range(start, start + 100)))
+    rows, _ = await list_runs(broker, namespace, limit=0)
+    assert len(rows) == many
+    newest, _ = await list_runs(broker, namespace, limit=10)
+    assert [r.run_id for r in newest] == [f"run_{i:05d}" for i in range(many - 1, many - 11, -1)]
