@@ -128,12 +128,37 @@ async def _projections(args: argparse.Namespace) -> int:
     return await projections_command.projections_retry(Path(args.state_dir), args.key)
 
 
+def _verify(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
+    """Offline (a bundle file; no broker, no credentials) or `--live` against the deployment."""
+    from crashsafe.verify_command import trusted_keys, verify_command
+
+    if not args.live:
+        if args.bundle is None:
+            print("crashsafe verify: name a bundle file, or --live", file=sys.stderr)
+            return 2
+        return verify_command(Path(args.bundle), [Path(p) for p in args.trust], args.json, args.registry)
+    from crashsafe.evidence_command import verify_live_command
+    from crashsafe.verify_command import BadTrustedKey
+
+    try:
+        keys = trusted_keys([Path(p) for p in args.trust])
+    except BadTrustedKey as exc:
+        print(f"crashsafe verify: {exc}", file=sys.stderr)
+        return 2
+    return verify_live_command(Path(args.state_dir), args.since, args.until, keys, args.json)
+
+
 async def _runs(args: argparse.Namespace) -> int:
     from crashsafe import runs
 
     state_dir = Path(args.state_dir)
     if args.command == "tail":
         return await runs.tail(state_dir, args.run_id, args.session_id, args.types, args.json, args.since)
+    if args.runs_command == "export":
+        from crashsafe.evidence_command import export_evidence_command
+
+        out = Path(args.out) if args.out else None
+        return await export_evidence_command(state_dir, args.evidence, out, not args.no_providers)
     if args.runs_command == "list":
         return await runs.runs_list(
             state_dir, args.status, args.guest, args.since, args.json, args.limit, args.stats
@@ -200,6 +225,8 @@ def _operate(args: argparse.Namespace) -> Coroutine[Any, Any, int] | int:
             return _runs(args)
         case "replay" | "export":
             return _replay(args)
+        case "verify":
+            return _verify(args)
         case "infra":
             from crashsafe import infra
 

@@ -142,6 +142,41 @@ def build_parser() -> argparse.ArgumentParser:
     runs_listing.add_argument("--stats", action="store_true", help="say on stderr what the listing read")
     runs_listing.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
 
+    evidence = runs_sub.add_parser(
+        "export", help="one run's evidence bundle: journal, chain, checkpoints, keys, provider answers"
+    )
+    evidence.add_argument("--evidence", required=True, metavar="RUN", help="the run whose evidence to write")
+    evidence.add_argument("--out", default=None, metavar="F", help="write here (default: stdout)")
+    evidence.add_argument(
+        "--no-providers", action="store_true", help="do not ask the providers by key (effects go unchecked)"
+    )
+    evidence.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
+    verify = sub.add_parser(
+        "verify",
+        help="check a run's evidence bundle offline (no broker, no credentials), or --live every run of a range",
+    )
+    verify.add_argument("bundle", nargs="?", help="an evidence bundle (`crashsafe runs export --evidence`)")
+    verify.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="a public key of the deployment's runtime to pin (repeatable); without it the bundle's own keys",
+    )
+    verify.add_argument(
+        "--registry",
+        metavar="MODULE:FUNCTION",
+        help="the agents whose code replays the run (default: CRASHSAFE_REGISTRY, else StayHub's)",
+    )
+    verify.add_argument("--json", action="store_true", help="one JSON document")
+    verify.add_argument("--live", action="store_true", help="check the running deployment instead of a file")
+    verify.add_argument(
+        "--since", help="--live: runs started since (30m, 2h, 7d, or an ISO time); default all"
+    )
+    verify.add_argument("--until", help="--live: and before (default: now)")
+    verify.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
+
     tail = sub.add_parser("tail", help="follow run events as they are journaled (ctrl-C stops)")
     tail.add_argument("--run", dest="run_id", help="one run's events, from its start")
     tail.add_argument("--session", dest="session_id", help="the events of a session's runs")

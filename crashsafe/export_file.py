@@ -15,25 +15,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from crashsafe.contracts.catalog import AgentConfig
+from crashsafe.contracts.evidence import EXPORT_FORMAT, EXPORT_TYPE, ExportHeader
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, UnknownEvent, decode_event
-
-EXPORT_TYPE = "crashsafe.export"
-
-
-EXPORT_FORMAT = 1
-
-
-class ExportHeader(msgspec.Struct, frozen=True, kw_only=True):
-    """The first line of an export: what replaying the run needs besides its events."""
-
-    type: str = EXPORT_TYPE
-    format: int = EXPORT_FORMAT
-    run_id: str
-    catalog_revision: int = 0
-    config: AgentConfig | None = None  # None: the agent's built-in configuration
-    registry: str = ""  # the deployment's CRASHSAFE_REGISTRY (which agents' code decided), "" if not known
-
 
 _header_encoder = msgspec.json.Encoder(order="sorted")
 

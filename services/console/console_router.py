@@ -341,9 +341,9 @@ STATIC_DIR = Path(__file__).parent / "static"
 def console_router() -> Router:
     """The console at /console: the shell's own handlers, its static files, and every page's handlers."""
     # Imported here: the page modules import this module's helpers. One line per page module (additive).
-    from crashsafe.services.console import pages_operate, pages_runs
+    from crashsafe.services.console import pages_operate, pages_runs, run_evidence_download
 
-    pages: list[Any] = [*pages_runs.HANDLERS, *pages_operate.HANDLERS]
+    pages: list[Any] = [*pages_runs.HANDLERS, *pages_operate.HANDLERS, *run_evidence_download.HANDLERS]
     return Router(
         path=PREFIX,
         route_handlers=[

@@ -344,7 +344,7 @@ async def ask_again(request: Request[Any, Any, Any], run_id: str) -> Response[st
 PROVIDER_VIEWS = Rate(per_s=1.0, burst=10.0)
 
 
-def _provider_views_limit(request: Request[Any, Any, Any], client: Client) -> None:
+def provider_views_limit(request: Request[Any, Any, Any], client: Client) -> None:
     state = _state(request)
     buckets = state.get("console_provider_views")
     if not isinstance(buckets, TokenBuckets):
@@ -356,7 +356,7 @@ def _provider_views_limit(request: Request[Any, Any, Any], client: Client) -> No
 async def provider_view_fragment(request: Request[Any, Any, Any], run_id: str) -> Response[str]:
     """For each action of the run: what its provider answers when asked by the action's key, beside our receipt."""
     session = await session_of(request)
-    _provider_views_limit(request, session.client)
+    provider_views_limit(request, session.client)
     state = _state(request)
     registry: Registry = state.registry
     if not is_run_id(run_id):

@@ -42,7 +42,11 @@ NATS_CREDS = "nats-creds-"
 # Secrets that belong to one role each: only pods of that component may mount or read them.
 ROLE_SECRETS = {
     "crashsafe-capability-signing-key": {"runtime"},
-    "crashsafe-capability-verify-keys": {f"executor-{f}" for f in ("booking", "memory", "notify", "payment")},
+    # Public keys: the executors check capabilities with them, the gateway names them in evidence bundles.
+    "crashsafe-capability-verify-keys": {
+        "gateway",
+        *(f"executor-{f}" for f in ("booking", "memory", "notify", "payment")),
+    },
     "crashsafe-synthetic-api-key": {"reconciler"},
     "crashsafe-model": {"runtime"},
 }
