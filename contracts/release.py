@@ -14,9 +14,9 @@ from importlib import resources
 from crashsafe.contracts.headers import Header
 
 # Bumped by every release (the changelog's newest heading says the same; tests/unit/test_release.py checks it).
-VERSION = "0.4.0"
+VERSION = "0.5.0"
 # The oldest release this one runs beside on one broker, forward and back: the rolling upgrade's window.
-RUNS_BESIDE_SINCE = "0.3.0"
+RUNS_BESIDE_SINCE = "0.4.0"
 # What every service stamps on each message it publishes: the header's one home is `Header`.
 VERSION_HEADER = Header.VERSION.value
 

@@ -30,6 +30,7 @@ import pytest
 from crashsafe.contracts.release import VERSION, previous_release
 from crashsafe.natsd import free_port
 from crashsafe.services.platform.jetstream import Broker
+from crashsafe.services.records.capability_keys import public_path
 from crashsafe.stack import Stack
 from crashsafe.stack_keys import STACK_TENANT
 from crashsafe.stack_processes import Service
@@ -357,10 +358,17 @@ async def test_a_rolling_upgrade_to_this_release_and_back_loses_nothing(tmp_path
                     stack, python, "audit", "--state-dir", str(tmp_path / f"audit-{label}")
                 )
                 assert code == 0 and "nothing wrong" in out, f"{label}'s audit: {out[-3000:]}"
+            # Runs that moved between releases: never tampered (a run whose end came after the rollback has no
+            # checkpoint over it, incomplete: exit 3), and the checkpoint stream whole across the roll.
+            pinned = str(public_path(stack.capability_key))
+            code, out = await _operator(
+                stack, new, "verify", "--live", "--trust", pinned, "--state-dir", str(tmp_path / "verify")
+            )
+            assert code in (0, 3) and "tampered" not in out and " 0 breaks" in out, out[-3000:]
             print(
                 f"version skew {previous.version} -> {VERSION} -> {previous.version}: {len(runs)} runs accepted"
                 f" and completed, {load.retries} retried refusals, forward {forward_s:.1f}s, back {back_s:.1f}s,"
-                f" exits {roll.exits}"
+                f" exits {roll.exits}; verify --live: {out.strip().splitlines()[-1]}"
             )
         finally:
             load.stop.set()

@@ -46,10 +46,10 @@ def test_the_release_record_names_older_releases_by_their_commits() -> None:
         )
 
 
-def test_this_release_rolls_forward_from_and_back_to_0_3_0() -> None:
+def test_this_release_rolls_forward_from_and_back_to_0_4_0() -> None:
     previous = previous_release()
-    assert previous is not None and previous.version == "0.3.0"
-    assert previous.commit.startswith("15f9d04")
+    assert previous is not None and previous.version == "0.4.0"
+    assert previous.commit.startswith("01477a5")
     assert version_key(RUNS_BESIDE_SINCE) <= version_key(previous.version), (
         "runs beside the release before it"
     )
