@@ -22,12 +22,14 @@ from playwright.async_api import Page, expect
 from crashsafe.contracts.clients import Scope, split_key
 from crashsafe.contracts.dead_letters import DeadLetter, dead_letter_encoder
 from crashsafe.contracts.errors import ErrorInfo
+from crashsafe.contracts.evidence import bundle_decoder
 from crashsafe.contracts.keys import action_key, run_id_for, tool_input_hash
 from crashsafe.contracts.policy import Approver
 from crashsafe.contracts.run_events import ActionCompleted, ActionRequested, Budget, RunHandedOff, RunStarted
 from crashsafe.contracts.tool_messages import ActionOutcome, OutcomeStatus, tool_encoder
 from crashsafe.domain.fold import fold_run
 from crashsafe.domain.model_calls import model_answered
+from crashsafe.evidence_verify import verify
 from crashsafe.natsd import NatsServer
 from crashsafe.services.console.console_router import COOKIE, CSRF_FIELD, csrf_token
 from crashsafe.services.console.pages_operate import SHOWN_LETTERS
@@ -313,6 +315,16 @@ async def test_ask_again_now_resolves_an_unknown_by_key_and_the_provider_view_sh
     await expect(view).to_have_attribute("data-provider", "found")
     await expect(view).to_contain_text(late["result"]["booking_id"])
     await _shot(page, "run-provider-view.png")
+    # Its evidence, downloaded from the run page: the run's journal as stored, the provider's answers, and a
+    # chain the verifier finds whole (this journal was begun by the test's plain appends, unlinked).
+    async with page.expect_download() as downloading:
+        await page.locator("#evidence-download").click()
+    bundle = bundle_decoder.decode(Path(await (await downloading.value).path()).read_bytes())
+    assert bundle.run_id == run_id and any(
+        a.key == key and a.answer == "found" for a in bundle.provider_answers
+    )
+    checked = verify(bundle)
+    assert not [f for f in checked.findings if f.check in ("bundle", "chain") and f.status == "fail"], checked
     counts = await stack.counts(guest)
     assert counts["booking"] == 1
 
@@ -349,6 +361,9 @@ async def test_another_tenants_key_sees_none_of_it_and_cannot_act_on_it(
     await expect(page.locator(f"tr#unknown-{unknown_run}-2")).to_have_count(0)
     fragment = await page.goto(f"{base}/console/runs/{unknown_run}/provider")
     assert fragment is not None and fragment.status == 404
+    async with httpx.AsyncClient(base_url=base, cookies={COOKIE: key}, timeout=20) as other:
+        evidence = await other.get(f"/console/runs/{unknown_run}/evidence")
+        assert evidence.status_code == 404, evidence.text  # another tenant's run: not even its journal's size
 
     # Its forms, well made and with its own token, for our records: the answer a missing one gets.
     parts = split_key(key)
