@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 
 from crashsafe.contracts.catalog import AgentConfig
-from crashsafe.contracts.errors import CatalogRevisionGone
 from crashsafe.contracts.projections import ProjectionTask
 from crashsafe.contracts.run_events import JournalEvent, RunStarted, decode_event
 from crashsafe.deployment import settings_for
@@ -32,7 +31,6 @@ from crashsafe.domain.run_state import RunState
 from crashsafe.export_file import (
     BadExport,
     Export,
-    ExportHeader,
     decode_journal,
     event_type,
     export_lines,
@@ -40,8 +38,8 @@ from crashsafe.export_file import (
 )
 from crashsafe.run_views import diff_views, move_summary, state_view, summary_of
 from crashsafe.services.operations.connection import operator_broker
+from crashsafe.services.operations.run_evidence import pinned_header
 from crashsafe.services.platform.settings import Settings
-from crashsafe.services.records.run_catalog import RunCatalog
 from crashsafe.services.records.run_journal import RunJournal
 
 # Replay ---------------------------------------------------------------------------------------------------------
@@ -178,17 +176,7 @@ async def read_run(settings: Settings, registry: Registry, run_id: str) -> Expor
             first: JournalEvent | None = decode_event(raw[0])
         except (msgspec.DecodeError, msgspec.ValidationError):
             first = None  # exported as it is, corrupt or not; the replay names the position
-        revision = first.catalog_revision if isinstance(first, RunStarted) else 0
-        config: AgentConfig | None = None
-        if revision and isinstance(first, RunStarted):
-            # The agent's configuration at the run's pinned revision, read as the runtime reads it.
-            try:
-                config = await RunCatalog(registry, broker, ns).pinned(revision, first.agent)
-            except CatalogRevisionGone:
-                config = (
-                    None  # as the runtime does: it hands the run off and decides under the built-in config
-                )
-    header = ExportHeader(run_id=run_id, catalog_revision=revision, config=config, registry=settings.registry)
+        header = await pinned_header(broker, ns, registry, settings.registry, run_id, first)
     return Export(header, raw)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,19 +43,8 @@ class Deployment:
 async def deployment(
     nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
 ) -> AsyncIterator[Deployment]:
-    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
-        settings = inprocess.settings_for(
-            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data"
-        )
-        for family in ("booking", "payment", "notify"):
-            await running.enter_async_context(inprocess.executor(settings, family))
-        model = await running.enter_async_context(inprocess.scripted_model(settings))
-        runtime = await running.enter_async_context(inprocess.runtime(settings, model))
-        await runtime.start()
-        try:
-            yield Deployment(runtime, RunJournal(broker, namespace))
-        finally:
-            runtime.stop_timers()
+    async with inprocess.serving(nats_server.url, namespace, tmp_path / "data") as (runtime, _):
+        yield Deployment(runtime, RunJournal(broker, namespace))
 
 
 async def _booked(deployment: Deployment, broker: Broker, namespace: Namespace) -> str:

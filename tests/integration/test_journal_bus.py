@@ -6,7 +6,6 @@ another request, never completes a step: the runtime dead-letters it and the run
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,16 +44,10 @@ async def bus(
     nats_server: NatsServer, namespace: Namespace, broker: Broker, tmp_path: Path
 ) -> AsyncIterator[Bus]:
     """A runtime and every executor of this release, on the bus."""
-    async with inprocess.sandbox_server() as sandbox_url, AsyncExitStack() as running:
-        settings = inprocess.settings_for(
-            nats_server.url, namespace, sandbox_url=sandbox_url, data_dir=tmp_path / "data"
-        )
-        for family in ("booking", "payment", "notify"):
-            await running.enter_async_context(inprocess.executor(settings, family))
-        model = await running.enter_async_context(inprocess.scripted_model(settings))
-        runtime = await running.enter_async_context(inprocess.runtime(settings, model))
-        await runtime.start()
-        http = await running.enter_async_context(httpx.AsyncClient(timeout=10))
+    async with (
+        inprocess.serving(nats_server.url, namespace, tmp_path / "data") as (runtime, sandbox_url),
+        httpx.AsyncClient(timeout=10) as http,
+    ):
         yield Bus(runtime, RunJournal(broker, namespace), Sandbox(http, sandbox_url))
 
 

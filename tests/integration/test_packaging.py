@@ -8,13 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.releases import venv_on_our_dependencies
 
 EVIDENCE = ROOT / "tests" / "fixtures" / "evidence"
 
@@ -67,16 +67,7 @@ def test_the_wheel_installs_only_the_crashsafe_namespace(wheel: Path) -> None:
 def test_an_evidence_bundle_verifies_offline_with_only_the_wheel(wheel: Path, tmp_path: Path) -> None:
     """Issue 34's promise: a run's bundle checks on a machine with the wheel alone (its dependencies from this
     venv, no source tree, no broker, no credentials); one byte changed in it fails, naming the event."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    (Path(purelib) / "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python, purelib = venv_on_our_dependencies(tmp_path / "venv")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", str(wheel)],
         check=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -401,3 +401,22 @@ async def projector(
         await worker.close()
         await providers.close()
         await broker.close()
+
+
+@asynccontextmanager
+async def serving(
+    nats_url: str, ns: Namespace, data_dir: Path, families: tuple[str, ...] = ("booking", "payment", "notify")
+) -> AsyncIterator[tuple[Runtime, str]]:
+    """A started runtime on the scripted model with an executor per family, on a sandbox of its own: the run path
+    of this release, end to end, in this process (the runtime, and the sandbox's URL)."""
+    async with sandbox_server() as sandbox_url, AsyncExitStack() as running:
+        settings = settings_for(nats_url, ns, sandbox_url=sandbox_url, data_dir=data_dir)
+        for family in families:
+            await running.enter_async_context(executor(settings, family))
+        model = await running.enter_async_context(scripted_model(settings))
+        worker = await running.enter_async_context(runtime(settings, model))
+        await worker.start()
+        try:
+            yield worker, sandbox_url
+        finally:
+            worker.stop_timers()

@@ -57,6 +57,25 @@ def _run(args: list[str], what: str, **kwargs: object) -> None:
         raise ReleaseUnavailable(f"{what} failed ({done.returncode}): {(done.stderr or done.stdout)[-2000:]}")
 
 
+def venv_on_our_dependencies(where: Path) -> tuple[Path, str]:
+    """A venv with no packages of its own that imports its dependencies from this one's site-packages (a `.pth`
+    line, read after its own): its interpreter, and its own site-packages, where what is installed into it goes."""
+    done = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(where)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise ReleaseUnavailable(f"making a venv at {where} failed: {done.stderr[-2000:]}")
+    python = where / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "_crashsafe_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python, purelib
+
+
 def _build(release: Release, home: Path) -> None:
     for part in ("src", "venv"):
         shutil.rmtree(home / part, ignore_errors=True)
@@ -79,15 +98,7 @@ def _build(release: Release, home: Path) -> None:
         raise ReleaseUnavailable(f"git archive {release.commit} failed")
     # No pip of its own: this venv's pip installs into it (`--python`), and the build backend then finds this
     # venv's setuptools through the `.pth` line rather than the older one a venv's own pip would bring.
-    _run([sys.executable, "-m", "venv", "--without-pip", str(home / "venv")], "making the release's venv")
-    python = home / "venv" / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    (Path(purelib) / "_crashsafe_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python, _ = venv_on_our_dependencies(home / "venv")
     _run(
         [
             sys.executable,
