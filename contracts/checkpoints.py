@@ -40,7 +40,7 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", ta
 
     kid: str  # the runtime key that signed (`capabilities.key_id`)
     signed_at: datetime
-    prev: str  # `checkpoint_hash` of the checkpoint before it on the stream (GENESIS for the first)
+    prev: str  # `stored_hash` of the checkpoint before it on the stream (GENESIS for the first)
     root: str  # Merkle root over `heads`, hex
     size: int  # how many heads
     sig: str  # Ed25519 over `signed_bytes` (base64url, no padding)
@@ -74,12 +74,11 @@ def signed_bytes(kid: str, signed_at: datetime, prev: str, root: str, size: int)
     return SIGNED_PREFIX + _encoder.encode((kid, _micros(signed_at), prev, root, size))
 
 
-def checkpoint_hash(checkpoint: Checkpoint | CheckpointProof) -> str:
-    """What the next checkpoint names as `prev`: its signed fields and signature, hashed."""
-    c = checkpoint
-    return hashlib.sha256(
-        signed_bytes(c.kid, c.signed_at, c.prev, c.root, c.size) + c.sig.encode()
-    ).hexdigest()
+def stored_hash(data: bytes) -> str:
+    """What the next checkpoint names as `prev`: SHA-256 of the checkpoint as the stream stores it (its bytes, not
+    its fields, so a checkpoint a later release writes with more fields, or one that does not decode, still
+    chains)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def leaf_hash(head: RunHead) -> bytes:
@@ -169,6 +168,12 @@ def proofs(checkpoint: Checkpoint, seq: int) -> dict[str, CheckpointProof]:
         )
         for i, head in enumerate(c.heads)
     }
+
+
+def root_holds(checkpoint: Checkpoint) -> bool:
+    """Whether the signed root and size are those of the heads it carries."""
+    leaves = [leaf_hash(h) for h in checkpoint.heads]
+    return checkpoint.size == len(leaves) and merkle_root(leaves).hex() == checkpoint.root
 
 
 def signature_holds(proof: CheckpointProof | Checkpoint, public_keys: Mapping[str, bytes]) -> bool:

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 from crashsafe.contracts.checkpoints import CheckpointProof, proof_holds, signed_bytes
 from crashsafe.contracts.journal_chain import GENESIS, entry_hash, in_namespace
-from crashsafe.contracts.run_events import RunCompleted, RunHandedOff
+from crashsafe.contracts.run_events import (
+    ActionCompleted,
+    ActionRequested,
+    JournalEvent,
+    RunCompleted,
+    RunHandedOff,
+)
+from crashsafe.contracts.tool_messages import OutcomeStatus
 from crashsafe.evidence_findings import Check, Finding, Place, Status
 from crashsafe.evidence_keys import SigningKeys, signature_holds
 
@@ -206,6 +213,15 @@ def read_checkpoints(
             )
         findings.append(places[covered].finding(Check.CHECKPOINT, Status.UNCOVERED, message))
     last = places[-1].event if places else None
+    open_keys = _unanswered([p.event for p in places])
+    if chain.linked and open_keys and isinstance(last, RunCompleted | RunHandedOff):
+        # A receipt may be journaled after a hand-off (a late one): cut there, the bundle would look finished.
+        message = (
+            f"the journal ends with {len(open_keys)} action(s) whose outcome it does not hold"
+            f" ({', '.join(sorted(open_keys)[:3])}): a receipt journaled later may have been cut from this bundle;"
+            " `crashsafe verify --live` or a later bundle settles it"
+        )
+        findings.append(places[-1].finding(Check.CHECKPOINT, Status.UNCOVERED, message))
     if chain.linked and places and not isinstance(last, RunCompleted | RunHandedOff):
         # A bundle cut back to an older checkpoint looks exactly like a run still going: say which it can be.
         message = (
@@ -271,3 +287,10 @@ def _about(position: int | None, places: Sequence[Place], status: Status, messag
     if position is not None and 1 <= position <= len(places):
         return places[position - 1].finding(Check.CHECKPOINT, status, message)
     return Finding(check=Check.CHECKPOINT, status=status, message=message, position=position)
+
+
+def _unanswered(events: Sequence[JournalEvent | None]) -> set[str]:
+    """The keys the journal asked a provider for whose outcome it never held (no receipt, or only unknown ones)."""
+    asked = {e.key for e in events if isinstance(e, ActionRequested)}
+    known = {e.key for e in events if isinstance(e, ActionCompleted) and e.status != OutcomeStatus.UNKNOWN}
+    return asked - known

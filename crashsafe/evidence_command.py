@@ -14,7 +14,7 @@ from crashsafe.contracts.evidence import EvidenceBundle, bundle_encoder
 from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
 from crashsafe.services.operations.connection import operator_broker
-from crashsafe.services.operations.run_evidence import checkpoint_breaks, gather, public_key_text
+from crashsafe.services.operations.run_evidence import gather, public_key_text, walk_checkpoints
 from crashsafe.services.operations.run_index import list_runs, parse_since
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.records.capability_keys import public_path, read_public_keys
@@ -70,7 +70,8 @@ async def verify_live_command(
     end = parse_since(until) if until else datetime.now(UTC)
     verdicts: dict[str, list[str]] = {}
     async with operator_broker(settings, "crashsafe-verify") as broker:
-        stream_breaks = await checkpoint_breaks(broker, settings.namespace, raw)
+        walk = await walk_checkpoints(broker, settings.namespace, raw)
+        stream_breaks = walk.breaks
         rows, _ = await list_runs(broker, settings.namespace, since=start, limit=0)
         for row in rows:
             if row.started_at >= end:

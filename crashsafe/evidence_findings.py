@@ -46,8 +46,9 @@ class Verdict(StrEnum):
 VERDICT_SAYS = {
     Verdict.VERIFIED: "every event is linked, covered by a valid checkpoint and consistent with the rest",
     Verdict.UNCHAINED: (
-        "no event carries a chain link: the run was journaled before the hash chain (0.5.0), so this bundle can "
-        "neither show nor rule out tampering; nothing in it contradicts itself"
+        "no event carries a chain link and no checkpoint covers the run: journaled before the hash chain (0.5.0), "
+        "or links and checkpoints removed from the bundle; it can neither show nor rule out tampering, and "
+        "`crashsafe verify --live` against the deployment tells which"
     ),
     Verdict.INCOMPLETE: (
         "nothing contradicts the journal, but part of it is covered by no checkpoint: export the run again "

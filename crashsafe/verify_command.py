@@ -26,9 +26,10 @@ from crashsafe.evidence_findings import VERDICT_SAYS, Finding, Verdict, Verifica
 from crashsafe.evidence_verify import verify
 from crashsafe.services.platform.settings import Settings
 
-# Exit codes: 0 nothing contradicts (verified, or unchained: an older release's journal, said plainly), 1 tampered,
-# 2 the files could not be read as a bundle or a key, 3 incomplete (verify again once the run is checkpointed).
-EXIT = {Verdict.VERIFIED: 0, Verdict.UNCHAINED: 0, Verdict.TAMPERED: 1, Verdict.INCOMPLETE: 3}
+# Exit codes: 0 verified, 1 tampered, 2 the files could not be read as a bundle or a key, 3 incomplete (verify again
+# once the run is checkpointed), 4 unchained (an older release's journal, said plainly: no evidence either way, which
+# a script must never take for a pass).
+EXIT = {Verdict.VERIFIED: 0, Verdict.UNCHAINED: 4, Verdict.TAMPERED: 1, Verdict.INCOMPLETE: 3}
 UNREADABLE = 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Request, Response, get
 
 from crashsafe.contracts.errors import RunNotFound
@@ -16,6 +17,7 @@ from crashsafe.services.console.console_router import session_of
 from crashsafe.services.console.pages_operate import provider_views_limit
 from crashsafe.services.operations.run_evidence import gather
 from crashsafe.services.records.capability_keys import read_public_keys
+from crashsafe.services.records.run_journal import RunJournal
 
 
 @get("/runs/{run_id:str}/evidence", include_in_schema=False)
@@ -27,11 +29,18 @@ async def run_evidence(request: Request[Any, Any, Any], run_id: str) -> Response
     if not is_run_id(run_id):
         raise RunNotFound(run_id=run_id[:64])
     settings = state.settings
+    # The tenant first, from the run's first event alone: another tenant's run costs no provider a lookup.
+    first = await RunJournal(state.broker, settings.namespace).first(run_id)
+    try:
+        started = decode_event(first.data) if first is not None else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        started = None
+    if not isinstance(started, RunStarted) or not session.client.sees(started.tenant):
+        raise RunNotFound(run_id=run_id)
     registry: Registry = state.registry
     keys = read_public_keys(settings.capability_verify_keys)
     bundle = await gather(state.broker, settings.namespace, registry, settings.registry, run_id, keys)
-    first = decode_event(bundle.journal[0].data) if bundle is not None and bundle.journal else None
-    if bundle is None or not isinstance(first, RunStarted) or not session.client.sees(first.tenant):
+    if bundle is None:
         raise RunNotFound(run_id=run_id)
     return Response(
         bundle_encoder.encode(bundle),

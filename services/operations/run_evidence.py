@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -17,9 +18,10 @@ from crashsafe.contracts.checkpoints import (
     FIRST_PREV,
     CheckpointProof,
     checkpoint_decoder,
-    checkpoint_hash,
     proofs,
+    root_holds,
     signature_holds,
+    stored_hash,
 )
 from crashsafe.contracts.errors import CatalogRevisionGone
 from crashsafe.contracts.evidence import (
@@ -106,8 +108,10 @@ async def gather(
     run_id: str,
     public_keys: list[Ed25519PublicKey],
     ask_providers: bool = True,
+    known_proofs: list[CheckpointProof] | None = None,
 ) -> EvidenceBundle | None:
-    """The run's evidence bundle (None: no such run, in the stream or the archive)."""
+    """The run's evidence bundle (None: no such run, in the stream or the archive). `known_proofs`: every proof of
+    the run from a walk of the whole checkpoint stream (`verify --live`), instead of those from its start on."""
     journal = RunJournal(broker, ns)
     stored = await journal.stored(run_id)
     if not stored:
@@ -140,36 +144,69 @@ async def gather(
             JournalEntry(seq=m.seq, subject=m.subject, data=m.data, headers=kept_headers(m.headers))
             for m in stored
         ],
-        checkpoints=await checkpoints_of(broker, ns, run_id, since, len(stored)),
+        checkpoints=(
+            known_proofs
+            if known_proofs is not None
+            else await checkpoints_of(broker, ns, run_id, since, len(stored))
+        ),
         public_keys=dict(public_key_text(k) for k in public_keys),
         provider_answers=answers,
         providers_asked=ask_providers,
     )
 
 
-async def checkpoint_breaks(broker: Broker, ns: Namespace, keys: Mapping[str, bytes]) -> list[str]:
-    """Every break in the checkpoint stream: a checkpoint that does not decode, is not signed by a key of this
-    deployment, or does not name the hash of the one before it (a rewrite, a deletion, a fork)."""
+@dataclass
+class CheckpointWalk:
+    """The whole checkpoint stream read once: each break in it, and every proof of every run it signed."""
+
+    breaks: list[str] = field(default_factory=list)
+    proofs: dict[str, list[CheckpointProof]] = field(default_factory=dict)
+    checkpoints: int = 0
+
+
+async def walk_checkpoints(broker: Broker, ns: Namespace, keys: Mapping[str, bytes]) -> CheckpointWalk:
+    """Every checkpoint from the first: one that does not decode, is not signed by a key of this deployment, does
+    not carry the heads its root and size sign, or does not name the stored hash of the one before it (a rewrite,
+    a deletion, a fork) is a break; every head is kept as its run's proof, so a run is checked against every head
+    ever signed for it, not only those a window around its `run.started` (which a rewrite could move) finds."""
     stream = ns.stream(StreamKind.CHECKPOINTS)
-    problems: list[str] = []
+    walk = CheckpointWalk()
     prev, after = FIRST_PREV, 0
     while page := await broker.read_page(stream, ns.checkpoints, after_seq=after, batch=512):
         for message in page:
             after = message.seq
+            walk.checkpoints += 1
+            if _prev_of(message.data) != prev:
+                walk.breaks.append(
+                    f"checkpoint at seq {message.seq} does not name the stored hash of the one before it:"
+                    " rewritten, deleted or forked before it"
+                )
+            prev = stored_hash(message.data)
             try:
                 checkpoint = checkpoint_decoder.decode(message.data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                problems.append(f"checkpoint at seq {message.seq} does not decode ({exc})")
-                prev = ""
+                walk.breaks.append(f"checkpoint at seq {message.seq} does not decode ({exc})")
                 continue
             if not signature_holds(checkpoint, keys):
-                problems.append(
+                walk.breaks.append(
                     f"checkpoint at seq {message.seq}: signature does not hold under key {checkpoint.kid}"
                 )
-            if prev and checkpoint.prev != prev:
-                problems.append(
-                    f"checkpoint at seq {message.seq} does not follow the one before it (names {checkpoint.prev[:16]},"
-                    f" the one before hashes to {prev[:16]}): rewritten, deleted or forked before it"
+            elif not root_holds(checkpoint):
+                walk.breaks.append(
+                    f"checkpoint at seq {message.seq}: its heads are not the ones its root signs"
                 )
-            prev = checkpoint_hash(checkpoint)
-    return problems
+            else:
+                for run_id, proof in proofs(checkpoint, message.seq).items():
+                    walk.proofs.setdefault(run_id, []).append(proof)
+    return walk
+
+
+class _Prev(msgspec.Struct):
+    prev: str = ""
+
+
+def _prev_of(data: bytes) -> str:
+    try:
+        return msgspec.json.decode(data, type=_Prev).prev
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""

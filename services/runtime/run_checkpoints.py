@@ -9,6 +9,7 @@ heads for the next turn; a crash loses at most the heads of its last second, whi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import UTC, datetime
 
@@ -16,9 +17,8 @@ from crashsafe.contracts.capabilities import CapabilityIssuer
 from crashsafe.contracts.checkpoints import (
     FIRST_PREV,
     RunHead,
-    checkpoint_decoder,
     checkpoint_encoder,
-    checkpoint_hash,
+    stored_hash,
 )
 from crashsafe.contracts.errors import BrokerUnavailable, RunVersionConflict
 from crashsafe.contracts.journal_chain import ChainHead
@@ -61,52 +61,54 @@ class RunCheckpoints:
             self._task = None
 
     async def close(self) -> None:
-        """Stop signing on a timer and sign what is noted (a clean shutdown leaves no head unsigned)."""
-        self.stop()
+        """Stop signing on a timer and sign what is noted (a clean shutdown leaves no head unsigned): a turn the
+        timer had begun gives its heads back before the last one is signed."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.flush()
 
     async def _every(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as exc:  # noqa: BLE001 -- signing must outlive any one failure; the heads wait
+                log(self.logger, logging.ERROR, "checkpoint not signed; kept for the next", error=repr(exc))
 
     async def flush(self) -> None:
-        """Sign and publish the heads noted so far; whatever could not be published waits for the next turn."""
-        while self.pending:
-            batch = dict(list(self.pending.items())[:MAX_HEADS])
-            for run_id in batch:
-                del self.pending[run_id]
-            try:
-                await self._publish(list(batch.values()))
-            except (BrokerUnavailable, RunVersionConflict) as exc:
-                # Kept, unless the run moved on meanwhile (its newer head is noted already).
-                for run_id, head in batch.items():
-                    self.pending.setdefault(run_id, head)
-                log(
-                    self.logger,
-                    logging.WARNING,
-                    "checkpoint not published; kept for the next",
-                    error=repr(exc),
-                )
-                return
+        """Sign and publish the heads noted until now (those noted meanwhile wait for the next turn: one
+        checkpoint a turn, however busy). What was not published is kept, whatever stopped it (a cancelled
+        shutdown included), unless its run moved on meanwhile."""
+        taken, self.pending = self.pending, {}
+        heads, done = list(taken.values()), 0
+        try:
+            while done < len(heads):
+                chunk = heads[done : done + MAX_HEADS]
+                await self._publish(chunk)
+                done += len(chunk)
+        except (BrokerUnavailable, RunVersionConflict) as exc:
+            log(self.logger, logging.WARNING, "checkpoint not published; kept for the next", error=repr(exc))
+        finally:
+            for head in heads[done:]:
+                self.pending.setdefault(head.run_id, head)
 
     async def _publish(self, heads: list[RunHead]) -> None:
         for _ in range(MAX_TURNS):
             seq, prev = self._last if self._last is not None else await self._read_last()
             checkpoint = self.issuer.checkpoint(heads, prev, datetime.now(UTC))
+            data = checkpoint_encoder.encode(checkpoint)
             try:
-                published = await self.broker.publish(
-                    self.subject, checkpoint_encoder.encode(checkpoint), expected_subject_seq=seq
-                )
+                published = await self.broker.publish(self.subject, data, expected_subject_seq=seq)
             except RunVersionConflict:
                 self._last = None  # another replica's checkpoint came first: ours goes after it
                 continue
-            self._last = (published.seq, checkpoint_hash(checkpoint))
+            self._last = (published.seq, stored_hash(data))
             return
         raise RunVersionConflict(subject=self.subject, expected_seq=self._last[0] if self._last else 0)
 
     async def _read_last(self) -> tuple[int, str]:
         last = await self.broker.last_on_subject(self.stream, self.subject)
-        if last is None:
-            return 0, FIRST_PREV
-        return last.seq, checkpoint_hash(checkpoint_decoder.decode(last.data))
+        return (0, FIRST_PREV) if last is None else (last.seq, stored_hash(last.data))

@@ -13,13 +13,13 @@ from pathlib import Path
 import nats.js.errors
 import pytest
 
-from crashsafe.contracts.checkpoints import FIRST_PREV, checkpoint_decoder, checkpoint_hash
+from crashsafe.contracts.checkpoints import FIRST_PREV, checkpoint_decoder, stored_hash
 from crashsafe.contracts.journal_chain import ChainHead, link_of
 from crashsafe.contracts.subjects import Namespace, StreamKind
 from crashsafe.domain.fold import replay
 from crashsafe.evidence_verify import verify
 from crashsafe.natsd import NatsServer
-from crashsafe.services.operations.run_evidence import checkpoint_breaks, gather
+from crashsafe.services.operations.run_evidence import gather, walk_checkpoints
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.services.runtime.run_checkpoints import RunCheckpoints
@@ -116,16 +116,53 @@ async def test_checkpoints_are_sealed_and_two_runtimes_never_fork_them(
     for message in stored:
         checkpoint = checkpoint_decoder.decode(message.data)
         assert checkpoint.prev == prev, message.seq
-        prev = checkpoint_hash(checkpoint)
+        prev = stored_hash(message.data)
         signed |= {h.run_id for h in checkpoint.heads}
     # Every head either noted is signed (the runtime's own timer may have signed some of its notes in one go).
     assert {f"run_{who}{i:023x}" for who in "ab" for i in range(20)} <= signed
-    assert await checkpoint_breaks(broker, namespace, TRUSTED) == []
+    walk = await walk_checkpoints(broker, namespace, TRUSTED)
+    assert walk.breaks == [] and {h.run_id for h in checkpoint.heads} <= set(walk.proofs)
     with pytest.raises(nats.js.errors.Error):
         await broker.js.delete_msg(stream, stored[0].seq)
     # A checkpoint signed with a key this deployment never had, put after the last: `verify --live` names it.
     forger = RunCheckpoints(broker, namespace, capabilities.OTHER_ISSUER, deployment.runtime.logger)
     forger.note("run_" + "f" * 24, ChainHead(1, "cd" * 32))
     await forger.flush()
-    breaks = await checkpoint_breaks(broker, namespace, TRUSTED)
+    breaks = (await walk_checkpoints(broker, namespace, TRUSTED)).breaks
     assert len(breaks) == 1 and "signature does not hold" in breaks[0], breaks
+
+
+async def test_one_checkpoint_a_turn_however_busy_and_signing_goes_on_past_a_bad_one(
+    deployment: Deployment, broker: Broker, namespace: Namespace
+) -> None:
+    """Heads noted while a turn publishes wait for the next turn (a turn once kept signing as long as notes came:
+    hundreds of checkpoints a second, kept forever); a checkpoint on the stream that does not decode (kept for
+    good: the stream refuses deletes) is chained after by its stored bytes, never a reason to stop signing."""
+    checkpoints = deployment.runtime.checkpoints
+    checkpoints.stop()  # this test's turns only
+    stream = namespace.stream(StreamKind.CHECKPOINTS)
+    before = await broker.stream_head(stream)
+    busy = True
+
+    async def note() -> None:
+        i = 0
+        while busy:
+            checkpoints.note(f"run_{i:024x}", ChainHead(1, "ab" * 32))
+            i += 1
+            await asyncio.sleep(0)
+
+    noting = asyncio.create_task(note())
+    await asyncio.sleep(0.01)
+    await checkpoints.flush()
+    busy = False
+    await noting
+    assert await broker.stream_head(stream) == before + 1
+    assert checkpoints.pending  # what came meanwhile waits for the next turn
+
+    garbage = await broker.publish(namespace.checkpoints, b"\x00 not a checkpoint")
+    checkpoints._last = None  # as a runtime that starts now
+    await checkpoints.flush()
+    walk = await walk_checkpoints(broker, namespace, TRUSTED)
+    # The bad one is named (it decodes as nothing, so it names no predecessor); the next chains after its bytes.
+    assert walk.breaks and all(f"seq {garbage.seq} " in b for b in walk.breaks), walk.breaks
+    assert await broker.stream_head(stream) == garbage.seq + 1

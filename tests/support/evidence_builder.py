@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from crashsafe.contracts import checkpoints
 from crashsafe.contracts.capabilities import CapabilityIssuer
-from crashsafe.contracts.checkpoints import FIRST_PREV, CheckpointProof, RunHead, checkpoint_hash, proofs
+from crashsafe.contracts.checkpoints import FIRST_PREV, CheckpointProof, RunHead, proofs, stored_hash
 from crashsafe.contracts.evidence import EvidenceBundle, ExportHeader, JournalEntry, ProviderAnswer
 from crashsafe.contracts.headers import Header
 from crashsafe.contracts.journal_bus import request_for
@@ -166,7 +166,9 @@ def bundle(runtime: Runtime) -> EvidenceBundle:
     run_id = events[0].run_id
     mid_head = head_of((in_namespace(NS.name, e.subject), e.data) for e in entries[:6])
     first = checkpoint(runtime.issuer, run_id, mid_head, seq=5)
-    last = checkpoint(runtime.issuer, run_id, head, seq=9, prev=checkpoint_hash(first))
+    last = checkpoint(
+        runtime.issuer, run_id, head, seq=9, prev=stored_hash(msgspec.json.encode(first))
+    )  # its stored bytes, as near as a proof has them
     return EvidenceBundle(
         run_id=run_id,
         namespace=NS.name,
