@@ -8,7 +8,7 @@ import msgspec
 from crashsafe.contracts.archive import archive_decoder
 from crashsafe.contracts.errors import ArchiveUnavailable, RunArchived
 from crashsafe.contracts.journal_bus import read_event
-from crashsafe.contracts.journal_chain import CHAIN_HEADER, ChainHead, head_of, in_namespace
+from crashsafe.contracts.journal_chain import ChainHead, head_of, in_namespace
 from crashsafe.contracts.run_events import (
     JournalEvent,
     RunEvent,
@@ -140,28 +140,9 @@ class RunJournal:
             runs[run_id] = [self.event(m) for m in await self.archived(run_id)]
         return runs
 
-    async def append_linked(
-        self,
-        event: RunEvent,
-        expected_seq: int,
-        head: ChainHead,
-        headers: dict[str, str] | None = None,
-        *,
-        after_end: bool = False,
-        subject: str | None = None,
-    ) -> tuple[int, ChainHead]:
-        """`append`, with the event's link in the run's hash chain after `head` (contracts/journal_chain.py): its
-        stream sequence and the run's head with it."""
-        subject = subject or self.ns.run_event(event.run_id, event_class(event_type(event), after_end))
-        payload = event_encoder.encode(event)
-        published = await self.broker.publish(
-            subject,
-            payload,
-            expected_subject_seq=expected_seq,
-            sequence_subject=self.ns.run_events(event.run_id),
-            headers={**(headers or {}), CHAIN_HEADER: head.link().header()},
-        )
-        return published.seq, head.after(in_namespace(self.ns.name, subject), payload)
+    def subject_for(self, event: RunEvent, after_end: bool = False) -> str:
+        """Where `append` puts `event` when no subject is given: its class's subject in its run."""
+        return self.ns.run_event(event.run_id, event_class(event_type(event), after_end))
 
     async def append(
         self,
@@ -174,10 +155,10 @@ class RunJournal:
     ) -> int:
         """Append only if the run is still at `expected_seq`; raises RunVersionConflict otherwise. `after_end`: the
         run had ended before this event (it is journaled as a milestone, whatever its type). `subject`: where the
-        event stands if not on its class's (an intent for the bus, on its executor's). Unlinked: the runtime appends
-        with `append_linked`; this is a journal written as a release before the chain wrote it."""
+        event stands if not on its class's (an intent for the bus, on its executor's). The event's link in its run's
+        hash chain, if any, is one of the `headers` (the runtime's append path sends it: `RunAppends._append`)."""
         published = await self.broker.publish(
-            subject or self.ns.run_event(event.run_id, event_class(event_type(event), after_end)),
+            subject or self.subject_for(event, after_end),
             event_encoder.encode(event),
             expected_subject_seq=expected_seq,
             sequence_subject=self.ns.run_events(event.run_id),

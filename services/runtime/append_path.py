@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 
 from crashsafe.contracts.errors import RunVersionConflict
 from crashsafe.contracts.headers import Header
-from crashsafe.contracts.journal_chain import START
+from crashsafe.contracts.journal_chain import CHAIN_HEADER, START, in_namespace
 from crashsafe.contracts.run_events import (
     ActionCompleted,
     ActionRequested,
@@ -28,6 +28,7 @@ from crashsafe.contracts.run_events import (
     RunHandedOff,
     RunStarted,
     TurnReceived,
+    event_encoder,
 )
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.contracts.support import ticket_for
@@ -212,15 +213,22 @@ class RunAppends:
             if isinstance(event, ActionRequested) and run is not None and self.requests is not None
             else None
         )
+        # Its link in the run's hash chain (contracts/journal_chain.py): after the head of what the run holds.
+        link = {CHAIN_HEADER: head.link().header()}
         if bussed is None:
-            seq, head = await self.journal.append_linked(event, expected, head, headers, after_end=ended)
+            subject = self.journal.subject_for(event, ended)
+            seq = await self.journal.append(
+                event, expected, {**headers, **link}, after_end=ended, subject=subject
+            )
         else:
             # The intent is the request its executor pulls (the journal as the bus): traced as one.
             event, subject = bussed
             with request_span(event, ctx) as requested:
-                seq, head = await self.journal.append_linked(
-                    event, expected, head, headers_for(requested), subject=subject
+                seq = await self.journal.append(
+                    event, expected, {**headers_for(requested), **link}, subject=subject
                 )
+        # The hash is over the stored bytes, which are this encoding (msgspec's is deterministic).
+        head = head.after(in_namespace(self.ns.name, subject), event_encoder.encode(event))
         if run is None:
             # Started here, at sequence 0: no process has driven it yet, so no stall mark can name it.
             run = self.runs.remember(HeldRun(fold_run(None, event), seq, stall_checked=True, head=head))
