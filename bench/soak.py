@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,19 +21,23 @@ from typing import Any, TypeVar
 import aiohttp
 import httpx
 
+from crashsafe.contracts.capabilities import key_id
 from crashsafe.contracts.errors import CrashsafeError
 from crashsafe.contracts.projections import ProjectionStatus, record_decoder
 from crashsafe.contracts.run_events import RunCompleted, RunHandedOff
 from crashsafe.contracts.streams import projections_spec
 from crashsafe.contracts.subjects import Namespace
 from crashsafe.deployment import api_key_for
+from crashsafe.evidence_verify import verify
 from crashsafe.sandbox.listing import SandboxListing
 from crashsafe.sandbox.records import LedgerEntry
 from crashsafe.services.agents import stayhub
 from crashsafe.services.operations.provider_audit import audit_all
+from crashsafe.services.operations.run_evidence import gather, walk_checkpoints
 from crashsafe.services.platform.jetstream import Broker
 from crashsafe.services.platform.settings import NatsAccess, Settings
 from crashsafe.services.providers.provider_calls import Providers
+from crashsafe.services.records.capability_keys import public_path, read_public_keys
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.stack import NATS
 from crashsafe.stack_keys import API_KEY_FILE
@@ -77,12 +81,18 @@ class ChaosReport:
     projections_duplicated: int = 0
     projections_dead: int = 0
     projections_settle_s: float = 0.0
+    # Evidence (issue 34): each accepted run checked as `crashsafe verify --live` checks it, against every head the
+    # checkpoint stream signed for it; none may be tampered, and the stream may have no break.
+    evidence: Counter[str] = field(default_factory=Counter)
+    checkpoint_breaks: int = 0
     findings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return (
-            self.lost == 0
+            self.evidence["tampered"] == 0
+            and self.checkpoint_breaks == 0
+            and self.lost == 0
             and self.duplicate_effects == 0
             and self.orphan_charges == 0
             and self.charges_on_released_rooms == 0
@@ -110,6 +120,8 @@ class ChaosReport:
             f" {self.projections_settle_s:.1f}s after the drain)",
             f"kills ({sum(self.kills.values())}, {self.missed_kills} found the process still down): {kills}",
             f"restarts by the stack's supervisor: {restarts}",
+            f"evidence: {dict(self.evidence) or 'not checked'} (tampered must be 0; incomplete: a run whose last"
+            f" heads died with a runtime's last second), checkpoint stream breaks {self.checkpoint_breaks} (must be 0)",
             f"drained {self.drain_s:.1f}s after the last kill; {self.total_s:.1f}s in all",
         ] + [f"  {f}" for f in self.findings[:20]]
 
@@ -233,6 +245,7 @@ async def soak(
             findings, _ = await audit_all(broker, settings, stayhub(), providers, listing)
         report.audit_findings = len(findings)
         report.audit_kinds = Counter(str(f.kind) for f in findings)
+        await _check_evidence(broker, Namespace(str(state["namespace"])), up.state_dir, accepted, report)
         report.findings += [f"audit: {f.kind} {f.key}: {f.detail}" for f in findings]
         report.restarts = Counter({s["name"]: int(s["restarts"]) for s in up.state().get("services", [])})
     finally:
@@ -241,6 +254,38 @@ async def soak(
         await asyncio.to_thread(stop_up, up)
     report.total_s = time.monotonic() - started
     return report
+
+
+async def _check_evidence(
+    broker: Broker, ns: Namespace, state_dir: Path, runs: Iterable[str], report: ChaosReport
+) -> None:
+    """Every run's bundle (providers not asked: the audit did) verified against the stack's own public key."""
+    key = read_public_keys([public_path(state_dir / "keys" / "capability.key")])[0]
+    trusted = {key_id(key): key.public_bytes_raw()}
+    registry = stayhub()
+    walk = await walk_checkpoints(broker, ns, trusted)
+    report.checkpoint_breaks = len(walk.breaks)
+    report.findings += [f"checkpoints: {b}" for b in walk.breaks]
+    for run_id in runs:
+        bundle = await gather(
+            broker,
+            ns,
+            registry,
+            "",
+            run_id,
+            [key],
+            ask_providers=False,
+            known_proofs=walk.proofs.get(run_id, []),
+        )
+        if bundle is None:
+            report.evidence["missing"] += 1
+            continue
+        verification = verify(bundle, trusted, registry)
+        report.evidence[str(verification.verdict)] += 1
+        if verification.verdict == "tampered":
+            report.findings += [f"evidence {run_id}: {f.check} {f.message}" for f in verification.problems()][
+                :5
+            ]
 
 
 async def _when_back(read: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
