@@ -12,6 +12,7 @@ link) is still covered by the next link and by the run's signed checkpoints.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -64,14 +65,15 @@ class BadLink(ValueError):
 MAX_POSITION = 2**63 - 1
 
 
+_LINK = re.compile(r"([1-9][0-9]{0,18}):([0-9a-fA-F]{64})")
+
+
 def parse_link(value: str) -> Link:
-    position, colon, prev = value.partition(":")
-    digits = position.isascii() and position.isdigit() and 0 < len(position) <= 19
-    if not colon or not digits or not 1 <= int(position) <= MAX_POSITION or len(prev) != 64:
+    """`<position>:<64 hex digits>`, ASCII only, the position at most MAX_POSITION; BadLink for anything else."""
+    found = _LINK.fullmatch(value)
+    if found is None or int(found[1]) > MAX_POSITION:
         raise BadLink(f"{CHAIN_HEADER} {value!r} is not <position>:<sha-256 in hex>")
-    if not all(c in "0123456789abcdefABCDEF" for c in prev):
-        raise BadLink(f"{CHAIN_HEADER} {value!r} is not <position>:<sha-256 in hex>")
-    return Link(int(position), prev.lower())
+    return Link(int(found[1]), found[2].lower())
 
 
 def link_of(headers: dict[str, str] | None) -> Link | None:
