@@ -40,7 +40,7 @@ from crashsafe.services.providers.provider_calls import Providers
 from crashsafe.services.records.capability_keys import public_path, read_public_keys
 from crashsafe.services.records.run_journal import RunJournal
 from crashsafe.stack import NATS
-from crashsafe.stack_keys import API_KEY_FILE
+from crashsafe.stack_keys import API_KEY_FILE, capability_key_path
 from crashsafe.stack_processes import ProcessIdentity
 
 T = TypeVar("T")
@@ -260,7 +260,7 @@ async def _check_evidence(
     broker: Broker, ns: Namespace, state_dir: Path, runs: Iterable[str], report: ChaosReport
 ) -> None:
     """Every run's bundle (providers not asked: the audit did) verified against the stack's own public key."""
-    key = read_public_keys([public_path(state_dir / "keys" / "capability.key")])[0]
+    key = read_public_keys([public_path(capability_key_path(state_dir))])[0]
     trusted = {key_id(key): key.public_bytes_raw()}
     registry = stayhub()
     walk = await walk_checkpoints(broker, ns, trusted)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from crashsafe.contracts.evidence import EvidenceBundle, bundle_encoder
+from crashsafe.contracts.evidence import bundle_encoder
 from crashsafe.deployment import settings_for
 from crashsafe.domain import registry as registries
 from crashsafe.services.operations.connection import operator_broker
@@ -18,12 +18,13 @@ from crashsafe.services.operations.run_evidence import gather, public_key_text, 
 from crashsafe.services.operations.run_index import list_runs, parse_since
 from crashsafe.services.platform.settings import Settings
 from crashsafe.services.records.capability_keys import public_path, read_public_keys
+from crashsafe.stack_keys import capability_key_path
 
 
 def deployment_keys(state_dir: Path, settings: Settings) -> list[Ed25519PublicKey]:
     """The runtime's public keys: CRASHSAFE_CAPABILITY_VERIFY_KEYS, else those of the stack `up` started."""
     paths = list(settings.capability_verify_keys)
-    stacked = public_path(state_dir / "keys" / "capability.key")  # `crashsafe up`'s (crashsafe/stack.py)
+    stacked = public_path(capability_key_path(state_dir))  # the stack `crashsafe up` started there
     if not paths and stacked.exists():
         paths = [stacked]
     return read_public_keys(paths)
@@ -103,7 +104,3 @@ async def verify_live_command(
 
 def _raw(key: Ed25519PublicKey) -> tuple[str, bytes]:
     return public_key_text(key)[0], key.public_bytes_raw()
-
-
-def bundle_text(bundle: EvidenceBundle) -> bytes:
-    return bundle_encoder.encode(bundle)

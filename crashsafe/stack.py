@@ -21,7 +21,7 @@ from crashsafe.natsd import NatsAuth, NatsServer, free_port
 from crashsafe.services.platform.nats_users import creds_path
 from crashsafe.services.records.capability_keys import ensure_key_pair
 from crashsafe.stack_env import service_env
-from crashsafe.stack_keys import mint_stack_keys
+from crashsafe.stack_keys import capability_key_path, mint_stack_keys
 from crashsafe.stack_plan import ScaleError, registry_families
 from crashsafe.stack_processes import SINGLE_PORT, Backoff, ProcessIdentity, Service
 from crashsafe.stack_state import write_stack_json
@@ -158,7 +158,7 @@ class Stack:
     @property
     def capability_key(self) -> Path:
         """The runtime's signing key (0600), made once per state dir; executors get only `capability.pub`."""
-        return self.state_dir / "keys" / "capability.key"
+        return capability_key_path(self.state_dir)
 
     def replicas(self, base: str) -> list[Service]:
         return [s for s in self.services.values() if s.base == base]

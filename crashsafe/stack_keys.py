@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crashsafe.contracts.clients import Scope
@@ -25,6 +26,11 @@ SYNTHETIC_KEY_FILE = "synthetic_key"
 # and an operator's console sign-in decide with this one: `<state>/approver_key`, 0600.
 APPROVER_KEY_FILE = "approver_key"
 APPROVER_SCOPES = (Scope.APPROVALS_DECIDE, Scope.RUNS_READ)
+
+
+def capability_key_path(state_dir: Path) -> Path:
+    """The runtime's signing key a stack's state dir holds (0600, made once; its public half beside it)."""
+    return state_dir / "keys" / "capability.key"
 
 
 def mint_stack_keys(stack: Stack) -> tuple[str, str]:
